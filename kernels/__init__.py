@@ -1,0 +1,1 @@
+"""Pallas GPU kernels for VLA (installed as `vla_jax.kernels`)."""

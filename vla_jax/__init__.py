@@ -1,0 +1,19 @@
+"""vla-jax: Variational Linear Attention for JAX."""
+
+from vla_jax.ops.baselines import (LinearAttentionState, deltanet, elu_plus_one,
+                                   gated_deltanet, linear_attention)
+from vla_jax.ops.impl import Impl
+from vla_jax.ops.vla import VLAState, initial_vla_state, vla_recurrence
+
+__all__ = [
+    "Impl",
+    "VLAState",
+    "initial_vla_state",
+    "vla_recurrence",
+    "LinearAttentionState",
+    "linear_attention",
+    "deltanet",
+    "gated_deltanet",
+    "elu_plus_one",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Recurrences (sequence mixers' cores): VLA and its baselines, each in several forms."""

@@ -1,0 +1,139 @@
+"""Baseline recurrences on the same generalised delta-rule core as VLA.
+
+Each takes [B, T, H, D] inputs, an optional initial state and `impl` in {"scan",
+"associative_scan", "chunked"}, and returns (o [B, T, H, dv] in v's dtype, final state) with
+the state in float32 (float64 when an input is float64).
+
+- `linear_attention`: S_t = S_{t-1} + v_t phi(k_t)^T, o_t = S_t phi(q_t) [/ z_t . phi(q_t)]
+  with z_t = sum_s phi(k_s) (Katharopoulos et al., 2020, arXiv 2006.16236).
+- `deltanet`: S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) khat_t^T, o_t = S_t q_t
+  (Schlag et al., 2021; Yang et al., 2024, arXiv 2406.06484).
+- `gated_deltanet`: S_t = gamma_t S_{t-1} (I - beta_t khat_t khat_t^T) + beta_t v_t khat_t^T
+  with gamma_t = exp(g_t), g_t <= 0 (Yang et al., 2024, arXiv 2412.06464).
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.ops import checks
+from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
+                                    delta_rule_scan)
+from vla_jax.ops.impl import Impl, parse_impl
+from vla_jax.ops.utils import unit
+
+KEY_EPS = 1e-6
+BASELINE_IMPLS = (Impl.SCAN, Impl.ASSOCIATIVE_SCAN, Impl.CHUNKED)
+
+
+class LinearAttentionState(NamedTuple):
+  """S: [B, H, dv, dk] sum of v phi(k)^T; z: [B, H, dk] sum of phi(k) (the normaliser)."""
+
+  S: jax.Array
+  z: jax.Array
+
+
+def elu_plus_one(x):
+  """phi(x) = ELU(x) + 1 > 0, the feature map of Katharopoulos et al."""
+  return jax.nn.elu(x) + 1.0
+
+
+def _core(impl, chunk_size):
+  if impl is Impl.SCAN:
+    return delta_rule_scan
+  if impl is Impl.ASSOCIATIVE_SCAN:
+    return delta_rule_associative_scan
+  return lambda *args: delta_rule_chunked(*args, chunk_size)
+
+
+def _check_common(q, k, v, impl, chunk_size):
+  impl = parse_impl(impl, BASELINE_IMPLS)
+  chunk_size = checks.check_chunk_size(chunk_size)
+  B, T, H, dk = checks.check_tokens("q", q)
+  checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
+  dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
+  return impl, chunk_size, (B, T, H, dk, dv)
+
+
+def _initial_S(initial_S, shape, dtype):
+  if initial_S is None:
+    return jnp.zeros(shape, dtype)
+  checks.check_state("initial_state", initial_S, shape)
+  return initial_S.astype(dtype)
+
+
+def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=1e-6,
+                     initial_state=None, impl="chunked", chunk_size=64):
+  """Causal linear attention.
+
+  Args:
+    q, k: [B, T, H, dk]; v: [B, T, H, dv].
+    feature_map: applied to q and k (default ELU + 1; pass `None` for raw q, k).
+    normalize: divide by the additive normaliser max(z_t . phi(q_t), eps).
+    initial_state: `LinearAttentionState` or None (zeros).
+
+  Returns:
+    o [B, T, H, dv] in v's dtype and the final `LinearAttentionState`.
+  """
+  impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
+  dtype = checks.compute_dtype(q, k, v)
+  if initial_state is None:
+    initial_state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype),
+                                         jnp.zeros((B, H, dk), dtype))
+  elif not isinstance(initial_state, LinearAttentionState):
+    raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
+                    f"{type(initial_state).__name__}")
+  checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
+  checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
+  q, k, v = (x.astype(dtype) for x in (q, k, v))
+  if feature_map is not None:
+    q, k = feature_map(q), feature_map(k)
+  # The normaliser z is one more value channel of constant 1: row dv of the state.
+  v1 = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), dtype)], axis=-1)
+  S0 = jnp.concatenate([initial_state.S, initial_state.z[:, :, None].astype(dtype)], axis=2)
+  o, S = _core(impl, chunk_size)(q, None, k, v1, None, S0.astype(dtype))
+  num, den = o[..., :dv], o[..., dv]
+  if normalize:
+    num = num / jnp.maximum(den, eps)[..., None]
+  return num.astype(v.dtype), LinearAttentionState(S[:, :, :dv], S[:, :, dv])
+
+
+def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64):
+  """DeltaNet with unit keys khat = k / max(||k||, 1e-6) and per-token beta.
+
+  Args:
+    q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta: [B, T, H] write strengths (usually in (0, 1)).
+    initial_state: S [B, H, dv, dk] or None (zeros).
+
+  Returns:
+    o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
+  """
+  return gated_deltanet(q, k, v, beta, None, initial_state=initial_state, impl=impl,
+                        chunk_size=chunk_size)
+
+
+def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunked",
+                   chunk_size=64):
+  """Gated DeltaNet: a DeltaNet whose state decays by gamma_t = exp(log_decay_t) per token.
+
+  Args:
+    q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta: [B, T, H]; log_decay: [B, T, H] (<= 0), or
+      None for no decay (DeltaNet).
+    initial_state: S [B, H, dv, dk] or None (zeros).
+
+  Returns:
+    o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
+  """
+  impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
+  checks.check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
+  if log_decay is not None:
+    checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
+  dtype = checks.compute_dtype(q, k, v, beta, log_decay)
+  S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
+  q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
+  if log_decay is not None:
+    log_decay = log_decay.astype(dtype)
+  khat = unit(k, KEY_EPS)
+  o, S = _core(impl, chunk_size)(q, khat, beta[..., None] * khat, v, log_decay, S0)
+  return o.astype(v.dtype), S

@@ -1,0 +1,73 @@
+"""Validation of user input at the public entry points of the recurrences.
+
+Errors name the argument and what was expected; nothing here runs under `jit` tracing
+except static shape and dtype logic.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MIN_CHUNK, MAX_CHUNK = 16, 256
+
+
+def check_tokens(name, x, *, rank=4, batch=None, time=None, heads=None, dim=None):
+  """Checks a [B, T, H, D] (rank 4) or [B, T, H] (rank 3) float array and returns its shape."""
+  shape = getattr(x, "shape", None)
+  dtype = getattr(x, "dtype", None)
+  layout = "[B, T, H, D]" if rank == 4 else "[B, T, H]"
+  if shape is None or dtype is None:
+    raise TypeError(f"{name} must be an array of shape {layout}; got {type(x).__name__}")
+  if len(shape) != rank:
+    raise ValueError(f"{name} must have rank {rank} {layout}; got shape {tuple(shape)}")
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"{name} must have a floating dtype (float32, bfloat16, float16 or "
+                    f"float64); got {dtype}")
+  for axis, (label, want) in enumerate(
+      (("B", batch), ("T", time), ("H", heads), ("D", dim))[:rank]):
+    if want is not None and shape[axis] != want:
+      raise ValueError(f"{name} has {label}={shape[axis]} (shape {tuple(shape)}); expected "
+                       f"{label}={want} to match the other inputs")
+  if rank == 4 and shape[3] == 0:
+    raise ValueError(f"{name} must have a non-empty last axis; got shape {tuple(shape)}")
+  return tuple(shape)
+
+
+def check_state(name, x, expected_shape):
+  """Checks one array of an initial state against its expected shape."""
+  shape = getattr(x, "shape", None)
+  if shape is None or tuple(shape) != tuple(expected_shape):
+    raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got "
+                     f"{None if shape is None else tuple(shape)}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{name} must have a floating dtype; got {x.dtype}")
+
+
+def check_chunk_size(chunk_size):
+  if (not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool)
+      or chunk_size < MIN_CHUNK or chunk_size > MAX_CHUNK
+      or chunk_size & (chunk_size - 1)):
+    raise ValueError(f"chunk_size must be a power of two in [{MIN_CHUNK}, {MAX_CHUNK}]; "
+                     f"got {chunk_size!r}")
+  return int(chunk_size)
+
+
+def check_positive(name, value):
+  """Checks a scalar hyperparameter > 0 when its value is known (not traced)."""
+  try:
+    concrete = float(value)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    if isinstance(value, jax.core.Tracer):
+      return
+    raise TypeError(f"{name} must be a positive number; got {value!r}") from None
+  if not math.isfinite(concrete) or concrete <= 0:
+    raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+
+
+def compute_dtype(*arrays):
+  """float64 if any input is float64 (x64 mode), else float32: the state's dtype."""
+  if any(a is not None and a.dtype == jnp.float64 for a in arrays):
+    return jnp.float64
+  return jnp.float32

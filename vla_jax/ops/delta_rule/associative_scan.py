@@ -1,0 +1,35 @@
+"""Blelloch (`lax.associative_scan`) form of the generalised delta rule.
+
+Each step is an affine map of the state acting from the right:
+    S_t = S_{t-1} F_t + G_t,   F_t = gamma_t (I - e_t w_t^T)  [dk, dk],   G_t = v_t w_t^T  [dv, dk].
+Applying (F1, G1) and then (F2, G2) gives S (F1 F2) + (G1 F2 + G2), an associative
+composition; the scan yields every prefix map and S_t = S_0 F_{1..t} + G_{1..t}.
+O(T dk^2 (dk + dv)) work and O(T dk (dk + dv)) memory: a parallel reference.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.ops.utils import einsum
+
+
+def _compose(earlier, later):
+  F1, G1 = earlier
+  F2, G2 = later
+  return einsum("...ij,...jk->...ik", F1, F2), einsum("...ij,...jk->...ik", G1, F2) + G2
+
+
+def delta_rule_associative_scan(q, e, w, v, log_decay, S0):
+  """Same contract as `delta_rule_scan`: returns (o [B, T, H, dv], S_T [B, H, dv, dk])."""
+  dk = q.shape[-1]
+  eye = jnp.eye(dk, dtype=q.dtype)
+  F = jnp.broadcast_to(eye, w.shape + (dk,))
+  if e is not None:
+    F = F - einsum("bthi,bthj->bthij", e, w)
+  if log_decay is not None:
+    F = jnp.exp(log_decay)[..., None, None] * F
+  G = einsum("bthv,bthk->bthvk", v, w)
+  F, G = jax.lax.associative_scan(_compose, (F, G), axis=1)
+  S = einsum("bhvi,bthik->bthvk", S0, F) + G  # [B, T, H, dv, dk]: every S_t
+  o = einsum("bthvk,bthk->bthv", S, q)
+  return o, S[:, -1]

@@ -1,0 +1,71 @@
+"""Chunkwise (matmul-shaped) form of the generalised delta rule.
+
+Split T into N chunks of C tokens. Inside a chunk with start state S_c, local cumulative
+log decay G_i = g_1 + ... + g_i, Gamma_i = exp(G_i) and D_ij = Gamma_i / Gamma_j (i >= j):
+
+    residuals   r_i = v_i - gamma_i S_{i-1} e_i  satisfy  (I + L) R = V - Gamma E S_c^T,
+                with L = strictly_lower(D * (E W^T))                            [C, C]
+    outputs     O = Gamma Q S_c^T + tril(D * (Q W^T)) R                        [C, dv]
+    next state  S_next = Gamma_C S_c + R^T (Gamma_C / Gamma * W)               [dv, dk]
+
+Everything that does not involve S_c is computed for all chunks at once (the unit
+lower-triangular solve gives U = (I + L)^-1 V and W_e = (I + L)^-1 Gamma E, the "WY"
+factors), leaving one sequential `lax.scan` over chunk states with R = U - W_e S_c^T:
+two [C, d] x [d, d] products per chunk. With no erase (e = None) L = 0 and R = V.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.ops.utils import einsum, from_chunks, to_chunks
+
+
+def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size):
+  """Same contract as `delta_rule_scan`, computed chunk by chunk.
+
+  T need not be a multiple of `chunk_size`: the tail is padded with zero keys
+  (w = e = 0, g = 0), which leave the state unchanged.
+  """
+  length, dv = q.shape[1], v.shape[-1]
+  C = chunk_size
+  qc, wc, vc = (to_chunks(x, C) for x in (q, w, v))  # [B, H, N, C, d]
+  incl = jnp.tril(jnp.ones((C, C), dtype=bool))
+  if log_decay is None:
+    D = incl.astype(q.dtype)
+    gamma = gamma_last = decay_to_end = None
+  else:
+    G = jnp.cumsum(to_chunks(log_decay, C), axis=-1)  # [B, H, N, C]
+    diff = G[..., :, None] - G[..., None, :]
+    D = jnp.where(incl, jnp.exp(jnp.where(incl, diff, 0.0)), 0.0)
+    gamma = jnp.exp(G)
+    gamma_last = gamma[..., -1]
+    decay_to_end = jnp.exp(G[..., -1:] - G)
+
+  # Chunk-local work, parallel over all chunks.
+  P = einsum("bhnik,bhnjk->bhnij", qc, wc) * D
+  if e is None:
+    U, We = vc, None
+  else:
+    ec = to_chunks(e, C)
+    L = einsum("bhnik,bhnjk->bhnij", ec, wc) * D * jnp.tril(jnp.ones((C, C), q.dtype), -1)
+    ge = ec if gamma is None else gamma[..., None] * ec
+    X = jax.lax.linalg.triangular_solve(
+        L + jnp.eye(C, dtype=q.dtype), jnp.concatenate([vc, ge], axis=-1),
+        left_side=True, lower=True, unit_diagonal=True)
+    U, We = X[..., :dv], X[..., dv:]
+  Wd = wc if decay_to_end is None else decay_to_end[..., None] * wc
+  Qg = qc if gamma is None else gamma[..., None] * qc
+
+  # The one sequential pass: chunk-start states and residuals.
+  def step(S, xs):
+    U_n, We_n, Wd_n, gl_n = xs
+    R = U_n if We_n is None else U_n - einsum("bhck,bhvk->bhcv", We_n, S)
+    S_next = S if gl_n is None else gl_n[..., None, None] * S
+    S_next = S_next + einsum("bhcv,bhck->bhvk", R, Wd_n)
+    return S_next, (S, R)
+
+  move = lambda x: None if x is None else jnp.moveaxis(x, 2, 0)
+  S_T, (S_starts, R) = jax.lax.scan(step, S0, (move(U), move(We), move(Wd), move(gamma_last)))
+  S_starts, R = jnp.moveaxis(S_starts, 0, 2), jnp.moveaxis(R, 0, 2)
+  O = einsum("bhnck,bhnvk->bhncv", Qg, S_starts) + einsum("bhnij,bhnjv->bhniv", P, R)
+  return from_chunks(O, length), S_T

@@ -1,0 +1,30 @@
+"""Step-by-step `lax.scan` definition of the generalised delta rule (the reference)."""
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.ops.utils import einsum
+
+
+def delta_rule_scan(q, e, w, v, log_decay, S0):
+  """Runs S_t = gamma_t S_{t-1} + (v_t - gamma_t S_{t-1} e_t) w_t^T token by token.
+
+  Args:
+    q, w: [B, T, H, dk]; e: [B, T, H, dk] or None (no erase); v: [B, T, H, dv];
+    log_decay: [B, T, H] or None (gamma = 1); S0: [B, H, dv, dk]. All in one float dtype.
+
+  Returns:
+    o: [B, T, H, dv] with o_t = S_t q_t, and S_T: [B, H, dv, dk].
+  """
+  xs = [jnp.moveaxis(x, 1, 0) if x is not None else None for x in (q, e, w, v, log_decay)]
+
+  def step(S, x):
+    q_t, e_t, w_t, v_t, g_t = x
+    if g_t is not None:
+      S = jnp.exp(g_t)[..., None, None] * S
+    r_t = v_t if e_t is None else v_t - einsum("bhvk,bhk->bhv", S, e_t)
+    S = S + einsum("bhv,bhk->bhvk", r_t, w_t)
+    return S, einsum("bhvk,bhk->bhv", S, q_t)
+
+  S, o = jax.lax.scan(step, S0, xs)
+  return jnp.moveaxis(o, 0, 1), S

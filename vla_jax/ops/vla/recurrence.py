@@ -1,0 +1,102 @@
+"""`vla_recurrence`: the public VLA op and its dispatch over implementations."""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.ops import checks
+from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
+                                    delta_rule_scan)
+from vla_jax.ops.impl import Impl, parse_impl
+from vla_jax.ops.utils import unit
+from vla_jax.ops.vla.penalty import penalty_chunked, penalty_prefix_solve, penalty_scan
+
+KEY_EPS = 1e-6
+WRITE_EPS = 1e-12
+
+
+class VLAState(NamedTuple):
+  """VLA memory per head. S: [B, H, dv, dk] associative memory; A: [B, H, dk, dk] penalty
+  inverse (lam0 I + sum u u^T)^-1, symmetric positive definite. float32 (float64 in x64)."""
+
+  S: jax.Array
+  A: jax.Array
+
+
+def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> VLAState:
+  """S = 0, A = I / lam0."""
+  checks.check_positive("lam0", lam0)
+  A = jnp.broadcast_to(jnp.eye(dk, dtype=dtype) / lam0, (batch, heads, dk, dk))
+  return VLAState(S=jnp.zeros((batch, heads, dv, dk), dtype), A=A)
+
+
+def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
+                   chunk_size=64):
+  """Variational Linear Attention recurrence (Pandey & Singh, 2026), per head:
+
+      khat_t = k_t / max(||k_t||, eps)
+      A_t = A_{t-1} - z_t z_t^T / (1 + u_t^T z_t),   z_t = A_{t-1} u_t   (Sherman-Morrison)
+      a_t = A_t khat_t / max(||A_t khat_t||, eps)                         (unit write direction)
+      S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T                          (erase khat, write a)
+      o_t = S_t q_t
+
+  A_t = (lam0 I + sum_{s<=t} u_s u_s^T)^-1 is the inverse of the least-squares penalty, so S_t
+  is the online solution of min_S sum_s ||v_s - S khat_s||^2 + tr(S M_t S^T).
+
+  Padding is exact: a step whose k and u are both zero leaves (S, A) unchanged (khat = 0 and
+  u = 0 make z = 0 and a = 0), whatever q and v are. Pad with zero keys and zero u.
+
+  Args:
+    q: [B, T, H, dk] queries (already feature-mapped).
+    k: [B, T, H, dk] keys (feature-mapped; unit-normalised here with eps = 1e-6).
+    v: [B, T, H, dv] values.
+    u: [B, T, H, dk] penalty directions.
+    lam0: ridge strength (> 0) of the initial penalty; used only when `initial_state` is None.
+    initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
+      for S = 0, A = I / lam0.
+    impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
+    chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
+      (default 64); any T works, the tail is padded internally.
+
+  Returns:
+    o: [B, T, H, dv] in v's dtype, and the final `VLAState`. Arithmetic and the state are in
+    float32, or float64 when any input is float64 (x64 mode).
+
+  Raises:
+    ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, lam0 <= 0,
+    a bad chunk_size, an unknown impl or an initial state of the wrong shape.
+  """
+  impl = parse_impl(impl)
+  chunk_size = checks.check_chunk_size(chunk_size)
+  B, T, H, dk = checks.check_tokens("q", q)
+  checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
+  dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
+  checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+  dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
+  if initial_state is None:
+    initial_state = initial_vla_state(B, H, dk, dv, lam0=lam0, dtype=dtype)
+  else:
+    if not isinstance(initial_state, VLAState):
+      raise TypeError("initial_state must be a VLAState(S, A) or None; got "
+                      f"{type(initial_state).__name__}")
+    checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
+    checks.check_state("initial_state.A", initial_state.A, (B, H, dk, dk))
+  if impl is Impl.PALLAS:
+    raise ValueError("impl='pallas' needs the GPU kernels of vla_jax.kernels, which this "
+                     "version does not include; use impl='chunked'")
+
+  q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
+  S0, A0 = (x.astype(dtype) for x in initial_state)
+  khat = unit(k, KEY_EPS)
+  if impl is Impl.SCAN:
+    W, A = penalty_scan(khat, u, A0)
+    core = delta_rule_scan
+  elif impl is Impl.ASSOCIATIVE_SCAN:
+    W, A = penalty_prefix_solve(khat, u, A0)
+    core = delta_rule_associative_scan
+  else:
+    W, A = penalty_chunked(khat, u, A0, chunk_size)
+    core = lambda *args: delta_rule_chunked(*args, chunk_size)
+  o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0)
+  return o.astype(v.dtype), VLAState(S=S, A=A)
