@@ -1,0 +1,311 @@
+"""State path of VLA as a Pallas (Triton) kernel: the generalised delta rule without decay.
+
+Per head, with erase keys e_t (VLA: khat_t) and write keys w_t (VLA: a_t):
+
+    S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T,    o_t = S_t q_t.
+
+Chunkwise form (chunks of C tokens, chunk-start state S_c, rows of Q, E, W, V stacked):
+
+    L  = strictly_lower(E W^T),  T = (I + L)^-1          [C, C]  (unit lower triangular)
+    U' = T V,  W' = T E,  P = tril(Q W^T)                 [C, dv], [C, dk], [C, C]
+    R  = U' - W' S_c^T                                    [C, dv]  residuals
+    O  = Q S_c^T + P R                                    [C, dv]
+    S_next = S_c + R^T W                                  [dv, dk]
+
+U', W' and P do not depend on S_c: they are computed for all chunks at once in XLA. Only the
+pass over chunk states is sequential; it runs in `_fwd_kernel`, one program per (batch * head,
+block of BV value rows), the state [BV, dk] carried in registers.
+
+Backward. The chunk map is affine in S: S_next = S F + G with F = I - W'^T W, and
+O = (Q - P W') S^T + P U'. So the cotangent of the state runs backwards through
+    dS_c = dS_next - (dS_next W^T) W' + dO^T (Q - P W'),
+which `_bwd_kernel` carries in registers (reverse over chunks), storing dS_next of every chunk.
+With the chunk-start states S_c saved by the forward kernel, the cotangents of the chunk-local
+inputs (q, e, w, v of each chunk) are then independent: one `jax.vmap` of `jax.vjp` of the
+pure-JAX chunk map `_chunk_map(S_c, q, e, w, v) -> (O, S_next)` fed (dO, dS_next).
+
+Layout inside this module: head-major, time flattened: [BH, N * C, d] with BH = B * H.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+MIN_CHUNK, MAX_CHUNK = 16, 128
+
+
+# ----------------------------------------------------------------------------- configuration
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Options of the Pallas VLA kernels (hashable: one static argument of `custom_vjp`).
+
+  Attributes:
+    chunk_size: tokens per chunk C, a power of two in [16, 128]. Default 64.
+    block_v: value rows BV of the state per program (a power of two >= 16 dividing dv), or
+      None for min(dv, 64). The grid is (B * H, dv / BV).
+    num_warps: Triton warps per program. Default 4.
+    num_stages: Triton software-pipelining stages of the chunk loop. Default 2.
+    precision: precision of float32 matrix products, in the kernels and the XLA parts:
+      `jax.lax.Precision.DEFAULT` (TF32 on NVIDIA GPUs; fast) or `HIGHEST` (full float32).
+    refine: one Newton step A <- A + A (I - M A) on each chunk-start inverse of the penalty
+      path (see `penalty.py`). Default True.
+    interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
+  """
+
+  chunk_size: int = 64
+  block_v: int | None = None
+  num_warps: int = 4
+  num_stages: int = 2
+  precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
+  refine: bool = True
+  interpret: bool = False
+
+  def validate(self, dk, dv):
+    """Raises ValueError for shapes or options the kernels do not support."""
+    C = self.chunk_size
+    if (not isinstance(C, int) or isinstance(C, bool) or C < MIN_CHUNK or C > MAX_CHUNK
+        or C & (C - 1)):
+      raise ValueError(f"chunk_size must be a power of two in [{MIN_CHUNK}, {MAX_CHUNK}] for "
+                       f"the Pallas kernels; got {C!r}")
+    for name, d in (("dk (key/query head dim)", dk), ("dv (value head dim)", dv)):
+      if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS} for the Pallas "
+                         f"kernels; got {d}")
+    bv = self.value_block(dv)
+    if bv < 16 or bv & (bv - 1) or dv % bv:
+      raise ValueError(f"block_v must be a power of two >= 16 that divides dv={dv}; got "
+                       f"{self.block_v!r}")
+    if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
+      raise ValueError("precision must be jax.lax.Precision.DEFAULT or HIGHEST; got "
+                       f"{self.precision!r}")
+
+  def value_block(self, dv):
+    return min(dv, 64) if self.block_v is None else self.block_v
+
+
+def _compute_dtype(*xs):
+  return jnp.float64 if any(x.dtype == jnp.float64 for x in xs) else jnp.float32
+
+
+# ----------------------------------------------------------------------------- chunk algebra (XLA)
+
+def _factors(q, e, w, v, precision):
+  """U' = T V, W' = T E, P = tril(Q W^T) for chunks q, e, w: [..., C, dk], v: [..., C, dv]."""
+  C, dv = q.shape[-2], v.shape[-1]
+  mm = functools.partial(jnp.einsum, precision=precision)
+  strict = jnp.tril(jnp.ones((C, C), bool), -1)
+  L = jnp.where(strict, mm("...ik,...jk->...ij", e, w), 0.0)
+  X = jax.lax.linalg.triangular_solve(
+      L + jnp.eye(C, dtype=L.dtype), jnp.concatenate([v, e], axis=-1),
+      left_side=True, lower=True, unit_diagonal=True)
+  P = jnp.where(jnp.tril(jnp.ones((C, C), bool)), mm("...ik,...jk->...ij", q, w), 0.0)
+  return X[..., :dv], X[..., dv:], P
+
+
+def _chunk_map(S, q, e, w, v, precision):
+  """One chunk: (S_c [dv, dk], q, e, w [C, dk], v [C, dv]) -> (O [C, dv], S_next [dv, dk])."""
+  mm = functools.partial(jnp.einsum, precision=precision)
+  Up, Wp, P = _factors(q, e, w, v, precision)
+  R = Up - mm("ck,vk->cv", Wp, S)
+  O = mm("ck,vk->cv", q, S) + mm("ij,jv->iv", P, R)
+  return O, S + mm("cv,ck->vk", R, w)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+def _mm(a, b, *, trans_a=False, trans_b=False, precision):
+  """2-D product (a or a^T) @ (b or b^T), accumulated in a's dtype (float32 or float64)."""
+  dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+  return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=a.dtype)
+
+
+def _fwd_kernel(q_ref, w_ref, up_ref, wp_ref, p_ref, s0_ref,   # inputs
+                o_ref, st_ref, sc_ref,                           # outputs
+                *, C, N, precision, acc):
+  # Refs (one program = one (batch*head, value block)):
+  #   q_ref, w_ref, wp_ref: [N*C, dk]   up_ref, o_ref: [N*C, BV]   p_ref: [N*C, C]
+  #   s0_ref, st_ref: [BV, dk]          sc_ref: [N, BV, dk] (chunk-start states)
+  dot = functools.partial(_mm, precision=precision)
+
+  def body(n, S):                                        # S: [BV, dk] in `acc`
+    rows = pl.ds(pl.multiple_of(n * C, C), C)
+    sc_ref[n, :, :] = S.astype(sc_ref.dtype)
+    q = q_ref[rows, :].astype(acc)                       # [C, dk]
+    w = w_ref[rows, :].astype(acc)                       # [C, dk]
+    wp = wp_ref[rows, :].astype(acc)                     # [C, dk]
+    up = up_ref[rows, :].astype(acc)                     # [C, BV]
+    p = p_ref[rows, :].astype(acc)                       # [C, C]
+    R = up - dot(wp, S, trans_b=True)                    # [C, BV]
+    O = dot(q, S, trans_b=True) + dot(p, R)              # [C, BV]
+    o_ref[rows, :] = O.astype(o_ref.dtype)
+    return S + dot(R, w, trans_a=True)                   # [BV, dk]
+
+  S = jax.lax.fori_loop(0, N, body, s0_ref[...].astype(acc))
+  st_ref[...] = S.astype(st_ref.dtype)
+
+
+def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref,  # inputs
+                dsn_ref, ds0_ref,                               # outputs
+                *, C, N, precision, acc):
+  # Refs: do_ref: [N*C, BV]   q_ref, w_ref, wp_ref: [N*C, dk]   p_ref: [N*C, C]
+  #       dst_ref, ds0_ref: [BV, dk]   dsn_ref: [N, BV, dk] (cotangent of each chunk's S_next)
+  dot = functools.partial(_mm, precision=precision)
+
+  def body(i, dS):                                       # dS: [BV, dk] in `acc`
+    n = N - 1 - i
+    rows = pl.ds(pl.multiple_of(n * C, C), C)
+    dsn_ref[n, :, :] = dS.astype(dsn_ref.dtype)
+    do = do_ref[rows, :].astype(acc)                     # [C, BV]
+    q = q_ref[rows, :].astype(acc)                       # [C, dk]
+    w = w_ref[rows, :].astype(acc)                       # [C, dk]
+    wp = wp_ref[rows, :].astype(acc)                     # [C, dk]
+    p = p_ref[rows, :].astype(acc)                       # [C, C]
+    X = q - dot(p, wp)                                   # [C, dk]  Q - P W'
+    dS = dS - dot(dot(dS, w, trans_b=True), wp)          # [BV, C] x [C, dk]
+    return dS + dot(do, X, trans_a=True)                 # [BV, dk]
+
+  dS = jax.lax.fori_loop(0, N, body, dst_ref[...].astype(acc))
+  ds0_ref[...] = dS.astype(ds0_ref.dtype)
+
+
+def _params(cfg):
+  return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype):
+  """Sequential pass. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
+  S0: [BH, dv, dk]. Returns O [BH, N*C, dv] (out_dtype), S_T [BH, dv, dk] and the
+  chunk-start states [BH, N, dv, dk] (accumulation dtype)."""
+  BH, NC, dk = q.shape
+  dv, C = Up.shape[-1], cfg.chunk_size
+  N, BV, acc = NC // C, cfg.value_block(dv), Up.dtype
+  kernel = functools.partial(_fwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
+  k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
+  v_spec = pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j))
+  s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
+  return pl.pallas_call(
+      kernel,
+      grid=(BH, dv // BV),
+      in_specs=[k_spec, k_spec, v_spec, k_spec,
+                pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
+      out_specs=[v_spec, s_spec, pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))],
+      out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out_dtype),
+                 jax.ShapeDtypeStruct((BH, dv, dk), acc),
+                 jax.ShapeDtypeStruct((BH, N, dv, dk), acc)],
+      compiler_params=_params(cfg),
+      interpret=cfg.interpret,
+      name="vla_state_fwd",
+  )(q, w, Up, Wp, P, S0)
+
+
+def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):
+  """Reverse pass. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
+  dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk]."""
+  BH, NC, dk = q.shape
+  dv, C = dO.shape[-1], cfg.chunk_size
+  N, BV, acc = NC // C, cfg.value_block(dv), Wp.dtype
+  kernel = functools.partial(_bwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
+  k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
+  s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
+  return pl.pallas_call(
+      kernel,
+      grid=(BH, dv // BV),
+      in_specs=[pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j)), k_spec, k_spec, k_spec,
+                pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
+      out_specs=[pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0)), s_spec],
+      out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
+                 jax.ShapeDtypeStruct((BH, dv, dk), acc)],
+      compiler_params=_params(cfg),
+      interpret=cfg.interpret,
+      name="vla_state_bwd",
+  )(dO, q, w, Wp, P, dS_T)
+
+
+# ----------------------------------------------------------------------------- custom_vjp
+
+def _split(x, C):
+  """[BH, N*C, d] -> [BH, N, C, d]."""
+  return x.reshape(x.shape[0], -1, C, x.shape[-1])
+
+
+def _merge(x):
+  """[BH, N, C, d] -> [BH, N*C, d]."""
+  return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+def _prepare(cfg, q, e, w, v):
+  acc = _compute_dtype(q, e, w, v)
+  C = cfg.chunk_size
+  chunks = [_split(x.astype(acc), C) for x in (q, e, w, v)]
+  Up, Wp, P = _factors(*chunks, cfg.precision)
+  return _merge(Up), _merge(Wp), _merge(P)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _state_path(cfg, q, e, w, v, S0):
+  Up, Wp, P = _prepare(cfg, q, e, w, v)
+  O, S_T, _ = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
+  return O, S_T
+
+
+def _state_path_fwd(cfg, q, e, w, v, S0):
+  Up, Wp, P = _prepare(cfg, q, e, w, v)
+  O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
+  return (O, S_T), (q, e, w, v, S0, Wp, P, S_c)
+
+
+def _state_path_bwd(cfg, res, cts):
+  q, e, w, v, S0, Wp, P, S_c = res
+  dO, dS_T = cts
+  acc, C = Wp.dtype, cfg.chunk_size
+  dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc))
+
+  # Chunk-local cotangents, all chunks at once: flatten (BH, N) into one batch axis.
+  BH, N = S_c.shape[:2]
+  flat = lambda x: _split(x.astype(acc), C).reshape((BH * N, C, x.shape[-1]))
+  local = lambda S, *xs: _chunk_map(S, *xs, cfg.precision)
+
+  def vjp_one(S, q_n, e_n, w_n, v_n, dO_n, dSn_n):
+    _, pullback = jax.vjp(lambda *xs: local(S, *xs), q_n, e_n, w_n, v_n)
+    return pullback((dO_n, dSn_n))
+
+  grads = jax.vmap(vjp_one)(
+      S_c.reshape((BH * N,) + S_c.shape[2:]), flat(q), flat(e), flat(w), flat(v), flat(dO),
+      dS_next.reshape((BH * N,) + dS_next.shape[2:]))
+  dq, de, dw, dv = (g.reshape(x.shape).astype(x.dtype)
+                    for g, x in zip(grads, (q, e, w, v)))
+  return dq, de, dw, dv, dS0.astype(S0.dtype)
+
+
+_state_path.defvjp(_state_path_fwd, _state_path_bwd)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+def state_path(q, e, w, v, S0, *, config=KernelConfig()):
+  """Generalised delta rule S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T, o_t = S_t q_t.
+
+  Args:
+    q, e, w: [BH, T, dk] queries, erase keys and write keys (head-major; float32, bfloat16 or
+      float64). T must be a multiple of `config.chunk_size` (pad with zero e and w: exact).
+    v: [BH, T, dv] values.
+    S0: [BH, dv, dk] initial state.
+    config: a `KernelConfig`.
+
+  Returns:
+    o [BH, T, dv] in v's dtype and S_T [BH, dv, dk] in the accumulation dtype (float32, or
+    float64 when any input is float64). Differentiable (custom VJP with a reverse kernel).
+  """
+  BH, T, dk = q.shape
+  dv = v.shape[-1]
+  config.validate(dk, dv)
+  if T % config.chunk_size:
+    raise ValueError(f"T={T} must be a multiple of chunk_size={config.chunk_size} here; "
+                     "pad with zero keys first")
+  return _state_path(config, q, e, w, v, S0)
