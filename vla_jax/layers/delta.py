@@ -1,0 +1,99 @@
+"""`DeltaNet` and `GatedDeltaNet` mixers on the shared delta-rule recurrences."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vla_jax.layers import common
+from vla_jax.ops.baselines import gated_deltanet
+
+
+class DeltaNet(nnx.Module):
+  """DeltaNet (Schlag et al., 2021; Yang et al., 2024), x [B, T, d_model] -> same:
+
+      q = l2norm(silu(W_q x)),  k = silu(W_k x) (unit-normalised by the op),  v = W_v x,
+      beta = sigmoid(W_beta x) per head,
+      S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) khat_t^T,  o_t = S_t q_t,
+      y = W_o LayerNorm(merge_heads(o)).
+
+  Attributes:
+    d_model, num_heads, head_dim: widths (inner width num_heads * head_dim).
+    impl, chunk_size: passed straight to the recurrence.
+    conv_size: 0 (default) or the width of a causal depthwise convolution on q, k, v.
+    out_norm: LayerNorm over the merged heads before W_o (default True).
+    dtype, param_dtype: activation and parameter dtypes (default float32); state in float32.
+  """
+
+  RECURRENT = True
+  GATED = False
+
+  def __init__(self, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
+               conv_size=0, out_norm=True, dtype=jnp.float32, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+    name = type(self).__name__
+    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
+    self.num_heads = num_heads
+    self.impl, self.chunk_size = impl, chunk_size
+    self.dtype = dtype
+    inner = num_heads * self.head_dim
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.q_proj = common.dense(d_model, inner, use_bias=False, **kw)
+    self.k_proj = common.dense(d_model, inner, use_bias=False, **kw)
+    self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
+    self.beta_proj = common.dense(d_model, num_heads, use_bias=True, **kw)
+    self.conv = (nnx.List([common.ShortConv(inner, conv_size, **kw) for _ in range(3)])
+                 if conv_size else None)
+    if self.GATED:
+      self._init_gate(d_model, num_heads, rngs, dtype, param_dtype)
+    self.out = common.Readout(inner, d_model, out_norm=out_norm, **kw)
+
+  def _qkv(self, x):
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.conv is not None:
+      q, k, v = (conv(t) for conv, t in zip(self.conv, (q, k, v)))
+    else:
+      q, k = jax.nn.silu(q), jax.nn.silu(k)
+    H = self.num_heads
+    q, k, v = (common.split_heads(t, H) for t in (q, k, v))
+    return common.l2_normalize(q), k, v
+
+  def _log_decay(self, x):
+    return None
+
+  def __call__(self, x):
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
+    x = x.astype(self.dtype)
+    q, k, v = self._qkv(x)
+    beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))
+    o, _ = gated_deltanet(q, k, v, beta, self._log_decay(x), impl=self.impl,
+                          chunk_size=self.chunk_size)
+    return self.out(o)
+
+
+class GatedDeltaNet(DeltaNet):
+  """Gated DeltaNet (Yang et al., 2024, arXiv 2412.06464): DeltaNet whose state decays by
+  gamma_t = exp(g_t) per token and head, with (as in the paper's code)
+
+      g_t = -exp(A_log) * softplus(W_a x_t + dt_bias),
+      A_log = log(a), a ~ U[1, 16];  softplus(dt_bias) = dt, dt ~ logU[1e-3, 1e-1].
+
+  Attributes: as `DeltaNet`, plus `a_proj`, `A_log` [H] and `dt_bias` [H].
+  """
+
+  GATED = True
+
+  def _init_gate(self, d_model, num_heads, rngs, dtype, param_dtype):
+    self.a_proj = common.dense(d_model, num_heads, use_bias=False, dtype=dtype,
+                               param_dtype=param_dtype, rngs=rngs)
+    a = jax.random.uniform(rngs.params(), (num_heads,), jnp.float32, 1.0, 16.0)
+    self.A_log = nnx.Param(jnp.log(a).astype(param_dtype))
+    lo, hi = math.log(1e-3), math.log(1e-1)
+    dt = jnp.exp(jax.random.uniform(rngs.params(), (num_heads,), jnp.float32, lo, hi))
+    dt_bias = dt + jnp.log(-jnp.expm1(-dt))  # inverse softplus
+    self.dt_bias = nnx.Param(dt_bias.astype(param_dtype))
+
+  def _log_decay(self, x):
+    a = self.a_proj(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    return -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)

@@ -1,0 +1,55 @@
+"""`LinearAttention`: causal linear attention with the ELU + 1 feature map."""
+
+import jax.numpy as jnp
+from flax import nnx
+
+from vla_jax.layers import common
+from vla_jax.ops.baselines import elu_plus_one, linear_attention
+
+
+class LinearAttention(nnx.Module):
+  """Causal linear attention (Katharopoulos et al., 2020), x [B, T, d_model] -> same:
+
+      S_t = S_{t-1} + v_t phi(k_t)^T,  o_t = S_t phi(q_t) [/ max(z_t . phi(q_t), eps)]
+
+  with phi = ELU + 1, then y = W_o LayerNorm(merge_heads(o)).
+
+  Attributes:
+    d_model, num_heads, head_dim: widths (inner width num_heads * head_dim).
+    impl, chunk_size: passed straight to `linear_attention`.
+    normalize: divide by the additive normaliser (default True, the original form).
+    conv_size: 0 (default) or the width of a causal depthwise convolution on q, k, v.
+    out_norm: LayerNorm over the merged heads before W_o (default True).
+    dtype, param_dtype: activation and parameter dtypes (default float32); state in float32.
+  """
+
+  RECURRENT = True
+
+  def __init__(self, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
+               normalize=True, conv_size=0, out_norm=True, dtype=jnp.float32,
+               param_dtype=jnp.float32, rngs: nnx.Rngs):
+    name = type(self).__name__
+    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
+    self.num_heads = num_heads
+    self.impl, self.chunk_size, self.normalize = impl, chunk_size, bool(normalize)
+    self.dtype = dtype
+    inner = num_heads * self.head_dim
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.q_proj = common.dense(d_model, inner, use_bias=True, **kw)
+    self.k_proj = common.dense(d_model, inner, use_bias=True, **kw)
+    self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
+    self.conv = (nnx.List([common.ShortConv(inner, conv_size, **kw) for _ in range(3)])
+                 if conv_size else None)
+    self.out = common.Readout(inner, d_model, out_norm=out_norm, **kw)
+
+  def __call__(self, x):
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
+    x = x.astype(self.dtype)
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.conv is not None:
+      q, k, v = (conv(t) for conv, t in zip(self.conv, (q, k, v)))
+    H = self.num_heads
+    q, k, v = (common.split_heads(t, H) for t in (q, k, v))
+    o, _ = linear_attention(q, k, v, feature_map=elu_plus_one, normalize=self.normalize,
+                            impl=self.impl, chunk_size=self.chunk_size)
+    return self.out(o)

@@ -1,0 +1,62 @@
+"""`make_mixer`: builds any mixer by name with one constructor style."""
+
+import inspect
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+from flax import nnx
+
+from vla_jax.layers.delta import DeltaNet, GatedDeltaNet
+from vla_jax.layers.linear import LinearAttention
+from vla_jax.layers.softmax import SoftmaxAttention
+from vla_jax.layers.vla import VLAAttention
+
+MIXERS = {
+    "vla": VLAAttention,
+    "softmax": SoftmaxAttention,
+    "linear": LinearAttention,
+    "deltanet": DeltaNet,
+    "gated_deltanet": GatedDeltaNet,
+}
+_COMMON = ("self", "d_model", "num_heads", "head_dim", "impl", "chunk_size", "dtype",
+           "param_dtype", "rngs")
+
+
+def mixer_options(name):
+  """The mixer-specific keyword options of mixer `name` and their defaults."""
+  cls = mixer_class(name)
+  params = inspect.signature(cls.__init__).parameters
+  return {k: p.default for k, p in params.items() if k not in _COMMON}
+
+
+def mixer_class(name):
+  if name not in MIXERS:
+    raise ValueError(f"unknown mixer {name!r}; choose one of {', '.join(map(repr, MIXERS))}")
+  return MIXERS[name]
+
+
+def check_mixer_options(name, options):
+  """Raises ValueError for option names that mixer `name` does not take."""
+  allowed = mixer_options(name)
+  unknown = sorted(set(options) - set(allowed))
+  if unknown:
+    raise ValueError(f"mixer {name!r} does not take option(s) {', '.join(unknown)}; its "
+                     f"options are {', '.join(sorted(allowed)) or '(none)'}")
+
+
+def make_mixer(name, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
+               options: Mapping | None = None, dtype=jnp.float32, param_dtype=jnp.float32,
+               rngs: nnx.Rngs):
+  """Builds mixer `name` ("vla", "softmax", "linear", "deltanet", "gated_deltanet").
+
+  `impl` and `chunk_size` go to the recurrent mixers' ops unchanged; softmax attention has no
+  recurrence and ignores them (its kernel choice is its `implementation` option). `options`
+  holds the mixer's own keyword options (see `mixer_options(name)`); unknown names raise.
+  """
+  cls = mixer_class(name)
+  options = dict(options or {})
+  check_mixer_options(name, options)
+  if cls.RECURRENT:
+    options.update(impl=impl, chunk_size=chunk_size)
+  return cls(d_model, num_heads, head_dim, dtype=dtype, param_dtype=param_dtype, rngs=rngs,
+             **options)

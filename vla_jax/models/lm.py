@@ -1,0 +1,158 @@
+"""A small pre-norm language model whose sequence mixer is chosen by name."""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from vla_jax.layers import common
+from vla_jax.layers.registry import check_mixer_options, make_mixer, mixer_class
+
+POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Everything that defines the model; frozen and hashable (no ml_collections here).
+
+  Attributes:
+    vocab_size: number of token ids.
+    max_len: longest sequence the model accepts (size of the learned position table).
+    mixer: "vla" | "softmax" | "linear" | "deltanet" | "gated_deltanet".
+    d_model, num_layers, num_heads, head_dim: widths; num_heads * head_dim must equal d_model.
+    mlp_ratio: hidden width of the MLP is mlp_ratio * d_model.
+    tie_embeddings: the output head reuses the token embedding (True) or is its own matrix.
+    pos_emb: "learned" (default), "sinusoidal" or "none".
+    impl, chunk_size: passed straight to the recurrent mixers.
+    mixer_options: the mixer's own options as sorted (name, value) pairs.
+    dtype, param_dtype: "float32" | "bfloat16" | "float16" names.
+  """
+
+  vocab_size: int
+  max_len: int
+  mixer: str = "vla"
+  d_model: int = 128
+  num_layers: int = 2
+  num_heads: int = 4
+  head_dim: int | None = None
+  mlp_ratio: int = 4
+  tie_embeddings: bool = True
+  pos_emb: str = "learned"
+  impl: str = "chunked"
+  chunk_size: int = 64
+  mixer_options: tuple = ()
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    if isinstance(self.mixer_options, dict):
+      object.__setattr__(self, "mixer_options", tuple(sorted(self.mixer_options.items())))
+    self.validate()
+
+  @property
+  def options(self):
+    return dict(self.mixer_options)
+
+  @property
+  def resolved_head_dim(self):
+    return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+  def validate(self):
+    """Raises ValueError with a clear message for an inconsistent configuration."""
+    mixer_class(self.mixer)
+    check_mixer_options(self.mixer, self.options)
+    for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"model.{name} must be a positive int; got {value!r}")
+    head_dim = common.resolve_head_dim("model", self.d_model, self.num_heads, self.head_dim)
+    if head_dim * self.num_heads != self.d_model:
+      raise ValueError(f"model.head_dim * model.num_heads must equal model.d_model; got "
+                       f"{head_dim} * {self.num_heads} != {self.d_model}")
+    common.check_choice("model", "pos_emb", self.pos_emb, POSITION_EMBEDDINGS)
+    common.check_choice("model", "dtype", self.dtype, tuple(DTYPES))
+    common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
+
+
+def sinusoidal_positions(length, d_model):
+  """[length, d_model] sin/cos position codes (Vaswani et al., 2017)."""
+  pos = jnp.arange(length, dtype=jnp.float32)[:, None]
+  half = d_model // 2
+  freq = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / max(half, 1))
+  angles = pos * freq
+  table = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+  return jnp.pad(table, ((0, 0), (0, d_model - 2 * half)))
+
+
+class MLP(nnx.Module):
+  """x -> W_2 gelu(W_1 x)."""
+
+  def __init__(self, d_model, hidden, *, dtype, param_dtype, rngs):
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.up = nnx.Linear(d_model, hidden, **kw)
+    self.down = nnx.Linear(hidden, d_model, **kw)
+
+  def __call__(self, x):
+    return self.down(jax.nn.gelu(self.up(x)))
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + mixer(LN(x)), then x + MLP(LN(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs):
+    dtype, param_dtype = DTYPES[config.dtype], DTYPES[config.param_dtype]
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.norm1 = nnx.LayerNorm(config.d_model, **kw)
+    self.mixer = make_mixer(config.mixer, config.d_model, config.num_heads, config.head_dim,
+                            impl=config.impl, chunk_size=config.chunk_size,
+                            options=config.options, **kw)
+    self.norm2 = nnx.LayerNorm(config.d_model, **kw)
+    self.mlp = MLP(config.d_model, config.mlp_ratio * config.d_model, **kw)
+
+  def __call__(self, x):
+    x = x + self.mixer(self.norm1(x))
+    return x + self.mlp(self.norm2(x))
+
+
+class LanguageModel(nnx.Module):
+  """Token (+ position) embeddings, `num_layers` pre-norm blocks, a final LayerNorm and a tied
+  or untied head: tokens [B, T] int -> logits [B, T, vocab_size] float32.
+
+  Attributes:
+    config: the `ModelConfig`.
+    embed: token embedding [vocab_size, d_model]; pos_embed: [max_len, d_model] when learned.
+    blocks, final_norm, head (None when tied).
+  """
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    config.validate()
+    self.config = config
+    dtype, param_dtype = DTYPES[config.dtype], DTYPES[config.param_dtype]
+    self.dtype = dtype
+    kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+    self.embed = nnx.Embed(config.vocab_size, config.d_model, **kw)
+    self.pos_embed = (nnx.Embed(config.max_len, config.d_model, **kw)
+                      if config.pos_emb == "learned" else None)
+    self.blocks = nnx.List([Block(config, rngs=rngs) for _ in range(config.num_layers)])
+    self.final_norm = nnx.LayerNorm(config.d_model, **kw)
+    self.head = (None if config.tie_embeddings else
+                 nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
+
+  def __call__(self, tokens):
+    """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32."""
+    T = tokens.shape[1]
+    if T > self.config.max_len:
+      raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
+    x = self.embed(tokens)
+    if self.config.pos_emb == "learned":
+      x = x + self.pos_embed(jnp.arange(T))[None]
+    elif self.config.pos_emb == "sinusoidal":
+      x = x + sinusoidal_positions(T, self.config.d_model).astype(x.dtype)[None]
+    for block in self.blocks:
+      x = block(x)
+    x = self.final_norm(x)
+    logits = self.embed.attend(x) if self.head is None else self.head(x)
+    return logits.astype(jnp.float32)

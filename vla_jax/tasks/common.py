@@ -1,0 +1,63 @@
+"""Shared pieces of the synthetic tasks: the ignore label, seeding, metrics."""
+
+import numpy as np
+
+IGNORE = -100  # label of positions that carry no target (PyTorch's and zoology's convention)
+
+
+def rng_for(seed, stream, index):
+  """The NumPy generator of batch `index` in `stream` (1 = train, 2 = eval) under `seed`.
+
+  Batches are a pure function of (seed, stream, index): resuming at step s regenerates exactly
+  the batches an uninterrupted run would have seen.
+  """
+  return np.random.default_rng(np.random.SeedSequence([int(seed), int(stream), int(index)]))
+
+
+def check_int(name, value, minimum):
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+    raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}")
+  return int(value)
+
+
+def check_examples(inputs, labels, vocab_size=None, where="data"):
+  """Checks a batch of `inputs` [N, T] and `labels` [N, T] int arrays (labels IGNORE or a
+  token id) and returns them as int32."""
+  inputs, labels = np.asarray(inputs), np.asarray(labels)
+  for name, arr in (("inputs", inputs), ("labels", labels)):
+    if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
+      raise ValueError(f"{where}: {name} must be a 2-D integer array [N, T]; got shape "
+                       f"{arr.shape} dtype {arr.dtype}")
+  if inputs.shape != labels.shape:
+    raise ValueError(f"{where}: inputs {inputs.shape} and labels {labels.shape} must have the "
+                     "same shape")
+  if inputs.size and inputs.min() < 0:
+    raise ValueError(f"{where}: inputs must be token ids >= 0; got min {inputs.min()}")
+  bad = (labels != IGNORE) & (labels < 0)
+  if bad.any():
+    raise ValueError(f"{where}: labels must be token ids or {IGNORE}; got {labels[bad][0]}")
+  if vocab_size is not None:
+    top = max(int(inputs.max(initial=0)), int(labels.max(initial=0)))
+    if top >= vocab_size:
+      raise ValueError(f"{where}: token id {top} does not fit vocab_size={vocab_size}")
+  return inputs.astype(np.int32), labels.astype(np.int32)
+
+
+def token_metrics(predictions, labels):
+  """Per-target accuracy and exact match (all targets of an example right) in NumPy.
+
+  Args:
+    predictions, labels: [N, T] ints; positions with label IGNORE are not scored.
+
+  Returns:
+    dict with `accuracy` (correct / targets), `exact_match` (share of examples with every
+    target right; examples without targets count as right) and `targets`.
+  """
+  mask = labels != IGNORE
+  correct = (predictions == labels) & mask
+  targets = int(mask.sum())
+  return {
+      "accuracy": float(correct.sum() / max(targets, 1)),
+      "exact_match": float(np.mean(correct.sum(1) == mask.sum(1))),
+      "targets": targets,
+  }

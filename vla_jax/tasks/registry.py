@@ -1,0 +1,86 @@
+"""Tasks as the trainer sees them: seeded train batches and fixed evaluation sets."""
+
+import numpy as np
+
+from vla_jax.tasks import copy as copy_task
+from vla_jax.tasks import mqar
+from vla_jax.tasks.common import rng_for
+from vla_jax.tasks.npz import load_npz
+
+TRAIN, EVAL = 1, 2
+
+
+class MQARTask:
+  """MQAR (`vla_jax.tasks.mqar`); one evaluation set named "mqar"."""
+
+  name = "mqar"
+
+  def __init__(self, config: mqar.MQARConfig):
+    self.config = config
+    self.vocab_size = config.vocab_size
+    self.max_len = config.length
+
+  def train_batch(self, seed, step, batch_size):
+    return mqar.generate(self.config, batch_size, rng_for(seed, TRAIN, step))
+
+  def eval_sets(self, seed, num_examples):
+    return {"mqar": mqar.generate(self.config, num_examples, rng_for(seed, EVAL, 0))}
+
+
+class CopyTask:
+  """Copy (`vla_jax.tasks.copy`); one evaluation set "copy_L<length>" per evaluation length."""
+
+  name = "copy"
+
+  def __init__(self, config: copy_task.CopyConfig):
+    self.config = config
+    self.vocab_size = config.vocab_size
+    self.max_len = 2 * max((config.max_len,) + config.lengths)
+
+  def train_batch(self, seed, step, batch_size):
+    return copy_task.generate(self.config, batch_size, rng_for(seed, TRAIN, step))
+
+  def eval_sets(self, seed, num_examples):
+    return {f"copy_L{L}": copy_task.generate(self.config, num_examples,
+                                            rng_for(seed, EVAL, L), length=L)
+            for L in self.config.lengths}
+
+
+class NpzTask:
+  """Examples from `.npz` files (`vla_jax.tasks.npz`): train batches are rows drawn with
+  replacement, seeded by (seed, step); the evaluation set "npz" is the whole eval file."""
+
+  name = "npz"
+
+  def __init__(self, vocab_size, eval_path, train_path=""):
+    if not eval_path and not train_path:
+      raise ValueError("task npz needs task.eval_path and/or task.train_path")
+    self.vocab_size = vocab_size
+    self.train = load_npz(train_path, vocab_size) if train_path else None
+    self.eval = load_npz(eval_path, vocab_size) if eval_path else None
+    self.max_len = max(d[0].shape[1] for d in (self.train, self.eval) if d is not None)
+
+  def train_batch(self, seed, step, batch_size):
+    if self.train is None:
+      raise ValueError("task npz has no task.train_path to train on")
+    rows = rng_for(seed, TRAIN, step).integers(0, self.train[0].shape[0], batch_size)
+    return self.train[0][rows], self.train[1][rows]
+
+  def eval_sets(self, seed, num_examples):
+    del seed, num_examples  # the file is the evaluation set
+    return {"npz": self.eval} if self.eval is not None else {}
+
+
+def make_task(name, fields):
+  """Builds task `name` ("mqar", "copy" or "npz") from a dict of its fields."""
+  fields = dict(fields)
+  try:
+    if name == "mqar":
+      return MQARTask(mqar.MQARConfig(**fields))
+    if name == "copy":
+      return CopyTask(copy_task.CopyConfig(**fields))
+    if name == "npz":
+      return NpzTask(**fields)
+  except TypeError as e:
+    raise ValueError(f"task {name!r}: bad field(s): {e}") from None
+  raise ValueError(f"unknown task {name!r}; choose one of 'mqar', 'copy', 'npz'")
