@@ -56,6 +56,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0.
     impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
+      "pallas" runs `vla_jax.kernels.vla_pallas` with its default `KernelConfig` (TF32
+      products on GPU; head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
+      than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
 
@@ -83,9 +86,12 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
     checks.check_state("initial_state.A", initial_state.A, (B, H, dk, dk))
   if impl is Impl.PALLAS:
-    raise ValueError("impl='pallas' needs the GPU kernels of vla_jax.kernels, which this "
-                     "version does not include; use impl='chunked'")
+    from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+    S0, A0 = initial_state
+    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size))
+    return o, VLAState(S=S, A=A)
 
+  out_dtype = v.dtype
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)

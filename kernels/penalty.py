@@ -1,0 +1,69 @@
+"""Penalty path of VLA in XLA, parallel over chunks: rows A_t khat_t for every token.
+
+A_t = M_t^-1 with M_t = A_0^-1 + sum_{s<=t} u_s u_s^T. With chunks of C tokens (rows U_n, Khat_n):
+
+    G_n  = U_n^T U_n                                   [dk, dk]  per-chunk Grams
+    M_c  = A_0^-1 + sum_{m<n} G_m                      exclusive prefix sum over chunks
+    A_c  = M_c^-1                                      Cholesky inverse, symmetrised
+                                                       (+ one Newton step, optional)
+    I + U A_c U^T = L L^T,  Y = L^-1 U A_c             [C, C], [C, dk]
+    rows A_t khat_t = Khat A_c - tril(Khat Y^T) Y      [C, dk]
+    A_T  = A_c(last) - Y_last^T Y_last
+
+Every step is batched over all chunks: no sequential pass. The price is accuracy: the
+chunk-start inverses are computed from M directly instead of carried through exact downdates
+(`vla_jax.ops.vla.penalty.penalty_chunked`), so their relative error grows like
+eps * cond(M_c). See NOTES.md for measurements.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def _sym(A):
+  return 0.5 * (A + jnp.swapaxes(A, -1, -2))
+
+
+def _spd_inverse(M, *, refine, precision):
+  """Inverse of symmetric positive definite M [..., d, d] via Cholesky, symmetrised."""
+  mm = functools.partial(jnp.matmul, precision=precision)
+  eye = jnp.eye(M.shape[-1], dtype=M.dtype)
+  L = jnp.linalg.cholesky(_sym(M))
+  Linv = jax.lax.linalg.triangular_solve(L, jnp.broadcast_to(eye, M.shape),
+                                         left_side=True, lower=True)
+  A = _sym(mm(jnp.swapaxes(Linv, -1, -2), Linv))
+  if refine:  # Newton-Schulz step: A <- A + A (I - M A)
+    A = _sym(A + mm(A, eye - mm(M, A)))
+  return A
+
+
+def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HIGHEST):
+  """Write directions (unnormalised) for all chunks at once.
+
+  Args:
+    khat: [B, H, N, C, dk] unit keys in chunks (zero rows for padding).
+    u: [B, H, N, C, dk] penalty directions in chunks (zero rows for padding).
+    A0: [B, H, dk, dk] initial penalty inverse (symmetric positive definite).
+    refine: one Newton step on each chunk-start inverse.
+    precision: matrix-product precision.
+
+  Returns:
+    W [B, H, N, C, dk] with rows A_t khat_t, and A_T [B, H, dk, dk]. Same dtype as khat.
+  """
+  mm = functools.partial(jnp.einsum, precision=precision)
+  C = khat.shape[-2]
+  gram = mm("bhnci,bhncj->bhnij", u, u)                          # [B, H, N, dk, dk]
+  before = jnp.cumsum(gram, axis=2)[:, :, :-1]
+  before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]), before], axis=2)
+  M0 = _spd_inverse(A0, refine=False, precision=precision)
+  A_c = _spd_inverse(M0[:, :, None] + before, refine=refine, precision=precision)
+  UA = mm("bhnck,bhnkj->bhncj", u, A_c)                           # [B, H, N, C, dk]
+  inner = _sym(jnp.eye(C, dtype=u.dtype) + mm("bhncj,bhndj->bhncd", UA, u))
+  Y = jax.lax.linalg.triangular_solve(jnp.linalg.cholesky(inner), UA,
+                                      left_side=True, lower=True)  # [B, H, N, C, dk]
+  KY = jnp.tril(mm("bhnik,bhnjk->bhnij", khat, Y))                # [B, H, N, C, C]
+  W = mm("bhnck,bhnkj->bhncj", khat, A_c) - mm("bhnij,bhnjk->bhnik", KY, Y)
+  A_T = _sym(A_c[:, :, -1] - mm("bhck,bhcj->bhkj", Y[:, :, -1], Y[:, :, -1]))
+  return W, A_T
