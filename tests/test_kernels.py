@@ -1,0 +1,211 @@
+"""Tests of the Pallas VLA kernels (`vla_jax.kernels`) on CPU.
+
+The kernels run in Pallas interpret mode (`INTERPRET = True`); the same code is lowered for an
+abstract NVIDIA H200 (Triton) in `TestGpuLowering`, so code that only works when interpreted
+cannot pass. Numbers are checked against an independent float64 NumPy oracle that runs the
+recurrence token by token, and gradients against `jax.grad` of impl="scan" in float64.
+"""
+
+import warnings
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+
+from vla_jax.kernels import KernelConfig, state_path, vla_pallas
+from vla_jax.ops.vla import VLAState, vla_recurrence
+
+# The Pallas Triton backend warns that it is deprecated; nothing else is silenced.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+
+INTERPRET = True
+# Relative error bounds (Frobenius norm) by compute dtype.
+TOL = {np.float64: 1e-10, np.float32: 2e-5, jnp.bfloat16: 3e-2}
+# (B, T, H, dk, dv, chunk): T not a multiple of the chunk, dk != dv, B and H > 1.
+SHAPES = [(2, 37, 2, 16, 32, 16), (1, 50, 3, 32, 16, 16), (1, 64, 1, 16, 16, 32)]
+shape_id = lambda s: "B{}T{}H{}dk{}dv{}C{}".format(*s)
+
+
+@pytest.fixture
+def f64():
+  with jax.enable_x64(True):
+    yield
+
+
+def _inputs(seed, B, T, H, dk, dv):
+  rng = np.random.default_rng(seed)
+  q, k = (rng.standard_normal((B, T, H, dk)) for _ in range(2))
+  v = rng.standard_normal((B, T, H, dv))
+  u = rng.standard_normal((B, T, H, dk)) / np.sqrt(dk)
+  S0 = rng.standard_normal((B, H, dv, dk)) / 4
+  X = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
+  A0 = np.linalg.inv(0.5 * np.eye(dk) + X @ np.swapaxes(X, -1, -2))  # SPD, not diagonal
+  return q, k, v, u, S0, A0
+
+
+def _oracle(q, k, v, u, S0, A0):
+  """VLA token by token in float64 NumPy (VLA.md section 1)."""
+  B, T, H, _ = q.shape
+  o = np.zeros(v.shape)
+  S, A = S0.astype(np.float64).copy(), A0.astype(np.float64).copy()
+  for b in range(B):
+    for h in range(H):
+      Sbh, Abh = S[b, h], A[b, h]
+      for t in range(T):
+        kh = k[b, t, h] / max(np.linalg.norm(k[b, t, h]), 1e-6)
+        z = Abh @ u[b, t, h]
+        Abh = Abh - np.outer(z, z) / (1.0 + u[b, t, h] @ z)
+        w = Abh @ kh
+        a = w / max(np.linalg.norm(w), 1e-12)
+        Sbh = Sbh + np.outer(v[b, t, h] - Sbh @ kh, a)
+        o[b, t, h] = Sbh @ q[b, t, h]
+      S[b, h], A[b, h] = Sbh, Abh
+  return o, S, A
+
+
+def _rel(actual, expected):
+  actual, expected = (np.asarray(x, np.float64) for x in (actual, expected))
+  return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+def _config(C, **kw):
+  return KernelConfig(chunk_size=C, block_v=16, precision=jax.lax.Precision.HIGHEST, **kw)
+
+
+class TestKernelsInterpret:
+  """Numerics of `vla_pallas` in interpret mode (the GPU twin is experiments/check_kernels_gpu.py)."""
+
+  @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+  def test_forward_matches_oracle_float64(self, f64, shape):
+    B, T, H, dk, dv, C = shape
+    args = _inputs(0, B, T, H, dk, dv)
+    fn = jax.jit(lambda *a: vla_pallas(*a, config=_config(C), interpret=INTERPRET))
+    o, S, A = fn(*(jnp.asarray(x) for x in args))
+    o_ref, S_ref, A_ref = _oracle(*args)
+    chex.assert_shape(o, (B, T, H, dv))
+    for name, got, want in (("o", o, o_ref), ("S", S, S_ref), ("A", A, A_ref)):
+      assert _rel(got, want) < TOL[np.float64], name
+
+  @pytest.mark.parametrize("shape", SHAPES[:2], ids=shape_id)
+  def test_forward_float32_and_bfloat16(self, shape):
+    B, T, H, dk, dv, C = shape
+    args = _inputs(1, B, T, H, dk, dv)
+    o_ref, S_ref, A_ref = _oracle(*args)
+    for dtype in (np.float32, jnp.bfloat16):
+      q, k, v, u = (jnp.asarray(x, dtype) for x in args[:4])
+      S0, A0 = (jnp.asarray(x, jnp.float32) for x in args[4:])
+      o, S, A = jax.jit(lambda *a: vla_pallas(*a, config=_config(C), interpret=INTERPRET))(
+          q, k, v, u, S0, A0)
+      chex.assert_type(o, dtype)
+      chex.assert_type([S, A], jnp.float32)
+      if dtype == jnp.bfloat16:  # compare with the oracle on the rounded inputs
+        o_ref, S_ref, A_ref = _oracle(*(np.asarray(x, np.float64) for x in (q, k, v, u)),
+                                      *args[4:])
+      for name, got, want in (("o", o, o_ref), ("S", S, S_ref), ("A", A, A_ref)):
+        assert _rel(got, want) < TOL[dtype], (dtype, name, _rel(got, want))
+
+  @pytest.mark.parametrize("shape", SHAPES[:2], ids=shape_id)
+  def test_gradients_match_scan_float64(self, f64, shape):
+    B, T, H, dk, dv, C = shape
+    q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(2, B, T, H, dk, dv))
+    rng = np.random.default_rng(3)
+    wo, wS, wA = (jnp.asarray(rng.standard_normal(s)) for s in
+                  ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)))
+
+    def loss(impl, q, k, v, u, S0):
+      o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl=impl,
+                             chunk_size=C)
+      return jnp.sum(wo * o) + jnp.sum(wS * st.S) + jnp.sum(wA * st.A)
+
+    names = ("q", "k", "v", "u", "S0")
+    got = jax.jit(jax.grad(lambda *a: loss("pallas", *a), argnums=range(5)))(q, k, v, u, S0)
+    want = jax.grad(lambda *a: loss("scan", *a), argnums=range(5))(q, k, v, u, S0)
+    for name, g, w in zip(names, got, want):
+      assert _rel(g, w) < 1e-9, (name, _rel(g, w))
+
+  def test_state_path_gradient_and_vmap(self, f64):
+    """`state_path` alone: custom VJP vs autodiff of a plain loop; composes with vmap."""
+    BH, T, dk, dv, C = 2, 32, 16, 16, 16
+    rng = np.random.default_rng(4)
+    q, e, w = (jnp.asarray(rng.standard_normal((BH, T, dk)) / 3) for _ in range(3))
+    v, S0 = jnp.asarray(rng.standard_normal((BH, T, dv))), jnp.zeros((BH, dv, dk))
+    cfg = _config(C, interpret=INTERPRET)
+
+    def loop(q, e, w, v, S0):
+      def step(S, x):
+        q_t, e_t, w_t, v_t = x
+        S = S + jnp.einsum("bv,bk->bvk", v_t - jnp.einsum("bvk,bk->bv", S, e_t), w_t)
+        return S, jnp.einsum("bvk,bk->bv", S, q_t)
+      S, o = jax.lax.scan(step, S0, tuple(jnp.swapaxes(x, 0, 1) for x in (q, e, w, v)))
+      return jnp.swapaxes(o, 0, 1), S
+
+    loss = lambda f: lambda *a: sum(jnp.sum(jnp.cos(x)) for x in f(*a))
+    kern = lambda *a: state_path(*a, config=cfg)
+    got = jax.grad(loss(kern), argnums=range(5))(q, e, w, v, S0)
+    want = jax.grad(loss(loop), argnums=range(5))(q, e, w, v, S0)
+    for name, g, x in zip("qewvS", got, want):
+      assert _rel(g, x) < 1e-10, name
+    batched = jax.vmap(kern)(*(x[:, None] for x in (q, e, w, v, S0)))
+    np.testing.assert_allclose(batched[0][:, 0], kern(q, e, w, v, S0)[0], rtol=1e-12)
+
+  def test_impl_pallas_uses_interpret_on_cpu(self):
+    args = [jnp.asarray(x, jnp.float32) for x in _inputs(5, 1, 20, 1, 16, 16)[:4]]
+    o, st = vla_recurrence(*args, impl="pallas", chunk_size=16)
+    o_ref, st_ref = vla_recurrence(*args, impl="chunked", chunk_size=16)
+    assert _rel(o, o_ref) < 1e-3 and _rel(st.S, st_ref.S) < 1e-3
+
+
+class TestBadShapes:
+
+  @pytest.mark.parametrize("dk,dv,C,block_v,match", [
+      (24, 16, 16, None, "dk"), (16, 48, 16, None, "dv"), (16, 16, 256, None, "chunk_size"),
+      (16, 16, 8, None, "chunk_size"), (16, 32, 16, 8, "block_v"), (16, 32, 16, 64, "block_v")])
+  def test_unsupported_shapes_raise(self, dk, dv, C, block_v, match):
+    q = jnp.zeros((1, 16, 1, dk))
+    v = jnp.zeros((1, 16, 1, dv))
+    with pytest.raises(ValueError, match=match):
+      vla_pallas(q, q, v, q, jnp.zeros((1, 1, dv, dk)), jnp.eye(dk)[None, None],
+                 config=KernelConfig(chunk_size=C, block_v=block_v))
+
+  def test_state_path_needs_whole_chunks(self):
+    x = jnp.zeros((1, 24, 16))
+    with pytest.raises(ValueError, match="multiple of chunk_size"):
+      state_path(x, x, x, x, jnp.zeros((1, 16, 16)), config=KernelConfig(chunk_size=16))
+
+  def test_impl_pallas_rejects_unsupported_head_dim(self):
+    x = jnp.zeros((1, 16, 1, 8))
+    with pytest.raises(ValueError, match="dk"):
+      vla_recurrence(x, x, x, x, impl="pallas", chunk_size=16)
+
+
+class TestGpuLowering:
+  """Lowers forward and backward for an abstract H200 (no GPU needed): Triton IR is built."""
+
+  @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+  @pytest.mark.parametrize("shape", [(1, 40, 2, 64, 64, 16), (2, 100, 1, 32, 128, 32)],
+                           ids=shape_id)
+  def test_lowers_for_h200(self, dtype, shape):
+    B, T, H, dk, dv, C = shape
+    cfg = KernelConfig(chunk_size=C)
+
+    def loss(q, k, v, u, S0, A0):
+      o, S, A = vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=False)
+      return jnp.sum(o.astype(jnp.float32)) + jnp.sum(S) + jnp.sum(A)
+
+    spec = lambda *s: jax.ShapeDtypeStruct(s, dtype)
+    args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
+            jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
+            jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
+    device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=device)
+    with use_abstract_mesh(mesh), warnings.catch_warnings():
+      warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+      lowered = jax.jit(jax.grad(loss, argnums=range(4))).trace(*args).lower(
+          lowering_platforms=("cuda",))
+    text = lowered.as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 2
+    assert "vla_state_fwd" in text and "vla_state_bwd" in text
