@@ -86,6 +86,7 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
                     f"{type(initial_state).__name__}")
   checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
   checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
+  out_dtype = v.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if feature_map is not None:
     q, k = feature_map(q), feature_map(k)
@@ -96,7 +97,7 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
   num, den = o[..., :dv], o[..., dv]
   if normalize:
     num = num / jnp.maximum(den, eps)[..., None]
-  return num.astype(v.dtype), LinearAttentionState(S[:, :, :dv], S[:, :, dv])
+  return num.astype(out_dtype), LinearAttentionState(S[:, :, :dv], S[:, :, dv])
 
 
 def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64):
@@ -131,9 +132,10 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
     checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
   dtype = checks.compute_dtype(q, k, v, beta, log_decay)
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
+  out_dtype = v.dtype
   q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
   if log_decay is not None:
     log_decay = log_decay.astype(dtype)
   khat = unit(k, KEY_EPS)
   o, S = _core(impl, chunk_size)(q, khat, beta[..., None] * khat, v, log_decay, S0)
-  return o.astype(v.dtype), S
+  return o.astype(out_dtype), S

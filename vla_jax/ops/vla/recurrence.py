@@ -105,4 +105,4 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     W, A = penalty_chunked(khat, u, A0, chunk_size)
     core = lambda *args: delta_rule_chunked(*args, chunk_size)
   o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0)
-  return o.astype(v.dtype), VLAState(S=S, A=A)
+  return o.astype(out_dtype), VLAState(S=S, A=A)

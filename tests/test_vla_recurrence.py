@@ -1,0 +1,227 @@
+"""vla_recurrence: every impl against the float64 NumPy oracle, state hand-over, padding,
+gradients, transformations, float32 stability at T = 16,384 and input validation."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+import oracles
+from conftest import random_inputs, rel_err
+from vla_jax import Impl, VLAState, vla_recurrence
+
+IMPLS = ["scan", "associative_scan", "chunked"]
+# (B, T, H, dk, dv, chunk_size): T a multiple of the chunk, not a multiple, shorter than it.
+SHAPES = [(1, 32, 1, 4, 4, 16), (2, 37, 3, 8, 5, 16), (1, 70, 2, 16, 12, 32),
+          (2, 5, 1, 3, 6, 64)]
+TOL = {np.float64: 1e-10, np.float32: 1e-5}
+
+
+def run(impl, q, k, v, u, chunk_size=16, **kw):
+  fn = jax.jit(functools.partial(vla_recurrence, impl=impl, chunk_size=chunk_size, **kw))
+  return fn(q, k, v, u)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}T{}H{}dk{}dv{}C{}".format(*s))
+def test_matches_oracle_float64(x64, impl, shape):
+  B, T, H, dk, dv, C = shape
+  q, k, v, u = random_inputs(hash(shape) % 1000, B, T, H, dk, dv)
+  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u, lam0=0.5)
+  o, state = run(impl, q, k, v, u, chunk_size=C, lam0=0.5)
+  chex.assert_shape(o, (B, T, H, dv))
+  chex.assert_shape(state.S, (B, H, dv, dk))
+  chex.assert_shape(state.A, (B, H, dk, dk))
+  chex.assert_trees_all_equal_dtypes(state, VLAState(S=o, A=o))
+  assert rel_err(o, o_ref) < TOL[np.float64]
+  assert rel_err(state.S, S_ref) < TOL[np.float64]
+  assert rel_err(state.A, A_ref) < TOL[np.float64]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_matches_oracle_float32(impl):
+  q, k, v, u = random_inputs(11, 2, 45, 2, 16, 8, np.float32)
+  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u)
+  o, state = run(impl, q, k, v, u)
+  chex.assert_type([o, state.S, state.A], jnp.float32)
+  assert rel_err(o, o_ref) < TOL[np.float32]
+  assert rel_err(state.S, S_ref) < TOL[np.float32]
+  assert rel_err(state.A, A_ref) < TOL[np.float32]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_output_dtype_follows_v(impl):
+  q, k, v, u = (jnp.asarray(x, jnp.bfloat16) for x in random_inputs(3, 1, 20, 2, 8, 8))
+  o, state = run(impl, q, k, v, u)
+  chex.assert_type(o, jnp.bfloat16)
+  chex.assert_type([state.S, state.A], jnp.float32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_split_sequence_equals_one_call(x64, impl):
+  q, k, v, u = random_inputs(5, 2, 50, 2, 8, 6)
+  o, state = run(impl, q, k, v, u)
+  cut = 19
+  o1, mid = run(impl, *(x[:, :cut] for x in (q, k, v, u)))
+  o2, end = run(impl, *(x[:, cut:] for x in (q, k, v, u)), initial_state=mid)
+  np.testing.assert_allclose(np.concatenate([o1, o2], axis=1), o, rtol=1e-10, atol=1e-12)
+  chex.assert_trees_all_close(end, state, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
+  q, k, v, u = random_inputs(6, 1, 24, 2, 8, 8)
+  rng = np.random.default_rng(7)
+  pad_at = np.sort(rng.choice(40, 16, replace=False))
+  keep = np.setdiff1d(np.arange(40), pad_at)
+  def spread(x, fill):
+    y = np.full((1, 40) + x.shape[2:], fill, x.dtype) if fill is not None else (
+        rng.standard_normal((1, 40) + x.shape[2:]))
+    y[:, keep] = x
+    return y
+  # Padded steps: zero k and u, arbitrary (random) q and v.
+  qp, vp = spread(q, None), spread(v, None)
+  kp, up = spread(k, 0.0), spread(u, 0.0)
+  o, state = run(impl, q, k, v, u)
+  op, state_p = run(impl, qp, kp, vp, up)
+  np.testing.assert_allclose(op[:, keep], o, rtol=1e-10, atol=1e-12)
+  chex.assert_trees_all_close(state_p, state, rtol=1e-10, atol=1e-12)
+  assert np.all(np.isfinite(jax.grad(lambda x: run(impl, qp, x, vp, up)[0].sum())(kp)))
+
+
+def _loss(impl, chunk_size=16):
+  def loss(q, k, v, u, S0, A0):
+    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl=impl,
+                           chunk_size=chunk_size)
+    w = jnp.sin(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))
+    return jnp.sum(w * o) + jnp.sum(jnp.cos(st.S)) + jnp.sum(st.A ** 2)
+  return loss
+
+
+def _initial_state(seed, B, H, dk, dv):
+  rng = np.random.default_rng(seed)
+  R = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
+  A0 = np.linalg.inv(np.eye(dk) + R @ np.swapaxes(R, -1, -2))
+  return rng.standard_normal((B, H, dv, dk)), A0
+
+
+def test_gradients_agree_across_impls(x64):
+  B, T, H, dk, dv = 2, 21, 2, 6, 5
+  args = random_inputs(8, B, T, H, dk, dv) + _initial_state(9, B, H, dk, dv)
+  names = ["q", "k", "v", "u", "S0", "A0"]
+  grads = {impl: jax.jit(jax.grad(_loss(impl), argnums=tuple(range(6))))(*args)
+           for impl in IMPLS}
+  # A0 is symmetric: only its gradient along symmetric directions, sym(dA0), is defined
+  # (the forms may use A0 or A0^T where they are equal).
+  sym = lambda g: 0.5 * (g + np.swapaxes(g, -1, -2))
+  grads = {impl: g[:5] + (sym(g[5]),) for impl, g in grads.items()}
+  for impl in IMPLS[1:]:
+    for name, g, g_ref in zip(names, grads[impl], grads["scan"]):
+      assert rel_err(g, g_ref) < 1e-9, (impl, name, rel_err(g, g_ref))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_check_grads(x64, impl):
+  B, T, H, dk, dv = 1, 7, 1, 3, 2
+  args = random_inputs(10, B, T, H, dk, dv) + _initial_state(12, B, H, dk, dv)
+  check_grads(_loss(impl, chunk_size=16), args, order=1, modes=("rev",), atol=1e-6,
+              rtol=1e-6)
+
+
+def test_vmap_and_grad_compose(x64):
+  q, k, v, u = random_inputs(13, 2, 17, 1, 4, 3)
+  stacked = [np.stack([x, 2.0 * x]) for x in (q, k, v, u)]  # a leading "model" axis
+  fn = lambda *a: vla_recurrence(*a, impl="chunked", chunk_size=16)[0]
+  batched = jax.jit(jax.vmap(fn))(*stacked)
+  for i in range(2):
+    np.testing.assert_allclose(batched[i], fn(*(x[i] for x in stacked)), rtol=1e-12)
+  per_example = jax.vmap(jax.grad(lambda v: fn(q, k, v, u).sum()))(stacked[2])
+  chex.assert_shape(per_example, stacked[2].shape)
+  chex.assert_tree_all_finite(per_example)
+
+
+def test_enum_and_string_impl_are_the_same(x64):
+  args = random_inputs(14, 1, 9, 1, 4, 4)
+  for impl in Impl:
+    if impl is Impl.PALLAS:
+      continue
+    np.testing.assert_array_equal(vla_recurrence(*args, impl=impl)[0],
+                                  vla_recurrence(*args, impl=impl.value)[0])
+
+
+@pytest.mark.parametrize("u_kind", ["isotropic", "four_directions"])
+def test_float32_chunked_is_stable_at_16k_tokens(u_kind):
+  """float32 'chunked' vs the float64 oracle at T = 16,384, dk = dv = 64."""
+  B, T, H, d = 1, 16384, 1, 64
+  q, k, v, u = random_inputs(15, B, T, H, d, d)
+  if u_kind == "four_directions":  # cond(M) about 1.6e4 at the end
+    rng = np.random.default_rng(16)
+    basis = np.linalg.qr(rng.standard_normal((d, 4)))[0]
+    u = rng.standard_normal((B, T, H, 4)) @ basis.T + 1e-2 * u
+  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u)
+  o, state = run("chunked", *(x.astype(np.float32) for x in (q, k, v, u)), chunk_size=64)
+  assert rel_err(o, o_ref) < 1e-3
+  assert rel_err(state.S, S_ref) < 1e-3
+  A = np.asarray(state.A[0, 0], np.float64)
+  np.testing.assert_array_equal(A, A.T)
+  assert np.linalg.eigvalsh(A).min() > 0
+  assert rel_err(A, A_ref[0, 0]) < 1e-3
+
+
+class TestValidation:
+  args = random_inputs(0, 1, 8, 2, 4, 3, np.float32)
+
+  def call(self, *args, **kw):
+    q, k, v, u = self.args
+    return vla_recurrence(*(args or (q, k, v, u)), **kw)
+
+  def test_wrong_rank(self):
+    q, k, v, u = self.args
+    with pytest.raises(ValueError, match=r"q must have rank 4 \[B, T, H, D\]"):
+      self.call(q[0], k, v, u)
+
+  @pytest.mark.parametrize("which,axis,label", [(1, 0, "B"), (1, 1, "T"), (2, 2, "H"),
+                                                (3, 3, "D")])
+  def test_mismatched_axes(self, which, axis, label):
+    args = list(self.args)
+    args[which] = np.concatenate([args[which]] * 2, axis=axis)
+    name = "qkvu"[which]
+    with pytest.raises(ValueError, match=rf"{name} has {label}="):
+      self.call(*args)
+
+  def test_integer_dtype(self):
+    q, k, v, u = self.args
+    with pytest.raises(TypeError, match="v must have a floating dtype"):
+      self.call(q, k, v.astype(np.int32), u)
+
+  @pytest.mark.parametrize("lam0", [0.0, -1.0, float("nan")])
+  def test_lam0(self, lam0):
+    with pytest.raises(ValueError, match="lam0 must be a finite number > 0"):
+      self.call(lam0=lam0)
+
+  @pytest.mark.parametrize("chunk_size", [8, 48, 512, 64.0])
+  def test_chunk_size(self, chunk_size):
+    with pytest.raises(ValueError, match=r"chunk_size must be a power of two in \[16, 256\]"):
+      self.call(chunk_size=chunk_size)
+
+  def test_unknown_impl(self):
+    with pytest.raises(ValueError, match="impl must be one of"):
+      self.call(impl="fast")
+
+  def test_initial_state_shape(self):
+    bad = VLAState(S=jnp.zeros((1, 2, 4, 4)), A=jnp.zeros((1, 2, 4, 4)))
+    with pytest.raises(ValueError, match=r"initial_state.S must have shape \(1, 2, 3, 4\)"):
+      self.call(initial_state=bad)
+
+  def test_initial_state_type(self):
+    with pytest.raises(TypeError, match="initial_state must be a VLAState"):
+      self.call(initial_state=(jnp.zeros((1, 2, 3, 4)), jnp.zeros((1, 2, 4, 4))))
+
+  def test_unknown_impl_fails_before_tracing_under_grad(self):
+    q, k, v, u = self.args
+    with pytest.raises(ValueError, match="impl must be one of"):
+      jax.grad(lambda q: vla_recurrence(q, k, v, u, impl="nope")[0].sum())(q)
