@@ -1,0 +1,126 @@
+"""Linear attention, DeltaNet and Gated DeltaNet: every impl against float64 NumPy oracles,
+state hand-over, gradients across impls and input validation."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import oracles
+from conftest import random_inputs, rel_err
+from vla_jax import (LinearAttentionState, deltanet, gated_deltanet, linear_attention)
+
+IMPLS = ["scan", "associative_scan", "chunked"]
+SHAPES = [(2, 37, 3, 8, 5, 16), (1, 64, 2, 16, 16, 32), (1, 6, 1, 4, 3, 64)]
+SHAPE_IDS = ["B{}T{}H{}dk{}dv{}C{}".format(*s) for s in SHAPES]
+
+
+def gates(seed, B, T, H, dtype=np.float64):
+  rng = np.random.default_rng(seed)
+  beta = rng.uniform(0.05, 1.0, (B, T, H)).astype(dtype)
+  log_decay = -rng.uniform(0.0, 0.3, (B, T, H)).astype(dtype)
+  return beta, log_decay
+
+
+def jitted(fn, impl, chunk_size, **kw):
+  return jax.jit(functools.partial(fn, impl=impl, chunk_size=chunk_size, **kw))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("normalize", [False, True])
+def test_linear_attention_matches_oracle(x64, impl, shape, normalize):
+  B, T, H, dk, dv, C = shape
+  q, k, v, _ = random_inputs(1, B, T, H, dk, dv)
+  o_ref, S_ref, z_ref = oracles.linear_attention(q, k, v, normalize=normalize)
+  o, state = jitted(linear_attention, impl, C, normalize=normalize)(q, k, v)
+  chex.assert_shape(o, (B, T, H, dv))
+  assert rel_err(o, o_ref) < 1e-10
+  assert rel_err(state.S, S_ref) < 1e-10
+  assert rel_err(state.z, z_ref) < 1e-10
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("gated", [False, True], ids=["deltanet", "gated_deltanet"])
+def test_deltanets_match_oracle(x64, impl, shape, gated):
+  B, T, H, dk, dv, C = shape
+  q, k, v, _ = random_inputs(2, B, T, H, dk, dv)
+  beta, log_decay = gates(3, B, T, H)
+  if gated:
+    o_ref, S_ref = oracles.gated_deltanet(q, k, v, beta, log_decay)
+    o, S = jitted(gated_deltanet, impl, C)(q, k, v, beta, log_decay)
+  else:
+    o_ref, S_ref = oracles.gated_deltanet(q, k, v, beta)
+    o, S = jitted(deltanet, impl, C)(q, k, v, beta)
+  chex.assert_shape(S, (B, H, dv, dk))
+  assert rel_err(o, o_ref) < 1e-10
+  assert rel_err(S, S_ref) < 1e-10
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_float32_matches_oracle(impl):
+  q, k, v, _ = random_inputs(4, 2, 45, 2, 16, 8, np.float32)
+  beta, log_decay = gates(5, 2, 45, 2, np.float32)
+  o_ref, S_ref = oracles.gated_deltanet(q, k, v, beta, log_decay)
+  o, S = jitted(gated_deltanet, impl, 16)(q, k, v, beta, log_decay)
+  chex.assert_type([o, S], jnp.float32)
+  assert rel_err(o, o_ref) < 1e-5 and rel_err(S, S_ref) < 1e-5
+  o_ref, S_ref, _ = oracles.linear_attention(q, k, v, normalize=True)
+  o, state = jitted(linear_attention, impl, 16, normalize=True)(q, k, v)
+  assert rel_err(o, o_ref) < 1e-5 and rel_err(state.S, S_ref) < 1e-5
+
+
+def test_split_sequence_equals_one_call(x64):
+  q, k, v, _ = random_inputs(6, 1, 40, 2, 8, 4)
+  beta, log_decay = gates(7, 1, 40, 2)
+  cut = 23
+  first, second = slice(None, cut), slice(cut, None)
+  o, S = gated_deltanet(q, k, v, beta, log_decay)
+  o1, S1 = gated_deltanet(*(x[:, first] for x in (q, k, v, beta, log_decay)))
+  o2, S2 = gated_deltanet(*(x[:, second] for x in (q, k, v, beta, log_decay)), initial_state=S1)
+  np.testing.assert_allclose(np.concatenate([o1, o2], 1), o, rtol=1e-10, atol=1e-12)
+  np.testing.assert_allclose(S2, S, rtol=1e-10)
+  o, st = linear_attention(q, k, v, normalize=True)
+  o1, st1 = linear_attention(q[:, first], k[:, first], v[:, first], normalize=True)
+  o2, st2 = linear_attention(q[:, second], k[:, second], v[:, second], normalize=True,
+                             initial_state=st1)
+  np.testing.assert_allclose(np.concatenate([o1, o2], 1), o, rtol=1e-10)
+  chex.assert_trees_all_close(st2, st, rtol=1e-10)
+
+
+def test_gradients_agree_across_impls(x64):
+  q, k, v, _ = random_inputs(8, 1, 21, 2, 6, 5)
+  beta, log_decay = gates(9, 1, 21, 2)
+  def loss(impl):
+    def f(q, k, v, beta, log_decay):
+      o, S = gated_deltanet(q, k, v, beta, log_decay, impl=impl, chunk_size=16)
+      o2, st = linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=16)
+      return jnp.sum(jnp.sin(o)) + jnp.sum(S ** 2) + jnp.sum(jnp.cos(o2)) + jnp.sum(st.z)
+    return jax.jit(jax.grad(f, argnums=tuple(range(5))))
+  ref = loss("scan")(q, k, v, beta, log_decay)
+  for impl in IMPLS[1:]:
+    for name, g, g_ref in zip(["q", "k", "v", "beta", "log_decay"],
+                              loss(impl)(q, k, v, beta, log_decay), ref):
+      assert rel_err(g, g_ref) < 1e-9, (impl, name)
+
+
+def test_validation():
+  q, k, v, _ = random_inputs(0, 1, 8, 2, 4, 3, np.float32)
+  beta, log_decay = gates(0, 1, 8, 2, np.float32)
+  with pytest.raises(ValueError, match="beta has T="):
+    deltanet(q, k, v, beta[:, :4])
+  with pytest.raises(ValueError, match=r"log_decay must have rank 3 \[B, T, H\]"):
+    gated_deltanet(q, k, v, beta, log_decay[..., None])
+  with pytest.raises(ValueError, match="impl='pallas' is not available here"):
+    deltanet(q, k, v, beta, impl="pallas")
+  with pytest.raises(TypeError, match="k must have a floating dtype"):
+    linear_attention(q, k.astype(np.int8), v)
+  with pytest.raises(ValueError, match=r"initial_state.z must have shape \(1, 2, 4\)"):
+    linear_attention(q, k, v, initial_state=LinearAttentionState(jnp.zeros((1, 2, 3, 4)),
+                                                                  jnp.zeros((1, 2, 3))))
+  with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
+    deltanet(q, k, v, beta, initial_state=jnp.zeros((1, 2, 4, 3)))
