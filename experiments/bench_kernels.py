@@ -1,0 +1,163 @@
+"""Benchmark of VLA forms against cuDNN causal softmax attention on one GPU.
+
+H = 16 heads, head dim 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond T = 32,768).
+Rows: impl="pallas" (`vla_pallas`) forward and forward + backward, impl="chunked" (XLA),
+impl="scan" (T <= 8,192 only) and `jax.nn.dot_product_attention(..., is_causal=True,
+implementation="cudnn")`. Times are medians of `--reps` runs after `--warmup` runs, each ended
+by `block_until_ready`. The pallas rows also get a hardware floor: max(bytes / 4.2 TB/s,
+flops / 800 TFLOP/s), bytes = inputs read once and outputs written once, flops = the matrix
+products of the chunked algorithm (penalty path + state path, x3 for forward + backward).
+
+    python experiments/bench_kernels.py --out DIR [--Ts 512,2048,8192] [--impls pallas,cudnn]
+        [--block_v 64] [--chunk 64] [--reps 20]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.ops.vla import vla_recurrence
+
+warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+
+H, D, TOKENS = 16, 64, 32768
+BANDWIDTH, MATMUL = 4.2e12, 8.0e14
+ALL_TS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+ALL_IMPLS = ("pallas", "chunked", "scan", "cudnn")
+
+
+def median_ms(fn, args, warmup, reps):
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return 1e3 * statistics.median(times)
+
+
+def floor_ms(B, T, C, backward):
+  """Hardware floor of one VLA call (bf16 I/O), milliseconds."""
+  n_tok, d = B * T * H, D
+  io = 5 * n_tok * d * 2 if not backward else 15 * n_tok * d * 2
+  per_chunk = 2 * (3 * C * d * d + 4 * C * C * d + 4 * d ** 3     # penalty path
+                   + 4 * C * C * d + 3 * C * d * d + C * C * d)   # state path
+  flops = per_chunk * n_tok / C * (3 if backward else 1)
+  return 1e3 * max(io / BANDWIDTH, flops / MATMUL)
+
+
+def make_inputs(B, T, seed=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q, k, v = (jax.random.normal(x, (B, T, H, D), jnp.bfloat16) for x in ks[:3])
+  u = (jax.random.normal(ks[3], (B, T, H, D), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16)
+  return q, k, v, u
+
+
+def vla_fns(impl, cfg, B, T):
+  A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
+  S0 = jnp.zeros((B, H, D, D), jnp.float32)
+  if impl == "pallas":
+    fwd = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg)[0]
+  else:
+    fwd = lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=cfg.chunk_size)[0]
+  loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))
+  return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(4)))
+
+
+def cudnn_fns():
+  fwd = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                     implementation="cudnn")
+  loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))
+  return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(3)))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=os.environ.get("OUT", "."))
+  parser.add_argument("--Ts", default=",".join(map(str, ALL_TS)))
+  parser.add_argument("--impls", default=",".join(ALL_IMPLS))
+  parser.add_argument("--block_v", default="64", help="comma list: pallas value blocks")
+  parser.add_argument("--chunk", type=int, default=64)
+  parser.add_argument("--warmup", type=int, default=3)
+  parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--no_bwd", action="store_true", help="forward rows only")
+  args = parser.parse_args()
+  Ts = [int(t) for t in args.Ts.split(",")]
+  impls = args.impls.split(",")
+  print(jax.devices(), flush=True)
+
+  rows = []
+  for T in Ts:
+    B = max(1, TOKENS // T)
+    q, k, v, u = make_inputs(B, T)
+    variants = []
+    for impl in impls:
+      if impl == "pallas":
+        variants += [(f"pallas(bv={bv})", "pallas", int(bv)) for bv in args.block_v.split(",")]
+      elif impl == "scan" and T > 8192:
+        continue
+      else:
+        variants.append((impl, impl, None))
+    for label, impl, bv in variants:
+      row = {"T": T, "B": B, "impl": label}
+      try:
+        if impl == "cudnn":
+          fwd, bwd = cudnn_fns()
+          xs = (q, k, v)
+        else:
+          cfg = KernelConfig(chunk_size=args.chunk, block_v=bv)
+          fwd, bwd = vla_fns(impl, cfg, B, T)
+          xs = (q, k, v, u)
+        row["fwd_ms"] = median_ms(fwd, xs, args.warmup, args.reps)
+        if not args.no_bwd:
+          row["fwd_bwd_ms"] = median_ms(bwd, xs, args.warmup, max(3, args.reps // 2))
+        if impl == "pallas":
+          row["floor_fwd_ms"] = floor_ms(B, T, args.chunk, False)
+          row["floor_fwd_bwd_ms"] = floor_ms(B, T, args.chunk, True)
+      except Exception as err:  # a failed row is reported, the others still run
+        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+      rows.append(row)
+      print(json.dumps(row), flush=True)
+
+  with open(os.path.join(args.out, "bench_kernels.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  fmt = lambda r, key: f"{r[key]:.3f}" if key in r else "-"
+  print("\n| T | B | impl | fwd ms | fwd+bwd ms | floor fwd | floor fwd+bwd | fwd/floor |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+  for r in rows:
+    ratio = f"{r['fwd_ms'] / r['floor_fwd_ms']:.0f}x" if "floor_fwd_ms" in r and "fwd_ms" in r else "-"
+    print(f"| {r['T']} | {r['B']} | {r['impl']} | {fmt(r, 'fwd_ms')} | {fmt(r, 'fwd_bwd_ms')} | "
+          f"{fmt(r, 'floor_fwd_ms')} | {fmt(r, 'floor_fwd_bwd_ms')} | {ratio} |"
+          + (f" {r['error']}" if "error" in r else ""))
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key in zip(axes, ("fwd_ms", "fwd_bwd_ms")):
+      for label in dict.fromkeys(r["impl"] for r in rows):
+        pts = [(r["T"], r[key]) for r in rows if r["impl"] == label and key in r]
+        if pts:
+          ax.plot(*zip(*pts), marker="o", label=label)
+      ax.set(xscale="log", yscale="log", xlabel="T (B*T = 32768, B = 1 beyond)",
+             ylabel="ms", title=key.replace("_ms", "").replace("_", "+"))
+      ax.grid(True, which="both", alpha=0.3)
+      ax.legend(fontsize=7)
+    fig.suptitle(f"VLA vs cuDNN attention, H={H}, d={D}, bf16, {jax.devices()[0].device_kind}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "bench_kernels.png"), dpi=120)
+  except ImportError:
+    print("matplotlib missing: no plot")
+
+
+if __name__ == "__main__":
+  main()

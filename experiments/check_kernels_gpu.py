@@ -1,0 +1,162 @@
+"""GPU check of the Pallas VLA kernels against a float64 reference.
+
+Forward (o, S_T, A_T) and gradients (q, k, v, u, S0) of `vla_pallas` vs `jax.grad` of
+impl="chunked" run in float64 on the same device, at T up to 16,384; then a long-sequence
+forward + backward (B = 1, H = 16, d = 64, T = 131,072) that must run without running out of
+memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inputs <= 2e-2
+(against the float64 reference on the bf16-rounded inputs). Prints a table; exits 1 on failure.
+
+    python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
+"""
+
+import argparse
+import json
+import os
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.ops.vla import VLAState, vla_recurrence
+
+warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+
+BOUND = {"float32": 1e-4, "bfloat16": 2e-2}
+INTERPRET = [False]  # --interpret: a CPU smoke run of this script
+
+
+def rel(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+def inputs(seed, B, T, H, d, dtype):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+  q, k = (jax.random.normal(x, (B, T, H, d), jnp.float32) for x in ks[:2])
+  v = jax.random.normal(ks[2], (B, T, H, d), jnp.float32)
+  u = jax.random.normal(ks[3], (B, T, H, d), jnp.float32) / np.sqrt(d)
+  S0 = jax.random.normal(ks[4], (B, H, d, d), jnp.float32) / 8
+  wo = jax.random.normal(ks[5], (B, T, H, d), jnp.float32)
+  return [x.astype(dtype) for x in (q, k, v, u)], S0, wo
+
+
+def loss_pallas(cfg):
+  def loss(q, k, v, u, S0, wo):
+    A0 = jnp.broadcast_to(jnp.eye(q.shape[-1], dtype=jnp.float32), S0.shape[:2] + (q.shape[-1],) * 2)
+    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=INTERPRET[0])
+    return jnp.sum(wo * o.astype(jnp.float32)) + jnp.sum(S) + jnp.sum(A)
+  return loss
+
+
+def reference(qkvu, S0, wo, C):
+  """float64 forward and gradients with impl='chunked'."""
+  with jax.enable_x64(True):
+    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0)]
+    wo64 = jnp.asarray(np.asarray(wo, np.float64))
+
+    def run(q, k, v, u, S0):
+      d = q.shape[-1]
+      A0 = jnp.broadcast_to(jnp.eye(d), S0.shape[:2] + (d, d))
+      o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
+                             chunk_size=C)
+      return o, st
+
+    def loss(*a):
+      o, st = run(*a)
+      return jnp.sum(wo64 * o) + jnp.sum(st.S) + jnp.sum(st.A)
+
+    o, st = jax.jit(run)(*args)
+    grads = jax.jit(jax.grad(loss, argnums=range(5)))(*args)
+    return [np.asarray(x) for x in (o, st.S, st.A)], [np.asarray(g) for g in grads]
+
+
+def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0):
+  qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
+  cfg = KernelConfig(chunk_size=C, precision=precision)
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
+  o, S, A = fwd(*qkvu, S0, A0)
+  grads = jax.jit(jax.grad(loss_pallas(cfg), argnums=range(5)))(*qkvu, S0, wo)
+  ref_fwd, ref_grads = reference(qkvu, S0, wo, C)
+  errs = {n: rel(x, r) for n, x, r in zip(("o", "S", "A"), (o, S, A), ref_fwd)}
+  errs.update({"d" + n: rel(g, r) for n, g, r in zip(("q", "k", "v", "u", "S0"), grads,
+                                                       ref_grads)})
+  finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (o, S, A, *grads))
+  return errs, finite
+
+
+def long_run(T, B=1, H=16, d=64, C=64):
+  qkvu, S0, wo = inputs(7, B, T, H, d, jnp.bfloat16)
+  cfg = KernelConfig(chunk_size=C)
+  step = jax.jit(jax.value_and_grad(loss_pallas(cfg), argnums=range(4)))
+  t0 = time.perf_counter()
+  val, grads = step(*qkvu, S0, wo)
+  jax.block_until_ready(grads)
+  first = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  val, grads = step(*qkvu, S0, wo)
+  jax.block_until_ready(grads)
+  second = time.perf_counter() - t0
+  stats = jax.devices()[0].memory_stats() or {}
+  finite = bool(jnp.isfinite(val)) and all(
+      bool(jnp.all(jnp.isfinite(g.astype(jnp.float32)))) for g in grads)
+  return {"T": T, "first_s": first, "second_s": second, "finite": finite,
+          "peak_GiB": stats.get("peak_bytes_in_use", 0) / 2**30}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=os.environ.get("OUT", "."))
+  parser.add_argument("--max_T", type=int, default=16384)
+  parser.add_argument("--long_T", type=int, default=131072)
+  parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
+  args = parser.parse_args()
+  INTERPRET[0] = args.interpret
+  print(jax.devices(), jax.__version__, flush=True)
+
+  HIGHEST, DEFAULT = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
+  cases = [(jnp.float32, HIGHEST, T) for T in (1000, 4096, 16384) if T <= args.max_T] or [
+      (jnp.float32, HIGHEST, args.max_T)]
+  cases += [(jnp.bfloat16, DEFAULT, T) for T in (16384,) if T <= args.max_T] or [
+      (jnp.bfloat16, DEFAULT, args.max_T)]
+  cases += [(jnp.float32, DEFAULT, min(4096, args.max_T))]
+  rows, ok = [], True
+  for dtype, precision, T in cases:
+    name = jnp.dtype(dtype).name
+    t0 = time.perf_counter()
+    errs, finite = check(dtype, precision, T)
+    bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
+    passed = finite and (bound is None or max(errs.values()) <= bound)
+    ok &= passed
+    row = {"dtype": name, "precision": precision.name, "T": T, **errs, "finite": finite,
+           "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+  long = long_run(args.long_T) if args.long_T else None
+  if long:
+    print(json.dumps(long), flush=True)
+    ok &= long["finite"]
+
+  names = ["o", "S", "A", "dq", "dk", "dv", "du", "dS0"]
+  print("\n| dtype | precision | T | " + " | ".join(names) + " | bound | pass |")
+  print("|" + " --- |" * (len(names) + 5))
+  for r in rows:
+    print(f"| {r['dtype']} | {r['precision']} | {r['T']} | "
+          + " | ".join(f"{r[n]:.1e}" for n in names)
+          + f" | {r['bound'] if r['bound'] else 'info'} | {r['pass']} |")
+  if long:
+    print(f"\nlong run B=1 H=16 d=64 T={long['T']} bf16 fwd+bwd: first call {long['first_s']:.1f} s, "
+          f"then {long['second_s'] * 1e3:.1f} ms, peak {long['peak_GiB']:.1f} GiB, "
+          f"finite={long['finite']}")
+  with open(os.path.join(args.out, "check_kernels_gpu.json"), "w") as f:
+    json.dump({"rows": rows, "long": long, "ok": ok}, f, indent=1)
+  print("ALL PASS" if ok else "FAILURES")
+  raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+  main()
