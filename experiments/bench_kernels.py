@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.kernels import KernelConfig, state_path, vla_pallas
+from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.ops.vla import vla_recurrence
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -73,6 +74,26 @@ def vla_fns(impl, cfg, B, T):
   return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(4)))
 
 
+def part_fns(part, cfg, q, k, v, u):
+  """One half of vla_pallas alone: the XLA penalty path, or the state path (XLA prep + kernels)."""
+  B, T, H_, d = q.shape
+  C = cfg.chunk_size
+  hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)        # [B, H, T, d]
+  if part == "penalty_only":
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
+    ch = lambda x: hm(x).reshape(B, H_, T // C, C, d)
+    fn = lambda k, u: penalty_parallel(ch(k), ch(u), A0, refine=cfg.refine,
+                                       precision=jax.lax.Precision.HIGHEST, solver=cfg.solver)[0]
+    xs = (k / jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True).astype(k.dtype), u)
+  else:
+    S0 = jnp.zeros((B * H_, d, d), jnp.float32)
+    fl = lambda x: hm(x).reshape(B * H_, T, d)
+    fn = lambda q, k, v, u: state_path(fl(q), fl(k), fl(u), fl(v), S0, config=cfg)[0]
+    xs = (q, k, v, u)
+  loss = lambda *a: jnp.sum(fn(*a).astype(jnp.float32))
+  return jax.jit(fn), jax.jit(jax.grad(loss, argnums=range(len(xs)))), xs
+
+
 def cudnn_fns():
   fwd = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                      implementation="cudnn")
@@ -90,6 +111,10 @@ def main():
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--no_bwd", action="store_true", help="forward rows only")
+  parser.add_argument("--solver", default="triangular_solve",
+                      help="comma list of KernelConfig.solver values for the pallas rows")
+  parser.add_argument("--breakdown", action="store_true",
+                      help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
   Ts = [int(t) for t in args.Ts.split(",")]
   impls = args.impls.split(",")
@@ -102,7 +127,11 @@ def main():
     variants = []
     for impl in impls:
       if impl == "pallas":
-        variants += [(f"pallas(bv={bv})", "pallas", int(bv)) for bv in args.block_v.split(",")]
+        variants += [(f"pallas(bv={bv},{sv[:4]})", "pallas", (int(bv), sv))
+                     for bv in args.block_v.split(",") for sv in args.solver.split(",")]
+        if args.breakdown:
+          variants += [(f"{part}({sv[:4]})", part, (int(args.block_v.split(",")[0]), sv))
+                       for part in ("penalty_only", "state_only") for sv in args.solver.split(",")]
       elif impl == "scan" and T > 8192:
         continue
       else:
@@ -113,14 +142,18 @@ def main():
         if impl == "cudnn":
           fwd, bwd = cudnn_fns()
           xs = (q, k, v)
+        elif impl in ("penalty_only", "state_only"):
+          cfg = KernelConfig(chunk_size=args.chunk, block_v=bv[0], solver=bv[1])
+          fwd, bwd, xs = part_fns(impl, cfg, q, k, v, u)
         else:
-          cfg = KernelConfig(chunk_size=args.chunk, block_v=bv)
+          cfg = KernelConfig(chunk_size=args.chunk, **(
+              {"block_v": bv[0], "solver": bv[1]} if bv else {}))
           fwd, bwd = vla_fns(impl, cfg, B, T)
           xs = (q, k, v, u)
         row["fwd_ms"] = median_ms(fwd, xs, args.warmup, args.reps)
         if not args.no_bwd:
           row["fwd_bwd_ms"] = median_ms(bwd, xs, args.warmup, max(3, args.reps // 2))
-        if impl == "pallas":
+        if impl in ("pallas",):
           row["floor_fwd_ms"] = floor_ms(B, T, args.chunk, False)
           row["floor_fwd_bwd_ms"] = floor_ms(B, T, args.chunk, True)
       except Exception as err:  # a failed row is reported, the others still run

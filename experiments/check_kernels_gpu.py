@@ -73,9 +73,9 @@ def reference(qkvu, S0, wo, C):
     return [np.asarray(x) for x in (o, st.S, st.A)], [np.asarray(g) for g in grads]
 
 
-def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0):
+def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_solve"):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
-  cfg = KernelConfig(chunk_size=C, precision=precision)
+  cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -113,6 +113,7 @@ def main():
   parser.add_argument("--max_T", type=int, default=16384)
   parser.add_argument("--long_T", type=int, default=131072)
   parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
+  parser.add_argument("--solver", default="triangular_solve", help="KernelConfig.solver")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
@@ -127,11 +128,11 @@ def main():
   for dtype, precision, T in cases:
     name = jnp.dtype(dtype).name
     t0 = time.perf_counter()
-    errs, finite = check(dtype, precision, T)
+    errs, finite = check(dtype, precision, T, solver=args.solver)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
-    row = {"dtype": name, "precision": precision.name, "T": T, **errs, "finite": finite,
+    row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver, **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)
     print(json.dumps(row), flush=True)

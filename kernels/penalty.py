@@ -21,25 +21,33 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from vla_jax.kernels.triangular import tri_inverse
+
 
 def _sym(A):
   return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
 
-def _spd_inverse(M, *, refine, precision):
+def _lower_inverse(L, solver, precision):
+  if solver == "nilpotent":
+    return tri_inverse(L, unit_diagonal=False, precision=precision)
+  eye = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
+  return jax.lax.linalg.triangular_solve(L, eye, left_side=True, lower=True)
+
+
+def _spd_inverse(M, *, refine, precision, solver="triangular_solve"):
   """Inverse of symmetric positive definite M [..., d, d] via Cholesky, symmetrised."""
   mm = functools.partial(jnp.matmul, precision=precision)
   eye = jnp.eye(M.shape[-1], dtype=M.dtype)
-  L = jnp.linalg.cholesky(_sym(M))
-  Linv = jax.lax.linalg.triangular_solve(L, jnp.broadcast_to(eye, M.shape),
-                                         left_side=True, lower=True)
+  Linv = _lower_inverse(jnp.linalg.cholesky(_sym(M)), solver, precision)
   A = _sym(mm(jnp.swapaxes(Linv, -1, -2), Linv))
   if refine:  # Newton-Schulz step: A <- A + A (I - M A)
     A = _sym(A + mm(A, eye - mm(M, A)))
   return A
 
 
-def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HIGHEST):
+def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HIGHEST,
+                     solver="triangular_solve"):
   """Write directions (unnormalised) for all chunks at once.
 
   Args:
@@ -48,6 +56,7 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
     A0: [B, H, dk, dk] initial penalty inverse (symmetric positive definite).
     refine: one Newton step on each chunk-start inverse.
     precision: matrix-product precision.
+    solver: "triangular_solve" or "nilpotent" (matrix products only; `triangular.py`).
 
   Returns:
     W [B, H, N, C, dk] with rows A_t khat_t, and A_T [B, H, dk, dk]. Same dtype as khat.
@@ -58,11 +67,12 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
   before = jnp.cumsum(gram, axis=2)[:, :, :-1]
   before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]), before], axis=2)
   M0 = _spd_inverse(A0, refine=False, precision=precision)
-  A_c = _spd_inverse(M0[:, :, None] + before, refine=refine, precision=precision)
+  A_c = _spd_inverse(M0[:, :, None] + before, refine=refine, precision=precision,
+                     solver=solver)
   UA = mm("bhnck,bhnkj->bhncj", u, A_c)                           # [B, H, N, C, dk]
   inner = _sym(jnp.eye(C, dtype=u.dtype) + mm("bhncj,bhndj->bhncd", UA, u))
-  Y = jax.lax.linalg.triangular_solve(jnp.linalg.cholesky(inner), UA,
-                                      left_side=True, lower=True)  # [B, H, N, C, dk]
+  Linv = _lower_inverse(jnp.linalg.cholesky(inner), solver, precision)
+  Y = mm("bhncd,bhndk->bhnck", Linv, UA)                          # [B, H, N, C, dk]
   KY = jnp.tril(mm("bhnik,bhnjk->bhnij", khat, Y))                # [B, H, N, C, C]
   W = mm("bhnck,bhnkj->bhncj", khat, A_c) - mm("bhnij,bhnjk->bhnik", KY, Y)
   A_T = _sym(A_c[:, :, -1] - mm("bhck,bhcj->bhkj", Y[:, :, -1], Y[:, :, -1]))

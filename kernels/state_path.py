@@ -35,6 +35,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from vla_jax.kernels.triangular import SOLVERS, tri_inverse
+
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 
@@ -55,6 +57,8 @@ class KernelConfig:
       `jax.lax.Precision.DEFAULT` (TF32 on NVIDIA GPUs; fast) or `HIGHEST` (full float32).
     refine: one Newton step A <- A + A (I - M A) on each chunk-start inverse of the penalty
       path (see `penalty.py`). Default True.
+    solver: how the XLA parts apply triangular inverses: "triangular_solve" (XLA's batched
+      solve) or "nilpotent" (matrix products only, `triangular.py`). Same function.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -64,6 +68,7 @@ class KernelConfig:
   num_stages: int = 2
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   refine: bool = True
+  solver: str = "triangular_solve"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -81,6 +86,8 @@ class KernelConfig:
     if bv < 16 or bv & (bv - 1) or dv % bv:
       raise ValueError(f"block_v must be a power of two >= 16 that divides dv={dv}; got "
                        f"{self.block_v!r}")
+    if self.solver not in SOLVERS:
+      raise ValueError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
       raise ValueError("precision must be jax.lax.Precision.DEFAULT or HIGHEST; got "
                        f"{self.precision!r}")
@@ -95,23 +102,26 @@ def _compute_dtype(*xs):
 
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
 
-def _factors(q, e, w, v, precision):
+def _factors(q, e, w, v, precision, solver):
   """U' = T V, W' = T E, P = tril(Q W^T) for chunks q, e, w: [..., C, dk], v: [..., C, dv]."""
   C, dv = q.shape[-2], v.shape[-1]
   mm = functools.partial(jnp.einsum, precision=precision)
   strict = jnp.tril(jnp.ones((C, C), bool), -1)
-  L = jnp.where(strict, mm("...ik,...jk->...ij", e, w), 0.0)
-  X = jax.lax.linalg.triangular_solve(
-      L + jnp.eye(C, dtype=L.dtype), jnp.concatenate([v, e], axis=-1),
-      left_side=True, lower=True, unit_diagonal=True)
+  L = jnp.where(strict, mm("...ik,...jk->...ij", e, w), 0.0) + jnp.eye(C, dtype=e.dtype)
+  VE = jnp.concatenate([v, e], axis=-1)
+  if solver == "nilpotent":
+    X = mm("...ij,...jd->...id", tri_inverse(L, unit_diagonal=True, precision=precision), VE)
+  else:
+    X = jax.lax.linalg.triangular_solve(L, VE, left_side=True, lower=True,
+                                        unit_diagonal=True)
   P = jnp.where(jnp.tril(jnp.ones((C, C), bool)), mm("...ik,...jk->...ij", q, w), 0.0)
   return X[..., :dv], X[..., dv:], P
 
 
-def _chunk_map(S, q, e, w, v, precision):
+def _chunk_map(S, q, e, w, v, precision, solver):
   """One chunk: (S_c [dv, dk], q, e, w [C, dk], v [C, dv]) -> (O [C, dv], S_next [dv, dk])."""
   mm = functools.partial(jnp.einsum, precision=precision)
-  Up, Wp, P = _factors(q, e, w, v, precision)
+  Up, Wp, P = _factors(q, e, w, v, precision, solver)
   R = Up - mm("ck,vk->cv", Wp, S)
   O = mm("ck,vk->cv", q, S) + mm("ij,jv->iv", P, R)
   return O, S + mm("cv,ck->vk", R, w)
@@ -243,7 +253,7 @@ def _prepare(cfg, q, e, w, v):
   acc = _compute_dtype(q, e, w, v)
   C = cfg.chunk_size
   chunks = [_split(x.astype(acc), C) for x in (q, e, w, v)]
-  Up, Wp, P = _factors(*chunks, cfg.precision)
+  Up, Wp, P = _factors(*chunks, cfg.precision, cfg.solver)
   return _merge(Up), _merge(Wp), _merge(P)
 
 
@@ -269,7 +279,7 @@ def _state_path_bwd(cfg, res, cts):
   # Chunk-local cotangents, all chunks at once: flatten (BH, N) into one batch axis.
   BH, N = S_c.shape[:2]
   flat = lambda x: _split(x.astype(acc), C).reshape((BH * N, C, x.shape[-1]))
-  local = lambda S, *xs: _chunk_map(S, *xs, cfg.precision)
+  local = lambda S, *xs: _chunk_map(S, *xs, cfg.precision, cfg.solver)
 
   def vjp_one(S, q_n, e_n, w_n, v_n, dO_n, dSn_n):
     _, pullback = jax.vjp(lambda *xs: local(S, *xs), q_n, e_n, w_n, v_n)

@@ -71,7 +71,7 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
   u_h = _head_major(u, T_pad).astype(acc)
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   W, A_T = penalty_parallel(chunks(khat), chunks(u_h), A0.astype(acc), refine=config.refine,
-                            precision=jax.lax.Precision.HIGHEST)
+                            precision=jax.lax.Precision.HIGHEST, solver=config.solver)
   a = _unit(W.reshape(B, H, T_pad, dk), WRITE_EPS)
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
