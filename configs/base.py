@@ -1,0 +1,54 @@
+"""Defaults shared by every experiment configuration (not a runnable config by itself)."""
+
+import ml_collections
+
+
+def mixer_options():
+  """Per-mixer options; `config.model.mixer` picks the entry that is used."""
+  return ml_collections.ConfigDict({
+      "vla": {"readout": "none", "lam0": 1.0, "conv_size": 4, "out_norm": True},
+      "softmax": {"implementation": "auto"},
+      "linear": {"normalize": True, "conv_size": 4, "out_norm": True},
+      "deltanet": {"conv_size": 4, "out_norm": True},
+      "gated_deltanet": {"conv_size": 4, "out_norm": True},
+  })
+
+
+def get_base_config():
+  config = ml_collections.ConfigDict()
+  config.task = ml_collections.ConfigDict({"name": "mqar"})
+  config.model = ml_collections.ConfigDict({
+      "mixer": "vla",
+      "d_model": 128,
+      "num_layers": 2,
+      "num_heads": 4,
+      "head_dim": 32,
+      "mlp_ratio": 4,
+      "tie_embeddings": True,
+      "pos_emb": "learned",
+      "max_len": 0,  # 0: the task's longest sequence
+      "impl": "chunked",
+      "chunk_size": 64,
+      "dtype": "float32",
+      "param_dtype": "float32",
+      "options": mixer_options(),
+  })
+  config.train = ml_collections.ConfigDict({
+      "seed": 0,
+      "batch_size": 64,
+      "num_steps": 2000,
+      "learning_rate": 1e-3,
+      "warmup_steps": 100,
+      "end_lr_ratio": 0.0,
+      "weight_decay": 0.1,
+      "b1": 0.9,
+      "b2": 0.98,
+      "grad_clip": 1.0,
+      "eval_every": 500,
+      "eval_examples": 1000,
+      "eval_batch_size": 250,
+      "log_every": 50,
+      "checkpoint_every": 500,
+      "keep_checkpoints": 2,
+  })
+  return config

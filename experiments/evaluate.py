@@ -1,0 +1,44 @@
+r"""Scores a trained checkpoint on its own task, on another task configuration or on an
+external `.npz` file, and prints one JSON line.
+
+    python experiments/evaluate.py --workdir=runs/demo
+    python experiments/evaluate.py --workdir=runs/demo --npz=test.npz
+    python experiments/evaluate.py --workdir=runs/copy --config=configs/copy.py \
+        --config.task.eval_lengths=512
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "A training run's folder.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Optional: evaluate on this configuration's task instead of the run's.")
+_NPZ = flags.DEFINE_string("npz", None, "Optional: an .npz with `inputs` and `labels`.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_EXAMPLES = flags.DEFINE_integer("eval_examples", None, "Examples per evaluation set.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from vla_jax.training import evaluate  # pylint: disable=g-import-not-at-top
+
+  task = None
+  if _CONFIG.value is not None:
+    fields = _CONFIG.value.task.to_dict()
+    task = (fields.pop("name"), fields)
+  result = evaluate(_WORKDIR.value, task=task, npz_path=_NPZ.value, step=_STEP.value,
+                    eval_examples=_EXAMPLES.value)
+  first = next(iter(result["evals"].values()))
+  print(json.dumps({"workdir": _WORKDIR.value, "accuracy": first["accuracy"], **result}))
+
+
+if __name__ == "__main__":
+  app.run(main)

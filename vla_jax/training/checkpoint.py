@@ -1,0 +1,72 @@
+"""Orbax checkpoints of the train state {step, params, opt_state}.
+
+The data position needs no saving: batches are a pure function of (seed, step), so restoring
+the step restores the data stream. The experiment configuration is written next to the
+checkpoints (config.json) and a resumed run must match it.
+"""
+
+import json
+import os
+
+import jax
+import orbax.checkpoint as ocp
+
+CONFIG_FILE = "config.json"
+# Settings that do not change the training trajectory and may differ on resume.
+_FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
+         "keep_checkpoints")
+
+
+class Checkpointer:
+  """Saves and restores the train state under `<workdir>/checkpoints`."""
+
+  def __init__(self, workdir, keep=2):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+  def latest_step(self):
+    return self.manager.latest_step()
+
+  def save(self, step, state):
+    self.manager.save(int(step), args=ocp.args.StandardSave(state), force=True)
+    self.manager.wait_until_finished()
+
+  def restore(self, target, step=None):
+    """Restores the state at `step` (default latest) with the structure and shardings of
+    `target` (a state of the right shapes)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"no checkpoint in {self.directory}")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+  def close(self):
+    self.manager.close()
+
+
+def write_config(workdir, config_json):
+  """Writes config.json, or checks that an existing one (a run being resumed) matches."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if os.path.exists(path):
+    with open(path) as f:
+      old = json.load(f)
+    new = json.loads(config_json)
+    for section in ("task", "model"):
+      if old.get(section) != new.get(section):
+        raise ValueError(f"{workdir} holds a run with a different {section} configuration; "
+                         f"use a new --workdir (old: {old.get(section)}, new: "
+                         f"{new.get(section)})")
+    old_train = {k: v for k, v in old.get("train", {}).items() if k not in _FREE}
+    new_train = {k: v for k, v in new["train"].items() if k not in _FREE}
+    if old_train != new_train:
+      raise ValueError(f"{workdir} holds a run with different training settings; resuming "
+                       "would not reproduce it; use a new --workdir")
+  os.makedirs(workdir, exist_ok=True)
+  with open(path, "w") as f:
+    f.write(config_json)
+
+
+def read_config(workdir):
+  with open(os.path.join(workdir, CONFIG_FILE)) as f:
+    return json.load(f)

@@ -1,0 +1,135 @@
+"""Typed, frozen experiment configuration, built from an `ml_collections.ConfigDict`.
+
+Only this module and the absl mains touch ml_collections; models and layers see frozen
+dataclasses. Building an `ExperimentConfig` validates everything that can be checked without
+running (unknown mixer, head widths, a task that cannot be generated, a batch that does not
+split over the devices), so a bad configuration fails before any training.
+"""
+
+import dataclasses
+import json
+
+from vla_jax.models import ModelConfig
+from vla_jax.tasks import make_task
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Attributes:
+    seed: seeds the parameters and the data (batches are a pure function of (seed, step)).
+    batch_size: global batch, split over all devices.
+    num_steps: optimizer steps.
+    learning_rate, warmup_steps, weight_decay, b1, b2: AdamW with linear warmup then cosine
+      decay to `end_lr_ratio * learning_rate`; weight decay on >= 2-D parameters only.
+    grad_clip: global-norm clip (0 disables).
+    eval_every, eval_examples, eval_batch_size: periodic evaluation (0 = only at the end).
+    log_every: steps between progress lines and JSONL rows.
+    checkpoint_every: steps between checkpoints (0 = only at the end); keep_checkpoints kept.
+  """
+
+  seed: int = 0
+  batch_size: int = 64
+  num_steps: int = 1000
+  learning_rate: float = 1e-3
+  warmup_steps: int = 100
+  end_lr_ratio: float = 0.0
+  weight_decay: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.98
+  grad_clip: float = 1.0
+  eval_every: int = 0
+  eval_examples: int = 1000
+  eval_batch_size: int = 250
+  log_every: int = 50
+  checkpoint_every: int = 0
+  keep_checkpoints: int = 2
+
+  def validate(self, num_devices=1):
+    for name in ("batch_size", "num_steps", "eval_examples", "eval_batch_size", "log_every",
+                 "keep_checkpoints"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"train.{name} must be a positive int; got {value!r}")
+    for name in ("warmup_steps", "eval_every", "checkpoint_every"):
+      if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+        raise ValueError(f"train.{name} must be an int >= 0; got {getattr(self, name)!r}")
+    if not self.learning_rate > 0:
+      raise ValueError(f"train.learning_rate must be > 0; got {self.learning_rate}")
+    for name in ("batch_size", "eval_batch_size"):
+      if getattr(self, name) % num_devices:
+        raise ValueError(f"train.{name}={getattr(self, name)} must be divisible by the "
+                         f"number of devices ({num_devices}) for data parallelism")
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """The whole experiment: task name and fields, model and training settings."""
+
+  task_name: str
+  task_fields: tuple
+  model: ModelConfig
+  train: TrainConfig
+
+  def make_task(self):
+    return make_task(self.task_name, dict(self.task_fields))
+
+  def to_json(self):
+    return json.dumps({"task": {"name": self.task_name, **dict(self.task_fields)},
+                       "model": dataclasses.asdict(self.model),
+                       "train": dataclasses.asdict(self.train)}, sort_keys=True, default=list)
+
+
+def _plain(value):
+  """ConfigDict / FrozenConfigDict / lists -> plain dicts and tuples."""
+  if hasattr(value, "to_dict"):
+    value = value.to_dict()
+  if isinstance(value, dict):
+    return {k: _plain(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return tuple(_plain(v) for v in value)
+  return value
+
+
+def _fields(cls, values, section):
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - names)
+  if unknown:
+    raise ValueError(f"config.{section} has unknown field(s) {', '.join(unknown)}; known: "
+                     f"{', '.join(sorted(names))}")
+  return values
+
+
+def from_config_dict(config, num_devices=1) -> ExperimentConfig:
+  """Turns a ConfigDict with `task`, `model` and `train` sections into an `ExperimentConfig`.
+
+  `config.model.options` maps each mixer name to its options; only the chosen mixer's entry
+  is used, so `--config.model.mixer=...` switches mixers without editing options.
+  `config.model.max_len = 0` (default) takes the task's longest sequence.
+  """
+  c = _plain(config)
+  for section in ("task", "model", "train"):
+    if section not in c:
+      raise ValueError(f"config needs a `{section}` section")
+  task_fields = dict(c["task"])
+  task_name = task_fields.pop("name", None)
+  task = make_task(task_name, task_fields)
+
+  model = dict(c["model"])
+  options = model.pop("options", {}) or {}
+  mixer = model.get("mixer", "vla")
+  model["mixer_options"] = dict(options.get(mixer, {}) or {})
+  model.setdefault("vocab_size", task.vocab_size)
+  if model.get("max_len", 0) in (0, None):
+    model["max_len"] = task.max_len
+  if model["vocab_size"] < task.vocab_size:
+    raise ValueError(f"model.vocab_size={model['vocab_size']} is smaller than the task's "
+                     f"vocab_size={task.vocab_size}")
+  if model["max_len"] < task.max_len:
+    raise ValueError(f"model.max_len={model['max_len']} is shorter than the task's longest "
+                     f"sequence ({task.max_len})")
+  model_cfg = ModelConfig(**_fields(ModelConfig, model, "model"))
+
+  train = TrainConfig(**_fields(TrainConfig, dict(c["train"]), "train"))
+  train.validate(num_devices)
+  return ExperimentConfig(task_name=task_name, task_fields=tuple(sorted(task_fields.items())),
+                          model=model_cfg, train=train)

@@ -1,0 +1,263 @@
+"""`train_and_evaluate`: the training loop behind experiments/train.py, and `evaluate`."""
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from vla_jax.models import LanguageModel
+from vla_jax.tasks import IGNORE
+from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import sharding
+from vla_jax.training.config import ExperimentConfig, TrainConfig
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def make_optimizer(train: TrainConfig):
+  """AdamW (decay on >= 2-D parameters) with linear warmup and cosine decay, after global-norm
+  gradient clipping."""
+  warmup = min(train.warmup_steps, train.num_steps)
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=train.learning_rate, warmup_steps=warmup,
+      decay_steps=max(train.num_steps, warmup + 1),
+      end_value=train.learning_rate * train.end_lr_ratio)
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  adamw = optax.adamw(schedule, b1=train.b1, b2=train.b2, weight_decay=train.weight_decay,
+                      mask=decay_mask)
+  clip = optax.clip_by_global_norm(train.grad_clip) if train.grad_clip > 0 else optax.identity()
+  return optax.chain(clip, adamw), schedule
+
+
+def lm_loss(logits, labels):
+  """Mean cross-entropy over targets (labels != -100) and per-example target counts.
+
+  Args:
+    logits: [B, T, V] float32; labels: [B, T] int.
+
+  Returns:
+    (loss scalar, dict of per-example `correct` [B] and `targets` [B] counts, `loss_sum`).
+  """
+  mask = labels != IGNORE
+  safe = jnp.where(mask, labels, 0)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, safe)
+  nll = jnp.where(mask, nll, 0.0)
+  targets = mask.sum(axis=1)
+  correct = ((jnp.argmax(logits, -1) == labels) & mask).sum(axis=1)
+  loss = nll.sum() / jnp.maximum(targets.sum(), 1)
+  return loss, {"correct": correct, "targets": targets, "loss_sum": nll.sum()}
+
+
+class Trainer:
+  """Holds the model definition, optimizer and jitted steps of one experiment."""
+
+  def __init__(self, config: ExperimentConfig, mesh=None):
+    self.config = config
+    self.mesh = mesh or sharding.make_mesh()
+    config.train.validate(self.mesh.size)
+    self.task = config.make_task()
+    model = LanguageModel(config.model, rngs=nnx.Rngs(config.train.seed))
+    self.graphdef, params, self.rest = nnx.split(model, nnx.Param, ...)
+    self.tx, self.schedule = make_optimizer(config.train)
+    self.init_state = sharding.replicate(self.mesh, {
+        "step": jnp.zeros((), jnp.int32),
+        "params": params,
+        "opt_state": self.tx.init(params),
+    })
+    repl = sharding.replicated(self.mesh)
+    data = sharding.batch_sharding(self.mesh)
+    self.train_step = jax.jit(self._train_step, in_shardings=(repl, data, data),
+                              out_shardings=(repl, repl), donate_argnums=0)
+    self.eval_step = jax.jit(self._eval_step, in_shardings=(repl, data, data),
+                             out_shardings=data)
+
+  def model(self, params):
+    return nnx.merge(self.graphdef, params, self.rest)
+
+  def _train_step(self, state, inputs, labels):
+    def loss_fn(params):
+      loss, aux = lm_loss(self.model(params)(inputs), labels)
+      return loss, aux
+
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = {"loss": loss,
+               "accuracy": aux["correct"].sum() / jnp.maximum(aux["targets"].sum(), 1),
+               "grad_norm": optax.global_norm(grads),
+               "lr": self.schedule(state["step"])}
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+
+  def _eval_step(self, params, inputs, labels):
+    _, aux = lm_loss(self.model(params)(inputs), labels)
+    return jnp.stack([aux["correct"], aux["targets"]], axis=1)
+
+  def evaluate(self, params, eval_sets):
+    """Scores `params` on {name: (inputs, labels)}; returns {name: {accuracy, exact_match,
+    loss, targets}}. Sets are run in batches of eval_batch_size, the last one padded with
+    ignored rows."""
+    bs = self.config.train.eval_batch_size
+    results = {}
+    for name, (inputs, labels) in eval_sets.items():
+      counts, loss_sum = [], 0.0
+      for lo in range(0, inputs.shape[0], bs):
+        x, y = inputs[lo:lo + bs], labels[lo:lo + bs]
+        pad = bs - x.shape[0]
+        if pad:
+          x = np.pad(x, ((0, pad), (0, 0)))
+          y = np.pad(y, ((0, pad), (0, 0)), constant_values=IGNORE)
+        out = self.eval_step(params, *sharding.shard_batch(self.mesh, x, y))
+        counts.append(np.asarray(out)[:bs - pad])
+      counts = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
+      targets = int(counts[:, 1].sum())
+      results[name] = {
+          "accuracy": float(counts[:, 0].sum() / max(targets, 1)),
+          "exact_match": float(np.mean(counts[:, 0] == counts[:, 1])) if len(counts) else 0.0,
+          "targets": targets,
+      }
+    return results
+
+
+def _log_row(path, row):
+  with open(path, "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def _summary_accuracy(results):
+  """The headline accuracy: the first evaluation set's (for Copy, the first length)."""
+  return next(iter(results.values()))["accuracy"] if results else float("nan")
+
+
+def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, mesh=None,
+                       log=print):
+  """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+
+  Writes `workdir/config.json`, `workdir/metrics.jsonl` (one JSON row per log step and per
+  evaluation) and orbax checkpoints under `workdir/checkpoints`.
+
+  Args:
+    config: an `ExperimentConfig` (see `vla_jax.training.config.from_config_dict`).
+    workdir: output folder.
+    stop_after: stop (with a checkpoint) once this many steps are done, as an interruption
+      would; the schedule still follows `config.train.num_steps`. None runs to the end.
+    mesh: a `jax.sharding.Mesh` with axis "data" (default: every visible device).
+    log: called with each progress line.
+
+  Returns:
+    A summary dict: task, mixer, accuracy (first evaluation set), exact_match, evals (all
+    sets), steps, final train loss, wall time, devices.
+  """
+  start_time = time.time()
+  tc = config.train
+  trainer = Trainer(config, mesh)
+  os.makedirs(workdir, exist_ok=True)
+  ckpt.write_config(workdir, config.to_json())
+  checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints)
+  metrics_path = os.path.join(workdir, METRICS_FILE)
+  state = trainer.init_state
+  start = 0
+  if checkpointer.latest_step() is not None:
+    state = checkpointer.restore(state)
+    start = int(state["step"])
+    log(f"resumed from step {start} in {checkpointer.directory}")
+  eval_sets = trainer.task.eval_sets(tc.seed, tc.eval_examples)
+  end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
+  log(f"task={trainer.task.name} mixer={config.model.mixer} devices={trainer.mesh.size} "
+      f"params={sum(p.size for p in jax.tree.leaves(state['params']))} steps {start}->{end}")
+
+  def run_eval(step):
+    results = trainer.evaluate(state["params"], eval_sets)
+    _log_row(metrics_path, {"step": step, "eval": results})
+    log(f"eval step {step}: " + " ".join(
+        f"{k} acc={v['accuracy']:.4f} exact={v['exact_match']:.4f}" for k, v in results.items()))
+    return results
+
+  results, last_loss = None, float("nan")
+  tick, tick_step = time.time(), start
+  for step in range(start, end):
+    inputs, labels = trainer.task.train_batch(tc.seed, step, tc.batch_size)
+    state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
+                                                                     labels))
+    done = step + 1
+    if done % tc.log_every == 0 or done == end:
+      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      last_loss = metrics["loss"]
+      now = time.time()
+      rate = (done - tick_step) / max(now - tick, 1e-9)
+      tick, tick_step = now, done
+      _log_row(metrics_path, {"step": done, **metrics, "steps_per_s": rate})
+      log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.4f}"
+          f" lr {metrics['lr']:.2e} {rate:.2f} steps/s")
+      if not math.isfinite(metrics["loss"]):
+        raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
+    if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
+      results = run_eval(done)
+    if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
+      checkpointer.save(done, state)
+  final = int(state["step"])
+  if checkpointer.latest_step() != final:
+    checkpointer.save(final, state)
+  checkpointer.close()
+  if final == tc.num_steps or results is None:
+    results = run_eval(final)
+  return {
+      "task": trainer.task.name,
+      "mixer": config.model.mixer,
+      "accuracy": _summary_accuracy(results),
+      "exact_match": next(iter(results.values()))["exact_match"] if results else float("nan"),
+      "evals": results,
+      "steps": final,
+      "train_loss": last_loss,
+      "wall_s": round(time.time() - start_time, 2),
+      "devices": trainer.mesh.size,
+      "workdir": os.path.abspath(workdir),
+  }
+
+
+def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None, mesh=None):
+  """Scores the checkpoint in `workdir` (latest, or `step`).
+
+  Args:
+    workdir: a training run's folder (holds config.json and checkpoints/).
+    task: None for the run's own task, or (name, fields) of another task configuration.
+    npz_path: an external `.npz` with `inputs` and `labels` to score instead of a task.
+    eval_examples: examples per evaluation set (default: the run's setting).
+
+  Returns:
+    {"step": ..., "evals": {name: {accuracy, exact_match, targets}}}.
+  """
+  from vla_jax.training.config import from_config_dict  # pylint: disable=import-outside-toplevel
+  from vla_jax.tasks import load_npz  # pylint: disable=import-outside-toplevel
+
+  saved = ckpt.read_config(workdir)
+  model = dict(saved["model"])
+  model["options"] = {model["mixer"]: model.pop("mixer_options")}
+  config = from_config_dict({"task": saved["task"], "model": model, "train": saved["train"]})
+  tc = config.train
+  n = eval_examples or tc.eval_examples
+  if npz_path:
+    eval_sets = {"npz": load_npz(npz_path, config.model.vocab_size)}
+  elif task is not None:
+    from vla_jax.tasks import make_task  # pylint: disable=import-outside-toplevel
+    eval_sets = make_task(task[0], task[1]).eval_sets(tc.seed, n)
+  else:
+    eval_sets = config.make_task().eval_sets(tc.seed, n)
+  longest = max(x.shape[1] for x, _ in eval_sets.values())
+  if longest > config.model.max_len:
+    if config.model.pos_emb == "learned":
+      raise ValueError(f"evaluation sequences of length {longest} exceed the model's learned "
+                       f"positions (max_len={config.model.max_len})")
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, max_len=longest))
+  trainer = Trainer(config, mesh)
+  checkpointer = ckpt.Checkpointer(workdir)
+  state = checkpointer.restore(trainer.init_state, step)
+  checkpointer.close()
+  return {"step": int(state["step"]), "evals": trainer.evaluate(state["params"], eval_sets)}
