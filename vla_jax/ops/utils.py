@@ -37,3 +37,33 @@ def from_chunks(x, length):
   b, h, n, c = x.shape[:4]
   x = jnp.moveaxis(x, 1, 3).reshape((b, n * c, h) + x.shape[4:])
   return x[:, :length]
+
+
+def tril_inverse(M, *, unit_diagonal=False):
+  """Inverse of lower-triangular matrices [..., C, C] (C a power of two) by block doubling.
+
+  Starting from the inverted diagonal, pairs of diagonal blocks are merged,
+      [[A, 0], [X, D]]^-1 = [[A^-1, 0], [-D^-1 X A^-1, D^-1]],
+  for block sizes 1, 2, 4, ..., C/2: log2(C) rounds of batched matmuls and no sequential
+  row loop (the merge flash-linear-attention's `solve_tril` uses above 16 x 16). Every
+  intermediate is a principal sub-inverse, so entries stay as bounded as the inverse itself.
+  """
+  C = M.shape[-1]
+  if C & (C - 1):
+    raise ValueError(f"tril_inverse needs a power-of-two size; got {C}")
+  batch = M.shape[:-2]
+  diag = jnp.diagonal(M, axis1=-2, axis2=-1)
+  inv = (jnp.ones_like(diag) if unit_diagonal else 1.0 / diag)[..., None, None]  # [..., C, 1, 1]
+  s = 1
+  while s < C:
+    nb = C // (2 * s)
+    blocks = M.reshape(batch + (nb, 2 * s, nb, 2 * s))
+    blocks = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)  # [..., nb, 2s, 2s]
+    X = blocks[..., s:, :s]
+    A_inv, D_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+    off = -einsum("...ij,...jk,...kl->...il", D_inv, X, A_inv)
+    top = jnp.concatenate([A_inv, jnp.zeros_like(A_inv)], axis=-1)
+    bottom = jnp.concatenate([off, D_inv], axis=-1)
+    inv = jnp.concatenate([top, bottom], axis=-2)
+    s *= 2
+  return inv[..., 0, :, :]

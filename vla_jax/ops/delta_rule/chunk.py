@@ -9,7 +9,7 @@ log decay G_i = g_1 + ... + g_i, Gamma_i = exp(G_i) and D_ij = Gamma_i / Gamma_j
     next state  S_next = Gamma_C S_c + R^T (Gamma_C / Gamma * W)               [dv, dk]
 
 Everything that does not involve S_c is computed for all chunks at once (the unit
-lower-triangular solve gives U = (I + L)^-1 V and W_e = (I + L)^-1 Gamma E, the "WY"
+lower-triangular inverse, by block doubling in matmuls, gives U = (I + L)^-1 V and W_e = (I + L)^-1 Gamma E, the "WY"
 factors), leaving one sequential `lax.scan` over chunk states with R = U - W_e S_c^T:
 two [C, d] x [d, d] products per chunk. With no erase (e = None) L = 0 and R = V.
 """
@@ -17,7 +17,7 @@ two [C, d] x [d, d] products per chunk. With no erase (e = None) L = 0 and R = V
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops.utils import einsum, from_chunks, to_chunks
+from vla_jax.ops.utils import einsum, from_chunks, to_chunks, tril_inverse
 
 
 def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size):
@@ -49,10 +49,9 @@ def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size):
     ec = to_chunks(e, C)
     L = einsum("bhnik,bhnjk->bhnij", ec, wc) * D * jnp.tril(jnp.ones((C, C), q.dtype), -1)
     ge = ec if gamma is None else gamma[..., None] * ec
-    X = jax.lax.linalg.triangular_solve(
-        L + jnp.eye(C, dtype=q.dtype), jnp.concatenate([vc, ge], axis=-1),
-        left_side=True, lower=True, unit_diagonal=True)
-    U, We = X[..., :dv], X[..., dv:]
+    T_inv = tril_inverse(L + jnp.eye(C, dtype=q.dtype), unit_diagonal=True)
+    U = einsum("bhnij,bhnjv->bhniv", T_inv, vc)
+    We = einsum("bhnij,bhnjk->bhnik", T_inv, ge)
   Wd = wc if decay_to_end is None else decay_to_end[..., None] * wc
   Qg = qc if gamma is None else gamma[..., None] * qc
 

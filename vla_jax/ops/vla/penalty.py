@@ -16,22 +16,30 @@ Three forms, each returning (W [B, T, H, dk] with rows A_t khat_t, A_T [B, H, dk
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops.utils import einsum, from_chunks, to_chunks
+from vla_jax.ops.utils import einsum, from_chunks, to_chunks, tril_inverse
 
 
 def _symmetrize(A):
   return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
 
+def penalty_step(A, khat_t, u_t):
+  """One Sherman-Morrison update. A: [B, H, dk, dk]; khat_t, u_t: [B, H, dk].
+
+  Returns (A_t khat_t [B, H, dk], A_t [B, H, dk, dk]).
+  """
+  z = einsum("bhij,bhj->bhi", A, u_t)
+  denom = 1.0 + jnp.sum(u_t * z, axis=-1)
+  A = A - einsum("bhi,bhj->bhij", z, z) / denom[..., None, None]
+  return einsum("bhij,bhj->bhi", A, khat_t), A
+
+
 def penalty_scan(khat, u, A0):
   """Sherman-Morrison token by token. khat, u: [B, T, H, dk]; A0: [B, H, dk, dk]."""
 
   def step(A, x):
-    k_t, u_t = x
-    z = einsum("bhij,bhj->bhi", A, u_t)
-    denom = 1.0 + jnp.sum(u_t * z, axis=-1)
-    A = A - einsum("bhi,bhj->bhij", z, z) / denom[..., None, None]
-    return A, einsum("bhij,bhj->bhi", A, k_t)
+    w_t, A = penalty_step(A, *x)
+    return A, w_t
 
   A, W = jax.lax.scan(step, A0, (jnp.moveaxis(khat, 1, 0), jnp.moveaxis(u, 1, 0)))
   return jnp.moveaxis(W, 0, 1), A
@@ -56,7 +64,7 @@ def penalty_chunked(khat, u, A0, chunk_size):
     UA = einsum("bhck,bhkj->bhcj", U, A)
     gram = _symmetrize(eye + einsum("bhcj,bhdj->bhcd", UA, U))
     L = jnp.linalg.cholesky(gram)
-    Y = jax.lax.linalg.triangular_solve(L, UA, left_side=True, lower=True)
+    Y = einsum("bhij,bhjk->bhik", tril_inverse(L), UA)
     KY = jnp.tril(einsum("bhik,bhjk->bhij", K, Y))
     W = einsum("bhck,bhkj->bhcj", K, A) - einsum("bhij,bhjk->bhik", KY, Y)
     return _symmetrize(A - einsum("bhck,bhcj->bhkj", Y, Y)), W
