@@ -3,6 +3,8 @@
 from vla_jax.ops.baselines import (LinearAttentionState, deltanet, elu_plus_one,
                                    gated_deltanet, linear_attention)
 from vla_jax.ops.impl import Impl
+from vla_jax.ops.step import (deltanet_step, gated_deltanet_step, linear_attention_step,
+                              vla_step)
 from vla_jax.ops.vla import VLAState, initial_vla_state, vla_recurrence
 
 __all__ = [
@@ -15,5 +17,9 @@ __all__ = [
     "deltanet",
     "gated_deltanet",
     "elu_plus_one",
+    "vla_step",
+    "linear_attention_step",
+    "deltanet_step",
+    "gated_deltanet_step",
 ]
 __version__ = "0.1.0"

@@ -71,3 +71,28 @@ def compute_dtype(*arrays):
   if any(a is not None and a.dtype == jnp.float64 for a in arrays):
     return jnp.float64
   return jnp.float32
+
+
+def check_step_tokens(name, x, *, batch=None, heads=None, dim=None, rank=3):
+  """Checks one token's [B, H, D] (rank 3) or [B, H] (rank 2) float array for a step function."""
+  shape = getattr(x, "shape", None)
+  layout = "[B, H, D]" if rank == 3 else "[B, H]"
+  if shape is None or not hasattr(x, "dtype"):
+    raise TypeError(f"{name} must be an array of shape {layout}; got {type(x).__name__}")
+  if len(shape) != rank:
+    hint = (" (one token; a step takes no time axis, use the sequence op for [B, T, ...])"
+            if len(shape) == rank + 1 else "")
+    raise ValueError(f"{name} must have rank {rank} {layout}{hint}; got shape {tuple(shape)}")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{name} must have a floating dtype; got {x.dtype}")
+  for axis, (label, want) in enumerate((("B", batch), ("H", heads), ("D", dim))[:rank]):
+    if want is not None and shape[axis] != want:
+      raise ValueError(f"{name} has {label}={shape[axis]} (shape {tuple(shape)}); expected "
+                       f"{label}={want} to match the other inputs and the state")
+  return tuple(shape)
+
+
+def check_state_dtype(name, x):
+  """A recurrent state is kept in float32 or float64."""
+  if x.dtype not in (jnp.float32, jnp.float64):
+    raise TypeError(f"{name} must be float32 or float64 (the state's dtype); got {x.dtype}")

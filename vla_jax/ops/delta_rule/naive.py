@@ -6,6 +6,23 @@ import jax.numpy as jnp
 from vla_jax.ops.utils import einsum
 
 
+def delta_rule_step(S, q_t, e_t, w_t, v_t, g_t):
+  """One token: S <- gamma S + (v - gamma S e) w^T, o = S q.
+
+  Args:
+    S: [B, H, dv, dk]; q_t, w_t: [B, H, dk]; e_t: [B, H, dk] or None (no erase);
+    v_t: [B, H, dv]; g_t: [B, H] log decay or None.
+
+  Returns:
+    (o_t [B, H, dv], S [B, H, dv, dk]).
+  """
+  if g_t is not None:
+    S = jnp.exp(g_t)[..., None, None] * S
+  r_t = v_t if e_t is None else v_t - einsum("bhvk,bhk->bhv", S, e_t)
+  S = S + einsum("bhv,bhk->bhvk", r_t, w_t)
+  return einsum("bhvk,bhk->bhv", S, q_t), S
+
+
 def delta_rule_scan(q, e, w, v, log_decay, S0):
   """Runs S_t = gamma_t S_{t-1} + (v_t - gamma_t S_{t-1} e_t) w_t^T token by token.
 
@@ -19,12 +36,8 @@ def delta_rule_scan(q, e, w, v, log_decay, S0):
   xs = [jnp.moveaxis(x, 1, 0) if x is not None else None for x in (q, e, w, v, log_decay)]
 
   def step(S, x):
-    q_t, e_t, w_t, v_t, g_t = x
-    if g_t is not None:
-      S = jnp.exp(g_t)[..., None, None] * S
-    r_t = v_t if e_t is None else v_t - einsum("bhvk,bhk->bhv", S, e_t)
-    S = S + einsum("bhv,bhk->bhvk", r_t, w_t)
-    return S, einsum("bhvk,bhk->bhv", S, q_t)
+    o_t, S = delta_rule_step(S, *x)
+    return S, o_t
 
   S, o = jax.lax.scan(step, S0, xs)
   return jnp.moveaxis(o, 0, 1), S

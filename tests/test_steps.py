@@ -1,0 +1,90 @@
+"""One-token steps: prefill with a sequence op, then decode with steps, equals one full pass."""
+
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import random_inputs, rel_err
+from vla_jax import (VLAState, deltanet, gated_deltanet, linear_attention, vla_recurrence)
+from vla_jax.ops.step import (deltanet_step, gated_deltanet_step, linear_attention_step,
+                              vla_step)
+
+B, T, H, DK, DV, PROMPT = 2, 23, 2, 8, 5, 17
+
+
+def decode(step, state, *tokens):
+  """Runs `step` over the time axis of `tokens` ([B, T, ...]) with `lax.scan`."""
+  def body(state, xs):
+    o_t, state = step(state, *xs)
+    return state, o_t
+  state, o = jax.lax.scan(body, state, [jnp.moveaxis(x, 1, 0) for x in tokens])
+  return jnp.moveaxis(o, 0, 1), state
+
+
+def inputs(dtype):
+  q, k, v, u = random_inputs(21, B, T, H, DK, DV, dtype)
+  rng = np.random.default_rng(22)
+  beta = rng.uniform(0.1, 1.0, (B, T, H)).astype(dtype)
+  log_decay = -rng.uniform(0.0, 0.2, (B, T, H)).astype(dtype)
+  return q, k, v, u, beta, log_decay
+
+
+CASES = {
+    "vla": (lambda q, k, v, u, b, g, **kw: vla_recurrence(q, k, v, u, **kw),
+            lambda s, q, k, v, u, b, g: vla_step(s, q, k, v, u)),
+    "linear_attention": (
+        lambda q, k, v, u, b, g, **kw: linear_attention(q, k, v, normalize=True, **kw),
+        lambda s, q, k, v, u, b, g: linear_attention_step(s, q, k, v, normalize=True)),
+    "deltanet": (lambda q, k, v, u, b, g, **kw: deltanet(q, k, v, b, **kw),
+                 lambda s, q, k, v, u, b, g: deltanet_step(s, q, k, v, b)),
+    "gated_deltanet": (lambda q, k, v, u, b, g, **kw: gated_deltanet(q, k, v, b, g, **kw),
+                       lambda s, q, k, v, u, b, g: gated_deltanet_step(s, q, k, v, b, g)),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)],
+                         ids=["float64", "float32"])
+def test_prefill_then_steps_equals_full_pass(name, dtype, tol):
+  seq_op, step = CASES[name]
+  with jax.enable_x64(dtype == np.float64):
+    xs = inputs(dtype)
+    o_full, state_full = jax.jit(functools.partial(seq_op, impl="chunked", chunk_size=16))(*xs)
+    prompt = [x[:, :PROMPT] for x in xs]
+    rest = [x[:, PROMPT:] for x in xs]
+    o_pre, state = jax.jit(functools.partial(seq_op, impl="chunked", chunk_size=16))(*prompt)
+    o_dec, state = jax.jit(functools.partial(decode, step))(state, *rest)
+    o = np.concatenate([o_pre, o_dec], axis=1)
+    assert rel_err(o, o_full) < tol
+    chex.assert_trees_all_close(state, state_full, rtol=10 * tol, atol=10 * tol)
+    chex.assert_trees_all_equal_shapes(state, state_full)
+
+
+def test_vla_step_from_none_equals_initial_state():
+  q, k, v, u, _, _ = inputs(np.float32)
+  o1, s1 = vla_step(None, q[:, 0], k[:, 0], v[:, 0], u[:, 0], lam0=2.0)
+  o2, s2 = vla_recurrence(q[:, :1], k[:, :1], v[:, :1], u[:, :1], lam0=2.0)
+  np.testing.assert_allclose(o1, o2[:, 0], rtol=1e-6)
+  chex.assert_trees_all_close(s1, s2, rtol=1e-6)
+
+
+def test_step_errors():
+  q, k, v, u, beta, _ = inputs(np.float32)
+  _, state = vla_recurrence(q, k, v, u)
+  with pytest.raises(ValueError, match=r"q_t must have rank 3 \[B, H, D\] \(one token"):
+    vla_step(state, q, k, v, u)
+  with pytest.raises(ValueError, match=r"state.A must have shape \(2, 2, 8, 8\)"):
+    vla_step(VLAState(state.S, state.A[:, :, :4, :4]), q[:, 0], k[:, 0], v[:, 0], u[:, 0])
+  with pytest.raises(TypeError, match="state.S must be float32 or float64"):
+    vla_step(VLAState(state.S.astype(jnp.bfloat16), state.A), q[:, 0], k[:, 0], v[:, 0],
+             u[:, 0])
+  with pytest.raises(TypeError, match="state must be a VLAState"):
+    vla_step(tuple(state), q[:, 0], k[:, 0], v[:, 0], u[:, 0])
+  with pytest.raises(ValueError, match=r"beta_t must have rank 2 \[B, H\]"):
+    deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta)
+  with pytest.raises(ValueError, match=r"state must have shape \(2, 2, 5, 8\)"):
+    deltanet_step(jnp.zeros((2, 2, 8, 5)), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])

@@ -1,0 +1,112 @@
+"""One-token steps of every recurrence, for streaming inference with a fixed-size state.
+
+Each step takes one token per head ([B, H, D] arrays, no time axis) and the state a sequence op
+returned (or None for the initial state), and returns (o_t [B, H, dv] in v_t's dtype, state).
+Prefill a prompt with the sequence op (any impl), then decode with steps: the outputs equal one
+full forward pass. Work per token is O(dk (dk + dv)) per head; memory does not grow with the
+context.
+"""
+
+import jax.numpy as jnp
+
+from vla_jax.ops import checks
+from vla_jax.ops.baselines import KEY_EPS as BASELINE_KEY_EPS
+from vla_jax.ops.baselines import LinearAttentionState, elu_plus_one
+from vla_jax.ops.delta_rule.naive import delta_rule_step
+from vla_jax.ops.utils import unit
+from vla_jax.ops.vla.penalty import penalty_step
+from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS, VLAState, initial_vla_state
+
+
+def _check_tokens(q_t, k_t, v_t):
+  B, H, dk = checks.check_step_tokens("q_t", q_t)
+  checks.check_step_tokens("k_t", k_t, batch=B, heads=H, dim=dk)
+  dv = checks.check_step_tokens("v_t", v_t, batch=B, heads=H)[2]
+  return B, H, dk, dv
+
+
+def _check_state_arrays(prefix, arrays, shapes):
+  for (name, x), shape in zip(arrays, shapes):
+    checks.check_state(f"{prefix}.{name}" if prefix else name, x, shape)
+    checks.check_state_dtype(f"{prefix}.{name}" if prefix else name, x)
+
+
+def vla_step(state, q_t, k_t, v_t, u_t, *, lam0=1.0):
+  """One VLA token (see `vla_recurrence` for the recurrence).
+
+  Args:
+    state: `VLAState(S [B, H, dv, dk], A [B, H, dk, dk])` in float32/float64, or None for
+      S = 0, A = I / lam0.
+    q_t, k_t, u_t: [B, H, dk]; v_t: [B, H, dv].
+    lam0: initial ridge, used only when `state` is None.
+
+  Returns:
+    (o_t [B, H, dv] in v_t's dtype, the new `VLAState`).
+  """
+  B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  checks.check_step_tokens("u_t", u_t, batch=B, heads=H, dim=dk)
+  if state is None:
+    state = initial_vla_state(B, H, dk, dv, lam0=lam0,
+                              dtype=checks.compute_dtype(q_t, k_t, v_t, u_t))
+  elif not isinstance(state, VLAState):
+    raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
+  _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
+  dtype, out_dtype = state.S.dtype, v_t.dtype
+  q_t, k_t, v_t, u_t = (x.astype(dtype) for x in (q_t, k_t, v_t, u_t))
+  khat = unit(k_t, KEY_EPS)
+  w_t, A = penalty_step(state.A, khat, u_t)
+  o_t, S = delta_rule_step(state.S, q_t, khat, unit(w_t, WRITE_EPS), v_t, None)
+  return o_t.astype(out_dtype), VLAState(S=S, A=A)
+
+
+def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, normalize=False,
+                          eps=1e-6):
+  """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
+  B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  out_dtype = v_t.dtype
+  if state is None:
+    dtype = checks.compute_dtype(q_t, k_t, v_t)
+    state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype), jnp.zeros((B, H, dk), dtype))
+  elif not isinstance(state, LinearAttentionState):
+    raise TypeError(f"state must be a LinearAttentionState(S, z) or None; got "
+                    f"{type(state).__name__}")
+  _check_state_arrays("state", (("S", state.S), ("z", state.z)), ((B, H, dv, dk), (B, H, dk)))
+  dtype = state.S.dtype
+  q_t, k_t, v_t = (x.astype(dtype) for x in (q_t, k_t, v_t))
+  if feature_map is not None:
+    q_t, k_t = feature_map(q_t), feature_map(k_t)
+  v1 = jnp.concatenate([v_t, jnp.ones(v_t.shape[:-1] + (1,), dtype)], axis=-1)
+  S1 = jnp.concatenate([state.S, state.z[:, :, None].astype(dtype)], axis=2)
+  o_t, S1 = delta_rule_step(S1, q_t, None, k_t, v1, None)
+  num = o_t[..., :dv]
+  if normalize:
+    num = num / jnp.maximum(o_t[..., dv], eps)[..., None]
+  return num.astype(out_dtype), LinearAttentionState(S1[:, :, :dv], S1[:, :, dv])
+
+
+def gated_deltanet_step(S, q_t, k_t, v_t, beta_t, log_decay_t):
+  """One token of `gated_deltanet` (log_decay_t None: `deltanet`).
+
+  Args:
+    S: [B, H, dv, dk] float32/float64 or None (zeros); q_t, k_t: [B, H, dk]; v_t: [B, H, dv];
+    beta_t, log_decay_t: [B, H].
+  """
+  B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
+  if log_decay_t is not None:
+    checks.check_step_tokens("log_decay_t", log_decay_t, batch=B, heads=H, rank=2)
+  out_dtype = v_t.dtype
+  if S is None:
+    S = jnp.zeros((B, H, dv, dk), checks.compute_dtype(q_t, k_t, v_t, beta_t, log_decay_t))
+  _check_state_arrays("", (("state", S),), ((B, H, dv, dk),))
+  q_t, k_t, v_t, beta_t = (x.astype(S.dtype) for x in (q_t, k_t, v_t, beta_t))
+  if log_decay_t is not None:
+    log_decay_t = log_decay_t.astype(S.dtype)
+  khat = unit(k_t, BASELINE_KEY_EPS)
+  o_t, S = delta_rule_step(S, q_t, khat, beta_t[..., None] * khat, v_t, log_decay_t)
+  return o_t.astype(out_dtype), S
+
+
+def deltanet_step(S, q_t, k_t, v_t, beta_t):
+  """One token of `deltanet`; see `gated_deltanet_step`."""
+  return gated_deltanet_step(S, q_t, k_t, v_t, beta_t, None)
