@@ -1,0 +1,77 @@
+"""Diagnostics: state-norm traces against the oracles, Jacobian norms against dense math."""
+
+import numpy as np
+import pytest
+
+import oracles
+from conftest import random_inputs
+from vla_jax import diagnostics
+from vla_jax.ops.vla.penalty import penalty_scan  # rows A_t khat_t, checked against the oracle
+
+
+def test_state_norm_trace_matches_oracle_final_states(x64):
+  q, k, v, u = random_inputs(31, 1, 12, 2, 4, 3)
+  rng = np.random.default_rng(32)
+  beta = rng.uniform(0.1, 1.0, (1, 12, 2))
+  log_decay = -rng.uniform(0, 0.3, (1, 12, 2))
+  for t in (1, 7, 12):
+    cut = lambda *xs: [x[:, :t] for x in xs]
+    expected = {
+        "vla": oracles.vla(*cut(q, k, v, u))[1],
+        "linear_attention": oracles.linear_attention(*cut(q, k, v))[1],
+        "deltanet": oracles.gated_deltanet(*cut(q, k, v, beta))[1],
+        "gated_deltanet": oracles.gated_deltanet(*cut(q, k, v, beta, log_decay))[1],
+    }
+    for mixer, S in expected.items():
+      trace = diagnostics.state_norm_trace(mixer, q, k, v, u=u, beta=beta, log_decay=log_decay)
+      assert trace.shape == (1, 12, 2)
+      np.testing.assert_allclose(trace[:, t - 1], np.linalg.norm(S, axis=(-2, -1)),
+                                 rtol=1e-10)
+
+
+def test_state_norm_trace_needs_its_inputs():
+  q, k, v, u = random_inputs(0, 1, 4, 1, 2, 2, np.float32)
+  with pytest.raises(ValueError, match="mixer='vla' needs u"):
+    diagnostics.state_norm_trace("vla", q, k, v)
+  with pytest.raises(ValueError, match="mixer must be one of"):
+    diagnostics.state_norm_trace("mamba", q, k, v)
+
+
+def test_jacobian_norms_match_dense_and_closed_form(x64):
+  q, k, v, u = random_inputs(33, 2, 30, 2, 6, 6)
+  out = diagnostics.vla_jacobian_norms(k, u, lam0=0.7)
+  khat = k / np.linalg.norm(k, axis=-1, keepdims=True)
+  np.testing.assert_allclose(out["measured"], out["closed_form"], rtol=1e-10)
+  assert np.all(out["measured"] >= 1.0 - 1e-12) and np.all(out["measured"] < 1.6181)
+  # Independent check of one token: a from the oracle's A, dense SVD.
+  _, _, A = oracles.vla(q[:1, :5, :1], k[:1, :5, :1], v[:1, :5, :1], u[:1, :5, :1], lam0=0.7)
+  a = A[0, 0] @ khat[0, 4, 0]
+  a /= np.linalg.norm(a)
+  J = np.eye(6) - np.outer(khat[0, 4, 0], a)
+  np.testing.assert_allclose(out["measured"][0, 4, 0], np.linalg.norm(J, 2), rtol=1e-10)
+  np.testing.assert_allclose(out["cosine"][0, 4, 0], a @ khat[0, 4, 0], rtol=1e-10)
+
+
+def test_closed_form_extremes():
+  c = np.array([1.0, 0.0, 0.5])
+  np.testing.assert_allclose(diagnostics.jacobian_norm_closed_form(c),
+                             [1.0, (1 + np.sqrt(5)) / 2, np.sqrt((2 + np.sqrt(3)) / 2)],
+                             rtol=1e-6)
+
+
+def test_jacobian_product_norms(x64):
+  _, k, _, u = random_inputs(34, 1, 10, 1, 4, 4)
+  prod = diagnostics.vla_jacobian_product_norms(k, u, span=3)
+  assert prod.shape == (1, 3, 1)
+  single = diagnostics.vla_jacobian_norms(k, u)["measured"]
+  np.testing.assert_allclose(diagnostics.vla_jacobian_product_norms(k, u, span=1)[:, :, 0],
+                             single[:, :, 0], rtol=1e-10)
+  khat = k / np.linalg.norm(k, axis=-1, keepdims=True)
+  W, _ = penalty_scan(khat, u, np.broadcast_to(np.eye(4), (1, 1, 4, 4)))
+  a = np.asarray(W) / np.linalg.norm(W, axis=-1, keepdims=True)
+  P = np.eye(4)
+  for t in range(3, 6):
+    P = P @ (np.eye(4) - np.outer(khat[0, t, 0], a[0, t, 0]))
+  np.testing.assert_allclose(prod[0, 1, 0], np.linalg.norm(P, 2), rtol=1e-10)
+  with pytest.raises(ValueError, match="span must be an int"):
+    diagnostics.vla_jacobian_product_norms(k, u, span=0)

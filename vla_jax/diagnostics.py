@@ -1,0 +1,124 @@
+"""Diagnostics of recurrent memories: state-norm traces and VLA's state Jacobians.
+
+- `state_norm_trace`: ||S_t||_F for every token of any recurrence of this library (the seed's
+  Prop. 1: VLA's memory norm is self-limiting, linear attention's grows).
+- `vla_jacobian_norms`: the spectral norm of dS_t / dS_{t-1}, the map S -> S (I - khat_t a_t^T),
+  per token, measured and in closed form. For unit khat, a with c = a . khat it is
+  sqrt((3 - 2c + sqrt(5 - 4c)) / 2), in [1, 1.618); exactly 1 only when a = khat (the seed's
+  Prop. 2 claims 1 always).
+- `vla_jacobian_product_norms`: the spectral norm of products of those Jacobians over spans of
+  tokens, which is what bounds how a perturbation of the memory grows over a long context.
+
+All take [B, T, H, D] inputs like the recurrences and return float32 (float64 in x64) arrays.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.ops import checks
+from vla_jax.ops.step import (gated_deltanet_step, linear_attention_step, vla_step)
+from vla_jax.ops.utils import einsum, unit
+from vla_jax.ops.vla.penalty import penalty_scan
+from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS, initial_vla_state
+
+MIXERS = ("vla", "linear_attention", "deltanet", "gated_deltanet")
+
+
+def state_norm_trace(mixer, q, k, v, *, u=None, beta=None, log_decay=None, lam0=1.0):
+  """||S_t||_F after every token.
+
+  Args:
+    mixer: "vla", "linear_attention" (ELU+1 features, as in `linear_attention`), "deltanet" or
+      "gated_deltanet".
+    q, k: [B, T, H, dk]; v: [B, T, H, dv]; u: [B, T, H, dk] (VLA); beta: [B, T, H] (DeltaNets);
+    log_decay: [B, T, H] (Gated DeltaNet); lam0: VLA's initial ridge.
+
+  Returns:
+    [B, T, H] Frobenius norms of the memory S_t.
+  """
+  if mixer not in MIXERS:
+    raise ValueError(f"mixer must be one of {MIXERS}; got {mixer!r}")
+  B, T, H, dk = checks.check_tokens("q", q)
+  checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
+  checks.check_tokens("v", v, batch=B, time=T, heads=H)
+  needs = {"vla": ("u",), "deltanet": ("beta",), "gated_deltanet": ("beta", "log_decay")}
+  given = {"u": u, "beta": beta, "log_decay": log_decay}
+  for name in needs.get(mixer, ()):
+    if given[name] is None:
+      raise ValueError(f"mixer={mixer!r} needs {name}")
+  if mixer == "vla":
+    step = lambda s, q, k, v, u: vla_step(s, q, k, v, u, lam0=lam0)
+    tokens = (q, k, v, u)
+  elif mixer == "linear_attention":
+    step, tokens = linear_attention_step, (q, k, v)
+  else:
+    step = lambda s, q, k, v, b, *g: gated_deltanet_step(s, q, k, v, b, g[0] if g else None)
+    tokens = (q, k, v, beta) + ((log_decay,) if mixer == "gated_deltanet" else ())
+  state0 = step(None, *(x[:, 0] for x in tokens))[1]  # the state after the first token
+  memory = lambda s: s.S if hasattr(s, "S") else s
+
+  def body(state, xs):
+    state = step(state, *xs)[1]
+    return state, jnp.linalg.norm(memory(state), axis=(-2, -1))
+
+  _, norms = jax.lax.scan(body, state0, [jnp.moveaxis(x[:, 1:], 1, 0) for x in tokens])
+  first = jnp.linalg.norm(memory(state0), axis=(-2, -1))[None]
+  return jnp.moveaxis(jnp.concatenate([first, norms], axis=0), 0, 1)
+
+
+def _khat_and_a(k, u, lam0):
+  B, T, H, dk = checks.check_tokens("k", k)
+  checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+  dtype = checks.compute_dtype(k, u)
+  k, u = k.astype(dtype), u.astype(dtype)
+  khat = unit(k, KEY_EPS)
+  A0 = initial_vla_state(B, H, dk, 1, lam0=lam0, dtype=dtype).A
+  W, _ = penalty_scan(khat, u, A0)
+  return khat, unit(W, WRITE_EPS)
+
+
+def jacobian_norm_closed_form(c):
+  """Spectral norm of I - x y^T for unit x, y with c = x . y in [-1, 1]."""
+  return jnp.sqrt((3.0 - 2.0 * c + jnp.sqrt(jnp.maximum(5.0 - 4.0 * c, 0.0))) / 2.0)
+
+
+def vla_jacobian_norms(k, u, *, lam0=1.0):
+  """Per-token spectral norms of VLA's state Jacobian J_t = I - khat_t a_t^T.
+
+  Args:
+    k, u: [B, T, H, dk] keys (feature-mapped) and penalty directions, as given to
+      `vla_recurrence`; lam0: initial ridge.
+
+  Returns:
+    dict with "measured" ([B, T, H], largest singular value of J_t), "closed_form" ([B, T, H],
+    sqrt((3 - 2c + sqrt(5 - 4c)) / 2)) and "cosine" ([B, T, H], c = a_t . khat_t).
+  """
+  khat, a = _khat_and_a(k, u, lam0)
+  dk = khat.shape[-1]
+  J = jnp.eye(dk, dtype=khat.dtype) - einsum("bthi,bthj->bthij", khat, a)
+  c = jnp.sum(khat * a, axis=-1)
+  return {"measured": jnp.linalg.norm(J, ord=2, axis=(-2, -1)),
+          "closed_form": jacobian_norm_closed_form(c), "cosine": c}
+
+
+def vla_jacobian_product_norms(k, u, *, span, lam0=1.0):
+  """Spectral norms of products of consecutive Jacobians J_s J_{s+1} ... J_{s+span-1}.
+
+  The state map acts from the right (S_t = S_{t-1} J_t + ...), so a perturbation of S_s is
+  multiplied by the product in time order. Products are taken over the non-overlapping spans
+  [0, span), [span, 2 span), ...; a trailing partial span is dropped.
+
+  Returns:
+    [B, T // span, H] spectral norms.
+  """
+  khat, a = _khat_and_a(k, u, lam0)
+  B, T, H, dk = khat.shape
+  if not isinstance(span, int) or span < 1 or span > T:
+    raise ValueError(f"span must be an int in [1, T={T}]; got {span!r}")
+  n = T // span
+  J = jnp.eye(dk, dtype=khat.dtype) - einsum("bthi,bthj->bthij", khat, a)
+  J = J[:, :n * span].reshape(B, n, span, H, dk, dk)
+  compose = lambda P, J_t: (einsum("bnhij,bnhjk->bnhik", P, J_t),) * 2
+  P0 = jnp.broadcast_to(jnp.eye(dk, dtype=khat.dtype), (B, n, H, dk, dk))
+  P, _ = jax.lax.scan(compose, P0, jnp.moveaxis(J, 2, 0))
+  return jnp.linalg.norm(P, ord=2, axis=(-2, -1))
