@@ -36,6 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from vla_jax.kernels.triangular import SOLVERS, tri_inverse
+from vla_jax.ops.checks import compute_dtype
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
@@ -94,10 +95,6 @@ class KernelConfig:
 
   def value_block(self, dv):
     return min(dv, 64) if self.block_v is None else self.block_v
-
-
-def _compute_dtype(*xs):
-  return jnp.float64 if any(x.dtype == jnp.float64 for x in xs) else jnp.float32
 
 
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
@@ -250,7 +247,7 @@ def _merge(x):
 
 
 def _prepare(cfg, q, e, w, v):
-  acc = _compute_dtype(q, e, w, v)
+  acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
   chunks = [_split(x.astype(acc), C) for x in (q, e, w, v)]
   Up, Wp, P = _factors(*chunks, cfg.precision, cfg.solver)

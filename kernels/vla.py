@@ -4,15 +4,10 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.kernels.penalty import penalty_parallel
-from vla_jax.kernels.state_path import KernelConfig, _compute_dtype, state_path
-
-KEY_EPS = 1e-6      # same floors as `vla_jax.ops.vla.recurrence`
-WRITE_EPS = 1e-12
-
-
-def _unit(x, eps):
-  sq = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, jnp.asarray(eps, x.dtype) ** 2))
+from vla_jax.kernels.state_path import KernelConfig, state_path
+from vla_jax.ops.checks import compute_dtype
+from vla_jax.ops.utils import unit
+from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
 
 
 def _head_major(x, T_pad):
@@ -62,17 +57,17 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
     interpret = default_interpret()
   if interpret != config.interpret:
     config = type(config)(**{**config.__dict__, "interpret": bool(interpret)})
-  acc = _compute_dtype(q, k, v, u, S0, A0)
+  acc = compute_dtype(q, k, v, u, S0, A0)
   C = config.chunk_size
   T_pad = -(-T // C) * C
   N = T_pad // C
 
-  khat = _unit(_head_major(k, T_pad).astype(acc), KEY_EPS)      # [B, H, T_pad, dk]
+  khat = unit(_head_major(k, T_pad).astype(acc), KEY_EPS)      # [B, H, T_pad, dk]
   u_h = _head_major(u, T_pad).astype(acc)
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   W, A_T = penalty_parallel(chunks(khat), chunks(u_h), A0.astype(acc), refine=config.refine,
                             precision=jax.lax.Precision.HIGHEST, solver=config.solver)
-  a = _unit(W.reshape(B, H, T_pad, dk), WRITE_EPS)
+  a = unit(W.reshape(B, H, T_pad, dk), WRITE_EPS)
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
   o, S_T = state_path(flat(_head_major(q, T_pad)), flat(khat), flat(a),
