@@ -10,6 +10,11 @@ from vla_jax.layers import common
 from vla_jax.ops.baselines import gated_deltanet
 
 
+def _state_dtype(dtype):
+  """Gates are computed in float32, or float64 when the activations are float64."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 class DeltaNet(nnx.Module):
   """DeltaNet (Schlag et al., 2021; Yang et al., 2024), x [B, T, d_model] -> same:
 
@@ -66,7 +71,7 @@ class DeltaNet(nnx.Module):
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
     x = x.astype(self.dtype)
     q, k, v = self._qkv(x)
-    beta = jax.nn.sigmoid(self.beta_proj(x).astype(jnp.float32))
+    beta = jax.nn.sigmoid(self.beta_proj(x).astype(_state_dtype(self.dtype)))
     o, _ = gated_deltanet(q, k, v, beta, self._log_decay(x), impl=self.impl,
                           chunk_size=self.chunk_size)
     return self.out(o)
@@ -95,5 +100,6 @@ class GatedDeltaNet(DeltaNet):
     self.dt_bias = nnx.Param(dt_bias.astype(param_dtype))
 
   def _log_decay(self, x):
-    a = self.a_proj(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
-    return -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+    f = _state_dtype(self.dtype)
+    a = self.a_proj(x).astype(f) + self.dt_bias[...].astype(f)
+    return -jnp.exp(self.A_log[...].astype(f)) * jax.nn.softplus(a)

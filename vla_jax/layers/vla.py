@@ -94,13 +94,14 @@ class VLAAttention(nnx.Module):
     if self.readout == "delta":
       ones = jnp.ones(v.shape[:-1] + (1,), v.dtype)
       o, _ = vla_recurrence(q, k, jnp.concatenate([v, ones], axis=-1), u, **kw)
-      num, den = o[..., :-1].astype(jnp.float32), o[..., -1:].astype(jnp.float32)
+      f = jnp.promote_types(o.dtype, jnp.float32)
+      num, den = o[..., :-1].astype(f), o[..., -1:].astype(f)
       sign = jnp.where(den < 0, -1.0, 1.0)
       o = num / (sign * jnp.maximum(jnp.abs(den), self.readout_eps))
     else:
       o, _ = vla_recurrence(q, k, v, u, **kw)
       if self.readout == "additive":
-        qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
-        den = jnp.sum(jnp.cumsum(kf, axis=1) * qf, axis=-1, keepdims=True)
-        o = o.astype(jnp.float32) / jnp.maximum(den, self.readout_eps)
+        f = jnp.promote_types(o.dtype, jnp.float32)
+        den = jnp.sum(jnp.cumsum(k.astype(f), axis=1) * q.astype(f), axis=-1, keepdims=True)
+        o = o.astype(f) / jnp.maximum(den, self.readout_eps)
     return self.out(o.astype(self.dtype))
