@@ -1,0 +1,65 @@
+"""The language model: every mixer by name, tied/untied heads, causality, config errors."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vla_jax.layers import MIXERS
+from vla_jax.models import LanguageModel, ModelConfig
+
+SMALL = dict(vocab_size=32, max_len=24, d_model=16, num_heads=2, mlp_ratio=2, chunk_size=16)
+
+
+def _params(model):
+  return sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+@pytest.mark.parametrize("mixer", sorted(MIXERS))
+def test_every_mixer_builds_jits_and_is_causal(mixer):
+  model = LanguageModel(ModelConfig(mixer=mixer, **SMALL), rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(0), (2, 24), 0, 32)
+  f = nnx.jit(lambda m, t: m(t))
+  logits = f(model, tokens)
+  chex.assert_shape(logits, (2, 24, 32))
+  chex.assert_type(logits, jnp.float32)
+  chex.assert_tree_all_finite(logits)
+  changed = f(model, tokens.at[:, 12:].set((tokens[:, 12:] + 1) % 32))
+  np.testing.assert_allclose(logits[:, :12], changed[:, :12], rtol=1e-5, atol=1e-5)
+  assert len(model.blocks) == 2
+
+
+def test_tied_and_untied_heads():
+  tied = LanguageModel(ModelConfig(**SMALL), rngs=nnx.Rngs(0))
+  untied = LanguageModel(ModelConfig(tie_embeddings=False, **SMALL), rngs=nnx.Rngs(0))
+  assert tied.head is None
+  assert _params(untied) - _params(tied) == 16 * 32
+
+
+@pytest.mark.parametrize("pos_emb", ["sinusoidal", "none"])
+def test_position_embedding_options(pos_emb):
+  model = LanguageModel(ModelConfig(pos_emb=pos_emb, mixer="deltanet", **SMALL),
+                        rngs=nnx.Rngs(0))
+  assert model.pos_embed is None
+  chex.assert_shape(model(jnp.zeros((1, 5), jnp.int32)), (1, 5, 32))
+
+
+def test_too_long_sequence_fails():
+  model = LanguageModel(ModelConfig(mixer="linear", **SMALL), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="exceeds model.max_len=24"):
+    model(jnp.zeros((1, 25), jnp.int32))
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"mixer": "rwkv"}, "unknown mixer 'rwkv'"),
+    ({"head_dim": 4}, "head_dim \\* model.num_heads must equal model.d_model"),
+    ({"num_heads": 3}, "not divisible by num_heads=3"),
+    ({"pos_emb": "rope"}, "pos_emb must be one of"),
+    ({"mixer_options": {"readout": "softmax"}}, "readout must be one of"),
+    ({"mixer": "softmax", "mixer_options": {"lam0": 1.0}}, "does not take option"),
+])
+def test_bad_model_configs(change, match):
+  with pytest.raises(ValueError, match=match):
+    LanguageModel(ModelConfig(**{**SMALL, **change}), rngs=nnx.Rngs(0))

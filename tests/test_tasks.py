@@ -1,0 +1,125 @@
+"""Task generators: determinism and the invariants of MQAR and Copy; npz loading."""
+
+import numpy as np
+import pytest
+
+from vla_jax.tasks import IGNORE, CopyConfig, MQARConfig, load_npz, make_task, rng_for, save_npz
+from vla_jax.tasks import copy as copy_task
+from vla_jax.tasks import mqar
+from vla_jax.tasks.common import token_metrics
+
+
+def _mqar(config, n=64, seed=0):
+  return mqar.generate(config, n, rng_for(seed, 1, 0))
+
+
+@pytest.mark.parametrize("config", [
+    MQARConfig(vocab_size=64, n_pairs=8, seq_len=64),
+    MQARConfig(vocab_size=8192, n_pairs=16, seq_len=256),
+    MQARConfig(vocab_size=40, n_pairs=12, form="short"),
+], ids=["zoology-small", "zoology-8192", "short"])
+def test_mqar_invariants(config):
+  inputs, labels = _mqar(config)
+  n, V = config.n_pairs, config.vocab_size
+  assert inputs.shape == labels.shape == (64, config.length)
+  assert inputs.dtype == labels.dtype == np.int32
+  keys, values = inputs[:, 0:2 * n:2], inputs[:, 1:2 * n:2]
+  # Disjoint halves of the vocabulary; distinct within an example.
+  assert keys.min() >= 1 and keys.max() < V // 2
+  assert values.min() >= V // 2 and values.max() < V
+  for row in range(inputs.shape[0]):
+    assert len(set(keys[row])) == n and len(set(values[row])) == n
+    answer = dict(zip(keys[row], values[row]))
+    pos = np.flatnonzero(labels[row] != IGNORE)
+    # One query per key: n labelled positions, each on a key, labelled with its value.
+    assert len(pos) == n
+    assert sorted(inputs[row, pos]) == sorted(keys[row])
+    assert all(labels[row, p] == answer[inputs[row, p]] for p in pos)
+    assert pos.min() >= 2 * n
+  if config.form == "zoology":
+    q = np.flatnonzero(labels[0] != IGNORE)
+    assert np.all((q - 2 * n) % 2 == 0)  # queries at even offsets of the query region
+  else:
+    assert np.all(inputs[:, 2 * n] == mqar.SEP)
+    assert np.all(labels[:, 2 * n + 1:] != IGNORE)
+
+
+def test_mqar_power_law_places_queries_near_context():
+  config = MQARConfig(vocab_size=8192, n_pairs=4, seq_len=512)
+  _, labels = _mqar(config, n=512)
+  offsets = (np.nonzero(labels != IGNORE)[1] - 8) // 2
+  space = (512 - 8) // 2
+  assert np.mean(offsets < space // 4) > 0.4  # uniform placement would give about 0.25
+
+
+def test_mqar_is_deterministic_and_seeded():
+  config = MQARConfig(vocab_size=64, n_pairs=4, seq_len=32)
+  a, b = _mqar(config, seed=3), _mqar(config, seed=3)
+  np.testing.assert_array_equal(a[0], b[0])
+  np.testing.assert_array_equal(a[1], b[1])
+  assert not np.array_equal(a[0], _mqar(config, seed=4)[0])
+  task = make_task("mqar", {"vocab_size": 64, "n_pairs": 4, "seq_len": 32})
+  np.testing.assert_array_equal(task.train_batch(0, 7, 8)[0], task.train_batch(0, 7, 8)[0])
+  assert not np.array_equal(task.train_batch(0, 7, 8)[0], task.train_batch(0, 8, 8)[0])
+
+
+@pytest.mark.parametrize("fields,match", [
+    ({"vocab_size": 64, "n_pairs": 20, "seq_len": 64}, "too large for seq_len=64"),
+    ({"vocab_size": 16, "n_pairs": 8, "form": "short"}, "do not fit in the key half"),
+    ({"vocab_size": 64, "n_pairs": 4, "seq_len": 33}, "must be even"),
+    ({"vocab_size": 64, "n_pairs": 4, "form": "short", "seq_len": 20}, "3 \\* n_pairs \\+ 1"),
+    ({"vocab_size": 64, "n_pairs": 4, "form": "long"}, "form must be one of"),
+])
+def test_mqar_bad_configs(fields, match):
+  with pytest.raises(ValueError, match=match):
+    MQARConfig(**fields)
+
+
+def test_copy_invariants():
+  config = CopyConfig(vocab_size=10, min_len=1, max_len=9)
+  inputs, labels = copy_task.generate(config, 200, rng_for(0, 1, 0))
+  assert inputs.shape == (200, 18)
+  for x, y in zip(inputs, labels):
+    L = int(np.flatnonzero(x == copy_task.SEP)[0])
+    s = x[:L]
+    assert 1 <= L <= 9 and s.min() >= 2
+    np.testing.assert_array_equal(x[L + 1:2 * L], s[:-1])
+    np.testing.assert_array_equal(y[L:2 * L], s)  # the next symbol of the copy
+    assert np.all(y[:L] == IGNORE) and np.all(y[2 * L:] == IGNORE)
+    assert np.all(x[2 * L:] == copy_task.PAD)
+    assert y[L] != x[L]  # the first answer is read from memory, not echoed (x[L] is SEP)
+  fixed, _ = copy_task.generate(config, 4, rng_for(0, 2, 30), length=30)
+  assert fixed.shape == (4, 60)
+
+
+def test_copy_eval_sets_include_longer_lengths():
+  task = make_task("copy", {"vocab_size": 10, "min_len": 1, "max_len": 8,
+                            "eval_lengths": (8, 32)})
+  sets = task.eval_sets(0, 5)
+  assert set(sets) == {"copy_L8", "copy_L32"}
+  assert sets["copy_L32"][0].shape == (5, 64) and task.max_len == 64
+
+
+def test_token_metrics():
+  labels = np.array([[IGNORE, 3, 4], [IGNORE, IGNORE, 5]])
+  preds = np.array([[9, 3, 0], [1, 2, 5]])
+  m = token_metrics(preds, labels)
+  assert m["accuracy"] == pytest.approx(2 / 3) and m["exact_match"] == 0.5
+
+
+def test_npz_round_trip_and_errors(tmp_path):
+  config = MQARConfig(vocab_size=64, n_pairs=4, seq_len=32)
+  inputs, labels = _mqar(config, n=10)
+  path = tmp_path / "mqar.npz"
+  save_npz(path, inputs.astype(np.int64), labels.astype(np.int64))
+  x, y = load_npz(path, vocab_size=64)
+  np.testing.assert_array_equal(x, inputs)
+  np.testing.assert_array_equal(y, labels)
+  with pytest.raises(ValueError, match="does not fit vocab_size=32"):
+    load_npz(path, vocab_size=32)
+  np.savez(tmp_path / "bad.npz", inputs=inputs)
+  with pytest.raises(ValueError, match="missing array"):
+    load_npz(tmp_path / "bad.npz")
+  np.savez(tmp_path / "bad2.npz", inputs=inputs, labels=labels[:, :5])
+  with pytest.raises(ValueError, match="same shape"):
+    load_npz(tmp_path / "bad2.npz")
