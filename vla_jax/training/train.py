@@ -91,7 +91,7 @@ class Trainer:
     params = optax.apply_updates(state["params"], updates)
     metrics = {"loss": loss,
                "accuracy": aux["correct"].sum() / jnp.maximum(aux["targets"].sum(), 1),
-               "grad_norm": optax.global_norm(grads),
+               "grad_norm": optax.tree.norm(grads),
                "lr": self.schedule(state["step"])}
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 

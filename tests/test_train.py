@@ -1,0 +1,147 @@
+"""Training: loss falls, checkpoints resume exactly, data parallelism equals one device, bad
+configurations fail before training, and the absl main prints a JSON summary."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs import base  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.training import from_config_dict, train_and_evaluate  # noqa: E402
+
+
+def tiny_config(**train):
+  config = base.get_base_config()
+  config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
+  config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
+                       "impl": "scan"})  # the cheapest form to compile
+  config.train.update({"batch_size": 16, "num_steps": 40, "learning_rate": 1e-2,
+                       "warmup_steps": 4, "eval_every": 0, "checkpoint_every": 0,
+                       "eval_examples": 32, "eval_batch_size": 16, "log_every": 1, **train})
+  return config
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return [r for r in rows if "loss" in r], [r for r in rows if "eval" in r]
+
+
+def test_tiny_training_loss_falls(tmp_path):
+  summary = train_and_evaluate(from_config_dict(tiny_config()), str(tmp_path), log=lambda s: None)
+  train_rows, eval_rows = _rows(tmp_path)
+  losses = [r["loss"] for r in train_rows]
+  assert len(losses) == 40 and np.all(np.isfinite(losses))
+  assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+  assert {"task", "mixer", "accuracy", "steps"} <= set(summary)
+  assert summary["steps"] == 40 and summary["mixer"] == "vla" and summary["task"] == "mqar"
+  assert 0.0 <= summary["accuracy"] <= 1.0 and len(eval_rows) == 1
+  assert all(r["steps_per_s"] > 0 for r in train_rows)
+  assert (tmp_path / "checkpoints" / "40").is_dir()
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+  config = from_config_dict(tiny_config(num_steps=12, checkpoint_every=4))
+  full, part = str(tmp_path / "full"), str(tmp_path / "part")
+  train_and_evaluate(config, full, log=lambda s: None)
+  stopped = train_and_evaluate(config, part, stop_after=6, log=lambda s: None)
+  assert stopped["steps"] == 6
+  resumed = train_and_evaluate(config, part, log=lambda s: None)
+  assert resumed["steps"] == 12
+  loss_full = [(r["step"], r["loss"]) for r in _rows(full)[0]]
+  loss_part = [(r["step"], r["loss"]) for r in _rows(part)[0]]
+  assert loss_part == loss_full  # bit-identical curve, steps 1..12
+  assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+  train_and_evaluate(from_config_dict(tiny_config(num_steps=2)), str(tmp_path),
+                     log=lambda s: None)
+  other = tiny_config(num_steps=2)
+  other.model.mixer = "deltanet"
+  with pytest.raises(ValueError, match="different model configuration"):
+    train_and_evaluate(from_config_dict(other), str(tmp_path), log=lambda s: None)
+
+
+_DATA_PARALLEL = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/tests")
+from test_train import tiny_config
+from vla_jax.training import from_config_dict, train
+from vla_jax.training.sharding import make_mesh, shard_batch
+assert jax.device_count() == 4, jax.devices()
+config = from_config_dict(tiny_config(), num_devices=4)
+out = {}
+for n in (1, 4):
+  trainer = train.Trainer(config, make_mesh(jax.devices()[:n]))
+  state, losses = trainer.init_state, []
+  for step in range(5):
+    x, y = trainer.task.train_batch(0, step, 16)
+    state, m = trainer.train_step(state, *shard_batch(trainer.mesh, x, y))
+    losses.append(float(m["loss"]))
+  sharding = jax.tree.leaves(state["params"])[0].sharding
+  out[n] = {"losses": losses, "devices": len(sharding.device_set),
+            "params": [np.asarray(p).ravel()[:50].tolist() for p in jax.tree.leaves(state["params"])]}
+print(json.dumps(out))
+"""
+
+
+def test_data_parallel_equals_one_device():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", _DATA_PARALLEL, str(ROOT)], env=env,
+                        capture_output=True, text=True, timeout=600, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  one, four = out["1"], out["4"]
+  assert one["devices"] == 1 and four["devices"] == 4
+  np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
+  for a, b in zip(four["params"], one["params"]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda c: c.model.update({"mixer": "mamba"}), "unknown mixer 'mamba'"),
+    (lambda c: c.model.update({"head_dim": 4}), "must equal model.d_model"),
+    (lambda c: c.task.update({"n_pairs": 30, "form": "zoology", "seq_len": 64,
+                              "vocab_size": 256}), "too large for seq_len=64"),
+    (lambda c: c.train.update({"batch_size": 10}), "divisible by the number of devices"),
+    (lambda c: c.train.update({"learning_rates": 1.0}), "unknown field"),
+    (lambda c: c.task.update({"name": "sort"}), "unknown task 'sort'"),
+], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task"])
+def test_bad_configs_fail_before_training(edit, match):
+  config = tiny_config()
+  config.model.options.vla.update({})
+  edit(config)
+  with pytest.raises(ValueError, match=match):
+    from_config_dict(config, num_devices=4)
+
+
+def test_main_prints_json_and_rejects_bad_config(tmp_path):
+  common = [sys.executable, str(ROOT / "experiments" / "train.py"),
+            f"--config={ROOT / 'configs' / 'mqar_demo.py'}", "--config.task.n_pairs=3",
+            "--config.model.d_model=16", "--config.model.head_dim=8",
+            "--config.train.num_steps=3", "--config.train.eval_examples=16",
+            "--config.train.eval_batch_size=16", "--config.train.batch_size=8"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(common + [f"--workdir={tmp_path / 'run'}"], capture_output=True,
+                        text=True, timeout=600, env=env, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  last = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 3
+  assert "steps/s" in proc.stdout
+  bad = subprocess.run(common + ["--config.model.mixer=transformer",
+                                 f"--workdir={tmp_path / 'bad'}"],
+                       capture_output=True, text=True, timeout=600, env=env, check=False)
+  assert bad.returncode != 0 and "unknown mixer 'transformer'" in bad.stderr
+  assert not (tmp_path / "bad").exists()
