@@ -22,6 +22,7 @@ _STEPS = flags.DEFINE_integer("num_steps", 3000, "Training steps per run.")
 _LRS = flags.DEFINE_list("learning_rates", ["1e-3"], "Peak learning rates to try per mixer.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Global batch size.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of parameters and data.")
+_IMPL = flags.DEFINE_string("impl", "chunked", "Recurrence form of the recurrent mixers.")
 _DTYPE = flags.DEFINE_string("dtype", "float32", "Activation dtype (float32 | bfloat16).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/mixer_sweep", "Parent folder of the runs.")
 
@@ -39,6 +40,7 @@ def main(argv):
       config = mqar_paper.get_config(str(_N_PAIRS.value))
       config.model.mixer = mixer
       config.model.dtype = _DTYPE.value
+      config.model.impl = _IMPL.value
       config.train.update({"num_steps": _STEPS.value, "learning_rate": float(lr),
                            "batch_size": _BATCH.value, "seed": _SEED.value,
                            "eval_every": 0, "log_every": 100})

@@ -196,7 +196,7 @@ def test_matches_float64_oracle(name, options, impl):
 
 def test_bfloat16_activations_keep_float32_state():
   m = _mixer("vla", {}, dtype=jnp.bfloat16)
-  y = m(_x(dtype=jnp.bfloat16))
+  y = nnx.jit(lambda m, x: m(x))(m, _x(dtype=jnp.bfloat16))
   chex.assert_type(y, jnp.bfloat16)
   chex.assert_tree_all_finite(y.astype(jnp.float32))
 

@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from configs import base  # noqa: E402  pylint: disable=wrong-import-position
-from vla_jax.training import from_config_dict, train_and_evaluate  # noqa: E402
+from vla_jax.tasks import save_npz  # noqa: E402
+from vla_jax.training import evaluate, from_config_dict, train_and_evaluate  # noqa: E402
 
 
 def tiny_config(**train):
@@ -46,6 +47,12 @@ def test_tiny_training_loss_falls(tmp_path):
   assert 0.0 <= summary["accuracy"] <= 1.0 and len(eval_rows) == 1
   assert all(r["steps_per_s"] > 0 for r in train_rows)
   assert (tmp_path / "checkpoints" / "40").is_dir()
+  # The checkpoint scores the same on its evaluation set written out as an external .npz.
+  config = from_config_dict(tiny_config())
+  save_npz(tmp_path / "eval.npz", *config.make_task().eval_sets(0, 32)["mqar"])
+  result = evaluate(str(tmp_path), npz_path=str(tmp_path / "eval.npz"))
+  assert result["step"] == 40
+  assert result["evals"]["npz"]["accuracy"] == summary["accuracy"]
 
 
 def test_resume_equals_uninterrupted(tmp_path):
