@@ -78,7 +78,7 @@ class ShortConv(nnx.Module):
     return jax.nn.silu(y)
 
 
-class Readout(nnx.Module):
+class OutputProjection(nnx.Module):
   """Merges heads, applies an optional LayerNorm over the merged width and the output
   projection W_o: [B, T, H, D] -> [B, T, d_model]."""
 

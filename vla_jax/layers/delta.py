@@ -52,7 +52,7 @@ class DeltaNet(nnx.Module):
                  if conv_size else None)
     if self.GATED:
       self._init_gate(d_model, num_heads, rngs, dtype, param_dtype)
-    self.out = common.Readout(inner, d_model, out_norm=out_norm, **kw)
+    self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
   def _qkv(self, x):
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)

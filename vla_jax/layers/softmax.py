@@ -57,7 +57,7 @@ class SoftmaxAttention(nnx.Module):
     self.q_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.k_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.v_proj = common.dense(d_model, d_model, use_bias=True, **kw)
-    self.out = common.Readout(d_model, d_model, out_norm=False, **kw)
+    self.out = common.OutputProjection(d_model, d_model, out_norm=False, **kw)
 
   def __call__(self, x):
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""

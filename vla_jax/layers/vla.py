@@ -77,7 +77,7 @@ class VLAAttention(nnx.Module):
     self.u_proj = common.dense(inner, inner, use_bias=False, **kw)
     self.conv = (nnx.List([common.ShortConv(inner, conv_size, **kw) for _ in range(3)])
                  if conv_size else None)
-    self.out = common.Readout(inner, d_model, out_norm=out_norm, **kw)
+    self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
   def __call__(self, x):
     """x: [B, T, d_model] in any float dtype -> [B, T, d_model] in `dtype`."""
