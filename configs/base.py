@@ -4,7 +4,11 @@ import ml_collections
 
 
 def mixer_options():
-  """Per-mixer options; `config.model.mixer` picks the entry that is used."""
+  """Per-mixer options; `config.model.mixer` picks the entry that is used.
+
+  Every recurrent mixer gets a short convolution (conv_size=4): without it no 2-layer
+  recurrent model here learns MQAR (vla_jax/layers/README.md); set 0 for the authors' layer.
+  """
   return ml_collections.ConfigDict({
       "vla": {"readout": "none", "lam0": 1.0, "conv_size": 4, "out_norm": True},
       "softmax": {"implementation": "auto"},

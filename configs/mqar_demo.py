@@ -1,6 +1,11 @@
 """The README's demo: a 2-layer VLA model on a small MQAR problem, a few minutes on a CPU.
 
     python experiments/train.py --config=configs/mqar_demo.py
+
+MQAR short form with 8 key-value pairs (T = 25, vocabulary 64); 2 layers, d_model 64, 2 heads
+of d_h = 32, short convolution 4 (see vla_jax/layers/README.md), 700 steps of batch 64.
+Measured on a 2-core CPU: 145 s wall clock including start-up and compilation, per-query
+accuracy 0.9998 (exact match 0.998) on 1000 held-out examples.
 """
 
 from configs import base
