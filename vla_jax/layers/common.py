@@ -5,9 +5,31 @@ Every mixer maps x [B, T, d_model] -> y [B, T, d_model] and is causal. Parameter
 (float64 under x64) whatever `dtype` is, and return outputs in `dtype`.
 """
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+
+class RecurrentCache(NamedTuple):
+  """What a recurrent mixer carries between calls when streaming.
+
+  Attributes:
+    state: the recurrence's state (`VLAState`, `LinearAttentionState` or S [B, H, dv, dk]),
+      float32 (float64 when the activations are float64); its size does not grow with T.
+    conv: the short convolutions' prefixes, each [B, K-1, inner] (empty without convolution).
+    norm: VLA's "additive" readout sum z [B, H, dk] (empty otherwise).
+  """
+
+  state: Any
+  conv: tuple = ()
+  norm: Any = ()
+
+
+def state_dtype(dtype):
+  """Recurrent states (and gates) are float32, or float64 when the activations are float64."""
+  return jnp.promote_types(dtype, jnp.float32)
 
 
 def resolve_head_dim(name, d_model, num_heads, head_dim):
@@ -68,14 +90,53 @@ class ShortConv(nnx.Module):
                                                 out_axis=())
     self.kernel = nnx.Param(init(rngs.params(), (kernel_size, features), param_dtype))
 
-  def __call__(self, x):
-    """x: [B, T, F] -> [B, T, F]."""
+  def __call__(self, x, prefix=None):
+    """x: [B, T, F] -> [B, T, F].
+
+    `prefix` ([B, K-1, F], default zeros) holds the K-1 inputs before x: with the tail a
+    previous call returned it continues a sequence (streaming); see `tail`.
+    """
     K = self.kernel_size
     w = self.kernel[...].astype(self.dtype)
-    xp = jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
+    if prefix is None:
+      xp = jnp.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
+    else:
+      xp = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
     T = x.shape[1]
     y = sum(xp[:, i:i + T] * w[i] for i in range(K))
     return jax.nn.silu(y)
+
+  def tail(self, x, prefix=None):
+    """The last K-1 inputs of `prefix` followed by x: the next call's prefix, [B, K-1, F]."""
+    K = self.kernel_size
+    if prefix is None:
+      prefix = jnp.zeros((x.shape[0], K - 1, x.shape[2]), x.dtype)
+    return jnp.concatenate([prefix.astype(x.dtype), x], axis=1)[:, x.shape[1]:]
+
+  def empty_prefix(self, batch_size, features):
+    return jnp.zeros((batch_size, self.kernel_size - 1, features), self.dtype)
+
+
+def convolve(convs, tensors, prefixes=None):
+  """Applies each `ShortConv` of `convs` to its tensor, continuing from `prefixes` (a tuple, or
+  None for zeros). Returns (outputs, new prefixes); with no convolutions, returns the tensors
+  and ()."""
+  if convs is None:
+    return tuple(tensors), ()
+  prefixes = prefixes or (None,) * len(tensors)
+  outputs = tuple(conv(t, p) for conv, t, p in zip(convs, tensors, prefixes))
+  tails = tuple(conv.tail(t, p) for conv, t, p in zip(convs, tensors, prefixes))
+  return outputs, tails
+
+
+def check_token(name, x_t, d_model):
+  """A step's input: one token per sequence, [B, d_model]."""
+  shape = getattr(x_t, "shape", None)
+  if shape is None or len(shape) != 2 or shape[1] != d_model:
+    hint = (" (one token; use the mixer's __call__ or prefill for [B, T, d_model])"
+            if shape is not None and len(shape) == 3 else "")
+    raise ValueError(f"{name}: x_t must have shape [B, d_model={d_model}]{hint}; got "
+                     f"{None if shape is None else tuple(shape)}")
 
 
 class OutputProjection(nnx.Module):

@@ -8,11 +8,7 @@ from flax import nnx
 
 from vla_jax.layers import common
 from vla_jax.ops.baselines import gated_deltanet
-
-
-def _state_dtype(dtype):
-  """Gates are computed in float32, or float64 when the activations are float64."""
-  return jnp.promote_types(dtype, jnp.float32)
+from vla_jax.ops.step import gated_deltanet_step
 
 
 class DeltaNet(nnx.Module):
@@ -54,27 +50,50 @@ class DeltaNet(nnx.Module):
       self._init_gate(d_model, num_heads, rngs, dtype, param_dtype)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _qkv(self, x):
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.conv is not None:
-      q, k, v = (conv(t) for conv, t in zip(self.conv, (q, k, v)))
-    else:
+  def _features(self, x, conv_prefix):
+    """x [B, T, d_model] -> per-head q, k, v, beta [B, T, H], log decay (or None), conv tails."""
+    (q, k, v), tails = common.convolve(
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix)
+    if self.conv is None:
       q, k = jax.nn.silu(q), jax.nn.silu(k)
     H = self.num_heads
     q, k, v = (common.split_heads(t, H) for t in (q, k, v))
-    return common.l2_normalize(q), k, v
+    beta = jax.nn.sigmoid(self.beta_proj(x).astype(common.state_dtype(self.dtype)))
+    return common.l2_normalize(q), k, v, beta, self._log_decay(x), tails
 
   def _log_decay(self, x):
     return None
 
+  def init_cache(self, batch_size, max_len=None):
+    """The empty streaming cache (S = 0); the state has a fixed size."""
+    del max_len
+    H, D = self.num_heads, self.head_dim
+    return common.RecurrentCache(
+        state=jnp.zeros((batch_size, H, D, D), common.state_dtype(self.dtype)),
+        conv=(tuple(c.empty_prefix(batch_size, H * D) for c in self.conv) if self.conv
+              else ()))
+
+  def prefill(self, x, cache=None):
+    """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache)."""
+    x = x.astype(self.dtype)
+    cache = self.init_cache(x.shape[0]) if cache is None else cache
+    q, k, v, beta, log_decay, tails = self._features(x, cache.conv)
+    o, S = gated_deltanet(q, k, v, beta, log_decay, initial_state=cache.state, impl=self.impl,
+                          chunk_size=self.chunk_size)
+    return self.out(o), common.RecurrentCache(S, tails)
+
+  def step(self, x_t, cache):
+    """One token x_t [B, d_model] -> (y_t [B, d_model], cache)."""
+    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    q, k, v, beta, log_decay, tails = self._features(x_t[:, None].astype(self.dtype),
+                                                      cache.conv)
+    o_t, S = gated_deltanet_step(cache.state, q[:, 0], k[:, 0], v[:, 0], beta[:, 0],
+                                 None if log_decay is None else log_decay[:, 0])
+    return self.out(o_t[:, None])[:, 0], common.RecurrentCache(S, tails)
+
   def __call__(self, x):
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
-    x = x.astype(self.dtype)
-    q, k, v = self._qkv(x)
-    beta = jax.nn.sigmoid(self.beta_proj(x).astype(_state_dtype(self.dtype)))
-    o, _ = gated_deltanet(q, k, v, beta, self._log_decay(x), impl=self.impl,
-                          chunk_size=self.chunk_size)
-    return self.out(o)
+    return self.prefill(x)[0]
 
 
 class GatedDeltaNet(DeltaNet):
@@ -100,6 +119,6 @@ class GatedDeltaNet(DeltaNet):
     self.dt_bias = nnx.Param(dt_bias.astype(param_dtype))
 
   def _log_decay(self, x):
-    f = _state_dtype(self.dtype)
+    f = common.state_dtype(self.dtype)
     a = self.a_proj(x).astype(f) + self.dt_bias[...].astype(f)
     return -jnp.exp(self.A_log[...].astype(f)) * jax.nn.softplus(a)

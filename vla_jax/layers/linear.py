@@ -4,7 +4,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vla_jax.layers import common
-from vla_jax.ops.baselines import elu_plus_one, linear_attention
+from vla_jax.ops.baselines import LinearAttentionState, elu_plus_one, linear_attention
+from vla_jax.ops.step import linear_attention_step
 
 
 class LinearAttention(nnx.Module):
@@ -42,14 +43,40 @@ class LinearAttention(nnx.Module):
                  if conv_size else None)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
+  def _features(self, x, conv_prefix):
+    (q, k, v), tails = common.convolve(
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix)
+    H = self.num_heads
+    return tuple(common.split_heads(t, H) for t in (q, k, v)) + (tails,)
+
+  def init_cache(self, batch_size, max_len=None):
+    """The empty streaming cache (S = 0, z = 0); the state has a fixed size."""
+    del max_len
+    H, D, f = self.num_heads, self.head_dim, common.state_dtype(self.dtype)
+    return common.RecurrentCache(
+        state=LinearAttentionState(jnp.zeros((batch_size, H, D, D), f),
+                                   jnp.zeros((batch_size, H, D), f)),
+        conv=(tuple(c.empty_prefix(batch_size, H * D) for c in self.conv) if self.conv
+              else ()))
+
+  def prefill(self, x, cache=None):
+    """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache)."""
+    x = x.astype(self.dtype)
+    cache = self.init_cache(x.shape[0]) if cache is None else cache
+    q, k, v, tails = self._features(x, cache.conv)
+    o, state = linear_attention(q, k, v, feature_map=elu_plus_one, normalize=self.normalize,
+                                initial_state=cache.state, impl=self.impl,
+                                chunk_size=self.chunk_size)
+    return self.out(o), common.RecurrentCache(state, tails)
+
+  def step(self, x_t, cache):
+    """One token x_t [B, d_model] -> (y_t [B, d_model], cache)."""
+    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    q, k, v, tails = self._features(x_t[:, None].astype(self.dtype), cache.conv)
+    o_t, state = linear_attention_step(cache.state, q[:, 0], k[:, 0], v[:, 0],
+                                       feature_map=elu_plus_one, normalize=self.normalize)
+    return self.out(o_t[:, None])[:, 0], common.RecurrentCache(state, tails)
+
   def __call__(self, x):
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
-    x = x.astype(self.dtype)
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.conv is not None:
-      q, k, v = (conv(t) for conv, t in zip(self.conv, (q, k, v)))
-    H = self.num_heads
-    q, k, v = (common.split_heads(t, H) for t in (q, k, v))
-    o, _ = linear_attention(q, k, v, feature_map=elu_plus_one, normalize=self.normalize,
-                            impl=self.impl, chunk_size=self.chunk_size)
-    return self.out(o)
+    return self.prefill(x)[0]

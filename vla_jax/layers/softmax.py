@@ -1,5 +1,7 @@
 """`SoftmaxAttention`: causal multi-head softmax attention."""
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -59,11 +61,59 @@ class SoftmaxAttention(nnx.Module):
     self.v_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.out = common.OutputProjection(d_model, d_model, out_norm=False, **kw)
 
+  def _qkv(self, x):
+    H = self.num_heads
+    return tuple(common.split_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))
+
   def __call__(self, x):
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
     x = x.astype(self.dtype)
-    H = self.num_heads
-    q, k, v = (common.split_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))
+    q, k, v = self._qkv(x)
     o = jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                      implementation=self.implementation)
     return self.out(o)
+
+  def init_cache(self, batch_size, max_len):
+    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype` and
+    the number of tokens written, `index` (memory grows with max_len, unlike the recurrences)."""
+    if not isinstance(max_len, int) or max_len <= 0:
+      raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
+    shape = (batch_size, max_len, self.num_heads, self.head_dim)
+    return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype),
+                   jnp.zeros((), jnp.int32))
+
+  def _attend_cache(self, x, cache):
+    """Writes x's keys and values at cache.index and attends over everything written."""
+    T, L = x.shape[1], cache.k.shape[1]
+    if T > L:
+      raise ValueError(f"{type(self).__name__}: {T} tokens do not fit a KV cache of max_len={L}")
+    q, k, v = self._qkv(x.astype(self.dtype))
+    zero = jnp.zeros((), cache.index.dtype)  # all indices one integer type (also under x64)
+    at = (zero, cache.index, zero, zero)
+    keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), at)
+    values = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), at)
+    query_pos = cache.index + jnp.arange(T)
+    mask = jnp.arange(L)[None, :] <= query_pos[:, None]  # [T, L]: causal over the cache
+    o = jax.nn.dot_product_attention(q, keys, values, mask=mask[None, None],
+                                     implementation="xla")
+    return self.out(o), KVCache(keys, values, cache.index + T)
+
+  def prefill(self, x, cache):
+    """x [B, T, d_model] appended to `cache` -> (y [B, T, d_model], cache). The caller keeps
+    index + T <= max_len (beyond it, `dynamic_update_slice` would clamp the write). Costs
+    O(T max_len) per head: the masked XLA path, whatever `implementation` is."""
+    return self._attend_cache(x, cache)
+
+  def step(self, x_t, cache):
+    """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(max_len d_h) per head."""
+    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    y, cache = self._attend_cache(x_t[:, None], cache)
+    return y[:, 0], cache
+
+
+class KVCache(NamedTuple):
+  """Softmax attention's streaming cache: k, v [B, max_len, H, d_h] and index (int32 [])."""
+
+  k: jax.Array
+  v: jax.Array
+  index: jax.Array

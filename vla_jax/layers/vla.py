@@ -8,7 +8,8 @@ from flax import nnx
 
 from vla_jax.layers import common
 from vla_jax.ops.baselines import elu_plus_one
-from vla_jax.ops.vla import vla_recurrence
+from vla_jax.ops.step import vla_step
+from vla_jax.ops.vla import initial_vla_state, vla_recurrence
 
 READOUTS = ("none", "additive", "delta")
 # Chosen by measurement on MQAR (it learns fastest; see vla_jax/layers/README.md).
@@ -79,29 +80,65 @@ class VLAAttention(nnx.Module):
                  if conv_size else None)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def __call__(self, x):
-    """x: [B, T, d_model] in any float dtype -> [B, T, d_model] in `dtype`."""
-    x = x.astype(self.dtype)
-    q, k_raw, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-    if self.conv is not None:
-      q, k_raw, v = (conv(t) for conv, t in zip(self.conv, (q, k_raw, v)))
+  def _features(self, x, conv_prefix):
+    """x [B, T, d_model] -> per-head q, k, v (+1 channel for "delta"), u and conv tails."""
+    (q, k_raw, v), tails = common.convolve(
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix)
     H = self.num_heads
     u = self.penalty_scale * common.l2_normalize(common.split_heads(self.u_proj(k_raw), H))
     q = elu_plus_one(common.split_heads(q, H))
     k = elu_plus_one(common.split_heads(k_raw, H))
     v = common.split_heads(v, H)
-    kw = dict(lam0=self.lam0, impl=self.impl, chunk_size=self.chunk_size)
     if self.readout == "delta":
-      ones = jnp.ones(v.shape[:-1] + (1,), v.dtype)
-      o, _ = vla_recurrence(q, k, jnp.concatenate([v, ones], axis=-1), u, **kw)
-      f = jnp.promote_types(o.dtype, jnp.float32)
+      v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    return q, k, v, u, tails
+
+  def _readout(self, o, q, k, z0):
+    """o [B, T, H, dv(+1)] -> (y [B, T, d_model], the additive readout's running sum z)."""
+    f = jnp.promote_types(o.dtype, jnp.float32)
+    z = z0
+    if self.readout == "delta":
       num, den = o[..., :-1].astype(f), o[..., -1:].astype(f)
       sign = jnp.where(den < 0, -1.0, 1.0)
       o = num / (sign * jnp.maximum(jnp.abs(den), self.readout_eps))
-    else:
-      o, _ = vla_recurrence(q, k, v, u, **kw)
-      if self.readout == "additive":
-        f = jnp.promote_types(o.dtype, jnp.float32)
-        den = jnp.sum(jnp.cumsum(k.astype(f), axis=1) * q.astype(f), axis=-1, keepdims=True)
-        o = o.astype(f) / jnp.maximum(den, self.readout_eps)
-    return self.out(o.astype(self.dtype))
+    elif self.readout == "additive":
+      zs = z0[:, None].astype(f) + jnp.cumsum(k.astype(f), axis=1)
+      den = jnp.sum(zs * q.astype(f), axis=-1, keepdims=True)
+      o = o.astype(f) / jnp.maximum(den, self.readout_eps)
+      z = zs[:, -1]
+    return self.out(o.astype(self.dtype)), z
+
+  def init_cache(self, batch_size, max_len=None):
+    """The empty streaming cache: S = 0, A = I / lam0 (`max_len` is not needed: the state has a
+    fixed size)."""
+    del max_len
+    H, D, f = self.num_heads, self.head_dim, common.state_dtype(self.dtype)
+    dv = D + (self.readout == "delta")
+    return common.RecurrentCache(
+        state=initial_vla_state(batch_size, H, D, dv, lam0=self.lam0, dtype=f),
+        conv=(tuple(c.empty_prefix(batch_size, H * D) for c in self.conv) if self.conv
+              else ()),
+        norm=jnp.zeros((batch_size, H, D), f) if self.readout == "additive" else ())
+
+  def prefill(self, x, cache=None):
+    """Runs x [B, T, d_model] from `cache` (None: the empty cache) with `impl`; returns
+    (y [B, T, d_model], the cache after x)."""
+    x = x.astype(self.dtype)
+    cache = self.init_cache(x.shape[0]) if cache is None else cache
+    q, k, v, u, tails = self._features(x, cache.conv)
+    o, state = vla_recurrence(q, k, v, u, initial_state=cache.state, impl=self.impl,
+                              chunk_size=self.chunk_size)
+    y, z = self._readout(o, q, k, cache.norm)
+    return y, common.RecurrentCache(state, tails, z)
+
+  def step(self, x_t, cache):
+    """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(H d_h^2) work and memory."""
+    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    q, k, v, u, tails = self._features(x_t[:, None].astype(self.dtype), cache.conv)
+    o_t, state = vla_step(cache.state, q[:, 0], k[:, 0], v[:, 0], u[:, 0])
+    y, z = self._readout(o_t[:, None], q, k, cache.norm)
+    return y[:, 0], common.RecurrentCache(state, tails, z)
+
+  def __call__(self, x):
+    """x: [B, T, d_model] in any float dtype -> [B, T, d_model] in `dtype`."""
+    return self.prefill(x)[0]

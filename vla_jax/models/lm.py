@@ -1,7 +1,9 @@
 """A small pre-norm language model whose sequence mixer is chosen by name."""
 
 import dataclasses
+import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -77,9 +79,10 @@ class ModelConfig:
     common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
 
 
-def sinusoidal_positions(length, d_model):
-  """[length, d_model] sin/cos position codes (Vaswani et al., 2017)."""
-  pos = jnp.arange(length, dtype=jnp.float32)[:, None]
+def sinusoidal_positions(length, d_model, offset=0):
+  """[length, d_model] sin/cos position codes (Vaswani et al., 2017) of positions
+  offset, ..., offset + length - 1."""
+  pos = (offset + jnp.arange(length)).astype(jnp.float32)[:, None]
   half = d_model // 2
   freq = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / max(half, 1))
   angles = pos * freq
@@ -116,6 +119,24 @@ class Block(nnx.Module):
     x = x + self.mixer(self.norm1(x))
     return x + self.mlp(self.norm2(x))
 
+  def prefill(self, x, cache):
+    y, cache = self.mixer.prefill(self.norm1(x), cache)
+    x = x + y
+    return x + self.mlp(self.norm2(x)), cache
+
+  def step(self, x_t, cache):
+    y, cache = self.mixer.step(self.norm1(x_t), cache)
+    x_t = x_t + y
+    return x_t + self.mlp(self.norm2(x_t)), cache
+
+
+class ModelCache(NamedTuple):
+  """Streaming cache of a `LanguageModel`: the next token's position and one cache per layer
+  (`RecurrentCache` for recurrent mixers, `KVCache` for softmax attention)."""
+
+  position: jax.Array
+  layers: tuple
+
 
 class LanguageModel(nnx.Module):
   """Token (+ position) embeddings, `num_layers` pre-norm blocks, a final LayerNorm and a tied
@@ -141,18 +162,121 @@ class LanguageModel(nnx.Module):
     self.head = (None if config.tie_embeddings else
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
+  def _embed(self, tokens, offset):
+    """tokens [B, T] at positions offset.. -> [B, T, d_model]."""
+    T = tokens.shape[1]
+    x = self.embed(tokens)
+    if self.config.pos_emb == "learned":
+      x = x + self.pos_embed(offset + jnp.arange(T))[None]
+    elif self.config.pos_emb == "sinusoidal":
+      x = x + sinusoidal_positions(T, self.config.d_model, offset).astype(x.dtype)[None]
+    return x
+
+  def _logits(self, x):
+    x = self.final_norm(x)
+    logits = self.embed.attend(x) if self.head is None else self.head(x)
+    return logits.astype(jnp.float32)
+
   def __call__(self, tokens):
     """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32."""
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
-    x = self.embed(tokens)
-    if self.config.pos_emb == "learned":
-      x = x + self.pos_embed(jnp.arange(T))[None]
-    elif self.config.pos_emb == "sinusoidal":
-      x = x + sinusoidal_positions(T, self.config.d_model).astype(x.dtype)[None]
+    x = self._embed(tokens, 0)
     for block in self.blocks:
       x = block(x)
-    x = self.final_norm(x)
-    logits = self.embed.attend(x) if self.head is None else self.head(x)
-    return logits.astype(jnp.float32)
+    return self._logits(x)
+
+  def init_cache(self, batch_size, max_len=None):
+    """An empty streaming cache for sequences of up to `max_len` tokens (default
+    model.max_len; softmax layers preallocate their KV cache to it)."""
+    max_len = self.config.max_len if max_len is None else max_len
+    if not 0 < max_len <= self.config.max_len:
+      raise ValueError(f"cache max_len must be in [1, model.max_len={self.config.max_len}]; "
+                       f"got {max_len}")
+    return ModelCache(jnp.zeros((), jnp.int32),
+                      tuple(b.mixer.init_cache(batch_size, max_len) for b in self.blocks))
+
+  def prefill(self, tokens, cache):
+    """Runs a prompt tokens [B, T] through the model from `cache` with the mixers' sequence
+    ops (any impl) -> (logits [B, T, vocab_size] float32, the cache after the prompt)."""
+    x = self._embed(tokens, cache.position)
+    layers = []
+    for block, layer_cache in zip(self.blocks, cache.layers):
+      x, layer_cache = block.prefill(x, layer_cache)
+      layers.append(layer_cache)
+    return self._logits(x), ModelCache(cache.position + tokens.shape[1], tuple(layers))
+
+  def step(self, token, cache):
+    """One token per sequence, token [B] int -> (logits [B, vocab_size] float32, cache)."""
+    if getattr(token, "ndim", None) != 1:
+      raise ValueError(f"step takes one token per sequence, shape [B]; got shape "
+                       f"{getattr(token, 'shape', None)} (use prefill for [B, T])")
+    x = self._embed(token[:, None], cache.position)[:, 0]
+    layers = []
+    for block, layer_cache in zip(self.blocks, cache.layers):
+      x, layer_cache = block.step(x, layer_cache)
+      layers.append(layer_cache)
+    return self._logits(x), ModelCache(cache.position + 1, tuple(layers))
+
+  def generate(self, prompt, max_new_tokens, *, temperature=0.0, rng=None):
+    """Continues `prompt` [B, P] int by `max_new_tokens` tokens; see `generate`."""
+    return generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng)
+
+
+def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
+  """Greedy (temperature 0) or sampled decoding: prefill the prompt, then one `step` per new
+  token inside a `lax.scan`, all compiled once per (prompt shape, max_new_tokens, temperature).
+
+  Args:
+    model: a `LanguageModel`.
+    prompt: [B, P] int token ids, P >= 1.
+    max_new_tokens: N >= 1; P + N - 1 tokens are fed to the model and must fit
+      model.max_len.
+    temperature: 0 for argmax, > 0 to sample from softmax(logits / temperature).
+    rng: a `jax.random` key (needed when temperature > 0).
+
+  Returns:
+    [B, P + N] int32: the prompt followed by the generated tokens.
+  """
+  prompt = jnp.asarray(prompt)
+  if prompt.ndim != 2 or prompt.shape[1] < 1 or not jnp.issubdtype(prompt.dtype, jnp.integer):
+    raise ValueError(f"prompt must be int tokens of shape [B, P] with P >= 1; got "
+                     f"{prompt.dtype} {prompt.shape}")
+  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
+  fed = prompt.shape[1] + max_new_tokens - 1  # the last new token is not fed back
+  if fed > model.config.max_len:
+    raise ValueError(f"prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens} - 1 = "
+                     f"{fed} tokens exceed model.max_len={model.config.max_len} (the position "
+                     f"table and KV caches are that long)")
+  temperature = float(temperature)
+  if temperature < 0:
+    raise ValueError(f"temperature must be >= 0; got {temperature}")
+  if temperature > 0 and rng is None:
+    raise ValueError("sampling with temperature > 0 needs rng (a jax.random key)")
+  rng = jax.random.key(0) if rng is None else rng
+  return _generate(model, prompt.astype(jnp.int32), rng, max_new_tokens=max_new_tokens,
+                   temperature=temperature)
+
+
+@functools.partial(nnx.jit, static_argnames=("max_new_tokens", "temperature"))
+def _generate(model, prompt, rng, *, max_new_tokens, temperature):
+  cache = model.init_cache(prompt.shape[0], prompt.shape[1] + max_new_tokens - 1)
+  logits, cache = model.prefill(prompt, cache)
+
+  def pick(logits_t, key):
+    if temperature == 0:
+      return jnp.argmax(logits_t, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, logits_t / temperature, axis=-1).astype(jnp.int32)
+
+  def body(carry, key):
+    token, cache = carry
+    logits_t, cache = model.step(token, cache)
+    token = pick(logits_t, key)
+    return (token, cache), token
+
+  keys = jax.random.split(rng, max_new_tokens)
+  first = pick(logits[:, -1], keys[0])
+  _, rest = jax.lax.scan(body, (first, cache), keys[1:])
+  return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)

@@ -81,3 +81,10 @@ def generate(config: CopyConfig, num_examples, rng, length=None):
   nxt = np.take_along_axis(s, np.clip(pos - Lc, 0, Lmax - 1), axis=1)
   labels = np.where((pos >= Lc) & (pos < 2 * Lc), nxt, IGNORE)
   return inputs.astype(np.int32), labels.astype(np.int32)
+
+
+def generation_split(inputs):
+  """A fixed-length evaluation set [N, 2L] -> (prompts [N, L + 1] = the string and SEP,
+  strings [N, L]): the model must generate the string after the prompt."""
+  L = inputs.shape[1] // 2
+  return inputs[:, :L + 1], inputs[:, :L]

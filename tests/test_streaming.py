@@ -1,0 +1,119 @@
+"""Streaming: every mixer's prefill + one-token steps equal its full forward pass; the model's
+prefill/step/generate; bad input to the streaming interface."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from vla_jax.layers import make_mixer
+from vla_jax.models.lm import LanguageModel, ModelConfig
+from vla_jax.tasks import copy as copy_task
+
+B, T, PROMPT, D_MODEL, HEADS = 2, 21, 13, 16, 2
+MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4}),
+          ("vla", {"readout": "delta"}), ("softmax", {}), ("linear", {"conv_size": 4}),
+          ("deltanet", {}), ("gated_deltanet", {"conv_size": 3})]
+IDS = [name + "".join(f"-{k}={v}" for k, v in opts.items()) for name, opts in MIXERS]
+
+
+def stream(mixer, x, prompt_len):
+  """prefill(x[:, :P]) then one step per token: [B, T, d_model]."""
+  cache = mixer.init_cache(x.shape[0], x.shape[1])
+  y, cache = mixer.prefill(x[:, :prompt_len], cache)
+  ys = [y]
+  for t in range(prompt_len, x.shape[1]):
+    y_t, cache = mixer.step(x[:, t], cache)
+    ys.append(y_t[:, None])
+  return jnp.concatenate(ys, axis=1)
+
+
+@pytest.mark.parametrize("name,options", MIXERS, ids=IDS)
+def test_mixer_stream_equals_forward_float64(x64, name, options):
+  mixer = make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
+                     dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
+  x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
+  full, streamed = mixer(x), stream(mixer, x, PROMPT)
+  # jax's attention keeps its softmax in float32 even for float64 inputs.
+  tol = 1e-6 if name == "softmax" else 1e-10
+  np.testing.assert_allclose(streamed, full, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name,options", MIXERS, ids=IDS)
+def test_model_stream_equals_forward_float32(name, options):
+  config = ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL, num_heads=HEADS,
+                       chunk_size=16, mixer_options=options)
+  model = LanguageModel(config, rngs=nnx.Rngs(3))
+  tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
+  full = model(tokens)
+  cache = model.init_cache(B, T)
+  logits, cache = model.prefill(tokens[:, :PROMPT], cache)
+  steps = []
+  for t in range(PROMPT, T):
+    logits_t, cache = model.step(tokens[:, t], cache)
+    steps.append(logits_t[:, None])
+  streamed = jnp.concatenate([logits] + steps, axis=1)
+  np.testing.assert_allclose(streamed, full, rtol=1e-4, atol=1e-4)
+  assert int(cache.position) == T
+
+
+@pytest.mark.parametrize("mixer", ["vla", "softmax"])
+def test_greedy_generate_equals_recomputed_argmax(mixer):
+  config = ModelConfig(vocab_size=11, max_len=24, mixer=mixer, d_model=D_MODEL,
+                       num_heads=HEADS, chunk_size=16)
+  model = LanguageModel(config, rngs=nnx.Rngs(5))
+  prompt = jax.random.randint(jax.random.key(6), (B, 6), 0, 11)
+  out = model.generate(prompt, 9)
+  chex.assert_shape(out, (B, 15))
+  chex.assert_type(out, jnp.int32)
+  np.testing.assert_array_equal(out[:, :6], prompt)
+  seq = prompt
+  for _ in range(9):  # the definition: argmax of a full forward pass over the sequence so far
+    seq = jnp.concatenate([seq, jnp.argmax(model(seq)[:, -1], -1)[:, None].astype(seq.dtype)],
+                          axis=1)
+  np.testing.assert_array_equal(out, seq)
+
+
+def test_sampling_is_seeded_and_in_vocabulary():
+  config = ModelConfig(vocab_size=11, max_len=20, mixer="vla", d_model=D_MODEL,
+                       num_heads=HEADS, chunk_size=16)
+  model = LanguageModel(config, rngs=nnx.Rngs(7))
+  prompt = jnp.ones((3, 4), jnp.int32)
+  a = model.generate(prompt, 10, temperature=1.5, rng=jax.random.key(8))
+  b = model.generate(prompt, 10, temperature=1.5, rng=jax.random.key(8))
+  c = model.generate(prompt, 10, temperature=1.5, rng=jax.random.key(9))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  assert int(a.min()) >= 0 and int(a.max()) < 11
+
+
+def test_generation_split_of_copy_examples():
+  config = copy_task.CopyConfig(vocab_size=10, min_len=3, max_len=5)
+  inputs, _ = copy_task.generate(config, 4, np.random.default_rng(0), length=5)
+  prompts, strings = copy_task.generation_split(inputs)
+  np.testing.assert_array_equal(prompts[:, -1], copy_task.SEP)
+  np.testing.assert_array_equal(inputs[:, 6:10], strings[:, :4])  # the copy half
+
+
+def test_streaming_errors():
+  config = ModelConfig(vocab_size=11, max_len=12, mixer="softmax", d_model=D_MODEL,
+                       num_heads=HEADS)
+  model = LanguageModel(config, rngs=nnx.Rngs(0))
+  prompt = jnp.zeros((1, 8), jnp.int32)
+  with pytest.raises(ValueError, match="exceed model.max_len=12"):
+    model.generate(prompt, 6)
+  with pytest.raises(ValueError, match=r"step takes one token per sequence, shape \[B\]"):
+    model.step(prompt, model.init_cache(1))
+  with pytest.raises(ValueError, match=r"cache max_len must be in \[1, model.max_len=12\]"):
+    model.init_cache(1, 13)
+  with pytest.raises(ValueError, match="sampling with temperature > 0 needs rng"):
+    model.generate(prompt, 2, temperature=1.0)
+  mixer = make_mixer("vla", D_MODEL, HEADS, rngs=nnx.Rngs(0))
+  x = jnp.zeros((1, 5, D_MODEL))
+  with pytest.raises(ValueError, match=r"x_t must have shape \[B, d_model=16\] \(one token"):
+    mixer.step(x, mixer.init_cache(1))
+  attention = make_mixer("softmax", D_MODEL, HEADS, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="do not fit a KV cache of max_len=4"):
+    attention.prefill(x, attention.init_cache(1, 4))
