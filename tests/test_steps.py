@@ -88,3 +88,14 @@ def test_step_errors():
     deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta)
   with pytest.raises(ValueError, match=r"state must have shape \(2, 2, 5, 8\)"):
     deltanet_step(jnp.zeros((2, 2, 8, 5)), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+
+
+def test_pallas_prefill_then_vla_steps(x64):
+  """Prefill with the Pallas kernel (interpret mode on CPU), decode with `vla_step`."""
+  q, k, v, u = random_inputs(23, 1, 20, 2, 16, 16)
+  o_full, state_full = vla_recurrence(q, k, v, u, impl="scan")
+  o_pre, state = vla_recurrence(*(x[:, :12] for x in (q, k, v, u)), impl="pallas",
+                                chunk_size=16)
+  o_dec, state = decode(vla_step, state, *(x[:, 12:] for x in (q, k, v, u)))
+  assert rel_err(np.concatenate([o_pre, o_dec], axis=1), o_full) < 1e-9
+  chex.assert_trees_all_close(state, state_full, rtol=1e-9, atol=1e-9)

@@ -1,9 +1,10 @@
 """Sequence mixers (Flax NNX): VLA and its baselines, one constructor style, and a registry."""
 
+from vla_jax.layers.common import RecurrentCache
 from vla_jax.layers.delta import DeltaNet, GatedDeltaNet
 from vla_jax.layers.linear import LinearAttention
 from vla_jax.layers.registry import MIXERS, make_mixer, mixer_options
-from vla_jax.layers.softmax import SoftmaxAttention
+from vla_jax.layers.softmax import KVCache, SoftmaxAttention
 from vla_jax.layers.vla import VLAAttention
 
 __all__ = [
@@ -15,4 +16,6 @@ __all__ = [
     "MIXERS",
     "make_mixer",
     "mixer_options",
+    "RecurrentCache",
+    "KVCache",
 ]
