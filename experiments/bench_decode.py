@@ -12,13 +12,12 @@ Reports ms per token, tokens/s (batch / time per step) and the cache's bytes per
 
 import functools
 import json
-import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 from flax import nnx
+from timing import median_seconds
 
 from vla_jax.layers import SoftmaxAttention, VLAAttention
 
@@ -43,16 +42,6 @@ def decode_fn(graphdef, steps):
     cache, ys = jax.lax.scan(body, cache, xs)
     return cache, ys
   return decode
-
-
-def timed(fn, *args, repeats):
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
 
 
 def cache_bytes(cache, batch):
@@ -86,7 +75,7 @@ def main(argv):
         cache = cache._replace(k=jax.random.normal(kk, cache.k.shape, cache.k.dtype),
                                v=jax.random.normal(kv, cache.v.shape, cache.v.dtype),
                                index=jnp.asarray(L, jnp.int32))
-      seconds = timed(decode_fn(graphdef, N), state, cache, xs, repeats=_REPEATS.value)
+      seconds = median_seconds(decode_fn(graphdef, N), (state, cache, xs), repeats=_REPEATS.value)
       row = {"mixer": name, "context": L, "batch": B, "ms_per_token": 1e3 * seconds / N,
              "tokens_per_s": B * N / seconds, "cache_mib_per_seq": cache_bytes(cache, B) / 2**20}
       rows.append(row)

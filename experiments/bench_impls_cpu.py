@@ -7,12 +7,12 @@ Forward only, float32, B = 1; each time is the median of --repeats runs after on
 """
 
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+from timing import median_seconds
 
 from vla_jax import vla_recurrence
 
@@ -21,16 +21,6 @@ _IMPLS = flags.DEFINE_list("impls", ["chunked", "associative_scan", "scan"], "Im
 _HEADS = flags.DEFINE_integer("heads", 4, "Heads H.")
 _DIM = flags.DEFINE_integer("dim", 64, "Head dim dk = dv.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per cell (median reported).")
-
-
-def time_call(fn, args, repeats):
-  jax.block_until_ready(fn(*args))  # compile + warm-up
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return float(np.median(times))
 
 
 def main(argv):
@@ -48,7 +38,7 @@ def main(argv):
     ms = {}
     for impl in _IMPLS.value:
       fn = jax.jit(functools.partial(vla_recurrence, impl=impl))
-      ms[impl] = 1e3 * time_call(fn, (q, k, v, u), _REPEATS.value)
+      ms[impl] = 1e3 * median_seconds(fn, (q, k, v, u), repeats=_REPEATS.value)
     ratio = (f"{ms['scan'] / ms['chunked']:14.1f}" if {"scan", "chunked"} <= ms.keys()
              else " " * 14)
     print(f"{T:>6} | " + " | ".join(f"{ms[i]:16.2f}" for i in _IMPLS.value) + f" | {ratio}")

@@ -15,14 +15,13 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
 import argparse
 import json
 import os
-import statistics
-import time
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from timing import median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.ops.vla import vla_recurrence
@@ -36,14 +35,7 @@ ALL_IMPLS = ("pallas", "chunked", "scan", "cudnn")
 
 
 def median_ms(fn, args, warmup, reps):
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - t0)
-  return 1e3 * statistics.median(times)
+  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
 
 
 def floor_ms(B, T, C, backward):
