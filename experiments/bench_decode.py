@@ -10,7 +10,6 @@ tokens in one compiled `lax.scan` of `step` calls, after a context of L tokens:
 Reports ms per token, tokens/s (batch / time per step) and the cache's bytes per sequence.
 """
 
-import functools
 import json
 
 import jax

@@ -7,7 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 

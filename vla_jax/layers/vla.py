@@ -2,7 +2,6 @@
 
 import math
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 

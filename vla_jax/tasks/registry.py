@@ -1,6 +1,5 @@
 """Tasks as the trainer sees them: seeded train batches and fixed evaluation sets."""
 
-import numpy as np
 
 from vla_jax.tasks import copy as copy_task
 from vla_jax.tasks import mqar

@@ -107,7 +107,7 @@ class Trainer:
     bs = self.config.train.eval_batch_size
     results = {}
     for name, (inputs, labels) in eval_sets.items():
-      counts, loss_sum = [], 0.0
+      counts = []
       for lo in range(0, inputs.shape[0], bs):
         x, y = inputs[lo:lo + bs], labels[lo:lo + bs]
         pad = bs - x.shape[0]

@@ -26,7 +26,7 @@ def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size):
   T need not be a multiple of `chunk_size`: the tail is padded with zero keys
   (w = e = 0, g = 0), which leave the state unchanged.
   """
-  length, dv = q.shape[1], v.shape[-1]
+  length = q.shape[1]
   C = chunk_size
   qc, wc, vc = (to_chunks(x, C) for x in (q, w, v))  # [B, H, N, C, d]
   incl = jnp.tril(jnp.ones((C, C), dtype=bool))
