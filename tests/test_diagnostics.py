@@ -75,3 +75,27 @@ def test_jacobian_product_norms(x64):
   np.testing.assert_allclose(prod[0, 1, 0], np.linalg.norm(P, 2), rtol=1e-10)
   with pytest.raises(ValueError, match="span must be an int"):
     diagnostics.vla_jacobian_product_norms(k, u, span=0)
+
+
+def test_vla_layer_inputs_reproduce_the_layer(x64):
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from vla_jax import vla_recurrence
+  from vla_jax.models import LanguageModel, ModelConfig
+  config = ModelConfig(vocab_size=13, max_len=10, mixer="vla", d_model=8, num_heads=2,
+                       chunk_size=16)
+  model = LanguageModel(config, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, 13)
+  layers = diagnostics.vla_layer_inputs(model, tokens)
+  assert len(layers) == 2
+  # The first layer's recurrence output, projected, is the first block's mixer output.
+  first = layers[0]
+  o, _ = vla_recurrence(first["q"], first["k"], first["v"], first["u"], lam0=first["lam0"])
+  mixer = model.blocks[0].mixer
+  h = model.blocks[0].norm1(model._embed(tokens, 0))
+  np.testing.assert_allclose(mixer.out(o.astype(jnp.float32)), mixer(h), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="no VLA layer"):
+    diagnostics.vla_layer_inputs(LanguageModel(
+        ModelConfig(vocab_size=13, max_len=10, mixer="deltanet", d_model=8, num_heads=2),
+        rngs=nnx.Rngs(0)), tokens)

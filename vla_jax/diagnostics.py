@@ -122,3 +122,29 @@ def vla_jacobian_product_norms(k, u, *, span, lam0=1.0):
   P0 = jnp.broadcast_to(jnp.eye(dk, dtype=khat.dtype), (B, n, H, dk, dk))
   P, _ = jax.lax.scan(compose, P0, jnp.moveaxis(J, 2, 0))
   return jnp.linalg.norm(P, ord=2, axis=(-2, -1))
+
+
+def vla_layer_inputs(model, tokens):
+  """The inputs each VLA layer of a `LanguageModel` gives its recurrence on `tokens`.
+
+  Args:
+    model: a `vla_jax.models.LanguageModel` (mixer "vla").
+    tokens: [B, T] int.
+
+  Returns:
+    One dict per VLA layer with q, k, v, u ([B, T, H, d_h]; v has one more channel with the
+    "delta" readout) and lam0: feed them to `state_norm_trace` or `vla_jacobian_norms`.
+  """
+  from vla_jax.layers.vla import VLAAttention  # pylint: disable=import-outside-toplevel
+
+  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  layers = []
+  for block in model.blocks:
+    if isinstance(block.mixer, VLAAttention):
+      h = block.norm1(x).astype(block.mixer.dtype)
+      q, k, v, u, _ = block.mixer._features(h, None)  # pylint: disable=protected-access
+      layers.append({"q": q, "k": k, "v": v, "u": u, "lam0": block.mixer.lam0})
+    x = block(x)
+  if not layers:
+    raise ValueError(f"the model has no VLA layer (mixer={model.config.mixer!r})")
+  return layers

@@ -241,6 +241,25 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   }
 
 
+def config_from_workdir(workdir):
+  """The `ExperimentConfig` a training run in `workdir` saved."""
+  from vla_jax.training.config import from_config_dict  # pylint: disable=import-outside-toplevel
+
+  saved = ckpt.read_config(workdir)
+  model = dict(saved["model"])
+  model["options"] = {model["mixer"]: model.pop("mixer_options")}
+  return from_config_dict({"task": saved["task"], "model": model, "train": saved["train"]})
+
+
+def load_model(workdir, step=None):
+  """The trained `LanguageModel` of the run in `workdir` (latest checkpoint, or `step`)."""
+  trainer = Trainer(config_from_workdir(workdir))
+  checkpointer = ckpt.Checkpointer(workdir)
+  state = checkpointer.restore(trainer.init_state, step)
+  checkpointer.close()
+  return trainer.model(state["params"])
+
+
 def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None, mesh=None):
   """Scores the checkpoint in `workdir` (latest, or `step`).
 
@@ -253,13 +272,9 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
   Returns:
     {"step": ..., "evals": {name: {accuracy, exact_match, targets}}}.
   """
-  from vla_jax.training.config import from_config_dict  # pylint: disable=import-outside-toplevel
   from vla_jax.tasks import load_npz  # pylint: disable=import-outside-toplevel
 
-  saved = ckpt.read_config(workdir)
-  model = dict(saved["model"])
-  model["options"] = {model["mixer"]: model.pop("mixer_options")}
-  config = from_config_dict({"task": saved["task"], "model": model, "train": saved["train"]})
+  config = config_from_workdir(workdir)
   tc = config.train
   n = eval_examples or tc.eval_examples
   if npz_path:
