@@ -95,7 +95,7 @@ def cudnn_fns():
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.environ.get("OUT", "."))
+  parser.add_argument("--out", default=".", help="folder for the JSON rows and the plot")
   parser.add_argument("--Ts", default=",".join(map(str, ALL_TS)))
   parser.add_argument("--impls", default=",".join(ALL_IMPLS))
   parser.add_argument("--block_v", default="64", help="comma list: pallas value blocks")

@@ -109,7 +109,7 @@ def long_run(T, B=1, H=16, d=64, C=64):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=os.environ.get("OUT", "."))
+  parser.add_argument("--out", default=".", help="folder for the JSON rows and the plot")
   parser.add_argument("--max_T", type=int, default=16384)
   parser.add_argument("--long_T", type=int, default=131072)
   parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
