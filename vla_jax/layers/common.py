@@ -117,6 +117,11 @@ class ShortConv(nnx.Module):
     return jnp.zeros((batch_size, self.kernel_size - 1, features), self.dtype)
 
 
+def empty_prefixes(convs, batch_size, features):
+  """Zero prefixes for each `ShortConv` of `convs` (None: no convolution, returns ())."""
+  return tuple(c.empty_prefix(batch_size, features) for c in convs) if convs else ()
+
+
 def convolve(convs, tensors, prefixes=None):
   """Applies each `ShortConv` of `convs` to its tensor, continuing from `prefixes` (a tuple, or
   None for zeros). Returns (outputs, new prefixes); with no convolutions, returns the tensors

@@ -70,8 +70,7 @@ class DeltaNet(nnx.Module):
     H, D = self.num_heads, self.head_dim
     return common.RecurrentCache(
         state=jnp.zeros((batch_size, H, D, D), common.state_dtype(self.dtype)),
-        conv=(tuple(c.empty_prefix(batch_size, H * D) for c in self.conv) if self.conv
-              else ()))
+        conv=common.empty_prefixes(self.conv, batch_size, H * D))
 
   def prefill(self, x, cache=None):
     """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache)."""

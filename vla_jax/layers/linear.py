@@ -56,8 +56,7 @@ class LinearAttention(nnx.Module):
     return common.RecurrentCache(
         state=LinearAttentionState(jnp.zeros((batch_size, H, D, D), f),
                                    jnp.zeros((batch_size, H, D), f)),
-        conv=(tuple(c.empty_prefix(batch_size, H * D) for c in self.conv) if self.conv
-              else ()))
+        conv=common.empty_prefixes(self.conv, batch_size, H * D))
 
   def prefill(self, x, cache=None):
     """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache)."""

@@ -115,8 +115,7 @@ class VLAAttention(nnx.Module):
     dv = D + (self.readout == "delta")
     return common.RecurrentCache(
         state=initial_vla_state(batch_size, H, D, dv, lam0=self.lam0, dtype=f),
-        conv=(tuple(c.empty_prefix(batch_size, H * D) for c in self.conv) if self.conv
-              else ()),
+        conv=common.empty_prefixes(self.conv, batch_size, H * D),
         norm=jnp.zeros((batch_size, H, D), f) if self.readout == "additive" else ())
 
   def prefill(self, x, cache=None):
