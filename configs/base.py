@@ -10,7 +10,11 @@ def mixer_options():
   recurrent model here learns MQAR (vla_jax/layers/README.md); set 0 for the authors' layer.
   """
   return ml_collections.ConfigDict({
-      "vla": {"readout": "none", "lam0": 1.0, "conv_size": 4, "out_norm": True},
+      # penalty_scale None: 1 / sqrt(head_dim), the authors' choice.
+      "vla": {"readout": "none", "lam0": 1.0,
+              "penalty_scale": ml_collections.FieldReference(None, field_type=float),
+              "conv_size": 4,
+              "out_norm": True},
       "softmax": {"implementation": "auto"},
       "linear": {"normalize": True, "conv_size": 4, "out_norm": True},
       "deltanet": {"conv_size": 4, "out_norm": True},
