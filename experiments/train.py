@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
@@ -29,6 +29,8 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:  # libraries' INFO logs only with --verbosity=0
+    logging.set_verbosity(logging.WARNING)
   from vla_jax.training import from_config_dict, train_and_evaluate  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
