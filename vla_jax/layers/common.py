@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vla_jax.ops.utils import unit
+
 
 class RecurrentCache(NamedTuple):
   """What a recurrent mixer carries between calls when streaming.
@@ -70,9 +72,8 @@ def merge_heads(x):
 
 
 def l2_normalize(x, eps=1e-6):
-  """x / max(||x||, eps) along the last axis (finite gradient at 0)."""
-  sq = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, jnp.asarray(eps, x.dtype) ** 2))
+  """x / max(||x||, eps) along the last axis (finite gradient at 0): the ops' `unit`."""
+  return unit(x, eps)
 
 
 class ShortConv(nnx.Module):
