@@ -40,6 +40,8 @@ from vla_jax.ops.checks import compute_dtype
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
+PREPS = ("xla", "kernel")
+PREP_DOTS = ("tf32x3", "ieee")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -60,6 +62,12 @@ class KernelConfig:
       path (see `penalty.py`). Default True.
     solver: how the XLA parts apply triangular inverses: "triangular_solve" (XLA's batched
       solve) or "nilpotent" (matrix products only, `triangular.py`). Same function.
+    prep: how `vla_pallas`'s forward computes the per-chunk factors: "xla" (the XLA penalty path
+      of `penalty.py` plus `_factors`) or "kernel" (one Pallas program per chunk,
+      `chunk_prep.py`). Gradients are the same either way (the backward is the XLA path's).
+    prep_dot: with prep="kernel" on a GPU, how the kernel's factorisation products run:
+      "tf32x3" (three TF32 tensor-core products, about float32 accuracy) or "ieee" (full
+      float32 on CUDA cores).
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -70,6 +78,8 @@ class KernelConfig:
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   refine: bool = True
   solver: str = "triangular_solve"
+  prep: str = "xla"
+  prep_dot: str = "tf32x3"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -89,6 +99,10 @@ class KernelConfig:
                        f"{self.block_v!r}")
     if self.solver not in SOLVERS:
       raise ValueError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
+    if self.prep not in PREPS:
+      raise ValueError(f"prep must be one of {PREPS}; got {self.prep!r}")
+    if self.prep_dot not in PREP_DOTS:
+      raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
       raise ValueError("precision must be jax.lax.Precision.DEFAULT or HIGHEST; got "
                        f"{self.precision!r}")

@@ -1,10 +1,17 @@
-"""`vla_pallas`: the VLA recurrence with the penalty path in XLA and the state path in Pallas."""
+"""`vla_pallas`: the VLA recurrence with the state path in Pallas.
+
+The per-chunk factors come from XLA (`penalty.py` + `state_path._factors`, config.prep="xla")
+or from the `chunk_prep.py` kernel (config.prep="kernel", forward only: under differentiation
+the XLA path runs and its backward is used)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from vla_jax.kernels.penalty import penalty_parallel
-from vla_jax.kernels.state_path import KernelConfig, state_path
+from vla_jax.kernels.chunk_prep import chunk_prep
+from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
+from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
 from vla_jax.ops.utils import unit
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
@@ -26,9 +33,11 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
   A_t = (A_0^-1 + sum_{s<=t} u_s u_s^T)^-1, a_t = unit(A_t khat_t),
   S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T, o_t = S_t q_t.
 
-  The penalty path runs in XLA, parallel over chunks (`penalty.py`); the state path is the
+  The per-chunk factors come from XLA, parallel over chunks (`penalty.py` and
+  `state_path._factors`, config.prep="xla") or from the `chunk_prep.py` kernel
+  (config.prep="kernel"; forward only, gradients are the XLA path's); the state path is the
   Pallas kernel pair of `state_path.py` (forward pass and reverse pass over chunk states).
-  The same algorithm runs whatever the backend; only `interpret` changes how the two Pallas
+  The same algorithm runs whatever the backend; only `interpret` changes how the Pallas
   kernels execute.
 
   Args:
@@ -57,13 +66,26 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
     interpret = default_interpret()
   if interpret != config.interpret:
     config = type(config)(**{**config.__dict__, "interpret": bool(interpret)})
-  acc = compute_dtype(q, k, v, u, S0, A0)
-  C = config.chunk_size
-  T_pad = -(-T // C) * C
-  N = T_pad // C
+  if config.prep == "kernel":
+    return _vla_prep_kernel(config, q, k, v, u, S0, A0)
+  return _vla_xla_prep(config, q, k, v, u, S0, A0)
 
-  khat = unit(_head_major(k, T_pad).astype(acc), KEY_EPS)      # [B, H, T_pad, dk]
-  u_h = _head_major(u, T_pad).astype(acc)
+
+def _setup(config, acc, k, u):
+  """Shared preamble: padded length, chunk count, unit keys and u head-major [B, H, T_pad, dk]."""
+  C = config.chunk_size
+  T_pad = -(-k.shape[1] // C) * C
+  khat = unit(_head_major(k, T_pad).astype(acc), KEY_EPS)
+  return T_pad, T_pad // C, khat, _head_major(u, T_pad).astype(acc)
+
+
+def _vla_xla_prep(config, q, k, v, u, S0, A0):
+  """Penalty path and state-path prep in XLA (`penalty.py`, `state_path._factors`)."""
+  B, T, H, dk = q.shape
+  dv = v.shape[-1]
+  acc = compute_dtype(q, k, v, u, S0, A0)
+  T_pad, N, khat, u_h = _setup(config, acc, k, u)
+  C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   W, A_T = penalty_parallel(chunks(khat), chunks(u_h), A0.astype(acc), refine=config.refine,
                             precision=jax.lax.Precision.HIGHEST, solver=config.solver)
@@ -75,3 +97,54 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
                       config=config)
   o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
   return o, S_T.reshape(B, H, dv, dk), A_T
+
+
+def _chunk_start_matrices(u_h, A0, C, acc):
+  """M_c = A_0^-1 + sum of the Grams U_m^T U_m of all earlier chunks: [B, H, N, dk, dk]."""
+  B, H, T_pad, dk = u_h.shape
+  U = u_h.reshape(B, H, T_pad // C, C, dk)
+  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=jax.lax.Precision.HIGHEST)
+  before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]),     # exclusive prefix sum
+                            jnp.cumsum(gram, axis=2)[:, :, :-1]], axis=2)
+  M0 = _spd_inverse(A0.astype(acc), refine=False, precision=jax.lax.Precision.HIGHEST)
+  return M0[:, :, None] + before
+
+
+def _vla_kernel_forward(config, q, k, v, u, S0, A0):
+  """Forward with the per-chunk factors from the `chunk_prep` kernel."""
+  B, T, H, dk = q.shape
+  dv = v.shape[-1]
+  acc = compute_dtype(q, k, v, u, S0, A0)
+  T_pad, N, khat, u_h = _setup(config, acc, k, u)
+  C = config.chunk_size
+  flat = lambda x: x.reshape(B * H, *x.shape[2:])
+  M = _chunk_start_matrices(u_h, A0, C, acc)
+  q_h = _head_major(q, T_pad)
+  Ah, Up, Wp, P, A_T = chunk_prep(
+      flat(M), flat(khat), flat(_head_major(u, T_pad)), flat(q_h), flat(_head_major(v, T_pad)),
+      chunk_size=C, precision=config.precision, refine=config.refine,
+      prep_dot=config.prep_dot, num_warps=config.num_warps, interpret=config.interpret)
+  o, S_T, _ = _forward_pass(config, flat(q_h), Ah, Up, Wp, P,
+                            S0.astype(acc).reshape(B * H, dv, dk), v.dtype)
+  o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
+  return o, S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _vla_prep_kernel(config, q, k, v, u, S0, A0):
+  return _vla_kernel_forward(config, q, k, v, u, S0, A0)
+
+
+def _vla_prep_kernel_fwd(config, q, k, v, u, S0, A0):
+  # Under differentiation the forward runs the XLA path and keeps its residuals: the backward
+  # is exactly the XLA path's (penalty autodiff + the state path's custom VJP), with no
+  # recomputation. Only primal (inference) calls use the kernel.
+  out, pullback = jax.vjp(functools.partial(_vla_xla_prep, config), q, k, v, u, S0, A0)
+  return out, pullback
+
+
+def _vla_prep_kernel_bwd(config, pullback, cts):
+  return pullback(cts)
+
+
+_vla_prep_kernel.defvjp(_vla_prep_kernel_fwd, _vla_prep_kernel_bwd)
