@@ -1,0 +1,158 @@
+r"""Runs the sweeps behind RESULTS.md, several processes per GPU, and collects their rows.
+
+    python experiments/grid.py --grids=capacity,long --out_dir=OUT [--gpus=0,1] [--per_gpu=4]
+        [--budget_s=540]
+
+Each job is one `experiments/sweep.py` call (one mixer and one task setting; its seeds and
+learning rates vmapped inside) writing rows to OUT/<grid>.jsonl. Jobs start in the order of
+`--grids` and of the lists below; none starts after --budget_s, and jobs still running at
+--budget_s + --grace_s are stopped and listed as unfinished. A job whose rows are already in
+OUT/<grid>.jsonl is skipped, so a second call continues the grid.
+
+Grids (the settings of RESULTS.md):
+  capacity: configs/mqar_paper.py, n_pairs in 4..64, 3000 steps, rates 3e-4, 1e-3, 3e-3.
+  long:     configs/mqar_long.py, 8 pairs, T = 64..2048 (--long_Ts), rates 1e-3, 3e-3.
+  copy:     configs/copy.py, rates 1e-3, 3e-3; scored at lengths 64, 128, 256.
+  zoology:  configs/mqar_zoology.py at T/n = 64/4, 128/8, 256/16, 512/64, d_model 64/128/256.
+  ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale and readout varied.
+Every job trains seeds 0, 1, 2 (--seeds).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIXERS = ("softmax", "linear", "deltanet", "gated_deltanet", "vla")
+PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
+ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))
+ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))  # (d_model, heads of d_h 32)
+
+
+def jobs_for(grid, args):
+  """[(name, config argument, overrides {flag: value}, learning rates, tag)]."""
+  out = []
+  if grid == "capacity":
+    for n in PAPER_N:
+      for mixer in MIXERS:
+        out.append((f"capacity-n{n}-{mixer}", f"configs/mqar_paper.py:{n}",
+                    {"model.mixer": mixer}, ("3e-4", "1e-3", "3e-3"),
+                    {"grid": grid, "n_pairs": n}))
+  elif grid == "long":
+    for T in args.long_Ts:
+      for mixer in MIXERS:
+        out.append((f"long-T{T}-{mixer}", f"configs/mqar_long.py:{T}", {"model.mixer": mixer},
+                    ("1e-3", "3e-3"), {"grid": grid, "seq_len": T}))
+  elif grid == "copy":
+    for mixer in MIXERS:
+      out.append((f"copy-{mixer}", "configs/copy.py", {"model.mixer": mixer},
+                  ("1e-3", "3e-3"), {"grid": grid}))
+  elif grid == "zoology":
+    for T, n in ZOOLOGY:
+      for d_model, heads in ZOOLOGY_WIDTHS:
+        for mixer in MIXERS:
+          out.append((f"zoology-T{T}-d{d_model}-{mixer}", f"configs/mqar_zoology.py:{T}",
+                      {"model.mixer": mixer, "task.n_pairs": n, "model.d_model": d_model,
+                       "model.num_heads": heads, "train.num_steps": args.zoology_steps},
+                      ("1e-3", "3e-3"),
+                      {"grid": grid, "seq_len": T, "n_pairs": n, "d_model": d_model}))
+  elif grid == "ablation":
+    variants = [("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
+                ("lam0-10", {"model.options.vla.lam0": 10.0}),
+                ("penalty-0", {"model.options.vla.penalty_scale": 0.0}),
+                ("penalty-1", {"model.options.vla.penalty_scale": 1.0}),
+                ("readout-additive", {"model.options.vla.readout": "additive"}),
+                ("readout-delta", {"model.options.vla.readout": "delta"}),
+                ("no-conv", {"model.options.vla.conv_size": 0})]
+    for name, overrides in variants:
+      out.append((f"ablation-{name}", "configs/mqar_paper.py:24",
+                  {"model.mixer": "vla", **overrides}, ("1e-3", "3e-3"),
+                  {"grid": grid, "variant": name, "n_pairs": 24}))
+  else:
+    raise ValueError(f"unknown grid {grid!r}")
+  return [(grid,) + job for job in out]
+
+
+def done_jobs(path):
+  if not os.path.exists(path):
+    return set()
+  with open(path) as f:
+    return {json.loads(line).get("job") for line in f if line.strip()}
+
+
+def command(job, args):
+  grid, name, config, overrides, rates, tag = job
+  cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+         f"--config={os.path.join(ROOT, config)}", f"--seeds={args.seeds}",
+         f"--learning_rates={','.join(rates)}",
+         f"--workdir={os.path.join(args.out_dir, 'runs', name)}",
+         f"--results={os.path.join(args.out_dir, grid + '.jsonl')}",
+         f"--tag={json.dumps({**tag, 'job': name})}"]
+  cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
+  cmd += [f"--config.{k}={v}" for k, v in args.override]
+  return cmd
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--grids", default="capacity")
+  parser.add_argument("--out_dir", required=True)
+  parser.add_argument("--gpus", default="", help="Comma list of GPU ids; empty: no pinning.")
+  parser.add_argument("--per_gpu", type=int, default=4, help="Processes per GPU.")
+  parser.add_argument("--budget_s", type=float, default=540.0)
+  parser.add_argument("--grace_s", type=float, default=30.0)
+  parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048")
+  parser.add_argument("--zoology_steps", type=int, default=4000)
+  parser.add_argument("--only", default="", help="Run only jobs whose name contains this.")
+  parser.add_argument("--override", nargs=2, action="append", default=[],
+                      metavar=("FIELD", "VALUE"), help="Extra --config.FIELD=VALUE for all.")
+  args = parser.parse_args()
+  args.long_Ts = [int(t) for t in args.long_Ts.split(",")]
+  os.makedirs(os.path.join(args.out_dir, "logs"), exist_ok=True)
+  jobs = [j for g in args.grids.split(",") for j in jobs_for(g, args)]
+  jobs = [j for j in jobs if args.only in j[1]
+          and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))]
+  slots = [g for g in (args.gpus.split(",") if args.gpus else [""]) for _ in range(args.per_gpu)]
+  start = time.time()
+  running = {}  # slot index -> (job, process, started)
+  finished, unfinished = [], []
+  print(f"{len(jobs)} jobs on {len(slots)} slots", flush=True)
+  while jobs or running:
+    for i, (job, proc, t0) in list(running.items()):
+      if proc.poll() is not None:
+        del running[i]
+        finished.append((job[1], proc.returncode, round(time.time() - t0, 1)))
+        print(f"[{time.time() - start:6.0f}s] done {job[1]} rc={proc.returncode} "
+              f"{time.time() - t0:.0f}s", flush=True)
+      elif time.time() - start > args.budget_s + args.grace_s:
+        proc.kill()
+        del running[i]
+        unfinished.append(job[1])
+    if time.time() - start > args.budget_s:
+      unfinished += [j[1] for j in jobs]
+      jobs = []
+    for i, gpu in enumerate(slots):
+      if i not in running and jobs:
+        job = jobs.pop(0)
+        env = dict(os.environ)
+        if gpu:
+          env["CUDA_VISIBLE_DEVICES"] = gpu
+        log = open(os.path.join(args.out_dir, "logs", job[1] + ".log"), "w")
+        running[i] = (job, subprocess.Popen(command(job, args), env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, cwd=ROOT), time.time())
+    time.sleep(0.5)
+  summary = {"finished": finished, "unfinished": unfinished,
+             "wall_s": round(time.time() - start, 1)}
+  with open(os.path.join(args.out_dir, "grid_summary.json"), "a") as f:
+    f.write(json.dumps(summary) + "\n")
+  failed = [f for f in finished if f[1] != 0]
+  print(f"finished {len(finished)} (failed {len(failed)}: {failed}), "
+        f"unfinished {len(unfinished)}: {unfinished}", flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,64 @@
+r"""Trains every (seed, learning rate) pair of one experiment at once (vmapped) and appends one
+JSON row per run to --results.
+
+    python experiments/sweep.py --config=configs/mqar_paper.py:24 \
+        --config.model.mixer=deltanet --seeds=0,1,2 --learning_rates=3e-4,1e-3,3e-3 \
+        --workdir=runs/paper24-deltanet --results=results.jsonl --tag='{"grid": "capacity"}'
+
+Each run equals `experiments/train.py` with that seed and `--config.train.learning_rate`
+(`vla_jax.training.sweep`). Re-running with the same --workdir resumes from its checkpoint.
+Rows carry test and validation scores (choose a rate on validation, report test), the task's
+settings and the --tag fields.
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
+                                          lock_config=True)
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (parameters and data).")
+_LRS = flags.DEFINE_list("learning_rates", ["1e-3"], "Peak learning rates.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (resumes from checkpoints).")
+_RESULTS = flags.DEFINE_string("results", None, "JSONL file the rows are appended to.")
+_TAG = flags.DEFINE_string("tag", "{}", "JSON object of fields added to every row.")
+_STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Stop after this many steps.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  from vla_jax.training import from_config_dict  # pylint: disable=g-import-not-at-top
+  from vla_jax.training.sweep import train_sweep  # pylint: disable=g-import-not-at-top
+
+  tag = json.loads(_TAG.value)
+  if not isinstance(tag, dict):
+    raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r}")
+  config = from_config_dict(_CONFIG.value)
+  rows = train_sweep(config, [int(s) for s in _SEEDS.value], [float(r) for r in _LRS.value],
+                     _WORKDIR.value, stop_after=_STOP_AFTER.value,
+                     log=lambda line: print(line, file=sys.stderr, flush=True))
+  model = config.model
+  for row in rows:
+    row = {**tag, **row, "task_fields": dict(config.task_fields),
+           "model": {"d_model": model.d_model, "num_layers": model.num_layers,
+                     "num_heads": model.num_heads, "head_dim": model.head_dim,
+                     "impl": model.impl, "mixer_options": dict(model.mixer_options)},
+           "batch_size": config.train.batch_size}
+    line = json.dumps(row, sort_keys=True)
+    print(line, flush=True)
+    if _RESULTS.value:
+      with open(_RESULTS.value, "a") as f:
+        f.write(line + "\n")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,73 @@
+"""Vmapped sweeps (`vla_jax.training.sweep`): each stacked run equals the single run that
+`train_and_evaluate` makes with its seed and learning rate, and an interrupted sweep resumes."""
+
+import json
+import os
+import pathlib
+import sys
+
+import chex
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from configs import base  # noqa: E402
+from vla_jax.training import from_config_dict, train_and_evaluate  # noqa: E402
+from vla_jax.training.sweep import train_sweep  # noqa: E402
+
+
+def tiny_config(**train):
+  config = base.get_base_config()
+  config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
+  config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
+                       "impl": "scan"})
+  config.train.update({"batch_size": 8, "num_steps": 6, "learning_rate": 1e-2,
+                       "warmup_steps": 2, "eval_every": 0, "checkpoint_every": 0,
+                       "eval_examples": 24, "eval_batch_size": 16, "log_every": 1, **train})
+  return from_config_dict(config)
+
+
+def _losses(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if '"loss"' in line]
+
+
+def test_each_stacked_run_equals_its_single_run(tmp_path):
+  config = tiny_config()
+  seeds, rates = [0, 3], [1e-2, 3e-3]
+  rows = train_sweep(config, seeds, rates, str(tmp_path / "sweep"), log=lambda s: None)
+  assert [(r["seed"], r["learning_rate"]) for r in rows] == [(0, 1e-2), (0, 3e-3), (3, 1e-2),
+                                                              (3, 3e-3)]
+  sweep_losses = np.array([r["loss"] for r in _losses(tmp_path / "sweep")])  # [steps, R]
+  for index in (1, 2):  # a second rate of seed 0, and the first rate of seed 3
+    seed, lr = rows[index]["seed"], rows[index]["learning_rate"]
+    single = tiny_config(seed=seed, learning_rate=lr)
+    summary = train_and_evaluate(single, str(tmp_path / f"single{index}"), log=lambda s: None)
+    single_losses = np.array([r["loss"] for r in _losses(tmp_path / f"single{index}")])
+    chex.assert_trees_all_close(sweep_losses[:, index], single_losses, rtol=1e-4)
+    assert abs(rows[index]["test"]["mqar"]["accuracy"] - summary["accuracy"]) <= 1 / 72
+  assert all(not r["diverged"] for r in rows)
+  for r in rows:  # the validation set is another draw than the test set
+    assert r["validation"]["mqar"]["targets"] == r["test"]["mqar"]["targets"] == 72
+  assert (tmp_path / "sweep" / "sweep_results.jsonl").exists()
+
+
+def test_interrupted_sweep_resumes_exactly(tmp_path):
+  config = tiny_config(num_steps=6, checkpoint_every=2)
+  full = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "full"), log=lambda s: None)
+  assert train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "part"), stop_after=3,
+                     log=lambda s: None) == []
+  resumed = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "part"), log=lambda s: None)
+  assert [r["train_loss"] for r in resumed] == [r["train_loss"] for r in full]
+  assert [r["test"] for r in resumed] == [r["test"] for r in full]
+  with pytest.raises(ValueError, match="other runs"):
+    train_sweep(config, [2], [1e-2], str(tmp_path / "part"), log=lambda s: None)
+
+
+@pytest.mark.parametrize("seeds, rates, match", [
+    ([], [1e-3], "at least one"), ([0, 0], [1e-3], "repeat"), ([0], [-1.0], "positive")])
+def test_bad_sweeps_fail_early(tmp_path, seeds, rates, match):
+  with pytest.raises(ValueError, match=match):
+    train_sweep(tiny_config(), seeds, rates, str(tmp_path), log=lambda s: None)

@@ -1,0 +1,260 @@
+"""`train_sweep`: every (seed, learning rate) pair of one experiment, trained at once.
+
+The R = len(seeds) * len(learning_rates) runs share one model definition; their parameters and
+optimizer states are stacked along a leading axis and one `jax.vmap`-ed step trains them all,
+so a small model's sweep costs about one run's kernel launches. Each run is exactly the run
+`train_and_evaluate` would make with that seed and learning rate:
+
+- parameters initialised from `nnx.Rngs(seed)`, batches `task.train_batch(seed, step)`;
+- the optimizer is `make_optimizer` with peak learning rate 1, its updates scaled by the run's
+  rate. AdamW's update is lr(t) (adam(t) + wd p) and the warmup-cosine schedule is linear in
+  its peak, so this equals the optimizer built with that peak rate.
+
+Each run is scored on two held-out sets: "test" (`task.eval_sets(seed)`, the set
+`train_and_evaluate` reports) and "validation" (drawn with seed + VALIDATION_OFFSET), so that a
+learning rate can be chosen on validation and reported on test.
+
+The stacked state is checkpointed with orbax under `workdir`, so an interrupted sweep resumes
+at its last checkpoint; batches are a pure function of (seed, step).
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from vla_jax.models import LanguageModel
+from vla_jax.tasks import IGNORE
+from vla_jax.training import checkpoint as ckpt
+from vla_jax.training.config import ExperimentConfig
+from vla_jax.training.train import lm_loss, make_optimizer
+
+VALIDATION_OFFSET = 1_000_003
+RESULTS_FILE = "sweep_results.jsonl"
+
+
+def _stack(trees):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+class SweepTrainer:
+  """The stacked state and the vmapped steps of R runs of one `ExperimentConfig`.
+
+  Attributes:
+    runs: [(seed, learning_rate)] in stacking order (seeds outer, rates inner).
+    init_state: {"step": int32 [], "params": pytree with leading axis R, "opt_state": same}.
+  """
+
+  def __init__(self, config: ExperimentConfig, seeds, learning_rates):
+    seeds = [int(s) for s in seeds]
+    rates = [float(r) for r in learning_rates]
+    if not seeds or not rates:
+      raise ValueError(f"train_sweep needs at least one seed and one learning rate; got "
+                       f"seeds={seeds}, learning_rates={rates}")
+    if len(set(seeds)) != len(seeds) or len(set(rates)) != len(rates):
+      raise ValueError(f"seeds and learning_rates must not repeat; got {seeds}, {rates}")
+    bad = [r for r in rates if not (r > 0 and math.isfinite(r))]
+    if bad:
+      raise ValueError(f"learning rates must be positive and finite; got {bad}")
+    self.config = config
+    self.seeds, self.rates = seeds, rates
+    self.runs = [(s, r) for s in seeds for r in rates]
+    self.task = config.make_task()
+    per_seed = {}
+    for s in seeds:
+      graphdef, params, rest = nnx.split(LanguageModel(config.model, rngs=nnx.Rngs(s)),
+                                         nnx.Param, ...)
+      per_seed[s] = params
+    self.graphdef, self.rest = graphdef, rest
+    params = _stack([per_seed[s] for s, _ in self.runs])
+    self.tx, self.schedule = make_optimizer(dataclasses.replace(config.train, learning_rate=1.0))
+    self.lrs = jnp.asarray([r for _, r in self.runs], jnp.float32)
+    self.init_state = {"step": jnp.zeros((), jnp.int32), "params": params,
+                       "opt_state": jax.vmap(self.tx.init)(params)}
+    self.train_step = jax.jit(self._train_step, donate_argnums=0)
+    self.eval_step = jax.jit(jax.vmap(self._eval_one))
+
+  @property
+  def size(self):
+    return len(self.runs)
+
+  def model(self, params):
+    """The `LanguageModel` of one run's (unstacked) parameters."""
+    return nnx.merge(self.graphdef, params, self.rest)
+
+  def run_params(self, params, index):
+    return jax.tree.map(lambda x: x[index], params)
+
+  def _train_one(self, params, opt_state, lr, inputs, labels):
+    def loss_fn(p):
+      return lm_loss(self.model(p)(inputs), labels)
+
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = self.tx.update(grads, opt_state, params)
+    updates = jax.tree.map(lambda x: lr * x, updates)
+    params = optax.apply_updates(params, updates)
+    acc = aux["correct"].sum() / jnp.maximum(aux["targets"].sum(), 1)
+    return params, opt_state, loss, acc
+
+  def _train_step(self, state, inputs, labels):
+    """inputs, labels: [R, B, T]. Returns the new state and per-run loss and accuracy [R]."""
+    params, opt_state, loss, acc = jax.vmap(self._train_one)(
+        state["params"], state["opt_state"], self.lrs, inputs, labels)
+    return ({"step": state["step"] + 1, "params": params, "opt_state": opt_state},
+            {"loss": loss, "accuracy": acc})
+
+  def _eval_one(self, params, inputs, labels):
+    _, aux = lm_loss(self.model(params)(inputs), labels)
+    return jnp.stack([aux["correct"], aux["targets"]], axis=1)
+
+  def batch(self, step):
+    """Host batches of every run at `step`: inputs, labels [R, B, T] (runs of one seed share
+    their data)."""
+    bs = self.config.train.batch_size
+    data = {s: self.task.train_batch(s, step, bs) for s in self.seeds}
+    return (np.stack([data[s][0] for s, _ in self.runs]),
+            np.stack([data[s][1] for s, _ in self.runs]))
+
+  def eval_sets(self, seed_offset=0):
+    """{name: (inputs, labels) [R, N, T]}: each run scored on its own seed's sets."""
+    n = self.config.train.eval_examples
+    per_seed = {s: self.task.eval_sets(s + seed_offset, n) for s in self.seeds}
+    names = list(per_seed[self.seeds[0]])
+    return {name: (np.stack([per_seed[s][name][0] for s, _ in self.runs]),
+                   np.stack([per_seed[s][name][1] for s, _ in self.runs])) for name in names}
+
+  def evaluate(self, params, eval_sets):
+    """Per-run scores: a list of R dicts {set name: {accuracy, exact_match, targets}}."""
+    bs = self.config.train.eval_batch_size
+    results = [{} for _ in self.runs]
+    for name, (inputs, labels) in eval_sets.items():
+      counts = []
+      for lo in range(0, inputs.shape[1], bs):
+        x, y = inputs[:, lo:lo + bs], labels[:, lo:lo + bs]
+        pad = bs - x.shape[1]
+        if pad:
+          x = np.pad(x, ((0, 0), (0, pad), (0, 0)))
+          y = np.pad(y, ((0, 0), (0, pad), (0, 0)), constant_values=IGNORE)
+        counts.append(np.asarray(self.eval_step(params, x, y))[:, :bs - pad])
+      counts = np.concatenate(counts, axis=1)                       # [R, N, 2]
+      for r in range(self.size):
+        targets = int(counts[r, :, 1].sum())
+        results[r][name] = {
+            "accuracy": float(counts[r, :, 0].sum() / max(targets, 1)),
+            "exact_match": float(np.mean(counts[r, :, 0] == counts[r, :, 1])),
+            "targets": targets}
+    if self.task.name == "copy":
+      self._add_generation_scores(params, eval_sets, results)
+    return results
+
+  def _add_generation_scores(self, params, eval_sets, results):
+    from vla_jax.tasks import copy as copy_task  # pylint: disable=import-outside-toplevel
+    bs = self.config.train.eval_batch_size
+    for r in range(self.size):
+      model = self.model(self.run_params(params, r))
+      for name, (inputs, _) in eval_sets.items():
+        prompts, strings = copy_task.generation_split(inputs[r])
+        hits = []
+        for lo in range(0, prompts.shape[0], bs):
+          out = model.generate(prompts[lo:lo + bs], strings.shape[1])
+          hits.append(np.asarray(out[:, prompts.shape[1]:]) == strings[lo:lo + bs])
+        hits = np.concatenate(hits)
+        results[r][name].update({"generated_accuracy": float(hits.mean()),
+                                 "generated_exact_match": float(hits.all(axis=1).mean())})
+
+
+def _prefetch(trainer, start, end, depth=4):
+  """Yields trainer.batch(step) for step in [start, end), generated ahead on a thread."""
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    pending = [pool.submit(trainer.batch, s) for s in range(start, min(end, start + depth))]
+    for step in range(start, end):
+      batch = pending.pop(0).result()
+      if step + depth < end:
+        pending.append(pool.submit(trainer.batch, step + depth))
+      yield step, batch
+
+
+def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, stop_after=None,
+                log=print):
+  """Trains every (seed, learning rate) pair of `config` at once; resumes from `workdir`.
+
+  Args:
+    config: the experiment; `config.train.seed` and `learning_rate` are replaced by the runs'.
+    seeds, learning_rates: lists; the runs are their product.
+    workdir: output folder (config.json, checkpoints/, metrics.jsonl, sweep_results.jsonl).
+    stop_after: stop with a checkpoint once this many steps are done (an interruption).
+    log: called with progress lines.
+
+  Returns:
+    One dict per run: seed, learning_rate, mixer, task, steps, train_loss, diverged, test and
+    validation scores ({set: {accuracy, exact_match, targets, ...}}), wall_s. The same rows
+    are written to `workdir/sweep_results.jsonl` when the sweep finishes.
+  """
+  start_time = time.time()
+  tc = config.train
+  trainer = SweepTrainer(config, seeds, learning_rates)
+  os.makedirs(workdir, exist_ok=True)
+  sweep = {"seeds": trainer.seeds, "learning_rates": trainer.rates}
+  config_path = os.path.join(workdir, ckpt.CONFIG_FILE)
+  if os.path.exists(config_path) and ckpt.read_config(workdir).get("sweep") != sweep:
+    raise ValueError(f"{workdir} holds a sweep over other runs "
+                     f"({ckpt.read_config(workdir).get('sweep')}); use a new workdir")
+  ckpt.write_config(workdir, json.dumps({**json.loads(config.to_json()), "sweep": sweep},
+                                        sort_keys=True))
+  checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints)
+  state, start = trainer.init_state, 0
+  if checkpointer.latest_step() is not None:
+    state = checkpointer.restore(state)
+    start = int(state["step"])
+    log(f"resumed from step {start} in {checkpointer.directory}")
+  end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
+  log(f"sweep task={trainer.task.name} mixer={config.model.mixer} runs={trainer.size} "
+      f"steps {start}->{end}")
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  losses = np.full(trainer.size, np.nan)
+  tick, tick_step = time.time(), start
+  for step, (inputs, labels) in _prefetch(trainer, start, end):
+    state, metrics = trainer.train_step(state, inputs, labels)
+    done = step + 1
+    if done % tc.log_every == 0 or done == end:
+      metrics = jax.device_get(metrics)
+      losses = np.asarray(metrics["loss"], np.float64)
+      now = time.time()
+      rate = (done - tick_step) / max(now - tick, 1e-9)
+      tick, tick_step = now, done
+      with open(metrics_path, "a") as f:
+        f.write(json.dumps({"step": done, "loss": losses.tolist(),
+                            "accuracy": np.asarray(metrics["accuracy"]).tolist(),
+                            "steps_per_s": rate}) + "\n")
+      finite = losses[np.isfinite(losses)]
+      best = f"{finite.min():.4f}" if finite.size else "nan"
+      log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
+          f"diverged {trainer.size - finite.size}/{trainer.size} {rate:.2f} steps/s")
+    if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
+      checkpointer.save(done, state)
+  final = int(state["step"])
+  if checkpointer.latest_step() != final:
+    checkpointer.save(final, state)
+  checkpointer.close()
+  if final < tc.num_steps:
+    return []
+  test = trainer.evaluate(state["params"], trainer.eval_sets())
+  validation = trainer.evaluate(state["params"], trainer.eval_sets(VALIDATION_OFFSET))
+  wall = round(time.time() - start_time, 2)
+  rows = []
+  for r, (seed, lr) in enumerate(trainer.runs):
+    rows.append({"task": trainer.task.name, "mixer": config.model.mixer, "seed": seed,
+                 "learning_rate": lr, "steps": final, "train_loss": float(losses[r]),
+                 "diverged": not math.isfinite(losses[r]), "test": test[r],
+                 "validation": validation[r], "wall_s": wall})
+  with open(os.path.join(workdir, RESULTS_FILE), "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in rows)
+  return rows
