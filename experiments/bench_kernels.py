@@ -9,7 +9,12 @@ flops / 800 TFLOP/s), bytes = inputs read once and outputs written once, flops =
 products of the chunked algorithm (penalty path + state path, x3 for forward + backward).
 
     python experiments/bench_kernels.py --out DIR [--Ts 512,2048,8192] [--impls pallas,cudnn]
-        [--block_v 64] [--chunk 64] [--reps 20]
+        [--block_v 64] [--chunk 64] [--reps 20] [--prep xla,kernel] [--prep_dot tf32x3,ieee]
+
+`--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
+rows time the `chunk_prep` kernel in the forward (the backward is the XLA path's either way).
+`--breakdown` also times parts alone (forward): the XLA penalty path, the state path (XLA prep +
+kernels) and, when "kernel" is in --prep, the chunk-prep kernel alone on precomputed inputs.
 """
 
 import argparse
@@ -23,7 +28,9 @@ import numpy as np
 
 from timing import median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
+from vla_jax.kernels.chunk_prep import chunk_prep
 from vla_jax.kernels.penalty import penalty_parallel
+from vla_jax.kernels.vla import _chunk_start_matrices
 from vla_jax.ops.vla import vla_recurrence
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -71,6 +78,17 @@ def part_fns(part, cfg, q, k, v, u):
   B, T, H_, d = q.shape
   C = cfg.chunk_size
   hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)        # [B, H, T, d]
+  if part == "prep_kernel_only":
+    fl = lambda x: hm(x).reshape(B * H_, T, d)
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
+    M = _chunk_start_matrices(hm(u), A0, C, jnp.float32).reshape(B * H_, T // C, d, d)
+    e = fl(k) / jnp.linalg.norm(fl(k), axis=-1, keepdims=True)
+    fl_raw = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H_, T, d)
+    fn = lambda M, e, u, q, v: chunk_prep(M, e, u, q, v, chunk_size=C, precision=cfg.precision,
+                                          refine=cfg.refine, prep_dot=cfg.prep_dot,
+                                          num_warps=cfg.num_warps)
+    xs = jax.block_until_ready((M, e, fl_raw(u), fl_raw(q), fl_raw(v)))
+    return jax.jit(fn), None, xs
   if part == "penalty_only":
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
     ch = lambda x: hm(x).reshape(B, H_, T // C, C, d)
@@ -105,11 +123,16 @@ def main():
   parser.add_argument("--no_bwd", action="store_true", help="forward rows only")
   parser.add_argument("--solver", default="triangular_solve",
                       help="comma list of KernelConfig.solver values for the pallas rows")
+  parser.add_argument("--prep", default="xla",
+                      help="comma list of KernelConfig.prep values (xla, kernel) for the pallas rows")
+  parser.add_argument("--prep_dot", default="tf32x3",
+                      help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
   Ts = [int(t) for t in args.Ts.split(",")]
   impls = args.impls.split(",")
+  preps = args.prep.split(",")
   print(jax.devices(), flush=True)
 
   rows = []
@@ -119,11 +142,23 @@ def main():
     variants = []
     for impl in impls:
       if impl == "pallas":
-        variants += [(f"pallas(bv={bv},{sv[:4]})", "pallas", (int(bv), sv))
-                     for bv in args.block_v.split(",") for sv in args.solver.split(",")]
+        for prep in preps:
+          dots = args.prep_dot.split(",") if prep == "kernel" else ["tf32x3"]
+          sv_list = args.solver.split(",") if prep == "xla" else ["triangular_solve"]
+          variants += [(f"pallas(bv={bv},{sv[:4]},prep={prep}"
+                        + (f",{pd})" if prep == "kernel" else ")"), "pallas",
+                        dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd))
+                       for bv in args.block_v.split(",") for sv in sv_list for pd in dots]
         if args.breakdown:
-          variants += [(f"{part}({sv[:4]})", part, (int(args.block_v.split(",")[0]), sv))
-                       for part in ("penalty_only", "state_only") for sv in args.solver.split(",")]
+          bv0 = int(args.block_v.split(",")[0])
+          if "xla" in preps:
+            variants += [(f"{part}({sv[:4]})", part, dict(block_v=bv0, solver=sv))
+                         for part in ("penalty_only", "state_only")
+                         for sv in args.solver.split(",")]
+          if "kernel" in preps:
+            variants += [(f"prep_kernel_only({pd})", "prep_kernel_only",
+                          dict(block_v=bv0, prep="kernel", prep_dot=pd))
+                         for pd in args.prep_dot.split(",")]
       elif impl == "scan" and T > 8192:
         continue
       else:
@@ -134,16 +169,15 @@ def main():
         if impl == "cudnn":
           fwd, bwd = cudnn_fns()
           xs = (q, k, v)
-        elif impl in ("penalty_only", "state_only"):
-          cfg = KernelConfig(chunk_size=args.chunk, block_v=bv[0], solver=bv[1])
+        elif impl in ("penalty_only", "state_only", "prep_kernel_only"):
+          cfg = KernelConfig(chunk_size=args.chunk, **bv)
           fwd, bwd, xs = part_fns(impl, cfg, q, k, v, u)
         else:
-          cfg = KernelConfig(chunk_size=args.chunk, **(
-              {"block_v": bv[0], "solver": bv[1]} if bv else {}))
+          cfg = KernelConfig(chunk_size=args.chunk, **(bv or {}))
           fwd, bwd = vla_fns(impl, cfg, B, T)
           xs = (q, k, v, u)
         row["fwd_ms"] = median_ms(fwd, xs, args.warmup, args.reps)
-        if not args.no_bwd:
+        if not args.no_bwd and bwd is not None:
           row["fwd_bwd_ms"] = median_ms(bwd, xs, args.warmup, max(3, args.reps // 2))
         if impl in ("pallas",):
           row["floor_fwd_ms"] = floor_ms(B, T, args.chunk, False)

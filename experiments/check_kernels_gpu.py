@@ -7,6 +7,10 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
 (against the float64 reference on the bf16-rounded inputs). Prints a table; exits 1 on failure.
 
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
+        [--prep xla,kernel] [--prep_dot tf32x3]
+
+Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" checks the chunk-prep
+kernel's forward (its gradients are the XLA path's, checked too).
 """
 
 import argparse
@@ -73,9 +77,11 @@ def reference(qkvu, S0, wo, C):
     return [np.asarray(x) for x in (o, st.S, st.A)], [np.asarray(g) for g in grads]
 
 
-def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_solve"):
+def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_solve",
+          prep="xla", prep_dot="tf32x3"):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
-  cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver)
+  cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
+                     prep_dot=prep_dot)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -114,6 +120,8 @@ def main():
   parser.add_argument("--long_T", type=int, default=131072)
   parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
   parser.add_argument("--solver", default="triangular_solve", help="KernelConfig.solver")
+  parser.add_argument("--prep", default="xla,kernel", help="comma list of KernelConfig.prep")
+  parser.add_argument("--prep_dot", default="tf32x3", help="KernelConfig.prep_dot")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
@@ -125,14 +133,16 @@ def main():
       (jnp.bfloat16, DEFAULT, args.max_T)]
   cases += [(jnp.float32, DEFAULT, min(4096, args.max_T))]
   rows, ok = [], True
-  for dtype, precision, T in cases:
+  for (dtype, precision, T), prep in ((c, p) for c in cases for p in args.prep.split(",")):
     name = jnp.dtype(dtype).name
     t0 = time.perf_counter()
-    errs, finite = check(dtype, precision, T, solver=args.solver)
+    errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
+                         prep_dot=args.prep_dot)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
-    row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver, **errs, "finite": finite,
+    row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
+           "prep": prep if prep == "xla" else f"kernel({args.prep_dot})", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)
     print(json.dumps(row), flush=True)
@@ -143,10 +153,10 @@ def main():
     ok &= long["finite"]
 
   names = ["o", "S", "A", "dq", "dk", "dv", "du", "dS0"]
-  print("\n| dtype | precision | T | " + " | ".join(names) + " | bound | pass |")
-  print("|" + " --- |" * (len(names) + 5))
+  print("\n| dtype | precision | T | prep | " + " | ".join(names) + " | bound | pass |")
+  print("|" + " --- |" * (len(names) + 6))
   for r in rows:
-    print(f"| {r['dtype']} | {r['precision']} | {r['T']} | "
+    print(f"| {r['dtype']} | {r['precision']} | {r['T']} | {r['prep']} | "
           + " | ".join(f"{r[n]:.1e}" for n in names)
           + f" | {r['bound'] if r['bound'] else 'info'} | {r['pass']} |")
   if long:
