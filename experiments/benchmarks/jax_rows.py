@@ -1,0 +1,77 @@
+"""The JAX functions the suite times, and their inputs.
+
+Every function takes a tuple of arrays and returns o [B, T, H, d]. The forward+backward variant
+is the gradient of sum(o * c) with respect to every input, c a fixed random cotangent.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vla_jax import deltanet, gated_deltanet, linear_attention, vla_recurrence
+
+
+def make_inputs(op, B, T, H, d, dtype, seed):
+  """Inputs of one call of `op`, float `dtype` ([B, T, H, d] tensors; [B, T, H] gates)."""
+  ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+  shape = (B, T, H, d)
+  q, k, v = (jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in ks[:3])
+  if op == "vla":
+    u = (jax.random.normal(ks[3], shape, jnp.float32) / np.sqrt(d)).astype(dtype)
+    return (q, k, v, u)
+  if op == "softmax_attention" or op == "linear_attention":
+    return (q, k, v)
+  beta = jnp.ones((B, T, H), dtype)
+  if op == "deltanet":
+    return (q, k, v, beta)
+  if op == "gated_deltanet":
+    decay = jax.random.uniform(ks[4], (B, T, H), jnp.float32, minval=0.9, maxval=1.0)
+    return (q, k, v, beta, jnp.log(decay).astype(dtype))
+  raise ValueError(f"unknown op {op!r}")
+
+
+def forward(op, impl, chunk):
+  """fn(*inputs) -> o."""
+  if op == "vla":
+    return lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]
+  if op == "softmax_attention":
+    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                        implementation=impl)
+  if op == "linear_attention":
+    return lambda q, k, v: linear_attention(q, k, v, impl=impl, chunk_size=chunk)[0]
+  if op == "deltanet":
+    return lambda q, k, v, beta: deltanet(q, k, v, beta, impl=impl, chunk_size=chunk)[0]
+  if op == "gated_deltanet":
+    return lambda q, k, v, beta, g: gated_deltanet(q, k, v, beta, g, impl=impl,
+                                                   chunk_size=chunk)[0]
+  raise ValueError(f"unknown op {op!r}")
+
+
+def with_backward(fwd, n_inputs):
+  """fn(*inputs, cotangent) -> gradients of sum(fwd(*inputs) * cotangent) wrt every input."""
+  def loss(*args):
+    *xs, cot = args
+    return jnp.sum(fwd(*xs).astype(jnp.float32) * cot.astype(jnp.float32))
+  return jax.grad(loss, argnums=tuple(range(n_inputs)))
+
+
+def input_sets(op, B, T, H, d, dtype, n_sets, backward):
+  sets = []
+  for s in range(n_sets):
+    xs = make_inputs(op, B, T, H, d, dtype, seed=100 * s + 1)
+    if backward:
+      cot = jax.random.normal(jax.random.PRNGKey(100 * s + 7), (B, T, H, d),
+                              jnp.float32).astype(dtype)
+      xs = xs + (cot,)
+    sets.append(xs)
+  return sets
+
+
+def build(op, impl, pass_, B, T, H, d, dtype, chunk, n_sets=2):
+  """(fn, input sets) for one row."""
+  dtype = jnp.dtype(dtype)
+  fwd = forward(op, impl, chunk)
+  sets = input_sets(op, B, T, H, d, dtype, n_sets, backward=(pass_ == "fwd+bwd"))
+  if pass_ == "fwd":
+    return fwd, sets
+  return with_backward(fwd, len(sets[0]) - 1), sets

@@ -1,0 +1,405 @@
+"""Writes BENCHMARKS.md (tables and verdicts computed from the rows) and log-log plots from the
+JSONL files `run.py` wrote.
+
+    python3 experiments/benchmarks/report.py --jsonl OUT/bench.jsonl [MORE.jsonl ...]
+        --out BENCHMARKS.md --plots DIR
+
+Later files (and later lines) win when a row (op, impl, pass, T, B, H, d, dtype) repeats.
+Needs only the standard library, plus matplotlib for the plots.
+"""
+
+import argparse
+import json
+import math
+import os
+from collections import OrderedDict
+
+OP_NAMES = {"vla": "VLA", "softmax_attention": "softmax", "deltanet": "DeltaNet",
+            "gated_deltanet": "Gated DeltaNet", "linear_attention": "linear attn"}
+PASSES = ("fwd", "fwd+bwd")
+PALLAS = "VLA pallas"
+CUDNN = "softmax cudnn"
+FLA = "DeltaNet fla_chunk_delta_rule"
+
+
+def label(row):
+  return f"{OP_NAMES.get(row['op'], row['op'])} {row['impl']}"
+
+
+def load(paths):
+  headers, rows = [], OrderedDict()
+  for path in paths:
+    with open(path) as f:
+      for line in f:
+        line = line.strip()
+        if not line:
+          continue
+        obj = json.loads(line)
+        if obj.get("kind") == "header":
+          headers.append((path, obj))
+          continue
+        key = tuple(obj.get(k) for k in ("op", "impl", "pass", "T", "B", "H", "d", "dtype"))
+        rows.pop(key, None)
+        rows[key] = obj
+  return headers, list(rows.values())
+
+
+class Data:
+  """Rows indexed by (d, pass) -> label -> T -> row."""
+
+  def __init__(self, rows):
+    self.rows = rows
+    self.timed = [r for r in rows if r.get("pass") in PASSES and r.get("T") is not None]
+    self.dims = sorted({r["d"] for r in self.timed})
+    self.Ts = sorted({r["T"] for r in self.timed})
+    self.labels = list(OrderedDict.fromkeys(label(r) for r in self.timed))
+    self.index = {}
+    for r in self.timed:
+      self.index.setdefault((r["d"], r["pass"]), {}).setdefault(label(r), {})[r["T"]] = r
+
+  def get(self, d, pass_, lab, T):
+    return self.index.get((d, pass_), {}).get(lab, {}).get(T)
+
+  def ms(self, d, pass_, lab, T):
+    r = self.get(d, pass_, lab, T)
+    return r["ms"] if r and r.get("status") == "ok" and r.get("ms") else None
+
+  def labels_for(self, d, pass_):
+    have = self.index.get((d, pass_), {})
+    return [lab for lab in self.labels if lab in have]
+
+  def batch(self, T):
+    for r in self.timed:
+      if r["T"] == T:
+        return r["B"]
+    return None
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+def fmt(x, digits=3):
+  if x is None:
+    return "-"
+  if x == 0:
+    return "0"
+  mag = abs(x)
+  if mag >= 1000:
+    return f"{x:,.0f}"
+  return f"{x:.{digits}g}"
+
+
+def cell(row, value):
+  if row is None:
+    return ""
+  status = row.get("status")
+  if status == "ok":
+    return fmt(value)
+  return {"OOM": "OOM", "skipped": "skip", "error": "err"}.get(status, status or "?")
+
+
+def table(header, body):
+  out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+  out += ["| " + " | ".join(str(c) for c in line) + " |" for line in body]
+  return "\n".join(out)
+
+
+def metric_table(data, d, pass_, value_fn, Ts=None):
+  labs = data.labels_for(d, pass_)
+  body = []
+  for T in Ts or data.Ts:
+    line = [f"{T:,}", data.batch(T)]
+    for lab in labs:
+      r = data.get(d, pass_, lab, T)
+      line.append(cell(r, value_fn(r) if r and r.get("status") == "ok" else None))
+    body.append(line)
+  return table(["T", "B"] + labs, body)
+
+
+def tokens_per_s(r):
+  return r["B"] * r["T"] / (r["ms"] / 1e3) if r.get("ms") else None
+
+
+# -- verdicts -----------------------------------------------------------------------------------
+
+def ratio_series(data, d, pass_, num, den):
+  out = []
+  for T in data.Ts:
+    a, b = data.ms(d, pass_, num, T), data.ms(d, pass_, den, T)
+    if a and b:
+      out.append((T, a / b))
+  return out
+
+
+def crossover(series):
+  """(kind, value): kind "always" (ratio < 1 at every T), "never" (>= 1 at every T),
+  "at" (T interpolated in log-log where the ratio last goes below 1), "none" (no data)."""
+  if not series:
+    return "none", None
+  if all(r < 1 for _, r in series):
+    return "always", None
+  if all(r >= 1 for _, r in series):
+    return "never", None
+  last_change = None
+  for (t0, r0), (t1, r1) in zip(series, series[1:]):
+    if r0 >= 1 > r1:
+      frac = math.log(r0) / (math.log(r0) - math.log(r1))
+      last_change = math.exp(math.log(t0) + frac * (math.log(t1) - math.log(t0)))
+  if last_change is None or series[-1][1] >= 1:
+    return "mixed", None
+  return "at", last_change
+
+
+def crossover_sentence(data, d, pass_, other, other_name):
+  series = ratio_series(data, d, pass_, PALLAS, other)
+  kind, value = crossover(series)
+  if kind == "none":
+    return f"no T with both VLA pallas and {other_name} measured"
+  lo, hi = min(r for _, r in series), max(r for _, r in series)
+  Tmax = series[-1][0]
+  if kind == "always":
+    return (f"VLA pallas is faster than {other_name} at every measured T "
+            f"({fmt(1 / hi)}x to {fmt(1 / lo)}x faster)")
+  if kind == "never":
+    return (f"**VLA pallas is slower than {other_name} at every measured T up to {Tmax:,}** "
+            f"({fmt(lo)}x to {fmt(hi)}x its time); no crossover in range")
+  if kind == "mixed":
+    worse = [T for T, r in series if r >= 1]
+    return (f"VLA pallas and {other_name} trade places; VLA pallas is slower at T = "
+            + ", ".join(f"{T:,}" for T in worse) + f" (up to {fmt(hi)}x)")
+  slower = [T for T, r in series if r >= 1]
+  return (f"VLA pallas is slower than {other_name} below T ~ {value:,.0f} (slower at T = "
+          + ", ".join(f"{T:,}" for T in slower) + f", by up to {fmt(hi)}x) and faster from "
+          f"there up to T = {Tmax:,}")
+
+
+def fastest_summary(data, d, pass_):
+  """Lines: at each T, the fastest row and VLA pallas's place."""
+  body = []
+  for T in data.Ts:
+    times = [(data.ms(d, pass_, lab, T), lab) for lab in data.labels_for(d, pass_)]
+    times = sorted((t, lab) for t, lab in times if t)
+    if not times:
+      continue
+    best_t, best = times[0]
+    mine = data.ms(d, pass_, PALLAS, T)
+    rank = next((i + 1 for i, (_, lab) in enumerate(times) if lab == PALLAS), None)
+    body.append([f"{T:,}", best, fmt(best_t), fmt(mine),
+                 f"{rank} of {len(times)}" if rank else "-",
+                 fmt(mine / best_t) + "x" if mine else "-"])
+  return body
+
+
+def verdicts(data):
+  lines = []
+  for d in data.dims:
+    for pass_ in PASSES:
+      if not data.labels_for(d, pass_):
+        continue
+      head = f"- d = {d}, {pass_}: "
+      parts = [crossover_sentence(data, d, pass_, CUDNN, "cuDNN causal attention")]
+      fla = ratio_series(data, d, pass_, PALLAS, FLA)
+      if fla:
+        lo, hi = min(r for _, r in fla), max(r for _, r in fla)
+        word = "slower" if lo >= 1 else ("faster" if hi < 1 else "mixed")
+        if word == "slower":
+          parts.append(f"**VLA pallas is slower than fla's chunk_delta_rule (DeltaNet) at every "
+                       f"measured T, taking {fmt(lo)}x to {fmt(hi)}x its time**")
+        elif word == "faster":
+          parts.append(f"VLA pallas takes {fmt(lo)}x to {fmt(hi)}x the time of fla's "
+                       f"chunk_delta_rule")
+        else:
+          parts.append(f"VLA pallas takes {fmt(lo)}x to {fmt(hi)}x the time of fla's "
+                       f"chunk_delta_rule (slower at some T)")
+      wins = [row for row in fastest_summary(data, d, pass_) if row[1] == PALLAS]
+      n = len(fastest_summary(data, d, pass_))
+      if n:
+        parts.append(f"VLA pallas is the fastest row at {len(wins)} of {n} lengths")
+      lines.append(head + "; ".join(parts) + ".")
+  return lines
+
+
+# -- plots --------------------------------------------------------------------------------------
+
+def plots(data, plot_dir, title):
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return []
+  os.makedirs(plot_dir, exist_ok=True)
+  metrics = (("time_vs_T.png", "ms", lambda r: r["ms"]),
+             ("tokens_per_s_vs_T.png", "tokens / s", tokens_per_s),
+             ("memory_vs_T.png", "peak MiB", lambda r: r.get("peak_mib")))
+  paths = []
+  for name, ylabel, fn in metrics:
+    fig, axes = plt.subplots(len(PASSES), len(data.dims), squeeze=False,
+                             figsize=(5.5 * len(data.dims), 4 * len(PASSES)))
+    for i, pass_ in enumerate(PASSES):
+      for j, d in enumerate(data.dims):
+        ax = axes[i][j]
+        for lab in data.labels_for(d, pass_):
+          pts = []
+          for T in data.Ts:
+            r = data.get(d, pass_, lab, T)
+            if r and r.get("status") == "ok" and r.get("ms"):
+              v = fn(r)
+              if v:
+                pts.append((T, v))
+          if pts:
+            style = dict(lw=2.5, color="black") if lab == PALLAS else {}
+            ax.plot(*zip(*pts), marker="o", ms=3, label=lab, **style)
+        ax.set(xscale="log", yscale="log", xlabel="T", ylabel=ylabel, title=f"d = {d}, {pass_}")
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+          ax.legend(fontsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(plot_dir, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+# -- the document -------------------------------------------------------------------------------
+
+def provenance(headers):
+  out = []
+  for path, h in headers:
+    s = h.get("settings", {})
+    versions = ", ".join(f"{k} {h[k]}" for k in ("jax", "jaxlib", "jax-cuda13-plugin",
+                                                  "jax-cuda12-plugin", "torch", "triton",
+                                                  "fla-core", "jax-triton", "python")
+                         if h.get(k))
+    out.append(f"- `{os.path.basename(path)}` ({h.get('time', '?')}): device "
+               f"**{h.get('device', '?')}** (backend {h.get('jax_backend', '?')}"
+               + (f", torch sees {h['torch_device']}" if h.get("torch_device") else "")
+               + f"); {versions}; H = {s.get('heads')}, B * T = {s.get('tokens')}, "
+               f"dtype {s.get('dtype')}, chunk {s.get('chunk')}"
+               + (", **smoke run (CPU, tiny shapes: not a benchmark)**" if s.get("smoke") else ""))
+  return out
+
+
+def not_measured(data):
+  groups = OrderedDict()
+  for r in data.timed:
+    if r.get("status") == "ok":
+      continue
+    key = (r["d"], label(r), r["pass"], r["status"], r.get("note") or "")
+    groups.setdefault(key, []).append(r["T"])
+  body = []
+  for (d, lab, pass_, status, note), Ts in groups.items():
+    span = f"{min(Ts):,}" if len(Ts) == 1 else f"{min(Ts):,} to {max(Ts):,}"
+    body.append([d, lab, pass_, span, status, note.replace("|", "/")[:160]])
+  return body
+
+
+def render(headers, rows, plot_paths, out_path):
+  data = Data(rows)
+  md = ["# Benchmarks", "",
+        "Generated by `experiments/benchmarks/report.py` from the JSON lines of "
+        "`experiments/benchmarks/run.py`; every number and every sentence below is computed "
+        "from those rows.", ""]
+  md += provenance(headers) + [""]
+  md += ["Forward (`fwd`) and forward + backward (`fwd+bwd`: gradient of sum(o * c) with "
+         "respect to every input, c a random cotangent). Medians after warm-up; JAX rows end "
+         "each call with `block_until_ready` and rotate between input sets, torch rows use "
+         "`triton.testing.do_bench(return_mode=\"median\")`. Peak memory: XLA's compiled memory "
+         "analysis (arguments + outputs + temporaries) for JAX rows, "
+         "`torch.cuda.max_memory_allocated` (peak above the inputs, plus the inputs) for torch "
+         "rows. `skip`, `OOM`, `err`: see the last section.", ""]
+  md += ["## Verdict", ""] + (verdicts(data) or ["- no rows"]) + [""]
+
+  if any(data.ms(d, p, PALLAS, T) for d in data.dims for p in PASSES for T in data.Ts):
+    md += ["## Crossover against cuDNN causal attention", "",
+           "T at which VLA pallas becomes faster than `jax.nn.dot_product_attention(..., "
+           "is_causal=True, implementation=\"cudnn\")` (log-log interpolation between measured "
+           "lengths); ratio = VLA pallas time / cuDNN time.", ""]
+    body = []
+    for d in data.dims:
+      for pass_ in PASSES:
+        series = ratio_series(data, d, pass_, PALLAS, CUDNN)
+        kind, value = crossover(series)
+        text = {"always": "faster at every T", "never": "none (slower at every T)",
+                "mixed": "mixed", "none": "no data"}.get(kind) or f"{value:,.0f}"
+        body.append([d, pass_, text, ", ".join(f"{T:,}: {fmt(r)}" for T, r in series) or "-"])
+    md += [table(["d", "pass", "crossover T", "ratio per T"], body), ""]
+
+    md += ["## VLA pallas against fla `chunk_delta_rule`", "",
+           "Ratio of times (VLA pallas / fla DeltaNet), per T; above 1 means VLA pallas is "
+           "slower.", ""]
+    body = []
+    for d in data.dims:
+      for pass_ in PASSES:
+        series = dict(ratio_series(data, d, pass_, PALLAS, FLA))
+        body.append([d, pass_] + [fmt(series.get(T)) for T in data.Ts])
+    md += [table(["d", "pass"] + [f"{T:,}" for T in data.Ts], body), ""]
+
+    md += ["## VLA pallas against the hardware floor", "",
+           "floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s) with bytes = inputs read and "
+           "outputs written once and flops = the chunked algorithm's matrix products "
+           "(`experiments/benchmarks/floor.py`).", ""]
+    body = []
+    for d in data.dims:
+      for pass_ in PASSES:
+        for T in data.Ts:
+          r = data.get(d, pass_, PALLAS, T)
+          if r and r.get("status") == "ok" and r.get("floor_ms"):
+            body.append([d, pass_, f"{T:,}", fmt(r["ms"]), fmt(r["floor_ms"]),
+                         fmt(r["ms"] / r["floor_ms"]) + "x"])
+    md += [table(["d", "pass", "T", "ms", "floor ms", "ms / floor"], body) if body else "-", ""]
+
+  for d in data.dims:
+    md += [f"## d = {d}", ""]
+    for pass_ in PASSES:
+      if not data.labels_for(d, pass_):
+        continue
+      md += [f"### {pass_}: milliseconds", "", metric_table(data, d, pass_, lambda r: r["ms"]), ""]
+      body = fastest_summary(data, d, pass_)
+      if body:
+        md += [f"### {pass_}: fastest row per T", "",
+               table(["T", "fastest", "its ms", "VLA pallas ms", "VLA pallas place",
+                      "VLA pallas / fastest"], body), ""]
+      md += [f"### {pass_}: tokens per second (millions)", "",
+             metric_table(data, d, pass_,
+                          lambda r: tokens_per_s(r) / 1e6 if tokens_per_s(r) else None), ""]
+      md += [f"### {pass_}: peak device memory (MiB)", "",
+             metric_table(data, d, pass_, lambda r: r.get("peak_mib")), ""]
+
+  checks = [r for r in rows if r.get("pass") == "check"]
+  if checks:
+    md += ["## Seed-design Triton kernel: correctness check", "",
+           table(["d", "impl", "status", "note"],
+                 [[r["d"], r["impl"], r["status"], (r.get("note") or "").replace("|", "/")]
+                  for r in checks]), ""]
+  if plot_paths:
+    md += ["## Plots", ""]
+    base = os.path.dirname(os.path.abspath(out_path))
+    md += [f"![{os.path.basename(p)}]({os.path.relpath(os.path.abspath(p), base)})"
+           for p in plot_paths] + [""]
+  missing = not_measured(data)
+  if missing:
+    md += ["## Rows not measured", "",
+           table(["d", "row", "pass", "T", "status", "reason"], missing), ""]
+  return "\n".join(md)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--jsonl", nargs="+", required=True)
+  p.add_argument("--out", default="BENCHMARKS.md")
+  p.add_argument("--plots", default=None, help="folder for the PNG plots (none if omitted)")
+  args = p.parse_args(argv)
+  headers, rows = load(args.jsonl)
+  data = Data(rows)
+  device = ", ".join(dict.fromkeys(h.get("device", "?") for _, h in headers)) or "?"
+  plot_paths = plots(data, args.plots, f"{device}; log-log") if args.plots else []
+  text = render(headers, rows, plot_paths, args.out)
+  with open(args.out, "w") as f:
+    f.write(text)
+  print(f"wrote {args.out} ({len(rows)} rows) and {len(plot_paths)} plots")
+
+
+if __name__ == "__main__":
+  main()
