@@ -1,0 +1,109 @@
+"""The benchmark suite's CPU smoke run and the BENCHMARKS.md generator."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "experiments", "benchmarks")
+sys.path.insert(0, BENCH)
+
+import floor  # pylint: disable=wrong-import-position
+import records  # pylint: disable=wrong-import-position
+import report  # pylint: disable=wrong-import-position
+
+
+def _rows(path):
+  with open(path) as f:
+    lines = [json.loads(line) for line in f if line.strip()]
+  return lines[0], lines[1:]
+
+
+def test_smoke_suite_then_report(tmp_path):
+  out = tmp_path / "bench"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, os.path.join(BENCH, "run.py"), "--smoke", "--out",
+                         str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=240)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  header, rows = _rows(out / "bench.jsonl")
+  assert header["kind"] == "header" and header["settings"]["smoke"]
+  assert header["jax"] and header["device"]
+  for row in rows:
+    assert set(records.FIELDS) <= set(row), row
+    assert row["status"] in ("ok", "OOM", "skipped", "error"), row
+  assert not [r for r in rows if r["status"] == "error"], [r["note"] for r in rows
+                                                            if r["status"] == "error"]
+  ok = {(r["op"], r["impl"], r["pass"], r["T"]) for r in rows if r["status"] == "ok"}
+  for T in (64, 128):
+    assert ("vla", "pallas", "fwd", T) in ok
+    assert ("vla", "chunked", "fwd", T) in ok
+    assert ("softmax_attention", "xla", "fwd", T) in ok
+  assert ("vla", "pallas", "fwd+bwd", 64) in ok
+  for impl in ("fla_chunk_delta_rule", "triton_sequential", "cudnn"):
+    skipped = [r for r in rows if r["impl"].startswith(impl)]
+    assert skipped and all(r["status"] == "skipped" and "no GPU" in r["note"] for r in skipped)
+  pallas = [r for r in rows if r["impl"] == "pallas" and r["status"] == "ok"]
+  assert all(r["ms"] > 0 and r["peak_mib"] > 0 and r["floor_ms"] > 0 for r in pallas)
+
+  md = tmp_path / "BENCHMARKS.md"
+  report.main(["--jsonl", str(out / "bench.jsonl"), "--out", str(md), "--plots",
+               str(tmp_path / "plots")])
+  text = md.read_text()
+  for needle in ("# Benchmarks", "## Verdict", "### fwd: milliseconds",
+                 "### fwd+bwd: peak device memory (MiB)", "VLA pallas", "smoke run",
+                 "## Rows not measured", "no GPU"):
+    assert needle in text, needle
+  pytest.importorskip("matplotlib")
+  assert (tmp_path / "plots" / "time_vs_T.png").stat().st_size > 0
+
+
+def _row(impl, op, pass_, T, ms, d=64):
+  B = max(1, 32768 // T)
+  return {"impl": impl, "op": op, "pass": pass_, "T": T, "B": B, "H": 16, "d": d,
+          "dtype": "bfloat16", "ms": ms, "peak_mib": 100.0, "status": "ok", "note": None,
+          "floor_ms": 0.1 if impl == "pallas" else None}
+
+
+def test_report_verdicts_from_data(tmp_path):
+  Ts = (1024, 2048, 4096, 8192, 16384)
+  rows = []
+  for T in Ts:
+    rows.append(_row("pallas", "vla", "fwd", T, 10.0))
+    rows.append(_row("cudnn", "softmax_attention", "fwd", T, 10.0 * T / 4096))   # crosses at 4096
+    rows.append(_row("fla_chunk_delta_rule", "deltanet", "fwd", T, 1.0))
+    rows.append(_row("pallas", "vla", "fwd+bwd", T, 30.0))
+    rows.append(_row("cudnn", "softmax_attention", "fwd+bwd", T, 1.0))           # never crosses
+  rows.append(dict(_row("xla", "softmax_attention", "fwd", 16384, None), status="OOM",
+                   note="RESOURCE_EXHAUSTED"))
+  path = tmp_path / "rows.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in
+                            [{"kind": "header", "device": "NVIDIA H200", "jax": "0.11.2",
+                              "settings": {"heads": 16, "tokens": 32768}}] + rows) + "\n")
+  md = tmp_path / "B.md"
+  report.main(["--jsonl", str(path), "--out", str(md)])
+  text = md.read_text()
+  assert "NVIDIA H200" in text
+  assert "faster from there" in text and "T ~ 4,096" in text
+  assert "VLA pallas is slower than cuDNN causal attention at every measured T" in text
+  assert "VLA pallas is slower than fla's chunk_delta_rule (DeltaNet) at every measured T" in text
+  assert "10x to 10x" in text
+  assert "| OOM |" in text or "OOM" in text
+
+  data = report.Data(report.load([str(path)])[1])
+  kind, value = report.crossover(report.ratio_series(data, 64, "fwd", report.PALLAS,
+                                                     report.CUDNN))
+  assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
+
+
+def test_floor_matches_bench_kernels():
+  sys.path.insert(0, os.path.join(ROOT, "experiments"))
+  bench_kernels = pytest.importorskip("bench_kernels")
+  for T in (512, 32768):
+    B = max(1, 32768 // T)
+    for backward in (False, True):
+      assert floor.floor_ms(B, T, 16, 64, 64, backward) == pytest.approx(
+          bench_kernels.floor_ms(B, T, 64, backward))
