@@ -68,6 +68,8 @@ class KernelConfig:
     prep_dot: with prep="kernel" on a GPU, how the kernel's factorisation products run:
       "tf32x3" (three TF32 tensor-core products, about float32 accuracy) or "ieee" (full
       float32 on CUDA cores).
+    prep_warps: Triton warps per program of the chunk-prep kernel (its tiles are 16 x 16, so
+      fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -80,6 +82,7 @@ class KernelConfig:
   solver: str = "triangular_solve"
   prep: str = "xla"
   prep_dot: str = "tf32x3"
+  prep_warps: int = 4
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -101,6 +104,8 @@ class KernelConfig:
       raise ValueError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
     if self.prep not in PREPS:
       raise ValueError(f"prep must be one of {PREPS}; got {self.prep!r}")
+    if self.prep_warps not in (1, 2, 4, 8):
+      raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
