@@ -67,11 +67,22 @@ def input_sets(op, B, T, H, d, dtype, n_sets, backward):
   return sets
 
 
+def function(op, impl, pass_, chunk):
+  """The function one row times."""
+  fwd = forward(op, impl, chunk)
+  if pass_ == "fwd":
+    return fwd
+  n_inputs = {"vla": 4, "softmax_attention": 3, "linear_attention": 3, "deltanet": 4,
+              "gated_deltanet": 5}[op]
+  return with_backward(fwd, n_inputs)
+
+
+def abstract_inputs(op, B, T, H, d, dtype, backward):
+  """Shapes and dtypes of one input set (no device memory)."""
+  return jax.eval_shape(lambda: input_sets(op, B, T, H, d, jnp.dtype(dtype), 1, backward)[0])
+
+
 def build(op, impl, pass_, B, T, H, d, dtype, chunk, n_sets=2):
   """(fn, input sets) for one row."""
-  dtype = jnp.dtype(dtype)
-  fwd = forward(op, impl, chunk)
-  sets = input_sets(op, B, T, H, d, dtype, n_sets, backward=(pass_ == "fwd+bwd"))
-  if pass_ == "fwd":
-    return fwd, sets
-  return with_backward(fwd, len(sets[0]) - 1), sets
+  sets = input_sets(op, B, T, H, d, jnp.dtype(dtype), n_sets, backward=(pass_ == "fwd+bwd"))
+  return function(op, impl, pass_, chunk), sets

@@ -40,12 +40,22 @@ def _memory_stats():
     return {}
 
 
-def time_jax(fn, input_sets, *, warmup=2, target_s=0.4, min_reps=5, max_reps=50, cap_s=10.0):
-  """Returns a dict: ms (median), reps, compile_s, peak_mib, runtime_peak_mib, over_cap."""
+def compile_jax(fn, abstract_args):
+  """(executable, seconds): `jit(fn)` compiled ahead of time for these shapes. Safe to call
+  from worker threads (XLA compiles outside the GIL), so `run.py` compiles a row family's
+  lengths in parallel before timing them one by one."""
   import jax  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
-  compiled = jax.jit(fn).lower(*input_sets[0]).compile()
-  compile_s = time.perf_counter() - t0
+  compiled = jax.jit(fn).lower(*abstract_args).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def time_jax(fn, input_sets, *, warmup=2, target_s=0.4, min_reps=5, max_reps=50, cap_s=10.0,
+             compiled=None):
+  """Returns a dict: ms (median), reps, compile_s, peak_mib, runtime_peak_mib, over_cap.
+  `compiled`: (executable, compile seconds) from `compile_jax`, or None to compile here."""
+  compiled, compile_s = compiled or compile_jax(fn, input_sets[0])
+  import jax  # pylint: disable=import-outside-toplevel
   peak_mib = None
   try:
     ma = compiled.memory_analysis()

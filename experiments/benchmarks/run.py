@@ -18,6 +18,7 @@ Then: python3 experiments/benchmarks/report.py --jsonl OUT/bench.jsonl --out BEN
 """
 
 import argparse
+import concurrent.futures
 import gc
 import os
 import sys
@@ -54,6 +55,9 @@ def parse_args(argv=None):
   p.add_argument("--target_s", type=float, default=0.3,
                  help="measurement time per row (JAX reps = target / one call, 5..50)")
   p.add_argument("--sets", type=int, default=2, help="input sets rotated between calls (2-3)")
+  p.add_argument("--compile_workers", type=int, default=None,
+                 help="threads compiling a JAX row family ahead of its timing (1: serial; "
+                      "default 8, smoke 2)")
   p.add_argument("--no_limits", action="store_true",
                  help="ignore the per-impl T limits (scan, associative_scan, XLA attention)")
   return p.parse_args(argv)
@@ -82,7 +86,8 @@ def resolve(args):
     raise SystemExit(f"unknown --rows {unknown}; known: {list(settings.BY_KEY)}")
   cfg["rows"] = keys
   cfg["passes"] = tuple(args.passes.split(","))
-  cfg.update(cap_s=args.cap_s, budget_s=args.budget_s, sets=args.sets, smoke=args.smoke,
+  workers = args.compile_workers or (2 if args.smoke else 8)
+  cfg.update(compile_workers=workers, cap_s=args.cap_s, budget_s=args.budget_s, sets=args.sets, smoke=args.smoke,
              no_limits=args.no_limits, timing=timing)
   return cfg
 
@@ -95,6 +100,9 @@ class Suite:
     self.rec = recorder
     self.start = time.perf_counter()
     self._triton_path = {}
+    workers = cfg["compile_workers"]
+    self.pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="compile")
+                 if workers > 1 else None)
 
   def elapsed(self):
     return time.perf_counter() - self.start
@@ -130,51 +138,91 @@ class Suite:
     path = None
     if reason is None and spec.framework == "triton":
       path, label, reason = self.triton_setup(spec, d)
-    stopped = {}   # pass -> reason larger T are skipped
+    plan = []      # (T, B, pass, skip reason or None)
     for T in cfg["Ts"]:
       B = settings.batch_for(T, cfg["tokens"])
       for pass_ in passes:
-        base = dict(impl=label, op=spec.op, T=T, B=B, H=H, d=d, dtype=dtype, tokens=B * T)
-        base["pass"] = pass_
-        skip = reason or stopped.get(pass_)
+        skip = reason
         if skip is None and max_T and T > max_T and not cfg["no_limits"]:
           skip = f"T > {max_T}: {max_T_reason}"
         if skip is None and pass_ == "fwd+bwd" and cfg["bwd_max_T"] and T > cfg["bwd_max_T"]:
           skip = f"smoke: fwd+bwd at T <= {cfg['bwd_max_T']} only"
-        if skip is None and self.elapsed() > cfg["budget_s"]:
-          skip = f"suite budget of {cfg['budget_s']:.0f} s spent"
-        if skip is not None:
-          self.rec.row(**base, status="skipped", note=skip)
-          continue
-        row = self.measure_row(spec, path, pass_, B, T, H, d, dtype)
-        if spec.impl == "pallas" and spec.op == "vla":
-          row["floor_ms"] = floor.floor_ms(B, T, H, d, cfg["chunk"],
-                                           backward=(pass_ == "fwd+bwd"),
-                                           bytes_per_elem=2 if dtype == "bfloat16" else 4)
-        row = self.rec.row(**base, **row)
-        if row["status"] == "OOM":
-          stopped[pass_] = f"OOM at T = {T}"
-        elif row.get("over_cap"):
-          stopped[pass_] = f"one call took {row['ms'] / 1e3:.1f} s at T = {T} (cap {cfg['cap_s']} s)"
+        plan.append((T, B, pass_, skip))
+    jobs = self.submit_compiles(spec, path, d, plan)
+    # Timing starts once the family is compiled: tracing on a worker thread holds the GIL and
+    # would stretch the main thread's timed calls.
+    # (The smoke run overlaps them: its timings mean nothing and CI time matters.)
+    if not cfg["smoke"]:
+      concurrent.futures.wait(list(jobs.values()))
+    stopped = {}   # pass -> reason larger T are skipped
+    for T, B, pass_, skip in plan:
+      base = dict(impl=label, op=spec.op, T=T, B=B, H=H, d=d, dtype=dtype, tokens=B * T)
+      base["pass"] = pass_
+      job = jobs.pop((T, pass_), None)
+      skip = skip or stopped.get(pass_)
+      if skip is None and self.elapsed() > cfg["budget_s"]:
+        skip = f"suite budget of {cfg['budget_s']:.0f} s spent"
+      if skip is not None:
+        if job is not None:
+          job.cancel()
+        self.rec.row(**base, status="skipped", note=skip)
+        continue
+      row = self.measure_row(spec, path, pass_, B, T, H, d, dtype, job)
+      if spec.impl == "pallas" and spec.op == "vla":
+        row["floor_ms"] = floor.floor_ms(B, T, H, d, cfg["chunk"],
+                                         backward=(pass_ == "fwd+bwd"),
+                                         bytes_per_elem=2 if dtype == "bfloat16" else 4)
+      row = self.rec.row(**base, **row)
+      if row["status"] == "OOM":
+        stopped[pass_] = f"OOM at T = {T}"
+      elif row.get("over_cap"):
+        stopped[pass_] = f"one call took {row['ms'] / 1e3:.1f} s at T = {T} (cap {cfg['cap_s']} s)"
+    for job in jobs.values():
+      job.cancel()
 
-  def measure_row(self, spec, path, pass_, B, T, H, d, dtype):
+  def _jax_function(self, spec, path, pass_):
+    import jax_rows  # pylint: disable=import-outside-toplevel
+    if spec.framework == "jax":
+      return jax_rows.function(spec.op, spec.impl, pass_, self.cfg["chunk"]), "vla"
+    import triton_vla  # pylint: disable=import-outside-toplevel
+    return triton_vla.jax_call, "vla"
+
+  def submit_compiles(self, spec, path, d, plan):
+    """Compiles a JAX family's rows on worker threads (XLA compiles outside the GIL); the main
+    thread then times them one by one in order: {(T, pass): future of (executable, s)}."""
+    if not (spec.framework == "jax" or path == "jax_triton") or self.pool is None:
+      return {}
+    import jax_rows  # pylint: disable=import-outside-toplevel
+    jobs = {}
+    for T, B, pass_, skip in plan:
+      if skip is not None:
+        continue
+      fn, _ = self._jax_function(spec, path, pass_)
+      op = spec.op if spec.framework == "jax" else "vla"
+      backward = pass_ == "fwd+bwd" and spec.framework == "jax"
+
+      def job(fn=fn, op=op, B=B, T=T, backward=backward):
+        args = jax_rows.abstract_inputs(op, B, T, self.cfg["heads"], d, self.cfg["dtype"],
+                                        backward)
+        return measure.compile_jax(fn, args)
+      jobs[(T, pass_)] = self.pool.submit(job)
+    return jobs
+
+  def measure_row(self, spec, path, pass_, B, T, H, d, dtype, job=None):
     cfg, tm = self.cfg, self.cfg["timing"]
     t0 = time.perf_counter()
     sets = None
     try:
       if spec.framework == "jax" or path == "jax_triton":
         import jax_rows  # pylint: disable=import-outside-toplevel
-        if spec.framework == "jax":
-          fn, sets = jax_rows.build(spec.op, spec.impl, pass_, B, T, H, d, dtype,
-                                    cfg["chunk"], n_sets=cfg["sets"])
-        else:
-          import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-          import triton_vla  # pylint: disable=import-outside-toplevel
-          fn = triton_vla.jax_call
-          sets = jax_rows.input_sets("vla", B, T, H, d, jnp.dtype(dtype), cfg["sets"], False)
+        fn, op = self._jax_function(spec, path, pass_)
+        backward = pass_ == "fwd+bwd" and spec.framework == "jax"
+        compiled = job.result() if job is not None else None
+        sets = jax_rows.input_sets(spec.op if spec.framework == "jax" else op, B, T, H, d,
+                                   jax_rows.jnp.dtype(dtype), cfg["sets"], backward)
         res = measure.time_jax(fn, sets, warmup=tm["warmup"], target_s=tm["target_s"],
                                min_reps=tm["min_reps"], max_reps=tm["max_reps"],
-                               cap_s=cfg["cap_s"])
+                               cap_s=cfg["cap_s"], compiled=compiled)
       else:
         res = self.measure_torch(spec, pass_, B, T, H, d, dtype)
       res.update(status="ok", note=None)
@@ -269,6 +317,8 @@ def main(argv=None):
       status, note = measure.classify(err)
       rec.row(impl=spec.impl, op=spec.op, T=None, B=None, H=cfg["heads"], d=d,
               dtype=cfg["dtype"], status=status, note=f"family failed: {note}", **{"pass": None})
+  if suite.pool is not None:
+    suite.pool.shutdown(wait=False, cancel_futures=True)
   print(f"{rec.count} rows in {suite.elapsed():.1f} s -> {rec.path}", flush=True)
 
 
