@@ -9,7 +9,11 @@ the suite goes on; once one call of a row takes longer than --cap_s, its larger 
 rows not started within --budget_s seconds of the start are recorded as skipped.
 
     python3 experiments/benchmarks/run.py --out DIR [--smoke] [--Ts 256,1024] [--dims 64,128]
-        [--rows vla_pallas,attn_cudnn,...] [--budget_s 420] [--cap_s 10]
+        [--rows vla_pallas,attn_cudnn,...] [--budget_s 450] [--cap_s 10]
+
+Default T: 256, 1024, 4096, 16384, 32768, 65536, 131072 (--Ts all: every power of two from
+256); rows run tier by tier (VLA pallas, cuDNN, fla first, for every d), so a spent budget
+drops the least important rows.
 
 --smoke runs on a CPU in well under a minute (T in {64, 128}, H = 2, d = 16, float32, pallas in
 interpret mode; GPU-only rows are recorded as skipped with reason "no GPU").
@@ -39,7 +43,9 @@ def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", required=True, help="folder for bench.jsonl")
   p.add_argument("--smoke", action="store_true", help="tiny CPU run (CI)")
-  p.add_argument("--Ts", default=None, help="comma list of sequence lengths")
+  p.add_argument("--Ts", default=None,
+                 help="comma list of sequence lengths, or 'all' (256 to 131072, every 2x); "
+                      "default " + ",".join(map(str, settings.DEFAULT_TS)))
   p.add_argument("--dims", default=None, help="comma list of head dims (64,128)")
   p.add_argument("--rows", default=None,
                  help="comma list of row keys: " + ",".join(s.key for s in settings.CATALOGUE))
@@ -65,7 +71,7 @@ def parse_args(argv=None):
 
 def resolve(args):
   cfg = {"tokens": settings.TOKENS, "heads": settings.HEADS, "dims": settings.DIMS,
-         "Ts": settings.ALL_TS, "dtype": "bfloat16", "chunk": settings.CHUNK,
+         "Ts": settings.DEFAULT_TS, "dtype": "bfloat16", "chunk": settings.CHUNK,
          "bwd_max_T": None, "max_T": {}, "passes_by_row": {}}
   timing = {"warmup": 2, "target_s": args.target_s, "min_reps": 5, "max_reps": 50}
   if args.smoke:
@@ -76,7 +82,9 @@ def resolve(args):
                    ("chunk", args.chunk)):
     if val is not None:
       cfg[key] = val
-  if args.Ts:
+  if args.Ts == "all":
+    cfg["Ts"] = settings.ALL_TS
+  elif args.Ts:
     cfg["Ts"] = tuple(int(t) for t in args.Ts.split(","))
   if args.dims:
     cfg["dims"] = tuple(int(d) for d in args.dims.split(","))
@@ -190,7 +198,8 @@ class Suite:
   def submit_compiles(self, spec, path, d, plan):
     """Compiles a JAX family's rows on worker threads (XLA compiles outside the GIL); the main
     thread then times them one by one in order: {(T, pass): future of (executable, s)}."""
-    if not (spec.framework == "jax" or path == "jax_triton") or self.pool is None:
+    if (not (spec.framework == "jax" or path == "jax_triton") or self.pool is None
+        or self.elapsed() > self.cfg["budget_s"]):
       return {}
     import jax_rows  # pylint: disable=import-outside-toplevel
     jobs = {}
