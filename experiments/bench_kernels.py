@@ -10,7 +10,7 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
 
     python experiments/bench_kernels.py --out DIR [--Ts 512,2048,8192] [--impls pallas,cudnn]
         [--block_v 64] [--chunk 64] [--reps 20] [--prep xla,kernel] [--prep_dot tf32x3,ieee]
-        [--prep_warps 1,2,4]
+        [--prep_form panels,tiles] [--prep_warps 1,2,4]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
 rows time the `chunk_prep` kernel in the forward (the backward is the XLA path's either way).
@@ -87,7 +87,7 @@ def part_fns(part, cfg, q, k, v, u):
     fl_raw = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H_, T, d)
     fn = lambda M, e, u, q, v: chunk_prep(M, e, u, q, v, chunk_size=C, precision=cfg.precision,
                                           refine=cfg.refine, prep_dot=cfg.prep_dot,
-                                          num_warps=cfg.prep_warps)
+                                          form=cfg.prep_form, num_warps=cfg.prep_warps)
     xs = jax.block_until_ready((M, e, fl_raw(u), fl_raw(q), fl_raw(v)))
     return jax.jit(fn), None, xs
   if part == "penalty_only":
@@ -128,6 +128,8 @@ def main():
                       help="comma list of KernelConfig.prep values (xla, kernel) for the pallas rows")
   parser.add_argument("--prep_dot", default="tf32x3",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
+  parser.add_argument("--prep_form", default="panels",
+                      help="comma list of KernelConfig.prep_form values (panels, tiles)")
   parser.add_argument("--prep_warps", default="4",
                       help="comma list of KernelConfig.prep_warps values for prep=kernel rows")
   parser.add_argument("--breakdown", action="store_true",
@@ -148,12 +150,14 @@ def main():
         for prep in preps:
           dots = args.prep_dot.split(",") if prep == "kernel" else ["tf32x3"]
           warps = [int(w) for w in args.prep_warps.split(",")] if prep == "kernel" else [4]
+          forms = args.prep_form.split(",") if prep == "kernel" else ["panels"]
           sv_list = args.solver.split(",") if prep == "xla" else ["triangular_solve"]
           variants += [(f"pallas(bv={bv},{sv[:4]},prep={prep}"
-                        + (f",{pd},w{pw})" if prep == "kernel" else ")"), "pallas",
-                        dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd, prep_warps=pw))
+                        + (f",{pf},{pd},w{pw})" if prep == "kernel" else ")"), "pallas",
+                        dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd, prep_warps=pw,
+                             prep_form=pf))
                        for bv in args.block_v.split(",") for sv in sv_list for pd in dots
-                       for pw in warps]
+                       for pw in warps for pf in forms]
         if args.breakdown:
           bv0 = int(args.block_v.split(",")[0])
           if "xla" in preps:
@@ -161,9 +165,11 @@ def main():
                          for part in ("penalty_only", "state_only")
                          for sv in args.solver.split(",")]
           if "kernel" in preps:
-            variants += [(f"prep_kernel_only({pd},w{pw})", "prep_kernel_only",
-                          dict(block_v=bv0, prep="kernel", prep_dot=pd, prep_warps=int(pw)))
-                         for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")]
+            variants += [(f"prep_kernel_only({pf},{pd},w{pw})", "prep_kernel_only",
+                          dict(block_v=bv0, prep="kernel", prep_dot=pd, prep_warps=int(pw),
+                               prep_form=pf))
+                         for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
+                         for pf in args.prep_form.split(",")]
       elif impl == "scan" and T > 8192:
         continue
       else:

@@ -39,7 +39,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from vla_jax.kernels.state_path import PREP_DOTS
+from vla_jax.kernels.state_path import PREP_DOTS, PREP_FORMS
 from vla_jax.ops.vla.recurrence import WRITE_EPS
 
 TILE = 16
@@ -260,6 +260,87 @@ def _prep_kernel(m_ref, e_ref, u_ref, q_ref, v_ref,              # inputs
   _store(p_ref, P, acc)
 
 
+def _prep_kernel_panels(m_ref, e_ref, u_ref, q_ref, v_ref,       # inputs
+                        a_ref, up_ref, wp_ref, p_ref, at_ref,     # outputs
+                        *, C, N, dk, dv, refine, fprec, sprec, acc):
+  # Same refs and math as `_prep_kernel`, with A_c a full [dk, dk] value and every C-row
+  # matrix a list of 16-row panels [16, d]: products are tile @ panel, panel @ panel^T or
+  # panel @ full, so far fewer (and larger) dots than the all-tile form.
+  nb, nc = dk // TILE, C // TILE
+  r, c, _ = _iotas()
+  eye = _eye(acc)
+  fd = functools.partial(_dot, precision=fprec)
+  sd = functools.partial(_dot, precision=sprec)
+  rows = lambda ref, i: ref[pl.ds(TILE * i, TILE), :].astype(acc)         # [16, d] panel
+  tile = lambda ref, i, j: ref[pl.ds(TILE * i, TILE), pl.ds(TILE * j, TILE)].astype(acc)
+  lower = lambda x, strict: jnp.where(r > c if strict else r >= c, x, 0.0)
+
+  # 1. A_c = M_c^-1: tiled Cholesky, row panels of L^-1, A = sum_k Li_k^T Li_k, Newton step.
+  Lm, dm = _cholesky(lambda i, j: tile(m_ref, i, j), nb, fprec)
+  pr = jax.lax.broadcasted_iota(jnp.int32, (TILE, dk), 0)
+  pc = jax.lax.broadcasted_iota(jnp.int32, (TILE, dk), 1)
+  Li = []
+  for i in range(nb):
+    S = jnp.where(pr + TILE * i == pc, 1.0, 0.0).astype(acc)              # rows of I
+    for j in range(i):
+      S = S - fd(Lm[i][j], Li[j])
+    Li.append(fd(dm[i], S))
+  A = sum(fd(x, x, ta=True) for x in Li)                                  # [dk, dk]
+  if refine:
+    M = m_ref[...].astype(acc)
+    full_eye = jnp.where(jax.lax.broadcasted_iota(jnp.int32, (dk, dk), 0)
+                         == jax.lax.broadcasted_iota(jnp.int32, (dk, dk), 1), 1.0, 0.0)
+    A = A + fd(A, full_eye.astype(acc) - fd(M, A))
+    A = 0.5 * (A + A.T)
+
+  # 2. X = U A_c; I + X U^T = Lc Lc^T; Y = Lc^-1 X; W = E A_c - tril(E Y^T) Y; Ahat = unit(W).
+  X = [fd(rows(u_ref, i), A) for i in range(nc)]
+  Lc, dc = _cholesky(
+      lambda i, j: fd(X[i], rows(u_ref, j), tb=True) + (eye if i == j else 0.0), nc, fprec)
+  Y = []
+  for i in range(nc):
+    S = X[i]
+    for j in range(i):
+      S = S - fd(Lc[i][j], Y[j])
+    Y.append(fd(dc[i], S))
+  Ah = []
+  for i in range(nc):
+    E_i = rows(e_ref, i)
+    W = fd(E_i, A)
+    for j in range(i + 1):
+      KY = fd(E_i, Y[j], tb=True)
+      W = W - fd(lower(KY, False) if j == i else KY, Y[j])
+    sq = jnp.sum(W * W, axis=1)
+    Ah.append(W * jax.lax.rsqrt(jnp.maximum(sq, WRITE_EPS ** 2))[:, None])
+    a_ref[pl.ds(TILE * i, TILE), :] = Ah[i].astype(a_ref.dtype)
+
+  @pl.when(pl.program_id(1) == N - 1)
+  def _():
+    A_end = A - sum(fd(y, y, ta=True) for y in Y)
+    at_ref[...] = (0.5 * (A_end + A_end.T)).astype(at_ref.dtype)
+
+  # 3. (I + strictly_lower(E Ahat^T)) [U' | W'] = [V | E] by block forward substitution,
+  #    P = tril(Q Ahat^T).
+  Up, Wp = [], []
+  for i in range(nc):
+    E_i = rows(e_ref, i)
+    Lk = [sd(E_i, Ah[j], tb=True) for j in range(i + 1)]
+    dT = _tril_inv_tile(Lk[i], unit=True)
+    SU, SW = rows(v_ref, i), E_i
+    for j in range(i):
+      SU = SU - sd(Lk[j], Up[j])
+      SW = SW - sd(Lk[j], Wp[j])
+    Up.append(sd(dT, SU))
+    Wp.append(sd(dT, SW))
+    up_ref[pl.ds(TILE * i, TILE), :] = Up[i].astype(up_ref.dtype)
+    wp_ref[pl.ds(TILE * i, TILE), :] = Wp[i].astype(wp_ref.dtype)
+    Q_i = rows(q_ref, i)
+    for j in range(nc):
+      x = jnp.zeros((TILE, TILE), acc) if j > i else sd(Q_i, Ah[j], tb=True)
+      p_ref[pl.ds(TILE * i, TILE), pl.ds(TILE * j, TILE)] = (
+          lower(x, False) if j == i else x).astype(p_ref.dtype)
+
+
 def _factor_precision(prep_dot, acc, interpret):
   if interpret or acc == jnp.float64 or prep_dot == "ieee":
     return jax.lax.Precision.HIGHEST
@@ -269,7 +350,7 @@ def _factor_precision(prep_dot, acc, interpret):
 
 
 def chunk_prep(M, e, u, q, v, *, chunk_size, precision, refine=True, prep_dot="tf32x3",
-               num_warps=4, num_stages=1, interpret=False):
+               form="panels", num_warps=4, num_stages=1, interpret=False):
   """Per-chunk factors of VLA's forward, one Pallas program per (batch * head, chunk).
 
   Args:
@@ -282,6 +363,8 @@ def chunk_prep(M, e, u, q, v, *, chunk_size, precision, refine=True, prep_dot="t
     precision: precision of the state-path factor products (step 3).
     refine: one Newton step on each chunk-start inverse.
     prep_dot: "tf32x3" or "ieee": how the factorisation products run on the GPU (module doc).
+    form: "panels" (A_c a full [dk, dk] value, C-row matrices as 16-row panels) or "tiles"
+      (every matrix a grid of 16 x 16 tiles). Same math.
     interpret: Pallas interpret mode.
 
   Returns:
@@ -291,8 +374,10 @@ def chunk_prep(M, e, u, q, v, *, chunk_size, precision, refine=True, prep_dot="t
   BH, N, dk, _ = M.shape
   C, dv, acc = chunk_size, v.shape[-1], M.dtype
   NC = N * C
+  if form not in PREP_FORMS:
+    raise ValueError(f"form must be one of {PREP_FORMS}; got {form!r}")
   kernel = functools.partial(
-      _prep_kernel, C=C, N=N, dk=dk, dv=dv, refine=refine,
+      _prep_kernel_panels if form == "panels" else _prep_kernel, C=C, N=N, dk=dk, dv=dv, refine=refine,
       fprec=_factor_precision(prep_dot, acc, interpret), sprec=precision, acc=acc)
   rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
   return pl.pallas_call(

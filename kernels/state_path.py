@@ -42,6 +42,7 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PREPS = ("xla", "kernel")
 PREP_DOTS = ("tf32x3", "ieee")
+PREP_FORMS = ("panels", "tiles")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -68,6 +69,9 @@ class KernelConfig:
     prep_dot: with prep="kernel" on a GPU, how the kernel's factorisation products run:
       "tf32x3" (three TF32 tensor-core products, about float32 accuracy) or "ieee" (full
       float32 on CUDA cores).
+    prep_form: layout of the chunk-prep kernel's in-register matrices: "panels" (A_c one
+      [dk, dk] value, C-row matrices as 16-row panels: few, larger products) or "tiles" (all
+      16 x 16 tiles: many small products, smaller live values). Same function.
     prep_warps: Triton warps per program of the chunk-prep kernel (its tiles are 16 x 16, so
       fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -82,6 +86,7 @@ class KernelConfig:
   solver: str = "triangular_solve"
   prep: str = "xla"
   prep_dot: str = "tf32x3"
+  prep_form: str = "panels"
   prep_warps: int = 4
   interpret: bool = False
 
@@ -104,6 +109,8 @@ class KernelConfig:
       raise ValueError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
     if self.prep not in PREPS:
       raise ValueError(f"prep must be one of {PREPS}; got {self.prep!r}")
+    if self.prep_form not in PREP_FORMS:
+      raise ValueError(f"prep_form must be one of {PREP_FORMS}; got {self.prep_form!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:

@@ -123,7 +123,8 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   Ah, Up, Wp, P, A_T = chunk_prep(
       flat(M), flat(khat), flat(_head_major(u, T_pad)), flat(q_h), flat(_head_major(v, T_pad)),
       chunk_size=C, precision=config.precision, refine=config.refine,
-      prep_dot=config.prep_dot, num_warps=config.prep_warps, interpret=config.interpret)
+      prep_dot=config.prep_dot, form=config.prep_form, num_warps=config.prep_warps,
+      interpret=config.interpret)
   o, S_T, _ = _forward_pass(config, flat(q_h), Ah, Up, Wp, P,
                             S0.astype(acc).reshape(B * H, dv, dk), v.dtype)
   o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]

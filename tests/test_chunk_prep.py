@@ -40,21 +40,23 @@ def _run(cfg, *args):
   return jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*args)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_forward_matches_oracle_float64(f64, shape):
+@pytest.mark.parametrize("shape,form", [(s, "panels") for s in SHAPES] + [(SHAPES[2], "tiles")],
+                         ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
+def test_forward_matches_oracle_float64(f64, shape, form):
   B, T, H, dk, dv, C = shape
   args = _inputs(10, B, T, H, dk, dv)
-  o, S, A = _run(_config(C), *(jnp.asarray(x) for x in args))
+  o, S, A = _run(_config(C, prep_form=form), *(jnp.asarray(x) for x in args))
   chex.assert_shape(o, (B, T, H, dv))
   for name, got, want in zip("oSA", (o, S, A), _oracle(*args)):
     assert _rel(got, want) < TOL[np.float64], (name, _rel(got, want))
 
 
-@pytest.mark.parametrize("refine", [True, False])
-def test_forward_float32(refine):
+@pytest.mark.parametrize("refine,form", [(True, "panels"), (False, "panels"), (True, "tiles")])
+def test_forward_float32(refine, form):
   B, T, H, dk, dv, C = SHAPES[1]
   args = _inputs(11, B, T, H, dk, dv)
-  o, S, A = _run(_config(C, refine=refine), *(jnp.asarray(x, jnp.float32) for x in args))
+  o, S, A = _run(_config(C, refine=refine, prep_form=form),
+                 *(jnp.asarray(x, jnp.float32) for x in args))
   chex.assert_type([o, S, A], jnp.float32)
   for name, got, want in zip("oSA", (o, S, A), _oracle(*args)):
     assert _rel(got, want) < TOL[np.float32], (name, _rel(got, want))
@@ -101,15 +103,15 @@ def test_gradients_match_chunked_float64(f64):
 def test_bad_prep_options_raise():
   x = jnp.zeros((1, 16, 1, 16))
   for kw, match in (({"prep": "fused"}, "prep"), ({"prep_dot": "tf32"}, "prep_dot"),
-                    ({"prep_warps": 3}, "prep_warps")):
+                    ({"prep_warps": 3}, "prep_warps"), ({"prep_form": "rows"}, "prep_form")):
     with pytest.raises(ValueError, match=match):
       vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
                  config=KernelConfig(chunk_size=16, **kw))
 
 
-def _lower(shape, dtype, prep_dot, grad):
+def _lower(shape, dtype, prep_dot, grad, form="panels"):
   B, T, H, dk, dv, C = shape
-  cfg = KernelConfig(chunk_size=C, prep="kernel", prep_dot=prep_dot)
+  cfg = KernelConfig(chunk_size=C, prep="kernel", prep_dot=prep_dot, prep_form=form)
   fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
   fn = jax.grad(lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a)),
                 argnums=range(4)) if grad else fwd
@@ -127,12 +129,13 @@ def _lower(shape, dtype, prep_dot, grad):
 class TestGpuLowering:
   """Lowers the kernel path for an abstract H200 (no GPU needed): Triton IR is built."""
 
-  @pytest.mark.parametrize("shape,prep_dot", [
-      ((1, 100, 2, 64, 64, 64), "tf32x3"), ((1, 100, 2, 64, 64, 64), "ieee"),
-      ((1, 64, 1, 128, 64, 64), "tf32x3"), ((2, 40, 1, 32, 128, 32), "tf32x3")],
+  @pytest.mark.parametrize("shape,prep_dot,form", [
+      ((1, 100, 2, 64, 64, 64), "tf32x3", "panels"), ((1, 100, 2, 64, 64, 64), "ieee", "panels"),
+      ((1, 64, 1, 128, 64, 64), "tf32x3", "panels"), ((2, 40, 1, 32, 128, 32), "tf32x3", "panels"),
+      ((1, 128, 1, 128, 128, 128), "tf32x3", "panels"), ((1, 100, 2, 64, 64, 64), "tf32x3", "tiles")],
       ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
-  def test_forward_lowers_for_h200(self, shape, prep_dot):
-    text = _lower(shape, jnp.bfloat16, prep_dot, grad=False)
+  def test_forward_lowers_for_h200(self, shape, prep_dot, form):
+    text = _lower(shape, jnp.bfloat16, prep_dot, grad=False, form=form)
     assert text.count("__gpu$xla.gpu.triton") == 2
     assert "vla_chunk_prep" in text and "vla_state_fwd" in text
 
