@@ -18,12 +18,17 @@ per-chunk Grams and an exclusive prefix sum), the program computes
 Outputs Ahat, U', W', P are written in the [BH, N * C, d] layouts that `state_path._fwd_kernel`
 reads, so the sequential pass over chunk states runs unchanged.
 
-Triton constraints shape the code: register values cannot be sliced or concatenated, so every
-matrix computed in the program is a Python grid (list of lists) of 16 x 16 tiles, `None` for a
-zero tile; inputs are read tile by tile with `ref[pl.ds(r0, 16), pl.ds(c0, 16)]`. All tile loops
-are Python loops (unrolled at trace time). Base cases (Cholesky of a 16 x 16 tile, inverse of a
-16 x 16 lower-triangular tile) are 16-step `fori_loop`s that extract a column or row by a masked
-sum, as flash-linear-attention's `solve_tril` does. Nothing is written and re-read in one program.
+Triton constraints shape the code: register values cannot be sliced or concatenated, so inputs
+are read in pieces with `ref[pl.ds(r0, 16), pl.ds(c0, d)]` and every matrix computed in the
+program is a Python list of pieces, each made by its own product. Two layouts, same math:
+"panels" (default, `_prep_kernel_panels`): A_c is one [dk, dk] value, built as
+sum_k (L^-1)_k^T (L^-1)_k from the 16-row panels of L^-1, and C-row matrices (X, Y, W, Ahat,
+U', W') are lists of 16-row panels [16, d], so products are tile @ panel, panel @ panel^T or
+panel @ [dk, dk]; "tiles" (`_prep_kernel`): every matrix a grid of 16 x 16 tiles (`None` for a
+zero tile), many more but smaller products. All loops over pieces are Python loops (unrolled at
+trace time). Base cases (Cholesky of a 16 x 16 tile, inverse of a 16 x 16 lower-triangular
+tile) are 16-step `fori_loop`s that extract a column or row by a masked sum, as
+flash-linear-attention's `solve_tril` does. Nothing is written and re-read in one program.
 
 Precision. Products inside the factorisations (steps 1 and 2) use `factor_precision`: on the GPU
 `lax.DotAlgorithmPreset.TF32_TF32_F32_X3` (Triton `input_precision="tf32x3"`: three TF32 tensor
