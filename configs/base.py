@@ -15,7 +15,8 @@ def mixer_options():
               "penalty_scale": ml_collections.FieldReference(None, field_type=float),
               "conv_size": 4,
               "out_norm": True},
-      "softmax": {"implementation": "auto"},
+      # conv_size 0: standard attention; 4 gives it the recurrent mixers' short convolution.
+      "softmax": {"implementation": "auto", "conv_size": 0},
       "linear": {"normalize": True, "conv_size": 4, "out_norm": True},
       "deltanet": {"conv_size": 4, "out_norm": True},
       "gated_deltanet": {"conv_size": 4, "out_norm": True},

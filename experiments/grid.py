@@ -26,7 +26,12 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MIXERS = ("softmax", "linear", "deltanet", "gated_deltanet", "vla")
+# (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
+# mixers' short convolution, the like-for-like backbone.
+MIXERS = (("softmax", "softmax", {}),
+          ("softmax_conv", "softmax", {"model.options.softmax.conv_size": 4}),
+          ("linear", "linear", {}), ("deltanet", "deltanet", {}),
+          ("gated_deltanet", "gated_deltanet", {}), ("vla", "vla", {}))
 PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
 ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))
 ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))  # (d_model, heads of d_h 32)
@@ -37,28 +42,30 @@ def jobs_for(grid, args):
   out = []
   if grid == "capacity":
     for n in PAPER_N:
-      for mixer in MIXERS:
-        out.append((f"capacity-n{n}-{mixer}", f"configs/mqar_paper.py:{n}",
-                    {"model.mixer": mixer}, ("3e-4", "1e-3", "3e-3"),
-                    {"grid": grid, "n_pairs": n}))
+      for label, mixer, extra in MIXERS:
+        out.append((f"capacity-n{n}-{label}", f"configs/mqar_paper.py:{n}",
+                    {"model.mixer": mixer, **extra}, ("3e-4", "1e-3", "3e-3"),
+                    {"grid": grid, "n_pairs": n, "label": label}))
   elif grid == "long":
     for T in args.long_Ts:
-      for mixer in MIXERS:
-        out.append((f"long-T{T}-{mixer}", f"configs/mqar_long.py:{T}", {"model.mixer": mixer},
-                    ("1e-3", "3e-3"), {"grid": grid, "seq_len": T}))
+      for label, mixer, extra in MIXERS:
+        out.append((f"long-T{T}-{label}", f"configs/mqar_long.py:{T}",
+                    {"model.mixer": mixer, **extra}, ("1e-3", "3e-3"),
+                    {"grid": grid, "seq_len": T, "label": label}))
   elif grid == "copy":
-    for mixer in MIXERS:
-      out.append((f"copy-{mixer}", "configs/copy.py", {"model.mixer": mixer},
-                  ("1e-3", "3e-3"), {"grid": grid}))
+    for label, mixer, extra in MIXERS:
+      out.append((f"copy-{label}", "configs/copy.py", {"model.mixer": mixer, **extra},
+                  ("1e-3", "3e-3"), {"grid": grid, "label": label}))
   elif grid == "zoology":
     for T, n in ZOOLOGY:
       for d_model, heads in ZOOLOGY_WIDTHS:
-        for mixer in MIXERS:
-          out.append((f"zoology-T{T}-d{d_model}-{mixer}", f"configs/mqar_zoology.py:{T}",
+        for label, mixer, extra in MIXERS:
+          out.append((f"zoology-T{T}-d{d_model}-{label}", f"configs/mqar_zoology.py:{T}",
                       {"model.mixer": mixer, "task.n_pairs": n, "model.d_model": d_model,
-                       "model.num_heads": heads, "train.num_steps": args.zoology_steps},
-                      ("1e-3", "3e-3"),
-                      {"grid": grid, "seq_len": T, "n_pairs": n, "d_model": d_model}))
+                       "model.num_heads": heads, "train.num_steps": args.zoology_steps,
+                       **extra}, ("1e-3", "3e-3"),
+                      {"grid": grid, "seq_len": T, "n_pairs": n, "d_model": d_model,
+                       "label": label}))
   elif grid == "ablation":
     variants = [("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
                 ("lam0-10", {"model.options.vla.lam0": 10.0}),
@@ -107,14 +114,16 @@ def main():
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048")
   parser.add_argument("--zoology_steps", type=int, default=4000)
-  parser.add_argument("--only", default="", help="Run only jobs whose name contains this.")
+  parser.add_argument("--only", default="",
+                      help="Comma list: run only jobs whose name contains one of these.")
   parser.add_argument("--override", nargs=2, action="append", default=[],
                       metavar=("FIELD", "VALUE"), help="Extra --config.FIELD=VALUE for all.")
   args = parser.parse_args()
   args.long_Ts = [int(t) for t in args.long_Ts.split(",")]
   os.makedirs(os.path.join(args.out_dir, "logs"), exist_ok=True)
   jobs = [j for g in args.grids.split(",") for j in jobs_for(g, args)]
-  jobs = [j for j in jobs if args.only in j[1]
+  only = args.only.split(",")
+  jobs = [j for j in jobs if any(o in j[1] for o in only)
           and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))]
   slots = [g for g in (args.gpus.split(",") if args.gpus else [""]) for _ in range(args.per_gpu)]
   start = time.time()

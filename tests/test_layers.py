@@ -13,7 +13,8 @@ from vla_jax.layers.softmax import resolve_implementation
 
 B, T, D, H = 2, 37, 24, 2  # awkward T (not a multiple of the chunk), d_h = 12
 CASES = [("vla", {}), ("vla", {"readout": "additive"}), ("vla", {"readout": "delta"}),
-         ("vla", {"conv_size": 4}), ("softmax", {}), ("linear", {}),
+         ("vla", {"conv_size": 4}), ("softmax", {}), ("softmax", {"conv_size": 4}),
+         ("linear", {}),
          ("linear", {"normalize": False, "conv_size": 3}), ("deltanet", {}),
          ("deltanet", {"conv_size": 4}), ("gated_deltanet", {}),
          ("gated_deltanet", {"conv_size": 4})]
@@ -167,7 +168,10 @@ def _delta_oracle(m, x):
 
 
 def _softmax_oracle(m, x):
-  q, k, v = (_heads(_lin(x, p)) for p in (m.q_proj, m.k_proj, m.v_proj))
+  q, k, v = (_lin(x, p) for p in (m.q_proj, m.k_proj, m.v_proj))
+  if m.conv is not None:
+    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  q, k, v = _heads(q), _heads(k), _heads(v)
   s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   s = np.where(np.tril(np.ones((x.shape[1], x.shape[1]), bool)), s, -np.inf)
   p = np.exp(s - s.max(-1, keepdims=True))

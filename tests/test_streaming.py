@@ -14,7 +14,8 @@ from vla_jax.tasks import copy as copy_task
 
 B, T, PROMPT, D_MODEL, HEADS = 2, 21, 13, 16, 2
 MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4}),
-          ("vla", {"readout": "delta"}), ("softmax", {}), ("linear", {"conv_size": 4}),
+          ("vla", {"readout": "delta"}), ("softmax", {}), ("softmax", {"conv_size": 4}),
+          ("linear", {"conv_size": 4}),
           ("deltanet", {}), ("gated_deltanet", {"conv_size": 3})]
 IDS = [name + "".join(f"-{k}={v}" for k, v in opts.items()) for name, opts in MIXERS]
 

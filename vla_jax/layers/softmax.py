@@ -35,13 +35,16 @@ class SoftmaxAttention(nnx.Module):
     d_model, num_heads, head_dim: num_heads * head_dim must equal d_model (standard MHA).
     implementation: "auto" (default; see `resolve_implementation`), "cudnn" (GPU, bf16/fp16
       only) or "xla".
+    conv_size: 0 (default: standard attention) or the width of a causal depthwise convolution
+      on q, k, v, the same short convolution the recurrent mixers use (a like-for-like
+      backbone for comparisons).
     dtype, param_dtype: activation and parameter dtypes (default float32).
   """
 
   RECURRENT = False
 
   def __init__(self, d_model, num_heads, head_dim=None, *, implementation="auto",
-               dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+               conv_size=0, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     if num_heads * self.head_dim != d_model:
@@ -59,35 +62,42 @@ class SoftmaxAttention(nnx.Module):
     self.q_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.k_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.v_proj = common.dense(d_model, d_model, use_bias=True, **kw)
+    self.conv = (nnx.List([common.ShortConv(d_model, conv_size, **kw) for _ in range(3)])
+                 if conv_size else None)
     self.out = common.OutputProjection(d_model, d_model, out_norm=False, **kw)
 
-  def _qkv(self, x):
+  def _qkv(self, x, conv_prefix=None):
+    """Heads of q, k, v [B, T, H, d_h] and the convolutions' new tails."""
     H = self.num_heads
-    return tuple(common.split_heads(p(x), H) for p in (self.q_proj, self.k_proj, self.v_proj))
+    qkv, tails = common.convolve(self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)),
+                                 conv_prefix)
+    return tuple(common.split_heads(t, H) for t in qkv) + (tails,)
 
   def __call__(self, x):
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
     x = x.astype(self.dtype)
-    q, k, v = self._qkv(x)
+    q, k, v, _ = self._qkv(x)
     o = jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                      implementation=self.implementation)
     return self.out(o)
 
   def init_cache(self, batch_size, max_len):
-    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype` and
-    the number of tokens written, `index` (memory grows with max_len, unlike the recurrences)."""
+    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`, the
+    number of tokens written, `index` (memory grows with max_len, unlike the recurrences),
+    and the short convolutions' input tails (None without convolution)."""
     if not isinstance(max_len, int) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
     shape = (batch_size, max_len, self.num_heads, self.head_dim)
     return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype),
-                   jnp.zeros((), jnp.int32))
+                   jnp.zeros((), jnp.int32),
+                   common.empty_prefixes(self.conv, batch_size, self.q_proj.out_features))
 
   def _attend_cache(self, x, cache):
     """Writes x's keys and values at cache.index and attends over everything written."""
     T, L = x.shape[1], cache.k.shape[1]
     if T > L:
       raise ValueError(f"{type(self).__name__}: {T} tokens do not fit a KV cache of max_len={L}")
-    q, k, v = self._qkv(x.astype(self.dtype))
+    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv)
     zero = jnp.zeros((), cache.index.dtype)  # all indices one integer type (also under x64)
     at = (zero, cache.index, zero, zero)
     keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), at)
@@ -96,7 +106,7 @@ class SoftmaxAttention(nnx.Module):
     mask = jnp.arange(L)[None, :] <= query_pos[:, None]  # [T, L]: causal over the cache
     o = jax.nn.dot_product_attention(q, keys, values, mask=mask[None, None],
                                      implementation="xla")
-    return self.out(o), KVCache(keys, values, cache.index + T)
+    return self.out(o), KVCache(keys, values, cache.index + T, tails)
 
   def prefill(self, x, cache):
     """x [B, T, d_model] appended to `cache` -> (y [B, T, d_model], cache). The caller keeps
@@ -112,8 +122,10 @@ class SoftmaxAttention(nnx.Module):
 
 
 class KVCache(NamedTuple):
-  """Softmax attention's streaming cache: k, v [B, max_len, H, d_h] and index (int32 [])."""
+  """Softmax attention's streaming cache: k, v [B, max_len, H, d_h], index (int32 []) and
+  the short convolutions' tails (a tuple of [B, conv_size - 1, d_model], or None)."""
 
   k: jax.Array
   v: jax.Array
   index: jax.Array
+  conv: tuple | None = None
