@@ -99,3 +99,32 @@ def test_vla_layer_inputs_reproduce_the_layer(x64):
     diagnostics.vla_layer_inputs(LanguageModel(
         ModelConfig(vocab_size=13, max_len=10, mixer="deltanet", d_model=8, num_heads=2),
         rngs=nnx.Rngs(0)), tokens)
+
+
+@pytest.mark.parametrize("mixer", ["vla", "linear", "deltanet", "gated_deltanet", "softmax"])
+def test_layer_state_norms_follow_the_layers_memory(x64, mixer):
+  import jax
+  from flax import nnx
+  from vla_jax.models import LanguageModel, ModelConfig
+  config = ModelConfig(vocab_size=13, max_len=12, mixer=mixer, d_model=8, num_heads=2,
+                       chunk_size=16, mixer_options={} if mixer == "softmax" else
+                       {"conv_size": 3})
+  model = LanguageModel(config, rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 13)
+  traces = diagnostics.layer_state_norms(model, tokens)
+  if mixer == "softmax":
+    assert traces == []
+    return
+  assert len(traces) == 2 and traces[0].shape == (2, 12, 2)
+  # The last norm of each layer is the norm of the state its prefill leaves (float32 model).
+  x = model._embed(tokens, 0)
+  for block, trace in zip(model.blocks, traces):
+    _, cache = block.mixer.prefill(block.norm1(x))
+    S = cache.state.S if hasattr(cache.state, "S") else cache.state
+    np.testing.assert_allclose(trace[:, -1], np.linalg.norm(S, axis=(-2, -1)), rtol=1e-5)
+    x = block(x)
+  if mixer == "vla":  # and the whole trace is state_norm_trace on the layer's inputs
+    first = diagnostics.vla_layer_inputs(model, tokens)[0]
+    want = diagnostics.state_norm_trace("vla", first["q"], first["k"], first["v"],
+                                        u=first["u"], lam0=first["lam0"])
+    np.testing.assert_allclose(traces[0], want, rtol=1e-5)

@@ -148,3 +148,36 @@ def vla_layer_inputs(model, tokens):
   if not layers:
     raise ValueError(f"the model has no VLA layer (mixer={model.config.mixer!r})")
   return layers
+
+
+def layer_state_norms(model, tokens):
+  """||S_t||_F inside every recurrent layer of a `LanguageModel`, token by token.
+
+  Each recurrent mixer is run through its streaming `step` from an empty cache on the inputs
+  the layer sees in the model's forward pass, so the trace is the memory the trained model
+  actually builds, whatever the mixer (VLA, linear attention, DeltaNet, Gated DeltaNet).
+
+  Args:
+    model: a `vla_jax.models.LanguageModel`.
+    tokens: [B, T] int.
+
+  Returns:
+    One [B, T, H] array per recurrent layer (an empty list for softmax attention).
+  """
+  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  B, T = tokens.shape
+  traces = []
+  for block in model.blocks:
+    mixer = block.mixer
+    if getattr(mixer, "RECURRENT", False):
+      h = block.norm1(x).astype(mixer.dtype)
+
+      def body(cache, h_t, mixer=mixer):
+        _, cache = mixer.step(h_t, cache)
+        S = cache.state.S if hasattr(cache.state, "S") else cache.state
+        return cache, jnp.linalg.norm(S.astype(jnp.float32), axis=(-2, -1))
+
+      _, norms = jax.lax.scan(body, mixer.init_cache(B, T), jnp.swapaxes(h, 0, 1))
+      traces.append(jnp.swapaxes(norms, 0, 1))
+    x = block(x)
+  return traces
