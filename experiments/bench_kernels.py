@@ -125,7 +125,7 @@ def main():
   parser.add_argument("--solver", default="triangular_solve",
                       help="comma list of KernelConfig.solver values for the pallas rows")
   parser.add_argument("--prep", default="xla",
-                      help="comma list of KernelConfig.prep values (xla, kernel) for the pallas rows")
+                      help="comma list of KernelConfig.prep values (xla, kernel), pallas rows")
   parser.add_argument("--prep_dot", default="tf32x3",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
   parser.add_argument("--prep_form", default="panels",

@@ -117,17 +117,25 @@ def _eye(dtype):
 
 
 def _chol_tile(X):
-  """Lower Cholesky factor of one symmetric positive definite 16 x 16 tile (lower part read)."""
+  """Lower Cholesky factor L of one symmetric positive definite 16 x 16 tile (lower part read)
+  and its inverse, in one 16-step loop: step j makes column j of L, then row j of L^-1 from
+  row j of L, (L^-1)_j = (e_j - sum_{k<j} L_jk (L^-1)_k) / L_jj."""
   r, c, v = _iotas()
 
   def body(j, carry):
-    X, L = carry
+    X, L, inv = carry
     col = jnp.sum(jnp.where(c == j, X, 0.0), axis=1)            # X[:, j]
     piv = jnp.sum(jnp.where(v == j, col, 0.0))                  # X[j, j]
     l = jnp.where(v >= j, col * jax.lax.rsqrt(piv), 0.0)        # column j of L
-    return X - l[:, None] * l[None, :], jnp.where(c == j, l[:, None], L)
+    L = jnp.where(c == j, l[:, None], L)
+    row = jnp.sum(jnp.where(r == j, L, 0.0), axis=0)            # L[j, :]
+    off = jnp.where(v < j, row, 0.0)
+    new = jnp.where(v == j, 1.0, 0.0) - jnp.sum(off[:, None] * inv, axis=0)
+    new = new * jax.lax.rsqrt(piv)
+    return X - l[:, None] * l[None, :], L, jnp.where(r == j, new[None, :], inv)
 
-  return jax.lax.fori_loop(0, TILE, body, (X, jnp.zeros_like(X)))[1]
+  _, L, inv = jax.lax.fori_loop(0, TILE, body, (X, jnp.zeros_like(X), jnp.zeros_like(X)))
+  return L, inv
 
 
 def _tril_inv_tile(L, *, unit):
@@ -157,8 +165,8 @@ def _cholesky(get, nb, precision):
       for k in range(j):
         S = S - _dot(L[i][k], L[j][k], tb=True, precision=precision)
       if i == j:
-        L[j][j] = _chol_tile(S)
-        dinv.append(_tril_inv_tile(L[j][j], unit=False))
+        L[j][j], d = _chol_tile(S)
+        dinv.append(d)
       else:
         L[i][j] = _dot(S, dinv[j], tb=True, precision=precision)     # S L_jj^-T
   return L, dinv
@@ -382,7 +390,8 @@ def chunk_prep(M, e, u, q, v, *, chunk_size, precision, refine=True, prep_dot="t
   if form not in PREP_FORMS:
     raise ValueError(f"form must be one of {PREP_FORMS}; got {form!r}")
   kernel = functools.partial(
-      _prep_kernel_panels if form == "panels" else _prep_kernel, C=C, N=N, dk=dk, dv=dv, refine=refine,
+      _prep_kernel_panels if form == "panels" else _prep_kernel, C=C, N=N, dk=dk, dv=dv,
+      refine=refine,
       fprec=_factor_precision(prep_dot, acc, interpret), sprec=precision, acc=acc)
   rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
   return pl.pallas_call(

@@ -132,7 +132,8 @@ class TestGpuLowering:
   @pytest.mark.parametrize("shape,prep_dot,form", [
       ((1, 100, 2, 64, 64, 64), "tf32x3", "panels"), ((1, 100, 2, 64, 64, 64), "ieee", "panels"),
       ((1, 64, 1, 128, 64, 64), "tf32x3", "panels"), ((2, 40, 1, 32, 128, 32), "tf32x3", "panels"),
-      ((1, 128, 1, 128, 128, 128), "tf32x3", "panels"), ((1, 100, 2, 64, 64, 64), "tf32x3", "tiles")],
+      ((1, 128, 1, 128, 128, 128), "tf32x3", "panels"),
+      ((1, 100, 2, 64, 64, 64), "tf32x3", "tiles")],
       ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
   def test_forward_lowers_for_h200(self, shape, prep_dot, form):
     text = _lower(shape, jnp.bfloat16, prep_dot, grad=False, form=form)
