@@ -136,6 +136,7 @@ class Suite:
 
   def run_family(self, spec, d):
     cfg = self.cfg
+    print(f"# {spec.key} d={d} (t = {self.elapsed():.0f} s)", flush=True)
     H, dtype = cfg["heads"], cfg["dtype"]
     passes = [p for p in cfg["passes_by_row"].get(spec.key, spec.passes) if p in cfg["passes"]]
     max_T, max_T_reason = spec.max_T, spec.max_T_reason
@@ -156,12 +157,16 @@ class Suite:
         if skip is None and pass_ == "fwd+bwd" and cfg["bwd_max_T"] and T > cfg["bwd_max_T"]:
           skip = f"smoke: fwd+bwd at T <= {cfg['bwd_max_T']} only"
         plan.append((T, B, pass_, skip))
+    t0 = time.perf_counter()
     jobs = self.submit_compiles(spec, path, d, plan)
     # Timing starts once the family is compiled: tracing on a worker thread holds the GIL and
     # would stretch the main thread's timed calls.
     # (The smoke run overlaps them: its timings mean nothing and CI time matters.)
     if not cfg["smoke"]:
       concurrent.futures.wait(list(jobs.values()))
+    if jobs:
+      print(f"# {spec.key} d={d}: {len(jobs)} compiles in {time.perf_counter() - t0:.1f} s "
+            f"(t = {self.elapsed():.0f} s)", flush=True)
     stopped = {}   # pass -> reason larger T are skipped
     for T, B, pass_, skip in plan:
       base = dict(impl=label, op=spec.op, T=T, B=B, H=H, d=d, dtype=dtype, tokens=B * T)
@@ -180,7 +185,7 @@ class Suite:
         row["floor_ms"] = floor.floor_ms(B, T, H, d, cfg["chunk"],
                                          backward=(pass_ == "fwd+bwd"),
                                          bytes_per_elem=2 if dtype == "bfloat16" else 4)
-      row = self.rec.row(**base, **row)
+      row = self.rec.row(**base, **row, t_s=round(self.elapsed(), 1))
       if row["status"] == "OOM":
         stopped[pass_] = f"OOM at T = {T}"
       elif row.get("over_cap"):
@@ -301,6 +306,7 @@ class Suite:
         return None, label, f"kernel check failed: relative error {err:.3g}"
     except Exception as exc:  # pylint: disable=broad-except
       status, note = measure.classify(exc)
+      note = note + (f"; before that, {why}" if why else "")
       self.rec.row(**base, status=status, note=note)
       return None, label, f"kernel check failed: {note}"
     return path, label, None

@@ -74,10 +74,25 @@ def num_warps(d):
   return 8 if d >= 128 else 4
 
 
+def import_jax_triton():
+  """jax_triton, imported so that Triton's file cache keeps working: jax-triton 0.3.x sets
+  TRITON_CACHE_DIR="" at import, after which Triton 3.6 (its driver's helper modules, the torch
+  launcher, fla) fails with "Could not create or locate cache dir"."""
+  import os  # pylint: disable=import-outside-toplevel
+  before = os.environ.get("TRITON_CACHE_DIR")
+  import jax_triton  # pylint: disable=import-outside-toplevel
+  if os.environ.get("TRITON_CACHE_DIR") == "":
+    if before:
+      os.environ["TRITON_CACHE_DIR"] = before
+    else:
+      del os.environ["TRITON_CACHE_DIR"]
+  return jax_triton
+
+
 def jax_call(q, k, v, u, lam0=1.0):
   """o = VLA(q, k, v, u) through jax_triton.triton_call; inputs [B, T, H, d] JAX arrays."""
   import jax  # pylint: disable=import-outside-toplevel
-  import jax_triton as jt  # pylint: disable=import-outside-toplevel
+  jt = import_jax_triton()
   B, T, H, d = q.shape
   return jt.triton_call(q, k, v, u, T, H, kernel=kernel(),
                         out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype), grid=(B * H,),
