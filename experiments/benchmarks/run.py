@@ -9,10 +9,10 @@ the suite goes on; once one call of a row takes longer than --cap_s, its larger 
 rows not started within --budget_s seconds of the start are recorded as skipped.
 
     python3 experiments/benchmarks/run.py --out DIR [--smoke] [--Ts 256,1024] [--dims 64,128]
-        [--rows vla_pallas,attn_cudnn,...] [--budget_s 450] [--cap_s 10]
+        [--rows vla_pallas,attn_cudnn,...] [--budget_s 420] [--cap_s 10]
 
 Default T: 256, 1024, 4096, 16384, 32768, 65536, 131072 (--Ts all: every power of two from
-256); rows run tier by tier (VLA pallas, cuDNN, fla first, for every d), so a spent budget
+256); rows run tier by tier (VLA pallas, cuDNN, fla, the Triton kernel first, for every d), so a spent budget
 drops the least important rows.
 
 --smoke runs on a CPU in well under a minute (T in {64, 128}, H = 2, d = 16, float32, pallas in
