@@ -64,9 +64,13 @@ class Data:
     r = self.get(d, pass_, lab, T)
     return r["ms"] if r and r.get("status") == "ok" and r.get("ms") else None
 
-  def labels_for(self, d, pass_):
+  def labels_for(self, d, pass_, measured_only=False):
     have = self.index.get((d, pass_), {})
-    return [lab for lab in self.labels if lab in have]
+    labs = [lab for lab in self.labels if lab in have]
+    if measured_only:   # rows never measured are listed under "Rows not measured" instead
+      labs = [lab for lab in labs if any(r.get("status") in ("ok", "OOM")
+                                         for r in have[lab].values())]
+    return labs
 
   def batch(self, T):
     for r in self.timed:
@@ -104,7 +108,7 @@ def table(header, body):
 
 
 def metric_table(data, d, pass_, value_fn, Ts=None):
-  labs = data.labels_for(d, pass_)
+  labs = data.labels_for(d, pass_, measured_only=True)
   body = []
   for T in Ts or data.Ts:
     line = [f"{T:,}", data.batch(T)]
@@ -231,12 +235,15 @@ def plots(data, plot_dir, title):
   metrics = (("time_vs_T.png", "ms", lambda r: r["ms"]),
              ("tokens_per_s_vs_T.png", "tokens / s", tokens_per_s),
              ("memory_vs_T.png", "peak MiB", lambda r: r.get("peak_mib")))
+  dims = [d for d in data.dims if any(data.labels_for(d, p, measured_only=True) for p in PASSES)]
+  if not dims:
+    return []
   paths = []
   for name, ylabel, fn in metrics:
-    fig, axes = plt.subplots(len(PASSES), len(data.dims), squeeze=False,
-                             figsize=(5.5 * len(data.dims), 4 * len(PASSES)))
+    fig, axes = plt.subplots(len(PASSES), len(dims), squeeze=False,
+                             figsize=(5.5 * len(dims), 4 * len(PASSES)))
     for i, pass_ in enumerate(PASSES):
-      for j, d in enumerate(data.dims):
+      for j, d in enumerate(dims):
         ax = axes[i][j]
         for lab in data.labels_for(d, pass_):
           pts = []
@@ -249,7 +256,8 @@ def plots(data, plot_dir, title):
           if pts:
             style = dict(lw=2.5, color="black") if lab == PALLAS else {}
             ax.plot(*zip(*pts), marker="o", ms=3, label=lab, **style)
-        ax.set(xscale="log", yscale="log", xlabel="T", ylabel=ylabel, title=f"d = {d}, {pass_}")
+        ax.set(xscale="log", yscale="log", xlabel="T (B * T fixed up to its maximum, then B = 1)",
+               ylabel=ylabel, title=f"d = {d}, {pass_}")
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
           ax.legend(fontsize=6)
@@ -351,9 +359,11 @@ def render(headers, rows, plot_paths, out_path):
     md += [table(["d", "pass", "T", "ms", "floor ms", "ms / floor"], body) if body else "-", ""]
 
   for d in data.dims:
+    if not any(data.labels_for(d, p, measured_only=True) for p in PASSES):
+      continue
     md += [f"## d = {d}", ""]
     for pass_ in PASSES:
-      if not data.labels_for(d, pass_):
+      if not data.labels_for(d, pass_, measured_only=True):
         continue
       md += [f"### {pass_}: milliseconds", "", metric_table(data, d, pass_, lambda r: r["ms"]), ""]
       body = fastest_summary(data, d, pass_)
