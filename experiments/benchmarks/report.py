@@ -286,6 +286,14 @@ def provenance(headers):
                + f"); {versions}; H = {s.get('heads')}, B * T = {s.get('tokens')}, "
                f"dtype {s.get('dtype')}, chunk {s.get('chunk')}"
                + (", **smoke run (CPU, tiny shapes: not a benchmark)**" if s.get("smoke") else ""))
+    argv = list(h.get("argv") or [])
+    for i, a in enumerate(argv[:-1]):  # the output folder is the machine's; show a placeholder
+      if a == "--out":
+        argv[i + 1] = "OUT"
+    if argv:
+      out.append(f"  - command: `python3 {' '.join(argv)}` (with the wheels of fla-core, einops "
+                 "and jax-triton installed), then `python3 experiments/benchmarks/report.py "
+                 f"--jsonl {os.path.basename(path)} --out BENCHMARKS.md --plots results/plots`")
   return out
 
 

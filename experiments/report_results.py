@@ -1,0 +1,346 @@
+r"""Regenerates RESULTS.md and its plots from the raw JSON lines under results/.
+
+    python experiments/report_results.py [--results=results] [--out=RESULTS.md]
+
+Reads (each optional; a missing file leaves its section saying so):
+  mqar_capacity_h200.jsonl      rows of experiments/grid.py --grids=capacity
+  mqar_long_h200.jsonl, copy_h200.jsonl, ablation_h200.jsonl   other grids, same row format
+  mixer_sweep_mqar_n24_h200.jsonl   the earlier one-seed run at n_pairs = 24
+  state_norms_cpu.jsonl         experiments/state_norms.py (random inputs, Jacobians)
+  trained_diagnostics_cpu.jsonl experiments/trained_diagnostics.py (inside trained models)
+  vla_penalty_ablation_cpu.jsonl    VLA's lam0 / penalty scale on the demo problem
+Writes RESULTS.md and results/plots/*.png. Every number in RESULTS.md comes from those files.
+
+Learning-rate choice: for each mixer and setting, the rate with the best mean *validation*
+accuracy over seeds (validation examples are drawn with another seed than the test set); the
+table reports *test* accuracy at that rate: mean, standard deviation and minimum over seeds.
+"""
+
+import argparse
+import collections
+import json
+import os
+
+import numpy as np
+
+MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet", "vla")
+MIXER_NAMES = {"softmax": "softmax", "softmax_conv": "softmax + conv", "linear": "linear",
+               "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "vla": "VLA"}
+PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def read(path):
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def label(row):
+  return row.get("label", row["mixer"])
+
+
+def first_set(scores):
+  return next(iter(scores.values()))
+
+
+def best_rate(rows):
+  """rows of one (mixer, setting): {rate: [rows]} -> (rate, test accuracies over seeds)."""
+  by_rate = collections.defaultdict(list)
+  for r in rows:
+    by_rate[r["learning_rate"]].append(r)
+  rate = max(by_rate, key=lambda lr: np.mean([first_set(r["validation"])["accuracy"]
+                                              for r in by_rate[lr]]))
+  test = np.array([first_set(r["test"])["accuracy"] for r in by_rate[rate]])
+  return rate, test, len(by_rate)
+
+
+def cell(test):
+  if len(test) == 1:
+    return f"{test[0]:.3f} (1 seed)"
+  return f"{test.mean():.3f} ± {test.std():.3f} (min {test.min():.3f})"
+
+
+def grid_table(rows, key, values, key_name):
+  """Markdown table mixer x setting of the best-rate test accuracy, and the summary dict."""
+  groups = collections.defaultdict(list)
+  for r in rows:
+    groups[(label(r), r[key])].append(r)
+  mixers = [m for m in MIXER_ORDER if any(g[0] == m for g in groups)]
+  summary = {}
+  lines = [f"| mixer | " + " | ".join(f"{key_name} = {v}" for v in values) + " |",
+           "| --- |" + " --- |" * len(values)]
+  for m in mixers:
+    cells = []
+    for v in values:
+      if (m, v) not in groups:
+        cells.append("not run")
+        continue
+      rate, test, n_rates = best_rate(groups[(m, v)])
+      summary[(m, v)] = {"rate": rate, "test": test, "rates_tried": n_rates}
+      cells.append(f"{cell(test)} @ {rate:g}")
+    lines.append(f"| {MIXER_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
+  return "\n".join(lines), summary
+
+
+def plot_capacity(summary, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for m in MIXER_ORDER:
+    pts = sorted((n, s["test"]) for (mm, n), s in summary.items() if mm == m)
+    if not pts:
+      continue
+    n = [p[0] for p in pts]
+    mean = [p[1].mean() for p in pts]
+    std = [p[1].std() for p in pts]
+    ax.errorbar(n, mean, yerr=std, marker="o", capsize=3, label=MIXER_NAMES[m])
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(PAPER_N, [str(n) for n in PAPER_N])
+  ax.set_xlabel("key-value pairs n (T = 3n + 1)")
+  ax.set_ylabel("test accuracy (best rate, mean ± std over seeds)")
+  ax.set_title("MQAR capacity: 2 layers, d_model 128, 4 heads of d_h 32")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_trained_norms(rows, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  longest = max((r["T"] for r in rows), default=0)
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for r in rows:
+    if r["T"] == longest:
+      ax.loglog(r["trace_t"], r["trace_median"], label=f"{r['mixer']} layer {r['layer']}")
+  ax.set_xlabel("token t")
+  ax.set_ylabel("||S_t||_F (median over sequences, heads)")
+  ax.set_title(f"Memory norm inside trained models, MQAR inputs, T = {longest}")
+  ax.legend(fontsize=7, ncol=2)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def fmt(x, digits=3):
+  return "n/a" if x is None else f"{x:.{digits}g}"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--results", default="results")
+  parser.add_argument("--out", default="RESULTS.md")
+  args = parser.parse_args()
+  R = lambda name: read(os.path.join(args.results, name))
+  plots = os.path.join(args.results, "plots")
+  os.makedirs(plots, exist_ok=True)
+  rel = lambda p: os.path.relpath(p, os.path.dirname(os.path.abspath(args.out)) or ".")
+
+  capacity = R("mqar_capacity_h200.jsonl")
+  cap_table, cap = grid_table(capacity, "n_pairs", PAPER_N, "n")
+  if cap:
+    plot_capacity(cap, os.path.join(plots, "mqar_capacity.png"))
+  smoke = [r for r in R("mixer_sweep_mqar_n24_h200.jsonl")]
+  smoke_best = {}
+  for r in smoke:
+    smoke_best[r["mixer"]] = max(smoke_best.get(r["mixer"], 0.0), r["accuracy"])
+
+  norms = R("state_norms_cpu.jsonl")
+  random_norm = {r["t"]: r for r in norms if r["kind"] == "state_norm_random"}
+  jac_random = next((r for r in norms if r["kind"] == "jacobian_random"), None)
+  jac_demo = [r for r in norms if r["kind"] == "trained"]
+  trained = R("trained_diagnostics_cpu.jsonl")
+  trained_models = [r for r in trained if r["kind"] == "trained_model"]
+  trained_norms = [r for r in trained if r["kind"] == "trained_state_norm"]
+  trained_jac = [r for r in trained if r["kind"] == "trained_jacobian"]
+  if trained_norms:
+    plot_trained_norms(trained_norms, os.path.join(plots, "trained_state_norms.png"))
+  ablation_cpu = R("vla_penalty_ablation_cpu.jsonl")
+
+  def cap_mean(m, n):
+    s = cap.get((m, n))
+    return None if s is None else float(s["test"].mean())
+
+  r1000 = random_norm.get(1000, {})
+  jac_max_trained = max([r["max"] for r in trained_jac] + [r["max"] for r in jac_demo],
+                        default=None)
+  out = []
+  w = out.append
+  w("# Results\n")
+  w("Every number below is regenerated by `python experiments/report_results.py` from the raw "
+    "JSON lines under `results/`; each section names the command that produced its rows. "
+    "MQAR runs: 2 layers, d_model 128, 4 heads of d_h 32, short convolution 4 in every "
+    "recurrent mixer, AdamW with warmup and cosine decay, batch 64, 3000 steps, float32, NVIDIA "
+    "H200; three seeds per learning rate, the rate chosen on a validation set drawn with another "
+    "seed, accuracy reported on the test set (per query, 2000 held-out examples).\n")
+  w("## The seed's claims against our measurements\n")
+  w("| seed's claim | our measurement | verdict |")
+  w("| --- | --- | --- |")
+  w(f"| Prop. 1 / T = 1,000: linear attention ||S|| about 1,600, VLA under 15 | random inputs, "
+    f"d_h 32: linear {fmt(r1000.get('linear_attention'), 4)}, VLA {fmt(r1000.get('vla'))}, "
+    f"DeltaNet {fmt(r1000.get('deltanet'))} at t = 1,000; linear keeps growing "
+    f"({fmt(random_norm.get(65536, {}).get('linear_attention'), 5)} at 65,536), VLA stays "
+    f"{fmt(random_norm.get(65536, {}).get('vla'))} | growth of linear attention and a bounded "
+    "VLA memory reproduced; the 'under 15' figure depends on the value scale (ours: unit-variance "
+    "values), and DeltaNet is bounded as well |")
+  jr = jac_random or {}
+  w(f"| Prop. 2: ||dS_t/dS_(t-1)||_2 = 1 exactly | random inputs: median {fmt(jr.get('p50'), 5)}, "
+    f"max {fmt(jr.get('max'), 5)}, above 1 for {100 * jr.get('frac_above_1', float('nan')):.2f}% "
+    f"of tokens; trained models: max {fmt(jac_max_trained, 5)}; closed form "
+    "sqrt((3 - 2c + sqrt(5 - 4c)) / 2) matches to "
+    f"{fmt(jr.get('max_abs_closed_form_gap'), 2)} | does not hold: the norm exceeds 1 "
+    "whenever a_t != khat_t; the excess is small per token (see section 2 for products) |")
+  deltanet24, linear24 = cap_mean("deltanet", 24), cap_mean("linear", 24)
+  softmax24, softconv24, vla24 = (cap_mean("softmax", 24), cap_mean("softmax_conv", 24),
+                                  cap_mean("vla", 24))
+  vla24_text = (f"VLA {fmt(vla24)}" if vla24 is not None else
+                f"VLA not finished in the 3-seed grid (one earlier seed: "
+                f"{fmt(smoke_best.get('vla'))})")
+  w(f"| MQAR n = 24, d_h 32: VLA 1.000, DeltaNet 0.010, linear 0.074, softmax 0.26 | "
+    f"{vla24_text}; DeltaNet {fmt(deltanet24)}, linear {fmt(linear24)}, softmax "
+    f"{fmt(softmax24)} without and {fmt(softconv24)} with the short convolution (3 seeds) | the "
+    "baselines' low scores are not reproduced: on the same backbone DeltaNet, linear attention "
+    "and softmax attention with the short convolution solve n = 24; plain softmax attention did "
+    "not learn MQAR in 3000 steps at any rate tried |")
+  w("| n = 8, T up to 512: VLA 1.000, DeltaNet about 0.01 | not run yet (GPU time; "
+    "`experiments/grid.py --grids=long`) | open |")
+  vla32 = cap_mean("vla", 32)
+  w(f"| 62% at the capacity boundary n = d_h = 32 | VLA at n = 32: "
+    f"{fmt(vla32) if vla32 is not None else 'not finished'}; DeltaNet {fmt(cap_mean('deltanet', 32))}, "
+    f"linear {fmt(cap_mean('linear', 32))} | open for VLA |")
+  w("| Triton kernel crosses below softmax latency at about 43,000 tokens | see BENCHMARKS.md: "
+    "the Pallas kernel crosses cuDNN attention near 76k tokens forward on an H200 | the paper's "
+    "crossover is not reached yet; kernel work continues in `kernels/NOTES.md` |\n")
+
+  w("## 1. Memory norm ||S_t||_F\n")
+  w("Random inputs (`python experiments/state_norms.py --max_T=65536 --out_dir=results`; one "
+    "sequence, 4 heads of d_h 32, q, k, v ~ N(0, 1), u a random unit vector / sqrt(d_h); median "
+    "over heads):\n")
+  if random_norm:
+    w("| t | linear attention | DeltaNet | Gated DeltaNet | VLA |")
+    w("| --- | --- | --- | --- | --- |")
+    for t in sorted(random_norm):
+      r = random_norm[t]
+      w(f"| {t:,} | {r['linear_attention']:.1f} | {r['deltanet']:.1f} | "
+        f"{r['gated_deltanet']:.1f} | {r['vla']:.1f} |")
+    w(f"\n![random inputs]({rel(os.path.join(args.results, 'state_norms_random.png'))})\n")
+  if trained_models:
+    m0 = trained_models[0]
+    w("Inside trained models (`python experiments/trained_diagnostics.py --d_model="
+      f"{m0['d_model']} --train_T={m0['train_T']} --num_steps={m0['steps']} --Ts=1000,8192 "
+      "--examples=4 --out=results/trained_diagnostics_cpu.jsonl`, CPU): one model per "
+      f"recurrent mixer trained on MQAR (8 pairs, T = {m0['train_T']}, d_model {m0['d_model']}, "
+      "no position embeddings), then fed longer MQAR sequences of the same task; "
+      "`vla_jax.diagnostics.layer_state_norms` follows each layer's memory token by token. "
+      "Training accuracy at its own length: " + ", ".join(
+          f"{r['mixer']} {r['accuracy']:.3f}" for r in trained_models) + ".\n")
+    w("| mixer | layer | T | ||S_t|| at t = 1, 10, 100, 1,000, ... (median) | max over tokens |")
+    w("| --- | --- | --- | --- | --- |")
+    for r in trained_norms:
+      w(f"| {r['mixer']} | {r['layer']} | {r['T']:,} | " + ", ".join(
+          f"{t:,}: {x:.3g}" for t, x in zip(r["t"], r["median"])) + f" | {max(r['max']):.3g} |")
+    w(f"\n![trained models]({rel(os.path.join(plots, 'trained_state_norms.png'))})\n")
+  else:
+    w("Inside trained models: not measured yet (`experiments/trained_diagnostics.py`).\n")
+
+  w("## 2. VLA's state Jacobian I - khat_t a_t^T (Prop. 2)\n")
+  w("`vla_jax.diagnostics.vla_jacobian_norms` measures the spectral norm per token and its closed "
+    "form sqrt((3 - 2c + sqrt(5 - 4c)) / 2), c = a_t . khat_t; `vla_jacobian_product_norms` the "
+    "norm of products over spans.\n")
+  w("| inputs | tokens | median | p99 | max | share above 1 | closed-form gap | products |")
+  w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+  if jac_random:
+    w(f"| random, d_h 32 | {jr['tokens']:,} | {jr['p50']:.5f} | {jr['p99']:.5f} | "
+      f"{jr['max']:.5f} | {jr['frac_above_1']:.4f} | {jr['max_abs_closed_form_gap']:.1e} | |")
+  for r in jac_demo:
+    prods = ", ".join(f"span {k.split('_')[2]}: {v:.3g}" for k, v in r.items()
+                      if k.startswith("product_span_"))
+    w(f"| trained demo model (T {r['T']}), layer {r['layer']} | {r['tokens']:,} | "
+      f"{r['p50']:.5f} | {r['p99']:.5f} | {r['max']:.5f} | {r['frac_above_1']:.4f} | "
+      f"{r['max_abs_closed_form_gap']:.1e} | max {prods} |")
+  for r in trained_jac:
+    prods = ", ".join(f"span {k.split('_')[2]}: {r[k]:.3g}" for k in sorted(r)
+                      if k.startswith("product_span_") and k.endswith("_max"))
+    w(f"| trained MQAR model, T {r['T']:,}, layer {r['layer']} | {r['tokens']:,} | "
+      f"{r['p50']:.5f} | {r['p99']:.5f} | {r['max']:.5f} | {r['frac_above_1']:.4f} | "
+      f"{r['closed_form_gap']:.1e} | max {prods} |")
+  w("\nThe claim holds only where a_t = khat_t (no penalty). Per token the excess is below a few "
+    "percent; what matters over a long context is the product column: a norm above 1 for a "
+    "product over a span means a perturbation of the memory can grow over that span, a norm "
+    "at or below 1 that the erase steps keep it in check.\n")
+
+  w("## 3. MQAR capacity (the seed's setting)\n")
+  w("`python experiments/grid.py --grids=capacity --out_dir=OUT --gpus=0,1` (rows in "
+    "`results/mqar_capacity_h200.jsonl`). Cells: test accuracy at the best rate, mean ± std "
+    "(min) over 3 seeds, @ the rate; rates tried 3e-4, 1e-3, 3e-3. `softmax + conv` is softmax "
+    "attention with the same short convolution as the recurrent mixers.\n")
+  w(cap_table + "\n")
+  if cap:
+    w(f"![capacity]({rel(os.path.join(plots, 'mqar_capacity.png'))})\n")
+  missing = [f"{MIXER_NAMES[m]} n={n}" for m in MIXER_ORDER for n in PAPER_N
+             if (m, n) not in cap]
+  w("Not run yet (device time of this session ran out): " + (", ".join(missing) or "none")
+    + ". `experiments/grid.py` skips finished jobs, so the same command completes the grid.\n")
+  unstable = sorted({(m, n) for (m, n), s in cap.items() if s["test"].min() < 0.5
+                     and s["test"].max() > 0.99})
+  if unstable:
+    w("Seed sensitivity: at the chosen rate, some seeds solve the task and others stay near "
+      "chance for " + ", ".join(f"{MIXER_NAMES[m]} n={n}" for m, n in unstable) + ".\n")
+  vla_rows = [r for r in capacity if label(r) == "vla"]
+  if vla_rows:
+    by = collections.defaultdict(list)
+    for r in vla_rows:
+      by[(r["n_pairs"], r["learning_rate"])].append(first_set(r["test"])["accuracy"])
+    w("VLA per seed (test accuracy), all rates:\n")
+    w("| n | rate | seeds |")
+    w("| --- | --- | --- |")
+    for (n, lr), accs in sorted(by.items()):
+      w(f"| {n} | {lr:g} | " + ", ".join(f"{a:.3f}" for a in accs) + " |")
+    w("")
+  if smoke:
+    w("Earlier one-seed run at n = 24 (`python experiments/mixer_sweep.py --n_pairs=24 "
+      "--num_steps=3000 --learning_rates=1e-3,3e-3`, rows in "
+      "`results/mixer_sweep_mqar_n24_h200.jsonl`), best of two rates: " + ", ".join(
+          f"{MIXER_NAMES.get(m, m)} {a:.3f}" for m, a in smoke_best.items()) + ".\n")
+
+  w("## 4. Long context (n = 8, growing T)\n")
+  long_rows = R("mqar_long_h200.jsonl")
+  if long_rows:
+    Ts = sorted({r["seq_len"] for r in long_rows})
+    w(grid_table(long_rows, "seq_len", Ts, "T")[0] + "\n")
+  else:
+    w("Not run yet: `python experiments/grid.py --grids=long --out_dir=OUT --gpus=0,1` "
+      "(configs/mqar_long.py, T = 64 to 2048; `--long_Ts` extends it).\n")
+  w("## 5. Zoology's MQAR against state size\n")
+  zoo = R("mqar_zoology_h200.jsonl")
+  w("Not run yet: `python experiments/grid.py --grids=zoology --out_dir=OUT --gpus=0,1`.\n"
+    if not zoo else f"{len(zoo)} rows in results/mqar_zoology_h200.jsonl.\n")
+  w("## 6. Copy\n")
+  copy_rows = R("copy_h200.jsonl")
+  w("Not run yet: `python experiments/grid.py --grids=copy --out_dir=OUT --gpus=0,1` (trained at "
+    "lengths up to 64, scored by greedy generation at 64, 128 and 256).\n" if not copy_rows
+    else f"{len(copy_rows)} rows in results/copy_h200.jsonl.\n")
+  w("## 7. VLA's hyperparameters and readout\n")
+  if ablation_cpu:
+    w("CPU, demo problem (`configs/mqar_demo.py`, 500 steps, one seed; `python "
+      "experiments/train.py --config=configs/mqar_demo.py --config.train.num_steps=500 "
+      "--config.model.options.vla.<field>=<value>`):\n")
+    w("| setting | accuracy | exact match |")
+    w("| --- | --- | --- |")
+    for r in ablation_cpu:
+      w(f"| {r['override']} | {r['accuracy']:.3f} | {r['exact_match']:.3f} |")
+    w("\nWithout the penalty (penalty_scale 0, so a_t = khat_t) the model learns far less in "
+      "500 steps; a stronger penalty relative to lam0 learns faster. One seed and a short run: "
+      "the defaults (lam0 1, penalty scale 1/sqrt(d_h), the authors' choices) are kept until "
+      "the 3-seed ablation (`experiments/grid.py --grids=ablation`) has run. The readout "
+      "default (none) was chosen by measurement, `vla_jax/layers/README.md`.\n")
+  with open(args.out, "w") as f:
+    f.write("\n".join(out) + "\n")
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
