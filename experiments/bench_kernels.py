@@ -123,7 +123,8 @@ def main():
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--no_bwd", action="store_true", help="forward rows only")
   parser.add_argument("--solver", default="triangular_solve",
-                      help="comma list of KernelConfig.solver values for the pallas rows")
+                      help="comma list of KernelConfig.solver values for the pallas rows "
+                           "(triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="xla",
                       help="comma list of KernelConfig.prep values (xla, kernel), pallas rows")
   parser.add_argument("--prep_dot", default="tf32x3",

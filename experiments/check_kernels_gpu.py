@@ -119,7 +119,7 @@ def main():
   parser.add_argument("--max_T", type=int, default=16384)
   parser.add_argument("--long_T", type=int, default=131072)
   parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
-  parser.add_argument("--solver", default="triangular_solve", help="KernelConfig.solver")
+  parser.add_argument("--solver", default="triangular_solve", help="KernelConfig.solver (triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="xla,kernel", help="comma list of KernelConfig.prep")
   parser.add_argument("--prep_dot", default="tf32x3", help="KernelConfig.prep_dot")
   args = parser.parse_args()

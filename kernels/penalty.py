@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.kernels.triangular import tri_inverse
+from vla_jax.ops.utils import tril_inverse
 
 
 def _sym(A):
@@ -31,6 +32,8 @@ def _sym(A):
 def _lower_inverse(L, solver, precision):
   if solver == "nilpotent":
     return tri_inverse(L, unit_diagonal=False, precision=precision)
+  if solver == "doubling":
+    return tril_inverse(L)
   eye = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
   return jax.lax.linalg.triangular_solve(L, eye, left_side=True, lower=True)
 
@@ -56,7 +59,8 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
     A0: [B, H, dk, dk] initial penalty inverse (symmetric positive definite).
     refine: one Newton step on each chunk-start inverse.
     precision: matrix-product precision.
-    solver: "triangular_solve" or "nilpotent" (matrix products only; `triangular.py`).
+    solver: "triangular_solve", "nilpotent" or "doubling" (matrix products only;
+      `triangular.py`).
 
   Returns:
     W [B, H, N, C, dk] with rows A_t khat_t, and A_T [B, H, dk, dk]. Same dtype as khat.
@@ -66,7 +70,7 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
   gram = mm("bhnci,bhncj->bhnij", u, u)                          # [B, H, N, dk, dk]
   before = jnp.cumsum(gram, axis=2)[:, :, :-1]
   before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]), before], axis=2)
-  M0 = _spd_inverse(A0, refine=False, precision=precision)
+  M0 = _spd_inverse(A0, refine=False, precision=precision, solver=solver)
   A_c = _spd_inverse(M0[:, :, None] + before, refine=refine, precision=precision,
                      solver=solver)
   UA = mm("bhnck,bhnkj->bhncj", u, A_c)                           # [B, H, N, C, dk]

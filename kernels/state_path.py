@@ -36,6 +36,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from vla_jax.kernels.triangular import SOLVERS, tri_inverse
+from vla_jax.ops.utils import tril_inverse
 from vla_jax.ops.checks import compute_dtype
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -62,7 +63,8 @@ class KernelConfig:
     refine: one Newton step A <- A + A (I - M A) on each chunk-start inverse of the penalty
       path (see `penalty.py`). Default True.
     solver: how the XLA parts apply triangular inverses: "triangular_solve" (XLA's batched
-      solve) or "nilpotent" (matrix products only, `triangular.py`). Same function.
+      solve), "nilpotent" (matrix products only, `triangular.py`) or "doubling" (block-doubling
+      inverse from batched products, `vla_jax.ops.utils.tril_inverse`). Same function.
     prep: how `vla_pallas`'s forward computes the per-chunk factors: "xla" (the XLA penalty path
       of `penalty.py` plus `_factors`) or "kernel" (one Pallas program per chunk,
       `chunk_prep.py`). Gradients are the same either way (the backward is the XLA path's).
@@ -134,6 +136,8 @@ def _factors(q, e, w, v, precision, solver):
   VE = jnp.concatenate([v, e], axis=-1)
   if solver == "nilpotent":
     X = mm("...ij,...jd->...id", tri_inverse(L, unit_diagonal=True, precision=precision), VE)
+  elif solver == "doubling":
+    X = mm("...ij,...jd->...id", tril_inverse(L, unit_diagonal=True), VE)
   else:
     X = jax.lax.linalg.triangular_solve(L, VE, left_side=True, lower=True,
                                         unit_diagonal=True)

@@ -4,11 +4,15 @@ For lower-triangular L = (I + N) diag(l), N strictly lower (nilpotent, N^C = 0):
     (I + N)^-1 = sum_k (-N)^k = prod_{j < log2 C} (I + (-N)^(2^j)),
 so L^-1 = diag(1/l) (I + N)^-1 costs 2 log2(C) - 1 batched C x C products, which XLA runs as
 plain matmuls (batched small `triangular_solve` calls are slow on GPUs).
+
+`solver="doubling"` uses `vla_jax.ops.utils.tril_inverse` instead: block doubling (merge pairs
+of diagonal blocks of sizes 1, 2, ..., C/2; log2 C rounds of batched products, always at
+HIGHEST precision), whose intermediates are principal sub-inverses (bounded like the inverse).
 """
 
 import jax.numpy as jnp
 
-SOLVERS = ("triangular_solve", "nilpotent")
+SOLVERS = ("triangular_solve", "nilpotent", "doubling")
 
 
 def tri_inverse(L, *, unit_diagonal, precision):

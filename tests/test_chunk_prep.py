@@ -75,6 +75,23 @@ def test_matches_xla_prep_bfloat16():
     assert _rel(g, w) < (1e-2 if name == "o" else 1e-5), (name, _rel(g, w))
 
 
+def test_doubling_solver_float64(f64):
+  """prep="xla" with solver="doubling" (block-doubling triangular inverses from products):
+  forward against the oracle, gradients against the default solver."""
+  B, T, H, dk, dv, C = SHAPES[0]
+  args = [jnp.asarray(x) for x in _inputs(15, B, T, H, dk, dv)]
+  cfg = _config(C, prep="xla", solver="doubling")
+  got = _run(cfg, *args)
+  for name, g, w in zip("oSA", got, _oracle(*(np.asarray(x) for x in args))):
+    assert _rel(g, w) < TOL[np.float64], (name, _rel(g, w))
+  loss = lambda c: lambda *a: sum(jnp.sum(jnp.sin(x)) for x in vla_pallas(
+      *a, config=c, interpret=True))
+  got = jax.jit(jax.grad(loss(cfg), argnums=range(5)))(*args)
+  want = jax.jit(jax.grad(loss(_config(C, prep="xla")), argnums=range(5)))(*args)
+  for name, g, w in zip(("q", "k", "v", "u", "S0"), got, want):
+    assert _rel(g, w) < 1e-9, (name, _rel(g, w))
+
+
 def test_gradients_match_chunked_float64(f64):
   B, T, H, dk, dv, C = SHAPES[1]
   q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(13, B, T, H, dk, dv))
