@@ -15,6 +15,8 @@ Grids (the settings of RESULTS.md):
   copy:     configs/copy.py, rates 1e-3, 3e-3; scored at lengths 64, 128, 256.
   zoology:  configs/mqar_zoology.py at T/n = 64/4, 128/8, 256/16, 512/64, d_model 64/128/256.
   ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale and readout varied.
+  ablation_demo: the same variants on configs/mqar_demo.py (--demo_steps steps, rate 3e-3;
+            small enough for a CPU).
 Every job trains seeds 0, 1, 2 (--seeds).
 """
 
@@ -66,7 +68,7 @@ def jobs_for(grid, args):
                        **extra}, ("1e-3", "3e-3"),
                       {"grid": grid, "seq_len": T, "n_pairs": n, "d_model": d_model,
                        "label": label}))
-  elif grid == "ablation":
+  elif grid in ("ablation", "ablation_demo"):
     variants = [("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
                 ("lam0-10", {"model.options.vla.lam0": 10.0}),
                 ("penalty-0", {"model.options.vla.penalty_scale": 0.0}),
@@ -75,9 +77,14 @@ def jobs_for(grid, args):
                 ("readout-delta", {"model.options.vla.readout": "delta"}),
                 ("no-conv", {"model.options.vla.conv_size": 0})]
     for name, overrides in variants:
-      out.append((f"ablation-{name}", "configs/mqar_paper.py:24",
-                  {"model.mixer": "vla", **overrides}, ("1e-3", "3e-3"),
-                  {"grid": grid, "variant": name, "n_pairs": 24}))
+      if grid == "ablation":
+        out.append((f"ablation-{name}", "configs/mqar_paper.py:24",
+                    {"model.mixer": "vla", **overrides}, ("1e-3", "3e-3"),
+                    {"grid": grid, "variant": name, "n_pairs": 24}))
+      else:  # the README's demo problem, small enough for a CPU
+        out.append((f"ablation_demo-{name}", "configs/mqar_demo.py",
+                    {"model.mixer": "vla", "train.num_steps": args.demo_steps, **overrides},
+                    ("3e-3",), {"grid": grid, "variant": name, "n_pairs": 8}))
   else:
     raise ValueError(f"unknown grid {grid!r}")
   return [(grid,) + job for job in out]
@@ -114,6 +121,7 @@ def main():
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048")
   parser.add_argument("--zoology_steps", type=int, default=4000)
+  parser.add_argument("--demo_steps", type=int, default=500)
   parser.add_argument("--only", default="",
                       help="Comma list: run only jobs whose name contains one of these.")
   parser.add_argument("--override", nargs=2, action="append", default=[],

@@ -159,6 +159,7 @@ def main():
   if trained_norms:
     plot_trained_norms(trained_norms, os.path.join(plots, "trained_state_norms.png"))
   ablation_cpu = R("vla_penalty_ablation_cpu.jsonl")
+  ablation_demo = R("vla_ablation_demo_cpu.jsonl")
 
   def cap_mean(m, n):
     s = cap.get((m, n))
@@ -324,8 +325,26 @@ def main():
     "lengths up to 64, scored by greedy generation at 64, 128 and 256).\n" if not copy_rows
     else f"{len(copy_rows)} rows in results/copy_h200.jsonl.\n")
   w("## 7. VLA's hyperparameters and readout\n")
+  if ablation_demo:
+    variants = list(dict.fromkeys(r["variant"] for r in ablation_demo))
+    steps = ablation_demo[0]["steps"]
+    w("CPU, the README's demo problem (`configs/mqar_demo.py`: MQAR 8 pairs, T = 25, d_model 64, "
+      f"2 heads of 32), {steps} steps at rate 3e-3, 3 seeds, one variant changed at a time "
+      f"(`python experiments/grid.py --grids=ablation_demo --demo_steps={steps} --out_dir=OUT "
+      "--per_gpu=1`, rows in `results/vla_ablation_demo_cpu.jsonl`). Test accuracy per seed:\n")
+    w("| variant | mean ± std | seeds |")
+    w("| --- | --- | --- |")
+    for v in variants:
+      accs = np.array([first_set(r["test"])["accuracy"] for r in ablation_demo
+                       if r["variant"] == v])
+      w(f"| {v} | {accs.mean():.3f} ± {accs.std():.3f} | "
+        + ", ".join(f"{a:.3f}" for a in accs) + " |")
+    w("\nVariants: lam0 (the ridge, default 1), penalty-0 (penalty_scale 0: u = 0, so a_t = "
+      "khat_t, DeltaNet with beta 1), penalty-1 (penalty_scale 1 instead of 1/sqrt(d_h)), "
+      "readout additive (the authors' normaliser) or delta (a normaliser carried by the same "
+      "recurrence), no-conv (the authors' layer without the short convolution).\n")
   if ablation_cpu:
-    w("CPU, demo problem (`configs/mqar_demo.py`, 500 steps, one seed; `python "
+    w("Earlier, one seed (`configs/mqar_demo.py`, 500 steps; `python "
       "experiments/train.py --config=configs/mqar_demo.py --config.train.num_steps=500 "
       "--config.model.options.vla.<field>=<value>`):\n")
     w("| setting | accuracy | exact match |")

@@ -32,6 +32,7 @@ _TS = flags.DEFINE_list("Ts", ["1000", "16384"], "Lengths of the measured sequen
 _EXAMPLES = flags.DEFINE_integer("examples", 8, "Sequences per measured length.")
 _TRAIN_T = flags.DEFINE_integer("train_T", 256, "Training sequence length (MQAR, 8 pairs).")
 _D_MODEL = flags.DEFINE_integer("d_model", 128, "Model width (heads of d_h = 32).")
+_CHUNK = flags.DEFINE_integer("chunk_size", 64, "Chunk size of the recurrences in training.")
 flags.mark_flags_as_required(["out"])
 
 
@@ -62,6 +63,7 @@ def main(argv):
     config.model.mixer = mixer
     config.model.d_model = _D_MODEL.value
     config.model.num_heads = _D_MODEL.value // 32
+    config.model.chunk_size = _CHUNK.value
     config.model.pos_emb = "none"
     config.train.update({"num_steps": _STEPS.value, "learning_rate": _LR.value,
                          "checkpoint_every": 0, "log_every": 250})
