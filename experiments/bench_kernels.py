@@ -10,12 +10,13 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
 
     python experiments/bench_kernels.py --out DIR [--Ts 512,2048,8192] [--impls pallas,cudnn]
         [--block_v 64] [--chunk 64] [--reps 20] [--prep xla,kernel] [--prep_dot tf32x3,ieee]
-        [--prep_form panels,tiles] [--prep_warps 1,2,4]
+        [--prep_form panels,tiles] [--prep_warps 1,2,4] [--solver triangular_solve,doubling]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
-rows time the `chunk_prep` kernel in the forward (the backward is the XLA path's either way).
-`--breakdown` also times parts alone (forward): the XLA penalty path, the state path (XLA prep +
-kernels) and, when "kernel" is in --prep, the chunk-prep kernel alone on precomputed inputs.
+rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels
+(the backward is the XLA path's either way). `--breakdown` also times parts alone (forward): the
+XLA penalty path, the state path (XLA prep + kernels) and, when "kernel" / "split" is in --prep,
+the chunk-prep kernel(s) alone on precomputed inputs.
 """
 
 import argparse
@@ -29,7 +30,8 @@ import numpy as np
 
 from timing import median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
-from vla_jax.kernels.chunk_prep import chunk_prep
+from vla_jax.kernels import split_prep
+from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.kernels.vla import _chunk_start_matrices
 from vla_jax.ops.vla import vla_recurrence
@@ -79,6 +81,22 @@ def part_fns(part, cfg, q, k, v, u):
   B, T, H_, d = q.shape
   C = cfg.chunk_size
   hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)        # [B, H, T, d]
+  if part == "prep_split_only":
+    fl = lambda x: hm(x).reshape(B * H_, T, d)
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
+    M = _chunk_start_matrices(hm(u), A0, C, jnp.float32).reshape(B * H_, T // C, d, d)
+    e = fl(k) / jnp.linalg.norm(fl(k), axis=-1, keepdims=True)
+    fl_raw = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H_, T, d)
+    fprec = _factor_precision(cfg.prep_dot, jnp.float32, False)
+    kw = dict(num_warps=cfg.prep_warps)
+
+    def fn(M, e, u, q, v):
+      A_c = split_prep.spd_inverse(M, refine=cfg.refine, factor_precision=fprec, **kw)
+      Ah, _ = split_prep.penalty_rows(A_c, e, u, chunk_size=C, factor_precision=fprec, **kw)
+      return split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=cfg.precision,
+                                   factor_precision=fprec, **kw)
+    xs = jax.block_until_ready((M, e, fl_raw(u), fl_raw(q), fl_raw(v)))
+    return jax.jit(fn), None, xs
   if part == "prep_kernel_only":
     fl = lambda x: hm(x).reshape(B * H_, T, d)
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
@@ -126,7 +144,7 @@ def main():
                       help="comma list of KernelConfig.solver values for the pallas rows "
                            "(triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="xla",
-                      help="comma list of KernelConfig.prep values (xla, kernel), pallas rows")
+                      help="comma list of KernelConfig.prep values (xla, kernel, split), pallas rows")
   parser.add_argument("--prep_dot", default="tf32x3",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
   parser.add_argument("--prep_form", default="panels",
@@ -149,12 +167,14 @@ def main():
     for impl in impls:
       if impl == "pallas":
         for prep in preps:
-          dots = args.prep_dot.split(",") if prep == "kernel" else ["tf32x3"]
-          warps = [int(w) for w in args.prep_warps.split(",")] if prep == "kernel" else [4]
+          kern = prep in ("kernel", "split")
+          dots = args.prep_dot.split(",") if kern else ["tf32x3"]
+          warps = [int(w) for w in args.prep_warps.split(",")] if kern else [4]
           forms = args.prep_form.split(",") if prep == "kernel" else ["panels"]
           sv_list = args.solver.split(",") if prep == "xla" else ["triangular_solve"]
           variants += [(f"pallas(bv={bv},{sv[:4]},prep={prep}"
-                        + (f",{pf},{pd},w{pw})" if prep == "kernel" else ")"), "pallas",
+                        + (f",{pf},{pd},w{pw})" if prep == "kernel" else
+                           f",{pd},w{pw})" if prep == "split" else ")"), "pallas",
                         dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd, prep_warps=pw,
                              prep_form=pf))
                        for bv in args.block_v.split(",") for sv in sv_list for pd in dots
@@ -171,6 +191,10 @@ def main():
                                prep_form=pf))
                          for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
                          for pf in args.prep_form.split(",")]
+          if "split" in preps:
+            variants += [(f"prep_split_only({pd},w{pw})", "prep_split_only",
+                          dict(block_v=bv0, prep="split", prep_dot=pd, prep_warps=int(pw)))
+                         for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")]
       elif impl == "scan" and T > 8192:
         continue
       else:
@@ -181,7 +205,7 @@ def main():
         if impl == "cudnn":
           fwd, bwd = cudnn_fns()
           xs = (q, k, v)
-        elif impl in ("penalty_only", "state_only", "prep_kernel_only"):
+        elif impl in ("penalty_only", "state_only", "prep_kernel_only", "prep_split_only"):
           cfg = KernelConfig(chunk_size=args.chunk, **bv)
           fwd, bwd, xs = part_fns(impl, cfg, q, k, v, u)
         else:

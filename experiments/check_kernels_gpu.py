@@ -7,10 +7,10 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
 (against the float64 reference on the bf16-rounded inputs). Prints a table; exits 1 on failure.
 
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
-        [--prep xla,kernel] [--prep_dot tf32x3]
+        [--prep xla,kernel,split] [--prep_dot tf32x3] [--solver triangular_solve]
 
-Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" checks the chunk-prep
-kernel's forward (its gradients are the XLA path's, checked too).
+Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" / "split" check the
+chunk-prep kernel(s)' forward (their gradients are the XLA path's, checked too).
 """
 
 import argparse
@@ -142,7 +142,7 @@ def main():
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
-           "prep": prep if prep == "xla" else f"kernel({args.prep_dot})", **errs, "finite": finite,
+           "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)
     print(json.dumps(row), flush=True)

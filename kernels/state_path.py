@@ -41,9 +41,10 @@ from vla_jax.ops.checks import compute_dtype
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
-PREPS = ("xla", "kernel")
+PREPS = ("xla", "kernel", "split")
 PREP_DOTS = ("tf32x3", "ieee")
 PREP_FORMS = ("panels", "tiles")
+SPLIT_INVERSES = ("auto", "kernel", "xla")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -66,16 +67,22 @@ class KernelConfig:
       solve), "nilpotent" (matrix products only, `triangular.py`) or "doubling" (block-doubling
       inverse from batched products, `vla_jax.ops.utils.tril_inverse`). Same function.
     prep: how `vla_pallas`'s forward computes the per-chunk factors: "xla" (the XLA penalty path
-      of `penalty.py` plus `_factors`) or "kernel" (one Pallas program per chunk,
-      `chunk_prep.py`). Gradients are the same either way (the backward is the XLA path's).
-    prep_dot: with prep="kernel" on a GPU, how the kernel's factorisation products run:
+      of `penalty.py` plus `_factors`), "kernel" (one Pallas program per chunk,
+      `chunk_prep.py`) or "split" (three smaller Pallas kernels, each parallel over chunks:
+      chunk-start inverses, penalty rows, state-path factors; `split_prep.py`). Gradients are
+      the same either way (the backward is the XLA path's).
+    prep_dot: with prep="kernel" or "split" on a GPU, how the factorisation products run:
       "tf32x3" (three TF32 tensor-core products, about float32 accuracy) or "ieee" (full
       float32 on CUDA cores).
     prep_form: layout of the chunk-prep kernel's in-register matrices: "panels" (A_c one
       [dk, dk] value, C-row matrices as 16-row panels: few, larger products) or "tiles" (all
       16 x 16 tiles: many small products, smaller live values). Same function.
-    prep_warps: Triton warps per program of the chunk-prep kernel (its tiles are 16 x 16, so
-      fewer warps than the state kernel may pay). Default 4.
+    split_inverse: with prep="split", where the chunk-start inverses A_c = M_c^-1 come from:
+      "kernel" (`split_prep.spd_inverse`), "xla" (`penalty._spd_inverse` with `solver`) or
+      "auto" (default: the kernel for dk <= 64; at dk = 128 it spills and its shared memory
+      exceeds an H200 SM's, so XLA).
+    prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
+      are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -89,6 +96,7 @@ class KernelConfig:
   prep: str = "xla"
   prep_dot: str = "tf32x3"
   prep_form: str = "panels"
+  split_inverse: str = "auto"
   prep_warps: int = 4
   interpret: bool = False
 
@@ -113,6 +121,9 @@ class KernelConfig:
       raise ValueError(f"prep must be one of {PREPS}; got {self.prep!r}")
     if self.prep_form not in PREP_FORMS:
       raise ValueError(f"prep_form must be one of {PREP_FORMS}; got {self.prep_form!r}")
+    if self.split_inverse not in SPLIT_INVERSES:
+      raise ValueError(f"split_inverse must be one of {SPLIT_INVERSES}; got "
+                       f"{self.split_inverse!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:

@@ -1,15 +1,17 @@
 """`vla_pallas`: the VLA recurrence with the state path in Pallas.
 
 The per-chunk factors come from XLA (`penalty.py` + `state_path._factors`, config.prep="xla")
-or from the `chunk_prep.py` kernel (config.prep="kernel", forward only: under differentiation
-the XLA path runs and its backward is used)."""
+or from Pallas kernels, forward only (under differentiation the XLA path runs and its backward
+is used): one kernel `chunk_prep.py` (config.prep="kernel") or three, `split_prep.py`
+(config.prep="split")."""
 
 import functools
 
 import jax
 import jax.numpy as jnp
 
-from vla_jax.kernels.chunk_prep import chunk_prep
+from vla_jax.kernels import split_prep
+from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
 from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
@@ -34,9 +36,10 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
   S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T, o_t = S_t q_t.
 
   The per-chunk factors come from XLA, parallel over chunks (`penalty.py` and
-  `state_path._factors`, config.prep="xla") or from the `chunk_prep.py` kernel
-  (config.prep="kernel"; forward only, gradients are the XLA path's); the state path is the
-  Pallas kernel pair of `state_path.py` (forward pass and reverse pass over chunk states).
+  `state_path._factors`, config.prep="xla") or from Pallas kernels (config.prep="kernel":
+  `chunk_prep.py`; "split": `split_prep.py`; forward only, gradients are the XLA path's); the
+  state path is the Pallas kernel pair of `state_path.py` (forward pass and reverse pass over
+  chunk states).
   The same algorithm runs whatever the backend; only `interpret` changes how the Pallas
   kernels execute.
 
@@ -66,7 +69,7 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
     interpret = default_interpret()
   if interpret != config.interpret:
     config = type(config)(**{**config.__dict__, "interpret": bool(interpret)})
-  if config.prep == "kernel":
+  if config.prep in ("kernel", "split"):
     return _vla_prep_kernel(config, q, k, v, u, S0, A0)
   return _vla_xla_prep(config, q, k, v, u, S0, A0)
 
@@ -111,7 +114,8 @@ def _chunk_start_matrices(u_h, A0, C, acc):
 
 
 def _vla_kernel_forward(config, q, k, v, u, S0, A0):
-  """Forward with the per-chunk factors from the `chunk_prep` kernel."""
+  """Forward with the per-chunk factors from the `chunk_prep` kernel (prep="kernel") or the
+  three `split_prep` kernels (prep="split")."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   acc = compute_dtype(q, k, v, u, S0, A0)
@@ -120,11 +124,25 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
   M = _chunk_start_matrices(u_h, A0, C, acc)
   q_h = _head_major(q, T_pad)
-  Ah, Up, Wp, P, A_T = chunk_prep(
-      flat(M), flat(khat), flat(_head_major(u, T_pad)), flat(q_h), flat(_head_major(v, T_pad)),
-      chunk_size=C, precision=config.precision, refine=config.refine,
-      prep_dot=config.prep_dot, form=config.prep_form, num_warps=config.prep_warps,
-      interpret=config.interpret)
+  if config.prep == "split":
+    fprec = _factor_precision(config.prep_dot, acc, config.interpret)
+    kw = dict(num_warps=config.prep_warps, interpret=config.interpret)
+    if config.split_inverse == "kernel" or (config.split_inverse == "auto" and dk <= 64):
+      A_c = split_prep.spd_inverse(flat(M), refine=config.refine, factor_precision=fprec, **kw)
+    else:
+      A_c = _spd_inverse(flat(M), refine=config.refine, precision=jax.lax.Precision.HIGHEST,
+                         solver=config.solver)
+    Ah, A_T = split_prep.penalty_rows(A_c, flat(khat), flat(_head_major(u, T_pad)),
+                                      chunk_size=C, factor_precision=fprec, **kw)
+    Up, Wp, P = split_prep.state_prep(flat(khat), Ah, flat(q_h), flat(_head_major(v, T_pad)),
+                                      chunk_size=C, precision=config.precision,
+                                      factor_precision=fprec, **kw)
+  else:
+    Ah, Up, Wp, P, A_T = chunk_prep(
+        flat(M), flat(khat), flat(_head_major(u, T_pad)), flat(q_h),
+        flat(_head_major(v, T_pad)), chunk_size=C, precision=config.precision,
+        refine=config.refine, prep_dot=config.prep_dot, form=config.prep_form,
+        num_warps=config.prep_warps, interpret=config.interpret)
   o, S_T, _ = _forward_pass(config, flat(q_h), Ah, Up, Wp, P,
                             S0.astype(acc).reshape(B * H, dv, dk), v.dtype)
   o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]

@@ -1,0 +1,145 @@
+r"""Registers, spills and shared memory of the Pallas kernels, compiled for an H200 without one.
+
+    python experiments/kernel_resources.py [--prep=kernel,split] [--prep_dot=tf32x3]
+        [--prep_form=panels] [--warps=2,4,8] [--dk=64] [--chunk=64] [--only=NAME,...]
+        [--block_v=64] [--num_stages=2] [--triton_path=DIR]
+
+Lowers the forward of `vla_pallas` (one run per value of --prep) for an abstract H200, takes
+every pallas_call's Triton IR (Pallas' `debug` print), strips its debug locations and compiles
+it with the `triton` package (3.6, needs no GPU) for sm_90a, then runs `ptxas -v` on the PTX:
+the resource report that decides occupancy and local-memory traffic. Costs no device time.
+Needs the `triton` package: installed, or in a folder given by `--triton_path` or the
+TRITON_PATH environment variable (prepended to sys.path), e.g. /tmp/tritonsite.
+"""
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
+
+from vla_jax.kernels import KernelConfig, vla_pallas
+
+
+def triton_modules(cfg, B, T, H, dk, dv):
+  """{kernel name: Triton IR text} of every pallas_call in the forward of `vla_pallas`."""
+  original = pl.pallas_call
+
+  def debug_call(*args, **kwargs):
+    kwargs["debug"] = True
+    return original(*args, **kwargs)
+
+  spec = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
+  args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
+          spec(B, H, dv, dk, dtype=jnp.float32), spec(B, H, dk, dk, dtype=jnp.float32))
+  device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+  mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=device)
+  printed = io.StringIO()
+  pl.pallas_call = debug_call
+  try:
+    with use_abstract_mesh(mesh), warnings.catch_warnings(), \
+        contextlib.redirect_stdout(printed):
+      warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+      fn = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+      jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  finally:
+    pl.pallas_call = original
+  modules = {}
+  for block in printed.getvalue().split("\nThe Triton module for pallas_call ")[1:]:
+    text = block[block.index("module @"):].split("\nThe kernel jaxpr")[0]
+    name = re.search(r"module @(\w+)", text).group(1)
+    modules[name] = strip_locations(text)
+  return modules
+
+
+def strip_locations(text):
+  """Pretty-printed debug locations -> plain MLIR the triton parser accepts."""
+  lines = [l for l in text.splitlines() if not l.startswith("#loc")]
+  text = "\n".join(lines)
+  text = re.sub(r' \[[^\]\n]*\](?=[ ,):{]|$)', "", text, flags=re.M)
+  text = re.sub(r' "[^"\n]*"\(#loc\d*\)', "", text)
+  text = re.sub(r" #loc\d*(?=[ ,):{]|$)", "", text, flags=re.M)
+  return text[:text.rfind("\n}") + 2] + "\n"
+
+
+def resources(ttir, warps, stages):
+  """Compiles Triton IR for sm_90a; returns ptxas's register/spill lines and shared bytes."""
+  import triton  # pylint: disable=import-outside-toplevel
+  from triton.backends.compiler import GPUTarget  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "kernel.ttir")
+    with open(path, "w") as f:
+      f.write(ttir)
+    kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": warps, "num_stages": stages})
+    ptx = os.path.join(tmp, "kernel.ptx")
+    with open(ptx, "w") as f:
+      f.write(kernel.asm["ptx"])
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.devnull],
+                            capture_output=True, text=True, check=True).stderr
+  used = re.search(r"Used (\d+) registers", report)
+  stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                    r"loads", report)
+  cumulative = re.search(r"(\d+) bytes cumulative stack size", report)
+  return {"registers": int(used.group(1)) if used else None,
+          "stack_bytes": int(stack.group(1)) if stack else (
+              int(cumulative.group(1)) if cumulative else 0),
+          "spill_stores": int(stack.group(2)) if stack else None,
+          "shared_bytes": kernel.metadata.shared,
+          "ptx_lines": kernel.asm["ptx"].count("\n")}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--prep", default="kernel",
+                      help="comma list of KernelConfig.prep values (xla, kernel, split)")
+  parser.add_argument("--only", default="",
+                      help="comma list of kernel names to compile (default: all)")
+  parser.add_argument("--triton_path", default=os.environ.get("TRITON_PATH", ""),
+                      help="folder holding the triton package, prepended to sys.path")
+  parser.add_argument("--prep_dot", default="tf32x3")
+  parser.add_argument("--block_v", type=int, default=None, help="KernelConfig.block_v")
+  parser.add_argument("--num_stages", type=int, default=2,
+                      help="KernelConfig.num_stages (vla_state_fwd; the prep kernels use 1)")
+  parser.add_argument("--prep_form", default="panels")
+  parser.add_argument("--warps", default="2,4")
+  parser.add_argument("--dk", type=int, default=64)
+  parser.add_argument("--chunk", type=int, default=64)
+  args = parser.parse_args()
+  if args.triton_path:
+    sys.path.insert(0, args.triton_path)
+  only = [n for n in args.only.split(",") if n]
+  print(f"dk = dv = {args.dk}, C = {args.chunk}, prep_dot={args.prep_dot}, "
+        f"prep_form={args.prep_form}")
+  print("| prep | kernel | warps | registers | stack bytes/thread | spill stores | shared bytes "
+        "| PTX lines | compile s |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  for prep in args.prep.split(","):
+    cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
+                       prep_form=args.prep_form, block_v=args.block_v,
+                       num_stages=args.num_stages)
+    modules = triton_modules(cfg, 1, 2 * args.chunk, 2, args.dk, args.dk)
+    for name, ttir in modules.items():
+      if only and name not in only:
+        continue
+      for warps in (int(w) for w in args.warps.split(",")):
+        start = time.perf_counter()
+        r = resources(ttir, warps, cfg.num_stages if name == "vla_state_fwd" else 1)
+        print(f"| {prep} | {name} | {warps} | {r['registers']} | {r['stack_bytes']} | "
+              f"{r['spill_stores']} | {r['shared_bytes']} | {r['ptx_lines']} | "
+              f"{time.perf_counter() - start:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
