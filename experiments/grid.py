@@ -29,11 +29,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
-# mixers' short convolution, the like-for-like backbone.
+# mixers' short convolution, the like-for-like backbone; vla_p1 is VLA with penalty_scale 1
+# (the best setting of the demo ablation) instead of the authors' 1 / sqrt(d_h).
 MIXERS = (("softmax", "softmax", {}),
           ("softmax_conv", "softmax", {"model.options.softmax.conv_size": 4}),
           ("linear", "linear", {}), ("deltanet", "deltanet", {}),
-          ("gated_deltanet", "gated_deltanet", {}), ("vla", "vla", {}))
+          ("gated_deltanet", "gated_deltanet", {}), ("vla", "vla", {}),
+          ("vla_p1", "vla", {"model.options.vla.penalty_scale": 1.0}))
 PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
 ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))
 ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))  # (d_model, heads of d_h 32)
