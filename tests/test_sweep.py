@@ -13,20 +13,15 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from configs import base  # noqa: E402
+import test_train  # noqa: E402
 from vla_jax.training import from_config_dict, train_and_evaluate  # noqa: E402
 from vla_jax.training.sweep import train_sweep  # noqa: E402
 
 
 def tiny_config(**train):
-  config = base.get_base_config()
-  config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
-  config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
-                       "impl": "scan"})
-  config.train.update({"batch_size": 8, "num_steps": 6, "learning_rate": 1e-2,
-                       "warmup_steps": 2, "eval_every": 0, "checkpoint_every": 0,
-                       "eval_examples": 24, "eval_batch_size": 16, "log_every": 1, **train})
-  return from_config_dict(config)
+  """test_train's tiny MQAR model, with fewer and smaller steps."""
+  return from_config_dict(test_train.tiny_config(
+      **{"batch_size": 8, "num_steps": 6, "warmup_steps": 2, "eval_examples": 24, **train}))
 
 
 def _losses(workdir):

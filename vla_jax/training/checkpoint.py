@@ -41,6 +41,14 @@ class Checkpointer:
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
+  def finish(self, state):
+    """Saves `state` unless its step is already the latest checkpoint, then closes."""
+    step = int(state["step"])
+    if self.latest_step() != step:
+      self.save(step, state)
+    self.close()
+    return step
+
   def close(self):
     self.manager.close()
 

@@ -240,10 +240,7 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
           f"diverged {trainer.size - finite.size}/{trainer.size} {rate:.2f} steps/s")
     if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
       checkpointer.save(done, state)
-  final = int(state["step"])
-  if checkpointer.latest_step() != final:
-    checkpointer.save(final, state)
-  checkpointer.close()
+  final = checkpointer.finish(state)
   if final < tc.num_steps:
     return []
   test = trainer.evaluate(state["params"], trainer.eval_sets())

@@ -221,10 +221,7 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
       results = run_eval(done)
     if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
       checkpointer.save(done, state)
-  final = int(state["step"])
-  if checkpointer.latest_step() != final:
-    checkpointer.save(final, state)
-  checkpointer.close()
+  final = checkpointer.finish(state)
   if final == tc.num_steps or results is None:
     results = run_eval(final)
   return {
