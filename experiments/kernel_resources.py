@@ -21,14 +21,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
 from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.kernels.lowering import lower_for_h200
 
 
 def triton_modules(cfg, B, T, H, dk, dv):
@@ -42,16 +41,11 @@ def triton_modules(cfg, B, T, H, dk, dv):
   spec = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
   args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
           spec(B, H, dv, dk, dtype=jnp.float32), spec(B, H, dk, dk, dtype=jnp.float32))
-  device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-  mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=device)
   printed = io.StringIO()
   pl.pallas_call = debug_call
   try:
-    with use_abstract_mesh(mesh), warnings.catch_warnings(), \
-        contextlib.redirect_stdout(printed):
-      warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
-      fn = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
-      jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+    with contextlib.redirect_stdout(printed):
+      lower_for_h200(lambda *a: vla_pallas(*a, config=cfg, interpret=False), *args)
   finally:
     pl.pallas_call = original
   modules = {}

@@ -5,16 +5,15 @@ NumPy oracle of tests/test_kernels.py; gradients (which run the XLA path's backw
 impl="chunked" in float64; and the same code is lowered for an abstract NVIDIA H200 (Triton).
 """
 
-import warnings
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
 from test_kernels import TOL, _inputs, _oracle, _rel, shape_id
+from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
@@ -136,11 +135,7 @@ def _lower(shape, dtype, prep_dot, grad, form="panels", prep="kernel"):
   args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
           jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
           jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
-  device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-  mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=device)
-  with use_abstract_mesh(mesh), warnings.catch_warnings():
-    warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
-    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  return lower_for_h200(fn, *args).as_text()
 
 
 class TestGpuLowering:

@@ -6,16 +6,15 @@ cannot pass. Numbers are checked against an independent float64 NumPy oracle tha
 recurrence token by token, and gradients against `jax.grad` of impl="scan" in float64.
 """
 
-import warnings
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
+from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
 # The Pallas Triton backend warns that it is deprecated; nothing else is silenced.
@@ -217,12 +216,7 @@ class TestGpuLowering:
     args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
             jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
             jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
-    device = AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    mesh = AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=device)
-    with use_abstract_mesh(mesh), warnings.catch_warnings():
-      warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
-      lowered = jax.jit(jax.grad(loss, argnums=range(4))).trace(*args).lower(
-          lowering_platforms=("cuda",))
+    lowered = lower_for_h200(jax.grad(loss, argnums=range(4)), *args)
     text = lowered.as_text()
     assert text.count("__gpu$xla.gpu.triton") == 2
     assert "vla_state_fwd" in text and "vla_state_bwd" in text
