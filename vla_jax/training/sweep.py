@@ -32,10 +32,10 @@ import optax
 from flax import nnx
 
 from vla_jax.models import LanguageModel
-from vla_jax.tasks import IGNORE
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training.config import ExperimentConfig
-from vla_jax.training.train import lm_loss, make_optimizer
+from vla_jax.training.train import (count_scores, eval_batches, generation_scores, lm_loss,
+                                    make_optimizer)
 
 VALIDATION_OFFSET = 1_000_003
 RESULTS_FILE = "sweep_results.jsonl"
@@ -132,43 +132,20 @@ class SweepTrainer:
                    np.stack([per_seed[s][name][1] for s, _ in self.runs])) for name in names}
 
   def evaluate(self, params, eval_sets):
-    """Per-run scores: a list of R dicts {set name: {accuracy, exact_match, targets}}."""
+    """Per-run scores: a list of R dicts {set name: {accuracy, exact_match, targets}} (Copy
+    adds the generation scores), as `Trainer.evaluate` gives for one run."""
     bs = self.config.train.eval_batch_size
     results = [{} for _ in self.runs]
     for name, (inputs, labels) in eval_sets.items():
-      counts = []
-      for lo in range(0, inputs.shape[1], bs):
-        x, y = inputs[:, lo:lo + bs], labels[:, lo:lo + bs]
-        pad = bs - x.shape[1]
-        if pad:
-          x = np.pad(x, ((0, 0), (0, pad), (0, 0)))
-          y = np.pad(y, ((0, 0), (0, pad), (0, 0)), constant_values=IGNORE)
-        counts.append(np.asarray(self.eval_step(params, x, y))[:, :bs - pad])
-      counts = np.concatenate(counts, axis=1)                       # [R, N, 2]
+      counts = np.concatenate([np.asarray(self.eval_step(params, x, y))[:, :n]
+                               for x, y, n in eval_batches(inputs, labels, bs, axis=1)],
+                              axis=1)                                # [R, N, 2]
       for r in range(self.size):
-        targets = int(counts[r, :, 1].sum())
-        results[r][name] = {
-            "accuracy": float(counts[r, :, 0].sum() / max(targets, 1)),
-            "exact_match": float(np.mean(counts[r, :, 0] == counts[r, :, 1])),
-            "targets": targets}
-    if self.task.name == "copy":
-      self._add_generation_scores(params, eval_sets, results)
+        results[r][name] = count_scores(counts[r])
+        if self.task.name == "copy":
+          model = self.model(self.run_params(params, r))
+          results[r][name].update(generation_scores(model, inputs[r], bs))
     return results
-
-  def _add_generation_scores(self, params, eval_sets, results):
-    from vla_jax.tasks import copy as copy_task  # pylint: disable=import-outside-toplevel
-    bs = self.config.train.eval_batch_size
-    for r in range(self.size):
-      model = self.model(self.run_params(params, r))
-      for name, (inputs, _) in eval_sets.items():
-        prompts, strings = copy_task.generation_split(inputs[r])
-        hits = []
-        for lo in range(0, prompts.shape[0], bs):
-          out = model.generate(prompts[lo:lo + bs], strings.shape[1])
-          hits.append(np.asarray(out[:, prompts.shape[1]:]) == strings[lo:lo + bs])
-        hits = np.concatenate(hits)
-        results[r][name].update({"generated_accuracy": float(hits.mean()),
-                                 "generated_exact_match": float(hits.all(axis=1).mean())})
 
 
 def _prefetch(trainer, start, end, depth=4):

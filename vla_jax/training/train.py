@@ -102,45 +102,56 @@ class Trainer:
 
   def evaluate(self, params, eval_sets):
     """Scores `params` on {name: (inputs, labels)}; returns {name: {accuracy, exact_match,
-    loss, targets}}. Sets are run in batches of eval_batch_size, the last one padded with
-    ignored rows."""
+    targets}} (Copy adds generated_accuracy and generated_exact_match). Sets are run in
+    batches of eval_batch_size, the last one padded with ignored rows."""
     bs = self.config.train.eval_batch_size
     results = {}
     for name, (inputs, labels) in eval_sets.items():
-      counts = []
-      for lo in range(0, inputs.shape[0], bs):
-        x, y = inputs[lo:lo + bs], labels[lo:lo + bs]
-        pad = bs - x.shape[0]
-        if pad:
-          x = np.pad(x, ((0, pad), (0, 0)))
-          y = np.pad(y, ((0, pad), (0, 0)), constant_values=IGNORE)
-        out = self.eval_step(params, *sharding.shard_batch(self.mesh, x, y))
-        counts.append(np.asarray(out)[:bs - pad])
+      counts = [np.asarray(self.eval_step(params, *sharding.shard_batch(self.mesh, x, y)))[:n]
+                for x, y, n in eval_batches(inputs, labels, bs)]
       counts = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
-      targets = int(counts[:, 1].sum())
-      results[name] = {
-          "accuracy": float(counts[:, 0].sum() / max(targets, 1)),
-          "exact_match": float(np.mean(counts[:, 0] == counts[:, 1])) if len(counts) else 0.0,
-          "targets": targets,
-      }
+      results[name] = count_scores(counts)
       if self.task.name == "copy":
-        results[name].update(self.evaluate_generation(params, inputs))
+        results[name].update(generation_scores(self.model(params), inputs, bs))
     return results
 
-  def evaluate_generation(self, params, inputs):
-    """Copy scored by greedy generation (no teacher forcing): the prompt is the string and
-    SEP, the model generates the string back. Returns generated token accuracy and exact
-    match."""
-    prompts, strings = copy_task.generation_split(inputs)
-    model = self.model(params)
-    bs = self.config.train.eval_batch_size
-    hits = []
-    for lo in range(0, prompts.shape[0], bs):
-      out = model.generate(prompts[lo:lo + bs], strings.shape[1])
-      hits.append(np.asarray(out[:, prompts.shape[1]:]) == strings[lo:lo + bs])
-    hits = np.concatenate(hits)
-    return {"generated_accuracy": float(hits.mean()),
-            "generated_exact_match": float(hits.all(axis=1).mean())}
+
+def eval_batches(inputs, labels, batch_size, axis=0):
+  """Splits `inputs`, `labels` along `axis` into batches of `batch_size`, the last one padded
+  with ignored rows. Yields (inputs, labels, rows that are real)."""
+  size = inputs.shape[axis]
+  for lo in range(0, size, batch_size):
+    index = (slice(None),) * axis + (slice(lo, lo + batch_size),)
+    x, y = inputs[index], labels[index]
+    n = x.shape[axis]
+    if n < batch_size:
+      widths = [(0, 0)] * x.ndim
+      widths[axis] = (0, batch_size - n)
+      x = np.pad(x, widths)
+      y = np.pad(y, widths, constant_values=IGNORE)
+    yield x, y, n
+
+
+def count_scores(counts):
+  """Scores from per-example counts [N, 2] of (correct, targets): accuracy (per target),
+  exact_match (share of examples with every target right) and targets."""
+  targets = int(counts[:, 1].sum())
+  return {"accuracy": float(counts[:, 0].sum() / max(targets, 1)),
+          "exact_match": float(np.mean(counts[:, 0] == counts[:, 1])) if len(counts) else 0.0,
+          "targets": targets}
+
+
+def generation_scores(model, inputs, batch_size):
+  """Copy scored by greedy generation (no teacher forcing): the prompt is the string and SEP,
+  the model generates the string back. Returns generated token accuracy and exact match."""
+  prompts, strings = copy_task.generation_split(inputs)
+  hits = []
+  for lo in range(0, prompts.shape[0], batch_size):
+    out = model.generate(prompts[lo:lo + batch_size], strings.shape[1])
+    hits.append(np.asarray(out[:, prompts.shape[1]:]) == strings[lo:lo + batch_size])
+  hits = np.concatenate(hits)
+  return {"generated_accuracy": float(hits.mean()),
+          "generated_exact_match": float(hits.all(axis=1).mean())}
 
 
 def _log_row(path, row):
