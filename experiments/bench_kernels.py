@@ -33,7 +33,8 @@ from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import penalty_parallel
-from vla_jax.kernels.vla import _chunk_start_matrices
+from vla_jax.kernels.state_path import _forward_pass
+from vla_jax.kernels.vla import _chunk_start_matrices, _penalty_segments
 from vla_jax.ops.vla import vla_recurrence
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -76,8 +77,9 @@ def vla_fns(impl, cfg, B, T):
   return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(4)))
 
 
-def part_fns(part, cfg, q, k, v, u):
-  """One half of vla_pallas alone: the XLA penalty path, or the state path (XLA prep + kernels)."""
+def part_fns(part, cfg, q, k, v, u, stage="all"):
+  """One part of vla_pallas alone: the XLA penalty path, the state path (XLA prep + kernels),
+  the chunk-prep kernel(s) on precomputed inputs, or (`stage`) one split kernel alone."""
   B, T, H_, d = q.shape
   C = cfg.chunk_size
   hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)        # [B, H, T, d]
@@ -95,8 +97,31 @@ def part_fns(part, cfg, q, k, v, u):
                                             refine=cfg.refine, prep_dot=cfg.prep_dot,
                                             form=cfg.prep_form, num_warps=cfg.prep_warps)
       return jax.jit(fn), None, xs
-    fprec = _factor_precision(cfg.prep_dot, jnp.float32, False)
-    kw = dict(num_warps=cfg.prep_warps)
+    fprec = _factor_precision(cfg.prep_dot, jnp.float32, cfg.interpret)
+    kw = dict(num_warps=cfg.prep_warps, interpret=cfg.interpret)
+    if part == "prep_split_only" and stage != "all":
+      # One of the three kernels (or the sequential state kernel) alone, on inputs that the
+      # earlier stages made outside the timed call.
+      M, e, u_, q_, v_ = xs
+      A_c = split_prep.spd_inverse(M, refine=cfg.refine, factor_precision=fprec, **kw)
+      Ah, _ = split_prep.penalty_rows(A_c, e, u_, chunk_size=C, factor_precision=fprec, **kw)
+      Up, Wp, P = split_prep.state_prep(e, Ah, q_, v_, chunk_size=C, precision=cfg.precision,
+                                        factor_precision=fprec, **kw)
+      S0 = jnp.zeros((B * H_, d, d), jnp.float32)
+      stages = {
+          "spd_inverse": (lambda M: split_prep.spd_inverse(
+              M, refine=cfg.refine, factor_precision=fprec, **kw), (M,)),
+          "penalty_rows": (lambda A_c, e, u: split_prep.penalty_rows(
+              A_c, e, u, chunk_size=C, factor_precision=fprec, **kw), (A_c, e, u_)),
+          "state_prep": (lambda e, Ah, q, v: split_prep.state_prep(
+              e, Ah, q, v, chunk_size=C, precision=cfg.precision, factor_precision=fprec,
+              **kw), (e, Ah, q_, v_)),
+          "state_kernel": (lambda q, Ah, Up, Wp, P, S0: _forward_pass(
+              cfg, q, Ah, Up, Wp, P, S0, jnp.bfloat16)[:2], (q_, Ah, Up,
+                                                            Wp, P, S0)),
+      }
+      fn, xs = stages[stage]
+      return jax.jit(fn), None, jax.block_until_ready(xs)
 
     def fn(M, e, u, q, v):
       A_c = split_prep.spd_inverse(M, refine=cfg.refine, factor_precision=fprec, **kw)
@@ -104,6 +129,13 @@ def part_fns(part, cfg, q, k, v, u):
       return split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=cfg.precision,
                                    factor_precision=fprec, **kw)
     return jax.jit(fn), None, xs
+  if part == "scan_penalty_only":
+    # penalty_scan with its XLA segment-start inverses, on unit keys and u made outside.
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
+    e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
+    fprec = _factor_precision(cfg.prep_dot, jnp.float32, cfg.interpret)
+    fn = lambda e, u: _penalty_segments(cfg, e, u, A0, fprec)
+    return jax.jit(fn), None, jax.block_until_ready((e, hm(u)))
   if part == "penalty_only":
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
     ch = lambda x: hm(x).reshape(B, H_, T // C, C, d)
@@ -147,6 +179,8 @@ def main():
                       help="comma list of KernelConfig.prep_form values (panels, tiles)")
   parser.add_argument("--prep_warps", default="4",
                       help="comma list of KernelConfig.prep_warps values for prep=kernel rows")
+  parser.add_argument("--scan_block", default="16",
+                      help="comma list of KernelConfig.scan_block values for prep=scan rows")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -163,18 +197,20 @@ def main():
     for impl in impls:
       if impl == "pallas":
         for prep in preps:
-          kern = prep in ("kernel", "split")
+          kern = prep in ("kernel", "split", "scan")
           dots = args.prep_dot.split(",") if kern else ["tf32x3"]
           warps = [int(w) for w in args.prep_warps.split(",")] if kern else [4]
           forms = args.prep_form.split(",") if prep == "kernel" else ["panels"]
           sv_list = args.solver.split(",") if prep == "xla" else ["triangular_solve"]
+          blocks = [int(b) for b in args.scan_block.split(",")] if prep == "scan" else [16]
           variants += [(f"pallas(bv={bv},{sv[:4]},prep={prep}"
                         + (f",{pf},{pd},w{pw})" if prep == "kernel" else
-                           f",{pd},w{pw})" if prep == "split" else ")"), "pallas",
+                           f",{pd},w{pw})" if prep == "split" else
+                           f",b{sb},{pd},w{pw})" if prep == "scan" else ")"), "pallas",
                         dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd, prep_warps=pw,
-                             prep_form=pf))
+                             prep_form=pf, scan_block=sb))
                        for bv in args.block_v.split(",") for sv in sv_list for pd in dots
-                       for pw in warps for pf in forms]
+                       for pw in warps for pf in forms for sb in blocks]
         if args.breakdown:
           bv0 = int(args.block_v.split(",")[0])
           if "xla" in preps:
@@ -187,23 +223,33 @@ def main():
                                prep_form=pf))
                          for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
                          for pf in args.prep_form.split(",")]
+          if "scan" in preps:
+            variants += [(f"scan_penalty_only(b{sb},{pd},w{pw})", "scan_penalty_only",
+                          dict(block_v=bv0, prep="scan", prep_dot=pd, prep_warps=int(pw),
+                               scan_block=int(sb)))
+                         for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
+                         for sb in args.scan_block.split(",")]
           if "split" in preps:
-            variants += [(f"prep_split_only({pd},w{pw})", "prep_split_only",
-                          dict(block_v=bv0, prep="split", prep_dot=pd, prep_warps=int(pw)))
-                         for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")]
+            variants += [(f"prep_split_only({pd},w{pw})" if st == "all" else
+                          f"split_{st}_only({pd},w{pw})", "prep_split_only",
+                          dict(block_v=bv0, prep="split", prep_dot=pd, prep_warps=int(pw)), st)
+                         for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
+                         for st in ("all", "spd_inverse", "penalty_rows", "state_prep",
+                                    "state_kernel")]
       elif impl == "scan" and T > 8192:
         continue
       else:
         variants.append((impl, impl, None))
-    for label, impl, bv in variants:
+    for label, impl, bv, *stage in variants:
       row = {"T": T, "B": B, "impl": label}
       try:
         if impl == "cudnn":
           fwd, bwd = cudnn_fns()
           xs = (q, k, v)
-        elif impl in ("penalty_only", "state_only", "prep_kernel_only", "prep_split_only"):
+        elif impl in ("penalty_only", "state_only", "prep_kernel_only", "prep_split_only",
+                      "scan_penalty_only"):
           cfg = KernelConfig(chunk_size=args.chunk, **bv)
-          fwd, bwd, xs = part_fns(impl, cfg, q, k, v, u)
+          fwd, bwd, xs = part_fns(impl, cfg, q, k, v, u, *stage)
         else:
           cfg = KernelConfig(chunk_size=args.chunk, **(bv or {}))
           fwd, bwd = vla_fns(impl, cfg, B, T)

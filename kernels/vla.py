@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
+from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
 from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
 from vla_jax.ops.utils import unit
@@ -69,7 +70,7 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
     interpret = default_interpret()
   if interpret != config.interpret:
     config = type(config)(**{**config.__dict__, "interpret": bool(interpret)})
-  if config.prep in ("kernel", "split"):
+  if config.prep in ("kernel", "split", "scan"):
     return _vla_prep_kernel(config, q, k, v, u, S0, A0)
   return _vla_xla_prep(config, q, k, v, u, S0, A0)
 
@@ -113,18 +114,51 @@ def _chunk_start_matrices(u_h, A0, C, acc):
   return M0[:, :, None] + before
 
 
+def _penalty_segments(config, khat, u_h, A0, fprec):
+  """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
+  cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
+  each segment, A at segment starts from XLA (prefix sum of u u^T, Cholesky inverse)."""
+  B, H, T_pad, dk = u_h.shape
+  C, acc = config.chunk_size, u_h.dtype
+  N = T_pad // C
+  seg = config.segment_chunks or segments_for(B * H, N)
+  S = -(-N // seg)
+  L = seg * C
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
+  u_s, e_s = pad(u_h), pad(khat)
+  A_start = A0[:, :, None]
+  if S > 1:
+    M = _chunk_start_matrices(u_s, A0, L, acc)[:, :, 1:]
+    A_start = jnp.concatenate([A_start, _spd_inverse(M, refine=config.refine,
+                                                     precision=jax.lax.Precision.HIGHEST,
+                                                     solver=config.solver)], axis=2)
+  flat = lambda x: x.reshape(B * H, *x.shape[2:])
+  Ah, A_end = penalty_scan(flat(A_start), flat(e_s), flat(u_s), block=config.scan_block,
+                           factor_precision=fprec, num_warps=config.prep_warps,
+                           interpret=config.interpret)
+  return Ah[:, :T_pad], A_end[:, -1]
+
+
 def _vla_kernel_forward(config, q, k, v, u, S0, A0):
-  """Forward with the per-chunk factors from the `chunk_prep` kernel (prep="kernel") or the
-  three `split_prep` kernels (prep="split")."""
+  """Forward with the per-chunk factors from the `chunk_prep` kernel (prep="kernel"), the
+  three `split_prep` kernels (prep="split") or the `penalty_scan` kernel and the split
+  state-prep kernel (prep="scan")."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   acc = compute_dtype(q, k, v, u, S0, A0)
   T_pad, N, khat, u_h = _setup(config, acc, k, u)
   C = config.chunk_size
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
-  M = _chunk_start_matrices(u_h, A0, C, acc)
+  M = _chunk_start_matrices(u_h, A0, C, acc) if config.prep != "scan" else None
   q_h = _head_major(q, T_pad)
-  if config.prep == "split":
+  if config.prep == "scan":
+    fprec = _factor_precision(config.prep_dot, acc, config.interpret)
+    Ah, A_T = _penalty_segments(config, khat, u_h, A0.astype(acc), fprec)
+    Up, Wp, P = split_prep.state_prep(flat(khat), Ah, flat(q_h), flat(_head_major(v, T_pad)),
+                                      chunk_size=C, precision=config.precision,
+                                      factor_precision=fprec, num_warps=config.prep_warps,
+                                      interpret=config.interpret)
+  elif config.prep == "split":
     fprec = _factor_precision(config.prep_dot, acc, config.interpret)
     kw = dict(num_warps=config.prep_warps, interpret=config.interpret)
     if config.split_inverse == "kernel" or (config.split_inverse == "auto" and dk <= 64):

@@ -1,0 +1,93 @@
+"""Tests of the sequential penalty kernel (`vla_jax.kernels.penalty_scan`, KernelConfig
+prep="scan") on CPU: Pallas interpret mode against the float64 NumPy oracle of
+tests/test_kernels.py, with one segment (A carried through the whole sequence) and several
+(A inverted in XLA at segment starts), and lowering for an abstract NVIDIA H200."""
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+
+from test_chunk_prep import _lower
+from test_kernels import TOL, _inputs, _oracle, _rel, shape_id
+from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
+
+
+@pytest.fixture
+def f64():
+  with jax.enable_x64(True):
+    yield
+
+
+@pytest.mark.parametrize("shape,segment_chunks,block", [
+    ((2, 37, 2, 16, 32, 16), None, 16), ((1, 70, 1, 32, 32, 32), 1, 16),
+    ((1, 90, 2, 32, 16, 32), 2, 32), ((1, 40, 1, 64, 16, 16), 3, 16)],
+    ids=lambda x: shape_id(x) if isinstance(x, tuple) else str(x))
+def test_forward_matches_oracle_float64(f64, shape, segment_chunks, block):
+  """T not a multiple of the chunk or of the segment: padding with zero k and u is exact."""
+  B, T, H, dk, dv, C = shape
+  args = _inputs(30, B, T, H, dk, dv)
+  cfg = KernelConfig(chunk_size=C, block_v=16, precision=jax.lax.Precision.HIGHEST,
+                     prep="scan", segment_chunks=segment_chunks, scan_block=block)
+  got = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(
+      *(jnp.asarray(x) for x in args))
+  assert got[0].shape == (B, T, H, dv)
+  for name, g, w in zip("oSA", got, _oracle(*args)):
+    assert _rel(g, w) < TOL[np.float64], (name, _rel(g, w))
+
+
+def test_forward_float32_matches_oracle():
+  B, T, H, dk, dv, C = 1, 75, 2, 32, 32, 32
+  args = _inputs(31, B, T, H, dk, dv)
+  cfg = KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST, prep="scan",
+                     segment_chunks=1)
+  got = vla_pallas(*(jnp.asarray(x, jnp.float32) for x in args), config=cfg, interpret=True)
+  for name, g, w in zip("oSA", got, _oracle(*args)):
+    assert _rel(g, w) < TOL[np.float32], (name, _rel(g, w))
+
+
+def test_gradients_are_the_xla_paths():
+  """Under differentiation prep="scan" runs the XLA path (same custom VJP as prep="split")."""
+  B, T, H, dk, dv, C = 1, 40, 1, 16, 16, 16
+  args = [jnp.asarray(x, jnp.float32) for x in _inputs(32, B, T, H, dk, dv)]
+  loss = lambda cfg: jax.grad(lambda *a: jnp.sum(vla_pallas(*a, config=cfg, interpret=True)[0]),
+                              argnums=range(4))(*args)
+  base = dict(chunk_size=C, precision=jax.lax.Precision.HIGHEST)
+  for g, w in zip(loss(KernelConfig(prep="scan", **base)), loss(KernelConfig(**base))):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_segments_for_fills_programs():
+  assert segments_for(128, 64) == 22            # 3 segments of 22 chunks: 384 programs
+  assert segments_for(512, 64) == 64            # B * H alone fills the GPU: one segment
+  assert segments_for(16, 512) == 31            # B = 1, 16 heads: 17 segments
+  assert segments_for(16, 4) == 1               # never fewer than one chunk per segment
+
+
+@pytest.mark.parametrize("kw,match", [(dict(scan_block=8), "scan_block"),
+                                      (dict(scan_block=64, chunk_size=32), "scan_block"),
+                                      (dict(segment_chunks=0), "segment_chunks")])
+def test_bad_options_raise(kw, match):
+  x = jnp.zeros((1, 16, 1, 16))
+  with pytest.raises(ValueError, match=match):
+    vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
+               config=KernelConfig(**{"chunk_size": 16, "prep": "scan", **kw}))
+
+
+def test_bad_block_for_segment_raises():
+  A = jnp.broadcast_to(jnp.eye(16), (1, 1, 16, 16))
+  e = jnp.zeros((1, 40, 16))
+  with pytest.raises(ValueError, match="block"):
+    penalty_scan(A, e, e, block=16, factor_precision=jax.lax.Precision.HIGHEST, interpret=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 100, 2, 64, 64, 64), (1, 64, 1, 128, 128, 64)],
+                         ids=shape_id)
+def test_forward_lowers_for_h200(shape):
+  text = _lower(shape, jnp.bfloat16, "tf32x3", grad=False, prep="scan")
+  assert text.count("__gpu$xla.gpu.triton") == 3
+  assert all(k in text for k in ("vla_penalty_scan", "vla_state_prep", "vla_state_fwd"))
