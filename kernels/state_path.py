@@ -100,7 +100,7 @@ class KernelConfig:
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   refine: bool = True
   solver: str = "triangular_solve"
-  prep: str = "xla"
+  prep: str = "scan"
   prep_dot: str = "tf32x3"
   prep_form: str = "panels"
   split_inverse: str = "auto"
