@@ -39,8 +39,8 @@ def kernel():
   import triton.language as tl  # pylint: disable=import-outside-toplevel
 
   @triton.jit
-  def vla_sequential_kernel(q_ptr, k_ptr, v_ptr, u_ptr, o_ptr, T, H,
-                            D: tl.constexpr, LAM0_INV: tl.constexpr):
+  def vla_sequential_kernel(q_ptr, k_ptr, v_ptr, u_ptr, o_ptr, T: tl.constexpr,
+                            H: tl.constexpr, D: tl.constexpr, LAM0_INV: tl.constexpr):
     pid = tl.program_id(0)
     b = pid // H
     h = pid % H
@@ -94,9 +94,13 @@ def jax_call(q, k, v, u, lam0=1.0):
   import jax  # pylint: disable=import-outside-toplevel
   jt = import_jax_triton()
   B, T, H, d = q.shape
-  return jt.triton_call(q, k, v, u, T, H, kernel=kernel(),
+  # T and H are compile-time constants: jax-triton 0.3.1 turns positional Python ints into
+  # device arrays (pointers), which failed to compile ("invalid operands of type
+  # pointer<fp32> and triton.language.int32" at `pid // H`); keyword arguments are constants.
+  return jt.triton_call(q, k, v, u, kernel=kernel(),
                         out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype), grid=(B * H,),
-                        num_warps=num_warps(d), num_stages=1, D=d, LAM0_INV=1.0 / lam0)
+                        num_warps=num_warps(d), num_stages=1, T=T, H=H, D=d,
+                        LAM0_INV=1.0 / lam0)
 
 
 def torch_call(q, k, v, u, lam0=1.0):
@@ -104,7 +108,7 @@ def torch_call(q, k, v, u, lam0=1.0):
   import torch  # pylint: disable=import-outside-toplevel
   B, T, H, d = q.shape
   o = torch.empty_like(v)
-  kernel()[(B * H,)](q, k, v, u, o, T, H, D=d, LAM0_INV=1.0 / lam0,
+  kernel()[(B * H,)](q, k, v, u, o, T=T, H=H, D=d, LAM0_INV=1.0 / lam0,
                      num_warps=num_warps(d), num_stages=1)
   return o
 
