@@ -112,8 +112,10 @@ def copy_summary(rows):
                                                    "generated_accuracy", "accuracy")}
     summary[m] = {"rate": rate, "rates": sorted(by_rate), "seeds": len(chosen),
                   "scores": scores,
-                  "nan_loss": sum(r.get("diverged", False) or not np.isfinite(
-                      r.get("train_loss", 0.0)) for rs in by_rate.values() for r in rs)}
+                  "diverged": sum(r.get("diverged") is True for rs in by_rate.values()
+                                  for r in rs),
+                  "loss_unknown": sum(r.get("diverged", False) is None
+                                      for rs in by_rate.values() for r in rs)}
   return summary
 
 
@@ -223,13 +225,17 @@ def copy_section(rows):
         f"At L = {n0}, {prose('vla_p1')} reaches "
         f"{mean('vla_p1', n0, 'generated_exact_match'):.3f} exact against "
         f"{mean('vla', n0, 'generated_exact_match'):.3f} with the authors' 1/sqrt(d_h).")
-  nan_loss = [m for m, s in summary.items() if s["nan_loss"]]
-  if nan_loss:
+  diverged = [m for m, s in summary.items() if s["diverged"]]
+  if diverged:
+    reading.append("Runs with a non-finite final training loss: " + ", ".join(
+        f"{prose(m)} {summary[m]['diverged']}" for m in diverged) + ".")
+  unknown = [m for m, s in summary.items() if s["loss_unknown"]]
+  if unknown:
     reading.append(
-        "The rows of " + listed(nan_loss) + " carry `diverged: true` with "
-        "a NaN `train_loss`, yet their final parameters score as above: the flag reports the "
-        "last training loss logged by the process that wrote the row (NaN when that process "
-        "logged none), not the state of the evaluated model.")
+        "The rows of " + listed(unknown) + " record no training loss (`diverged: null`): "
+        "their first attempt was stopped during evaluation, after the last training step, and "
+        "the resumed attempt had no step left to log; their scores are those of the fully "
+        "trained parameters.")
   w(" ".join(reading) + "\n")
   return out
 

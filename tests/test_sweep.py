@@ -61,6 +61,18 @@ def test_interrupted_sweep_resumes_exactly(tmp_path):
     train_sweep(config, [2], [1e-2], str(tmp_path / "part"), log=lambda s: None)
 
 
+def test_sweep_stopped_after_training_keeps_its_losses(tmp_path):
+  """A sweep killed after its last step (during evaluation) resumes with no step to run: its
+  rows still carry the last logged losses, not NaN read as divergence."""
+  config = tiny_config(num_steps=4, checkpoint_every=2)
+  full = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "s"), log=lambda s: None)
+  os.remove(tmp_path / "s" / "sweep_results.jsonl")
+  again = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "s"), log=lambda s: None)
+  assert [r["train_loss"] for r in again] == [r["train_loss"] for r in full]
+  assert all(np.isfinite(r["train_loss"]) and r["diverged"] is False for r in again)
+  assert [r["test"] for r in again] == [r["test"] for r in full]
+
+
 @pytest.mark.parametrize("seeds, rates, match", [
     ([], [1e-3], "at least one"), ([0, 0], [1e-3], "repeat"), ([0], [-1.0], "positive")])
 def test_bad_sweeps_fail_early(tmp_path, seeds, rates, match):

@@ -159,6 +159,21 @@ def _prefetch(trainer, start, end, depth=4):
       yield step, batch
 
 
+def _logged_losses(metrics_path, step, size):
+  """Per-run losses [size] of the last metrics line at or before `step`, NaN for no step
+  done yet, None when steps were done but none was logged (unknown)."""
+  if step == 0:
+    return np.full(size, np.nan)
+  last = None
+  if os.path.exists(metrics_path):
+    with open(metrics_path) as f:
+      for line in f:
+        rec = json.loads(line)
+        if "loss" in rec and rec["step"] <= step:
+          last = rec
+  return None if last is None else np.asarray(last["loss"], np.float64)
+
+
 def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, stop_after=None,
                 log=print):
   """Trains every (seed, learning rate) pair of `config` at once; resumes from `workdir`.
@@ -196,7 +211,9 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   log(f"sweep task={trainer.task.name} mixer={config.model.mixer} runs={trainer.size} "
       f"steps {start}->{end}")
   metrics_path = os.path.join(workdir, "metrics.jsonl")
-  losses = np.full(trainer.size, np.nan)
+  # Losses of the last logged step at or before `start`: a sweep stopped after its last
+  # training step (during evaluation, say) resumes with no step left to log.
+  losses = _logged_losses(metrics_path, start, trainer.size)
   tick, tick_step = time.time(), start
   for step, (inputs, labels) in _prefetch(trainer, start, end):
     state, metrics = trainer.train_step(state, inputs, labels)
@@ -225,9 +242,11 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   wall = round(time.time() - start_time, 2)
   rows = []
   for r, (seed, lr) in enumerate(trainer.runs):
+    known = losses is not None
     rows.append({"task": trainer.task.name, "mixer": config.model.mixer, "seed": seed,
-                 "learning_rate": lr, "steps": final, "train_loss": float(losses[r]),
-                 "diverged": not math.isfinite(losses[r]), "test": test[r],
+                 "learning_rate": lr, "steps": final,
+                 "train_loss": float(losses[r]) if known else None,
+                 "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
                  "validation": validation[r], "wall_s": wall})
   with open(os.path.join(workdir, RESULTS_FILE), "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in rows)
