@@ -35,35 +35,47 @@ from vla_jax.ops.vla.recurrence import WRITE_EPS
 BLOCKS = (16, 32, 64)
 
 
-def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *, L, b, fprec, acc):
+def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *, L, b, prefetch, fprec, acc):
   # a0_ref, at_ref: [dk, dk] segment-start and segment-end inverses; e_ref, u_ref, ah_ref:
   # [L, dk] unit keys, penalty directions and (out) write directions of the segment.
   dot = functools.partial(_dot, precision=fprec)
   r, c, _ = _iota(b)
   eye = _eye(b, acc)
+  n_blocks = L // b
+  start = lambda j: j * b if isinstance(j, int) else pl.multiple_of(j * b, b)
+  load = lambda j: tuple(ref[pl.ds(start(j), b), :].astype(acc) for ref in (u_ref, e_ref))
 
-  def body(j, A):
-    rows = pl.ds(pl.multiple_of(j * b, b), b)
-    U = u_ref[rows, :].astype(acc)
-    E = e_ref[rows, :].astype(acc)
+  def step(j, A, U, E):
     X = dot(U, A)
     Y = dot(_chol_inv(eye + dot(X, U, tb=True)), X)
     W = dot(E, A) - dot(jnp.where(r >= c, dot(E, Y, tb=True), 0.0), Y)
     inv_norm = jax.lax.rsqrt(jnp.maximum(jnp.sum(W * W, axis=1), WRITE_EPS ** 2))
-    ah_ref[rows, :] = (W * inv_norm[:, None]).astype(ah_ref.dtype)
+    ah_ref[pl.ds(start(j), b), :] = (W * inv_norm[:, None]).astype(ah_ref.dtype)
     return A - dot(Y, Y, ta=True)
 
-  A = jax.lax.fori_loop(0, L // b, body, a0_ref[...].astype(acc))
+  A0 = a0_ref[...].astype(acc)
+  if prefetch:
+    # Block j + 1's rows are loaded before block j's products, so their latency overlaps
+    # the products instead of starting each block (the last block reloads itself).
+    def body(j, carry):
+      A, U, E = carry
+      nxt = load(jnp.minimum(j + 1, n_blocks - 1))
+      return (step(j, A, U, E),) + nxt
+    A = jax.lax.fori_loop(0, n_blocks, body, (A0,) + load(0))[0]
+  else:
+    A = jax.lax.fori_loop(0, n_blocks, lambda j, A: step(j, A, *load(j)), A0)
   at_ref[...] = (0.5 * (A + A.T)).astype(at_ref.dtype)
 
 
-def penalty_scan(A_start, e, u, *, block=16, factor_precision, num_warps=4, interpret=False):
+def penalty_scan(A_start, e, u, *, block=16, prefetch=True, factor_precision, num_warps=4,
+                 interpret=False):
   """Write directions of every token and the inverse at every segment end.
 
   Args:
     A_start: [BH, S, dk, dk] inverse at each segment start (symmetric positive definite).
     e: [BH, S * L, dk] unit keys; u: [BH, S * L, dk] penalty directions (zero rows pad: exact).
     block: tokens per Sherman-Morrison block b (16, 32 or 64; L must be a multiple).
+    prefetch: load block j + 1's rows before block j's products (same result).
     factor_precision: precision of the products (tf32x3 / ieee on GPUs, HIGHEST otherwise).
 
   Returns:
@@ -78,7 +90,8 @@ def penalty_scan(A_start, e, u, *, block=16, factor_precision, num_warps=4, inte
   mat = pl.BlockSpec((None, None, dk, dk), lambda h, s: (h, s, 0, 0))
   rows = pl.BlockSpec((None, L, dk), lambda h, s: (h, s, 0))
   return pl.pallas_call(
-      functools.partial(_scan_kernel, L=L, b=block, fprec=factor_precision, acc=acc),
+      functools.partial(_scan_kernel, L=L, b=block, prefetch=prefetch, fprec=factor_precision,
+                        acc=acc),
       grid=(BH, S),
       in_specs=[mat, rows, rows],
       out_specs=[rows, mat],
@@ -89,8 +102,9 @@ def penalty_scan(A_start, e, u, *, block=16, factor_precision, num_warps=4, inte
   )(A_start, e, u)
 
 
-def segments_for(BH, N, target_programs=264):
-  """Chunks per segment: enough segments that B * H * S reaches `target_programs` (two per SM
-  of an H200), never fewer than one chunk per segment."""
-  S = min(N, max(1, -(-target_programs // BH)))
+def segments_for(BH, N, resident=264):
+  """Chunks per segment: as many segments as fit in one wave of `resident` programs (two per
+  SM of an H200; a second, partial wave would add a whole segment's latency), at least one
+  segment, never fewer than one chunk per segment."""
+  S = min(N, max(1, resident // BH))
   return -(-N // S)

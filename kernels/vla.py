@@ -134,7 +134,7 @@ def _penalty_segments(config, khat, u_h, A0, fprec):
                                                      solver=config.solver)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
   Ah, A_end = penalty_scan(flat(A_start), flat(e_s), flat(u_s), block=config.scan_block,
-                           factor_precision=fprec, num_warps=config.prep_warps,
+                           prefetch=config.scan_prefetch, factor_precision=fprec, num_warps=config.prep_warps,
                            interpret=config.interpret)
   return Ah[:, :T_pad], A_end[:, -1]
 

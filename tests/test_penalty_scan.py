@@ -61,11 +61,23 @@ def test_gradients_are_the_xla_paths():
     np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
-def test_segments_for_fills_programs():
-  assert segments_for(128, 64) == 22            # 3 segments of 22 chunks: 384 programs
+def test_segments_for_fills_one_wave():
+  assert segments_for(128, 64) == 32            # 2 segments: 256 programs, one wave of 264
   assert segments_for(512, 64) == 64            # B * H alone fills the GPU: one segment
-  assert segments_for(16, 512) == 31            # B = 1, 16 heads: 17 segments
+  assert segments_for(16, 512) == 32            # B = 1, 16 heads: 16 segments
   assert segments_for(16, 4) == 1               # never fewer than one chunk per segment
+
+
+def test_prefetch_is_the_same_function(f64):
+  """The prefetching loop (rows of block j + 1 loaded before block j's products) computes
+  exactly what the plain loop computes, the last block included."""
+  B, T, H, dk, dv, C = 1, 70, 2, 16, 16, 16
+  args = [jnp.asarray(x) for x in _inputs(33, B, T, H, dk, dv)]
+  run = lambda p: vla_pallas(*args, config=KernelConfig(
+      chunk_size=C, prep="scan", scan_prefetch=p, segment_chunks=2,
+      precision=jax.lax.Precision.HIGHEST), interpret=True)
+  for g, w in zip(run(True), run(False)):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
 @pytest.mark.parametrize("kw,match", [(dict(scan_block=8), "scan_block"),
