@@ -181,6 +181,10 @@ def main():
                       help="comma list of KernelConfig.prep_warps values for prep=kernel rows")
   parser.add_argument("--scan_block", default="16",
                       help="comma list of KernelConfig.scan_block values for prep=scan rows")
+  parser.add_argument("--scan_prefetch", default="0",
+                      help="comma list of 0/1: KernelConfig.scan_prefetch for prep=scan rows")
+  parser.add_argument("--segment_chunks", default="auto",
+                      help="comma list of KernelConfig.segment_chunks (auto or an int)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -203,14 +207,19 @@ def main():
           forms = args.prep_form.split(",") if prep == "kernel" else ["panels"]
           sv_list = args.solver.split(",") if prep == "xla" else ["triangular_solve"]
           blocks = [int(b) for b in args.scan_block.split(",")] if prep == "scan" else [16]
+          fetch = [bool(int(p)) for p in args.scan_prefetch.split(",")] if prep == "scan" else [False]
+          segs = ([None if g == "auto" else int(g) for g in args.segment_chunks.split(",")]
+                  if prep == "scan" else [None])
           variants += [(f"pallas(bv={bv},{sv[:4]},prep={prep}"
                         + (f",{pf},{pd},w{pw})" if prep == "kernel" else
                            f",{pd},w{pw})" if prep == "split" else
-                           f",b{sb},{pd},w{pw})" if prep == "scan" else ")"), "pallas",
+                           f",b{sb},{pd},w{pw},pf{int(sp)},seg{sg or 'auto'})" if prep == "scan"
+                           else ")"), "pallas",
                         dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd, prep_warps=pw,
-                             prep_form=pf, scan_block=sb))
+                             prep_form=pf, scan_block=sb, scan_prefetch=sp, segment_chunks=sg))
                        for bv in args.block_v.split(",") for sv in sv_list for pd in dots
-                       for pw in warps for pf in forms for sb in blocks]
+                       for pw in warps for pf in forms for sb in blocks for sp in fetch
+                       for sg in segs]
         if args.breakdown:
           bv0 = int(args.block_v.split(",")[0])
           if "xla" in preps:
@@ -224,11 +233,15 @@ def main():
                          for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
                          for pf in args.prep_form.split(",")]
           if "scan" in preps:
-            variants += [(f"scan_penalty_only(b{sb},{pd},w{pw})", "scan_penalty_only",
+            variants += [(f"scan_penalty_only(b{sb},{pd},w{pw},pf{sp},seg{sg})",
+                          "scan_penalty_only",
                           dict(block_v=bv0, prep="scan", prep_dot=pd, prep_warps=int(pw),
-                               scan_block=int(sb)))
+                               scan_block=int(sb), scan_prefetch=bool(int(sp)),
+                               segment_chunks=None if sg == "auto" else int(sg)))
                          for pd in args.prep_dot.split(",") for pw in args.prep_warps.split(",")
-                         for sb in args.scan_block.split(",")]
+                         for sb in args.scan_block.split(",")
+                         for sp in args.scan_prefetch.split(",")
+                         for sg in args.segment_chunks.split(",")]
           if "split" in preps:
             variants += [(f"prep_split_only({pd},w{pw})" if st == "all" else
                           f"split_{st}_only({pd},w{pw})", "prep_split_only",

@@ -102,9 +102,9 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=True, factor_precision, nu
   )(A_start, e, u)
 
 
-def segments_for(BH, N, resident=264):
-  """Chunks per segment: as many segments as fit in one wave of `resident` programs (two per
-  SM of an H200; a second, partial wave would add a whole segment's latency), at least one
-  segment, never fewer than one chunk per segment."""
-  S = min(N, max(1, resident // BH))
+def segments_for(BH, N, target_programs=264):
+  """Chunks per segment: enough segments that B * H * S reaches `target_programs` (two per SM
+  of an H200), never fewer than one chunk per segment. (The measured rule; NOTES.md predicts
+  that one full wave, S = floor(264 / (B * H)), is faster: set `segment_chunks` to try it.)"""
+  S = min(N, max(1, -(-target_programs // BH)))
   return -(-N // S)
