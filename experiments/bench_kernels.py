@@ -185,6 +185,8 @@ def main():
                       help="comma list of 0/1: KernelConfig.scan_prefetch for prep=scan rows")
   parser.add_argument("--segment_chunks", default="auto",
                       help="comma list of KernelConfig.segment_chunks (auto or an int)")
+  parser.add_argument("--penalty_grad", default="autodiff",
+                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk): pallas rows")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -220,6 +222,12 @@ def main():
                        for bv in args.block_v.split(",") for sv in sv_list for pd in dots
                        for pw in warps for pf in forms for sb in blocks for sp in fetch
                        for sg in segs]
+        # Gradient variants of the penalty path (forward+backward rows; same forward).
+        extra = [g for g in args.penalty_grad.split(",") if g != "autodiff"]
+        variants += [(f"{lab[:-1]},grad={g})", imp, {**kw, "penalty_grad": g})
+                     for lab, imp, kw in list(variants) if imp == "pallas" for g in extra]
+        if "autodiff" not in args.penalty_grad.split(","):
+          variants = [v for v in variants if v[1] != "pallas" or "grad=" in v[0]]
         if args.breakdown:
           bv0 = int(args.block_v.split(",")[0])
           if "xla" in preps:

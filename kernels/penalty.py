@@ -50,7 +50,7 @@ def _spd_inverse(M, *, refine, precision, solver="triangular_solve"):
 
 
 def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HIGHEST,
-                     solver="triangular_solve"):
+                     solver="triangular_solve", return_starts=False):
   """Write directions (unnormalised) for all chunks at once.
 
   Args:
@@ -62,8 +62,11 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
     solver: "triangular_solve", "nilpotent" or "doubling" (matrix products only;
       `triangular.py`).
 
+    return_starts: also return the chunk-start inverses A_c [B, H, N, dk, dk].
+
   Returns:
-    W [B, H, N, C, dk] with rows A_t khat_t, and A_T [B, H, dk, dk]. Same dtype as khat.
+    W [B, H, N, C, dk] with rows A_t khat_t, and A_T [B, H, dk, dk] (and A_c). Same dtype as
+    khat.
   """
   mm = functools.partial(jnp.einsum, precision=precision)
   C = khat.shape[-2]
@@ -80,4 +83,4 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
   KY = jnp.tril(mm("bhnik,bhnjk->bhnij", khat, Y))                # [B, H, N, C, C]
   W = mm("bhnck,bhnkj->bhncj", khat, A_c) - mm("bhnij,bhnjk->bhnik", KY, Y)
   A_T = _sym(A_c[:, :, -1] - mm("bhck,bhcj->bhkj", Y[:, :, -1], Y[:, :, -1]))
-  return W, A_T
+  return (W, A_T, A_c) if return_starts else (W, A_T)

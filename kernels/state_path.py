@@ -45,6 +45,7 @@ PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("tf32x3", "ieee")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
+PENALTY_GRADS = ("autodiff", "chunk")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -91,6 +92,11 @@ class KernelConfig:
       (batch * head, segment); A is carried through a segment and inverted directly at segment
       starts). None (default): as many segments as fit in one wave of ~264 programs (two
       per H200 SM).
+    penalty_grad: how gradients flow through the penalty path: "autodiff" (default: plain
+      autodiff of `penalty.penalty_parallel`, which differentiates every chunk-start inverse)
+      or "chunk" (`penalty_grad.py`: the chunk-start inverses' cotangents by a reverse
+      associative scan of the congruences A_next = Q A Q^T, no inverse differentiated; same
+      gradients for q, k, v, u, S0; A0's is its gradient over symmetric perturbations).
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -111,6 +117,7 @@ class KernelConfig:
   scan_block: int = 16
   scan_prefetch: bool = False
   segment_chunks: int | None = None
+  penalty_grad: str = "autodiff"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -144,6 +151,8 @@ class KernelConfig:
                                             or self.segment_chunks < 1):
       raise ValueError(f"segment_chunks must be None or a positive int; got "
                        f"{self.segment_chunks!r}")
+    if self.penalty_grad not in PENALTY_GRADS:
+      raise ValueError(f"penalty_grad must be one of {PENALTY_GRADS}; got {self.penalty_grad!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:

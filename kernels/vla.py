@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
+from vla_jax.kernels.penalty_grad import penalty_chunked_grad
 from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
 from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
@@ -91,8 +92,10 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   T_pad, N, khat, u_h = _setup(config, acc, k, u)
   C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
-  W, A_T = penalty_parallel(chunks(khat), chunks(u_h), A0.astype(acc), refine=config.refine,
-                            precision=jax.lax.Precision.HIGHEST, solver=config.solver)
+  penalty = penalty_chunked_grad if config.penalty_grad == "chunk" else (
+      lambda *a: penalty_parallel(*a[:3], refine=a[3], precision=a[4], solver=a[5]))
+  W, A_T = penalty(chunks(khat), chunks(u_h), A0.astype(acc), config.refine,
+                   jax.lax.Precision.HIGHEST, config.solver)
   a = unit(W.reshape(B, H, T_pad, dk), WRITE_EPS)
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])

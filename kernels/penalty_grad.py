@@ -1,0 +1,100 @@
+"""Penalty path of VLA with a chunk-level backward pass (`KernelConfig(penalty_grad="chunk")`).
+
+Forward: exactly `penalty.penalty_parallel` (chunk-start inverses A_n from prefix sums, then the
+per-chunk map), also keeping A_n. Plain autodiff of that forward differentiates every chunk-start
+inverse (a batched Cholesky and its triangular solves per chunk). The backward here needs none
+of them. Per chunk, with rows U, E (unit keys) and A = A_n,
+
+    f(A, U, E) = (W, A_next):  X = U A,  I + X U^T = L L^T,  Y = L^-1 X,
+                               W = E A - tril(E Y^T) Y,  A_next = A - Y^T Y,
+
+and A_next = (A^-1 + U^T U)^-1, so for symmetric perturbations dA_next = Q dA Q^T with
+Q = A_next A^-1 = I - Y^T Z, Z = L^-1 U. The cotangent of A_n therefore obeys
+
+    D_n = Q_n^T D_(n+1) Q_n + sym(J_n),    D_N = sym(dA_T),
+
+where J_n is the A-cotangent of W_n alone (a VJP of f with a zero A_next cotangent: local to the
+chunk). The recurrence is affine in D, and affine maps D -> P^T D P + K compose associatively,
+(P1, K1) after (P2, K2) = (P2 P1, P1^T K2 P1 + K1), so it runs as one reverse
+`lax.associative_scan` over chunks (log2 N levels of batched d x d products). Then the
+cotangents of U and E of every chunk come from one more VJP of f, fed (dW_n, D_(n+1)), in
+parallel over chunks. Only symmetric parts of D matter for U and E (A_next is symmetric in
+them); the returned A_0 cotangent is the gradient over symmetric perturbations of A_0.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.kernels.penalty import _lower_inverse, _sym, penalty_parallel
+
+def _chunk_parts(A, U, E, precision, solver):
+  """The chunk map and its factors. A [..., dk, dk]; U, E [..., C, dk].
+  Returns W [..., C, dk], A_next [..., dk, dk], Y [..., C, dk], Z = L^-1 U [..., C, dk]."""
+  mm = functools.partial(jnp.matmul, precision=precision)
+  T = lambda x: jnp.swapaxes(x, -1, -2)
+  C = U.shape[-2]
+  X = mm(U, A)
+  Linv = _lower_inverse(jnp.linalg.cholesky(_sym(jnp.eye(C, dtype=U.dtype) + mm(X, T(U)))),
+                        solver, precision)
+  Y = mm(Linv, X)
+  W = mm(E, A) - mm(jnp.tril(mm(E, T(Y))), Y)
+  return W, _sym(A - mm(T(Y), Y)), Y, mm(Linv, U)
+
+
+def _chunk_map(A, U, E, precision, solver):
+  return _chunk_parts(A, U, E, precision, solver)[:2]
+
+
+def _forward(khat, u, A0, refine, precision, solver):
+  W, A_T, A_c = penalty_parallel(khat, u, A0, refine=refine, precision=precision,
+                                 solver=solver, return_starts=True)
+  return W, A_T, A_c
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def penalty_chunked_grad(khat, u, A0, refine=True, precision=jax.lax.Precision.HIGHEST,
+                         solver="triangular_solve"):
+  """`penalty_parallel(khat, u, A0)` -> (W [B, H, N, C, dk], A_T [B, H, dk, dk]) with the
+  chunk-level backward pass of this module. Same arguments as `penalty_parallel`."""
+  return _forward(khat, u, A0, refine, precision, solver)[:2]
+
+
+def _fwd(khat, u, A0, refine, precision, solver):
+  W, A_T, A_c = _forward(khat, u, A0, refine, precision, solver)
+  return (W, A_T), (khat, u, A_c)
+
+
+def _compose(later, earlier):
+  """Reverse-scan combine: `later` holds the maps of chunks n+1.. (applied first to D), and
+  `earlier` those of chunk n; D -> P^T D P + K for each."""
+  P2, K2 = later
+  P1, K1 = earlier
+  mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+  T = lambda x: jnp.swapaxes(x, -1, -2)
+  return mm(P2, P1), mm(mm(T(P1), K2), P1) + K1
+
+
+def _bwd(refine, precision, solver, res, cts):
+  del refine
+  khat, u, A_c = res
+  dW, dA_T = cts
+  mm = functools.partial(jnp.matmul, precision=precision)
+  T = lambda x: jnp.swapaxes(x, -1, -2)
+  f = functools.partial(_chunk_map, precision=precision, solver=solver)
+  _, pullback = jax.vjp(f, A_c, u, khat)
+  J = pullback((dW, jnp.zeros_like(A_c)))[0]                     # [B, H, N, dk, dk]
+  _, _, Y, Z = _chunk_parts(A_c, u, khat, precision, solver)
+  eye = jnp.eye(A_c.shape[-1], dtype=A_c.dtype)
+  Q = eye - mm(T(Y), Z)                                           # A_next = Q A Q^T
+  # D_n for every n: scan the maps (Q_n, sym(J_n)) from the last chunk back, applied to
+  # D_N = sym(dA_T). Prefix results are the maps from chunk n to the end: D_n = P^T D_N P + K.
+  P, K = jax.lax.associative_scan(_compose, (Q, _sym(J)), axis=2, reverse=True)
+  D = mm(mm(T(P), _sym(dA_T)[:, :, None]), P) + K                 # D_n, n = 0..N-1
+  D_next = jnp.concatenate([D[:, :, 1:], _sym(dA_T)[:, :, None]], axis=2)
+  _, du, dkhat = pullback((dW, D_next))
+  return dkhat, du, D[:, :, 0]
+
+
+penalty_chunked_grad.defvjp(_fwd, _bwd)
