@@ -1,9 +1,11 @@
 """`vla_pallas`: the VLA recurrence with the state path in Pallas.
 
-The per-chunk factors come from XLA (`penalty.py` + `state_path._factors`, config.prep="xla")
-or from Pallas kernels, forward only (under differentiation the XLA path runs and its backward
-is used): one kernel `chunk_prep.py` (config.prep="kernel") or three, `split_prep.py`
-(config.prep="split")."""
+The per-chunk factors come, in the forward, from Pallas kernels: by default (config.prep="scan")
+the penalty path carried through 16-token blocks by `penalty_scan.py` and the state-path
+factors of `split_prep.state_prep`; or from one kernel `chunk_prep.py` (prep="kernel"), three
+`split_prep.py` kernels (prep="split") or XLA (`penalty.py` + `state_path._factors`,
+prep="xla"). Under differentiation the XLA path runs and its backward is used (penalty path:
+autodiff or `penalty_grad.py`, config.penalty_grad; state path: the Pallas reverse pass)."""
 
 import functools
 
@@ -37,11 +39,11 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
   A_t = (A_0^-1 + sum_{s<=t} u_s u_s^T)^-1, a_t = unit(A_t khat_t),
   S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T, o_t = S_t q_t.
 
-  The per-chunk factors come from XLA, parallel over chunks (`penalty.py` and
-  `state_path._factors`, config.prep="xla") or from Pallas kernels (config.prep="kernel":
-  `chunk_prep.py`; "split": `split_prep.py`; forward only, gradients are the XLA path's); the
-  state path is the Pallas kernel pair of `state_path.py` (forward pass and reverse pass over
-  chunk states).
+  The per-chunk factors come from Pallas kernels (config.prep="scan", the default:
+  `penalty_scan.py` + `split_prep.state_prep`; "kernel": `chunk_prep.py`; "split":
+  `split_prep.py`; forward only, gradients are the XLA path's) or from XLA, parallel over
+  chunks (`penalty.py` and `state_path._factors`, config.prep="xla"); the state path is the
+  Pallas kernel pair of `state_path.py` (forward pass and reverse pass over chunk states).
   The same algorithm runs whatever the backend; only `interpret` changes how the Pallas
   kernels execute.
 
