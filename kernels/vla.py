@@ -138,9 +138,12 @@ def _penalty_segments(config, khat, u_h, A0, fprec):
                                                      precision=jax.lax.Precision.HIGHEST,
                                                      solver=config.solver)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
+  # dk = 128: the carried [128, 128] A needs 8 warps (ptxas, sm_90a: 0.9 KB of spills per
+  # thread at 8 warps against 2.5 KB at 4).
+  warps = max(config.prep_warps, 8) if dk >= 128 else config.prep_warps
   Ah, A_end = penalty_scan(flat(A_start), flat(e_s), flat(u_s), block=config.scan_block,
-                           prefetch=config.scan_prefetch, factor_precision=fprec, num_warps=config.prep_warps,
-                           interpret=config.interpret)
+                           prefetch=config.scan_prefetch, factor_precision=fprec,
+                           num_warps=warps, interpret=config.interpret)
   return Ah[:, :T_pad], A_end[:, -1]
 
 
