@@ -17,17 +17,8 @@ from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-
 # (B, T, H, dk, dv, chunk): T not a multiple of the chunk, dk != dv, several tiles per matrix.
 SHAPES = [(2, 37, 2, 16, 32, 16), (1, 50, 2, 32, 16, 16), (1, 70, 1, 32, 32, 32)]
-
-
-@pytest.fixture
-def f64():
-  with jax.enable_x64(True):
-    yield
 
 
 def _config(C, **kw):
@@ -41,7 +32,7 @@ def _run(cfg, *args):
 
 @pytest.mark.parametrize("shape,form", [(s, "panels") for s in SHAPES] + [(SHAPES[2], "tiles")],
                          ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
-def test_forward_matches_oracle_float64(f64, shape, form):
+def test_forward_matches_oracle_float64(x64, shape, form):
   B, T, H, dk, dv, C = shape
   args = _inputs(10, B, T, H, dk, dv)
   o, S, A = _run(_config(C, prep_form=form), *(jnp.asarray(x) for x in args))
@@ -74,7 +65,7 @@ def test_matches_xla_prep_bfloat16():
     assert _rel(g, w) < (1e-2 if name == "o" else 1e-5), (name, _rel(g, w))
 
 
-def test_doubling_solver_float64(f64):
+def test_doubling_solver_float64(x64):
   """prep="xla" with solver="doubling" (block-doubling triangular inverses from products):
   forward against the oracle, gradients against the default solver."""
   B, T, H, dk, dv, C = SHAPES[0]
@@ -91,7 +82,7 @@ def test_doubling_solver_float64(f64):
     assert _rel(g, w) < 1e-9, (name, _rel(g, w))
 
 
-def test_gradients_match_chunked_float64(f64):
+def test_gradients_match_chunked_float64(x64):
   B, T, H, dk, dv, C = SHAPES[1]
   q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(13, B, T, H, dk, dv))
   rng = np.random.default_rng(14)

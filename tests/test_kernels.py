@@ -18,21 +18,12 @@ from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
 # The Pallas Triton backend warns that it is deprecated; nothing else is silenced.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-
 INTERPRET = True
 # Relative error bounds (Frobenius norm) by compute dtype.
 TOL = {np.float64: 1e-10, np.float32: 2e-5, jnp.bfloat16: 3e-2}
 # (B, T, H, dk, dv, chunk): T not a multiple of the chunk, dk != dv, B and H > 1.
 SHAPES = [(2, 37, 2, 16, 32, 16), (1, 50, 3, 32, 16, 16), (1, 64, 1, 16, 16, 32)]
 shape_id = lambda s: "B{}T{}H{}dk{}dv{}C{}".format(*s)
-
-
-@pytest.fixture
-def f64():
-  with jax.enable_x64(True):
-    yield
 
 
 def _inputs(seed, B, T, H, dk, dv):
@@ -79,7 +70,7 @@ class TestKernelsInterpret:
   """Numerics of `vla_pallas` in interpret mode (the GPU twin is experiments/check_kernels_gpu.py)."""
 
   @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-  def test_forward_matches_oracle_float64(self, f64, shape):
+  def test_forward_matches_oracle_float64(self, x64, shape):
     B, T, H, dk, dv, C = shape
     args = _inputs(0, B, T, H, dk, dv)
     fn = jax.jit(lambda *a: vla_pallas(*a, config=_config(C), interpret=INTERPRET))
@@ -108,7 +99,7 @@ class TestKernelsInterpret:
         assert _rel(got, want) < TOL[dtype], (dtype, name, _rel(got, want))
 
   @pytest.mark.parametrize("shape", SHAPES[:2], ids=shape_id)
-  def test_gradients_match_scan_float64(self, f64, shape):
+  def test_gradients_match_scan_float64(self, x64, shape):
     B, T, H, dk, dv, C = shape
     q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(2, B, T, H, dk, dv))
     rng = np.random.default_rng(3)
@@ -127,7 +118,7 @@ class TestKernelsInterpret:
       assert _rel(g, w) < 1e-9, (name, _rel(g, w))
 
   @pytest.mark.parametrize("solver", ["nilpotent"])
-  def test_matrix_product_solver(self, f64, solver):
+  def test_matrix_product_solver(self, x64, solver):
     """solver="nilpotent" (triangular inverses by products) computes the same function."""
     B, T, H, dk, dv, C = SHAPES[0]
     args = [jnp.asarray(x) for x in _inputs(6, B, T, H, dk, dv)]
@@ -143,7 +134,7 @@ class TestKernelsInterpret:
     for name, g, w in zip(("q", "k", "v", "u", "S0"), got, want):
       assert _rel(g, w) < 1e-9, name
 
-  def test_state_path_gradient_and_vmap(self, f64):
+  def test_state_path_gradient_and_vmap(self, x64):
     """`state_path` alone: custom VJP vs autodiff of a plain loop; composes with vmap."""
     BH, T, dk, dv, C = 2, 32, 16, 16, 16
     rng = np.random.default_rng(4)

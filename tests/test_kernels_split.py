@@ -15,20 +15,10 @@ from test_chunk_prep import _lower
 from test_kernels import TOL, _inputs, _oracle, _rel, shape_id
 from vla_jax.kernels import KernelConfig, vla_pallas
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-
-
-@pytest.fixture
-def f64():
-  with jax.enable_x64(True):
-    yield
-
-
 @pytest.mark.parametrize("shape,split_inverse", [
     ((2, 37, 2, 16, 32, 16), "kernel"), ((1, 70, 1, 32, 32, 32), "kernel"),
     ((1, 50, 2, 32, 16, 16), "xla"), ((1, 40, 1, 128, 16, 16), "auto")], ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
-def test_forward_matches_oracle_float64(f64, shape, split_inverse):
+def test_forward_matches_oracle_float64(x64, shape, split_inverse):
   """dk = 128: two column panels in the penalty-rows kernel, inverses in XLA ("auto")."""
   B, T, H, dk, dv, C = shape
   args = _inputs(20, B, T, H, dk, dv)

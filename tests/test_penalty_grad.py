@@ -14,16 +14,6 @@ from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.kernels.penalty_grad import penalty_chunked_grad
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-
-
-@pytest.fixture
-def f64():
-  with jax.enable_x64(True):
-    yield
-
-
 def _sym(x):
   return 0.5 * (x + jnp.swapaxes(x, -1, -2))
 
@@ -31,7 +21,7 @@ def _sym(x):
 @pytest.mark.parametrize("refine,solver,N", [(False, "triangular_solve", 5),
                                              (True, "triangular_solve", 1),
                                              (True, "doubling", 6)])
-def test_matches_autodiff_float64(f64, refine, solver, N):
+def test_matches_autodiff_float64(x64, refine, solver, N):
   """Gradients of khat, u and (symmetric part) A0 for every chunk count, incl. one chunk."""
   B, H, C, dk = 2, 2, 8, 8
   rng = np.random.default_rng(N)
@@ -63,7 +53,7 @@ def test_matches_autodiff_float64(f64, refine, solver, N):
     assert _rel(g, w) < 1e-10, (name, _rel(g, w))
 
 
-def test_vla_pallas_gradients_match_scan_float64(f64):
+def test_vla_pallas_gradients_match_scan_float64(x64):
   B, T, H, dk, dv, C = 1, 45, 2, 16, 16, 16
   q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(40, B, T, H, dk, dv))
   rng = np.random.default_rng(41)

@@ -13,21 +13,11 @@ from test_kernels import TOL, _inputs, _oracle, _rel, shape_id
 from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:The Pallas Triton backend is deprecated:DeprecationWarning")
-
-
-@pytest.fixture
-def f64():
-  with jax.enable_x64(True):
-    yield
-
-
 @pytest.mark.parametrize("shape,segment_chunks,block", [
     ((2, 37, 2, 16, 32, 16), None, 16), ((1, 70, 1, 32, 32, 32), 1, 16),
     ((1, 90, 2, 32, 16, 32), 2, 32), ((1, 40, 1, 64, 16, 16), 3, 16)],
     ids=lambda x: shape_id(x) if isinstance(x, tuple) else str(x))
-def test_forward_matches_oracle_float64(f64, shape, segment_chunks, block):
+def test_forward_matches_oracle_float64(x64, shape, segment_chunks, block):
   """T not a multiple of the chunk or of the segment: padding with zero k and u is exact."""
   B, T, H, dk, dv, C = shape
   args = _inputs(30, B, T, H, dk, dv)
@@ -68,7 +58,7 @@ def test_segments_for_fills_one_wave():
   assert segments_for(16, 4) == 1               # never fewer than one chunk per segment
 
 
-def test_prefetch_is_the_same_function(f64):
+def test_prefetch_is_the_same_function(x64):
   """The prefetching loop (rows of block j + 1 loaded before block j's products) computes
   exactly what the plain loop computes, the last block included."""
   B, T, H, dk, dv, C = 1, 70, 2, 16, 16, 16
