@@ -407,9 +407,13 @@ def main():
     f"{verdict32} |")
   w("| Triton kernel crosses below softmax latency at about 43,000 tokens | see BENCHMARKS.md: "
     "the Pallas forward (prep=\"scan\") crosses cuDNN attention between 32k and 65k tokens on "
-    "an H200 (5.99 vs 5.12 ms at 32k, 11.2 vs 19.9 ms at 65k); forward+backward near 80k | "
-    "crossover earlier than the paper's 43k forward, but far from the 4k target; kernel work "
-    "continues in `kernels/NOTES.md` |\n")
+    "an H200 (5.99 vs 5.12 ms at 32k, 11.2 vs 19.9 ms at 65k); forward+backward near 80k. The "
+    "seed's own design (one program per sequence and head, a token loop; reimplemented in "
+    "Triton, `experiments/benchmarks/triton_vla.py`) takes 16.1 ms at 4k, 128 ms at 32k and "
+    "511 ms at 131k on the same GPU, slower than cuDNN at every measured length (77.7 ms at "
+    "131k) | the sequential design does not cross cuDNN attention on an H200 up to 131k; our "
+    "chunked kernel crosses near 38k forward, far from the 4k target; kernel work continues in "
+    "`kernels/NOTES.md` |\n")
 
   w("## 1. Memory norm ||S_t||_F\n")
   w("Random inputs (`python experiments/state_norms.py --max_T=65536 --out_dir=results`; one "
