@@ -69,18 +69,28 @@ def penalty_parallel(khat, u, A0, *, refine=True, precision=jax.lax.Precision.HI
     khat.
   """
   mm = functools.partial(jnp.einsum, precision=precision)
-  C = khat.shape[-2]
   gram = mm("bhnci,bhncj->bhnij", u, u)                          # [B, H, N, dk, dk]
   before = jnp.cumsum(gram, axis=2)[:, :, :-1]
   before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]), before], axis=2)
   M0 = _spd_inverse(A0, refine=False, precision=precision, solver=solver)
   A_c = _spd_inverse(M0[:, :, None] + before, refine=refine, precision=precision,
                      solver=solver)
-  UA = mm("bhnck,bhnkj->bhncj", u, A_c)                           # [B, H, N, C, dk]
-  inner = _sym(jnp.eye(C, dtype=u.dtype) + mm("bhncj,bhndj->bhncd", UA, u))
-  Linv = _lower_inverse(jnp.linalg.cholesky(inner), solver, precision)
-  Y = mm("bhncd,bhndk->bhnck", Linv, UA)                          # [B, H, N, C, dk]
-  KY = jnp.tril(mm("bhnik,bhnjk->bhnij", khat, Y))                # [B, H, N, C, C]
-  W = mm("bhnck,bhnkj->bhncj", khat, A_c) - mm("bhnij,bhnjk->bhnik", KY, Y)
+  W, Y, _ = chunk_rows(A_c, u, khat, precision, solver)
   A_T = _sym(A_c[:, :, -1] - mm("bhck,bhcj->bhkj", Y[:, :, -1], Y[:, :, -1]))
   return (W, A_T, A_c) if return_starts else (W, A_T)
+
+
+def chunk_rows(A, U, E, precision, solver):
+  """One chunk's penalty rows from its start inverse, batched over any leading axes.
+  A [..., dk, dk]; U, E [..., C, dk] penalty directions and unit keys.
+
+      X = U A,  I + X U^T = L L^T,  Y = L^-1 X,  W = E A - tril(E Y^T) Y
+
+  Returns W [..., C, dk] (rows A_t khat_t), Y [..., C, dk] (A_next = A - Y^T Y) and L^-1."""
+  mm = functools.partial(jnp.matmul, precision=precision)
+  T = lambda x: jnp.swapaxes(x, -1, -2)
+  X = mm(U, A)
+  eye = jnp.eye(U.shape[-2], dtype=U.dtype)
+  Linv = _lower_inverse(jnp.linalg.cholesky(_sym(eye + mm(X, T(U)))), solver, precision)
+  Y = mm(Linv, X)
+  return mm(E, A) - mm(jnp.tril(mm(E, T(Y))), Y), Y, Linv

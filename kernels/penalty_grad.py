@@ -27,20 +27,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from vla_jax.kernels.penalty import _lower_inverse, _sym, penalty_parallel
+from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
 
 def _chunk_parts(A, U, E, precision, solver):
   """The chunk map and its factors. A [..., dk, dk]; U, E [..., C, dk].
   Returns W [..., C, dk], A_next [..., dk, dk], Y [..., C, dk], Z = L^-1 U [..., C, dk]."""
+  W, Y, Linv = chunk_rows(A, U, E, precision, solver)
   mm = functools.partial(jnp.matmul, precision=precision)
-  T = lambda x: jnp.swapaxes(x, -1, -2)
-  C = U.shape[-2]
-  X = mm(U, A)
-  Linv = _lower_inverse(jnp.linalg.cholesky(_sym(jnp.eye(C, dtype=U.dtype) + mm(X, T(U)))),
-                        solver, precision)
-  Y = mm(Linv, X)
-  W = mm(E, A) - mm(jnp.tril(mm(E, T(Y))), Y)
-  return W, _sym(A - mm(T(Y), Y)), Y, mm(Linv, U)
+  return W, _sym(A - mm(jnp.swapaxes(Y, -1, -2), Y)), Y, mm(Linv, U)
 
 
 def _chunk_map(A, U, E, precision, solver):
@@ -48,9 +42,8 @@ def _chunk_map(A, U, E, precision, solver):
 
 
 def _forward(khat, u, A0, refine, precision, solver):
-  W, A_T, A_c = penalty_parallel(khat, u, A0, refine=refine, precision=precision,
-                                 solver=solver, return_starts=True)
-  return W, A_T, A_c
+  return penalty_parallel(khat, u, A0, refine=refine, precision=precision, solver=solver,
+                          return_starts=True)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))

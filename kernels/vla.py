@@ -94,10 +94,12 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   T_pad, N, khat, u_h = _setup(config, acc, k, u)
   C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
-  penalty = penalty_chunked_grad if config.penalty_grad == "chunk" else (
-      lambda *a: penalty_parallel(*a[:3], refine=a[3], precision=a[4], solver=a[5]))
-  W, A_T = penalty(chunks(khat), chunks(u_h), A0.astype(acc), config.refine,
-                   jax.lax.Precision.HIGHEST, config.solver)
+  args = (chunks(khat), chunks(u_h), A0.astype(acc))
+  if config.penalty_grad == "chunk":
+    W, A_T = penalty_chunked_grad(*args, config.refine, jax.lax.Precision.HIGHEST, config.solver)
+  else:
+    W, A_T = penalty_parallel(*args, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
+                              solver=config.solver)
   a = unit(W.reshape(B, H, T_pad, dk), WRITE_EPS)
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
