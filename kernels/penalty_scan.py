@@ -67,7 +67,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *, L, b, prefetch, fprec,
   at_ref[...] = (0.5 * (A + A.T)).astype(at_ref.dtype)
 
 
-def penalty_scan(A_start, e, u, *, block=16, prefetch=True, factor_precision, num_warps=4,
+def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, num_warps=4,
                  interpret=False):
   """Write directions of every token and the inverse at every segment end.
 
@@ -75,7 +75,8 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=True, factor_precision, nu
     A_start: [BH, S, dk, dk] inverse at each segment start (symmetric positive definite).
     e: [BH, S * L, dk] unit keys; u: [BH, S * L, dk] penalty directions (zero rows pad: exact).
     block: tokens per Sherman-Morrison block b (16, 32 or 64; L must be a multiple).
-    prefetch: load block j + 1's rows before block j's products (same result).
+    prefetch: load block j + 1's rows before block j's products (same result; measured
+      within noise on an H200, so off by default).
     factor_precision: precision of the products (tf32x3 / ieee on GPUs, HIGHEST otherwise).
 
   Returns:
