@@ -452,15 +452,25 @@ def main():
     w(f"\n![random inputs]({rel(os.path.join(args.results, 'state_norms_random.png'))})\n")
   if trained_models:
     m0 = trained_models[0]
-    w("Inside trained models (`python experiments/trained_diagnostics.py --d_model="
-      f"{m0['d_model']} --train_T={m0['train_T']} --num_steps={m0['steps']} "
-      f"--Ts={','.join(str(t) for t in sorted({r['T'] for r in trained_norms}))} "
-      "--examples=2 --out=results/trained_diagnostics_cpu.jsonl`, CPU): one model per "
+    # One command per --examples value (each row's tokens = examples * T * heads of d_h 32).
+    heads = max(1, m0["d_model"] // 32)
+    by_examples = {}
+    for r in trained_jac:
+      by_examples.setdefault(r["tokens"] // (r["T"] * heads), set()).add(r["T"])
+    base = (f"python experiments/trained_diagnostics.py --d_model={m0['d_model']} "
+            f"--train_T={m0['train_T']} --num_steps={m0['steps']}")
+    cmds = [f"`{base} --Ts={','.join(str(t) for t in sorted(Ts))} --examples={e} "
+            "--out=results/trained_diagnostics_cpu.jsonl`"
+            for e, Ts in sorted(by_examples.items(), key=lambda kv: min(kv[1]))]
+    accuracy = {r["mixer"]: r["accuracy"] for r in reversed(trained_models)}
+    w("Inside trained models (" + ", then ".join(cmds)
+      + (" with the same --workdir, which reuses the trained models" if len(cmds) > 1 else "")
+      + "; CPU): one model per "
       f"recurrent mixer trained on MQAR (8 pairs, T = {m0['train_T']}, d_model {m0['d_model']}, "
       "no position embeddings), then fed longer MQAR sequences of the same task; "
       "`vla_jax.diagnostics.layer_state_norms` follows each layer's memory token by token. "
       "Training accuracy at its own length: " + ", ".join(
-          f"{r['mixer']} {r['accuracy']:.3f}" for r in trained_models) + ".\n")
+          f"{m} {a:.3f}" for m, a in accuracy.items()) + ".\n")
     w("| mixer | layer | T | ||S_t|| at t = 1, 10, 100, 1,000, ... (median) | max over tokens |")
     w("| --- | --- | --- | --- | --- |")
     for r in trained_norms:
