@@ -13,8 +13,9 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
         [--prep_form panels,tiles] [--prep_warps 1,2,4] [--solver triangular_solve,doubling]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
-rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels
-(the backward is the XLA path's either way). `--breakdown` also times parts alone (forward): the
+rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels,
+prep=scan rows `penalty_scan` and the split state-prep kernel (the backward is the XLA path's
+either way; `--penalty_grad chunk` adds rows with the chunk-level penalty backward). `--breakdown` also times parts alone (forward): the
 XLA penalty path, the state path (XLA prep + kernels) and, when "kernel" / "split" is in --prep,
 the chunk-prep kernel(s) alone on precomputed inputs.
 """
@@ -99,36 +100,33 @@ def part_fns(part, cfg, q, k, v, u, stage="all"):
       return jax.jit(fn), None, xs
     fprec = _factor_precision(cfg.prep_dot, jnp.float32, cfg.interpret)
     kw = dict(num_warps=cfg.prep_warps, interpret=cfg.interpret)
-    if part == "prep_split_only" and stage != "all":
-      # One of the three kernels (or the sequential state kernel) alone, on inputs that the
-      # earlier stages made outside the timed call.
-      M, e, u_, q_, v_ = xs
-      A_c = split_prep.spd_inverse(M, refine=cfg.refine, factor_precision=fprec, **kw)
-      Ah, _ = split_prep.penalty_rows(A_c, e, u_, chunk_size=C, factor_precision=fprec, **kw)
-      Up, Wp, P = split_prep.state_prep(e, Ah, q_, v_, chunk_size=C, precision=cfg.precision,
-                                        factor_precision=fprec, **kw)
-      S0 = jnp.zeros((B * H_, d, d), jnp.float32)
-      stages = {
-          "spd_inverse": (lambda M: split_prep.spd_inverse(
-              M, refine=cfg.refine, factor_precision=fprec, **kw), (M,)),
-          "penalty_rows": (lambda A_c, e, u: split_prep.penalty_rows(
-              A_c, e, u, chunk_size=C, factor_precision=fprec, **kw), (A_c, e, u_)),
-          "state_prep": (lambda e, Ah, q, v: split_prep.state_prep(
-              e, Ah, q, v, chunk_size=C, precision=cfg.precision, factor_precision=fprec,
-              **kw), (e, Ah, q_, v_)),
-          "state_kernel": (lambda q, Ah, Up, Wp, P, S0: _forward_pass(
-              cfg, q, Ah, Up, Wp, P, S0, jnp.bfloat16)[:2], (q_, Ah, Up,
-                                                            Wp, P, S0)),
-      }
-      fn, xs = stages[stage]
-      return jax.jit(fn), None, jax.block_until_ready(xs)
 
-    def fn(M, e, u, q, v):
+    def chain(M, e, u, q, v):
       A_c = split_prep.spd_inverse(M, refine=cfg.refine, factor_precision=fprec, **kw)
       Ah, _ = split_prep.penalty_rows(A_c, e, u, chunk_size=C, factor_precision=fprec, **kw)
-      return split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=cfg.precision,
-                                   factor_precision=fprec, **kw)
-    return jax.jit(fn), None, xs
+      return A_c, Ah, split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=cfg.precision,
+                                            factor_precision=fprec, **kw)
+
+    if stage == "all":
+      return jax.jit(lambda *a: chain(*a)[2]), None, xs
+    # One of the three kernels (or the sequential state kernel) alone, on inputs that the
+    # earlier stages made outside the timed call.
+    M, e, u_, q_, v_ = xs
+    A_c, Ah, (Up, Wp, P) = chain(*xs)
+    S0 = jnp.zeros((B * H_, d, d), jnp.float32)
+    stages = {
+        "spd_inverse": (lambda M: split_prep.spd_inverse(
+            M, refine=cfg.refine, factor_precision=fprec, **kw), (M,)),
+        "penalty_rows": (lambda A_c, e, u: split_prep.penalty_rows(
+            A_c, e, u, chunk_size=C, factor_precision=fprec, **kw), (A_c, e, u_)),
+        "state_prep": (lambda e, Ah, q, v: split_prep.state_prep(
+            e, Ah, q, v, chunk_size=C, precision=cfg.precision, factor_precision=fprec,
+            **kw), (e, Ah, q_, v_)),
+        "state_kernel": (lambda q, Ah, Up, Wp, P, S0: _forward_pass(
+            cfg, q, Ah, Up, Wp, P, S0, jnp.bfloat16)[:2], (q_, Ah, Up, Wp, P, S0)),
+    }
+    fn, xs = stages[stage]
+    return jax.jit(fn), None, jax.block_until_ready(xs)
   if part == "scan_penalty_only":
     # penalty_scan with its XLA segment-start inverses, on unit keys and u made outside.
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
@@ -172,7 +170,7 @@ def main():
                       help="comma list of KernelConfig.solver values for the pallas rows "
                            "(triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="xla",
-                      help="comma list of KernelConfig.prep values (xla, kernel, split), pallas rows")
+                      help="comma list of KernelConfig.prep values (xla, kernel, split, scan), pallas rows")
   parser.add_argument("--prep_dot", default="tf32x3",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
   parser.add_argument("--prep_form", default="panels",

@@ -29,16 +29,14 @@ import jax.numpy as jnp
 
 from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
 
-def _chunk_parts(A, U, E, precision, solver):
-  """The chunk map and its factors. A [..., dk, dk]; U, E [..., C, dk].
-  Returns W [..., C, dk], A_next [..., dk, dk], Y [..., C, dk], Z = L^-1 U [..., C, dk]."""
-  W, Y, Linv = chunk_rows(A, U, E, precision, solver)
-  mm = functools.partial(jnp.matmul, precision=precision)
-  return W, _sym(A - mm(jnp.swapaxes(Y, -1, -2), Y)), Y, mm(Linv, U)
 
 
 def _chunk_map(A, U, E, precision, solver):
-  return _chunk_parts(A, U, E, precision, solver)[:2]
+  """The chunk map A [..., dk, dk], U, E [..., C, dk] -> (W [..., C, dk], A_next), with its
+  factors (Y [..., C, dk], Z = L^-1 U [..., C, dk]) as auxiliary output."""
+  W, Y, Linv = chunk_rows(A, U, E, precision, solver)
+  mm = functools.partial(jnp.matmul, precision=precision)
+  return (W, _sym(A - mm(jnp.swapaxes(Y, -1, -2), Y))), (Y, mm(Linv, U))
 
 
 def _forward(khat, u, A0, refine, precision, solver):
@@ -76,9 +74,8 @@ def _bwd(refine, precision, solver, res, cts):
   mm = functools.partial(jnp.matmul, precision=precision)
   T = lambda x: jnp.swapaxes(x, -1, -2)
   f = functools.partial(_chunk_map, precision=precision, solver=solver)
-  _, pullback = jax.vjp(f, A_c, u, khat)
+  _, pullback, (Y, Z) = jax.vjp(f, A_c, u, khat, has_aux=True)  # one pass of the chunk map
   J = pullback((dW, jnp.zeros_like(A_c)))[0]                     # [B, H, N, dk, dk]
-  _, _, Y, Z = _chunk_parts(A_c, u, khat, precision, solver)
   eye = jnp.eye(A_c.shape[-1], dtype=A_c.dtype)
   Q = eye - mm(T(Y), Z)                                           # A_next = Q A Q^T
   # D_n for every n: scan the maps (Q_n, sym(J_n)) from the last chunk back, applied to
