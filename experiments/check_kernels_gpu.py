@@ -7,7 +7,8 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
 (against the float64 reference on the bf16-rounded inputs). Prints a table; exits 1 on failure.
 
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
-        [--prep xla,kernel,split] [--prep_dot tf32x3] [--solver triangular_solve]
+        [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver triangular_solve]
+        [--penalty_grad autodiff,chunk]
 
 Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" / "split" check the
 chunk-prep kernel(s)' forward (their gradients are the XLA path's, checked too).
@@ -81,10 +82,10 @@ _REFERENCES = {}
 
 
 def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_solve",
-          prep="xla", prep_dot="tf32x3"):
+          prep="xla", prep_dot="tf32x3", penalty_grad="autodiff"):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
   cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
-                     prep_dot=prep_dot)
+                     prep_dot=prep_dot, penalty_grad=penalty_grad)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -100,9 +101,9 @@ def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_
   return errs, finite
 
 
-def long_run(T, B=1, H=16, d=64, C=64):
+def long_run(T, B=1, H=16, d=64, C=64, penalty_grad="autodiff"):
   qkvu, S0, wo = inputs(7, B, T, H, d, jnp.bfloat16)
-  cfg = KernelConfig(chunk_size=C)
+  cfg = KernelConfig(chunk_size=C, penalty_grad=penalty_grad)
   step = jax.jit(jax.value_and_grad(loss_pallas(cfg), argnums=range(4)))
   t0 = time.perf_counter()
   val, grads = step(*qkvu, S0, wo)
@@ -128,41 +129,49 @@ def main():
   parser.add_argument("--solver", default="triangular_solve", help="KernelConfig.solver (triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="xla,kernel", help="comma list of KernelConfig.prep")
   parser.add_argument("--prep_dot", default="tf32x3", help="KernelConfig.prep_dot")
+  parser.add_argument("--penalty_grad", default="autodiff",
+                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk)")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
 
   HIGHEST, DEFAULT = jax.lax.Precision.HIGHEST, jax.lax.Precision.DEFAULT
-  cases = [(jnp.float32, HIGHEST, T) for T in (1000, 4096, 16384) if T <= args.max_T] or [
-      (jnp.float32, HIGHEST, args.max_T)]
-  cases += [(jnp.bfloat16, DEFAULT, T) for T in (16384,) if T <= args.max_T] or [
-      (jnp.bfloat16, DEFAULT, args.max_T)]
-  cases += [(jnp.float32, DEFAULT, min(4096, args.max_T))]
+  cases = []
+  if args.max_T > 0:  # --max_T 0: only the long run
+    cases = [(jnp.float32, HIGHEST, T) for T in (1000, 4096, 16384) if T <= args.max_T] or [
+        (jnp.float32, HIGHEST, args.max_T)]
+    cases += [(jnp.bfloat16, DEFAULT, T) for T in (16384,) if T <= args.max_T] or [
+        (jnp.bfloat16, DEFAULT, args.max_T)]
+    cases += [(jnp.float32, DEFAULT, min(4096, args.max_T))]
   rows, ok = [], True
-  for (dtype, precision, T), prep in ((c, p) for c in cases for p in args.prep.split(",")):
+  variants = [(p, g) for p in args.prep.split(",") for g in args.penalty_grad.split(",")]
+  for (dtype, precision, T), (prep, grad) in ((c, v) for c in cases for v in variants):
     name = jnp.dtype(dtype).name
     t0 = time.perf_counter()
     errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
-                         prep_dot=args.prep_dot)
+                         prep_dot=args.prep_dot, penalty_grad=grad)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
-           "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})", **errs, "finite": finite,
+           "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})",
+           "penalty_grad": grad, **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-  long = long_run(args.long_T) if args.long_T else None
+  long = (long_run(args.long_T, penalty_grad=args.penalty_grad.split(",")[-1])
+          if args.long_T else None)
   if long:
     print(json.dumps(long), flush=True)
     ok &= long["finite"]
 
   names = ["o", "S", "A", "dq", "dk", "dv", "du", "dS0"]
-  print("\n| dtype | precision | T | prep | " + " | ".join(names) + " | bound | pass |")
-  print("|" + " --- |" * (len(names) + 6))
+  print("\n| dtype | precision | T | prep | penalty_grad | " + " | ".join(names)
+        + " | bound | pass |")
+  print("|" + " --- |" * (len(names) + 7))
   for r in rows:
-    print(f"| {r['dtype']} | {r['precision']} | {r['T']} | {r['prep']} | "
+    print(f"| {r['dtype']} | {r['precision']} | {r['T']} | {r['prep']} | {r['penalty_grad']} | "
           + " | ".join(f"{r[n]:.1e}" for n in names)
           + f" | {r['bound'] if r['bound'] else 'info'} | {r['pass']} |")
   if long:
