@@ -135,7 +135,8 @@ def main():
   only = args.only.split(",")
   jobs = [j for j in jobs if any(o in j[1] for o in only)
           and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))]
-  slots = [g for g in (args.gpus.split(",") if args.gpus else [""]) for _ in range(args.per_gpu)]
+  # Slots alternate between GPUs, so that the first jobs (started first) spread over all of them.
+  slots = [g for _ in range(args.per_gpu) for g in (args.gpus.split(",") if args.gpus else [""])]
   start = time.time()
   running = {}  # slot index -> (job, process, started)
   finished, unfinished = [], []
