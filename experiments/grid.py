@@ -124,6 +124,8 @@ def main():
   parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048")
   parser.add_argument("--zoology_steps", type=int, default=4000)
   parser.add_argument("--demo_steps", type=int, default=500)
+  parser.add_argument("--rates", default="",
+                      help="Comma list replacing every job's learning rates (default: the grid's).")
   parser.add_argument("--only", default="",
                       help="Comma list: run only jobs whose name contains one of these.")
   parser.add_argument("--override", nargs=2, action="append", default=[],
@@ -132,6 +134,8 @@ def main():
   args.long_Ts = [int(t) for t in args.long_Ts.split(",")]
   os.makedirs(os.path.join(args.out_dir, "logs"), exist_ok=True)
   jobs = [j for g in args.grids.split(",") for j in jobs_for(g, args)]
+  if args.rates:
+    jobs = [j[:4] + (tuple(args.rates.split(",")),) + j[5:] for j in jobs]
   only = args.only.split(",")
   jobs = [j for j in jobs if any(o in j[1] for o in only)
           and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))]

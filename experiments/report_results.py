@@ -72,6 +72,7 @@ def grid_table(rows, key, values, key_name):
   for r in rows:
     groups[(label(r), r[key])].append(r)
   mixers = [m for m in MIXER_ORDER if any(g[0] == m for g in groups)]
+  most = max((len({r["learning_rate"] for r in g}) for g in groups.values()), default=0)
   summary = {}
   lines = [f"| mixer | " + " | ".join(f"{key_name} = {v}" for v in values) + " |",
            "| --- |" + " --- |" * len(values)]
@@ -83,7 +84,8 @@ def grid_table(rows, key, values, key_name):
         continue
       rate, test, n_rates = best_rate(groups[(m, v)])
       summary[(m, v)] = {"rate": rate, "test": test, "rates_tried": n_rates}
-      cells.append(f"{cell(test)} @ {rate:g}")
+      cells.append(f"{cell(test)} @ {rate:g}" + (f" (of {n_rates} rates)" if n_rates < most
+                                                  else ""))
     lines.append(f"| {MIXER_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
   return "\n".join(lines), summary
 
