@@ -32,17 +32,55 @@ def _sym(A):
 def _lower_inverse(L, solver, precision):
   if solver == "nilpotent":
     return tri_inverse(L, unit_diagonal=False, precision=precision)
-  if solver == "doubling":
-    return tril_inverse(L)
   eye = jnp.broadcast_to(jnp.eye(L.shape[-1], dtype=L.dtype), L.shape)
   return jax.lax.linalg.triangular_solve(L, eye, left_side=True, lower=True)
+
+
+def _chol_inverse(G, solver, precision):
+  """L^-1 for G = L L^T (G [..., n, n] symmetric positive definite)."""
+  if solver == "doubling":
+    return _chol_inverse_products(G, precision)
+  return _lower_inverse(jnp.linalg.cholesky(G), solver, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _chol_inverse_products(G, precision):
+  """L^-1 for G = L L^T: Cholesky, then block doubling (`tril_inverse`). Its backward pass is
+  products only. Plain autodiff would differentiate the Cholesky factorisation through
+  triangular solves (slow when batched over many small matrices on a GPU) and the doubling
+  rounds step by step. With Z = L^-1 and Zbar its cotangent:
+
+      Lbar = -tril(Z^T Zbar Z^T)              (inverse, restricted to lower-triangular L)
+      P    = Phi(L^T Lbar)                    (lower triangle, diagonal halved)
+      Gbar = sym(Z^T P Z)                     (Cholesky; Murray 2016, arXiv:1602.07527)
+  """
+  return tril_inverse(jnp.linalg.cholesky(G))
+
+
+def _chol_inverse_products_fwd(G, precision):
+  L = jnp.linalg.cholesky(G)
+  Z = tril_inverse(L)
+  return Z, (L, Z)
+
+
+def _chol_inverse_products_bwd(precision, res, Zbar):
+  L, Z = res
+  mm = functools.partial(jnp.matmul, precision=precision)
+  T = lambda x: jnp.swapaxes(x, -1, -2)
+  Lbar = -jnp.tril(mm(mm(T(Z), Zbar), T(Z)))
+  P = jnp.tril(mm(T(L), Lbar))
+  P = P - 0.5 * jnp.eye(P.shape[-1], dtype=P.dtype) * P
+  return (_sym(mm(mm(T(Z), P), Z)),)
+
+
+_chol_inverse_products.defvjp(_chol_inverse_products_fwd, _chol_inverse_products_bwd)
 
 
 def _spd_inverse(M, *, refine, precision, solver="triangular_solve"):
   """Inverse of symmetric positive definite M [..., d, d] via Cholesky, symmetrised."""
   mm = functools.partial(jnp.matmul, precision=precision)
   eye = jnp.eye(M.shape[-1], dtype=M.dtype)
-  Linv = _lower_inverse(jnp.linalg.cholesky(_sym(M)), solver, precision)
+  Linv = _chol_inverse(_sym(M), solver, precision)
   A = _sym(mm(jnp.swapaxes(Linv, -1, -2), Linv))
   if refine:  # Newton-Schulz step: A <- A + A (I - M A)
     A = _sym(A + mm(A, eye - mm(M, A)))
@@ -91,6 +129,6 @@ def chunk_rows(A, U, E, precision, solver):
   T = lambda x: jnp.swapaxes(x, -1, -2)
   X = mm(U, A)
   eye = jnp.eye(U.shape[-2], dtype=U.dtype)
-  Linv = _lower_inverse(jnp.linalg.cholesky(_sym(eye + mm(X, T(U)))), solver, precision)
+  Linv = _chol_inverse(_sym(eye + mm(X, T(U))), solver, precision)
   Y = mm(Linv, X)
   return mm(E, A) - mm(jnp.tril(mm(E, T(Y))), Y), Y, Linv

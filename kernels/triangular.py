@@ -10,7 +10,12 @@ of diagonal blocks of sizes 1, 2, ..., C/2; log2 C rounds of batched products, a
 HIGHEST precision), whose intermediates are principal sub-inverses (bounded like the inverse).
 """
 
+import functools
+
+import jax
 import jax.numpy as jnp
+
+from vla_jax.ops.utils import tril_inverse
 
 SOLVERS = ("triangular_solve", "nilpotent", "doubling")
 
@@ -27,3 +32,26 @@ def tri_inverse(L, *, unit_diagonal, precision):
     inv = inv + jnp.matmul(inv, power, precision=precision)           # inv (I + (-N)^k)
     k *= 2
   return inv if diag is None else inv / diag[..., :, None]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def tril_inverse_products(L, unit_diagonal, precision):
+  """`tril_inverse` (block doubling) with a two-product backward pass: for Z = L^-1 and its
+  cotangent Zbar, Lbar = -Z^T Zbar Z^T restricted to the entries L varies in (the lower
+  triangle, strictly lower for a unit diagonal). Autodiff would instead retrace every doubling
+  round. L [..., C, C], C a power of two."""
+  return tril_inverse(L, unit_diagonal=unit_diagonal)
+
+
+def _tril_inverse_fwd(L, unit_diagonal, precision):
+  Z = tril_inverse(L, unit_diagonal=unit_diagonal)
+  return Z, Z
+
+
+def _tril_inverse_bwd(unit_diagonal, precision, Z, Zbar):
+  mm = functools.partial(jnp.matmul, precision=precision)
+  Zt = jnp.swapaxes(Z, -1, -2)
+  return (-jnp.tril(mm(mm(Zt, Zbar), Zt), -1 if unit_diagonal else 0),)
+
+
+tril_inverse_products.defvjp(_tril_inverse_fwd, _tril_inverse_bwd)

@@ -2,6 +2,7 @@
 KernelConfig(penalty_grad="chunk")): gradients equal plain autodiff in float64, alone and
 inside `vla_pallas` (against impl="scan"), and the gradient lowers for an abstract H200."""
 
+import chex
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -93,3 +94,41 @@ def test_gradient_lowers_for_h200():
           jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
   text = lower_for_h200(jax.grad(loss, argnums=range(4)), *args).as_text()
   assert "vla_state_fwd" in text and "vla_state_bwd" in text
+
+
+@pytest.mark.parametrize("n", [16, 64])
+def test_products_only_cholesky_inverse_float64(x64, n):
+  """solver="doubling": L^-1 of a Cholesky factor has a backward pass of products only. Its
+  gradient equals autodiff through the Cholesky and a triangular solve, and the gradient's
+  program holds no triangular solve."""
+  from vla_jax.kernels.penalty import _chol_inverse   # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(n)
+  X = rng.standard_normal((3, n, n)) / np.sqrt(n)
+  G = jnp.asarray(X @ np.swapaxes(X, -1, -2) + 0.5 * np.eye(n))
+  W = jnp.asarray(rng.standard_normal((3, n, n)))
+  hi = jax.lax.Precision.HIGHEST
+  loss = lambda solver: lambda G: jnp.sum(W * jnp.sin(_chol_inverse(_sym(G), solver, hi)))
+  want = jax.grad(loss("triangular_solve"))(G)
+  got = jax.jit(jax.grad(loss("doubling")))(G)
+  chex.assert_trees_all_close(got, want, rtol=1e-10, atol=1e-10 * float(jnp.abs(want).max()))
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss("doubling")))(G))
+  assert "triangular_solve" not in jaxpr
+  assert "triangular_solve" in str(jax.make_jaxpr(jax.grad(loss("triangular_solve")))(G))
+
+
+@pytest.mark.parametrize("unit_diagonal", [True, False])
+def test_tril_inverse_products_grad_float64(x64, unit_diagonal):
+  """The two-product backward of the doubling triangular inverse (state path, solver=
+  "doubling") equals autodiff through the doubling rounds."""
+  from vla_jax.kernels.triangular import tril_inverse_products  # pylint: disable=import-outside-toplevel
+  from vla_jax.ops.utils import tril_inverse  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(3)
+  L = np.tril(rng.standard_normal((4, 32, 32)) / 8, -1) + np.eye(32) * (
+      1.0 if unit_diagonal else rng.uniform(0.5, 2.0, (4, 1, 32)))
+  L, W = jnp.asarray(L), jnp.asarray(rng.standard_normal((4, 32, 32)))
+  hi = jax.lax.Precision.HIGHEST
+  want = jax.grad(lambda L: jnp.sum(W * jnp.sin(tril_inverse(L, unit_diagonal=unit_diagonal))))(L)
+  got = jax.grad(lambda L: jnp.sum(W * jnp.sin(tril_inverse_products(L, unit_diagonal, hi))))(L)
+  mask = np.tril(np.ones((32, 32)), -1 if unit_diagonal else 0)   # the entries L varies in
+  chex.assert_trees_all_close(got, want * mask, rtol=1e-10,
+                              atol=1e-10 * float(jnp.abs(want).max()))
