@@ -20,6 +20,11 @@ chunk). The recurrence is affine in D, and affine maps D -> P^T D P + K compose 
 cotangents of U and E of every chunk come from one more VJP of f, fed (dW_n, D_(n+1)), in
 parallel over chunks. Only symmetric parts of D matter for U and E (A_next is symmetric in
 them); the returned A_0 cotangent is the gradient over symmetric perturbations of A_0.
+
+`penalty_scan_grad` has the same backward but the forward of `penalty_scan.py` (A carried
+through the downdates, inverted directly only at segment starts), which also writes the carried
+A_n that the backward takes as residuals (KernelConfig(prep="scan", penalty_grad="chunk")). The
+backward only assumes A_next = (A_n^-1 + U^T U)^-1, which carried and inverted A_n both satisfy.
 """
 
 import functools
@@ -27,8 +32,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
-
+from vla_jax.kernels.penalty_scan import _penalty_segments
 
 
 def _chunk_map(A, U, E, precision, solver):
@@ -88,3 +94,33 @@ def _bwd(refine, precision, solver, res, cts):
 
 
 penalty_chunked_grad.defvjp(_fwd, _bwd)
+
+
+def _scan_forward(khat, u, A0, config):
+  B, H, N, C, dk = khat.shape
+  flat = lambda x: x.reshape(B, H, N * C, dk)
+  fprec = _factor_precision(config.prep_dot, khat.dtype, config.interpret)
+  W, A_T, A_c = _penalty_segments(config, flat(khat), flat(u), A0, fprec, chunk_starts=True)
+  return (W.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk),
+          _sym(A_c.reshape(B, H, N, dk, dk)))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def penalty_scan_grad(khat, u, A0, config):
+  """(W [B, H, N, C, dk] rows A_t khat_t, A_T [B, H, dk, dk]) like `penalty_chunked_grad`, from
+  the `penalty_scan` kernel (segments, block and warps of the `KernelConfig` `config`); the
+  backward is `penalty_chunked_grad`'s, on the chunk-start inverses that the kernel carried.
+  khat, u: [B, H, N, C, dk]; A0: [B, H, dk, dk], all in one dtype."""
+  return _scan_forward(khat, u, A0, config)[:2]
+
+
+def _scan_fwd(khat, u, A0, config):
+  W, A_T, A_c = _scan_forward(khat, u, A0, config)
+  return (W, A_T), (khat, u, A_c)
+
+
+def _scan_bwd(config, res, cts):
+  return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, res, cts)
+
+
+penalty_scan_grad.defvjp(_scan_fwd, _scan_bwd)

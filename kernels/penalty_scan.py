@@ -16,10 +16,15 @@ A [dk, dk] stays in registers; the only values are [b, dk], [b, b] and [dk, dk].
 
 Parallelism. One program per (batch * head, segment): the sequence is cut into S segments of
 L tokens and A at each segment start is M^-1 with M = A_0^-1 + sum of u u^T before it (computed
-in XLA by the caller: a prefix sum and S batched Cholesky inverses). With S = 1 the whole path is
-carried (most accurate: no inversion at all); larger S fills the GPU when B * H is small, at the
-accuracy of a direct inversion at S - 1 points (eps * cond(M), see NOTES.md) instead of every
-chunk start.
+in XLA by `_penalty_segments`: a prefix sum and S batched Cholesky inverses). With S = 1 the
+whole path is carried (most accurate: no inversion at all); larger S fills the GPU when B * H is
+small, at the accuracy of a direct inversion at S - 1 points (eps * cond(M), see NOTES.md)
+instead of every chunk start.
+
+Gradients (`penalty_grad.penalty_scan_grad`): with `chunk_size` the kernel also writes A at
+every chunk start of its segment (an outer loop over chunks, an inner one over their blocks)
+and, with normalize=False, the rows A_t khat_t instead of unit rows: the residuals and the
+output of the chunk-level penalty backward.
 """
 
 import functools
@@ -29,15 +34,18 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from vla_jax.kernels.penalty import _spd_inverse
 from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota
 from vla_jax.ops.vla.recurrence import WRITE_EPS
 
 BLOCKS = (16, 32, 64)
 
 
-def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *, L, b, prefetch, fprec, acc):
+def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normalize, prefetch,
+                 fprec, acc):
   # a0_ref, at_ref: [dk, dk] segment-start and segment-end inverses; e_ref, u_ref, ah_ref:
-  # [L, dk] unit keys, penalty directions and (out) write directions of the segment.
+  # [L, dk] unit keys, penalty directions and (out) write directions of the segment; with a
+  # chunk size C, ac_refs: ([L / C, dk, dk],) (out) the inverse at every chunk start.
   dot = functools.partial(_dot, precision=fprec)
   r, c, _ = _iota(b)
   eye = _eye(b, acc)
@@ -49,8 +57,9 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *, L, b, prefetch, fprec,
     X = dot(U, A)
     Y = dot(_chol_inv(eye + dot(X, U, tb=True)), X)
     W = dot(E, A) - dot(jnp.where(r >= c, dot(E, Y, tb=True), 0.0), Y)
-    inv_norm = jax.lax.rsqrt(jnp.maximum(jnp.sum(W * W, axis=1), WRITE_EPS ** 2))
-    ah_ref[pl.ds(start(j), b), :] = (W * inv_norm[:, None]).astype(ah_ref.dtype)
+    if normalize:
+      W = W * jax.lax.rsqrt(jnp.maximum(jnp.sum(W * W, axis=1), WRITE_EPS ** 2))[:, None]
+    ah_ref[pl.ds(start(j), b), :] = W.astype(ah_ref.dtype)
     return A - dot(Y, Y, ta=True)
 
   A0 = a0_ref[...].astype(acc)
@@ -61,14 +70,25 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *, L, b, prefetch, fprec,
       A, U, E = carry
       nxt = load(jnp.minimum(j + 1, n_blocks - 1))
       return (step(j, A, U, E),) + nxt
-    A = jax.lax.fori_loop(0, n_blocks, body, (A0,) + load(0))[0]
+    carry = (A0,) + load(0)
   else:
-    A = jax.lax.fori_loop(0, n_blocks, lambda j, A: step(j, A, *load(j)), A0)
+    body = lambda j, carry: (step(j, carry[0], *load(j)),)
+    carry = (A0,)
+  if C is None:
+    A = jax.lax.fori_loop(0, n_blocks, body, carry)[0]
+  else:
+    # Chunks of C / b blocks: A written as it reaches each chunk start.
+    per, (ac_ref,) = C // b, ac_refs
+
+    def chunk(n, carry):
+      ac_ref[n] = carry[0].astype(ac_ref.dtype)
+      return jax.lax.fori_loop(0, per, lambda i, carry: body(n * per + i, carry), carry)
+    A = jax.lax.fori_loop(0, L // C, chunk, carry)[0]
   at_ref[...] = (0.5 * (A + A.T)).astype(at_ref.dtype)
 
 
 def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, num_warps=4,
-                 interpret=False):
+                 chunk_size=None, normalize=True, interpret=False):
   """Write directions of every token and the inverse at every segment end.
 
   Args:
@@ -78,29 +98,86 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     prefetch: load block j + 1's rows before block j's products (same result; measured
       within noise on an H200, so off by default).
     factor_precision: precision of the products (tf32x3 / ieee on GPUs, HIGHEST otherwise).
+    chunk_size: None, or C (a multiple of `block` dividing L): also return the carried inverse
+      at every chunk start (the residuals of `penalty_grad.penalty_scan_grad`).
+    normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t.
 
   Returns:
-    (Ahat [BH, S * L, dk] unit write directions, A_end [BH, S, dk, dk]), in A_start's dtype.
+    (Ahat [BH, S * L, dk] unit write directions (or the rows A_t khat_t), A_end
+    [BH, S, dk, dk]), with chunk_size also A_c [BH, S * L / C, dk, dk] (not symmetrised), all
+    in A_start's dtype.
   """
   BH, S, dk, _ = A_start.shape
   L = e.shape[1] // S
   if block not in BLOCKS or L % block:
     raise ValueError(f"block must be one of {BLOCKS} and divide the segment length {L}; "
                      f"got {block!r}")
+  if chunk_size is not None and (chunk_size % block or L % chunk_size):
+    raise ValueError(f"chunk_size must be a multiple of the block {block} and divide the "
+                     f"segment length {L}; got {chunk_size!r}")
   acc = A_start.dtype
   mat = pl.BlockSpec((None, None, dk, dk), lambda h, s: (h, s, 0, 0))
   rows = pl.BlockSpec((None, L, dk), lambda h, s: (h, s, 0))
+  out_specs = [rows, mat]
+  out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), acc),
+               jax.ShapeDtypeStruct((BH, S, dk, dk), acc)]
+  if chunk_size is not None:
+    n = L // chunk_size
+    out_specs.append(pl.BlockSpec((None, n, dk, dk), lambda h, s: (h, s, 0, 0)))
+    out_shape.append(jax.ShapeDtypeStruct((BH, S * n, dk, dk), acc))
   return pl.pallas_call(
-      functools.partial(_scan_kernel, L=L, b=block, prefetch=prefetch, fprec=factor_precision,
-                        acc=acc),
+      functools.partial(_scan_kernel, L=L, b=block, C=chunk_size, normalize=normalize,
+                        prefetch=prefetch, fprec=factor_precision, acc=acc),
       grid=(BH, S),
       in_specs=[mat, rows, rows],
-      out_specs=[rows, mat],
-      out_shape=[jax.ShapeDtypeStruct((BH, S * L, dk), acc),
-                 jax.ShapeDtypeStruct((BH, S, dk, dk), acc)],
+      out_specs=out_specs,
+      out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="vla_penalty_scan",
   )(A_start, e, u)
+
+
+def _chunk_start_matrices(u_h, A0, C, acc):
+  """M_c = A_0^-1 + sum of the Grams U_m^T U_m of all earlier chunks: [B, H, N, dk, dk]."""
+  B, H, T_pad, dk = u_h.shape
+  U = u_h.reshape(B, H, T_pad // C, C, dk)
+  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=jax.lax.Precision.HIGHEST)
+  before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]),     # exclusive prefix sum
+                            jnp.cumsum(gram, axis=2)[:, :, :-1]], axis=2)
+  M0 = _spd_inverse(A0.astype(acc), refine=False, precision=jax.lax.Precision.HIGHEST)
+  return M0[:, :, None] + before
+
+
+def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
+  """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
+  cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
+  each segment, A at segment starts from XLA (prefix sum of u u^T, Cholesky inverse).
+  chunk_starts: instead the rows A_t khat_t (not unit), A_T and the inverse at every chunk start
+  [B*H, T_pad / C, dk, dk]."""
+  B, H, T_pad, dk = u_h.shape
+  C, acc = config.chunk_size, u_h.dtype
+  N = T_pad // C
+  seg = config.segment_chunks or segments_for(B * H, N)
+  S = -(-N // seg)
+  L = seg * C
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
+  u_s, e_s = pad(u_h), pad(khat)
+  A_start = A0[:, :, None]
+  if S > 1:
+    M = _chunk_start_matrices(u_s, A0, L, acc)[:, :, 1:]
+    A_start = jnp.concatenate([A_start, _spd_inverse(M, refine=config.refine,
+                                                     precision=jax.lax.Precision.HIGHEST,
+                                                     solver=config.solver)], axis=2)
+  flat = lambda x: x.reshape(B * H, *x.shape[2:])
+  # dk = 128: the carried [128, 128] A needs 8 warps (ptxas, sm_90a: 0.9 KB of spills per
+  # thread at 8 warps against 2.5 KB at 4).
+  warps = max(config.prep_warps, 8) if dk >= 128 else config.prep_warps
+  kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
+  out = penalty_scan(flat(A_start), flat(e_s), flat(u_s), block=config.scan_block,
+                     prefetch=config.scan_prefetch, factor_precision=fprec, num_warps=warps,
+                     interpret=config.interpret, **kw)
+  Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
+  return (Ah, A_end, out[2][:, :N]) if chunk_starts else (Ah, A_end)
 
 
 def segments_for(BH, N, resident=264):

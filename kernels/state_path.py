@@ -35,8 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from vla_jax.kernels.triangular import SOLVERS, tri_inverse
-from vla_jax.ops.utils import tril_inverse
+from vla_jax.kernels.triangular import SOLVERS, tri_inverse, tril_inverse_products
 from vla_jax.ops.checks import compute_dtype
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
@@ -66,14 +65,17 @@ class KernelConfig:
       path (see `penalty.py`). Default True.
     solver: how the XLA parts apply triangular inverses: "triangular_solve" (XLA's batched
       solve), "nilpotent" (matrix products only, `triangular.py`) or "doubling" (block-doubling
-      inverse from batched products, `vla_jax.ops.utils.tril_inverse`). Same function.
+      inverse from batched products, `vla_jax.ops.utils.tril_inverse`; its backward is
+      products only too: `penalty._chol_inverse_products`, `triangular.tril_inverse_products`,
+      no triangular solve anywhere in the gradient). Same function.
     prep: how `vla_pallas`'s forward computes the per-chunk factors: "xla" (the XLA penalty path
       of `penalty.py` plus `_factors`), "kernel" (one Pallas program per chunk,
       `chunk_prep.py`), "split" (three smaller Pallas kernels, each parallel over chunks:
       chunk-start inverses, penalty rows, state-path factors; `split_prep.py`) or "scan" (A
       carried through the downdates by `penalty_scan.py`, one program per segment, then the
       split state-path-factor kernel). Gradients are
-      the same either way (the backward is the XLA path's).
+      the same either way (the backward is the XLA path's; with prep="scan" and
+      penalty_grad="chunk" the differentiated forward keeps `penalty_scan.py`, see below).
     prep_dot: with prep="kernel" or "split" on a GPU, how the factorisation products run:
       "tf32x3" (three TF32 tensor-core products, about float32 accuracy) or "ieee" (full
       float32 on CUDA cores).
@@ -96,7 +98,10 @@ class KernelConfig:
       autodiff of `penalty.penalty_parallel`, which differentiates every chunk-start inverse)
       or "chunk" (`penalty_grad.py`: the chunk-start inverses' cotangents by a reverse
       associative scan of the congruences A_next = Q A Q^T, no inverse differentiated; same
-      gradients for q, k, v, u, S0; A0's is its gradient over symmetric perturbations).
+      gradients for q, k, v, u, S0; A0's is its gradient over symmetric perturbations). With
+      prep="scan", "chunk" also makes the differentiated forward's penalty path the
+      `penalty_scan` kernel (`penalty_grad.penalty_scan_grad`: chunk-start inverses carried,
+      inverted directly only at segment starts) instead of `penalty.penalty_parallel`.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -180,7 +185,7 @@ def _factors(q, e, w, v, precision, solver):
   if solver == "nilpotent":
     X = mm("...ij,...jd->...id", tri_inverse(L, unit_diagonal=True, precision=precision), VE)
   elif solver == "doubling":
-    X = mm("...ij,...jd->...id", tril_inverse(L, unit_diagonal=True), VE)
+    X = mm("...ij,...jd->...id", tril_inverse_products(L, True, precision), VE)
   else:
     X = jax.lax.linalg.triangular_solve(L, VE, left_side=True, lower=True,
                                         unit_diagonal=True)

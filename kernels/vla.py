@@ -5,7 +5,9 @@ the penalty path carried through 16-token blocks by `penalty_scan.py` and the st
 factors of `split_prep.state_prep`; or from one kernel `chunk_prep.py` (prep="kernel"), three
 `split_prep.py` kernels (prep="split") or XLA (`penalty.py` + `state_path._factors`,
 prep="xla"). Under differentiation the XLA path runs and its backward is used (penalty path:
-autodiff or `penalty_grad.py`, config.penalty_grad; state path: the Pallas reverse pass)."""
+autodiff or `penalty_grad.py`, config.penalty_grad; state path: the Pallas reverse pass), except
+that with prep="scan" and penalty_grad="chunk" its penalty forward is the `penalty_scan.py`
+kernel, which also writes the chunk-start inverses for the chunk-level penalty backward."""
 
 import functools
 
@@ -15,8 +17,8 @@ import jax.numpy as jnp
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
-from vla_jax.kernels.penalty_grad import penalty_chunked_grad
-from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
+from vla_jax.kernels.penalty_grad import penalty_chunked_grad, penalty_scan_grad
+from vla_jax.kernels.penalty_scan import _chunk_start_matrices, _penalty_segments
 from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
 from vla_jax.ops.utils import unit
@@ -41,7 +43,8 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
 
   The per-chunk factors come from Pallas kernels (config.prep="scan", the default:
   `penalty_scan.py` + `split_prep.state_prep`; "kernel": `chunk_prep.py`; "split":
-  `split_prep.py`; forward only, gradients are the XLA path's) or from XLA, parallel over
+  `split_prep.py`; forward only, gradients are the XLA path's, whose penalty forward is
+  `penalty_scan.py` too with prep="scan", penalty_grad="chunk") or from XLA, parallel over
   chunks (`penalty.py` and `state_path._factors`, config.prep="xla"); the state path is the
   Pallas kernel pair of `state_path.py` (forward pass and reverse pass over chunk states).
   The same algorithm runs whatever the backend; only `interpret` changes how the Pallas
@@ -87,7 +90,8 @@ def _setup(config, acc, k, u):
 
 
 def _vla_xla_prep(config, q, k, v, u, S0, A0):
-  """Penalty path and state-path prep in XLA (`penalty.py`, `state_path._factors`)."""
+  """Penalty path and state-path prep in XLA (`penalty.py`, `state_path._factors`); with
+  prep="scan" and penalty_grad="chunk" the penalty path is the `penalty_scan` kernel."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   acc = compute_dtype(q, k, v, u, S0, A0)
@@ -95,7 +99,9 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   args = (chunks(khat), chunks(u_h), A0.astype(acc))
-  if config.penalty_grad == "chunk":
+  if config.penalty_grad == "chunk" and config.prep == "scan":
+    W, A_T = penalty_scan_grad(*args, config)
+  elif config.penalty_grad == "chunk":
     W, A_T = penalty_chunked_grad(*args, config.refine, jax.lax.Precision.HIGHEST, config.solver)
   else:
     W, A_T = penalty_parallel(*args, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
@@ -108,45 +114,6 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
                       config=config)
   o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
   return o, S_T.reshape(B, H, dv, dk), A_T
-
-
-def _chunk_start_matrices(u_h, A0, C, acc):
-  """M_c = A_0^-1 + sum of the Grams U_m^T U_m of all earlier chunks: [B, H, N, dk, dk]."""
-  B, H, T_pad, dk = u_h.shape
-  U = u_h.reshape(B, H, T_pad // C, C, dk)
-  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=jax.lax.Precision.HIGHEST)
-  before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]),     # exclusive prefix sum
-                            jnp.cumsum(gram, axis=2)[:, :, :-1]], axis=2)
-  M0 = _spd_inverse(A0.astype(acc), refine=False, precision=jax.lax.Precision.HIGHEST)
-  return M0[:, :, None] + before
-
-
-def _penalty_segments(config, khat, u_h, A0, fprec):
-  """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
-  cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
-  each segment, A at segment starts from XLA (prefix sum of u u^T, Cholesky inverse)."""
-  B, H, T_pad, dk = u_h.shape
-  C, acc = config.chunk_size, u_h.dtype
-  N = T_pad // C
-  seg = config.segment_chunks or segments_for(B * H, N)
-  S = -(-N // seg)
-  L = seg * C
-  pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
-  u_s, e_s = pad(u_h), pad(khat)
-  A_start = A0[:, :, None]
-  if S > 1:
-    M = _chunk_start_matrices(u_s, A0, L, acc)[:, :, 1:]
-    A_start = jnp.concatenate([A_start, _spd_inverse(M, refine=config.refine,
-                                                     precision=jax.lax.Precision.HIGHEST,
-                                                     solver=config.solver)], axis=2)
-  flat = lambda x: x.reshape(B * H, *x.shape[2:])
-  # dk = 128: the carried [128, 128] A needs 8 warps (ptxas, sm_90a: 0.9 KB of spills per
-  # thread at 8 warps against 2.5 KB at 4).
-  warps = max(config.prep_warps, 8) if dk >= 128 else config.prep_warps
-  Ah, A_end = penalty_scan(flat(A_start), flat(e_s), flat(u_s), block=config.scan_block,
-                           prefetch=config.scan_prefetch, factor_precision=fprec,
-                           num_warps=warps, interpret=config.interpret)
-  return Ah[:, :T_pad], A_end[:, -1]
 
 
 def _vla_kernel_forward(config, q, k, v, u, S0, A0):
@@ -200,8 +167,9 @@ def _vla_prep_kernel(config, q, k, v, u, S0, A0):
 
 def _vla_prep_kernel_fwd(config, q, k, v, u, S0, A0):
   # Under differentiation the forward runs the XLA path and keeps its residuals: the backward
-  # is exactly the XLA path's (penalty autodiff + the state path's custom VJP), with no
-  # recomputation. Only primal (inference) calls use the kernel.
+  # is exactly the XLA path's (penalty autodiff or `penalty_grad.py` + the state path's custom
+  # VJP), with no recomputation. Only primal (inference) calls use the prep kernels, except
+  # `penalty_scan` with prep="scan", penalty_grad="chunk" (`penalty_grad.penalty_scan_grad`).
   out, pullback = jax.vjp(functools.partial(_vla_xla_prep, config), q, k, v, u, S0, A0)
   return out, pullback
 
