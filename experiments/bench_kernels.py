@@ -161,7 +161,7 @@ def main():
   parser.add_argument("--out", default=".", help="folder for the JSON rows and the plot")
   parser.add_argument("--Ts", default=",".join(map(str, ALL_TS)))
   parser.add_argument("--impls", default=",".join(ALL_IMPLS))
-  parser.add_argument("--block_v", default="64", help="comma list: pallas value blocks")
+  parser.add_argument("--block_v", default="32", help="comma list: pallas value blocks")
   parser.add_argument("--chunk", type=int, default=64)
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--reps", type=int, default=20)
@@ -205,7 +205,9 @@ def main():
           dots = args.prep_dot.split(",") if kern else ["tf32x3"]
           warps = [int(w) for w in args.prep_warps.split(",")] if kern else [4]
           forms = args.prep_form.split(",") if prep == "kernel" else ["panels"]
-          sv_list = args.solver.split(",") if prep == "xla" else ["triangular_solve"]
+          # The solver matters for every prep: the backward (and prep="scan"'s segment-start
+          # inverses) run the XLA path, whose triangular inverses it selects.
+          sv_list = args.solver.split(",")
           blocks = [int(b) for b in args.scan_block.split(",")] if prep == "scan" else [16]
           fetch = [bool(int(p)) for p in args.scan_prefetch.split(",")] if prep == "scan" else [False]
           segs = ([None if g == "auto" else int(g) for g in args.segment_chunks.split(",")]

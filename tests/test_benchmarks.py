@@ -107,3 +107,20 @@ def test_floor_matches_bench_kernels():
     for backward in (False, True):
       assert floor.floor_ms(B, T, 16, 64, 64, backward) == pytest.approx(
           bench_kernels.floor_ms(B, T, 64, backward))
+
+
+def test_later_skipped_row_keeps_earlier_measurement(tmp_path):
+  """Files merge later-wins, but a row a later run skipped does not erase a measurement; the
+  report names the file each family's rows came from."""
+  first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+  first.write_text(json.dumps(_row("cudnn", "softmax_attention", "fwd", 4096, 1.0)) + "\n"
+                   + json.dumps(_row("pallas", "vla", "fwd", 4096, 9.0)) + "\n")
+  second.write_text(json.dumps(dict(_row("cudnn", "softmax_attention", "fwd", 4096, None),
+                                    status="skipped", note="budget")) + "\n"
+                    + json.dumps(_row("pallas", "vla", "fwd", 4096, 3.0)) + "\n")
+  data = report.Data(report.load([str(first), str(second)])[1])
+  assert data.ms(64, "fwd", report.CUDNN, 4096) == 1.0
+  assert data.ms(64, "fwd", report.PALLAS, 4096) == 3.0
+  text = "\n".join(report.row_sources(data))
+  assert "`first.jsonl`: 1" in text and "`second.jsonl`: 1" in text
+  assert "more than one run" in text
