@@ -625,6 +625,17 @@ def main():
   if unstable:
     w("Seed sensitivity: at the chosen rate, some seeds solve the task and others stay near "
       "chance for " + ", ".join(f"{MIXER_NAMES[m]} n={n}" for m, n in unstable) + ".\n")
+  beyond = sorted({n for (_, n) in cap if n > 32})
+  if beyond:
+    parts = []
+    for n in beyond:
+      means = {m: cap[(m, n)]["test"].mean() for m in MIXER_ORDER if (m, n) in cap}
+      top = max(means.values())
+      parts.append(f"n = {n}: " + ", ".join(
+          f"{MIXER_NAMES[m]} {v:.3f}" + (" (best)" if f"{v:.3f}" == f"{top:.3f}" else "")
+          for m, v in sorted(means.items(), key=lambda kv: -kv[1])))
+    w("Beyond n = d_h = 32 (more pairs than one head's key dimension; 4 heads per layer), "
+      "mean test accuracy at the chosen rate: " + "; ".join(parts) + ".\n")
   vla_labels = ("vla", "vla_p1")
   vla_rows = [r for r in capacity if label(r) in vla_labels]
   if vla_rows:
