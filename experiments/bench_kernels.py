@@ -184,7 +184,7 @@ def main():
   parser.add_argument("--segment_chunks", default="auto",
                       help="comma list of KernelConfig.segment_chunks (auto or an int)")
   parser.add_argument("--penalty_grad", default="autodiff",
-                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk): pallas rows")
+                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk, scan): pallas rows")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()

@@ -130,7 +130,7 @@ def main():
   parser.add_argument("--prep", default="xla,kernel", help="comma list of KernelConfig.prep")
   parser.add_argument("--prep_dot", default="tf32x3", help="KernelConfig.prep_dot")
   parser.add_argument("--penalty_grad", default="autodiff",
-                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk)")
+                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk, scan)")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)

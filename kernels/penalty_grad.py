@@ -25,6 +25,12 @@ them); the returned A_0 cotangent is the gradient over symmetric perturbations o
 through the downdates, inverted directly only at segment starts), which also writes the carried
 A_n that the backward takes as residuals (KernelConfig(prep="scan", penalty_grad="chunk")). The
 backward only assumes A_next = (A_n^-1 + U^T U)^-1, which carried and inverted A_n both satisfy.
+
+`penalty_scan_kernel_grad` (KernelConfig(prep="scan", penalty_grad="scan")) has the same forward
+and a sequential backward instead: the reverse Pallas kernel of `penalty_scan_bwd.py` walks
+each segment's blocks backwards (A recomputed from the carried chunk starts), carrying the
+A-cotangent; the segment-start inverses of segments 1.. are differentiated in XLA (their prefix
+sums of u u^T and Cholesky inverses), fed the kernel's segment-start cotangents.
 """
 
 import functools
@@ -34,7 +40,9 @@ import jax.numpy as jnp
 
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
-from vla_jax.kernels.penalty_scan import _penalty_segments
+from vla_jax.kernels.penalty_scan import (_penalty_segments, scan_warps, segment_layout,
+                                          segment_start_inverses)
+from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
 
 
 def _chunk_map(A, U, E, precision, solver):
@@ -124,3 +132,54 @@ def _scan_bwd(config, res, cts):
 
 
 penalty_scan_grad.defvjp(_scan_fwd, _scan_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def penalty_scan_kernel_grad(khat, u, A0, config):
+  """(W [B, H, N, C, dk] rows A_t khat_t, A_T [B, H, dk, dk]) like `penalty_scan_grad` (same
+  forward kernel); the backward is the reverse kernel `penalty_scan_bwd.penalty_scan_bwd`
+  plus the XLA VJP of the segment-start inverses. The returned A0 cotangent is the gradient
+  over symmetric perturbations. khat, u: [B, H, N, C, dk]; A0: [B, H, dk, dk], one dtype."""
+  return _scan_forward(khat, u, A0, config)[:2]
+
+
+def _scan_kernel_fwd(khat, u, A0, config):
+  W, A_T, A_c = _scan_forward(khat, u, A0, config)
+  return (W, A_T), (khat, u, A0, A_c)
+
+
+def _scan_kernel_bwd(config, res, cts):
+  khat, u, A0, A_c = res
+  dW, dA_T = cts
+  B, H, N, C, dk = khat.shape
+  acc = A_c.dtype
+  S, L = segment_layout(config, B * H, N)
+  n = L // C
+  T_pad = N * C
+  rows = lambda x: jnp.pad(x.astype(acc).reshape(B * H, T_pad, dk),
+                           [(0, 0), (0, S * L - T_pad), (0, 0)])
+  # Padded chunks (zero rows) leave A and its cotangent unchanged: any SPD start will do.
+  eye = jnp.broadcast_to(jnp.eye(dk, dtype=acc), (B * H, S * n - N, dk, dk))
+  A_s = jnp.concatenate([A_c.reshape(B * H, N, dk, dk), eye], axis=1)
+  dA_end = jnp.zeros((B * H, S, dk, dk), acc).at[:, -1].set(
+      _sym(dA_T.astype(acc)).reshape(B * H, dk, dk))
+  fprec = _factor_precision(config.prep_dot, acc, config.interpret)
+  warps = scan_warps(config, dk)
+  dU, dE, dA_start = penalty_scan_bwd(A_s, rows(khat), rows(u), rows(dW), dA_end,
+                                      chunk_size=C, block=config.scan_block,
+                                      factor_precision=fprec, num_warps=warps,
+                                      interpret=config.interpret)
+  chunked = lambda x: x[:, :T_pad].reshape(B, H, N, C, dk)
+  dkhat, du = chunked(dE), chunked(dU)
+  dA_start = dA_start.reshape(B, H, S, dk, dk)
+  dA0 = dA_start[:, :, 0]
+  if S > 1:
+    _, pullback = jax.vjp(lambda u_h, A0: segment_start_inverses(u_h, A0, config, S, L),
+                          u.reshape(B, H, T_pad, dk), A0)
+    du_x, dA0_x = pullback(dA_start[:, :, 1:])
+    du = du + du_x.reshape(B, H, N, C, dk)
+    dA0 = dA0 + dA0_x
+  return dkhat.astype(khat.dtype), du.astype(u.dtype), _sym(dA0).astype(A0.dtype)
+
+
+penalty_scan_kernel_grad.defvjp(_scan_kernel_fwd, _scan_kernel_bwd)

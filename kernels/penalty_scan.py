@@ -148,34 +148,49 @@ def _chunk_start_matrices(u_h, A0, C, acc):
   return M0[:, :, None] + before
 
 
+def segment_layout(config, BH, N):
+  """(S, L): the number of segments and tokens per segment for B * H = BH sequences of N
+  chunks (`config.segment_chunks`, or `segments_for`)."""
+  seg = config.segment_chunks or segments_for(BH, N)
+  return -(-N // seg), seg * config.chunk_size
+
+
+def segment_start_inverses(u_h, A0, config, S, L):
+  """The inverses at the starts of segments 1..S-1, [B, H, S - 1, dk, dk]: M^-1 with M = A0^-1
+  plus the sum of u u^T before the segment (XLA: prefix sums of Grams, Cholesky inverse).
+  u_h: [B, H, T_pad, dk] (zero-padded to S * L inside). The backward of `penalty_scan_grad`'s
+  kernel variant differentiates this same function."""
+  u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
+  M = _chunk_start_matrices(u_s, A0, L, u_h.dtype)[:, :, 1:]
+  return _spd_inverse(M, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
+                      solver=config.solver)
+
+
+def scan_warps(config, dk):
+  """Warps of the scan kernels: dk = 128 needs 8 for the carried [128, 128] A (ptxas, sm_90a:
+  0.9 KB of spills per thread at 8 warps against 2.5 KB at 4)."""
+  return max(config.prep_warps, 8) if dk >= 128 else config.prep_warps
+
+
 def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
-  each segment, A at segment starts from XLA (prefix sum of u u^T, Cholesky inverse).
+  each segment, A at segment starts from XLA (`segment_start_inverses`).
   chunk_starts: instead the rows A_t khat_t (not unit), A_T and the inverse at every chunk start
   [B*H, T_pad / C, dk, dk]."""
   B, H, T_pad, dk = u_h.shape
-  C, acc = config.chunk_size, u_h.dtype
+  C = config.chunk_size
   N = T_pad // C
-  seg = config.segment_chunks or segments_for(B * H, N)
-  S = -(-N // seg)
-  L = seg * C
+  S, L = segment_layout(config, B * H, N)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
-  u_s, e_s = pad(u_h), pad(khat)
   A_start = A0[:, :, None]
   if S > 1:
-    M = _chunk_start_matrices(u_s, A0, L, acc)[:, :, 1:]
-    A_start = jnp.concatenate([A_start, _spd_inverse(M, refine=config.refine,
-                                                     precision=jax.lax.Precision.HIGHEST,
-                                                     solver=config.solver)], axis=2)
+    A_start = jnp.concatenate([A_start, segment_start_inverses(u_h, A0, config, S, L)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
-  # dk = 128: the carried [128, 128] A needs 8 warps (ptxas, sm_90a: 0.9 KB of spills per
-  # thread at 8 warps against 2.5 KB at 4).
-  warps = max(config.prep_warps, 8) if dk >= 128 else config.prep_warps
   kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
-  out = penalty_scan(flat(A_start), flat(e_s), flat(u_s), block=config.scan_block,
-                     prefetch=config.scan_prefetch, factor_precision=fprec, num_warps=warps,
-                     interpret=config.interpret, **kw)
+  out = penalty_scan(flat(A_start), flat(pad(khat)), flat(pad(u_h)), block=config.scan_block,
+                     prefetch=config.scan_prefetch, factor_precision=fprec,
+                     num_warps=scan_warps(config, dk), interpret=config.interpret, **kw)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
   return (Ah, A_end, out[2][:, :N]) if chunk_starts else (Ah, A_end)
 

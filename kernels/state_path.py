@@ -44,7 +44,7 @@ PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("tf32x3", "ieee")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
-PENALTY_GRADS = ("autodiff", "chunk")
+PENALTY_GRADS = ("autodiff", "chunk", "scan")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -102,6 +102,11 @@ class KernelConfig:
       prep="scan", "chunk" also makes the differentiated forward's penalty path the
       `penalty_scan` kernel (`penalty_grad.penalty_scan_grad`: chunk-start inverses carried,
       inverted directly only at segment starts) instead of `penalty.penalty_parallel`.
+      "scan" (prep="scan" only): the same forward kernel, and the backward a reverse Pallas
+      kernel over the same segments (`penalty_scan_bwd.py`, `penalty_grad.
+      penalty_scan_kernel_grad`: A recomputed block by block from the carried chunk starts,
+      the A-cotangent carried back through the blocks; segment-start inverses differentiated
+      in XLA). Same gradients as "chunk".
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -158,6 +163,9 @@ class KernelConfig:
                        f"{self.segment_chunks!r}")
     if self.penalty_grad not in PENALTY_GRADS:
       raise ValueError(f"penalty_grad must be one of {PENALTY_GRADS}; got {self.penalty_grad!r}")
+    if self.penalty_grad == "scan" and self.prep != "scan":
+      raise ValueError(f'penalty_grad="scan" needs prep="scan" (it differentiates the '
+                       f'penalty_scan kernel); got prep={self.prep!r}')
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:

@@ -7,7 +7,9 @@ factors of `split_prep.state_prep`; or from one kernel `chunk_prep.py` (prep="ke
 prep="xla"). Under differentiation the XLA path runs and its backward is used (penalty path:
 autodiff or `penalty_grad.py`, config.penalty_grad; state path: the Pallas reverse pass), except
 that with prep="scan" and penalty_grad="chunk" its penalty forward is the `penalty_scan.py`
-kernel, which also writes the chunk-start inverses for the chunk-level penalty backward."""
+kernel, which also writes the chunk-start inverses for the chunk-level penalty backward; with
+penalty_grad="scan" (prep="scan" only) the same forward kernel and the reverse penalty kernel
+of `penalty_scan_bwd.py` as the penalty backward."""
 
 import functools
 
@@ -17,7 +19,8 @@ import jax.numpy as jnp
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
-from vla_jax.kernels.penalty_grad import penalty_chunked_grad, penalty_scan_grad
+from vla_jax.kernels.penalty_grad import (penalty_chunked_grad, penalty_scan_grad,
+                                          penalty_scan_kernel_grad)
 from vla_jax.kernels.penalty_scan import _chunk_start_matrices, _penalty_segments
 from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
@@ -44,7 +47,8 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
   The per-chunk factors come from Pallas kernels (config.prep="scan", the default:
   `penalty_scan.py` + `split_prep.state_prep`; "kernel": `chunk_prep.py`; "split":
   `split_prep.py`; forward only, gradients are the XLA path's, whose penalty forward is
-  `penalty_scan.py` too with prep="scan", penalty_grad="chunk") or from XLA, parallel over
+  `penalty_scan.py` too with prep="scan", penalty_grad="chunk" or "scan", the latter also
+  with the reverse kernel `penalty_scan_bwd.py` as penalty backward) or from XLA, parallel over
   chunks (`penalty.py` and `state_path._factors`, config.prep="xla"); the state path is the
   Pallas kernel pair of `state_path.py` (forward pass and reverse pass over chunk states).
   The same algorithm runs whatever the backend; only `interpret` changes how the Pallas
@@ -91,7 +95,8 @@ def _setup(config, acc, k, u):
 
 def _vla_xla_prep(config, q, k, v, u, S0, A0):
   """Penalty path and state-path prep in XLA (`penalty.py`, `state_path._factors`); with
-  prep="scan" and penalty_grad="chunk" the penalty path is the `penalty_scan` kernel."""
+  prep="scan" and penalty_grad="chunk" the penalty path is the `penalty_scan` kernel (with
+  penalty_grad="scan" also its backward: `penalty_scan_bwd.py`)."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   acc = compute_dtype(q, k, v, u, S0, A0)
@@ -99,7 +104,9 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   args = (chunks(khat), chunks(u_h), A0.astype(acc))
-  if config.penalty_grad == "chunk" and config.prep == "scan":
+  if config.penalty_grad == "scan":
+    W, A_T = penalty_scan_kernel_grad(*args, config)
+  elif config.penalty_grad == "chunk" and config.prep == "scan":
     W, A_T = penalty_scan_grad(*args, config)
   elif config.penalty_grad == "chunk":
     W, A_T = penalty_chunked_grad(*args, config.refine, jax.lax.Precision.HIGHEST, config.solver)
@@ -169,7 +176,8 @@ def _vla_prep_kernel_fwd(config, q, k, v, u, S0, A0):
   # Under differentiation the forward runs the XLA path and keeps its residuals: the backward
   # is exactly the XLA path's (penalty autodiff or `penalty_grad.py` + the state path's custom
   # VJP), with no recomputation. Only primal (inference) calls use the prep kernels, except
-  # `penalty_scan` with prep="scan", penalty_grad="chunk" (`penalty_grad.penalty_scan_grad`).
+  # `penalty_scan` with prep="scan", penalty_grad="chunk" (`penalty_grad.penalty_scan_grad`)
+  # or "scan" (`penalty_grad.penalty_scan_kernel_grad`, with the reverse kernel too).
   out, pullback = jax.vjp(functools.partial(_vla_xla_prep, config), q, k, v, u, S0, A0)
   return out, pullback
 

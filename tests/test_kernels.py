@@ -62,6 +62,47 @@ def _rel(actual, expected):
   return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
+def _sym(x):
+  return 0.5 * (x + jnp.swapaxes(x, -1, -2))
+
+
+def _assert_grads_match_scan(cfg, T, seed, B=1, H=2, dk=16, dv=16, tol=1e-9):
+  """Gradients of a weighted sum of vla_pallas's (o, S_T, A_T) (interpret mode) w.r.t. q, k, v,
+  u, S0 and the symmetric part of A0 (the gradient over symmetric perturbations) equal
+  impl="scan"'s, relative error below `tol` (call under the x64 fixture)."""
+  q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(seed, B, T, H, dk, dv))
+  rng = np.random.default_rng(seed + 1)
+  wo, wS, wA = (jnp.asarray(rng.standard_normal(s)) for s in
+                ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)))
+
+  def pallas(*a):
+    o, S, A = vla_pallas(*a, config=cfg, interpret=True)
+    return jnp.sum(wo * o) + jnp.sum(wS * S) + jnp.sum(wA * A)
+
+  def scan(q, k, v, u, S0, A0):
+    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan")
+    return jnp.sum(wo * o) + jnp.sum(wS * st.S) + jnp.sum(wA * st.A)
+
+  got = jax.jit(jax.grad(pallas, argnums=range(6)))(q, k, v, u, S0, A0)
+  want = jax.jit(jax.grad(scan, argnums=range(6)))(q, k, v, u, S0, A0)
+  for name, g, w in zip(("q", "k", "v", "u", "S0", "A0"), got, want):
+    if name == "A0":
+      g, w = _sym(g), _sym(w)
+    assert _rel(g, w) < tol, (name, _rel(g, w))
+
+
+def _lowered_grad_lines(cfg, T, B=1, H=2, dk=64, dv=64):
+  """Lines of jax.grad of vla_pallas (bf16 q, k, v, u; all six inputs) lowered for an abstract
+  H200."""
+  loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32))
+                        for x in vla_pallas(*a, config=cfg, interpret=False))
+  spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
+  args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
+          jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
+          jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
+  return lower_for_h200(jax.grad(loss, argnums=range(6)), *args).as_text().splitlines()
+
+
 def _config(C, **kw):
   return KernelConfig(chunk_size=C, block_v=16, precision=jax.lax.Precision.HIGHEST, **kw)
 

@@ -8,15 +8,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from test_kernels import _config, _inputs, _rel
+from test_kernels import _assert_grads_match_scan, _config, _lowered_grad_lines, _rel, _sym
 from vla_jax.kernels import KernelConfig, vla_pallas
-from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.kernels.penalty_grad import penalty_chunked_grad
-from vla_jax.ops.vla import VLAState, vla_recurrence
-
-def _sym(x):
-  return 0.5 * (x + jnp.swapaxes(x, -1, -2))
 
 
 @pytest.mark.parametrize("refine,solver,N", [(False, "triangular_solve", 5),
@@ -54,26 +49,10 @@ def test_matches_autodiff_float64(x64, refine, solver, N):
     assert _rel(g, w) < 1e-10, (name, _rel(g, w))
 
 
-def test_vla_pallas_gradients_match_scan_float64(x64):
-  B, T, H, dk, dv, C = 1, 45, 2, 16, 16, 16
-  q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(40, B, T, H, dk, dv))
-  rng = np.random.default_rng(41)
-  wo, wS, wA = (jnp.asarray(rng.standard_normal(s)) for s in
-                ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)))
-  cfg = _config(C, penalty_grad="chunk")
-
-  def pallas(q, k, v, u, S0):
-    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=True)
-    return jnp.sum(wo * o) + jnp.sum(wS * S) + jnp.sum(wA * A)
-
-  def scan(q, k, v, u, S0):
-    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan")
-    return jnp.sum(wo * o) + jnp.sum(wS * st.S) + jnp.sum(wA * st.A)
-
-  got = jax.jit(jax.grad(pallas, argnums=range(5)))(q, k, v, u, S0)
-  want = jax.grad(scan, argnums=range(5))(q, k, v, u, S0)
-  for name, g, w in zip(("q", "k", "v", "u", "S0"), got, want):
-    assert _rel(g, w) < 1e-9, (name, _rel(g, w))
+def test_vla_pallas_gradients_match_scan_float64_xla_prep(x64):
+  """penalty_grad="chunk" with prep="xla" (the direct-inverse forward); prep="scan" is in
+  test_penalty_scan_grad.py."""
+  _assert_grads_match_scan(_config(16, prep="xla", penalty_grad="chunk"), T=45, seed=40)
 
 
 def test_bad_penalty_grad_raises():
@@ -84,16 +63,8 @@ def test_bad_penalty_grad_raises():
 
 
 def test_gradient_lowers_for_h200():
-  B, T, H, dk, dv, C = 1, 100, 2, 64, 64, 64
-  cfg = KernelConfig(chunk_size=C, penalty_grad="chunk")
-  loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32))
-                        for x in vla_pallas(*a, config=cfg, interpret=False))
-  spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
-  args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
-          jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
-          jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
-  text = lower_for_h200(jax.grad(loss, argnums=range(4)), *args).as_text()
-  assert "vla_state_fwd" in text and "vla_state_bwd" in text
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, prep="xla", penalty_grad="chunk"), T=100)
+  assert any("vla_state_fwd" in l for l in lines) and any("vla_state_bwd" in l for l in lines)
 
 
 @pytest.mark.parametrize("n", [16, 64])

@@ -11,15 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_kernels import _config, _inputs, _rel
-from vla_jax.kernels import KernelConfig, vla_pallas
-from vla_jax.kernels.lowering import lower_for_h200
+from test_kernels import _assert_grads_match_scan, _config, _lowered_grad_lines, _rel
+from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.penalty_scan import penalty_scan
-from vla_jax.ops.vla import VLAState, vla_recurrence
-
-
-def _sym(x):
-  return 0.5 * (x + jnp.swapaxes(x, -1, -2))
 
 
 @pytest.mark.parametrize("C,block,prefetch", [(16, 16, False), (32, 16, True), (32, 32, False)])
@@ -63,44 +57,20 @@ def test_bad_chunk_size_raises():
 @pytest.mark.parametrize("T,C,segment_chunks", [(45, 16, 1), (77, 16, 2), (75, 32, None)])
 def test_vla_pallas_gradients_match_scan_float64(x64, T, C, segment_chunks):
   """segment_chunks=None at B * H = 2: one chunk per segment (3 segments)."""
-  B, H, dk, dv = 1, 2, 16, 16
-  q, k, v, u, S0, A0 = (jnp.asarray(x) for x in _inputs(50 + T, B, T, H, dk, dv))
-  rng = np.random.default_rng(51)
-  wo, wS, wA = (jnp.asarray(rng.standard_normal(s)) for s in
-                ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)))
-  cfg = _config(C, prep="scan", penalty_grad="chunk", segment_chunks=segment_chunks)
-
-  def pallas(*a):
-    o, S, A = vla_pallas(*a, config=cfg, interpret=True)
-    return jnp.sum(wo * o) + jnp.sum(wS * S) + jnp.sum(wA * A)
-
-  def scan(q, k, v, u, S0, A0):
-    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan")
-    return jnp.sum(wo * o) + jnp.sum(wS * st.S) + jnp.sum(wA * st.A)
-
-  got = jax.jit(jax.grad(pallas, argnums=range(6)))(q, k, v, u, S0, A0)
-  want = jax.jit(jax.grad(scan, argnums=range(6)))(q, k, v, u, S0, A0)
-  for name, g, w in zip(("q", "k", "v", "u", "S0", "A0"), got, want):
-    if name == "A0":   # the gradient over symmetric perturbations of A0
-      g, w = _sym(g), _sym(w)
-    assert _rel(g, w) < 1e-9, (name, _rel(g, w))
+  _assert_grads_match_scan(_config(C, prep="scan", penalty_grad="chunk",
+                                   segment_chunks=segment_chunks), T, seed=50 + T)
 
 
 @pytest.mark.parametrize("segment_chunks,block,prefetch", [(2, 16, False), (None, 32, True)])
 def test_gradient_lowers_for_h200(segment_chunks, block, prefetch):
   """The differentiated forward holds `penalty_scan` with its chunk-start output (dk = C = 64;
   T = 300: 5 chunks)."""
-  B, T, H, dk, dv, C = 1, 300, 2, 64, 64, 64
+  B, T, H, dk, C = 1, 300, 2, 64, 64
   cfg = KernelConfig(chunk_size=C, prep="scan", penalty_grad="chunk",
                      segment_chunks=segment_chunks, scan_block=block, scan_prefetch=prefetch)
-  loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32))
-                        for x in vla_pallas(*a, config=cfg, interpret=False))
-  spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
-  args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
-          jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
-          jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
-  text = lower_for_h200(jax.grad(loss, argnums=range(4)), *args).as_text()
-  scan_calls = [l for l in text.splitlines() if 'name = "vla_penalty_scan"' in l]
+  lines = _lowered_grad_lines(cfg, T=T, B=B, H=H, dk=dk, dv=dk)
+  text = "\n".join(lines)
+  scan_calls = [l for l in lines if 'name = "vla_penalty_scan"' in l]
   assert len(scan_calls) == 1 and "vla_state_fwd" in text and "vla_state_bwd" in text
   L = (segment_chunks or 1) * C
   n = -(-T // L) * L // C

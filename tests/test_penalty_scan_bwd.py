@@ -1,0 +1,121 @@
+"""The reverse penalty kernel (`penalty_scan_bwd.py`, KernelConfig(prep="scan",
+penalty_grad="scan")): its block reverse and the kernel alone (both block walks) equal VJPs of
+the block step in float64, gradients of `vla_pallas` equal impl="scan"'s with one, two and three
+segments, the option needs prep="scan", and the gradient and the kernel lower for an abstract
+H200."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from test_kernels import (_assert_grads_match_scan, _config, _lowered_grad_lines, _rel, _sym)
+from vla_jax.kernels import KernelConfig
+from vla_jax.kernels.lowering import lower_for_h200
+from vla_jax.kernels.penalty_scan_bwd import block_bwd, penalty_scan_bwd
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def _block_step(A, U, E):
+  """The forward block step in XLA: (W, A_next)."""
+  mm = lambda a, b: jnp.matmul(a, b, precision=HI)
+  X = mm(U, A)
+  Lc = jnp.linalg.cholesky(jnp.eye(U.shape[0], dtype=U.dtype) + mm(X, U.T))
+  Y = jax.scipy.linalg.solve_triangular(Lc, X, lower=True)
+  return mm(E, A) - mm(jnp.tril(mm(E, Y.T)), Y), A - mm(Y.T, Y)
+
+
+@pytest.mark.parametrize("b,dk", [(16, 16), (16, 32)])
+def test_block_bwd_matches_vjp_float64(x64, b, dk):
+  rng = np.random.default_rng(b + dk)
+  X = rng.standard_normal((dk, dk)) / np.sqrt(dk)
+  A = jnp.asarray(np.linalg.inv(0.5 * np.eye(dk) + X @ X.T))
+  U = jnp.asarray(rng.standard_normal((b, dk)) / np.sqrt(dk))
+  E = rng.standard_normal((b, dk))
+  E = jnp.asarray(E / np.linalg.norm(E, axis=1, keepdims=True))
+  dW, dA = jnp.asarray(rng.standard_normal((b, dk))), jnp.asarray(rng.standard_normal((dk, dk)))
+  want = jax.vjp(_block_step, A, U, E)[1]((dW, dA))
+  got = jax.jit(lambda *a: block_bwd(*a, precision=HI))(A, U, E, dW, dA)
+  chex.assert_trees_all_equal_shapes(got, want)
+  assert _rel(_sym(got[0]), _sym(want[0])) < 1e-12
+  assert _rel(got[1], want[1]) < 1e-12 and _rel(got[2], want[2]) < 1e-12
+
+
+@pytest.mark.parametrize("T,C,segment_chunks", [(45, 16, None), (77, 16, 3), (75, 32, 1)])
+def test_vla_pallas_gradients_match_scan_float64(x64, T, C, segment_chunks):
+  """B * H = 2: segment_chunks=None gives one chunk per segment (3 segments of 16 tokens);
+  T = 77 at C = 16 is 5 chunks in 2 segments of 3 (the last segment half padding); T = 75 at
+  C = 32 is one segment of 3 chunks of 2 blocks each."""
+  _assert_grads_match_scan(_config(C, prep="scan", penalty_grad="scan",
+                                   segment_chunks=segment_chunks), T, seed=70 + T)
+
+
+@pytest.mark.parametrize("prep", ["xla", "kernel", "split"])
+def test_scan_grad_needs_scan_prep(prep):
+  with pytest.raises(ValueError, match="penalty_grad"):
+    KernelConfig(prep=prep, penalty_grad="scan").validate(64, 64)
+  KernelConfig(prep="scan", penalty_grad="scan").validate(64, 64)
+
+
+def test_gradient_lowers_for_h200():
+  """dk = C = 64, T = 300 (5 chunks), 2 chunks per segment (3 segments): the differentiated
+  program holds the forward scan and the reverse kernel, each once."""
+  cfg = KernelConfig(chunk_size=64, prep="scan", penalty_grad="scan", segment_chunks=2)
+  lines = _lowered_grad_lines(cfg, T=300)
+  count = lambda name: sum(f'name = "{name}"' in l for l in lines)
+  assert count("vla_penalty_scan") == 1 and count("vla_penalty_scan_bwd") == 1
+  assert count("vla_state_fwd") == 1 and count("vla_state_bwd") == 1
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_kernel_matches_vjp_of_block_steps_float64(x64, unroll):
+  """The kernel alone, one segment of two chunks of four blocks (C = 64, b = 16): dU, dE and
+  the segment-start cotangent equal a VJP of the block steps run in sequence from A_start,
+  for a random row cotangent and a random cotangent of the end inverse; with the chunk's
+  blocks unrolled (block starts kept) and in a loop (block starts recomputed)."""
+  BH, C, dk, b = 2, 64, 16, 16
+  L = 2 * C
+  rng = np.random.default_rng(3)
+  e = rng.standard_normal((BH, L, dk))
+  e = jnp.asarray(e / np.linalg.norm(e, axis=-1, keepdims=True))
+  u = jnp.asarray(rng.standard_normal((BH, L, dk)) / np.sqrt(dk))
+  X = rng.standard_normal((BH, dk, dk)) / np.sqrt(dk)
+  A0 = jnp.asarray(np.linalg.inv(0.5 * np.eye(dk) + X @ np.swapaxes(X, -1, -2)))
+  dW = jnp.asarray(rng.standard_normal((BH, L, dk)))
+  dA_end = jnp.asarray(rng.standard_normal((BH, 1, dk, dk)))
+
+  def reference(A, U, E):     # one head: rows [L, dk] and the end inverse
+    W = []
+    for j in range(L // b):
+      Wj, A = _block_step(A, U[j * b:(j + 1) * b], E[j * b:(j + 1) * b])
+      W.append(Wj)
+    return jnp.concatenate(W), A
+
+  want_dA, want_dU, want_dE = jax.vmap(lambda A, U, E, dW, dA: jax.vjp(reference, A, U, E)[1](
+      (dW, dA)))(A0, u, e, dW, dA_end[:, 0])
+  A_c = jnp.stack([A0, _after_first_chunk(A0, u, C)], axis=1)
+  dU, dE, dA_start = penalty_scan_bwd(A_c, e, u, dW, dA_end, chunk_size=C, block=b,
+                                      unroll=unroll, factor_precision=HI, interpret=True)
+  chex.assert_shape(dA_start, (BH, 1, dk, dk))
+  assert _rel(dU, want_dU) < 1e-12 and _rel(dE, want_dE) < 1e-12
+  assert _rel(dA_start[:, 0], _sym(want_dA)) < 1e-12
+
+
+def _after_first_chunk(A0, u, C):
+  """The inverse after the first C tokens: (A0^-1 + U^T U)^-1, [BH, dk, dk]."""
+  U = u[:, :C]
+  return jnp.linalg.inv(jnp.linalg.inv(A0) + jnp.einsum("bti,btj->bij", U, U))
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_kernel_lowers_for_h200(unroll):
+  """The reverse kernel alone, both block walks (dk = C = 64, two segments, 8 heads)."""
+  BH, S, C, dk = 8, 2, 64, 64
+  f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+  fn = lambda *a: penalty_scan_bwd(*a, chunk_size=C, unroll=unroll,
+                                   factor_precision=jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3)
+  text = lower_for_h200(fn, f32(BH, 2 * S, dk, dk), f32(BH, S * C, dk), f32(BH, S * C, dk),
+                        f32(BH, S * C, dk), f32(BH, S, dk, dk)).as_text()
+  assert sum('name = "vla_penalty_scan_bwd"' in l for l in text.splitlines()) == 1
