@@ -41,6 +41,17 @@ from vla_jax.ops.vla.recurrence import WRITE_EPS
 BLOCKS = (16, 32, 64)
 
 
+def block_factors(A, U, *, precision, eye=None):
+  """Factors of one block (A [dk, dk] its start inverse, U [b, dk] its rows): X = U A,
+  G = I + X U^T, Linv = chol(G)^-1, Y = Linv X. Shared by this kernel and its reverse
+  (`penalty_scan_bwd.py`)."""
+  dot = functools.partial(_dot, precision=precision)
+  X = dot(U, A)
+  G = (_eye(U.shape[0], A.dtype) if eye is None else eye) + dot(X, U, tb=True)
+  Linv = _chol_inv(G)
+  return X, G, Linv, dot(Linv, X)
+
+
 def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normalize, prefetch,
                  fprec, acc):
   # a0_ref, at_ref: [dk, dk] segment-start and segment-end inverses; e_ref, u_ref, ah_ref:
@@ -54,8 +65,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normal
   load = lambda j: tuple(ref[pl.ds(start(j), b), :].astype(acc) for ref in (u_ref, e_ref))
 
   def step(j, A, U, E):
-    X = dot(U, A)
-    Y = dot(_chol_inv(eye + dot(X, U, tb=True)), X)
+    X, _, _, Y = block_factors(A, U, precision=fprec, eye=eye)
     W = dot(E, A) - dot(jnp.where(r >= c, dot(E, Y, tb=True), 0.0), Y)
     if normalize:
       W = W * jax.lax.rsqrt(jnp.maximum(jnp.sum(W * W, axis=1), WRITE_EPS ** 2))[:, None]

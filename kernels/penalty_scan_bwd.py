@@ -43,18 +43,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota
+from vla_jax.kernels.penalty_scan import block_factors
+from vla_jax.kernels.split_prep import _dot, _iota
 
 BLOCKS = (16, 32, 64)
-
-
-def block_factors(A, U, *, precision):
-  """Forward factors of one block: X = U A, G = I + X U^T, Linv = chol(G)^-1, Y = Linv X."""
-  dot = functools.partial(_dot, precision=precision)
-  X = dot(U, A)
-  G = _eye(U.shape[0], A.dtype) + dot(X, U, tb=True)
-  Linv = _chol_inv(G)
-  return X, G, Linv, dot(Linv, X)
 
 
 def block_bwd(A, U, E, dW, dA, *, precision):
