@@ -26,8 +26,8 @@ through the downdates, inverted directly only at segment starts), which also wri
 A_n that the backward takes as residuals (KernelConfig(prep="scan", penalty_grad="chunk")). The
 backward only assumes A_next = (A_n^-1 + U^T U)^-1, which carried and inverted A_n both satisfy.
 
-`penalty_scan_kernel_grad` (KernelConfig(prep="scan", penalty_grad="scan")) has the same forward
-and a sequential backward instead: the reverse Pallas kernel of `penalty_scan_bwd.py` walks
+With KernelConfig(prep="scan", penalty_grad="scan") `penalty_scan_grad` has a sequential backward
+instead: the reverse Pallas kernel of `penalty_scan_bwd.py` walks
 each segment's blocks backwards (A recomputed from the carried chunk starts), carrying the
 A-cotangent; the segment-start inverses of segments 1.. are differentiated in XLA (their prefix
 sums of u u^T and Cholesky inverses), fed the kernel's segment-start cotangents.
@@ -116,36 +116,24 @@ def _scan_forward(khat, u, A0, config):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def penalty_scan_grad(khat, u, A0, config):
   """(W [B, H, N, C, dk] rows A_t khat_t, A_T [B, H, dk, dk]) like `penalty_chunked_grad`, from
-  the `penalty_scan` kernel (segments, block and warps of the `KernelConfig` `config`); the
-  backward is `penalty_chunked_grad`'s, on the chunk-start inverses that the kernel carried.
-  khat, u: [B, H, N, C, dk]; A0: [B, H, dk, dk], all in one dtype."""
+  the `penalty_scan` kernel (segments, block and warps of the `KernelConfig` `config`). The
+  backward, on the chunk-start inverses that the kernel carried, is `penalty_chunked_grad`'s
+  (config.penalty_grad="chunk") or the reverse kernel `penalty_scan_bwd.penalty_scan_bwd` plus
+  the XLA VJP of the segment-start inverses ("scan"). The returned A0 cotangent is the gradient
+  over symmetric perturbations. khat, u: [B, H, N, C, dk]; A0: [B, H, dk, dk], one dtype."""
   return _scan_forward(khat, u, A0, config)[:2]
 
 
 def _scan_fwd(khat, u, A0, config):
   W, A_T, A_c = _scan_forward(khat, u, A0, config)
-  return (W, A_T), (khat, u, A_c)
+  return (W, A_T), (khat, u, A0, A_c)
 
 
 def _scan_bwd(config, res, cts):
-  return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, res, cts)
-
-
-penalty_scan_grad.defvjp(_scan_fwd, _scan_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def penalty_scan_kernel_grad(khat, u, A0, config):
-  """(W [B, H, N, C, dk] rows A_t khat_t, A_T [B, H, dk, dk]) like `penalty_scan_grad` (same
-  forward kernel); the backward is the reverse kernel `penalty_scan_bwd.penalty_scan_bwd`
-  plus the XLA VJP of the segment-start inverses. The returned A0 cotangent is the gradient
-  over symmetric perturbations. khat, u: [B, H, N, C, dk]; A0: [B, H, dk, dk], one dtype."""
-  return _scan_forward(khat, u, A0, config)[:2]
-
-
-def _scan_kernel_fwd(khat, u, A0, config):
-  W, A_T, A_c = _scan_forward(khat, u, A0, config)
-  return (W, A_T), (khat, u, A0, A_c)
+  if config.penalty_grad == "scan":
+    return _scan_kernel_bwd(config, res, cts)
+  khat, u, _, A_c = res
+  return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, (khat, u, A_c), cts)
 
 
 def _scan_kernel_bwd(config, res, cts):
@@ -182,4 +170,4 @@ def _scan_kernel_bwd(config, res, cts):
   return dkhat.astype(khat.dtype), du.astype(u.dtype), _sym(dA0).astype(A0.dtype)
 
 
-penalty_scan_kernel_grad.defvjp(_scan_kernel_fwd, _scan_kernel_bwd)
+penalty_scan_grad.defvjp(_scan_fwd, _scan_bwd)

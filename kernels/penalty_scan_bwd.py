@@ -26,7 +26,7 @@ the chunk-start inverse A_c that the forward wrote (a static loop, kept as value
 `block_bwd` over the blocks in reverse, carrying dA (unroll=False instead loops over the blocks
 and recomputes each block's start from A_c: more downdates, a smaller program). It writes dU,
 dE of every row and the cotangent of the segment-start A (`penalty_grad.
-penalty_scan_kernel_grad` turns the latter into cotangents of u and A_0 through the XLA
+penalty_scan_grad` turns the latter into cotangents of u and A_0 through the XLA
 segment-start inverses).
 
 Resources (ptxas -v for sm_90a, tf32x3 products, through `experiments/kernel_resources.py`'s

@@ -104,7 +104,7 @@ class KernelConfig:
       inverted directly only at segment starts) instead of `penalty.penalty_parallel`.
       "scan" (prep="scan" only): the same forward kernel, and the backward a reverse Pallas
       kernel over the same segments (`penalty_scan_bwd.py`, `penalty_grad.
-      penalty_scan_kernel_grad`: A recomputed block by block from the carried chunk starts,
+      penalty_scan_grad`: A recomputed block by block from the carried chunk starts,
       the A-cotangent carried back through the blocks; segment-start inverses differentiated
       in XLA). Same gradients as "chunk".
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles

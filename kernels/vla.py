@@ -19,8 +19,7 @@ import jax.numpy as jnp
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
-from vla_jax.kernels.penalty_grad import (penalty_chunked_grad, penalty_scan_grad,
-                                          penalty_scan_kernel_grad)
+from vla_jax.kernels.penalty_grad import penalty_chunked_grad, penalty_scan_grad
 from vla_jax.kernels.penalty_scan import _chunk_start_matrices, _penalty_segments
 from vla_jax.kernels.state_path import KernelConfig, _forward_pass, state_path
 from vla_jax.ops.checks import compute_dtype
@@ -104,9 +103,7 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   args = (chunks(khat), chunks(u_h), A0.astype(acc))
-  if config.penalty_grad == "scan":
-    W, A_T = penalty_scan_kernel_grad(*args, config)
-  elif config.penalty_grad == "chunk" and config.prep == "scan":
+  if config.prep == "scan" and config.penalty_grad in ("chunk", "scan"):
     W, A_T = penalty_scan_grad(*args, config)
   elif config.penalty_grad == "chunk":
     W, A_T = penalty_chunked_grad(*args, config.refine, jax.lax.Precision.HIGHEST, config.solver)
@@ -177,7 +174,7 @@ def _vla_prep_kernel_fwd(config, q, k, v, u, S0, A0):
   # is exactly the XLA path's (penalty autodiff or `penalty_grad.py` + the state path's custom
   # VJP), with no recomputation. Only primal (inference) calls use the prep kernels, except
   # `penalty_scan` with prep="scan", penalty_grad="chunk" (`penalty_grad.penalty_scan_grad`)
-  # or "scan" (`penalty_grad.penalty_scan_kernel_grad`, with the reverse kernel too).
+  # or "scan" (the same function, with the reverse kernel as its backward).
   out, pullback = jax.vjp(functools.partial(_vla_xla_prep, config), q, k, v, u, S0, A0)
   return out, pullback
 
