@@ -127,7 +127,8 @@ def main():
   parser.add_argument("--rates", default="",
                       help="Comma list replacing every job's learning rates (default: the grid's).")
   parser.add_argument("--only", default="",
-                      help="Comma list: run only jobs whose name contains one of these.")
+                      help="Comma list: run only jobs whose name contains one of these, in "
+                           "the order of the list.")
   parser.add_argument("--override", nargs=2, action="append", default=[],
                       metavar=("FIELD", "VALUE"), help="Extra --config.FIELD=VALUE for all.")
   args = parser.parse_args()
@@ -136,9 +137,11 @@ def main():
   jobs = [j for g in args.grids.split(",") for j in jobs_for(g, args)]
   if args.rates:
     jobs = [j[:4] + (tuple(args.rates.split(",")),) + j[5:] for j in jobs]
+  # Jobs run in the order of the --only patterns (the first each matches), then grid order.
   only = args.only.split(",")
-  jobs = [j for j in jobs if any(o in j[1] for o in only)
-          and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))]
+  rank = lambda j: next((i for i, o in enumerate(only) if o in j[1]), None)
+  jobs = sorted((j for j in jobs if rank(j) is not None
+                 and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))), key=rank)
   # Slots alternate between GPUs, so that the first jobs (started first) spread over all of them.
   slots = [g for _ in range(args.per_gpu) for g in (args.gpus.split(",") if args.gpus else [""])]
   start = time.time()
