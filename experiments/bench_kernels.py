@@ -4,25 +4,32 @@ H = 16 heads, head dim 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond 
 Rows: impl="pallas" (`vla_pallas`) forward and forward + backward, impl="chunked" (XLA),
 impl="scan" (T <= 8,192 only) and `jax.nn.dot_product_attention(..., is_causal=True,
 implementation="cudnn")`. Times are medians of `--reps` runs after `--warmup` runs, each ended
-by `block_until_ready`. The pallas rows also get a hardware floor: max(bytes / 4.2 TB/s,
+by `block_until_ready`; `first_fwd_bwd_s` is the wall time of the first forward + backward call
+(mostly its compilation). The pallas rows also get a hardware floor: max(bytes / 4.2 TB/s,
 flops / 800 TFLOP/s), bytes = inputs read once and outputs written once, flops = the matrix
 products of the chunked algorithm (penalty path + state path, x3 for forward + backward).
 
     python experiments/bench_kernels.py --out DIR [--Ts 512,2048,8192] [--impls pallas,cudnn]
         [--block_v 64] [--chunk 64] [--reps 20] [--prep xla,kernel] [--prep_dot tf32x3,ieee]
         [--prep_form panels,tiles] [--prep_warps 1,2,4] [--solver triangular_solve,doubling]
+        [--penalty_grad auto,autodiff,chunk,scan] [--scan_bwd_unroll 1,0] [--breakdown]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
 rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels,
-prep=scan rows `penalty_scan` and the split state-prep kernel (the backward is the XLA path's
-either way; `--penalty_grad chunk` adds rows with the chunk-level penalty backward). `--breakdown` also times parts alone (forward): the
-XLA penalty path, the state path (XLA prep + kernels) and, when "kernel" / "split" is in --prep,
-the chunk-prep kernel(s) alone on precomputed inputs.
+prep=scan rows `penalty_scan` and the split state-prep kernel. `--penalty_grad` (comma list:
+autodiff, chunk, scan, auto) chooses the penalty path's backward per row; the defaults (prep
+scan, solver doubling, penalty_grad auto) are the library's. `--scan_bwd_unroll` (comma list
+of 0/1, KernelConfig.scan_bwd_unroll) gives the rows whose penalty backward is the reverse
+kernel one row per value, labelled bwd_unroll=. `--breakdown` also times parts
+alone: the XLA penalty path and the state path (XLA prep + kernels), forward and
+forward+backward, and, when "kernel" / "split" is in --prep, the chunk-prep kernel(s) alone on
+precomputed inputs.
 """
 
 import argparse
 import json
 import os
+import time
 import warnings
 
 import jax
@@ -166,10 +173,10 @@ def main():
   parser.add_argument("--warmup", type=int, default=3)
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--no_bwd", action="store_true", help="forward rows only")
-  parser.add_argument("--solver", default="triangular_solve",
+  parser.add_argument("--solver", default="doubling",
                       help="comma list of KernelConfig.solver values for the pallas rows "
                            "(triangular_solve, nilpotent, doubling)")
-  parser.add_argument("--prep", default="xla",
+  parser.add_argument("--prep", default="scan",
                       help="comma list of KernelConfig.prep values (xla, kernel, split, scan), pallas rows")
   parser.add_argument("--prep_dot", default="tf32x3",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
@@ -183,8 +190,13 @@ def main():
                       help="comma list of 0/1: KernelConfig.scan_prefetch for prep=scan rows")
   parser.add_argument("--segment_chunks", default="auto",
                       help="comma list of KernelConfig.segment_chunks (auto or an int)")
-  parser.add_argument("--penalty_grad", default="autodiff",
-                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk, scan): pallas rows")
+  parser.add_argument("--penalty_grad", default="auto",
+                      help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, "
+                           "scan): pallas rows")
+  parser.add_argument("--scan_bwd_unroll", default="1",
+                      help="comma list of 0/1: KernelConfig.scan_bwd_unroll, pallas rows whose "
+                           "penalty backward is the reverse kernel (penalty_grad scan, or auto "
+                           "with prep scan)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -217,7 +229,8 @@ def main():
                            f",{pd},w{pw})" if prep == "split" else
                            f",b{sb},{pd},w{pw},pf{int(sp)},seg{sg or 'auto'})" if prep == "scan"
                            else ")"), "pallas",
-                        dict(block_v=int(bv), solver=sv, prep=prep, prep_dot=pd, prep_warps=pw,
+                        dict(block_v=int(bv), solver=sv, prep=prep, penalty_grad="autodiff",
+                             prep_dot=pd, prep_warps=pw,
                              prep_form=pf, scan_block=sb, scan_prefetch=sp, segment_chunks=sg))
                        for bv in args.block_v.split(",") for sv in sv_list for pd in dots
                        for pw in warps for pf in forms for sb in blocks for sp in fetch
@@ -228,12 +241,19 @@ def main():
                      for lab, imp, kw in list(variants) if imp == "pallas" for g in extra]
         if "autodiff" not in args.penalty_grad.split(","):
           variants = [v for v in variants if v[1] != "pallas" or "grad=" in v[0]]
+        # Block walk of the reverse penalty kernel, on the rows whose backward runs it.
+        unrolls = [bool(int(x)) for x in args.scan_bwd_unroll.split(",")]
+        variants = [w for v in variants for w in (
+            [(f"{v[0][:-1]},bwd_unroll={int(ur)})", v[1], {**v[2], "scan_bwd_unroll": ur})
+             for ur in unrolls]
+            if v[1] == "pallas" and KernelConfig(**v[2]).penalty_backward == "scan" else [v])]
         if args.breakdown:
           bv0 = int(args.block_v.split(",")[0])
-          if "xla" in preps:
-            variants += [(f"{part}({sv[:4]})", part, dict(block_v=bv0, solver=sv))
-                         for part in ("penalty_only", "state_only")
-                         for sv in args.solver.split(",")]
+          # The XLA penalty path and the state path alone, forward and forward+backward
+          # (autodiff): where a full call's backward time goes, whatever the prep.
+          variants += [(f"{part}({sv[:4]})", part, dict(block_v=bv0, solver=sv))
+                       for part in ("penalty_only", "state_only")
+                       for sv in args.solver.split(",")]
           if "kernel" in preps:
             variants += [(f"prep_kernel_only({pf},{pd},w{pw})", "prep_kernel_only",
                           dict(block_v=bv0, prep="kernel", prep_dot=pd, prep_warps=int(pw),
@@ -277,6 +297,9 @@ def main():
           xs = (q, k, v, u)
         row["fwd_ms"] = median_ms(fwd, xs, args.warmup, args.reps)
         if not args.no_bwd and bwd is not None:
+          start = time.perf_counter()         # the first call compiles (the forward's kernels
+          jax.block_until_ready(bwd(*xs))     # are already compiled by then)
+          row["first_fwd_bwd_s"] = round(time.perf_counter() - start, 1)
           row["fwd_bwd_ms"] = median_ms(bwd, xs, args.warmup, max(3, args.reps // 2))
         if impl in ("pallas",):
           row["floor_fwd_ms"] = floor_ms(B, T, args.chunk, False)

@@ -7,8 +7,8 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
 (against the float64 reference on the bf16-rounded inputs). Prints a table; exits 1 on failure.
 
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
-        [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver triangular_solve]
-        [--penalty_grad autodiff,chunk]
+        [--min_T 0] [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver doubling]
+        [--penalty_grad auto,autodiff,chunk,scan]
 
 Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" / "split" check the
 chunk-prep kernel(s)' forward (their gradients are the XLA path's, checked too).
@@ -81,8 +81,8 @@ def reference(qkvu, S0, wo, C):
 _REFERENCES = {}
 
 
-def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_solve",
-          prep="xla", prep_dot="tf32x3", penalty_grad="autodiff"):
+def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="doubling",
+          prep="scan", prep_dot="tf32x3", penalty_grad="auto"):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
   cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
                      prep_dot=prep_dot, penalty_grad=penalty_grad)
@@ -101,9 +101,9 @@ def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="triangular_
   return errs, finite
 
 
-def long_run(T, B=1, H=16, d=64, C=64, penalty_grad="autodiff"):
+def long_run(T, B=1, H=16, d=64, C=64, penalty_grad="auto", solver="doubling"):
   qkvu, S0, wo = inputs(7, B, T, H, d, jnp.bfloat16)
-  cfg = KernelConfig(chunk_size=C, penalty_grad=penalty_grad)
+  cfg = KernelConfig(chunk_size=C, penalty_grad=penalty_grad, solver=solver)
   step = jax.jit(jax.value_and_grad(loss_pallas(cfg), argnums=range(4)))
   t0 = time.perf_counter()
   val, grads = step(*qkvu, S0, wo)
@@ -124,13 +124,15 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=".", help="folder for the JSON rows and the plot")
   parser.add_argument("--max_T", type=int, default=16384)
+  parser.add_argument("--min_T", type=int, default=0, help="skip the cases of shorter T")
   parser.add_argument("--long_T", type=int, default=131072)
   parser.add_argument("--interpret", action="store_true", help="Pallas interpret mode (CPU)")
-  parser.add_argument("--solver", default="triangular_solve", help="KernelConfig.solver (triangular_solve, nilpotent, doubling)")
-  parser.add_argument("--prep", default="xla,kernel", help="comma list of KernelConfig.prep")
+  parser.add_argument("--solver", default="doubling",
+                      help="KernelConfig.solver (doubling, triangular_solve, nilpotent)")
+  parser.add_argument("--prep", default="scan", help="comma list of KernelConfig.prep")
   parser.add_argument("--prep_dot", default="tf32x3", help="KernelConfig.prep_dot")
-  parser.add_argument("--penalty_grad", default="autodiff",
-                      help="comma list of KernelConfig.penalty_grad (autodiff, chunk, scan)")
+  parser.add_argument("--penalty_grad", default="auto",
+                      help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, scan)")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
@@ -143,6 +145,7 @@ def main():
     cases += [(jnp.bfloat16, DEFAULT, T) for T in (16384,) if T <= args.max_T] or [
         (jnp.bfloat16, DEFAULT, args.max_T)]
     cases += [(jnp.float32, DEFAULT, min(4096, args.max_T))]
+    cases = [c for c in cases if c[2] >= args.min_T]
   rows, ok = [], True
   variants = [(p, g) for p in args.prep.split(",") for g in args.penalty_grad.split(",")]
   for (dtype, precision, T), (prep, grad) in ((c, v) for c in cases for v in variants):
@@ -160,7 +163,8 @@ def main():
     rows.append(row)
     print(json.dumps(row), flush=True)
 
-  long = (long_run(args.long_T, penalty_grad=args.penalty_grad.split(",")[-1])
+  long = (long_run(args.long_T, penalty_grad=args.penalty_grad.split(",")[-1],
+                   solver=args.solver)
           if args.long_T else None)
   if long:
     print(json.dumps(long), flush=True)

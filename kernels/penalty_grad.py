@@ -130,7 +130,7 @@ def _scan_fwd(khat, u, A0, config):
 
 
 def _scan_bwd(config, res, cts):
-  if config.penalty_grad == "scan":
+  if config.penalty_backward == "scan":
     return _scan_kernel_bwd(config, res, cts)
   khat, u, _, A_c = res
   return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, (khat, u, A_c), cts)
@@ -155,6 +155,7 @@ def _scan_kernel_bwd(config, res, cts):
   warps = scan_warps(config, dk)
   dU, dE, dA_start = penalty_scan_bwd(A_s, rows(khat), rows(u), rows(dW), dA_end,
                                       chunk_size=C, block=config.scan_block,
+                                      unroll=config.scan_bwd_unroll,
                                       factor_precision=fprec, num_warps=warps,
                                       interpret=config.interpret)
   chunked = lambda x: x[:, :T_pad].reshape(B, H, N, C, dk)

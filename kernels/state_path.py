@@ -44,7 +44,7 @@ PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("tf32x3", "ieee")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
-PENALTY_GRADS = ("autodiff", "chunk", "scan")
+PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -63,11 +63,13 @@ class KernelConfig:
       `jax.lax.Precision.DEFAULT` (TF32 on NVIDIA GPUs; fast) or `HIGHEST` (full float32).
     refine: one Newton step A <- A + A (I - M A) on each chunk-start inverse of the penalty
       path (see `penalty.py`). Default True.
-    solver: how the XLA parts apply triangular inverses: "triangular_solve" (XLA's batched
-      solve), "nilpotent" (matrix products only, `triangular.py`) or "doubling" (block-doubling
+    solver: how the XLA parts apply triangular inverses: "doubling" (default: block-doubling
       inverse from batched products, `vla_jax.ops.utils.tril_inverse`; its backward is
       products only too: `penalty._chol_inverse_products`, `triangular.tril_inverse_products`,
-      no triangular solve anywhere in the gradient). Same function.
+      no triangular solve anywhere in the gradient; H200, H = 16, d = 64, T = 4096:
+      forward+backward 18.7 ms against 29.9 with "triangular_solve"), "triangular_solve"
+      (XLA's batched solve) or "nilpotent" (matrix products only, `triangular.py`). Same
+      function.
     prep: how `vla_pallas`'s forward computes the per-chunk factors: "xla" (the XLA penalty path
       of `penalty.py` plus `_factors`), "kernel" (one Pallas program per chunk,
       `chunk_prep.py`), "split" (three smaller Pallas kernels, each parallel over chunks:
@@ -94,8 +96,10 @@ class KernelConfig:
       (batch * head, segment); A is carried through a segment and inverted directly at segment
       starts). None (default): as many segments as fit in one wave of ~264 programs (two
       per H200 SM).
-    penalty_grad: how gradients flow through the penalty path: "autodiff" (default: plain
-      autodiff of `penalty.penalty_parallel`, which differentiates every chunk-start inverse)
+    penalty_grad: how gradients flow through the penalty path: "auto" (default: "scan" with
+      prep="scan", else "autodiff"; `penalty_backward` is the resolved value), "autodiff"
+      (plain autodiff of `penalty.penalty_parallel`, which differentiates every chunk-start
+      inverse)
       or "chunk" (`penalty_grad.py`: the chunk-start inverses' cotangents by a reverse
       associative scan of the congruences A_next = Q A Q^T, no inverse differentiated; same
       gradients for q, k, v, u, S0; A0's is its gradient over symmetric perturbations). With
@@ -106,7 +110,14 @@ class KernelConfig:
       kernel over the same segments (`penalty_scan_bwd.py`, `penalty_grad.
       penalty_scan_grad`: A recomputed block by block from the carried chunk starts,
       the A-cotangent carried back through the blocks; segment-start inverses differentiated
-      in XLA). Same gradients as "chunk".
+      in XLA). Same gradients as "chunk". H200, d = 64, T = 4096, doubling solver:
+      forward+backward 16.9 ms ("scan"), 18.8 ("chunk"), 18.7 ("autodiff").
+    scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan", or "auto" with
+      prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): True
+      (default) unrolls them, the block-start inverses kept as values; False loops over them,
+      each block's start recomputed from the chunk start (more downdates, a smaller program).
+      Same function. Measured offline only (ptxas, sm_90a; kernels/NOTES.md): False spills
+      less and compiles faster; its GPU runtime is not measured yet.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -118,7 +129,7 @@ class KernelConfig:
   num_stages: int = 2
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   refine: bool = True
-  solver: str = "triangular_solve"
+  solver: str = "doubling"
   prep: str = "scan"
   prep_dot: str = "tf32x3"
   prep_form: str = "panels"
@@ -127,7 +138,8 @@ class KernelConfig:
   scan_block: int = 16
   scan_prefetch: bool = False
   segment_chunks: int | None = None
-  penalty_grad: str = "autodiff"
+  penalty_grad: str = "auto"
+  scan_bwd_unroll: bool = True
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -163,7 +175,7 @@ class KernelConfig:
                        f"{self.segment_chunks!r}")
     if self.penalty_grad not in PENALTY_GRADS:
       raise ValueError(f"penalty_grad must be one of {PENALTY_GRADS}; got {self.penalty_grad!r}")
-    if self.penalty_grad == "scan" and self.prep != "scan":
+    if self.penalty_backward == "scan" and self.prep != "scan":
       raise ValueError(f'penalty_grad="scan" needs prep="scan" (it differentiates the '
                        f'penalty_scan kernel); got prep={self.prep!r}')
     if self.prep_warps not in (1, 2, 4, 8):
@@ -173,6 +185,13 @@ class KernelConfig:
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
       raise ValueError("precision must be jax.lax.Precision.DEFAULT or HIGHEST; got "
                        f"{self.precision!r}")
+
+  @property
+  def penalty_backward(self):
+    """penalty_grad with "auto" resolved: "scan" for prep="scan", else "autodiff"."""
+    if self.penalty_grad == "auto":
+      return "scan" if self.prep == "scan" else "autodiff"
+    return self.penalty_grad
 
   def value_block(self, dv):
     # 32 by default: at B = 1 it doubles the programs of the sequential pass (measured 15%

@@ -250,5 +250,8 @@ class TestGpuLowering:
             jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
     lowered = lower_for_h200(jax.grad(loss, argnums=range(4)), *args)
     text = lowered.as_text()
-    assert text.count("__gpu$xla.gpu.triton") == 2
-    assert "vla_state_fwd" in text and "vla_state_bwd" in text
+    # The default config's gradient: the penalty scan and its reverse kernel, the state path's
+    # forward and reverse kernels, each once.
+    assert text.count("__gpu$xla.gpu.triton") == 4
+    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd", "vla_state_fwd", "vla_state_bwd"):
+      assert text.count(f'name = "{name}"') == 1, name

@@ -1,8 +1,9 @@
 """The reverse penalty kernel (`penalty_scan_bwd.py`, KernelConfig(prep="scan",
 penalty_grad="scan")): its block reverse and the kernel alone (both block walks) equal VJPs of
 the block step in float64, gradients of `vla_pallas` equal impl="scan"'s with one, two and three
-segments, the option needs prep="scan", and the gradient and the kernel lower for an abstract
-H200."""
+segments and with the blocks in a loop (scan_bwd_unroll=False), the option needs prep="scan",
+KernelConfig.scan_bwd_unroll reaches the kernel, and the gradient and the kernel lower for an
+abstract H200."""
 
 import chex
 import jax
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from test_kernels import (_assert_grads_match_scan, _config, _lowered_grad_lines, _rel, _sym)
-from vla_jax.kernels import KernelConfig
+from vla_jax.kernels import KernelConfig, penalty_grad
 from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.kernels.penalty_scan_bwd import block_bwd, penalty_scan_bwd
 
@@ -52,11 +53,50 @@ def test_vla_pallas_gradients_match_scan_float64(x64, T, C, segment_chunks):
                                    segment_chunks=segment_chunks), T, seed=70 + T)
 
 
+def test_vla_pallas_gradients_scan_bwd_unroll_false_float64(x64):
+  """KernelConfig(scan_bwd_unroll=False), the reverse kernel's blocks in a loop (each block's
+  start recomputed from the chunk start): gradients of `vla_pallas` equal impl="scan"'s, as the
+  unrolled walk's do above. C = 64 (four blocks a chunk, up to three recomputed downdates),
+  T = 150: 3 chunks in 2 segments of 2 (one segment start from XLA)."""
+  _assert_grads_match_scan(_config(64, prep="scan", penalty_grad="scan", segment_chunks=2,
+                                   scan_bwd_unroll=False), 150, seed=150)
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_scan_bwd_unroll_reaches_kernel(monkeypatch, unroll):
+  """KernelConfig.scan_bwd_unroll is the reverse kernel's `unroll` in the default config's
+  gradient (penalty_grad="auto"), and that gradient lowers for an abstract H200."""
+  seen = []
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs["unroll"])
+    return penalty_scan_bwd(*args, **kwargs)
+
+  monkeypatch.setattr(penalty_grad, "penalty_scan_bwd", spy)
+  lines = _lowered_grad_lines(KernelConfig(scan_bwd_unroll=unroll), T=128)
+  assert seen == [unroll]
+  assert sum('name = "vla_penalty_scan_bwd"' in l for l in lines) == 1
+
+
 @pytest.mark.parametrize("prep", ["xla", "kernel", "split"])
 def test_scan_grad_needs_scan_prep(prep):
   with pytest.raises(ValueError, match="penalty_grad"):
     KernelConfig(prep=prep, penalty_grad="scan").validate(64, 64)
   KernelConfig(prep="scan", penalty_grad="scan").validate(64, 64)
+
+
+def test_auto_penalty_grad_resolves_by_prep():
+  """The default penalty_grad="auto" is the reverse kernel with prep="scan" (the default prep)
+  and plain autodiff with the other preps, which then validate."""
+  assert KernelConfig().penalty_grad == "auto"
+  assert KernelConfig().penalty_backward == "scan"
+  for prep in ("xla", "kernel", "split"):
+    cfg = KernelConfig(prep=prep)
+    cfg.validate(64, 64)
+    assert cfg.penalty_backward == "autodiff"
+  assert KernelConfig(penalty_grad="chunk").penalty_backward == "chunk"
+  with pytest.raises(ValueError, match="penalty_grad"):
+    KernelConfig(penalty_grad="reverse").validate(64, 64)
 
 
 def test_gradient_lowers_for_h200():
