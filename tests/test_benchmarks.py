@@ -92,6 +92,11 @@ def test_report_verdicts_from_data(tmp_path):
   assert "VLA pallas is slower than fla's chunk_delta_rule (DeltaNet) at every measured T" in text
   assert "10x to 10x" in text
   assert "| OOM |" in text or "OOM" in text
+  # "Why VLA pallas loses": forward times from the shortest to the longest T, and the
+  # forward+backward / forward ratio (30 / 10).
+  assert "## Why VLA pallas loses" in text
+  assert "VLA pallas 10 -> 10 ms (x1)" in text and "cuDNN 2.5 -> 40 ms (x16)" in text
+  assert "3x at 1,024" in text and "3x at 16,384" in text
 
   data = report.Data(report.load([str(path)])[1])
   kind, value = report.crossover(report.ratio_series(data, 64, "fwd", report.PALLAS,
