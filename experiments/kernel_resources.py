@@ -3,11 +3,19 @@ r"""Registers, spills and shared memory of the Pallas kernels, compiled for an H
     python experiments/kernel_resources.py [--prep=kernel,split] [--prep_dot=tf32x3]
         [--prep_form=panels] [--warps=2,4,8] [--dk=64] [--chunk=64] [--only=NAME,...]
         [--block_v=64] [--num_stages=2] [--triton_path=DIR]
+    python experiments/kernel_resources.py --grad [--prep=scan] [--scan_bwd_unroll=1,0]
+        [--segment_chunks=2] [--chunks=4] ...
 
 Lowers the forward of `vla_pallas` (one run per value of --prep) for an abstract H200, takes
 every pallas_call's Triton IR (Pallas' `debug` print), strips its debug locations and compiles
 it with the `triton` package (3.6, needs no GPU) for sm_90a, then runs `ptxas -v` on the PTX:
 the resource report that decides occupancy and local-memory traffic. Costs no device time.
+`--grad` lowers `jax.grad` of a loss of `vla_pallas` (all of q, k, v, u) instead, so the
+backward's kernels (vla_penalty_scan_bwd, vla_state_bwd) are compiled too, one run per value
+of --prep and of --scan_bwd_unroll (KernelConfig.scan_bwd_unroll), and the compile time is
+split into Triton IR -> PTX and PTX -> cubin (Triton's ptxas call). Compile times are this
+machine's CPU's, not a GPU host's; they compare kernels and options, not absolute first-call
+latency.
 Needs the `triton` package: installed, or in a folder given by `--triton_path` or the
 TRITON_PATH environment variable (prepended to sys.path), e.g. /tmp/tritonsite.
 """
@@ -30,8 +38,10 @@ from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import lower_for_h200
 
 
-def triton_modules(cfg, B, T, H, dk, dv):
-  """{kernel name: Triton IR text} of every pallas_call in the forward of `vla_pallas`."""
+def triton_modules(cfg, B, T, H, dk, dv, grad=False):
+  """{kernel name: Triton IR text} of every pallas_call in the forward of `vla_pallas`, or with
+  `grad` in `jax.grad` (w.r.t. q, k, v, u) of the sum of its outputs: forward and backward
+  kernels."""
   original = pl.pallas_call
 
   def debug_call(*args, **kwargs):
@@ -41,11 +51,16 @@ def triton_modules(cfg, B, T, H, dk, dv):
   spec = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
   args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
           spec(B, H, dv, dk, dtype=jnp.float32), spec(B, H, dk, dk, dtype=jnp.float32))
+  forward = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+  fn = forward
+  if grad:
+    loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in forward(*a))
+    fn = jax.grad(loss, argnums=range(4))
   printed = io.StringIO()
   pl.pallas_call = debug_call
   try:
     with contextlib.redirect_stdout(printed):
-      lower_for_h200(lambda *a: vla_pallas(*a, config=cfg, interpret=False), *args)
+      lower_for_h200(fn, *args)
   finally:
     pl.pallas_call = original
   modules = {}
@@ -67,21 +82,33 @@ def strip_locations(text):
 
 
 def resources(ttir, warps, stages):
-  """Compiles Triton IR for sm_90a; returns ptxas's register/spill lines and shared bytes."""
+  """Compiles Triton IR for sm_90a; returns ptxas's register/spill lines, shared bytes and the
+  seconds of the compilation's steps: Triton IR -> PTX (triton_s) and PTX -> cubin (ptxas_s,
+  Triton's own ptxas call; the `ptxas -v` run for the report is not counted)."""
   import triton  # pylint: disable=import-outside-toplevel
   from triton.backends.compiler import GPUTarget  # pylint: disable=import-outside-toplevel
-  with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, "kernel.ttir")
-    with open(path, "w") as f:
-      f.write(ttir)
-    kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": warps, "num_stages": stages})
-    ptx = os.path.join(tmp, "kernel.ptx")
-    with open(ptx, "w") as f:
-      f.write(kernel.asm["ptx"])
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.devnull],
-                            capture_output=True, text=True, check=True).stderr
+  times = []
+  triton.knobs.compilation.always_compile = True   # a cache hit would time nothing
+  triton.knobs.compilation.listener = lambda **kw: times.append(kw["times"])
+  try:
+    with tempfile.TemporaryDirectory() as tmp:
+      path = os.path.join(tmp, "kernel.ttir")
+      with open(path, "w") as f:
+        f.write(ttir)
+      kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
+      ptx = os.path.join(tmp, "kernel.ptx")
+      with open(ptx, "w") as f:
+        f.write(kernel.asm["ptx"])
+      ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                           "ptxas")
+      report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.devnull],
+                              capture_output=True, text=True, check=True).stderr
+  finally:
+    triton.knobs.compilation.listener = None
+  stage_us = dict(times[-1].lowering_stages)          # microseconds per stage
+  ptxas_s = stage_us.pop("cubin", 0) / 1e6
+  triton_s = (times[-1].ir_initialization + sum(stage_us.values())) / 1e6
   used = re.search(r"Used (\d+) registers", report)
   stack = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
                     r"loads", report)
@@ -91,13 +118,14 @@ def resources(ttir, warps, stages):
               int(cumulative.group(1)) if cumulative else 0),
           "spill_stores": int(stack.group(2)) if stack else None,
           "shared_bytes": kernel.metadata.shared,
-          "ptx_lines": kernel.asm["ptx"].count("\n")}
+          "ptx_lines": kernel.asm["ptx"].count("\n"),
+          "triton_s": triton_s, "ptxas_s": ptxas_s}
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--prep", default="kernel",
-                      help="comma list of KernelConfig.prep values (xla, kernel, split)")
+                      help="comma list of KernelConfig.prep values (xla, kernel, split, scan)")
   parser.add_argument("--only", default="",
                       help="comma list of kernel names to compile (default: all)")
   parser.add_argument("--triton_path", default=os.environ.get("TRITON_PATH", ""),
@@ -105,34 +133,63 @@ def main():
   parser.add_argument("--prep_dot", default="tf32x3")
   parser.add_argument("--block_v", type=int, default=None, help="KernelConfig.block_v")
   parser.add_argument("--num_stages", type=int, default=2,
-                      help="KernelConfig.num_stages (vla_state_fwd; the prep kernels use 1)")
+                      help="KernelConfig.num_stages (vla_state_fwd, vla_state_bwd; the prep "
+                           "kernels use 1)")
   parser.add_argument("--prep_form", default="panels")
   parser.add_argument("--warps", default="2,4")
   parser.add_argument("--dk", type=int, default=64)
   parser.add_argument("--chunk", type=int, default=64)
+  parser.add_argument("--grad", action="store_true",
+                      help="lower jax.grad (q, k, v, u) of vla_pallas: backward kernels too")
+  parser.add_argument("--scan_bwd_unroll", default="1",
+                      help="comma list of 0/1: KernelConfig.scan_bwd_unroll (with --grad and "
+                           "the reverse penalty kernel)")
+  parser.add_argument("--chunks", type=int, default=2,
+                      help="chunks in the lowered sequence (T = chunks * chunk)")
+  parser.add_argument("--segment_chunks", type=int, default=None,
+                      help="KernelConfig.segment_chunks (default: auto, which is one chunk per "
+                           "segment at these small shapes)")
   args = parser.parse_args()
   if args.triton_path:
     sys.path.insert(0, args.triton_path)
   only = [n for n in args.only.split(",") if n]
+  unrolls = [bool(int(x)) for x in args.scan_bwd_unroll.split(",")] if args.grad else [True]
   print(f"dk = dv = {args.dk}, C = {args.chunk}, prep_dot={args.prep_dot}, "
-        f"prep_form={args.prep_form}")
-  print("| prep | kernel | warps | registers | stack bytes/thread | spill stores | shared bytes "
-        "| PTX lines | compile s |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        f"prep_form={args.prep_form}" + (
+            f", jax.grad, T = {args.chunks * args.chunk}, segment_chunks="
+            f"{args.segment_chunks or 'auto'}" if args.grad else ""))
+  if args.grad:
+    print("| prep | scan_bwd_unroll | kernel | warps | registers | stack bytes/thread | "
+          "spill stores | shared bytes | PTX lines | Triton->PTX s | ptxas s | total s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  else:
+    print("| prep | kernel | warps | registers | stack bytes/thread | spill stores | "
+          "shared bytes | PTX lines | compile s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for prep in args.prep.split(","):
-    cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
-                       prep_form=args.prep_form, block_v=args.block_v,
-                       num_stages=args.num_stages)
-    modules = triton_modules(cfg, 1, 2 * args.chunk, 2, args.dk, args.dk)
-    for name, ttir in modules.items():
-      if only and name not in only:
-        continue
-      for warps in (int(w) for w in args.warps.split(",")):
-        start = time.perf_counter()
-        r = resources(ttir, warps, cfg.num_stages if name == "vla_state_fwd" else 1)
-        print(f"| {prep} | {name} | {warps} | {r['registers']} | {r['stack_bytes']} | "
-              f"{r['spill_stores']} | {r['shared_bytes']} | {r['ptx_lines']} | "
-              f"{time.perf_counter() - start:.0f} |", flush=True)
+    for unroll in unrolls:
+      cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
+                         prep_form=args.prep_form, block_v=args.block_v,
+                         num_stages=args.num_stages, segment_chunks=args.segment_chunks,
+                         scan_bwd_unroll=unroll)
+      modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
+                               grad=args.grad)
+      for name, ttir in modules.items():
+        if only and name not in only:
+          continue
+        for warps in (int(w) for w in args.warps.split(",")):
+          start = time.perf_counter()
+          r = resources(ttir, warps,
+                        cfg.num_stages if name in ("vla_state_fwd", "vla_state_bwd") else 1)
+          cells = [prep] + ([str(int(unroll))] if args.grad else []) + [
+              name, warps, r["registers"], r["stack_bytes"], r["spill_stores"],
+              r["shared_bytes"], r["ptx_lines"]]
+          if args.grad:          # the compilation's steps and their sum
+            cells += [f"{r['triton_s']:.1f}", f"{r['ptxas_s']:.1f}",
+                      f"{r['triton_s'] + r['ptxas_s']:.0f}"]
+          else:                  # wall time, the report's ptxas -v run included
+            cells.append(f"{time.perf_counter() - start:.0f}")
+          print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,7 @@ def penalty_scan_bwd(A_c, e, u, dW, dA_end, *, chunk_size, block=16, unroll=True
       and the block starts stay live as values, the chunk's blocks unrolled. False: the
       blocks in a loop, each block's start recomputed from the chunk start (C / b (C / b - 1)
       / 2 downdates a chunk instead of C / b - 1; a smaller program, fewer live values).
+      `KernelConfig.scan_bwd_unroll` sets it in `vla_pallas`'s gradient.
     factor_precision: precision of the products (tf32x3 / ieee on GPUs, HIGHEST otherwise).
 
   Returns:
