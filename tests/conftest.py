@@ -1,8 +1,36 @@
-"""Shared fixtures: float64 mode and seeded random inputs."""
+"""Shared fixtures: float64 mode and seeded random inputs; one XLA compilation cache per run."""
+
+import os
+import shutil
+import tempfile
 
 import jax
 import numpy as np
 import pytest
+
+_CACHE_ENV = "VLA_JAX_TEST_COMPILATION_CACHE"
+_cache_key = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+  """Points JAX's persistent compilation cache at a folder made for this test run and shared by
+  its xdist workers (they inherit the variable), so a computation that several tests (or
+  several Trainer instances, or eager `lax.scan` calls) compile is compiled once. A cache hit
+  returns the executable XLA built for the same program; results are unchanged."""
+  folder = os.environ.get(_CACHE_ENV)
+  if folder is None:
+    folder = tempfile.mkdtemp(prefix="vla-jax-xla-cache-")
+    os.environ[_CACHE_ENV] = folder
+    config.stash[_cache_key] = folder
+  jax.config.update("jax_compilation_cache_dir", folder)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def pytest_unconfigure(config):
+  folder = config.stash.get(_cache_key, None)
+  if folder is not None:
+    shutil.rmtree(folder, ignore_errors=True)
+    os.environ.pop(_CACHE_ENV, None)
 
 
 @pytest.fixture

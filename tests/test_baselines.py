@@ -79,15 +79,16 @@ def test_split_sequence_equals_one_call(x64):
   beta, log_decay = gates(7, 1, 40, 2)
   cut = 23
   first, second = slice(None, cut), slice(cut, None)
-  o, S = gated_deltanet(q, k, v, beta, log_decay)
-  o1, S1 = gated_deltanet(*(x[:, first] for x in (q, k, v, beta, log_decay)))
-  o2, S2 = gated_deltanet(*(x[:, second] for x in (q, k, v, beta, log_decay)), initial_state=S1)
+  gdn = jax.jit(gated_deltanet)  # the default impl, compiled per shape
+  lin = jax.jit(functools.partial(linear_attention, normalize=True))
+  o, S = gdn(q, k, v, beta, log_decay)
+  o1, S1 = gdn(*(x[:, first] for x in (q, k, v, beta, log_decay)))
+  o2, S2 = gdn(*(x[:, second] for x in (q, k, v, beta, log_decay)), initial_state=S1)
   np.testing.assert_allclose(np.concatenate([o1, o2], 1), o, rtol=1e-10, atol=1e-12)
   np.testing.assert_allclose(S2, S, rtol=1e-10)
-  o, st = linear_attention(q, k, v, normalize=True)
-  o1, st1 = linear_attention(q[:, first], k[:, first], v[:, first], normalize=True)
-  o2, st2 = linear_attention(q[:, second], k[:, second], v[:, second], normalize=True,
-                             initial_state=st1)
+  o, st = lin(q, k, v)
+  o1, st1 = lin(q[:, first], k[:, first], v[:, first])
+  o2, st2 = lin(q[:, second], k[:, second], v[:, second], initial_state=st1)
   np.testing.assert_allclose(np.concatenate([o1, o2], 1), o, rtol=1e-10)
   chex.assert_trees_all_close(st2, st, rtol=1e-10)
 

@@ -154,7 +154,7 @@ class TestKernelsInterpret:
 
     names = ("q", "k", "v", "u", "S0")
     got = jax.jit(jax.grad(lambda *a: loss("pallas", *a), argnums=range(5)))(q, k, v, u, S0)
-    want = jax.grad(lambda *a: loss("scan", *a), argnums=range(5))(q, k, v, u, S0)
+    want = jax.jit(jax.grad(lambda *a: loss("scan", *a), argnums=range(5)))(q, k, v, u, S0)
     for name, g, w in zip(names, got, want):
       assert _rel(g, w) < 1e-9, (name, _rel(g, w))
 
@@ -170,8 +170,8 @@ class TestKernelsInterpret:
       assert _rel(got, want) < TOL[np.float64], name
     loss = lambda c: lambda *a: sum(jnp.sum(jnp.sin(x)) for x in vla_pallas(
         *a, config=c, interpret=INTERPRET))
-    got = jax.grad(loss(cfg), argnums=range(5))(*args)
-    want = jax.grad(loss(_config(C)), argnums=range(5))(*args)
+    got = jax.jit(jax.grad(loss(cfg), argnums=range(5)))(*args)
+    want = jax.jit(jax.grad(loss(_config(C)), argnums=range(5)))(*args)
     for name, g, w in zip(("q", "k", "v", "u", "S0"), got, want):
       assert _rel(g, w) < 1e-9, name
 
@@ -193,17 +193,17 @@ class TestKernelsInterpret:
 
     loss = lambda f: lambda *a: sum(jnp.sum(jnp.cos(x)) for x in f(*a))
     kern = lambda *a: state_path(*a, config=cfg)
-    got = jax.grad(loss(kern), argnums=range(5))(q, e, w, v, S0)
-    want = jax.grad(loss(loop), argnums=range(5))(q, e, w, v, S0)
+    got = jax.jit(jax.grad(loss(kern), argnums=range(5)))(q, e, w, v, S0)
+    want = jax.jit(jax.grad(loss(loop), argnums=range(5)))(q, e, w, v, S0)
     for name, g, x in zip("qewvS", got, want):
       assert _rel(g, x) < 1e-10, name
-    batched = jax.vmap(kern)(*(x[:, None] for x in (q, e, w, v, S0)))
-    np.testing.assert_allclose(batched[0][:, 0], kern(q, e, w, v, S0)[0], rtol=1e-12)
+    batched = jax.jit(jax.vmap(kern))(*(x[:, None] for x in (q, e, w, v, S0)))
+    np.testing.assert_allclose(batched[0][:, 0], jax.jit(kern)(q, e, w, v, S0)[0], rtol=1e-12)
 
   def test_impl_pallas_uses_interpret_on_cpu(self):
     args = [jnp.asarray(x, jnp.float32) for x in _inputs(5, 1, 20, 1, 16, 16)[:4]]
-    o, st = vla_recurrence(*args, impl="pallas", chunk_size=16)
-    o_ref, st_ref = vla_recurrence(*args, impl="chunked", chunk_size=16)
+    o, st = jax.jit(lambda *a: vla_recurrence(*a, impl="pallas", chunk_size=16))(*args)
+    o_ref, st_ref = jax.jit(lambda *a: vla_recurrence(*a, impl="chunked", chunk_size=16))(*args)
     assert _rel(o, o_ref) < 1e-3 and _rel(st.S, st_ref.S) < 1e-3
 
 

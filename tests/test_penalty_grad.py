@@ -36,8 +36,8 @@ def test_matches_autodiff_float64(x64, refine, solver, N):
       return jnp.sum(cW * jnp.sin(W)) + jnp.sum(cA * A_T)
     return f
 
-  want = jax.grad(loss(lambda *a: penalty_parallel(*a, refine=refine, solver=solver)),
-                  argnums=range(3))(khat, u, A0)
+  want = jax.jit(jax.grad(loss(lambda *a: penalty_parallel(*a, refine=refine, solver=solver)),
+                          argnums=range(3)))(khat, u, A0)
   got = jax.jit(jax.grad(loss(lambda *a: penalty_chunked_grad(*a, refine, hi, solver)),
                          argnums=range(3)))(khat, u, A0)
   out = penalty_chunked_grad(khat, u, A0, refine, hi, solver)
@@ -79,7 +79,7 @@ def test_products_only_cholesky_inverse_float64(x64, n):
   W = jnp.asarray(rng.standard_normal((3, n, n)))
   hi = jax.lax.Precision.HIGHEST
   loss = lambda solver: lambda G: jnp.sum(W * jnp.sin(_chol_inverse(_sym(G), solver, hi)))
-  want = jax.grad(loss("triangular_solve"))(G)
+  want = jax.jit(jax.grad(loss("triangular_solve")))(G)
   got = jax.jit(jax.grad(loss("doubling")))(G)
   chex.assert_trees_all_close(got, want, rtol=1e-10, atol=1e-10 * float(jnp.abs(want).max()))
   jaxpr = str(jax.make_jaxpr(jax.grad(loss("doubling")))(G))
@@ -98,8 +98,10 @@ def test_tril_inverse_products_grad_float64(x64, unit_diagonal):
       1.0 if unit_diagonal else rng.uniform(0.5, 2.0, (4, 1, 32)))
   L, W = jnp.asarray(L), jnp.asarray(rng.standard_normal((4, 32, 32)))
   hi = jax.lax.Precision.HIGHEST
-  want = jax.grad(lambda L: jnp.sum(W * jnp.sin(tril_inverse(L, unit_diagonal=unit_diagonal))))(L)
-  got = jax.grad(lambda L: jnp.sum(W * jnp.sin(tril_inverse_products(L, unit_diagonal, hi))))(L)
+  want = jax.jit(jax.grad(
+      lambda L: jnp.sum(W * jnp.sin(tril_inverse(L, unit_diagonal=unit_diagonal)))))(L)
+  got = jax.jit(jax.grad(
+      lambda L: jnp.sum(W * jnp.sin(tril_inverse_products(L, unit_diagonal, hi)))))(L)
   mask = np.tril(np.ones((32, 32)), -1 if unit_diagonal else 0)   # the entries L varies in
   chex.assert_trees_all_close(got, want * mask, rtol=1e-10,
                               atol=1e-10 * float(jnp.abs(want).max()))

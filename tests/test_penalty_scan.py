@@ -44,8 +44,8 @@ def test_gradients_are_the_xla_paths():
   """Under differentiation prep="scan" runs the XLA path (same custom VJP as prep="split")."""
   B, T, H, dk, dv, C = 1, 40, 1, 16, 16, 16
   args = [jnp.asarray(x, jnp.float32) for x in _inputs(32, B, T, H, dk, dv)]
-  loss = lambda cfg: jax.grad(lambda *a: jnp.sum(vla_pallas(*a, config=cfg, interpret=True)[0]),
-                              argnums=range(4))(*args)
+  loss = lambda cfg: jax.jit(jax.grad(
+      lambda *a: jnp.sum(vla_pallas(*a, config=cfg, interpret=True)[0]), argnums=range(4)))(*args)
   base = dict(chunk_size=C, precision=jax.lax.Precision.HIGHEST)
   for g, w in zip(loss(KernelConfig(prep="scan", **base)), loss(KernelConfig(**base))):
     np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)

@@ -93,9 +93,10 @@ def test_step_errors():
 def test_pallas_prefill_then_vla_steps(x64):
   """Prefill with the Pallas kernel (interpret mode on CPU), decode with `vla_step`."""
   q, k, v, u = random_inputs(23, 1, 20, 2, 16, 16)
-  o_full, state_full = vla_recurrence(q, k, v, u, impl="scan")
-  o_pre, state = vla_recurrence(*(x[:, :12] for x in (q, k, v, u)), impl="pallas",
-                                chunk_size=16)
-  o_dec, state = decode(vla_step, state, *(x[:, 12:] for x in (q, k, v, u)))
+  o_full, state_full = jax.jit(functools.partial(vla_recurrence, impl="scan"))(q, k, v, u)
+  o_pre, state = jax.jit(functools.partial(vla_recurrence, impl="pallas", chunk_size=16))(
+      *(x[:, :12] for x in (q, k, v, u)))
+  o_dec, state = jax.jit(functools.partial(decode, vla_step))(
+      state, *(x[:, 12:] for x in (q, k, v, u)))
   assert rel_err(np.concatenate([o_pre, o_dec], axis=1), o_full) < 1e-9
   chex.assert_trees_all_close(state, state_full, rtol=1e-9, atol=1e-9)

@@ -4,6 +4,7 @@
 import json
 import os
 import pathlib
+import shutil
 import sys
 
 import chex
@@ -29,13 +30,23 @@ def _losses(workdir):
     return [json.loads(line) for line in f if '"loss"' in line]
 
 
-def test_each_stacked_run_equals_its_single_run(tmp_path):
-  config = tiny_config()
-  seeds, rates = [0, 3], [1e-2, 3e-3]
-  rows = train_sweep(config, seeds, rates, str(tmp_path / "sweep"), log=lambda s: None)
+SEEDS, RATES = [0, 3], [1e-2, 3e-3]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+  """One uninterrupted sweep of tiny_config() over SEEDS x RATES: (rows, workdir). Shared by
+  the tests that read it (its compiled steps are then reused from the compilation cache)."""
+  workdir = tmp_path_factory.mktemp("sweep")
+  rows = train_sweep(tiny_config(), SEEDS, RATES, str(workdir), log=lambda s: None)
+  return rows, workdir
+
+
+def test_each_stacked_run_equals_its_single_run(tmp_path, sweep):
+  rows, workdir = sweep
   assert [(r["seed"], r["learning_rate"]) for r in rows] == [(0, 1e-2), (0, 3e-3), (3, 1e-2),
                                                               (3, 3e-3)]
-  sweep_losses = np.array([r["loss"] for r in _losses(tmp_path / "sweep")])  # [steps, R]
+  sweep_losses = np.array([r["loss"] for r in _losses(workdir)])  # [steps, R]
   for index in (1, 2):  # a second rate of seed 0, and the first rate of seed 3
     seed, lr = rows[index]["seed"], rows[index]["learning_rate"]
     single = tiny_config(seed=seed, learning_rate=lr)
@@ -46,28 +57,28 @@ def test_each_stacked_run_equals_its_single_run(tmp_path):
   assert all(not r["diverged"] for r in rows)
   for r in rows:  # the validation set is another draw than the test set
     assert r["validation"]["mqar"]["targets"] == r["test"]["mqar"]["targets"] == 72
-  assert (tmp_path / "sweep" / "sweep_results.jsonl").exists()
+  assert (workdir / "sweep_results.jsonl").exists()
 
 
-def test_interrupted_sweep_resumes_exactly(tmp_path):
-  config = tiny_config(num_steps=6, checkpoint_every=2)
-  full = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "full"), log=lambda s: None)
-  assert train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "part"), stop_after=3,
+def test_interrupted_sweep_resumes_exactly(tmp_path, sweep):
+  full = sweep[0]
+  config = tiny_config(checkpoint_every=2)
+  assert train_sweep(config, SEEDS, RATES, str(tmp_path / "part"), stop_after=3,
                      log=lambda s: None) == []
-  resumed = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "part"), log=lambda s: None)
+  resumed = train_sweep(config, SEEDS, RATES, str(tmp_path / "part"), log=lambda s: None)
   assert [r["train_loss"] for r in resumed] == [r["train_loss"] for r in full]
   assert [r["test"] for r in resumed] == [r["test"] for r in full]
   with pytest.raises(ValueError, match="other runs"):
     train_sweep(config, [2], [1e-2], str(tmp_path / "part"), log=lambda s: None)
 
 
-def test_sweep_stopped_after_training_keeps_its_losses(tmp_path):
+def test_sweep_stopped_after_training_keeps_its_losses(tmp_path, sweep):
   """A sweep killed after its last step (during evaluation) resumes with no step to run: its
   rows still carry the last logged losses, not NaN read as divergence."""
-  config = tiny_config(num_steps=4, checkpoint_every=2)
-  full = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "s"), log=lambda s: None)
-  os.remove(tmp_path / "s" / "sweep_results.jsonl")
-  again = train_sweep(config, [1], [1e-2, 2e-2], str(tmp_path / "s"), log=lambda s: None)
+  full, workdir = sweep[0], tmp_path / "s"
+  shutil.copytree(sweep[1], workdir)  # the finished sweep, copied so that it stays unchanged
+  os.remove(workdir / "sweep_results.jsonl")
+  again = train_sweep(tiny_config(), SEEDS, RATES, str(workdir), log=lambda s: None)
   assert [r["train_loss"] for r in again] == [r["train_loss"] for r in full]
   assert all(np.isfinite(r["train_loss"]) and r["diverged"] is False for r in again)
   assert [r["test"] for r in again] == [r["test"] for r in full]

@@ -4,6 +4,7 @@ configurations fail before training, and the absl main prints a JSON summary."""
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -35,9 +36,18 @@ def _rows(workdir):
   return [r for r in rows if "loss" in r], [r for r in rows if "eval" in r]
 
 
-def test_tiny_training_loss_falls(tmp_path):
-  summary = train_and_evaluate(from_config_dict(tiny_config()), str(tmp_path), log=lambda s: None)
-  train_rows, eval_rows = _rows(tmp_path)
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """One uninterrupted 40-step run of tiny_config(): (summary, workdir). Shared by the tests
+  that read it (its compiled steps are then reused from the compilation cache)."""
+  workdir = tmp_path_factory.mktemp("tiny_run")
+  summary = train_and_evaluate(from_config_dict(tiny_config()), str(workdir), log=lambda s: None)
+  return summary, workdir
+
+
+def test_tiny_training_loss_falls(tmp_path, tiny_run):
+  summary, workdir = tiny_run
+  train_rows, eval_rows = _rows(workdir)
   losses = [r["loss"] for r in train_rows]
   assert len(losses) == 40 and np.all(np.isfinite(losses))
   assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
@@ -45,36 +55,39 @@ def test_tiny_training_loss_falls(tmp_path):
   assert summary["steps"] == 40 and summary["mixer"] == "vla" and summary["task"] == "mqar"
   assert 0.0 <= summary["accuracy"] <= 1.0 and len(eval_rows) == 1
   assert all(r["steps_per_s"] > 0 for r in train_rows)
-  assert (tmp_path / "checkpoints" / "40").is_dir()
+  assert (workdir / "checkpoints" / "40").is_dir()
   # The checkpoint scores the same on its evaluation set written out as an external .npz.
   config = from_config_dict(tiny_config())
   save_npz(tmp_path / "eval.npz", *config.make_task().eval_sets(0, 32)["mqar"])
-  result = evaluate(str(tmp_path), npz_path=str(tmp_path / "eval.npz"))
+  result = evaluate(str(workdir), npz_path=str(tmp_path / "eval.npz"))
   assert result["step"] == 40
   assert result["evals"]["npz"]["accuracy"] == summary["accuracy"]
 
 
-def test_resume_equals_uninterrupted(tmp_path):
-  config = from_config_dict(tiny_config(num_steps=12, checkpoint_every=4))
-  full, part = str(tmp_path / "full"), str(tmp_path / "part")
-  train_and_evaluate(config, full, log=lambda s: None)
+def test_resume_equals_uninterrupted(tmp_path, tiny_run):
+  """Stopped after 6 of 40 steps (a checkpoint every 4 steps and one at the stop), then
+  resumed: the same loss curve, bit for bit, and the same final accuracy as the uninterrupted
+  run."""
+  _, full = tiny_run
+  config = from_config_dict(tiny_config(checkpoint_every=4))
+  part = str(tmp_path / "part")
   stopped = train_and_evaluate(config, part, stop_after=6, log=lambda s: None)
   assert stopped["steps"] == 6
   resumed = train_and_evaluate(config, part, log=lambda s: None)
-  assert resumed["steps"] == 12
+  assert resumed["steps"] == 40
   loss_full = [(r["step"], r["loss"]) for r in _rows(full)[0]]
   loss_part = [(r["step"], r["loss"]) for r in _rows(part)[0]]
-  assert loss_part == loss_full  # bit-identical curve, steps 1..12
+  assert loss_part == loss_full  # bit-identical curve, steps 1..40
   assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
 
 
-def test_resume_refuses_a_different_config(tmp_path):
-  train_and_evaluate(from_config_dict(tiny_config(num_steps=2)), str(tmp_path),
-                     log=lambda s: None)
-  other = tiny_config(num_steps=2)
+def test_resume_refuses_a_different_config(tmp_path, tiny_run):
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_run[1], workdir)  # a finished run, copied so that it stays unchanged
+  other = tiny_config()
   other.model.mixer = "deltanet"
   with pytest.raises(ValueError, match="different model configuration"):
-    train_and_evaluate(from_config_dict(other), str(tmp_path), log=lambda s: None)
+    train_and_evaluate(from_config_dict(other), str(workdir), log=lambda s: None)
 
 
 _DATA_PARALLEL = r"""

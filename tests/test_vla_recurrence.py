@@ -97,7 +97,8 @@ def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
 def test_gradient_through_zero_keys_is_finite(x64):
   q, k, v, u = random_inputs(17, 1, 20, 1, 4, 4)
   k[:, 5:9], u[:, 5:9] = 0.0, 0.0
-  grads = jax.grad(lambda k, u: run("chunked", q, k, v, u)[0].sum(), argnums=(0, 1))(k, u)
+  grads = jax.jit(jax.grad(lambda k, u: run("chunked", q, k, v, u)[0].sum(), argnums=(0, 1)))(
+      k, u)
   chex.assert_tree_all_finite(grads)
 
 
@@ -136,7 +137,8 @@ def test_gradients_agree_across_impls(x64):
 def test_check_grads(x64, impl):
   B, T, H, dk, dv = 1, 7, 1, 3, 2
   args = random_inputs(10, B, T, H, dk, dv) + _initial_state(12, B, H, dk, dv)
-  check_grads(_loss(impl, chunk_size=16), args, order=1, modes=("rev",), atol=1e-6,
+  # Jitted once: check_grads evaluates the loss several times at these shapes.
+  check_grads(jax.jit(_loss(impl, chunk_size=16)), args, order=1, modes=("rev",), atol=1e-6,
               rtol=1e-6)
 
 
@@ -145,9 +147,10 @@ def test_vmap_and_grad_compose(x64):
   stacked = [np.stack([x, 2.0 * x]) for x in (q, k, v, u)]  # a leading "model" axis
   fn = lambda *a: vla_recurrence(*a, impl="chunked", chunk_size=16)[0]
   batched = jax.jit(jax.vmap(fn))(*stacked)
+  single = jax.jit(fn)
   for i in range(2):
-    np.testing.assert_allclose(batched[i], fn(*(x[i] for x in stacked)), rtol=1e-12)
-  per_example = jax.vmap(jax.grad(lambda v: fn(q, k, v, u).sum()))(stacked[2])
+    np.testing.assert_allclose(batched[i], single(*(x[i] for x in stacked)), rtol=1e-12)
+  per_example = jax.jit(jax.vmap(jax.grad(lambda v: fn(q, k, v, u).sum())))(stacked[2])
   chex.assert_shape(per_example, stacked[2].shape)
   chex.assert_tree_all_finite(per_example)
 
@@ -157,8 +160,9 @@ def test_enum_and_string_impl_are_the_same(x64):
   for impl in Impl:
     if impl is Impl.PALLAS:
       continue
-    np.testing.assert_array_equal(vla_recurrence(*args, impl=impl)[0],
-                                  vla_recurrence(*args, impl=impl.value)[0])
+    by_enum, by_string = (jax.jit(functools.partial(vla_recurrence, impl=i))(*args)[0]
+                          for i in (impl, impl.value))
+    np.testing.assert_array_equal(by_enum, by_string)
 
 
 @pytest.mark.parametrize("u_kind", ["isotropic", "four_directions"])
