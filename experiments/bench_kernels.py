@@ -102,10 +102,10 @@ def part_fns(part, cfg, q, k, v, u, stage="all"):
     xs = jax.block_until_ready((M, e, fl_raw(u), fl_raw(q), fl_raw(v)))
     if part == "prep_kernel_only":
       fn = lambda M, e, u, q, v: chunk_prep(M, e, u, q, v, chunk_size=C, precision=cfg.precision,
-                                            refine=cfg.refine, prep_dot=cfg.prep_dot,
+                                            refine=cfg.refine, prep_dot=cfg.factor_dot,
                                             form=cfg.prep_form, num_warps=cfg.prep_warps)
       return jax.jit(fn), None, xs
-    fprec = _factor_precision(cfg.prep_dot, jnp.float32, cfg.interpret)
+    fprec = _factor_precision(cfg.factor_dot, jnp.float32, cfg.interpret)
     kw = dict(num_warps=cfg.prep_warps, interpret=cfg.interpret)
 
     def chain(M, e, u, q, v):
@@ -138,7 +138,7 @@ def part_fns(part, cfg, q, k, v, u, stage="all"):
     # penalty_scan with its XLA segment-start inverses, on unit keys and u made outside.
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
     e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
-    fprec = _factor_precision(cfg.prep_dot, jnp.float32, cfg.interpret)
+    fprec = _factor_precision(cfg.factor_dot, jnp.float32, cfg.interpret)
     fn = lambda e, u: _penalty_segments(cfg, e, u, A0, fprec)
     return jax.jit(fn), None, jax.block_until_ready((e, hm(u)))
   if part == "penalty_only":
@@ -178,7 +178,7 @@ def main():
                            "(triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="scan",
                       help="comma list of KernelConfig.prep values (xla, kernel, split, scan), pallas rows")
-  parser.add_argument("--prep_dot", default="tf32x3",
+  parser.add_argument("--prep_dot", default="auto",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
   parser.add_argument("--prep_form", default="panels",
                       help="comma list of KernelConfig.prep_form values (panels, tiles)")
@@ -214,7 +214,7 @@ def main():
       if impl == "pallas":
         for prep in preps:
           kern = prep in ("kernel", "split", "scan")
-          dots = args.prep_dot.split(",") if kern else ["tf32x3"]
+          dots = args.prep_dot.split(",") if kern else ["auto"]
           warps = [int(w) for w in args.prep_warps.split(",")] if kern else [4]
           forms = args.prep_form.split(",") if prep == "kernel" else ["panels"]
           # The solver matters for every prep: the backward (and prep="scan"'s segment-start

@@ -8,7 +8,7 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
 
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
         [--min_T 0] [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver doubling]
-        [--penalty_grad auto,autodiff,chunk,scan]
+        [--penalty_grad auto,autodiff,chunk,scan] [--segment_chunks auto,100000]
 
 Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" / "split" check the
 chunk-prep kernel(s)' forward (their gradients are the XLA path's, checked too).
@@ -82,10 +82,11 @@ _REFERENCES = {}
 
 
 def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="doubling",
-          prep="scan", prep_dot="tf32x3", penalty_grad="auto"):
+          prep="scan", prep_dot="auto", penalty_grad="auto", segment_chunks=None):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
   cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
-                     prep_dot=prep_dot, penalty_grad=penalty_grad)
+                     prep_dot=prep_dot, penalty_grad=penalty_grad,
+                     segment_chunks=segment_chunks)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -130,9 +131,15 @@ def main():
   parser.add_argument("--solver", default="doubling",
                       help="KernelConfig.solver (doubling, triangular_solve, nilpotent)")
   parser.add_argument("--prep", default="scan", help="comma list of KernelConfig.prep")
-  parser.add_argument("--prep_dot", default="tf32x3", help="KernelConfig.prep_dot")
+  parser.add_argument("--prep_dot", default="auto", help="KernelConfig.prep_dot")
   parser.add_argument("--penalty_grad", default="auto",
                       help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, scan)")
+  parser.add_argument("--dtypes", default="float32,bfloat16",
+                      help="comma list: the input dtypes whose cases run")
+  parser.add_argument("--segment_chunks", default="auto",
+                      help="comma list of KernelConfig.segment_chunks (auto, or chunks per "
+                           "segment of the penalty scan: a large value carries A through the "
+                           "whole sequence)")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
@@ -142,23 +149,26 @@ def main():
   if args.max_T > 0:  # --max_T 0: only the long run
     cases = [(jnp.float32, HIGHEST, T) for T in (1000, 4096, 16384) if T <= args.max_T] or [
         (jnp.float32, HIGHEST, args.max_T)]
-    cases += [(jnp.bfloat16, DEFAULT, T) for T in (16384,) if T <= args.max_T] or [
+    cases += [(jnp.bfloat16, DEFAULT, T) for T in (4096, 16384) if T <= args.max_T] or [
         (jnp.bfloat16, DEFAULT, args.max_T)]
     cases += [(jnp.float32, DEFAULT, min(4096, args.max_T))]
-    cases = [c for c in cases if c[2] >= args.min_T]
+    cases = [c for c in cases if c[2] >= args.min_T
+             and jnp.dtype(c[0]).name in args.dtypes.split(",")]
   rows, ok = [], True
-  variants = [(p, g) for p in args.prep.split(",") for g in args.penalty_grad.split(",")]
-  for (dtype, precision, T), (prep, grad) in ((c, v) for c in cases for v in variants):
+  segs = [None if g == "auto" else int(g) for g in args.segment_chunks.split(",")]
+  variants = [(p, g, sg) for p in args.prep.split(",") for g in args.penalty_grad.split(",")
+              for sg in segs]
+  for (dtype, precision, T), (prep, grad, seg) in ((c, v) for c in cases for v in variants):
     name = jnp.dtype(dtype).name
     t0 = time.perf_counter()
     errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
-                         prep_dot=args.prep_dot, penalty_grad=grad)
+                         prep_dot=args.prep_dot, penalty_grad=grad, segment_chunks=seg)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
            "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})",
-           "penalty_grad": grad, **errs, "finite": finite,
+           "penalty_grad": grad, "segment_chunks": seg or "auto", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)
     print(json.dumps(row), flush=True)
@@ -171,17 +181,19 @@ def main():
     ok &= long["finite"]
 
   names = ["o", "S", "A", "dq", "dk", "dv", "du", "dS0"]
-  print("\n| dtype | precision | T | prep | penalty_grad | " + " | ".join(names)
+  print("\n| dtype | precision | T | prep | penalty_grad | segment_chunks | " + " | ".join(names)
         + " | bound | pass |")
-  print("|" + " --- |" * (len(names) + 7))
+  print("|" + " --- |" * (len(names) + 8))
   for r in rows:
     print(f"| {r['dtype']} | {r['precision']} | {r['T']} | {r['prep']} | {r['penalty_grad']} | "
+          f"{r['segment_chunks']} | "
           + " | ".join(f"{r[n]:.1e}" for n in names)
           + f" | {r['bound'] if r['bound'] else 'info'} | {r['pass']} |")
   if long:
     print(f"\nlong run B=1 H=16 d=64 T={long['T']} bf16 fwd+bwd: first call {long['first_s']:.1f} s, "
           f"then {long['second_s'] * 1e3:.1f} ms, peak {long['peak_GiB']:.1f} GiB, "
           f"finite={long['finite']}")
+  os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "check_kernels_gpu.json"), "w") as f:
     json.dump({"rows": rows, "long": long, "ok": ok}, f, indent=1)
   print("ALL PASS" if ok else "FAILURES")

@@ -130,7 +130,7 @@ def main():
                       help="comma list of kernel names to compile (default: all)")
   parser.add_argument("--triton_path", default=os.environ.get("TRITON_PATH", ""),
                       help="folder holding the triton package, prepended to sys.path")
-  parser.add_argument("--prep_dot", default="tf32x3")
+  parser.add_argument("--prep_dot", default="auto")
   parser.add_argument("--block_v", type=int, default=None, help="KernelConfig.block_v")
   parser.add_argument("--num_stages", type=int, default=2,
                       help="KernelConfig.num_stages (vla_state_fwd, vla_state_bwd; the prep "

@@ -246,7 +246,8 @@ def copy_section(rows):
 
 BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_prep_scan.jsonl", "bench_h200_2026-11-30.jsonl",
-               "bench_h200_2026-11-30b.jsonl", "bench_h200_2026-11-30c.jsonl")
+               "bench_h200_2026-11-30b.jsonl", "bench_h200_2026-11-30c.jsonl",
+               "bench_h200_2026-11-30d.jsonl", "bench_h200_2026-11-30e.jsonl")
 
 
 def kernel_claim_row(results_dir):

@@ -359,6 +359,8 @@ def _factor_precision(prep_dot, acc, interpret):
     return jax.lax.Precision.HIGHEST
   if prep_dot == "tf32x3":
     return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+  if prep_dot == "tf32":
+    return jax.lax.DotAlgorithmPreset.TF32_TF32_F32
   raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {prep_dot!r}")
 
 

@@ -107,7 +107,7 @@ penalty_chunked_grad.defvjp(_fwd, _bwd)
 def _scan_forward(khat, u, A0, config):
   B, H, N, C, dk = khat.shape
   flat = lambda x: x.reshape(B, H, N * C, dk)
-  fprec = _factor_precision(config.prep_dot, khat.dtype, config.interpret)
+  fprec = _factor_precision(config.factor_dot, khat.dtype, config.interpret)
   W, A_T, A_c = _penalty_segments(config, flat(khat), flat(u), A0, fprec, chunk_starts=True)
   return (W.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk),
           _sym(A_c.reshape(B, H, N, dk, dk)))
@@ -151,7 +151,7 @@ def _scan_kernel_bwd(config, res, cts):
   A_s = jnp.concatenate([A_c.reshape(B * H, N, dk, dk), eye], axis=1)
   dA_end = jnp.zeros((B * H, S, dk, dk), acc).at[:, -1].set(
       _sym(dA_T.astype(acc)).reshape(B * H, dk, dk))
-  fprec = _factor_precision(config.prep_dot, acc, config.interpret)
+  fprec = _factor_precision(config.factor_dot, acc, config.interpret)
   warps = scan_warps(config, dk)
   dU, dE, dA_start = penalty_scan_bwd(A_s, rows(khat), rows(u), rows(dW), dA_end,
                                       chunk_size=C, block=config.scan_block,

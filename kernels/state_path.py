@@ -41,7 +41,7 @@ from vla_jax.ops.checks import compute_dtype
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PREPS = ("xla", "kernel", "split", "scan")
-PREP_DOTS = ("tf32x3", "ieee")
+PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
@@ -78,9 +78,14 @@ class KernelConfig:
       split state-path-factor kernel). Gradients are
       the same either way (the backward is the XLA path's; with prep="scan" and
       penalty_grad="chunk" the differentiated forward keeps `penalty_scan.py`, see below).
-    prep_dot: with prep="kernel" or "split" on a GPU, how the factorisation products run:
-      "tf32x3" (three TF32 tensor-core products, about float32 accuracy) or "ieee" (full
-      float32 on CUDA cores).
+    prep_dot: with prep="kernel", "split" or "scan" on a GPU, how the factorisation products
+      run: "tf32x3" (three TF32 tensor-core products, about float32 accuracy), "ieee" (full
+      float32 on CUDA cores), "tf32" (one TF32 product) or "auto" (default: "tf32" with
+      prep="scan" and precision=DEFAULT, i.e. TF32 products everywhere, else "tf32x3";
+      `factor_dot` is the resolved value). H200, H = 16, d = 64, bf16, T = 4096: the penalty
+      kernel 1.26 ms with "tf32" against 1.67 with "tf32x3", unit write directions within
+      7.8e-4 of float64 against 1.3e-6 (kernels/NOTES.md). Float64 and interpret mode always
+      use full precision.
     prep_form: layout of the chunk-prep kernel's in-register matrices: "panels" (A_c one
       [dk, dk] value, C-row matrices as 16-row panels: few, larger products) or "tiles" (all
       16 x 16 tiles: many small products, smaller live values). Same function.
@@ -111,14 +116,15 @@ class KernelConfig:
       penalty_scan_grad`: A recomputed block by block from the carried chunk starts,
       the A-cotangent carried back through the blocks; segment-start inverses differentiated
       in XLA). Same gradients as "chunk". H200, d = 64, T = 4096, doubling solver:
-      forward+backward 16.9 ms ("scan"), 18.8 ("chunk"), 18.7 ("autodiff").
+      forward+backward 16.9 ms ("scan", unrolled block walk; 13.9 with the default loop),
+      18.8 ("chunk"), 18.7 ("autodiff").
     scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan", or "auto" with
-      prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): True
-      (default) unrolls them, the block-start inverses kept as values; False loops over them,
-      each block's start recomputed from the chunk start (more downdates, a smaller program).
-      Same function. Measured offline only (Triton 3.6 + ptxas for sm_90a on a 2-core CPU,
-      kernels/NOTES.md): d = 64, 4 warps, False compiles the kernel in 7 s against 110 s and
-      spills 1208 stack bytes per thread against 2264; its GPU runtime is not measured yet.
+      prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
+      (default) loops over them, each block's start recomputed from the chunk start (more
+      downdates, a smaller program); True unrolls them, the block-start inverses kept as
+      values. Same function. H200, H = 16, d = 64, bf16, T = 4096: forward+backward 13.9 ms
+      with False against 17.0 with True, first call (compilation) 8.9 s against 59 s
+      (kernels/NOTES.md).
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -132,7 +138,7 @@ class KernelConfig:
   refine: bool = True
   solver: str = "doubling"
   prep: str = "scan"
-  prep_dot: str = "tf32x3"
+  prep_dot: str = "auto"
   prep_form: str = "panels"
   split_inverse: str = "auto"
   prep_warps: int = 4
@@ -140,7 +146,7 @@ class KernelConfig:
   scan_prefetch: bool = False
   segment_chunks: int | None = None
   penalty_grad: str = "auto"
-  scan_bwd_unroll: bool = True
+  scan_bwd_unroll: bool = False
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -186,6 +192,15 @@ class KernelConfig:
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
       raise ValueError("precision must be jax.lax.Precision.DEFAULT or HIGHEST; got "
                        f"{self.precision!r}")
+
+  @property
+  def factor_dot(self):
+    """prep_dot with "auto" resolved: "tf32" for prep="scan" at precision=DEFAULT, else
+    "tf32x3"."""
+    if self.prep_dot != "auto":
+      return self.prep_dot
+    return ("tf32" if self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
+            else "tf32x3")
 
   @property
   def penalty_backward(self):

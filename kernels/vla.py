@@ -133,14 +133,14 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   M = _chunk_start_matrices(u_h, A0, C, acc) if config.prep != "scan" else None
   q_h = _head_major(q, T_pad)
   if config.prep == "scan":
-    fprec = _factor_precision(config.prep_dot, acc, config.interpret)
+    fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     Ah, A_T = _penalty_segments(config, khat, u_h, A0.astype(acc), fprec)
     Up, Wp, P = split_prep.state_prep(flat(khat), Ah, flat(q_h), flat(_head_major(v, T_pad)),
                                       chunk_size=C, precision=config.precision,
                                       factor_precision=fprec, num_warps=config.prep_warps,
                                       interpret=config.interpret)
   elif config.prep == "split":
-    fprec = _factor_precision(config.prep_dot, acc, config.interpret)
+    fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     kw = dict(num_warps=config.prep_warps, interpret=config.interpret)
     if config.split_inverse == "kernel" or (config.split_inverse == "auto" and dk <= 64):
       A_c = split_prep.spd_inverse(flat(M), refine=config.refine, factor_precision=fprec, **kw)
@@ -156,7 +156,7 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
     Ah, Up, Wp, P, A_T = chunk_prep(
         flat(M), flat(khat), flat(_head_major(u, T_pad)), flat(q_h),
         flat(_head_major(v, T_pad)), chunk_size=C, precision=config.precision,
-        refine=config.refine, prep_dot=config.prep_dot, form=config.prep_form,
+        refine=config.refine, prep_dot=config.factor_dot, form=config.prep_form,
         num_warps=config.prep_warps, interpret=config.interpret)
   o, S_T, _ = _forward_pass(config, flat(q_h), Ah, Up, Wp, P,
                             S0.astype(acc).reshape(B * H, dv, dk), v.dtype)

@@ -109,7 +109,7 @@ def test_gradients_match_chunked_float64(x64):
 
 def test_bad_prep_options_raise():
   x = jnp.zeros((1, 16, 1, 16))
-  for kw, match in (({"prep": "fused"}, "prep"), ({"prep_dot": "tf32"}, "prep_dot"),
+  for kw, match in (({"prep": "fused"}, "prep"), ({"prep_dot": "fp8"}, "prep_dot"),
                     ({"prep_warps": 3}, "prep_warps"), ({"prep_form": "rows"}, "prep_form")):
     with pytest.raises(ValueError, match=match):
       vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],

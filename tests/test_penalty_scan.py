@@ -11,6 +11,7 @@ import pytest
 from test_chunk_prep import _lower
 from test_kernels import TOL, _inputs, _oracle, _rel, shape_id
 from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
 
 @pytest.mark.parametrize("shape,segment_chunks,block", [
@@ -93,3 +94,35 @@ def test_forward_lowers_for_h200(shape):
   text = _lower(shape, jnp.bfloat16, "tf32x3", grad=False, prep="scan")
   assert text.count("__gpu$xla.gpu.triton") == 3
   assert all(k in text for k in ("vla_penalty_scan", "vla_state_prep", "vla_state_fwd"))
+
+
+def test_auto_factor_dot_resolves_by_precision(monkeypatch):
+  """prep_dot="auto" (the default) gives the penalty kernel one-pass TF32 products at
+  precision=DEFAULT and three-pass (float32-accurate) ones at HIGHEST, in the lowered GPU
+  forward and gradient; other preps keep tf32x3, and explicit values stay."""
+  assert KernelConfig().prep_dot == "auto" and KernelConfig().factor_dot == "tf32"
+  hi = jax.lax.Precision.HIGHEST
+  assert KernelConfig(precision=hi).factor_dot == "tf32x3"
+  assert KernelConfig(prep="split").factor_dot == "tf32x3"
+  assert KernelConfig(prep_dot="ieee").factor_dot == "ieee"
+  import vla_jax.kernels.penalty_scan as ps
+  seen = []
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs["factor_precision"])
+    return penalty_scan(*args, **kwargs)
+
+  monkeypatch.setattr(ps, "penalty_scan", spy)
+  spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.bfloat16)
+  f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+  args = (spec(1, 128, 2, 64), spec(1, 128, 2, 64), spec(1, 128, 2, 64), spec(1, 128, 2, 64),
+          f32(1, 2, 64, 64), f32(1, 2, 64, 64))
+  for precision, want in ((jax.lax.Precision.DEFAULT, jax.lax.DotAlgorithmPreset.TF32_TF32_F32),
+                          (hi, jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3)):
+    cfg = KernelConfig(precision=precision)
+    fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)[0]
+    grad = jax.grad(lambda *a: jnp.sum(fwd(*a).astype(jnp.float32)), argnums=range(4))
+    seen.clear()
+    lower_for_h200(fwd, *args)
+    lower_for_h200(grad, *args)
+    assert seen == [want, want], (precision, seen)

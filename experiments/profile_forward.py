@@ -1,0 +1,152 @@
+"""Where the Pallas forward's time goes, and variants of its penalty scan, on one GPU.
+
+H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T it times,
+with warm-up and medians of `--reps` runs:
+
+  forward           `vla_pallas` at the library's defaults (what a user calls)
+  cudnn             causal softmax attention, `jax.nn.dot_product_attention(implementation=
+                    "cudnn")`, the same run's baseline
+  state_only        the state path alone (`split_prep.state_prep` + the sequential state
+                    kernel) on write directions made outside the timed call
+  penalty(...)      the penalty path alone (`penalty_scan._penalty_segments`: XLA segment-start
+                    inverses + the `penalty_scan` kernel) for each variant of --variants
+  kernel(...)       the `penalty_scan` kernel alone on segment-start inverses made outside
+
+A variant is warps:prep_dot:segments, segments a multiple of the one-wave rule's count
+(`segments_for`; "1" is the library's choice, "0.01" about one segment: A carried through the
+whole sequence, the longest carry and so the largest drift of one-pass TF32 products). Each penalty variant's unit write directions are
+compared with the float64 XLA penalty path (`penalty.penalty_parallel`), worst row error.
+
+    python experiments/profile_forward.py --out DIR [--Ts 4096,32768] [--reps 20]
+        [--variants 4:tf32x3:1,2:tf32x3:2,1:tf32x3:4]
+"""
+
+import argparse
+import json
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from timing import median_seconds
+from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
+from vla_jax.kernels.chunk_prep import _factor_precision
+from vla_jax.kernels.penalty import penalty_parallel
+from vla_jax.kernels.penalty_scan import (_penalty_segments, penalty_scan, scan_warps,
+                                          segment_layout, segment_start_inverses, segments_for)
+from vla_jax.kernels.state_path import _forward_pass
+
+warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+
+H, D, TOKENS = 16, 64, 32768
+DEFAULT_VARIANTS = ("4:tf32x3:1,4:tf32:1,4:ieee:1,4:tf32x3:2,8:tf32x3:1,2:tf32x3:1,"
+                    "2:tf32x3:2,2:tf32:2,1:tf32x3:4,1:tf32:4,1:ieee:4")
+
+
+def make_inputs(B, T, seed=0):
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q, k, v = (jax.random.normal(x, (B, T, H, D), jnp.bfloat16) for x in ks[:3])
+  u = (jax.random.normal(ks[3], (B, T, H, D), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16)
+  return q, k, v, u
+
+
+def ms(fn, args, reps):
+  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=2)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=".")
+  parser.add_argument("--Ts", default="4096,32768")
+  parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--variants", default=DEFAULT_VARIANTS)
+  parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
+  args = parser.parse_args()
+  interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
+  print(jax.devices(), flush=True)
+  rows = []
+
+  def emit(row):
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+
+  for T in [int(t) for t in args.Ts.split(",")]:
+    B = max(1, args.tokens // T)
+    q, k, v, u = make_inputs(B, T)
+    base = KernelConfig(interpret=interpret)
+    C, N = base.chunk_size, T // base.chunk_size
+    A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
+    S0 = jnp.zeros((B, H, D, D), jnp.float32)
+    hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)              # [B, H, T, d]
+    e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
+    u_h = hm(u)
+    flat = lambda x: x.reshape(B * H, *x.shape[2:])
+
+    emit({"T": T, "B": B, "part": "forward", "ms": ms(jax.jit(
+        lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0)[0]), (q, k, v, u), args.reps)})
+    if not interpret:
+      emit({"T": T, "B": B, "part": "cudnn", "ms": ms(jax.jit(
+          lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                       implementation="cudnn")),
+          (q, k, v), args.reps)})
+
+    # Reference write directions: float64 XLA penalty path (parallel over chunks).
+    with jax.enable_x64(True):
+      ch = lambda x: x.astype(jnp.float64).reshape(B, H, N, C, D)
+      W64 = penalty_parallel(ch(e), ch(u_h), A0.astype(jnp.float64), refine=True,
+                             precision=jax.lax.Precision.HIGHEST)[0]
+      W64 = np.array(W64.reshape(B * H, T, D))
+    W64 /= np.linalg.norm(W64, axis=-1, keepdims=True)
+
+    fprec0 = _factor_precision(base.factor_dot, jnp.float32, interpret)
+    Ah, _ = jax.jit(lambda e, u: _penalty_segments(base, e, u, A0, fprec0))(e, u_h)
+    q_f, v_f, e_f = flat(hm(q)), flat(hm(v)), flat(e)
+
+    def state_only(e, Ah, q, v):
+      Up, Wp, P = split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=base.precision,
+                                        factor_precision=fprec0, num_warps=base.prep_warps,
+                                        interpret=interpret)
+      return _forward_pass(base, q, Ah, Up, Wp, P, flat(S0), jnp.bfloat16)[0]
+    emit({"T": T, "B": B, "part": "state_only",
+          "ms": ms(jax.jit(state_only), (e_f, Ah, q_f, v_f), args.reps)})
+
+    one_wave = segments_for(B * H, N)
+    for spec in args.variants.split(","):
+      warps, dot, mult = spec.split(":")
+      seg_chunks = max(1, int(one_wave / float(mult)))   # mult < 1: fewer, longer segments
+      cfg = KernelConfig(prep_warps=int(warps), prep_dot=dot, segment_chunks=seg_chunks,
+                         interpret=interpret)
+      S, L = segment_layout(cfg, B * H, N)
+      label = f"w{warps},{dot},S{S}"
+      row = {"T": T, "B": B, "variant": label, "warps": int(warps), "prep_dot": dot,
+             "segments": S}
+      try:
+        fprec = _factor_precision(dot, jnp.float32, interpret)
+        fn = jax.jit(lambda e, u, cfg=cfg, fprec=fprec: _penalty_segments(cfg, e, u, A0, fprec))
+        row["penalty_ms"] = ms(fn, (e, u_h), args.reps)
+        W = np.asarray(fn(e, u_h)[0], np.float64)
+        row["max_row_err"] = float(np.max(np.linalg.norm(W - W64, axis=-1)))
+        row["mean_row_err"] = float(np.mean(np.linalg.norm(W - W64, axis=-1)))
+        # The kernel alone, on segment-start inverses made outside.
+        A_start = A0[:, :, None]
+        if S > 1:
+          A_start = jnp.concatenate([A_start, segment_start_inverses(u_h, A0, cfg, S, L)], 2)
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T), (0, 0)])
+        kin = jax.block_until_ready((flat(A_start), flat(pad(e)), flat(pad(u_h))))
+        kern = jax.jit(lambda a, e, u, cfg=cfg, fprec=fprec: penalty_scan(
+            a, e, u, block=cfg.scan_block, factor_precision=fprec,
+            num_warps=scan_warps(cfg, D), interpret=interpret))
+        row["kernel_ms"] = ms(kern, kin, args.reps)
+      except Exception as err:  # a variant that fails to compile is a result, not a crash
+        row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+      emit(row)
+
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "profile_forward.json"), "w") as f:
+    json.dump({"device": str(jax.devices()[0]), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
