@@ -572,8 +572,13 @@ def main():
     longest = max(list(vla_long) + list(dn_long))
     verdict = ("DeltaNet's low scores are not reproduced where run" if dn_long and not dn_low
                else "DeltaNet fails at some T, as claimed" if dn_low else "open for DeltaNet")
+    n_seeds = {(m, T): len(c["test"]) for (m, T), c in long_summary.items()
+               if m in ("vla", "deltanet")}
+    fewer = [f"{'VLA' if m == 'vla' else 'DeltaNet'} at T = {T}: {n} seed{'s' * (n > 1)}"
+             for (m, T), n in sorted(n_seeds.items()) if n < 3]
+    seeds = "3 seeds" + (f", except {', '.join(fewer)}" if fewer else "")
     w(f"| n = 8, T up to 512: VLA 1.000, DeltaNet about 0.01 | VLA {seq(vla_long)}; DeltaNet "
-      f"{seq(dn_long)} (3 seeds, section 4) | {verdict}; "
+      f"{seq(dn_long)} ({seeds}; section 4) | {verdict}; "
       + ("T = 512 not run yet" if longest < 512 else "the seed's whole range run") + " |")
   vla32, vla_p1_32 = cap_mean("vla", 32), cap_mean("vla_p1", 32)
   if vla32 is None:
