@@ -144,6 +144,8 @@ def main():
   parser.add_argument("--scan_bwd_unroll", default="1",
                       help="comma list of 0/1: KernelConfig.scan_bwd_unroll (with --grad and "
                            "the reverse penalty kernel)")
+  parser.add_argument("--state_output", default="fused",
+                      help="KernelConfig.state_output (fused, split)")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
   parser.add_argument("--segment_chunks", type=int, default=None,
@@ -171,7 +173,7 @@ def main():
       cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
                          prep_form=args.prep_form, block_v=args.block_v,
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
-                         scan_bwd_unroll=unroll)
+                         scan_bwd_unroll=unroll, state_output=args.state_output)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():
@@ -180,7 +182,8 @@ def main():
         for warps in (int(w) for w in args.warps.split(",")):
           start = time.perf_counter()
           r = resources(ttir, warps,
-                        cfg.num_stages if name in ("vla_state_fwd", "vla_state_bwd") else 1)
+                        cfg.num_stages if name in ("vla_state_fwd", "vla_state_bwd", "vla_state_chain",
+                                           "vla_state_out") else 1)
           cells = [prep] + ([str(int(unroll))] if args.grad else []) + [
               name, warps, r["registers"], r["stack_bytes"], r["spill_stores"],
               r["shared_bytes"], r["ptx_lines"]]

@@ -3,11 +3,13 @@
 H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T it times,
 with warm-up and medians of `--reps` runs:
 
-  forward           `vla_pallas` at the library's defaults (what a user calls)
+  forward           `vla_pallas` at the library's defaults (what a user calls), once per
+                    value of --state_outputs (KernelConfig.state_output)
   cudnn             causal softmax attention, `jax.nn.dot_product_attention(implementation=
                     "cudnn")`, the same run's baseline
   state_only        the state path alone (`split_prep.state_prep` + the sequential state
-                    kernel) on write directions made outside the timed call
+                    kernel, or with state_output="split" the chain and output kernels) on
+                    write directions made outside the timed call
   penalty(...)      the penalty path alone (`penalty_scan._penalty_segments`: XLA segment-start
                     inverses + the `penalty_scan` kernel) for each variant of --variants
   kernel(...)       the `penalty_scan` kernel alone on segment-start inverses made outside
@@ -18,7 +20,7 @@ whole sequence, the longest carry and so the largest drift of one-pass TF32 prod
 compared with the float64 XLA penalty path (`penalty.penalty_parallel`), worst row error.
 
     python experiments/profile_forward.py --out DIR [--Ts 4096,32768] [--reps 20]
-        [--variants 4:tf32x3:1,2:tf32x3:2,1:tf32x3:4]
+        [--variants 4:tf32x3:1,2:tf32x3:2,1:tf32x3:4] [--state_outputs fused,split]
 """
 
 import argparse
@@ -63,6 +65,9 @@ def main():
   parser.add_argument("--reps", type=int, default=20)
   parser.add_argument("--variants", default=DEFAULT_VARIANTS)
   parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
+  parser.add_argument("--state_outputs", default="fused",
+                      help="comma list of KernelConfig.state_output: forward and state_only "
+                           "rows per value")
   args = parser.parse_args()
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
   print(jax.devices(), flush=True)
@@ -84,8 +89,12 @@ def main():
     u_h = hm(u)
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
 
-    emit({"T": T, "B": B, "part": "forward", "ms": ms(jax.jit(
-        lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0)[0]), (q, k, v, u), args.reps)})
+    outs = args.state_outputs.split(",")
+    for out in outs:
+      cfg_out = KernelConfig(state_output=out)
+      emit({"T": T, "B": B, "part": "forward", "state_output": out, "ms": ms(jax.jit(
+          lambda q, k, v, u, c=cfg_out: vla_pallas(q, k, v, u, S0, A0, config=c)[0]),
+          (q, k, v, u), args.reps)})
     if not interpret:
       emit({"T": T, "B": B, "part": "cudnn", "ms": ms(jax.jit(
           lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
@@ -104,13 +113,16 @@ def main():
     Ah, _ = jax.jit(lambda e, u: _penalty_segments(base, e, u, A0, fprec0))(e, u_h)
     q_f, v_f, e_f = flat(hm(q)), flat(hm(v)), flat(e)
 
-    def state_only(e, Ah, q, v):
+    def state_only(e, Ah, q, v, cfg):
       Up, Wp, P = split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=base.precision,
                                         factor_precision=fprec0, num_warps=base.prep_warps,
                                         interpret=interpret)
-      return _forward_pass(base, q, Ah, Up, Wp, P, flat(S0), jnp.bfloat16)[0]
-    emit({"T": T, "B": B, "part": "state_only",
-          "ms": ms(jax.jit(state_only), (e_f, Ah, q_f, v_f), args.reps)})
+      return _forward_pass(cfg, q, Ah, Up, Wp, P, flat(S0), jnp.bfloat16)[0]
+    for out in outs:
+      cfg_out = KernelConfig(state_output=out, interpret=interpret)
+      emit({"T": T, "B": B, "part": "state_only", "state_output": out,
+            "ms": ms(jax.jit(lambda *a, c=cfg_out: state_only(*a, c)), (e_f, Ah, q_f, v_f),
+                     args.reps)})
 
     one_wave = segments_for(B * H, N)
     for spec in args.variants.split(","):

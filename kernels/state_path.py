@@ -45,6 +45,7 @@ PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
+STATE_OUTPUTS = ("fused", "split")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -125,6 +126,12 @@ class KernelConfig:
       values. Same function. H200, H = 16, d = 64, bf16, T = 4096: forward+backward 13.9 ms
       with False against 17.0 with True, first call (compilation) 8.9 s against 59 s
       (kernels/NOTES.md).
+    state_output: how the state path's forward computes the outputs: "fused" (default: in
+      the sequential chunk loop, `vla_state_fwd`) or "split" (the loop keeps only the state
+      chain R = U' - W' S^T, S <- S + R^T Ahat and writes every chunk-start state
+      (`vla_state_chain`); a second kernel, parallel over (batch * head, chunk), computes
+      O = Q S_c^T + P R (`vla_state_out`), as flash-linear-attention splits its delta rule).
+      Same function. Not yet timed on a GPU (kernels/NOTES.md has the prediction).
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -147,6 +154,7 @@ class KernelConfig:
   segment_chunks: int | None = None
   penalty_grad: str = "auto"
   scan_bwd_unroll: bool = False
+  state_output: str = "fused"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -185,6 +193,8 @@ class KernelConfig:
     if self.penalty_backward == "scan" and self.prep != "scan":
       raise ValueError(f'penalty_grad="scan" needs prep="scan" (it differentiates the '
                        f'penalty_scan kernel); got prep={self.prep!r}')
+    if self.state_output not in STATE_OUTPUTS:
+      raise ValueError(f"state_output must be one of {STATE_OUTPUTS}; got {self.state_output!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:
@@ -278,6 +288,32 @@ def _fwd_kernel(q_ref, w_ref, up_ref, wp_ref, p_ref, s0_ref,   # inputs
   st_ref[...] = S.astype(st_ref.dtype)
 
 
+def _chain_kernel(w_ref, up_ref, wp_ref, s0_ref,              # inputs
+                  st_ref, sc_ref,                               # outputs
+                  *, C, N, precision, acc):
+  # The state chain alone (state_output="split"); refs as in _fwd_kernel.
+  dot = functools.partial(_mm, precision=precision)
+
+  def body(n, S):                                        # S: [BV, dk] in `acc`
+    rows = pl.ds(pl.multiple_of(n * C, C), C)
+    sc_ref[n, :, :] = S.astype(sc_ref.dtype)
+    R = up_ref[rows, :].astype(acc) - dot(wp_ref[rows, :].astype(acc), S, trans_b=True)
+    return S + dot(R, w_ref[rows, :].astype(acc), trans_a=True)
+
+  S = jax.lax.fori_loop(0, N, body, s0_ref[...].astype(acc))
+  st_ref[...] = S.astype(st_ref.dtype)
+
+
+def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, o_ref, *, precision, acc):
+  # One (batch*head, chunk): q_ref, wp_ref: [C, dk]; up_ref, o_ref: [C, dv]; p_ref: [C, C];
+  # sc_ref: [dv, dk] the chunk-start state.
+  dot = functools.partial(_mm, precision=precision)
+  S = sc_ref[...].astype(acc)
+  R = up_ref[...].astype(acc) - dot(wp_ref[...].astype(acc), S, trans_b=True)
+  O = dot(q_ref[...].astype(acc), S, trans_b=True) + dot(p_ref[...].astype(acc), R)
+  o_ref[...] = O.astype(o_ref.dtype)
+
+
 def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref,  # inputs
                 dsn_ref, ds0_ref,                               # outputs
                 *, C, N, precision, acc):
@@ -309,7 +345,11 @@ def _params(cfg):
 def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype):
   """Sequential pass. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
   S0: [BH, dv, dk]. Returns O [BH, N*C, dv] (out_dtype), S_T [BH, dv, dk] and the
-  chunk-start states [BH, N, dv, dk] (accumulation dtype)."""
+  chunk-start states [BH, N, dv, dk] (accumulation dtype). cfg.state_output="split" runs the
+  state chain and the outputs as two kernels (`_state_chain`, `_state_outputs`)."""
+  if cfg.state_output == "split":
+    S_T, S_c = _state_chain(cfg, w, Up, Wp, S0)
+    return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype), S_T, S_c
   BH, NC, dk = q.shape
   dv, C = Up.shape[-1], cfg.chunk_size
   N, BV, acc = NC // C, cfg.value_block(dv), Up.dtype
@@ -330,6 +370,47 @@ def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype):
       interpret=cfg.interpret,
       name="vla_state_fwd",
   )(q, w, Up, Wp, P, S0)
+
+
+def _state_chain(cfg, w, Up, Wp, S0):
+  """The state chain alone: S_T [BH, dv, dk] and the chunk-start states [BH, N, dv, dk]
+  (grid (B * H, dv / BV), a loop over chunks)."""
+  BH, NC, dk = w.shape
+  dv, C = Up.shape[-1], cfg.chunk_size
+  N, BV, acc = NC // C, cfg.value_block(dv), Up.dtype
+  k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
+  s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
+  return pl.pallas_call(
+      functools.partial(_chain_kernel, C=C, N=N, precision=cfg.precision, acc=acc),
+      grid=(BH, dv // BV),
+      in_specs=[k_spec, pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j)), k_spec, s_spec],
+      out_specs=[s_spec, pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))],
+      out_shape=[jax.ShapeDtypeStruct((BH, dv, dk), acc),
+                 jax.ShapeDtypeStruct((BH, N, dv, dk), acc)],
+      compiler_params=_params(cfg),
+      interpret=cfg.interpret,
+      name="vla_state_chain",
+  )(w, Up, Wp, S0)
+
+
+def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype):
+  """O [BH, N*C, dv] from the chunk-start states, one program per (batch * head, chunk):
+  R = U' - W' S_c^T, O = Q S_c^T + P R."""
+  BH, NC, dk = q.shape
+  dv, C = Up.shape[-1], cfg.chunk_size
+  N, acc = NC // C, Up.dtype
+  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  return pl.pallas_call(
+      functools.partial(_out_kernel, precision=cfg.precision, acc=acc),
+      grid=(BH, N),
+      in_specs=[rows(dk), rows(dv), rows(dk), rows(C),
+                pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0))],
+      out_specs=rows(dv),
+      out_shape=jax.ShapeDtypeStruct((BH, NC, dv), out_dtype),
+      compiler_params=_params(cfg),
+      interpret=cfg.interpret,
+      name="vla_state_out",
+  )(q, Up, Wp, P, S_c)
 
 
 def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):

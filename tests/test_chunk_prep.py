@@ -116,9 +116,9 @@ def test_bad_prep_options_raise():
                  config=KernelConfig(chunk_size=16, **kw))
 
 
-def _lower(shape, dtype, prep_dot, grad, form="panels", prep="kernel"):
+def _lower(shape, dtype, prep_dot, grad, form="panels", prep="kernel", **kw):
   B, T, H, dk, dv, C = shape
-  cfg = KernelConfig(chunk_size=C, prep=prep, prep_dot=prep_dot, prep_form=form)
+  cfg = KernelConfig(chunk_size=C, prep=prep, prep_dot=prep_dot, prep_form=form, **kw)
   fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
   fn = jax.grad(lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a)),
                 argnums=range(4)) if grad else fwd

@@ -1,0 +1,44 @@
+"""KernelConfig(state_output="split"): the state path's forward as a sequential state-chain
+kernel plus a parallel output kernel. Same function as the fused loop (interpret mode, float64,
+forward and gradients), and it lowers for an abstract NVIDIA H200."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from test_chunk_prep import _lower
+from test_kernels import TOL, _assert_grads_match_scan, _config, _inputs, _oracle, _rel
+from vla_jax.kernels import KernelConfig, vla_pallas
+
+
+@pytest.mark.parametrize("B,T,H,dk,dv,C", [(2, 37, 2, 16, 32, 16), (1, 100, 1, 32, 16, 32)])
+def test_split_forward_matches_oracle_and_fused_float64(x64, B, T, H, dk, dv, C):
+  """T not a multiple of C (zero-key padding); dv = 32 with block_v 16: two value blocks in
+  the chain kernel, whole rows in the output kernel."""
+  args = _inputs(40 + T, B, T, H, dk, dv)
+  run = lambda out: jax.jit(lambda *a: vla_pallas(
+      *a, config=_config(C, state_output=out), interpret=True))(*map(jnp.asarray, args))
+  split, fused = run("split"), run("fused")
+  for name, g, w, f in zip("oSA", split, _oracle(*args), fused):
+    assert _rel(g, w) < TOL[np.float64], (name, _rel(g, w))
+    np.testing.assert_allclose(g, f, rtol=1e-12, atol=1e-13)
+
+
+def test_split_gradients_match_scan_float64(x64):
+  _assert_grads_match_scan(_config(16, state_output="split"), 40, seed=41, dv=32)
+
+
+def test_split_lowers_for_h200():
+  cfg = dict(state_output="split")
+  shape = (1, 100, 2, 64, 64, 64)
+  text = _lower(shape, jnp.bfloat16, "auto", grad=False, prep="scan", **cfg)
+  assert text.count("__gpu$xla.gpu.triton") == 4
+  assert "vla_state_chain" in text and "vla_state_out" in text and "vla_state_fwd" not in text
+  text = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan", **cfg)
+  assert "vla_state_chain" in text and "vla_state_bwd" in text
+
+
+def test_bad_state_output_raises():
+  with pytest.raises(ValueError, match="state_output"):
+    KernelConfig(state_output="fast").validate(64, 64)
