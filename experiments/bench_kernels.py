@@ -13,6 +13,7 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
         [--block_v 64] [--chunk 64] [--reps 20] [--prep xla,kernel] [--prep_dot tf32x3,ieee]
         [--prep_form panels,tiles] [--prep_warps 1,2,4] [--solver triangular_solve,doubling]
         [--penalty_grad auto,autodiff,chunk,scan] [--scan_bwd_unroll 1,0] [--breakdown]
+        [--state_split fused,split]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
 rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels,
@@ -197,6 +198,9 @@ def main():
                       help="comma list of 0/1: KernelConfig.scan_bwd_unroll, pallas rows whose "
                            "penalty backward is the reverse kernel (penalty_grad scan, or auto "
                            "with prep scan)")
+  parser.add_argument("--state_split", default="fused",
+                      help="comma list of fused/split: KernelConfig.state_output and state_bwd "
+                           "of the pallas rows (one row per value, labelled state=)")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -247,6 +251,12 @@ def main():
             [(f"{v[0][:-1]},bwd_unroll={int(ur)})", v[1], {**v[2], "scan_bwd_unroll": ur})
              for ur in unrolls]
             if v[1] == "pallas" and KernelConfig(**v[2]).penalty_backward == "scan" else [v])]
+        splits = args.state_split.split(",")
+        if splits != ["fused"]:
+          variants = [w for v in variants for w in (
+              [(f"{v[0][:-1]},state={sp})", v[1],
+                {**v[2], "state_output": sp, "state_bwd": sp}) for sp in splits]
+              if v[1] == "pallas" else [v])]
         if args.breakdown:
           bv0 = int(args.block_v.split(",")[0])
           # The XLA penalty path and the state path alone, forward and forward+backward

@@ -141,11 +141,13 @@ def main():
   parser.add_argument("--chunk", type=int, default=64)
   parser.add_argument("--grad", action="store_true",
                       help="lower jax.grad (q, k, v, u) of vla_pallas: backward kernels too")
-  parser.add_argument("--scan_bwd_unroll", default="1",
+  parser.add_argument("--scan_bwd_unroll", default="0",
                       help="comma list of 0/1: KernelConfig.scan_bwd_unroll (with --grad and "
                            "the reverse penalty kernel)")
   parser.add_argument("--state_output", default="fused",
                       help="KernelConfig.state_output (fused, split)")
+  parser.add_argument("--state_bwd", default="fused",
+                      help="KernelConfig.state_bwd (fused, split; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
   parser.add_argument("--segment_chunks", type=int, default=None,
@@ -173,7 +175,8 @@ def main():
       cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
                          prep_form=args.prep_form, block_v=args.block_v,
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
-                         scan_bwd_unroll=unroll, state_output=args.state_output)
+                         scan_bwd_unroll=unroll, state_output=args.state_output,
+                         state_bwd=args.state_bwd)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():
@@ -182,8 +185,8 @@ def main():
         for warps in (int(w) for w in args.warps.split(",")):
           start = time.perf_counter()
           r = resources(ttir, warps,
-                        cfg.num_stages if name in ("vla_state_fwd", "vla_state_bwd", "vla_state_chain",
-                                           "vla_state_out") else 1)
+                        cfg.num_stages if name.startswith("vla_state_") and name != "vla_state_prep"
+                        else 1)
           cells = [prep] + ([str(int(unroll))] if args.grad else []) + [
               name, warps, r["registers"], r["stack_bytes"], r["spill_stores"],
               r["shared_bytes"], r["ptx_lines"]]

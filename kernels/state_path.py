@@ -46,6 +46,7 @@ PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
 STATE_OUTPUTS = ("fused", "split")
+STATE_BWDS = ("fused", "split")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -132,6 +133,11 @@ class KernelConfig:
       (`vla_state_chain`); a second kernel, parallel over (batch * head, chunk), computes
       O = Q S_c^T + P R (`vla_state_out`), as flash-linear-attention splits its delta rule).
       Same function. Not yet timed on a GPU (kernels/NOTES.md has the prediction).
+    state_bwd: how the state path's reverse pass runs: "fused" (default: one sequential loop
+      over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
+      (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
+      `vla_state_bwd_terms`; then a loop with the chain dS <- dS - (dS Ahat^T) W' + G_n alone,
+      `vla_state_bwd_chain`). Same function. Not yet timed on a GPU.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -155,6 +161,7 @@ class KernelConfig:
   penalty_grad: str = "auto"
   scan_bwd_unroll: bool = False
   state_output: str = "fused"
+  state_bwd: str = "fused"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -195,6 +202,8 @@ class KernelConfig:
                        f'penalty_scan kernel); got prep={self.prep!r}')
     if self.state_output not in STATE_OUTPUTS:
       raise ValueError(f"state_output must be one of {STATE_OUTPUTS}; got {self.state_output!r}")
+    if self.state_bwd not in STATE_BWDS:
+      raise ValueError(f"state_bwd must be one of {STATE_BWDS}; got {self.state_bwd!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.prep_dot not in PREP_DOTS:
@@ -338,6 +347,32 @@ def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref,  # inputs
   ds0_ref[...] = dS.astype(ds0_ref.dtype)
 
 
+def _bwd_terms_kernel(do_ref, q_ref, wp_ref, p_ref, g_ref, *, precision, acc):
+  # One (batch*head, chunk): do_ref: [C, dv]; q_ref, wp_ref: [C, dk]; p_ref: [C, C];
+  # g_ref: [dv, dk] the chunk's term dO^T (Q - P W').
+  dot = functools.partial(_mm, precision=precision)
+  X = q_ref[...].astype(acc) - dot(p_ref[...].astype(acc), wp_ref[...].astype(acc))
+  g_ref[...] = dot(do_ref[...].astype(acc), X, trans_a=True).astype(g_ref.dtype)
+
+
+def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref,           # inputs
+                      dsn_ref, ds0_ref,                         # outputs
+                      *, C, N, precision, acc):
+  # Refs: w_ref, wp_ref: [N*C, dk]; g_ref, dsn_ref: [N, BV, dk]; dst_ref, ds0_ref: [BV, dk].
+  dot = functools.partial(_mm, precision=precision)
+
+  def body(i, dS):
+    n = N - 1 - i
+    rows = pl.ds(pl.multiple_of(n * C, C), C)
+    dsn_ref[n, :, :] = dS.astype(dsn_ref.dtype)
+    dS = dS - dot(dot(dS, w_ref[rows, :].astype(acc), trans_b=True),
+                  wp_ref[rows, :].astype(acc))
+    return dS + g_ref[n, :, :].astype(acc)
+
+  dS = jax.lax.fori_loop(0, N, body, dst_ref[...].astype(acc))
+  ds0_ref[...] = dS.astype(ds0_ref.dtype)
+
+
 def _params(cfg):
   return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -415,7 +450,10 @@ def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype):
 
 def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):
   """Reverse pass. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
-  dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk]."""
+  dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk].
+  cfg.state_bwd="split": the per-chunk terms in a parallel kernel, then the chain alone."""
+  if cfg.state_bwd == "split":
+    return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P), dS_T)
   BH, NC, dk = q.shape
   dv, C = dO.shape[-1], cfg.chunk_size
   N, BV, acc = NC // C, cfg.value_block(dv), Wp.dtype
@@ -434,6 +472,45 @@ def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):
       interpret=cfg.interpret,
       name="vla_state_bwd",
   )(dO, q, w, Wp, P, dS_T)
+
+
+def _backward_terms(cfg, dO, q, Wp, P):
+  """G [BH, N, dv, dk], G_n = dO_n^T (Q_n - P_n W'_n): one program per (batch * head, chunk)."""
+  BH, NC, dk = q.shape
+  dv, C = dO.shape[-1], cfg.chunk_size
+  N, acc = NC // C, Wp.dtype
+  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  return pl.pallas_call(
+      functools.partial(_bwd_terms_kernel, precision=cfg.precision, acc=acc),
+      grid=(BH, N),
+      in_specs=[rows(dv), rows(dk), rows(dk), rows(C)],
+      out_specs=pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
+      compiler_params=_params(cfg),
+      interpret=cfg.interpret,
+      name="vla_state_bwd_terms",
+  )(dO, q, Wp, P)
+
+
+def _backward_chain(cfg, w, Wp, G, dS_T):
+  """The reverse chain alone: dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk]."""
+  BH, NC, dk = w.shape
+  N, dv = G.shape[1], G.shape[2]
+  C, BV, acc = cfg.chunk_size, cfg.value_block(dv), Wp.dtype
+  k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
+  n_spec = pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))
+  s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
+  return pl.pallas_call(
+      functools.partial(_bwd_chain_kernel, C=C, N=N, precision=cfg.precision, acc=acc),
+      grid=(BH, dv // BV),
+      in_specs=[k_spec, k_spec, n_spec, s_spec],
+      out_specs=[n_spec, s_spec],
+      out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
+                 jax.ShapeDtypeStruct((BH, dv, dk), acc)],
+      compiler_params=_params(cfg),
+      interpret=cfg.interpret,
+      name="vla_state_bwd_chain",
+  )(w, Wp, G, dS_T)
 
 
 # ----------------------------------------------------------------------------- custom_vjp

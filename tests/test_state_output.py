@@ -1,6 +1,7 @@
-"""KernelConfig(state_output="split"): the state path's forward as a sequential state-chain
-kernel plus a parallel output kernel. Same function as the fused loop (interpret mode, float64,
-forward and gradients), and it lowers for an abstract NVIDIA H200."""
+"""KernelConfig(state_output="split") and (state_bwd="split"): the state path's forward as a
+sequential state-chain kernel plus a parallel output kernel, and its reverse pass as a parallel
+per-chunk-term kernel plus the reverse chain. Same function as the fused loops (interpret mode,
+float64, forward and gradients), and they lower for an abstract NVIDIA H200."""
 
 import jax
 import jax.numpy as jnp
@@ -42,3 +43,19 @@ def test_split_lowers_for_h200():
 def test_bad_state_output_raises():
   with pytest.raises(ValueError, match="state_output"):
     KernelConfig(state_output="fast").validate(64, 64)
+  with pytest.raises(ValueError, match="state_bwd"):
+    KernelConfig(state_bwd="fast").validate(64, 64)
+
+
+def test_split_backward_gradients_match_scan_float64(x64):
+  """KernelConfig(state_bwd="split"): per-chunk terms in a parallel kernel, then the reverse
+  chain alone; gradients equal impl="scan"'s (and with the split forward too)."""
+  _assert_grads_match_scan(_config(16, state_bwd="split"), 40, seed=42, dv=32)
+  _assert_grads_match_scan(_config(32, state_bwd="split", state_output="split"), 75, seed=43)
+
+
+def test_split_backward_lowers_for_h200():
+  text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
+                state_bwd="split")
+  assert "vla_state_bwd_terms" in text and "vla_state_bwd_chain" in text
+  assert 'vla_state_bwd"' not in text
