@@ -1,0 +1,115 @@
+"""Where the Pallas forward + backward's time goes, on one GPU.
+
+H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
+value of --state_split (KernelConfig.state_output and state_bwd together) it times, with
+warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
+gradient of sum(out * c), c a random cotangent):
+
+  vla            `vla_pallas` at the library's defaults (q, k, v, u)
+  penalty        the penalty path as the differentiated call runs it
+                 (`penalty_grad.penalty_scan_grad`: the `penalty_scan` kernel forward, the
+                 reverse kernel and the XLA segment-start VJP backward), on unit keys and u
+  state          the state path (`state_path`: XLA chunk factors, the sequential kernel(s),
+                 the reverse kernel(s) and the XLA chunk-local VJPs), on write directions
+                 made outside the timed call
+  state_reverse  the state path's reverse pass alone (`state_path._backward_pass`)
+
+What the parts leave out of `vla`'s time is glue (layout changes, unit keys, normalising the
+write directions).
+
+    python experiments/profile_backward.py --out DIR [--Ts 4096,32768] [--reps 20]
+        [--state_split fused,split]
+"""
+
+import argparse
+import json
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from timing import median_seconds
+from vla_jax.kernels import KernelConfig, state_path, vla_pallas
+from vla_jax.kernels.penalty_grad import penalty_scan_grad
+from vla_jax.kernels.state_path import _backward_pass, _prepare
+
+warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+
+H, D, TOKENS = 16, 64, 32768
+
+
+def ms(fn, args, reps):
+  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=2)
+
+
+def fwd_and_grad(fn, n_args, cotangents):
+  """(jit(fn), jit(grad of sum(out_i * c_i) w.r.t. the first n_args arguments))."""
+  def loss(*a):
+    return sum(jnp.sum(o.astype(jnp.float32) * c) for o, c in zip(fn(*a), cotangents))
+  return jax.jit(fn), jax.jit(jax.grad(loss, argnums=range(n_args)))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=".")
+  parser.add_argument("--Ts", default="4096,32768")
+  parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--state_split", default="fused,split")
+  parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
+  args = parser.parse_args()
+  interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
+  print(jax.devices(), flush=True)
+  rows = []
+
+  def emit(row):
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+
+  for T in [int(t) for t in args.Ts.split(",")]:
+    B = max(1, args.tokens // T)
+    ks = jax.random.split(jax.random.PRNGKey(T), 8)
+    q, k, v = (jax.random.normal(x, (B, T, H, D), jnp.bfloat16) for x in ks[:3])
+    u = (jax.random.normal(ks[3], (B, T, H, D), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16)
+    A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
+    S0 = jnp.zeros((B, H, D, D), jnp.float32)
+    hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)              # [B, H, T, d]
+    e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
+    flat = lambda x: x.reshape(B * H, *x.shape[2:])
+    for split in args.state_split.split(","):
+      cfg = KernelConfig(state_output=split, state_bwd=split, interpret=interpret)
+      C, N = cfg.chunk_size, T // cfg.chunk_size
+      parts = {}
+      c_o = jax.random.normal(ks[4], (B, T, H, D), jnp.float32)
+      parts["vla"] = (lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg)[:1],
+                      (q, k, v, u), (c_o,))
+      ch = lambda x: x.reshape(B, H, N, C, D)
+      c_w = jax.random.normal(ks[5], (B, H, N, C, D), jnp.float32)
+      parts["penalty"] = (lambda e, u: penalty_scan_grad(e, u, A0, cfg)[:1],
+                          (ch(e), ch(hm(u))), (c_w,))
+      w = e[:, :, ::-1]                                   # unit rows, another order than e
+      c_s = jax.random.normal(ks[6], (B * H, T, D), jnp.float32)
+      parts["state"] = (lambda q, e, w, v: state_path(q, e, w, v, flat(S0), config=cfg)[:1],
+                        (flat(hm(q)), flat(e), flat(w), flat(hm(v))), (c_s,))
+      for name, (fn, xs, cts) in parts.items():
+        fwd, grad = fwd_and_grad(fn, len(xs), cts)
+        xs = jax.block_until_ready(xs)
+        emit({"T": T, "B": B, "state_split": split, "part": name,
+              "fwd_ms": ms(fwd, xs, args.reps), "fwd_bwd_ms": ms(grad, xs, args.reps)})
+      # The state path's reverse pass alone, on the factors of the same inputs.
+      q_f, e_f, w_f, v_f = (flat(hm(q)), flat(e), flat(w), flat(hm(v)))
+      Up, Wp, P = jax.jit(lambda *a: _prepare(cfg, *a))(q_f, e_f, w_f, v_f)
+      dO = jax.random.normal(ks[7], (B * H, T, D), jnp.float32)
+      rev = jax.jit(lambda dO, q, w, Wp, P: _backward_pass(cfg, dO, q, w, Wp, P,
+                                                           jnp.zeros_like(flat(S0))))
+      emit({"T": T, "B": B, "state_split": split, "part": "state_reverse",
+            "ms": ms(rev, jax.block_until_ready((dO, q_f, w_f, Wp, P)), args.reps)})
+
+  os.makedirs(args.out, exist_ok=True)
+  with open(os.path.join(args.out, "profile_backward.json"), "w") as f:
+    json.dump({"device": str(jax.devices()[0]), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
