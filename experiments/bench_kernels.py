@@ -194,7 +194,7 @@ def main():
   parser.add_argument("--penalty_grad", default="auto",
                       help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, "
                            "scan): pallas rows")
-  parser.add_argument("--scan_bwd_unroll", default="1",
+  parser.add_argument("--scan_bwd_unroll", default="0",
                       help="comma list of 0/1: KernelConfig.scan_bwd_unroll, pallas rows whose "
                            "penalty backward is the reverse kernel (penalty_grad scan, or auto "
                            "with prep scan)")

@@ -107,7 +107,8 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     block: tokens per Sherman-Morrison block b (16, 32 or 64; L must be a multiple).
     prefetch: load block j + 1's rows before block j's products (same result; measured
       within noise on an H200, so off by default).
-    factor_precision: precision of the products (tf32x3 / ieee on GPUs, HIGHEST otherwise).
+    factor_precision: precision of the products (tf32, tf32x3 or ieee on GPUs, HIGHEST
+      otherwise).
     chunk_size: None, or C (a multiple of `block` dividing L): also return the carried inverse
       at every chunk start (the residuals of `penalty_grad.penalty_scan_grad`).
     normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t.

@@ -130,12 +130,14 @@ def penalty_scan_bwd(A_c, e, u, dW, dA_end, *, chunk_size, block=16, unroll=True
       last segment when the segment starts come from elsewhere).
     chunk_size: C (a multiple of `block` dividing the segment length L).
     block: tokens per Sherman-Morrison block b (16, 32 or 64).
-    unroll: True (default): per chunk, the C / b - 1 downdates to the block starts run once
+    unroll: True (the function's default; `KernelConfig.scan_bwd_unroll` defaults to False,
+      measured faster on an H200): per chunk, the C / b - 1 downdates to the block starts run once
       and the block starts stay live as values, the chunk's blocks unrolled. False: the
       blocks in a loop, each block's start recomputed from the chunk start (C / b (C / b - 1)
       / 2 downdates a chunk instead of C / b - 1; a smaller program, fewer live values).
       `KernelConfig.scan_bwd_unroll` sets it in `vla_pallas`'s gradient.
-    factor_precision: precision of the products (tf32x3 / ieee on GPUs, HIGHEST otherwise).
+    factor_precision: precision of the products (tf32, tf32x3 or ieee on GPUs, HIGHEST
+      otherwise).
 
   Returns:
     (dU [BH, S * L, dk], dE [BH, S * L, dk], dA_start [BH, S, dk, dk] cotangent of every
