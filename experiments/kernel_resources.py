@@ -148,6 +148,8 @@ def main():
                       help="KernelConfig.state_output (fused, split)")
   parser.add_argument("--state_bwd", default="fused",
                       help="KernelConfig.state_bwd (fused, split; with --grad)")
+  parser.add_argument("--state_local_vjp", default="xla",
+                      help="KernelConfig.state_local_vjp (xla, kernel; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
   parser.add_argument("--segment_chunks", type=int, default=None,
@@ -176,7 +178,7 @@ def main():
                          prep_form=args.prep_form, block_v=args.block_v,
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
                          scan_bwd_unroll=unroll, state_output=args.state_output,
-                         state_bwd=args.state_bwd)
+                         state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():
@@ -185,8 +187,8 @@ def main():
         for warps in (int(w) for w in args.warps.split(",")):
           start = time.perf_counter()
           r = resources(ttir, warps,
-                        cfg.num_stages if name.startswith("vla_state_") and name != "vla_state_prep"
-                        else 1)
+                        cfg.num_stages if name.startswith("vla_state_")
+                        and name not in ("vla_state_prep", "vla_state_local_vjp") else 1)
           cells = [prep] + ([str(int(unroll))] if args.grad else []) + [
               name, warps, r["registers"], r["stack_bytes"], r["spill_stores"],
               r["shared_bytes"], r["ptx_lines"]]

@@ -1,7 +1,8 @@
 """Where the Pallas forward + backward's time goes, on one GPU.
 
 H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
-value of --state_split (KernelConfig.state_output and state_bwd together) it times, with
+variant of --variants (split:local, split = KernelConfig.state_output and state_bwd together,
+"fused" or "split"; local = KernelConfig.state_local_vjp, "xla" or "kernel") it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
 gradient of sum(out * c), c a random cotangent):
 
@@ -18,7 +19,7 @@ What the parts leave out of `vla`'s time is glue (layout changes, unit keys, nor
 write directions).
 
     python experiments/profile_backward.py --out DIR [--Ts 4096,32768] [--reps 20]
-        [--state_split fused,split]
+        [--variants fused:xla,split:xla,split:kernel]
 """
 
 import argparse
@@ -56,7 +57,7 @@ def main():
   parser.add_argument("--out", default=".")
   parser.add_argument("--Ts", default="4096,32768")
   parser.add_argument("--reps", type=int, default=20)
-  parser.add_argument("--state_split", default="fused,split")
+  parser.add_argument("--variants", default="fused:xla,split:xla,split:kernel")
   parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
   args = parser.parse_args()
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
@@ -77,8 +78,10 @@ def main():
     hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)              # [B, H, T, d]
     e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
-    for split in args.state_split.split(","):
-      cfg = KernelConfig(state_output=split, state_bwd=split, interpret=interpret)
+    for variant in args.variants.split(","):
+      split, local = variant.split(":")
+      cfg = KernelConfig(state_output=split, state_bwd=split, state_local_vjp=local,
+                         interpret=interpret)
       C, N = cfg.chunk_size, T // cfg.chunk_size
       parts = {}
       c_o = jax.random.normal(ks[4], (B, T, H, D), jnp.float32)
@@ -95,7 +98,7 @@ def main():
       for name, (fn, xs, cts) in parts.items():
         fwd, grad = fwd_and_grad(fn, len(xs), cts)
         xs = jax.block_until_ready(xs)
-        emit({"T": T, "B": B, "state_split": split, "part": name,
+        emit({"T": T, "B": B, "variant": variant, "part": name,
               "fwd_ms": ms(fwd, xs, args.reps), "fwd_bwd_ms": ms(grad, xs, args.reps)})
       # The state path's reverse pass alone, on the factors of the same inputs.
       q_f, e_f, w_f, v_f = (flat(hm(q)), flat(e), flat(w), flat(hm(v)))
@@ -103,7 +106,7 @@ def main():
       dO = jax.random.normal(ks[7], (B * H, T, D), jnp.float32)
       rev = jax.jit(lambda dO, q, w, Wp, P: _backward_pass(cfg, dO, q, w, Wp, P,
                                                            jnp.zeros_like(flat(S0))))
-      emit({"T": T, "B": B, "state_split": split, "part": "state_reverse",
+      emit({"T": T, "B": B, "variant": variant, "part": "state_reverse",
             "ms": ms(rev, jax.block_until_ready((dO, q_f, w_f, Wp, P)), args.reps)})
 
   os.makedirs(args.out, exist_ok=True)

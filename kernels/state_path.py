@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from vla_jax.kernels.state_grad import chunk_local_vjp
 from vla_jax.kernels.triangular import SOLVERS, tri_inverse, tril_inverse_products
 from vla_jax.ops.checks import compute_dtype
 
@@ -47,6 +48,7 @@ SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
 STATE_OUTPUTS = ("fused", "split")
 STATE_BWDS = ("fused", "split")
+STATE_LOCAL_VJPS = ("xla", "kernel")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -138,6 +140,13 @@ class KernelConfig:
       (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
       `vla_state_bwd_terms`; then a loop with the chain dS <- dS - (dS Ahat^T) W' + G_n alone,
       `vla_state_bwd_chain`). Same function. Not yet timed on a GPU.
+    state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
+      e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
+      "xla" (default: `jax.vmap` of `jax.vjp` of `_chunk_map`) or "kernel" (one Pallas
+      program per (batch * head, chunk), the VJP written out: `state_grad.py`). Same function.
+      dk, dv <= 64 only (ptxas, sm_90a: 192 KB of shared memory and 216 stack bytes per
+      thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's 227 KB). Not yet timed on a
+      GPU.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -162,6 +171,7 @@ class KernelConfig:
   scan_bwd_unroll: bool = False
   state_output: str = "fused"
   state_bwd: str = "fused"
+  state_local_vjp: str = "xla"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -202,6 +212,12 @@ class KernelConfig:
                        f'penalty_scan kernel); got prep={self.prep!r}')
     if self.state_output not in STATE_OUTPUTS:
       raise ValueError(f"state_output must be one of {STATE_OUTPUTS}; got {self.state_output!r}")
+    if self.state_local_vjp not in STATE_LOCAL_VJPS:
+      raise ValueError(f"state_local_vjp must be one of {STATE_LOCAL_VJPS}; got "
+                       f"{self.state_local_vjp!r}")
+    if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
+      raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
+                       f"program needs ~480 KB of shared memory); got dk={dk}, dv={dv}")
     if self.state_bwd not in STATE_BWDS:
       raise ValueError(f"state_bwd must be one of {STATE_BWDS}; got {self.state_bwd!r}")
     if self.prep_warps not in (1, 2, 4, 8):
@@ -551,6 +567,12 @@ def _state_path_bwd(cfg, res, cts):
   dO, dS_T = cts
   acc, C = Wp.dtype, cfg.chunk_size
   dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc))
+  if cfg.state_local_vjp == "kernel":
+    grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C,
+                            precision=cfg.precision, num_warps=8,   # fewer spills than 4
+                            interpret=cfg.interpret)
+    dq, de, dw, dv = (g.astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
+    return dq, de, dw, dv, dS0.astype(S0.dtype)
 
   # Chunk-local cotangents, all chunks at once: flatten (BH, N) into one batch axis.
   BH, N = S_c.shape[:2]

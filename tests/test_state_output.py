@@ -45,6 +45,8 @@ def test_bad_state_output_raises():
     KernelConfig(state_output="fast").validate(64, 64)
   with pytest.raises(ValueError, match="state_bwd"):
     KernelConfig(state_bwd="fast").validate(64, 64)
+  with pytest.raises(ValueError, match="state_local_vjp"):
+    KernelConfig(state_local_vjp="fast").validate(64, 64)
 
 
 def test_split_backward_gradients_match_scan_float64(x64):
@@ -59,3 +61,39 @@ def test_split_backward_lowers_for_h200():
                 state_bwd="split")
   assert "vla_state_bwd_terms" in text and "vla_state_bwd_chain" in text
   assert 'vla_state_bwd"' not in text
+
+
+def test_local_vjp_kernel_matches_xla_float64(x64):
+  """KernelConfig(state_local_vjp="kernel"): the chunk-local cotangents written out in one
+  kernel equal XLA's VJP of the chunk maps (state_path alone, all of q, e, w, v, S0), and
+  vla_pallas's gradients equal impl="scan"'s."""
+  from vla_jax.kernels import state_path
+  rng = np.random.default_rng(44)
+  BH, T, dk, dv = 3, 48, 16, 32
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  q, e, w = (rng.standard_normal((BH, T, dk)) for _ in range(3))
+  e, w = unit(e), unit(w)
+  v, S0 = rng.standard_normal((BH, T, dv)), rng.standard_normal((BH, dv, dk)) / 4
+  cot_o, cot_S = rng.standard_normal((BH, T, dv)), rng.standard_normal((BH, dv, dk))
+  args = [jnp.asarray(x) for x in (q, e, w, v, S0)]
+
+  def grads(local):
+    cfg = _config(16, state_local_vjp=local, interpret=True)
+    loss = lambda *a: (lambda o, S: jnp.sum(o * cot_o) + jnp.sum(S * cot_S))(
+        *state_path(*a, config=cfg))
+    return jax.jit(jax.grad(loss, argnums=range(5)))(*args)
+
+  for name, g, x in zip(("q", "e", "w", "v", "S0"), grads("kernel"), grads("xla")):
+    assert _rel(g, x) < 1e-12, (name, _rel(g, x))
+  _assert_grads_match_scan(_config(32, state_local_vjp="kernel"), 75, seed=45, dv=32)
+
+
+def test_local_vjp_kernel_lowers_for_h200():
+  text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
+                state_local_vjp="kernel")
+  assert "vla_state_local_vjp" in text and "vla_state_bwd" in text
+
+
+def test_local_vjp_kernel_rejects_head_dim_128():
+  with pytest.raises(ValueError, match="state_local_vjp"):
+    KernelConfig(state_local_vjp="kernel").validate(128, 64)

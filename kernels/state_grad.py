@@ -1,0 +1,88 @@
+"""Chunk-local cotangents of the state path as one Pallas (Triton) kernel, parallel over chunks.
+
+The state path's backward (`state_path._state_path_bwd`) gets, from its reverse pass, the
+cotangent dS_n of every chunk's end state; what remains is, per chunk, the VJP of the chunk map
+with the chunk-start state S (from the forward) held fixed:
+
+    Lm = I + strictly_lower(E W^T),  Tm = Lm^-1          E erase keys, W write keys [C, dk]
+    X = V - E S^T,  R = Tm X                              residuals [C, dv]
+    P = tril(Q W^T),  O = Q S^T + P R                     outputs [C, dv]
+    S_next = S + R^T W
+
+Given dO [C, dv] and dS_next [dv, dk] (reverse-mode, by hand):
+
+    dR = P^T dO + W dS_next^T              dP = tril(dO R^T)
+    dX = Tm^T dR                           dLm = strictly_lower(-dX R^T)
+    dQ = dO S + dP W
+    dW = dP^T Q + R dS_next + dLm^T E
+    dE = -dX S + dLm W
+    dV = dX
+
+(dTm = dR X^T and dLm = -Tm^T dTm Tm^T = -dX (Tm X)^T = -dX R^T.) XLA runs the same VJP as
+`jax.vmap(jax.vjp(...))` of `state_path._chunk_map`: separate batched products with every
+intermediate in HBM. Here one program per (batch * head, chunk) keeps them in registers and
+shared memory. Tm is the block-doubling inverse `split_prep._unit_tril_inv` (products only).
+`tests/test_state_output.py` checks it against the XLA VJP in float64.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from vla_jax.kernels.split_prep import _dot, _iota, _unit_tril_inv
+
+
+def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref,     # inputs
+                      dq_ref, de_ref, dw_ref, dv_ref,                          # outputs
+                      *, C, precision, acc):
+  # One (batch*head, chunk): q, e, w, dq, de, dw: [C, dk]; v, do, dv: [C, dv];
+  # s_ref, dsn_ref: [dv, dk] the chunk-start state and the cotangent of the chunk-end state.
+  dot = functools.partial(_dot, precision=precision)
+  r, c, _ = _iota(C)
+  Q, E, W = (ref[...].astype(acc) for ref in (q_ref, e_ref, w_ref))
+  V, dO = v_ref[...].astype(acc), do_ref[...].astype(acc)
+  S, dSn = s_ref[...].astype(acc), dsn_ref[...].astype(acc)
+  Tm = _unit_tril_inv(jnp.where(r > c, dot(E, W, tb=True), 0.0), precision)
+  R = dot(Tm, V - dot(E, S, tb=True))                                    # [C, dv]
+  P = jnp.where(r >= c, dot(Q, W, tb=True), 0.0)                         # [C, C]
+  dR = dot(P, dO, ta=True) + dot(W, dSn, tb=True)                        # [C, dv]
+  dP = jnp.where(r >= c, dot(dO, R, tb=True), 0.0)                       # [C, C]
+  dX = dot(Tm, dR, ta=True)                                              # [C, dv]
+  dLm = jnp.where(r > c, -dot(dX, R, tb=True), 0.0)                      # [C, C]
+  dq_ref[...] = (dot(dO, S) + dot(dP, W)).astype(dq_ref.dtype)
+  dw_ref[...] = (dot(dP, Q, ta=True) + dot(R, dSn) + dot(dLm, E, ta=True)).astype(dw_ref.dtype)
+  de_ref[...] = (dot(dLm, W) - dot(dX, S)).astype(de_ref.dtype)
+  dv_ref[...] = dX.astype(dv_ref.dtype)
+
+
+def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_warps=4,
+                    num_stages=1, interpret=False):
+  """Cotangents (dq, de, dw [BH, N*C, dk], dv [BH, N*C, dv]) of the state path's chunk maps.
+
+  Args:
+    q, e, w: [BH, N*C, dk] queries, erase keys and write keys; v, dO: [BH, N*C, dv] values
+      and output cotangents (any float dtype; computed in S_c's dtype).
+    S_c: [BH, N, dv, dk] chunk-start states; dS_next: [BH, N, dv, dk] cotangents of the
+      chunk-end states (the reverse pass's output).
+    chunk_size: C; precision: of the products (as `KernelConfig.precision`).
+
+  Returns:
+    (dq, de, dw, dv) in S_c's dtype.
+  """
+  BH, NC, dk = q.shape
+  dv, C, acc = v.shape[-1], chunk_size, S_c.dtype
+  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  state = pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0))
+  return pl.pallas_call(
+      functools.partial(_local_vjp_kernel, C=C, precision=precision, acc=acc),
+      grid=(BH, NC // C),
+      in_specs=[rows(dk), rows(dk), rows(dk), rows(dv), rows(dv), state, state],
+      out_specs=[rows(dk), rows(dk), rows(dk), rows(dv)],
+      out_shape=[jax.ShapeDtypeStruct((BH, NC, dk), acc)] * 3
+                + [jax.ShapeDtypeStruct((BH, NC, dv), acc)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret, name="vla_state_local_vjp",
+  )(q, e, w, v, dO, S_c, dS_next)
