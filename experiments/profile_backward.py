@@ -1,8 +1,9 @@
 """Where the Pallas forward + backward's time goes, on one GPU.
 
 H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
-variant of --variants (split:local, split = KernelConfig.state_output and state_bwd together,
-"fused" or "split"; local = KernelConfig.state_local_vjp, "xla" or "kernel") it times, with
+variant of --variants (split:local[:prep], split = KernelConfig.state_output and state_bwd
+together, "fused" or "split"; local = KernelConfig.state_local_vjp and prep =
+KernelConfig.grad_prep, "xla" or "kernel") it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
 gradient of sum(out * c), c a random cotangent):
 
@@ -19,7 +20,7 @@ What the parts leave out of `vla`'s time is glue (layout changes, unit keys, nor
 write directions).
 
     python experiments/profile_backward.py --out DIR [--Ts 4096,32768] [--reps 20]
-        [--variants fused:xla,split:xla,split:kernel]
+        [--variants fused:xla,split:xla,split:kernel,split:kernel:kernel]
 """
 
 import argparse
@@ -79,9 +80,9 @@ def main():
     e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
     for variant in args.variants.split(","):
-      split, local = variant.split(":")
+      split, local, prep = (variant.split(":") + ["xla"])[:3]
       cfg = KernelConfig(state_output=split, state_bwd=split, state_local_vjp=local,
-                         interpret=interpret)
+                         grad_prep=prep, interpret=interpret)
       C, N = cfg.chunk_size, T // cfg.chunk_size
       parts = {}
       c_o = jax.random.normal(ks[4], (B, T, H, D), jnp.float32)

@@ -49,6 +49,7 @@ PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
 STATE_OUTPUTS = ("fused", "split")
 STATE_BWDS = ("fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel")
+GRAD_PREPS = ("xla", "kernel")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -147,6 +148,10 @@ class KernelConfig:
       dk, dv <= 64 only (ptxas, sm_90a: 192 KB of shared memory and 216 stack bytes per
       thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's 227 KB). Not yet timed on a
       GPU.
+    grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
+      under differentiation (`state_path`, and `vla_pallas`'s gradient): "xla" (default:
+      `_factors`) or "kernel" (the `split_prep.state_prep` kernel that the prep="scan" / "split"
+      forward already runs; products at `factor_dot`). Same function. Not yet timed on a GPU.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
@@ -172,6 +177,7 @@ class KernelConfig:
   state_output: str = "fused"
   state_bwd: str = "fused"
   state_local_vjp: str = "xla"
+  grad_prep: str = "xla"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -218,6 +224,8 @@ class KernelConfig:
     if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
       raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
                        f"program needs ~480 KB of shared memory); got dk={dk}, dv={dv}")
+    if self.grad_prep not in GRAD_PREPS:
+      raise ValueError(f"grad_prep must be one of {GRAD_PREPS}; got {self.grad_prep!r}")
     if self.state_bwd not in STATE_BWDS:
       raise ValueError(f"state_bwd must be one of {STATE_BWDS}; got {self.state_bwd!r}")
     if self.prep_warps not in (1, 2, 4, 8):
@@ -542,8 +550,17 @@ def _merge(x):
 
 
 def _prepare(cfg, q, e, w, v):
+  """U', W', P [BH, N*C, .] of every chunk: XLA `_factors`, or with cfg.grad_prep="kernel" the
+  `split_prep.state_prep` kernel."""
   acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
+  if cfg.grad_prep == "kernel":
+    from vla_jax.kernels.chunk_prep import _factor_precision   # chunk_prep imports this module
+    from vla_jax.kernels.split_prep import state_prep
+    return state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C,
+                      precision=cfg.precision,
+                      factor_precision=_factor_precision(cfg.factor_dot, acc, cfg.interpret),
+                      num_warps=cfg.prep_warps, interpret=cfg.interpret)
   chunks = [_split(x.astype(acc), C) for x in (q, e, w, v)]
   Up, Wp, P = _factors(*chunks, cfg.precision, cfg.solver)
   return _merge(Up), _merge(Wp), _merge(P)

@@ -47,6 +47,8 @@ def test_bad_state_output_raises():
     KernelConfig(state_bwd="fast").validate(64, 64)
   with pytest.raises(ValueError, match="state_local_vjp"):
     KernelConfig(state_local_vjp="fast").validate(64, 64)
+  with pytest.raises(ValueError, match="grad_prep"):
+    KernelConfig(grad_prep="fast").validate(64, 64)
 
 
 def test_split_backward_gradients_match_scan_float64(x64):
@@ -63,10 +65,12 @@ def test_split_backward_lowers_for_h200():
   assert 'vla_state_bwd"' not in text
 
 
-def test_local_vjp_kernel_matches_xla_float64(x64):
+@pytest.mark.parametrize("option", ["state_local_vjp", "grad_prep"])
+def test_kernel_options_match_xla_float64(x64, option):
   """KernelConfig(state_local_vjp="kernel"): the chunk-local cotangents written out in one
-  kernel equal XLA's VJP of the chunk maps (state_path alone, all of q, e, w, v, S0), and
-  vla_pallas's gradients equal impl="scan"'s."""
+  kernel; KernelConfig(grad_prep="kernel"): the chunk factors of the differentiated state path
+  from the state-prep kernel. Gradients of state_path alone (all of q, e, w, v, S0) equal the
+  XLA path's, and vla_pallas's gradients equal impl="scan"'s."""
   from vla_jax.kernels import state_path
   rng = np.random.default_rng(44)
   BH, T, dk, dv = 3, 48, 16, 32
@@ -77,21 +81,28 @@ def test_local_vjp_kernel_matches_xla_float64(x64):
   cot_o, cot_S = rng.standard_normal((BH, T, dv)), rng.standard_normal((BH, dv, dk))
   args = [jnp.asarray(x) for x in (q, e, w, v, S0)]
 
-  def grads(local):
-    cfg = _config(16, state_local_vjp=local, interpret=True)
+  def grads(value):
+    cfg = _config(16, interpret=True, **{option: value})
     loss = lambda *a: (lambda o, S: jnp.sum(o * cot_o) + jnp.sum(S * cot_S))(
         *state_path(*a, config=cfg))
     return jax.jit(jax.grad(loss, argnums=range(5)))(*args)
 
   for name, g, x in zip(("q", "e", "w", "v", "S0"), grads("kernel"), grads("xla")):
     assert _rel(g, x) < 1e-12, (name, _rel(g, x))
-  _assert_grads_match_scan(_config(32, state_local_vjp="kernel"), 75, seed=45, dv=32)
+  _assert_grads_match_scan(_config(32, **{option: "kernel"}), 75, seed=45, dv=32)
 
 
-def test_local_vjp_kernel_lowers_for_h200():
+def test_all_state_kernel_options_together_float64(x64):
+  cfg = _config(16, state_output="split", state_bwd="split", state_local_vjp="kernel",
+                grad_prep="kernel")
+  _assert_grads_match_scan(cfg, 50, seed=46, dv=32)
+
+
+def test_kernel_options_lower_for_h200():
   text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
-                state_local_vjp="kernel")
+                state_local_vjp="kernel", grad_prep="kernel")
   assert "vla_state_local_vjp" in text and "vla_state_bwd" in text
+  assert "vla_state_prep" in text   # the differentiated forward's factors from the kernel
 
 
 def test_local_vjp_kernel_rejects_head_dim_128():
