@@ -24,15 +24,13 @@ write directions).
 """
 
 import argparse
-import json
-import os
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from timing import median_seconds
+from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty_grad import penalty_scan_grad
 from vla_jax.kernels.state_path import _backward_pass, _prepare
@@ -63,11 +61,8 @@ def main():
   args = parser.parse_args()
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
   print(jax.devices(), flush=True)
-  rows = []
-
-  def emit(row):
-    print(json.dumps(row), flush=True)
-    rows.append(row)
+  table = Rows()
+  emit = table.emit
 
   for T in [int(t) for t in args.Ts.split(",")]:
     B = max(1, args.tokens // T)
@@ -110,9 +105,7 @@ def main():
       emit({"T": T, "B": B, "variant": variant, "part": "state_reverse",
             "ms": ms(rev, jax.block_until_ready((dO, q_f, w_f, Wp, P)), args.reps)})
 
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "profile_backward.json"), "w") as f:
-    json.dump({"device": str(jax.devices()[0]), "rows": rows}, f, indent=1)
+  table.dump(args.out, "profile_backward.json")
 
 
 if __name__ == "__main__":

@@ -24,15 +24,13 @@ compared with the float64 XLA penalty path (`penalty.penalty_parallel`), worst r
 """
 
 import argparse
-import json
-import os
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from timing import median_seconds
+from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import penalty_parallel
@@ -71,11 +69,8 @@ def main():
   args = parser.parse_args()
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
   print(jax.devices(), flush=True)
-  rows = []
-
-  def emit(row):
-    print(json.dumps(row), flush=True)
-    rows.append(row)
+  table = Rows()
+  emit = table.emit
 
   for T in [int(t) for t in args.Ts.split(",")]:
     B = max(1, args.tokens // T)
@@ -155,9 +150,7 @@ def main():
         row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
       emit(row)
 
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "profile_forward.json"), "w") as f:
-    json.dump({"device": str(jax.devices()[0]), "rows": rows}, f, indent=1)
+  table.dump(args.out, "profile_forward.json")
 
 
 if __name__ == "__main__":
