@@ -28,8 +28,8 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from bench_kernels import D, H, TOKENS, make_inputs
 from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty_grad import penalty_scan_grad
@@ -37,7 +37,6 @@ from vla_jax.kernels.state_path import _backward_pass, _prepare
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
 
-H, D, TOKENS = 16, 64, 32768
 
 
 def ms(fn, args, reps):
@@ -66,9 +65,8 @@ def main():
 
   for T in [int(t) for t in args.Ts.split(",")]:
     B = max(1, args.tokens // T)
-    ks = jax.random.split(jax.random.PRNGKey(T), 8)
-    q, k, v = (jax.random.normal(x, (B, T, H, D), jnp.bfloat16) for x in ks[:3])
-    u = (jax.random.normal(ks[3], (B, T, H, D), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16)
+    q, k, v, u = make_inputs(B, T, seed=T)
+    ks = jax.random.split(jax.random.PRNGKey(T + 1), 8)      # cotangents: ks[4:]
     A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
     S0 = jnp.zeros((B, H, D, D), jnp.float32)
     hm = lambda x: jnp.swapaxes(x, 1, 2).astype(jnp.float32)              # [B, H, T, d]

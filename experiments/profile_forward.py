@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bench_kernels import D, H, TOKENS, make_inputs
 from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
@@ -40,16 +41,8 @@ from vla_jax.kernels.state_path import _forward_pass
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
 
-H, D, TOKENS = 16, 64, 32768
 DEFAULT_VARIANTS = ("4:tf32x3:1,4:tf32:1,4:ieee:1,4:tf32x3:2,8:tf32x3:1,2:tf32x3:1,"
                     "2:tf32x3:2,2:tf32:2,1:tf32x3:4,1:tf32:4,1:ieee:4")
-
-
-def make_inputs(B, T, seed=0):
-  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
-  q, k, v = (jax.random.normal(x, (B, T, H, D), jnp.bfloat16) for x in ks[:3])
-  u = (jax.random.normal(ks[3], (B, T, H, D), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16)
-  return q, k, v, u
 
 
 def ms(fn, args, reps):

@@ -296,6 +296,22 @@ def _mm(a, b, *, trans_a=False, trans_b=False, precision):
   return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=a.dtype)
 
 
+def _residuals(up, wp, S, dot):
+  """R = U' - W' S^T [C, BV] of one chunk (the fused, chain and output kernels)."""
+  return up - dot(wp, S, trans_b=True)
+
+
+def _outputs(q, p, S, R, dot):
+  """O = Q S^T + P R [C, BV] of one chunk."""
+  return dot(q, S, trans_b=True) + dot(p, R)
+
+
+def _reverse_term(do, q, wp, p, dot):
+  """dO^T (Q - P W') [BV, dk]: the state-independent term of the reverse pass of one chunk
+  (the fused reverse kernel and state_bwd="split"'s terms kernel)."""
+  return dot(do, q - dot(p, wp), trans_a=True)
+
+
 def _fwd_kernel(q_ref, w_ref, up_ref, wp_ref, p_ref, s0_ref,   # inputs
                 o_ref, st_ref, sc_ref,                           # outputs
                 *, C, N, precision, acc):
@@ -312,9 +328,8 @@ def _fwd_kernel(q_ref, w_ref, up_ref, wp_ref, p_ref, s0_ref,   # inputs
     wp = wp_ref[rows, :].astype(acc)                     # [C, dk]
     up = up_ref[rows, :].astype(acc)                     # [C, BV]
     p = p_ref[rows, :].astype(acc)                       # [C, C]
-    R = up - dot(wp, S, trans_b=True)                    # [C, BV]
-    O = dot(q, S, trans_b=True) + dot(p, R)              # [C, BV]
-    o_ref[rows, :] = O.astype(o_ref.dtype)
+    R = _residuals(up, wp, S, dot)                       # [C, BV]
+    o_ref[rows, :] = _outputs(q, p, S, R, dot).astype(o_ref.dtype)
     return S + dot(R, w, trans_a=True)                   # [BV, dk]
 
   S = jax.lax.fori_loop(0, N, body, s0_ref[...].astype(acc))
@@ -330,7 +345,7 @@ def _chain_kernel(w_ref, up_ref, wp_ref, s0_ref,              # inputs
   def body(n, S):                                        # S: [BV, dk] in `acc`
     rows = pl.ds(pl.multiple_of(n * C, C), C)
     sc_ref[n, :, :] = S.astype(sc_ref.dtype)
-    R = up_ref[rows, :].astype(acc) - dot(wp_ref[rows, :].astype(acc), S, trans_b=True)
+    R = _residuals(up_ref[rows, :].astype(acc), wp_ref[rows, :].astype(acc), S, dot)
     return S + dot(R, w_ref[rows, :].astype(acc), trans_a=True)
 
   S = jax.lax.fori_loop(0, N, body, s0_ref[...].astype(acc))
@@ -342,9 +357,9 @@ def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, o_ref, *, precision, acc):
   # sc_ref: [dv, dk] the chunk-start state.
   dot = functools.partial(_mm, precision=precision)
   S = sc_ref[...].astype(acc)
-  R = up_ref[...].astype(acc) - dot(wp_ref[...].astype(acc), S, trans_b=True)
-  O = dot(q_ref[...].astype(acc), S, trans_b=True) + dot(p_ref[...].astype(acc), R)
-  o_ref[...] = O.astype(o_ref.dtype)
+  R = _residuals(up_ref[...].astype(acc), wp_ref[...].astype(acc), S, dot)
+  o_ref[...] = _outputs(q_ref[...].astype(acc), p_ref[...].astype(acc), S, R,
+                        dot).astype(o_ref.dtype)
 
 
 def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref,  # inputs
@@ -363,9 +378,8 @@ def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref,  # inputs
     w = w_ref[rows, :].astype(acc)                       # [C, dk]
     wp = wp_ref[rows, :].astype(acc)                     # [C, dk]
     p = p_ref[rows, :].astype(acc)                       # [C, C]
-    X = q - dot(p, wp)                                   # [C, dk]  Q - P W'
     dS = dS - dot(dot(dS, w, trans_b=True), wp)          # [BV, C] x [C, dk]
-    return dS + dot(do, X, trans_a=True)                 # [BV, dk]
+    return dS + _reverse_term(do, q, wp, p, dot)         # [BV, dk]
 
   dS = jax.lax.fori_loop(0, N, body, dst_ref[...].astype(acc))
   ds0_ref[...] = dS.astype(ds0_ref.dtype)
@@ -375,8 +389,8 @@ def _bwd_terms_kernel(do_ref, q_ref, wp_ref, p_ref, g_ref, *, precision, acc):
   # One (batch*head, chunk): do_ref: [C, dv]; q_ref, wp_ref: [C, dk]; p_ref: [C, C];
   # g_ref: [dv, dk] the chunk's term dO^T (Q - P W').
   dot = functools.partial(_mm, precision=precision)
-  X = q_ref[...].astype(acc) - dot(p_ref[...].astype(acc), wp_ref[...].astype(acc))
-  g_ref[...] = dot(do_ref[...].astype(acc), X, trans_a=True).astype(g_ref.dtype)
+  g_ref[...] = _reverse_term(*(ref[...].astype(acc) for ref in (do_ref, q_ref, wp_ref, p_ref)),
+                            dot).astype(g_ref.dtype)
 
 
 def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref,           # inputs
