@@ -14,9 +14,11 @@ with warm-up and medians of `--reps` runs:
                     inverses + the `penalty_scan` kernel) for each variant of --variants
   kernel(...)       the `penalty_scan` kernel alone on segment-start inverses made outside
 
-A variant is warps:prep_dot:segments, segments a multiple of the one-wave rule's count
-(`segments_for`; "1" is the library's choice, "0.01" about one segment: A carried through the
-whole sequence, the longest carry and so the largest drift of one-pass TF32 products). Each penalty variant's unit write directions are
+A variant is warps:prep_dot:segments (KernelConfig.scan_warps, prep_dot, segment_chunks),
+segments a multiple of the one-wave count of 4-warp programs (`segments_for`; "0.01" is about
+one segment: A carried through the whole sequence, the longest carry and so the largest drift
+of one-pass TF32 products). The library's default at precision=DEFAULT is 1:tf32:4 (1-warp
+programs, four times as many segments). Each penalty variant's unit write directions are
 compared with the float64 XLA penalty path (`penalty.penalty_parallel`), worst row error.
 
     python experiments/profile_forward.py --out DIR [--Ts 4096,32768] [--reps 20]
@@ -35,7 +37,7 @@ from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import penalty_parallel
-from vla_jax.kernels.penalty_scan import (_penalty_segments, penalty_scan, scan_warps,
+from vla_jax.kernels.penalty_scan import (_penalty_segments, forward_scan_warps, penalty_scan,
                                           segment_layout, segment_start_inverses, segments_for)
 from vla_jax.kernels.state_path import _forward_pass
 
@@ -116,7 +118,7 @@ def main():
     for spec in args.variants.split(","):
       warps, dot, mult = spec.split(":")
       seg_chunks = max(1, int(one_wave / float(mult)))   # mult < 1: fewer, longer segments
-      cfg = KernelConfig(prep_warps=int(warps), prep_dot=dot, segment_chunks=seg_chunks,
+      cfg = KernelConfig(scan_warps=int(warps), prep_dot=dot, segment_chunks=seg_chunks,
                          interpret=interpret)
       S, L = segment_layout(cfg, B * H, N)
       label = f"w{warps},{dot},S{S}"
@@ -137,7 +139,7 @@ def main():
         kin = jax.block_until_ready((flat(A_start), flat(pad(e)), flat(pad(u_h))))
         kern = jax.jit(lambda a, e, u, cfg=cfg, fprec=fprec: penalty_scan(
             a, e, u, block=cfg.scan_block, factor_precision=fprec,
-            num_warps=scan_warps(cfg, D), interpret=interpret))
+            num_warps=forward_scan_warps(cfg, D), interpret=interpret))
         row["kernel_ms"] = ms(kern, kin, args.reps)
       except Exception as err:  # a variant that fails to compile is a result, not a crash
         row["error"] = f"{type(err).__name__}: {str(err)[:300]}"

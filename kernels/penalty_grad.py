@@ -141,7 +141,7 @@ def _scan_kernel_bwd(config, res, cts):
   dW, dA_T = cts
   B, H, N, C, dk = khat.shape
   acc = A_c.dtype
-  S, L = segment_layout(config, B * H, N)
+  S, L = segment_layout(config, B * H, N, scan_warps(config, dk))   # as the forward's
   n = L // C
   T_pad = N * C
   rows = lambda x: jnp.pad(x.astype(acc).reshape(B * H, T_pad, dk),

@@ -159,10 +159,11 @@ def _chunk_start_matrices(u_h, A0, C, acc):
   return M0[:, :, None] + before
 
 
-def segment_layout(config, BH, N):
+def segment_layout(config, BH, N, warps=4):
   """(S, L): the number of segments and tokens per segment for B * H = BH sequences of N
-  chunks (`config.segment_chunks`, or `segments_for`)."""
-  seg = config.segment_chunks or segments_for(BH, N)
+  chunks (`config.segment_chunks`, or `segments_for` with the kernel's `warps`: programs of
+  fewer than 4 warps fit 4 / warps times as many to an SM)."""
+  seg = config.segment_chunks or segments_for(BH, N, resident=264 * max(1, 4 // warps))
   return -(-N // seg), seg * config.chunk_size
 
 
@@ -183,6 +184,17 @@ def scan_warps(config, dk):
   return max(config.prep_warps, 8) if dk >= 128 else config.prep_warps
 
 
+def forward_scan_warps(config, dk):
+  """Warps of the inference path's forward scan kernel: `config.scan_warps`, or (None) 1 for
+  one-pass TF32 factor products at dk <= 64 (H200, d = 64: penalty path 1.38 ms against 1.83
+  at 4 warps, T = 4096, B = 8, with 4x the segments), else `scan_warps`."""
+  if config.scan_warps is not None:
+    return config.scan_warps
+  if dk <= 64 and config.factor_dot == "tf32":
+    return 1
+  return scan_warps(config, dk)
+
+
 def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
@@ -192,7 +204,9 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   B, H, T_pad, dk = u_h.shape
   C = config.chunk_size
   N = T_pad // C
-  S, L = segment_layout(config, B * H, N)
+  # The differentiated forward keeps the reverse kernel's warps and segments (`penalty_grad`).
+  warps = scan_warps(config, dk) if chunk_starts else forward_scan_warps(config, dk)
+  S, L = segment_layout(config, B * H, N, warps)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
   A_start = A0[:, :, None]
   if S > 1:
@@ -201,7 +215,7 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
   out = penalty_scan(flat(A_start), flat(pad(khat)), flat(pad(u_h)), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
-                     num_warps=scan_warps(config, dk), interpret=config.interpret, **kw)
+                     num_warps=warps, interpret=config.interpret, **kw)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
   return (Ah, A_end, out[2][:, :N]) if chunk_starts else (Ah, A_end)
 

@@ -46,7 +46,11 @@ PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
-STATE_OUTPUTS = ("fused", "split")
+STATE_OUTPUTS = ("auto", "fused", "split")
+# state_output="auto": the split chain + output kernels when the fused loop would have fewer
+# programs than this (an H200 has 132 SMs; measured, d = 64: split 1.88 against 2.43 ms at
+# 32 programs, fused 1.20 against 1.27 ms at 256).
+SPLIT_OUTPUT_BELOW = 132
 STATE_BWDS = ("fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel")
 GRAD_PREPS = ("xla", "kernel")
@@ -130,12 +134,15 @@ class KernelConfig:
       values. Same function. H200, H = 16, d = 64, bf16, T = 4096: forward+backward 13.9 ms
       with False against 17.0 with True, first call (compilation) 8.9 s against 59 s
       (kernels/NOTES.md).
-    state_output: how the state path's forward computes the outputs: "fused" (default: in
-      the sequential chunk loop, `vla_state_fwd`) or "split" (the loop keeps only the state
-      chain R = U' - W' S^T, S <- S + R^T Ahat and writes every chunk-start state
+    state_output: how the state path's forward computes the outputs: "fused" (in the
+      sequential chunk loop, `vla_state_fwd`), "split" (the loop keeps only the state chain
+      R = U' - W' S^T, S <- S + R^T Ahat and writes every chunk-start state
       (`vla_state_chain`); a second kernel, parallel over (batch * head, chunk), computes
-      O = Q S_c^T + P R (`vla_state_out`), as flash-linear-attention splits its delta rule).
-      Same function. Not yet timed on a GPU (kernels/NOTES.md has the prediction).
+      O = Q S_c^T + P R (`vla_state_out`), as flash-linear-attention splits its delta rule)
+      or "auto" (default: "split" when the loop's grid B * H * dv / BV has fewer than 132
+      programs, i.e. fewer than an H200's SMs; `output_form` resolves it). Same function.
+      H200, H = 16, d = 64, bf16: state path 1.88 ms split against 2.43 fused at T = 32768,
+      B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs).
     state_bwd: how the state path's reverse pass runs: "fused" (default: one sequential loop
       over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
       (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
@@ -154,6 +161,13 @@ class KernelConfig:
       forward already runs; products at `factor_dot`). Same function. Not yet timed on a GPU.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
+    scan_warps: Triton warps of the forward penalty-scan kernel on the inference path (the
+      differentiated forward and the reverse kernel keep `prep_warps`), or None (default):
+      1 when `factor_dot` is "tf32" and dk <= 64, else `prep_warps` (8 at dk = 128). With
+      fewer warps more programs fit on an SM, so the default segments (`segment_chunks=None`)
+      grow to fill them: 4 / warps times as many. H200, d = 64, one-pass TF32: penalty path
+      1.38 ms at 1 warp (8 segments) against 1.83 at 4 (2 segments), T = 4096, B = 8; with
+      tf32x3 products 1 warp spills and is slower.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -169,12 +183,13 @@ class KernelConfig:
   prep_form: str = "panels"
   split_inverse: str = "auto"
   prep_warps: int = 4
+  scan_warps: int | None = None
   scan_block: int = 16
   scan_prefetch: bool = False
   segment_chunks: int | None = None
   penalty_grad: str = "auto"
   scan_bwd_unroll: bool = False
-  state_output: str = "fused"
+  state_output: str = "auto"
   state_bwd: str = "fused"
   state_local_vjp: str = "xla"
   grad_prep: str = "xla"
@@ -230,6 +245,8 @@ class KernelConfig:
       raise ValueError(f"state_bwd must be one of {STATE_BWDS}; got {self.state_bwd!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
+    if self.scan_warps not in (None, 1, 2, 4, 8):
+      raise ValueError(f"scan_warps must be None, 1, 2, 4 or 8; got {self.scan_warps!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
@@ -251,6 +268,12 @@ class KernelConfig:
     if self.penalty_grad == "auto":
       return "scan" if self.prep == "scan" else "autodiff"
     return self.penalty_grad
+
+  def output_form(self, BH, dv):
+    """state_output with "auto" resolved for B * H = BH sequences of value dim dv."""
+    if self.state_output != "auto":
+      return self.state_output
+    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_OUTPUT_BELOW else "fused"
 
   def value_block(self, dv):
     # 32 by default: at B = 1 it doubles the programs of the sequential pass (measured 15%
@@ -418,9 +441,9 @@ def _params(cfg):
 def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype):
   """Sequential pass. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
   S0: [BH, dv, dk]. Returns O [BH, N*C, dv] (out_dtype), S_T [BH, dv, dk] and the
-  chunk-start states [BH, N, dv, dk] (accumulation dtype). cfg.state_output="split" runs the
-  state chain and the outputs as two kernels (`_state_chain`, `_state_outputs`)."""
-  if cfg.state_output == "split":
+  chunk-start states [BH, N, dv, dk] (accumulation dtype). When `cfg.output_form` is "split"
+  the state chain and the outputs run as two kernels (`_state_chain`, `_state_outputs`)."""
+  if cfg.output_form(q.shape[0], Up.shape[-1]) == "split":
     S_T, S_c = _state_chain(cfg, w, Up, Wp, S0)
     return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype), S_T, S_c
   BH, NC, dk = q.shape

@@ -117,7 +117,11 @@ def test_bad_prep_options_raise():
 
 
 def _lower(shape, dtype, prep_dot, grad, form="panels", prep="kernel", **kw):
+  """The lowered text for an abstract H200. The state path's forward is pinned to the fused
+  loop (`vla_state_fwd`) unless `state_output` is given: "auto" splits it at these few
+  programs, which tests/test_state_output.py covers."""
   B, T, H, dk, dv, C = shape
+  kw.setdefault("state_output", "fused")
   cfg = KernelConfig(chunk_size=C, prep=prep, prep_dot=prep_dot, prep_form=form, **kw)
   fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
   fn = jax.grad(lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a)),

@@ -251,7 +251,18 @@ class TestGpuLowering:
     lowered = lower_for_h200(jax.grad(loss, argnums=range(4)), *args)
     text = lowered.as_text()
     # The default config's gradient: the penalty scan and its reverse kernel, the state path's
-    # forward and reverse kernels, each once.
-    assert text.count("__gpu$xla.gpu.triton") == 4
-    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd", "vla_state_fwd", "vla_state_bwd"):
+    # forward (at these few programs, state_output="auto" is the chain + output pair) and
+    # reverse kernels, each once.
+    assert cfg.output_form(B * H, dv) == "split"
+    forward = ("vla_state_chain", "vla_state_out")
+    assert text.count("__gpu$xla.gpu.triton") == 5
+    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd", "vla_state_bwd") + forward:
       assert text.count(f'name = "{name}"') == 1, name
+
+  def test_state_output_auto(self):
+    cfg = KernelConfig()
+    assert cfg.output_form(128, 64) == "fused"      # T = 4096, B = 8, H = 16: 256 programs
+    assert cfg.output_form(16, 64) == "split"       # B = 1, H = 16: 32 programs
+    assert cfg.output_form(64, 128) == "fused"      # 64 x 4 value blocks of 32
+    assert KernelConfig(state_output="fused").output_form(16, 64) == "fused"
+    assert KernelConfig(state_output="split").output_form(128, 64) == "split"

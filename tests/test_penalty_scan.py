@@ -12,7 +12,8 @@ from test_chunk_prep import _lower
 from test_kernels import TOL, _inputs, _oracle, _rel, shape_id
 from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import lower_for_h200
-from vla_jax.kernels.penalty_scan import penalty_scan, segments_for
+from vla_jax.kernels.penalty_scan import (forward_scan_warps, penalty_scan, scan_warps,
+                                          segment_layout, segments_for)
 
 @pytest.mark.parametrize("shape,segment_chunks,block", [
     ((2, 37, 2, 16, 32, 16), None, 16), ((1, 70, 1, 32, 32, 32), 1, 16),
@@ -57,6 +58,22 @@ def test_segments_for_fills_one_wave():
   assert segments_for(512, 64) == 64            # B * H alone fills the GPU: one segment
   assert segments_for(16, 512) == 32            # B = 1, 16 heads: 16 segments
   assert segments_for(16, 4) == 1               # never fewer than one chunk per segment
+
+
+def test_forward_scan_warps_and_segments():
+  """One-pass TF32 at dk <= 64: 1-warp programs, four times the segments; the differentiated
+  path (`scan_warps`) keeps 4 warps and the 4-warp layout."""
+  cfg = KernelConfig()                                   # precision DEFAULT: factor_dot "tf32"
+  assert cfg.factor_dot == "tf32" and forward_scan_warps(cfg, 64) == 1
+  assert scan_warps(cfg, 64) == 4 and forward_scan_warps(cfg, 128) == 8
+  hi = KernelConfig(precision=jax.lax.Precision.HIGHEST)           # tf32x3: 1 warp spills
+  assert forward_scan_warps(hi, 64) == 4
+  assert forward_scan_warps(KernelConfig(scan_warps=2), 64) == 2
+  assert segment_layout(cfg, 128, 64, 1) == (8, 8 * 64)          # T = 4096, B = 8: 8 segments
+  assert segment_layout(cfg, 128, 64, 4) == (2, 32 * 64)
+  assert segment_layout(KernelConfig(segment_chunks=16), 128, 64, 1) == (4, 16 * 64)
+  with pytest.raises(ValueError, match="scan_warps"):
+    KernelConfig(scan_warps=3).validate(64, 64)
 
 
 def test_prefetch_is_the_same_function(x64):

@@ -102,7 +102,8 @@ def test_auto_penalty_grad_resolves_by_prep():
 def test_gradient_lowers_for_h200():
   """dk = C = 64, T = 300 (5 chunks), 2 chunks per segment (3 segments): the differentiated
   program holds the forward scan and the reverse kernel, each once."""
-  cfg = KernelConfig(chunk_size=64, prep="scan", penalty_grad="scan", segment_chunks=2)
+  cfg = KernelConfig(chunk_size=64, prep="scan", penalty_grad="scan", segment_chunks=2,
+                     state_output="fused")
   lines = _lowered_grad_lines(cfg, T=300)
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_penalty_scan") == 1 and count("vla_penalty_scan_bwd") == 1
