@@ -164,3 +164,40 @@ def test_main_prints_json_and_rejects_bad_config(tmp_path):
                        capture_output=True, text=True, timeout=600, env=env, check=False)
   assert bad.returncode != 0 and "unknown mixer 'transformer'" in bad.stderr
   assert not (tmp_path / "bad").exists()
+
+
+def test_head_at_targets_equals_full_head():
+  """model_loss with max_targets (the head at target positions only) gives the full head's
+  loss, counts and gradients; rows with fewer targets are padded, too many raise."""
+  import jax
+  from flax import nnx
+  from vla_jax.models import LanguageModel
+  from vla_jax.tasks import IGNORE
+  from vla_jax.training.train import check_max_targets, lm_loss, model_loss
+  config = tiny_config()
+  config.task.update({"form": "zoology", "seq_len": 32, "n_pairs": 4, "vocab_size": 64})
+  config = from_config_dict(config)
+  task = config.make_task()
+  assert task.max_targets == 4
+  x, y = task.train_batch(0, 0, 8)
+  y = y.copy()
+  y[0, np.flatnonzero(y[0] != IGNORE)[-1]] = IGNORE          # one row with 3 targets
+  graphdef, params, rest = nnx.split(LanguageModel(config.model, rngs=nnx.Rngs(3)),
+                                     nnx.Param, ...)
+
+  def loss(p, max_targets):
+    return model_loss(nnx.merge(graphdef, p, rest), x, y, max_targets)
+
+  (full, aux_f), g_full = jax.value_and_grad(loss, has_aux=True)(params, None)
+  (part, aux_p), g_part = jax.value_and_grad(loss, has_aux=True)(params, 4)
+  np.testing.assert_allclose(part, full, rtol=1e-6)
+  np.testing.assert_allclose(aux_p["loss_sum"], aux_f["loss_sum"], rtol=1e-6)
+  np.testing.assert_array_equal(aux_p["correct"], aux_f["correct"])
+  np.testing.assert_array_equal(aux_p["targets"], [3] + [4] * 7)
+  for a, b in zip(jax.tree.leaves(g_part), jax.tree.leaves(g_full)):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+  ref = lm_loss(nnx.merge(graphdef, params, rest)(x), y)[0]
+  np.testing.assert_allclose(full, ref, rtol=1e-7)
+  check_max_targets(y, 4)
+  with pytest.raises(ValueError, match="max_targets=3"):
+    check_max_targets(task.train_batch(0, 1, 8)[1], 3)

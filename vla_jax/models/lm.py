@@ -177,15 +177,24 @@ class LanguageModel(nnx.Module):
     logits = self.embed.attend(x) if self.head is None else self.head(x)
     return logits.astype(jnp.float32)
 
-  def __call__(self, tokens):
-    """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32."""
+  def features(self, tokens):
+    """tokens: [B, T] int, T <= max_len -> the last block's output [B, T, d_model] (before
+    the final LayerNorm and the head; `head_logits` maps it to logits)."""
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
     x = self._embed(tokens, 0)
     for block in self.blocks:
       x = block(x)
+    return x
+
+  def head_logits(self, x):
+    """Features [..., d_model] -> logits [..., vocab_size] float32 (final LayerNorm, head)."""
     return self._logits(x)
+
+  def __call__(self, tokens):
+    """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32."""
+    return self._logits(self.features(tokens))
 
   def init_cache(self, batch_size, max_len=None):
     """An empty streaming cache for sequences of up to `max_len` tokens (default

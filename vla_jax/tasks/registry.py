@@ -18,6 +18,9 @@ class MQARTask:
     self.config = config
     self.vocab_size = config.vocab_size
     self.max_len = config.length
+    # Every example has exactly n_pairs targets: the trainer runs the output head on those
+    # positions only (`training.train.model_loss`).
+    self.max_targets = config.n_pairs
 
   def train_batch(self, seed, step, batch_size):
     return mqar.generate(self.config, batch_size, rng_for(seed, TRAIN, step))
@@ -35,6 +38,7 @@ class CopyTask:
     self.config = config
     self.vocab_size = config.vocab_size
     self.max_len = 2 * max((config.max_len,) + config.lengths)
+    self.max_targets = None     # the head runs on every position
 
   def train_batch(self, seed, step, batch_size):
     return copy_task.generate(self.config, batch_size, rng_for(seed, TRAIN, step))
@@ -58,6 +62,7 @@ class NpzTask:
     self.train = load_npz(train_path, vocab_size) if train_path else None
     self.eval = load_npz(eval_path, vocab_size) if eval_path else None
     self.max_len = max(d[0].shape[1] for d in (self.train, self.eval) if d is not None)
+    self.max_targets = None
 
   def train_batch(self, seed, step, batch_size):
     if self.train is None:

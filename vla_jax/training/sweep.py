@@ -34,7 +34,8 @@ from flax import nnx
 from vla_jax.models import LanguageModel
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training.config import ExperimentConfig
-from vla_jax.training.train import (count_scores, eval_batches, generation_scores, lm_loss,
+from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
+                                    generation_scores, model_loss, most_targets,
                                     make_optimizer)
 
 VALIDATION_OFFSET = 1_000_003
@@ -68,6 +69,7 @@ class SweepTrainer:
     self.seeds, self.rates = seeds, rates
     self.runs = [(s, r) for s in seeds for r in rates]
     self.task = config.make_task()
+    self.max_targets = getattr(self.task, "max_targets", None)
     per_seed = {}
     for s in seeds:
       graphdef, params, rest = nnx.split(LanguageModel(config.model, rngs=nnx.Rngs(s)),
@@ -80,7 +82,8 @@ class SweepTrainer:
     self.init_state = {"step": jnp.zeros((), jnp.int32), "params": params,
                        "opt_state": jax.vmap(self.tx.init)(params)}
     self.train_step = jax.jit(self._train_step, donate_argnums=0)
-    self.eval_step = jax.jit(jax.vmap(self._eval_one))
+    self.eval_step = jax.jit(jax.vmap(self._eval_one, in_axes=(0, 0, 0, None)),
+                             static_argnums=3)
 
   @property
   def size(self):
@@ -95,7 +98,7 @@ class SweepTrainer:
 
   def _train_one(self, params, opt_state, lr, inputs, labels):
     def loss_fn(p):
-      return lm_loss(self.model(p)(inputs), labels)
+      return model_loss(self.model(p), inputs, labels, self.max_targets)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -111,8 +114,8 @@ class SweepTrainer:
     return ({"step": state["step"] + 1, "params": params, "opt_state": opt_state},
             {"loss": loss, "accuracy": acc})
 
-  def _eval_one(self, params, inputs, labels):
-    _, aux = lm_loss(self.model(params)(inputs), labels)
+  def _eval_one(self, params, inputs, labels, max_targets=None):
+    _, aux = model_loss(self.model(params), inputs, labels, max_targets)
     return jnp.stack([aux["correct"], aux["targets"]], axis=1)
 
   def batch(self, step):
@@ -120,6 +123,8 @@ class SweepTrainer:
     their data)."""
     bs = self.config.train.batch_size
     data = {s: self.task.train_batch(s, step, bs) for s in self.seeds}
+    for s in self.seeds:
+      check_max_targets(data[s][1], self.max_targets, where=f"seed {s} train batch {step}")
     return (np.stack([data[s][0] for s, _ in self.runs]),
             np.stack([data[s][1] for s, _ in self.runs]))
 
@@ -137,7 +142,8 @@ class SweepTrainer:
     bs = self.config.train.eval_batch_size
     results = [{} for _ in self.runs]
     for name, (inputs, labels) in eval_sets.items():
-      counts = np.concatenate([np.asarray(self.eval_step(params, x, y))[:, :n]
+      most = most_targets(labels)     # the head runs at target positions only
+      counts = np.concatenate([np.asarray(self.eval_step(params, x, y, most))[:, :n]
                                for x, y, n in eval_batches(inputs, labels, bs, axis=1)],
                               axis=1)                                # [R, N, 2]
       for r in range(self.size):
