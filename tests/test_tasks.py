@@ -123,3 +123,15 @@ def test_npz_round_trip_and_errors(tmp_path):
   np.savez(tmp_path / "bad2.npz", inputs=inputs, labels=labels[:, :5])
   with pytest.raises(ValueError, match="same shape"):
     load_npz(tmp_path / "bad2.npz")
+
+
+@pytest.mark.parametrize("num,low,high,size", [(64, 1, 4096, 4), (8, 4096, 8192, 64),
+                                                (5, 1, 20, 19), (5, 1, 20, 20), (3, 0, 10, 1)])
+def test_distinct_is_the_full_argsort_sample(num, low, high, size):
+  """MQAR's key and value sampler (a partial sort) draws exactly what the full argsort of the
+  same uniforms gives, so the data of earlier runs is unchanged."""
+  from vla_jax.tasks.mqar import _distinct
+  want = low + np.argsort(np.random.default_rng(7).random((num, high - low)), axis=1)[:, :size]
+  got = _distinct(np.random.default_rng(7), num, low, high, size)
+  np.testing.assert_array_equal(got, want)
+  assert all(len(set(r)) == size for r in got.tolist())
