@@ -247,7 +247,9 @@ def copy_section(rows):
 BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_prep_scan.jsonl", "bench_h200_2026-11-30.jsonl",
                "bench_h200_2026-11-30b.jsonl", "bench_h200_2026-11-30c.jsonl",
-               "bench_h200_2026-11-30d.jsonl", "bench_h200_2026-11-30e.jsonl")
+               "bench_h200_2026-11-30d.jsonl", "bench_h200_2026-11-30e.jsonl",
+               "bench_h200_triton_jax.jsonl", "bench_h200_2026-11-30f.jsonl",
+               "bench_h200_2026-11-30g.jsonl")
 
 
 def kernel_claim_row(results_dir):
@@ -329,6 +331,117 @@ def long_section(rows):
                       " (" + ", ".join(name(m) for m in ms) + ")") for T, ms in missing) + "."
   lines.append(text + "\n")
   return lines, summary
+
+
+ZOOLOGY_SETTINGS = ((64, 4), (128, 8), (256, 16), (512, 64))   # experiments/grid.py ZOOLOGY
+ZOOLOGY_WIDTHS = (64, 128, 256)
+HEAD_DIM = 32
+
+
+def state_floats(mixer, d_model, T):
+  """Recurrent state per layer in floats: the memory matrices S (heads * d_h^2; VLA also its
+  penalty inverse A, as many again), or softmax attention's key-value cache (2 T d_model).
+  Normalisers and the short convolutions' states add under 4% and are left out."""
+  if mixer.startswith("softmax"):
+    return 2 * T * d_model
+  heads = d_model // HEAD_DIM
+  return heads * HEAD_DIM ** 2 * (2 if mixer.startswith("vla") else 1)
+
+
+def zoology_section(rows, plot_path=None, rel=lambda p: p):
+  """Markdown lines of section 5 from the rows of mqar_zoology_h200.jsonl (and its plot at
+  `plot_path`, linked as `rel(plot_path)`)."""
+  for r in rows:
+    r["setting"] = (r["seq_len"], r["d_model"])
+  settings = [(T, d) for T, _ in ZOOLOGY_SETTINGS for d in ZOOLOGY_WIDTHS]
+  ran = [st for st in settings if any(r["setting"] == st for r in rows)]
+  table, summary = grid_table(rows, "setting", ran, "T, d_model")
+  for T, d in ran:
+    table = table.replace(f"T, d_model = {(T, d)}", f"T = {T}, d_model = {d}")
+  n_of = dict(ZOOLOGY_SETTINGS)
+  steps = sorted({r["steps"] for r in rows})
+  name = lambda m: MIXER_NAMES.get(m, m)
+  lines = [
+      "Zoology's multi-query associative recall (`configs/mqar_zoology.py`: vocabulary 8,192, "
+      "power-law query placement, keys and values drawn from disjoint halves of the "
+      "vocabulary; T / n_pairs = 64/4, 128/8, 256/16, 512/64), the 2-layer backbone with heads "
+      f"of d_h = {HEAD_DIM} (d_model 64, 128, 256: 2, 4, 8 heads), batch 128, "
+      f"{'/'.join(map(str, steps))} steps, rates 1e-3 and 3e-3, 3 seeds, the rate chosen on "
+      "validation; test accuracy, mean ± std over seeds (rows in "
+      "`results/mqar_zoology_h200.jsonl`):\n",
+      "    python experiments/grid.py --grids=zoology --out_dir=OUT --gpus=0,1\n",
+      "(`--only=zoology-T64-d128-vla,zoology-T64-d128-` runs part of the grid.)\n",
+      table + "\n"]
+  lines.append("Recurrent state per layer (floats; memory matrices S = heads x d_h^2, VLA also "
+               "its penalty inverse A of the same size; softmax: the key-value cache 2 T "
+               "d_model):\n")
+  lines.append("| mixer | " + " | ".join(f"T = {T}, d_model = {d}" for T, d in ran) + " |")
+  lines.append("| --- |" + " --- |" * len(ran))
+  for m in MIXER_ORDER:
+    if any((m, st) in summary for st in ran):
+      lines.append(f"| {name(m)} | " + " | ".join(f"{state_floats(m, d, T):,}" for T, d in ran)
+                   + " |")
+  lines.append("")
+  parts = []
+  for T, d in ran:
+    cells = [(m, summary[(m, (T, d))]["test"]) for m in MIXER_ORDER if (m, (T, d)) in summary]
+    low = [f"{name(m)} {t.mean():.3f}" for m, t in cells if t.mean() < 0.99]
+    parts.append(f"T = {T} (n = {n_of[T]}), d_model {d}: " + (
+        f"all {len(cells)} mixers run at or above 0.99" if not low else
+        f"{len(cells) - len(low)} of {len(cells)} at or above 0.99; below: " + ", ".join(low)))
+  split = [(m, st, summary[(m, st)]["test"]) for (m, st) in summary
+           if summary[(m, st)]["test"].max() - summary[(m, st)]["test"].min() > 0.5]
+  text = "Reading (computed from the rows): " + "; ".join(parts) + "."
+  if split:
+    text += (" Seeds that split between a plateau near 1 / n_pairs (0.25 at n = 4) and "
+             "near-perfect recall at the chosen rate: " + "; ".join(
+                 f"{name(m)} at T = {st[0]}, d_model {st[1]} ("
+                 + ", ".join(f"{a:.3f}" for a in t) + ")" for m, st, t in split)
+             + ": the run either learns the recall circuit within the step budget or stays "
+             "on the plateau.")
+  missing = [st for st in settings if st not in ran]
+  if missing:
+    text += (" Not run yet (device time): " + ", ".join(f"T = {T} d_model {d}" for T, d in missing)
+             + ".")
+  partial = [(st, [m for m in MIXER_ORDER if (m, st) not in summary]) for st in ran]
+  partial = [(st, ms) for st, ms in partial if ms]
+  if partial:
+    text += " Mixers not yet run at a setting: " + "; ".join(
+        f"T = {T}, d_model {d}: " + ", ".join(name(m) for m in ms) for (T, d), ms in partial) + "."
+  lines.append(text + "\n")
+  if plot_path:
+    plot_zoology(summary, plot_path)
+    lines.append(f"![zoology MQAR: accuracy against state size]({rel(plot_path)})\n")
+  return lines
+
+
+def plot_zoology(summary, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  Ts = sorted({st[0] for (_, st) in summary})
+  fig, axes = plt.subplots(1, len(Ts), figsize=(4.2 * len(Ts), 3.8), squeeze=False,
+                           sharey=True)
+  handles = {}
+  for ax, T in zip(axes[0], Ts):
+    for m in MIXER_ORDER:
+      pts = sorted((state_floats(m, st[1], T), s["test"]) for (mm, st), s in summary.items()
+                   if mm == m and st[0] == T)
+      if pts:
+        handles[m] = ax.errorbar([p[0] for p in pts], [p[1].mean() for p in pts],
+                                 yerr=[p[1].std() for p in pts], marker="o", capsize=3,
+                                 color=f"C{MIXER_ORDER.index(m)}", label=MIXER_NAMES[m])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("recurrent state per layer (floats)")
+    ax.set_title(f"T = {T}, n_pairs = {dict(ZOOLOGY_SETTINGS)[T]}")
+  axes[0][0].set_ylabel("test accuracy (best rate, mean ± std)")
+  axes[0][0].set_ylim(0, 1.05)
+  axes[0][0].legend([handles[m] for m in MIXER_ORDER if m in handles],
+                    [MIXER_NAMES[m] for m in MIXER_ORDER if m in handles], fontsize=7,
+                    loc="lower right")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
 
 
 def ablation_section(rows):
@@ -728,8 +841,10 @@ def main():
       "(configs/mqar_long.py, T = 64 to 2048; `--long_Ts` extends it).\n")
   w("## 5. Zoology's MQAR against state size\n")
   zoo = R("mqar_zoology_h200.jsonl")
-  w("Not run yet: `python experiments/grid.py --grids=zoology --out_dir=OUT --gpus=0,1`.\n"
-    if not zoo else f"{len(zoo)} rows in results/mqar_zoology_h200.jsonl.\n")
+  if zoo:
+    out.extend(zoology_section(zoo, os.path.join(plots, "zoology_state_size.png"), rel))
+  else:
+    w("Not run yet: `python experiments/grid.py --grids=zoology --out_dir=OUT --gpus=0,1`.\n")
   w("## 6. Copy\n")
   copy_rows = R("copy_h200.jsonl")
   if copy_rows:

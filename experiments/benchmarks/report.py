@@ -372,11 +372,15 @@ def why_section(data, tokens=32768):
           "that runs at the GPU's latency rather than its throughput, and the backward walks "
           "the same chain in reverse. DeltaNet has no such chain: fla's WY form is parallel "
           "over chunks apart from the d x d state pass. Measured at d = 64 (H200, "
-          "`experiments/profile_forward.py`): at T = 4,096 the penalty path takes ~2 ms of the "
-          "3.1 ms forward and the state path ~1.3 ms; at T = 32,768 (B = 1) the state path, "
-          "whose sequential kernel then has only 32 programs, is the larger part (~2.4 ms of "
-          "4.2). Hence the distance to the floor above and a crossover with attention only at "
-          "long T.", ""])
+          "`experiments/profile_forward.py`, at the defaults of 2026-11-30: 1-warp penalty "
+          "programs, state_output=\"auto\"): at T = 4,096 (B = 8) the penalty path takes "
+          "~1.4 ms and the state path ~1.2 ms of a ~2.6 ms forward; at T = 32,768 (B = 1) the "
+          "state path, split into a sequential chain of only 32 programs and a parallel output "
+          "kernel, takes ~1.9 ms and the penalty path ~1.4 ms. In the backward at T = 4,096 "
+          "(`experiments/profile_backward.py`) the penalty path's forward+backward is ~5.6 ms "
+          "and the state path's ~5.6 ms, of which its sequential reverse pass is only ~0.75 "
+          "ms: the rest is the chunk-local factors and their VJPs. Hence the distance to the "
+          "floor above and a crossover with attention only at long T.", ""])
 
 
 def render(headers, rows, plot_paths, out_path):
@@ -458,9 +462,16 @@ def render(headers, rows, plot_paths, out_path):
   checks = [r for r in rows if r.get("pass") == "check"]
   if checks:
     md += ["## Seed-design Triton kernel: correctness check", "",
-           table(["d", "impl", "status", "note"],
-                 [[r["d"], r["impl"], r["status"], (r.get("note") or "").replace("|", "/")]
-                  for r in checks]), ""]
+           table(["d", "impl", "status", "file", "note"],
+                 [[r["d"], r["impl"], r["status"], f"`{r.get('_file', '?')}`",
+                   (r.get("note") or "").replace("|", "/")] for r in checks]), ""]
+    launched = [r for r in checks if "jax_triton" in r["impl"] and r["status"] == "ok"]
+    if launched:
+      md += ["A note of an earlier file on the jax_triton launch is superseded by the later "
+             "`triton_sequential(jax_triton)` rows of " + ", ".join(
+                 dict.fromkeys(f"`{r.get('_file', '?')}`" for r in launched))
+             + ": the same kernel, launched through `jax_triton.triton_call`, checked against "
+             "impl=\"chunked\" and timed.", ""]
   if plot_paths:
     md += ["## Plots", ""]
     base = os.path.dirname(os.path.abspath(out_path))
