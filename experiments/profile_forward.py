@@ -12,9 +12,12 @@ with warm-up and medians of `--reps` runs:
                     write directions made outside the timed call
   penalty(...)      the penalty path alone (`penalty_scan._penalty_segments`: XLA segment-start
                     inverses + the `penalty_scan` kernel) for each variant of --variants
+  inverses(...)     the segment-start inverses alone (`segment_start_inverses`, XLA, or
+                    `segment_start_inverses_kernel`)
   kernel(...)       the `penalty_scan` kernel alone on segment-start inverses made outside
 
-A variant is warps:prep_dot:segments (KernelConfig.scan_warps, prep_dot, segment_chunks),
+A variant is warps:prep_dot:segments[:inverse] (KernelConfig.scan_warps, prep_dot,
+segment_chunks and segment_inverse, "xla" when left out),
 segments a multiple of the one-wave count of 4-warp programs (`segments_for`; "0.01" is about
 one segment: A carried through the whole sequence, the longest carry and so the largest drift
 of one-pass TF32 products). The library's default at precision=DEFAULT is 1:tf32:4 (1-warp
@@ -38,7 +41,8 @@ from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.kernels.penalty_scan import (_penalty_segments, forward_scan_warps, penalty_scan,
-                                          segment_layout, segment_start_inverses, segments_for)
+                                          segment_layout, segment_start_inverses,
+                                          segment_start_inverses_kernel, segments_for)
 from vla_jax.kernels.state_path import _forward_pass
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -116,14 +120,15 @@ def main():
 
     one_wave = segments_for(B * H, N)
     for spec in args.variants.split(","):
-      warps, dot, mult = spec.split(":")
+      warps, dot, mult, *inv = spec.split(":")
+      inv = inv[0] if inv else "xla"
       seg_chunks = max(1, int(one_wave / float(mult)))   # mult < 1: fewer, longer segments
       cfg = KernelConfig(scan_warps=int(warps), prep_dot=dot, segment_chunks=seg_chunks,
-                         interpret=interpret)
+                         segment_inverse=inv, interpret=interpret)
       S, L = segment_layout(cfg, B * H, N)
-      label = f"w{warps},{dot},S{S}"
+      label = f"w{warps},{dot},S{S},inv={inv}"
       row = {"T": T, "B": B, "variant": label, "warps": int(warps), "prep_dot": dot,
-             "segments": S}
+             "segments": S, "segment_inverse": inv}
       try:
         fprec = _factor_precision(dot, jnp.float32, interpret)
         fn = jax.jit(lambda e, u, cfg=cfg, fprec=fprec: _penalty_segments(cfg, e, u, A0, fprec))
@@ -131,10 +136,15 @@ def main():
         W = np.asarray(fn(e, u_h)[0], np.float64)
         row["max_row_err"] = float(np.max(np.linalg.norm(W - W64, axis=-1)))
         row["mean_row_err"] = float(np.mean(np.linalg.norm(W - W64, axis=-1)))
-        # The kernel alone, on segment-start inverses made outside.
+        # The segment-start inverses alone (prefix sums of Grams and the inversions), then the
+        # kernel alone on inverses made outside.
         A_start = A0[:, :, None]
         if S > 1:
-          A_start = jnp.concatenate([A_start, segment_start_inverses(u_h, A0, cfg, S, L)], 2)
+          inverses = (segment_start_inverses_kernel if inv == "kernel"
+                      else segment_start_inverses)
+          row["inverses_ms"] = ms(jax.jit(lambda u, cfg=cfg, f=inverses: f(u, A0, cfg, S, L)),
+                                  (u_h,), args.reps)
+          A_start = jnp.concatenate([A_start, inverses(u_h, A0, cfg, S, L)], 2)
         pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T), (0, 0)])
         kin = jax.block_until_ready((flat(A_start), flat(pad(e)), flat(pad(u_h))))
         kern = jax.jit(lambda a, e, u, cfg=cfg, fprec=fprec: penalty_scan(

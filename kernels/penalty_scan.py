@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from vla_jax.kernels.penalty import _spd_inverse
-from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota
+from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota, spd_inverse
 from vla_jax.ops.vla.recurrence import WRITE_EPS
 
 BLOCKS = (16, 32, 64)
@@ -178,6 +178,23 @@ def segment_start_inverses(u_h, A0, config, S, L):
                       solver=config.solver)
 
 
+def segment_start_inverses_kernel(u_h, A0, config, S, L):
+  """As `segment_start_inverses`, the inversions in the `split_prep.spd_inverse` kernel (one
+  program per segment start: dk elimination steps, A = Linv^T Linv, the Newton step with
+  `config.refine`; tf32x3 products on a GPU, whatever `prep_dot` says: an inverse of a possibly
+  ill-conditioned M needs about float32 accuracy). XLA keeps the prefix sums of the per-segment
+  Grams. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
+  B, H, _, dk = u_h.shape
+  u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
+  M = _chunk_start_matrices(u_s, A0, L, u_h.dtype)[:, :, 1:]
+  full = config.interpret or M.dtype == jnp.float64
+  fprec = (jax.lax.Precision.HIGHEST if full
+           else jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3)
+  A = spd_inverse(M.reshape(B * H, S - 1, dk, dk), refine=config.refine, factor_precision=fprec,
+                  interpret=config.interpret)
+  return A.reshape(B, H, S - 1, dk, dk)
+
+
 def scan_warps(config, dk):
   """Warps of the scan kernels: dk = 128 needs 8 for the carried [128, 128] A (ptxas, sm_90a:
   0.9 KB of spills per thread at 8 warps against 2.5 KB at 4)."""
@@ -210,7 +227,11 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
   A_start = A0[:, :, None]
   if S > 1:
-    A_start = jnp.concatenate([A_start, segment_start_inverses(u_h, A0, config, S, L)], axis=2)
+    # The differentiated forward keeps the XLA inversions (their VJP is the backward's).
+    inverses = (segment_start_inverses_kernel
+                if config.segment_inverse == "kernel" and not chunk_starts
+                else segment_start_inverses)
+    A_start = jnp.concatenate([A_start, inverses(u_h, A0, config, S, L)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
   kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
   out = penalty_scan(flat(A_start), flat(pad(khat)), flat(pad(u_h)), block=config.scan_block,

@@ -54,6 +54,7 @@ SPLIT_OUTPUT_BELOW = 132
 STATE_BWDS = ("fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel")
 GRAD_PREPS = ("xla", "kernel")
+SEGMENT_INVERSES = ("xla", "kernel")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -162,6 +163,12 @@ class KernelConfig:
       forward already runs; products at `factor_dot`). Same function. H200, d = 64, T = 4096:
       the state path's differentiated forward 1.36 ms against 1.70, forward+backward 5.5
       against 5.7 ms, the whole call within noise (11.9 against 11.8 ms).
+    segment_inverse: with prep="scan", where the inference path's segment-start inverses
+      (`penalty_scan.segment_start_inverses`) run: "xla" (default: a batched Cholesky, block-
+      doubling inverses and the Newton step, several XLA kernels) or "kernel" (one Pallas
+      program per segment start, `split_prep.spd_inverse` with tf32x3 products; dk <= 64,
+      where it does not spill). Same function; the differentiated path keeps XLA. Not yet timed
+      on a GPU (prediction in kernels/NOTES.md).
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     scan_warps: Triton warps of the forward penalty-scan kernel on the inference path (the
@@ -196,6 +203,7 @@ class KernelConfig:
   state_bwd: str = "fused"
   state_local_vjp: str = "xla"
   grad_prep: str = "xla"
+  segment_inverse: str = "xla"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -242,6 +250,12 @@ class KernelConfig:
     if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
       raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
                        f"program needs ~480 KB of shared memory); got dk={dk}, dv={dv}")
+    if self.segment_inverse not in SEGMENT_INVERSES:
+      raise ValueError(f"segment_inverse must be one of {SEGMENT_INVERSES}; got "
+                       f"{self.segment_inverse!r}")
+    if self.segment_inverse == "kernel" and dk > 64:
+      raise ValueError('segment_inverse="kernel" supports dk up to 64 (at 128 its program '
+                       f"spills and needs 256 KB of shared memory); got dk={dk}")
     if self.grad_prep not in GRAD_PREPS:
       raise ValueError(f"grad_prep must be one of {GRAD_PREPS}; got {self.grad_prep!r}")
     if self.state_bwd not in STATE_BWDS:

@@ -143,3 +143,32 @@ def test_auto_factor_dot_resolves_by_precision(monkeypatch):
     lower_for_h200(fwd, *args)
     lower_for_h200(grad, *args)
     assert seen == [want, want], (precision, seen)
+
+
+def test_segment_inverse_kernel_matches_oracle_float64(x64):
+  """segment_inverse="kernel": the segment-start inverses from the spd_inverse kernel (three
+  segments here); forward equal to the oracle, gradients unchanged (the XLA inversions)."""
+  B, T, H, dk, dv, C = 1, 90, 2, 32, 16, 16
+  args = [jnp.asarray(x) for x in _inputs(33, B, T, H, dk, dv)]
+  base = dict(chunk_size=C, precision=jax.lax.Precision.HIGHEST, prep="scan", segment_chunks=2)
+  kern = KernelConfig(segment_inverse="kernel", **base)
+  got = jax.jit(lambda *a: vla_pallas(*a, config=kern, interpret=True))(*args)
+  for name, g, w in zip("oSA", got, _oracle(*(np.asarray(a) for a in args))):
+    assert _rel(g, w) < TOL[np.float64], (name, _rel(g, w))
+  grads = [jax.jit(jax.grad(lambda *a, c=c: jnp.sum(vla_pallas(*a, config=c, interpret=True)[0]),
+                            argnums=range(4)))(*args)
+           for c in (kern, KernelConfig(**base))]
+  for g, w in zip(*grads):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_segment_inverse_kernel_lowers_and_validates():
+  text = _lower((1, 300, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=False, prep="scan",
+                segment_chunks=2, segment_inverse="kernel")
+  assert text.count('name = "vla_spd_inverse"') == 1 and "vla_penalty_scan" in text
+  x = jnp.zeros((1, 16, 1, 128))
+  for kw, match in (({"segment_inverse": "gpu"}, "segment_inverse"),
+                    ({"segment_inverse": "kernel"}, "dk up to 64")):
+    with pytest.raises(ValueError, match=match):
+      vla_pallas(x, x, x, x, jnp.zeros((1, 1, 128, 128)), jnp.eye(128)[None, None],
+                 config=KernelConfig(chunk_size=16, **kw))

@@ -24,15 +24,17 @@ def _run(script, out, T, *flags):
 
 
 def test_profile_forward_smoke(tmp_path):
-  rows = _run("profile_forward.py", tmp_path, 128, "--variants", "4:tf32:1",
+  rows = _run("profile_forward.py", tmp_path, 128, "--variants", "4:tf32:1,4:tf32:1:kernel",
               "--state_outputs", "split")
   parts = [(r.get("part"), r.get("state_output")) for r in rows if "part" in r]
   assert parts == [("forward", "split"), ("state_only", "split")]
   variants = [r for r in rows if "variant" in r]
-  assert [r["segments"] for r in variants] == [2]     # 2 chunks, one segment each
+  assert [r["segments"] for r in variants] == [2, 2]     # 2 chunks, one segment each
+  assert [r["segment_inverse"] for r in variants] == ["xla", "kernel"]
   for r in variants:   # interpret mode runs the products at full precision
     assert "error" not in r and r["max_row_err"] < 1e-5, r
     assert np.isfinite(r["penalty_ms"]) and np.isfinite(r["kernel_ms"])
+    assert np.isfinite(r["inverses_ms"])
 
 
 def test_profile_backward_smoke(tmp_path):

@@ -1,0 +1,35 @@
+"""RESULTS.md's zoology section is computed from its rows: best rate on validation, test mean
+over seeds, state sizes, and the settings and mixers not yet run."""
+
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import report_results  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def _row(mixer, lr, seed, test, val, T=64, d_model=128):
+  return {"label": mixer, "mixer": mixer, "learning_rate": lr, "seed": seed, "steps": 4000,
+          "seq_len": T, "d_model": d_model, "test": {"mqar": {"accuracy": test}},
+          "validation": {"mqar": {"accuracy": val}}}
+
+
+def test_state_floats():
+  assert report_results.state_floats("deltanet", 128, 64) == 4 * 32 * 32
+  assert report_results.state_floats("vla", 128, 64) == 2 * 4 * 32 * 32       # S and A
+  assert report_results.state_floats("softmax_conv", 64, 512) == 2 * 512 * 64  # KV cache
+
+
+def test_zoology_section_from_rows():
+  rows = [_row("deltanet", lr, s, 1.0 if lr == 1e-3 else 0.5, 1.0 if lr == 1e-3 else 0.4)
+          for lr in (1e-3, 3e-3) for s in range(3)]
+  rows += [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
+  text = "\n".join(report_results.zoology_section(rows))
+  assert "| mixer | T = 64, d_model = 128 |" in text
+  assert "| DeltaNet | 1.000 ± 0.000 (min 1.000) @ 0.001 |" in text     # the validated rate
+  assert "| VLA | 0.490 ± 0.339 (min 0.250) @ 0.003 (of 1 rates) |" in text   # fewer rates: said
+  assert "| VLA | 8,192 |" in text and "| DeltaNet | 4,096 |" in text
+  assert "below: VLA 0.490" in text and "VLA at T = 64, d_model 128 (0.250, 0.970, 0.250)" in text
+  assert "T = 512 d_model 256" in text                                   # not run yet
