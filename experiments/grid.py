@@ -17,7 +17,8 @@ Grids (the settings of RESULTS.md):
   ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale and readout varied.
   ablation_demo: the same variants on configs/mqar_demo.py (--demo_steps steps, rate 3e-3;
             small enough for a CPU).
-Every job trains seeds 0, 1, 2 (--seeds).
+Every job trains seeds 0, 1, 2 (--seeds). --vla_impl=pallas trains the VLA jobs with the Pallas
+kernels (GPU; the same function as impl="chunked", tested, and vmapped over a job's runs).
 """
 
 import argparse
@@ -92,6 +93,17 @@ def jobs_for(grid, args):
   return [(grid,) + job for job in out]
 
 
+def all_jobs(args):
+  """The jobs of every grid in --grids, with --rates and --vla_impl applied."""
+  jobs = [j for g in args.grids.split(",") for j in jobs_for(g, args)]
+  if args.rates:
+    jobs = [j[:4] + (tuple(args.rates.split(",")),) + j[5:] for j in jobs]
+  if args.vla_impl:   # the other mixers have no Pallas form; rows record model.impl
+    jobs = [j[:3] + ({**j[3], "model.impl": args.vla_impl},) + j[4:]
+            if j[3].get("model.mixer") == "vla" else j for j in jobs]
+  return jobs
+
+
 def done_jobs(path):
   if not os.path.exists(path):
     return set()
@@ -112,7 +124,7 @@ def command(job, args):
   return cmd
 
 
-def main():
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--grids", default="capacity")
   parser.add_argument("--out_dir", required=True)
@@ -126,17 +138,23 @@ def main():
   parser.add_argument("--demo_steps", type=int, default=500)
   parser.add_argument("--rates", default="",
                       help="Comma list replacing every job's learning rates (default: the grid's).")
+  parser.add_argument("--vla_impl", default="",
+                      help="model.impl of the VLA jobs (e.g. pallas on a GPU: the same function "
+                           "as the default chunked, faster at long T); empty: the config's.")
   parser.add_argument("--only", default="",
                       help="Comma list: run only jobs whose name contains one of these, in "
                            "the order of the list.")
   parser.add_argument("--override", nargs=2, action="append", default=[],
                       metavar=("FIELD", "VALUE"), help="Extra --config.FIELD=VALUE for all.")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   args.long_Ts = [int(t) for t in args.long_Ts.split(",")]
+  return args
+
+
+def main():
+  args = parse_args()
   os.makedirs(os.path.join(args.out_dir, "logs"), exist_ok=True)
-  jobs = [j for g in args.grids.split(",") for j in jobs_for(g, args)]
-  if args.rates:
-    jobs = [j[:4] + (tuple(args.rates.split(",")),) + j[5:] for j in jobs]
+  jobs = all_jobs(args)
   # Jobs run in the order of the --only patterns (the first each matches), then grid order.
   only = args.only.split(",")
   rank = lambda j: next((i for i, o in enumerate(only) if o in j[1]), None)

@@ -1,0 +1,46 @@
+"""The grid driver's job list (experiments/grid.py), and VLA training with the Pallas kernels
+(interpret mode here), which `--vla_impl=pallas` selects on a GPU."""
+
+import pathlib
+import sys
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments"))
+
+import grid  # noqa: E402  pylint: disable=wrong-import-position
+from configs import base  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.training import from_config_dict  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.training.sweep import SweepTrainer  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def test_vla_impl_only_changes_the_vla_jobs():
+  plain = grid.all_jobs(grid.parse_args(["--out_dir", "x", "--grids", "long", "--long_Ts", "1024"]))
+  jobs = grid.all_jobs(grid.parse_args(["--out_dir", "x", "--grids", "long", "--long_Ts", "1024",
+                                        "--vla_impl", "pallas", "--rates", "1e-3"]))
+  assert len(jobs) == len(plain) == len(grid.MIXERS)
+  for j, p in zip(jobs, plain):
+    assert j[1] == p[1] and j[4] == ("1e-3",)
+    if j[3]["model.mixer"] == "vla":
+      assert j[3] == {**p[3], "model.impl": "pallas"}
+    else:
+      assert j[3] == p[3] and "model.impl" not in j[3]
+
+
+def test_vla_trains_the_same_with_pallas():
+  """One vmapped sweep step (two seeds) with impl="pallas" (interpret mode) and "scan"."""
+  def losses(impl):
+    c = base.get_base_config()
+    c.task.update({"vocab_size": 32, "seq_len": 32, "n_pairs": 4, "form": "zoology"})
+    c.model.update({"d_model": 32, "num_heads": 2, "head_dim": 16, "mixer": "vla",
+                    "impl": impl, "chunk_size": 16})
+    c.train.update({"batch_size": 4, "num_steps": 2, "eval_examples": 8, "eval_batch_size": 4})
+    trainer = SweepTrainer(from_config_dict(c), [0, 1], [1e-3])
+    state, out = trainer.init_state, []
+    for step in range(1):
+      state, metrics = trainer.train_step(state, *trainer.batch(step))
+      out.append(np.asarray(metrics["loss"]))
+    return np.array(out)
+  np.testing.assert_allclose(losses("pallas"), losses("scan"), rtol=2e-5)
