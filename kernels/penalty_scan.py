@@ -172,10 +172,14 @@ def segment_start_inverses(u_h, A0, config, S, L):
   plus the sum of u u^T before the segment (XLA: prefix sums of Grams, Cholesky inverse).
   u_h: [B, H, T_pad, dk] (zero-padded to S * L inside). The backward of `penalty_scan_grad`'s
   kernel variant differentiates this same function."""
+  return _spd_inverse(_segment_start_matrices(u_h, A0, S, L), refine=config.refine,
+                      precision=jax.lax.Precision.HIGHEST, solver=config.solver)
+
+
+def _segment_start_matrices(u_h, A0, S, L):
+  """M = A0^-1 + the sum of u u^T before each of segments 1..S-1: [B, H, S - 1, dk, dk]."""
   u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
-  M = _chunk_start_matrices(u_s, A0, L, u_h.dtype)[:, :, 1:]
-  return _spd_inverse(M, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
-                      solver=config.solver)
+  return _chunk_start_matrices(u_s, A0, L, u_h.dtype)[:, :, 1:]
 
 
 def segment_start_inverses_kernel(u_h, A0, config, S, L):
@@ -185,8 +189,7 @@ def segment_start_inverses_kernel(u_h, A0, config, S, L):
   ill-conditioned M needs about float32 accuracy). XLA keeps the prefix sums of the per-segment
   Grams. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
   B, H, _, dk = u_h.shape
-  u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
-  M = _chunk_start_matrices(u_s, A0, L, u_h.dtype)[:, :, 1:]
+  M = _segment_start_matrices(u_h, A0, S, L)
   full = config.interpret or M.dtype == jnp.float64
   fprec = (jax.lax.Precision.HIGHEST if full
            else jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3)
