@@ -11,7 +11,7 @@ OUT/<grid>.jsonl is skipped, so a second call continues the grid.
 
 Grids (the settings of RESULTS.md):
   capacity: configs/mqar_paper.py, n_pairs in 4..64, 3000 steps, rates 3e-4, 1e-3, 3e-3.
-  long:     configs/mqar_long.py, 8 pairs, T = 64..2048 (--long_Ts), rates 1e-3, 3e-3.
+  long:     configs/mqar_long.py, 8 pairs, T = 64..4096 (--long_Ts), rates 1e-3, 3e-3.
   copy:     configs/copy.py, rates 1e-3, 3e-3; scored at lengths 64, 128, 256.
   zoology:  configs/mqar_zoology.py at T/n = 64/4, 128/8, 256/16, 512/64, d_model 64/128/256.
   ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale and readout varied.
@@ -133,7 +133,7 @@ def parse_args(argv=None):
   parser.add_argument("--budget_s", type=float, default=540.0)
   parser.add_argument("--grace_s", type=float, default=30.0)
   parser.add_argument("--seeds", default="0,1,2")
-  parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048")
+  parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048,4096")
   parser.add_argument("--zoology_steps", type=int, default=4000)
   parser.add_argument("--demo_steps", type=int, default=500)
   parser.add_argument("--rates", default="",

@@ -298,7 +298,7 @@ ABLATION_VARIANTS = ("defaults", "lam0-0.1", "lam0-10", "penalty-0", "penalty-1"
                      "readout-additive", "readout-delta", "no-conv")
 
 
-LONG_TS = (64, 128, 256, 512, 1024, 2048)  # experiments/grid.py --long_Ts default
+LONG_TS = (64, 128, 256, 512, 1024, 2048, 4096)  # experiments/grid.py --long_Ts default
 
 
 def long_section(rows):
@@ -838,7 +838,7 @@ def main():
     out.extend(long_section(long_rows)[0])
   else:
     w("Not run yet: `python experiments/grid.py --grids=long --out_dir=OUT --gpus=0,1` "
-      "(configs/mqar_long.py, T = 64 to 2048; `--long_Ts` extends it).\n")
+      "(configs/mqar_long.py, T = 64 to 4096; `--long_Ts` extends it).\n")
   w("## 5. Zoology's MQAR against state size\n")
   zoo = R("mqar_zoology_h200.jsonl")
   if zoo:
