@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _spd_inverse
 from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota, spd_inverse
 from vla_jax.ops.vla.recurrence import WRITE_EPS
@@ -190,9 +191,7 @@ def segment_start_inverses_kernel(u_h, A0, config, S, L):
   Grams. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
   B, H, _, dk = u_h.shape
   M = _segment_start_matrices(u_h, A0, S, L)
-  full = config.interpret or M.dtype == jnp.float64
-  fprec = (jax.lax.Precision.HIGHEST if full
-           else jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3)
+  fprec = _factor_precision("tf32x3", M.dtype, config.interpret)
   A = spd_inverse(M.reshape(B * H, S - 1, dk, dk), refine=config.refine, factor_precision=fprec,
                   interpret=config.interpret)
   return A.reshape(B, H, S - 1, dk, dk)
