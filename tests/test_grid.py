@@ -1,7 +1,10 @@
 """The grid driver's job list (experiments/grid.py), and VLA training with the Pallas kernels
 (interpret mode here), which `--vla_impl=pallas` selects on a GPU."""
 
+import os
 import pathlib
+import site
+import subprocess
 import sys
 
 import numpy as np
@@ -44,3 +47,17 @@ def test_vla_trains_the_same_with_pallas():
       out.append(np.asarray(metrics["loss"]))
     return np.array(out)
   np.testing.assert_allclose(losses("pallas"), losses("scan"), rtol=2e-5)
+
+
+def test_kernels_import_from_a_source_checkout(tmp_path):
+  """Grid jobs run experiments/*.py, which put the checkout first on sys.path: `vla_jax` is then
+  the checkout's folder, and `vla_jax.kernels` must still resolve (to the top-level kernels/)."""
+  script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import vla_jax; "
+            "from vla_jax.kernels.penalty_scan import penalty_scan; "
+            "import vla_jax.kernels as k; print(vla_jax.__file__); print(k.__file__)")
+  # -S: site-packages on the path but no .pth files run, so no editable-install finder (as on a
+  # machine where the project is not installed and PYTHONPATH points at its dependencies).
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(site.getsitepackages())}
+  out = subprocess.run([sys.executable, "-S", "-c", script], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, check=True).stdout.split()
+  assert out == [str(ROOT / "vla_jax" / "__init__.py"), str(ROOT / "kernels" / "__init__.py")]
