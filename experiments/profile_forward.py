@@ -13,7 +13,8 @@ with warm-up and medians of `--reps` runs:
   penalty(...)      the penalty path alone (`penalty_scan._penalty_segments`: XLA segment-start
                     inverses + the `penalty_scan` kernel) for each variant of --variants
   inverses(...)     the segment-start inverses alone (`segment_start_inverses`, XLA, or
-                    `segment_start_inverses_kernel`)
+                    `segment_start_inverses_kernel`), and two of their parts: grams (the
+                    per-segment Grams and their prefix sums) and a0_inverse (A0's inverse)
   kernel(...)       the `penalty_scan` kernel alone on segment-start inverses made outside
 
 A variant is warps:prep_dot:segments[:inverse] (KernelConfig.scan_warps, prep_dot,
@@ -39,8 +40,8 @@ from bench_kernels import D, H, TOKENS, make_inputs
 from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
-from vla_jax.kernels.penalty import penalty_parallel
-from vla_jax.kernels.penalty_scan import (_penalty_segments, forward_scan_warps, penalty_scan,
+from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
+from vla_jax.kernels.penalty_scan import (_gram_prefix, _penalty_segments, forward_scan_warps, penalty_scan,
                                           segment_layout, segment_start_inverses,
                                           segment_start_inverses_kernel, segments_for)
 from vla_jax.kernels.state_path import _forward_pass
@@ -145,6 +146,12 @@ def main():
           row["inverses_ms"] = ms(jax.jit(lambda u, cfg=cfg, f=inverses: f(u, A0, cfg, S, L)),
                                   (u_h,), args.reps)
           A_start = jnp.concatenate([A_start, inverses(u_h, A0, cfg, S, L)], 2)
+          # Its parts: the per-segment Grams and their prefix sums, and the inverse of A0.
+          row["grams_ms"] = ms(jax.jit(lambda u: _gram_prefix(
+              jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T), (0, 0)]), L)[:, :, 1:]), (u_h,),
+                               args.reps)
+          row["a0_inverse_ms"] = ms(jax.jit(lambda a: _spd_inverse(
+              a, refine=False, precision=jax.lax.Precision.HIGHEST)), (A0,), args.reps)
         pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T), (0, 0)])
         kin = jax.block_until_ready((flat(A_start), flat(pad(e)), flat(pad(u_h))))
         kern = jax.jit(lambda a, e, u, cfg=cfg, fprec=fprec: penalty_scan(

@@ -151,13 +151,18 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
 
 def _chunk_start_matrices(u_h, A0, C, acc):
   """M_c = A_0^-1 + sum of the Grams U_m^T U_m of all earlier chunks: [B, H, N, dk, dk]."""
+  M0 = _spd_inverse(A0.astype(acc), refine=False, precision=jax.lax.Precision.HIGHEST)
+  return M0[:, :, None] + _gram_prefix(u_h, C)
+
+
+def _gram_prefix(u_h, C):
+  """The sums of the Grams U_m^T U_m of the chunks before each chunk (of C rows of u_h
+  [B, H, T_pad, dk]): [B, H, T_pad / C, dk, dk], zero for the first."""
   B, H, T_pad, dk = u_h.shape
   U = u_h.reshape(B, H, T_pad // C, C, dk)
   gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=jax.lax.Precision.HIGHEST)
-  before = jnp.concatenate([jnp.zeros_like(gram[:, :, :1]),     # exclusive prefix sum
-                            jnp.cumsum(gram, axis=2)[:, :, :-1]], axis=2)
-  M0 = _spd_inverse(A0.astype(acc), refine=False, precision=jax.lax.Precision.HIGHEST)
-  return M0[:, :, None] + before
+  return jnp.concatenate([jnp.zeros_like(gram[:, :, :1]),     # exclusive prefix sum
+                          jnp.cumsum(gram, axis=2)[:, :, :-1]], axis=2)
 
 
 def segment_layout(config, BH, N, warps=4):

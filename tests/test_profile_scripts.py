@@ -35,6 +35,7 @@ def test_profile_forward_smoke(tmp_path):
     assert "error" not in r and r["max_row_err"] < 1e-5, r
     assert np.isfinite(r["penalty_ms"]) and np.isfinite(r["kernel_ms"])
     assert np.isfinite(r["inverses_ms"])
+    assert np.isfinite(r["grams_ms"]) and np.isfinite(r["a0_inverse_ms"])
 
 
 def test_profile_backward_smoke(tmp_path):
