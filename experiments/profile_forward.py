@@ -150,8 +150,14 @@ def main():
           row["grams_ms"] = ms(jax.jit(lambda u: _gram_prefix(
               jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T), (0, 0)]), L)[:, :, 1:]), (u_h,),
                                args.reps)
-          row["a0_inverse_ms"] = ms(jax.jit(lambda a: _spd_inverse(
-              a, refine=False, precision=jax.lax.Precision.HIGHEST)), (A0,), args.reps)
+          if inv == "kernel":   # the spd_inverse kernel, as segment_start_inverses_kernel
+            a0_inverse = lambda a: split_prep.spd_inverse(
+                a.reshape(B * H, 1, D, D), refine=False, interpret=interpret,
+                factor_precision=_factor_precision("tf32x3", a.dtype, interpret))
+          else:
+            a0_inverse = lambda a: _spd_inverse(a, refine=False,
+                                                precision=jax.lax.Precision.HIGHEST)
+          row["a0_inverse_ms"] = ms(jax.jit(a0_inverse), (A0,), args.reps)
         pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T), (0, 0)])
         kin = jax.block_until_ready((flat(A_start), flat(pad(e)), flat(pad(u_h))))
         kern = jax.jit(lambda a, e, u, cfg=cfg, fprec=fprec: penalty_scan(

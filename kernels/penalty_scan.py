@@ -193,13 +193,16 @@ def segment_start_inverses_kernel(u_h, A0, config, S, L):
   program per segment start: dk elimination steps, A = Linv^T Linv, the Newton step with
   `config.refine`; tf32x3 products on a GPU, whatever `prep_dot` says: an inverse of a possibly
   ill-conditioned M needs about float32 accuracy). XLA keeps the prefix sums of the per-segment
-  Grams. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
+  Grams; A0's inverse runs in the same kernel (a second launch) instead of XLA's Cholesky
+  chain. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
   B, H, _, dk = u_h.shape
-  M = _segment_start_matrices(u_h, A0, S, L)
-  fprec = _factor_precision("tf32x3", M.dtype, config.interpret)
-  A = spd_inverse(M.reshape(B * H, S - 1, dk, dk), refine=config.refine, factor_precision=fprec,
-                  interpret=config.interpret)
-  return A.reshape(B, H, S - 1, dk, dk)
+  fprec = _factor_precision("tf32x3", A0.dtype, config.interpret)
+  inverse = lambda M, refine: spd_inverse(M.reshape(B * H, -1, dk, dk), refine=refine,
+                                          factor_precision=fprec, interpret=config.interpret)
+  M0 = inverse(A0, False).reshape(B, H, 1, dk, dk)
+  u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
+  M = M0 + _gram_prefix(u_s, L)[:, :, 1:]
+  return inverse(M, config.refine).reshape(B, H, S - 1, dk, dk)
 
 
 def scan_warps(config, dk):

@@ -165,7 +165,8 @@ def test_segment_inverse_kernel_matches_oracle_float64(x64):
 def test_segment_inverse_kernel_lowers_and_validates():
   text = _lower((1, 300, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=False, prep="scan",
                 segment_chunks=2, segment_inverse="kernel")
-  assert text.count('name = "vla_spd_inverse"') == 1 and "vla_penalty_scan" in text
+  # Two launches: the inverse of A0, then the segment starts.
+  assert text.count('name = "vla_spd_inverse"') == 2 and "vla_penalty_scan" in text
   x = jnp.zeros((1, 16, 1, 128))
   for kw, match in (({"segment_inverse": "gpu"}, "segment_inverse"),
                     ({"segment_inverse": "kernel"}, "dk up to 64")):
