@@ -2,8 +2,8 @@
 
 H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
 variant of --variants (split:local[:prep], split = KernelConfig.state_output and state_bwd
-together, "fused" or "split"; local = KernelConfig.state_local_vjp and prep =
-KernelConfig.grad_prep, "xla" or "kernel") it times, with
+together, "fused" or "split"; local = KernelConfig.state_local_vjp, "xla", "kernel" or
+"products"; prep = KernelConfig.grad_prep, "xla" or "kernel") it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
 gradient of sum(out * c), c a random cotangent):
 

@@ -52,7 +52,7 @@ STATE_OUTPUTS = ("auto", "fused", "split")
 # 32 programs, fused 1.20 against 1.27 ms at 256).
 SPLIT_OUTPUT_BELOW = 132
 STATE_BWDS = ("fused", "split")
-STATE_LOCAL_VJPS = ("xla", "kernel")
+STATE_LOCAL_VJPS = ("xla", "kernel", "products")
 GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("xla", "kernel")
 
@@ -152,8 +152,11 @@ class KernelConfig:
       against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms).
     state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
       e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
-      "xla" (default: `jax.vmap` of `jax.vjp` of `_chunk_map`) or "kernel" (one Pallas
-      program per (batch * head, chunk), the VJP written out: `state_grad.py`). Same function.
+      "xla" (default: `jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk
+      factors and differentiates them), "kernel" (one Pallas program per (batch * head,
+      chunk), the VJP written out: `state_grad.py`) or "products" (the same written-out VJP as
+      14 batched XLA products over all chunks, reusing the forward's P and unit-triangular
+      inverse, kept as residuals: `_local_vjp_products`). Same function.
       dk, dv <= 64 only (ptxas, sm_90a: 192 KB of shared memory and 216 stack bytes per
       thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's 227 KB). H200, d = 64,
       T = 4096: the state path's forward+backward 6.2 ms against 5.7 with XLA (slower).
@@ -301,21 +304,27 @@ class KernelConfig:
 
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
 
-def _factors(q, e, w, v, precision, solver):
-  """U' = T V, W' = T E, P = tril(Q W^T) for chunks q, e, w: [..., C, dk], v: [..., C, dv]."""
+def _factors(q, e, w, v, precision, solver, with_inverse=False):
+  """U' = T V, W' = T E, P = tril(Q W^T) for chunks q, e, w: [..., C, dk], v: [..., C, dv]
+  (with_inverse: also T = (I + strictly_lower(E W^T))^-1 [..., C, C])."""
   C, dv = q.shape[-2], v.shape[-1]
   mm = functools.partial(jnp.einsum, precision=precision)
   strict = jnp.tril(jnp.ones((C, C), bool), -1)
   L = jnp.where(strict, mm("...ik,...jk->...ij", e, w), 0.0) + jnp.eye(C, dtype=e.dtype)
   VE = jnp.concatenate([v, e], axis=-1)
+  Tinv = None
   if solver == "nilpotent":
-    X = mm("...ij,...jd->...id", tri_inverse(L, unit_diagonal=True, precision=precision), VE)
-  elif solver == "doubling":
-    X = mm("...ij,...jd->...id", tril_inverse_products(L, True, precision), VE)
+    Tinv = tri_inverse(L, unit_diagonal=True, precision=precision)
+  elif solver == "doubling" or with_inverse:
+    Tinv = tril_inverse_products(L, True, precision)
+  if Tinv is not None:
+    X = mm("...ij,...jd->...id", Tinv, VE)
   else:
     X = jax.lax.linalg.triangular_solve(L, VE, left_side=True, lower=True,
                                         unit_diagonal=True)
   P = jnp.where(jnp.tril(jnp.ones((C, C), bool)), mm("...ik,...jk->...ij", q, w), 0.0)
+  if with_inverse:
+    return X[..., :dv], X[..., dv:], P, Tinv
   return X[..., :dv], X[..., dv:], P
 
 
@@ -603,21 +612,48 @@ def _merge(x):
   return x.reshape(x.shape[0], -1, x.shape[-1])
 
 
-def _prepare(cfg, q, e, w, v):
+def _prepare(cfg, q, e, w, v, with_inverse=False):
   """U', W', P [BH, N*C, .] of every chunk: XLA `_factors`, or with cfg.grad_prep="kernel" the
-  `split_prep.state_prep` kernel."""
+  `split_prep.state_prep` kernel. with_inverse: also the chunks' unit-triangular inverses T
+  [BH, N, C, C] (XLA `_factors` only; None from the kernel)."""
   acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
   if cfg.grad_prep == "kernel":
     from vla_jax.kernels.chunk_prep import _factor_precision   # chunk_prep imports this module
     from vla_jax.kernels.split_prep import state_prep
-    return state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C,
-                      precision=cfg.precision,
-                      factor_precision=_factor_precision(cfg.factor_dot, acc, cfg.interpret),
-                      num_warps=cfg.prep_warps, interpret=cfg.interpret)
+    out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C,
+                     precision=cfg.precision,
+                     factor_precision=_factor_precision(cfg.factor_dot, acc, cfg.interpret),
+                     num_warps=cfg.prep_warps, interpret=cfg.interpret)
+    return (*out, None) if with_inverse else out
   chunks = [_split(x.astype(acc), C) for x in (q, e, w, v)]
-  Up, Wp, P = _factors(*chunks, cfg.precision, cfg.solver)
-  return _merge(Up), _merge(Wp), _merge(P)
+  Up, Wp, P, *Tinv = _factors(*chunks, cfg.precision, cfg.solver, with_inverse=with_inverse)
+  return (_merge(Up), _merge(Wp), _merge(P), *Tinv)
+
+
+def _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
+  """Chunk-local cotangents (dq, de, dw, dv), the VJP of `_chunk_map` with each chunk's start
+  state fixed, written out (`state_grad.py` has the derivation) as batched products over all
+  chunks. P [BH, N*C, C] and Tinv [BH, N, C, C] (None: recomputed) are the forward's."""
+  acc, C = S_c.dtype, cfg.chunk_size
+  mm = functools.partial(jnp.einsum, precision=cfg.precision)
+  Q, E, W, V, dOc = (_split(x.astype(acc), C) for x in (q, e, w, v, dO))
+  P = _split(P, C)
+  r = jnp.arange(C)
+  lower, strict = r[:, None] >= r[None, :], r[:, None] > r[None, :]
+  if Tinv is None:
+    L = jnp.where(strict, mm("bnik,bnjk->bnij", E, W), 0.0) + jnp.eye(C, dtype=acc)
+    Tinv = tril_inverse_products(L, True, cfg.precision)
+  R = mm("bnij,bnjv->bniv", Tinv, V - mm("bnck,bnvk->bncv", E, S_c))          # [C, dv]
+  dR = mm("bnij,bniv->bnjv", P, dOc) + mm("bnck,bnvk->bncv", W, dS_next)     # P^T dO + W dSn^T
+  dP = jnp.where(lower, mm("bniv,bnjv->bnij", dOc, R), 0.0)
+  dX = mm("bnij,bniv->bnjv", Tinv, dR)                                       # T^T dR
+  dLm = jnp.where(strict, -mm("bniv,bnjv->bnij", dX, R), 0.0)
+  dq = mm("bncv,bnvk->bnck", dOc, S_c) + mm("bnij,bnjk->bnik", dP, W)
+  dw = (mm("bnij,bnik->bnjk", dP, Q) + mm("bncv,bnvk->bnck", R, dS_next)
+        + mm("bnij,bnik->bnjk", dLm, E))
+  de = mm("bnij,bnjk->bnik", dLm, W) - mm("bncv,bnvk->bnck", dX, S_c)
+  return tuple(_merge(g).astype(x.dtype) for g, x in zip((dq, de, dw, dX), (q, e, w, v)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -628,16 +664,20 @@ def _state_path(cfg, q, e, w, v, S0):
 
 
 def _state_path_fwd(cfg, q, e, w, v, S0):
-  Up, Wp, P = _prepare(cfg, q, e, w, v)
+  products = cfg.state_local_vjp == "products"
+  Up, Wp, P, *Tinv = _prepare(cfg, q, e, w, v, with_inverse=products)
   O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
-  return (O, S_T), (q, e, w, v, S0, Wp, P, S_c)
+  return (O, S_T), (q, e, w, v, S0, Wp, P, S_c, Tinv[0] if products else None)
 
 
 def _state_path_bwd(cfg, res, cts):
-  q, e, w, v, S0, Wp, P, S_c = res
+  q, e, w, v, S0, Wp, P, S_c, Tinv = res
   dO, dS_T = cts
   acc, C = Wp.dtype, cfg.chunk_size
   dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc))
+  if cfg.state_local_vjp == "products":
+    return (*_local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv),
+            dS0.astype(S0.dtype))
   if cfg.state_local_vjp == "kernel":
     grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C,
                             precision=cfg.precision, num_warps=8,   # fewer spills than 4

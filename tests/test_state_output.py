@@ -60,12 +60,19 @@ def test_split_backward_lowers_for_h200():
   assert 'vla_state_bwd"' not in text
 
 
-@pytest.mark.parametrize("option", ["state_local_vjp", "grad_prep"])
-def test_kernel_options_match_xla_float64(x64, option):
+@pytest.mark.parametrize("option,value,extra", [
+    ("state_local_vjp", "kernel", {}),
+    ("grad_prep", "kernel", {}),
+    ("state_local_vjp", "products", {}),                         # the forward's T reused
+    ("state_local_vjp", "products", {"grad_prep": "kernel"}),    # T recomputed
+    ("state_local_vjp", "products", {"solver": "triangular_solve"}),
+])
+def test_kernel_options_match_xla_float64(x64, option, value, extra):
   """KernelConfig(state_local_vjp="kernel"): the chunk-local cotangents written out in one
   kernel; KernelConfig(grad_prep="kernel"): the chunk factors of the differentiated state path
   from the state-prep kernel. Gradients of state_path alone (all of q, e, w, v, S0) equal the
-  XLA path's (vla_pallas's gradients with every option on: the last test)."""
+  XLA path's (vla_pallas's gradients with every option on: the last test).
+  KernelConfig(state_local_vjp="products"): the same written-out VJP as batched XLA products."""
   from vla_jax.kernels import state_path
   rng = np.random.default_rng(44)
   BH, T, dk, dv = 3, 48, 16, 32
@@ -76,13 +83,14 @@ def test_kernel_options_match_xla_float64(x64, option):
   cot_o, cot_S = rng.standard_normal((BH, T, dv)), rng.standard_normal((BH, dv, dk))
   args = [jnp.asarray(x) for x in (q, e, w, v, S0)]
 
-  def grads(value):
-    cfg = _config(16, interpret=True, **{option: value})
+  def grads(value, **kw):
+    cfg = _config(16, interpret=True, **{option: value}, **kw)
     loss = lambda *a: (lambda o, S: jnp.sum(o * cot_o) + jnp.sum(S * cot_S))(
         *state_path(*a, config=cfg))
     return jax.jit(jax.grad(loss, argnums=range(5)))(*args)
 
-  for name, g, x in zip(("q", "e", "w", "v", "S0"), grads("kernel"), grads("xla")):
+  want = grads("xla")   # the default: autodiff of the chunk map (and XLA factors)
+  for name, g, x in zip(("q", "e", "w", "v", "S0"), grads(value, **extra), want):
     assert _rel(g, x) < 1e-12, (name, _rel(g, x))
 
 
@@ -93,6 +101,12 @@ def test_all_state_kernel_options_together_float64(x64):
   cfg = _config(32, state_output="split", state_bwd="split", state_local_vjp="kernel",
                 grad_prep="kernel")
   _assert_grads_match_scan(cfg, 75, seed=46, dv=32)
+
+
+def test_products_local_vjp_matches_scan_float64(x64):
+  """state_local_vjp="products" through vla_pallas (prep="scan" defaults otherwise):
+  gradients equal impl="scan"'s; 3 chunks at C = 32, the last partly padding."""
+  _assert_grads_match_scan(_config(32, state_local_vjp="products"), 75, seed=47, dv=32)
 
 
 def test_kernel_options_lower_for_h200():
