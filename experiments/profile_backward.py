@@ -1,9 +1,10 @@
 """Where the Pallas forward + backward's time goes, on one GPU.
 
 H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
-variant of --variants (split:local[:prep], split = KernelConfig.state_output and state_bwd
-together, "fused" or "split"; local = KernelConfig.state_local_vjp, "xla", "kernel" or
-"products"; prep = KernelConfig.grad_prep, "xla" or "kernel") it times, with
+variant of --variants (split:local[:prep[:seg]]; split = KernelConfig.state_output and
+state_bwd together, "fused" or "split"; local = KernelConfig.state_local_vjp, "xla", "kernel"
+or "products"; prep = KernelConfig.grad_prep, "xla" or "kernel"; seg =
+KernelConfig.segment_grad, "autodiff" or "products") it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
 gradient of sum(out * c), c a random cotangent):
 
@@ -73,9 +74,10 @@ def main():
     e = hm(k) / jnp.linalg.norm(hm(k), axis=-1, keepdims=True)
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
     for variant in args.variants.split(","):
-      split, local, prep = (variant.split(":") + ["xla"])[:3]
+      spec = variant.split(":")
+      split, local, prep, seg = spec + ["fused", "xla", "xla", "autodiff"][len(spec):]
       cfg = KernelConfig(state_output=split, state_bwd=split, state_local_vjp=local,
-                         grad_prep=prep, interpret=interpret)
+                         grad_prep=prep, segment_grad=seg, interpret=interpret)
       C, N = cfg.chunk_size, T // cfg.chunk_size
       parts = {}
       c_o = jax.random.normal(ks[4], (B, T, H, D), jnp.float32)

@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.kernels.chunk_prep import _factor_precision
-from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
+from vla_jax.kernels.penalty import _spd_inverse, _sym, chunk_rows, penalty_parallel
 from vla_jax.kernels.penalty_scan import (_penalty_segments, scan_warps, segment_layout,
                                           segment_start_inverses)
 from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
@@ -162,7 +162,13 @@ def _scan_kernel_bwd(config, res, cts):
   dkhat, du = chunked(dE), chunked(dU)
   dA_start = dA_start.reshape(B, H, S, dk, dk)
   dA0 = dA_start[:, :, 0]
-  if S > 1:
+  if S > 1 and config.segment_grad == "products":
+    A_seg = A_c[:, :, n::n][:, :, :S - 1]                # the inverses the forward started from
+    du_x, dA0_x = segment_start_vjp(u.reshape(B, H, T_pad, dk), A0, A_seg, dA_start[:, :, 1:],
+                                    S, L)
+    du = du + du_x.reshape(B, H, N, C, dk)
+    dA0 = dA0 + dA0_x
+  elif S > 1:
     _, pullback = jax.vjp(lambda u_h, A0: segment_start_inverses(u_h, A0, config, S, L),
                           u.reshape(B, H, T_pad, dk), A0)
     du_x, dA0_x = pullback(dA_start[:, :, 1:])
@@ -172,3 +178,26 @@ def _scan_kernel_bwd(config, res, cts):
 
 
 penalty_scan_grad.defvjp(_scan_fwd, _scan_bwd)
+
+
+def segment_start_vjp(u_h, A0, A_seg, dA_seg, S, L):
+  """The VJP of `penalty_scan.segment_start_inverses` written out (KernelConfig(segment_grad=
+  "products")): the gradient of the exact inverses A_s = M_s^-1, M_s = A0^-1 + sum of u_t u_t^T
+  over t < s L, s = 1..S-1.
+
+      dM_s = -A_s sym(dA_s) A_s,     du_t = 2 (sum of dM_s over s > t // L) u_t,
+      dA0  = -A0^-1 (sum of dM_s) A0^-1.
+
+  u_h: [B, H, T_pad, dk]; A0: [B, H, dk, dk]; A_seg, dA_seg: [B, H, S - 1, dk, dk] the
+  segment-start inverses (as the forward used them) and their cotangents. Returns (du_h, dA0)."""
+  B, H, T_pad, dk = u_h.shape
+  mm = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
+  dM = -mm(mm(A_seg, _sym(dA_seg)), A_seg)                         # [B, H, S - 1, dk, dk]
+  # Segment j's tokens feed M_s for s > j: suffix sums over s = j + 1 .. S - 1, j = 0 .. S - 2.
+  K = 2.0 * jnp.cumsum(dM[:, :, ::-1], axis=2)[:, :, ::-1]
+  u_s = u_h[:, :, :(S - 1) * L].reshape(B, H, S - 1, L, dk)      # (S - 1) L < T_pad always
+  du = mm(u_s, K).reshape(B, H, (S - 1) * L, dk)                  # K symmetric: rows u_t^T K
+  du = jnp.pad(du, [(0, 0), (0, 0), (0, T_pad - (S - 1) * L), (0, 0)])
+  M0 = _spd_inverse(A0, refine=False, precision=jax.lax.Precision.HIGHEST)
+  dA0 = -mm(mm(M0, jnp.sum(dM, axis=2)), M0)
+  return du.astype(u_h.dtype), dA0.astype(A0.dtype)

@@ -55,6 +55,7 @@ STATE_BWDS = ("fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel", "products")
 GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("xla", "kernel")
+SEGMENT_GRADS = ("autodiff", "products")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -170,8 +171,16 @@ class KernelConfig:
       (`penalty_scan.segment_start_inverses`) run: "xla" (default: a batched Cholesky, block-
       doubling inverses and the Newton step, several XLA kernels) or "kernel" (one Pallas
       program per segment start, `split_prep.spd_inverse` with tf32x3 products; dk <= 64,
-      where it does not spill). Same function; the differentiated path keeps XLA. Not yet timed
-      on a GPU (prediction in kernels/NOTES.md).
+      where it does not spill). Same function; the differentiated path keeps XLA. H200, d = 64:
+      no faster than XLA (kernels/NOTES.md); stays off.
+    segment_grad: how the backward of the penalty reverse kernel (penalty_grad "scan")
+      differentiates the segment-start inverses A_s = (A0^-1 + sum of u u^T before segment
+      s)^-1: "autodiff" (default: `jax.vjp` through the XLA Cholesky, block-doubling inverse,
+      Newton step and prefix sums) or "products" (written out, `penalty_grad.
+      segment_start_vjp`: dM_s = -A_s sym(dA_s) A_s, suffix sums over segments, du_t = 2
+      (sum of dM_s over the segments after t's) u_t, dA0 = -A0^-1 (sum of dM_s) A0^-1, with
+      the A_s the forward carried). The gradient of the exact inverse; equal to autodiff's to
+      rounding (tested in float64). Not yet timed on a GPU.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     scan_warps: Triton warps of the forward penalty-scan kernel on the inference path (the
@@ -207,6 +216,7 @@ class KernelConfig:
   state_local_vjp: str = "xla"
   grad_prep: str = "xla"
   segment_inverse: str = "xla"
+  segment_grad: str = "autodiff"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -253,6 +263,9 @@ class KernelConfig:
     if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
       raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
                        f"program needs ~480 KB of shared memory); got dk={dk}, dv={dv}")
+    if self.segment_grad not in SEGMENT_GRADS:
+      raise ValueError(f"segment_grad must be one of {SEGMENT_GRADS}; got "
+                       f"{self.segment_grad!r}")
     if self.segment_inverse not in SEGMENT_INVERSES:
       raise ValueError(f"segment_inverse must be one of {SEGMENT_INVERSES}; got "
                        f"{self.segment_inverse!r}")

@@ -53,6 +53,37 @@ def test_vla_pallas_gradients_match_scan_float64(x64, T, C, segment_chunks):
                                    segment_chunks=segment_chunks), T, seed=70 + T)
 
 
+@pytest.mark.parametrize("T,C,segment_chunks", [(45, 16, None), (77, 16, 3)])
+def test_segment_grad_products_matches_scan_float64(x64, T, C, segment_chunks):
+  """KernelConfig(segment_grad="products"): the segment-start inverses' VJP written out (3 and
+  2 segments, the second with a half-padding last segment)."""
+  _assert_grads_match_scan(_config(C, prep="scan", penalty_grad="scan", segment_grad="products",
+                                   segment_chunks=segment_chunks), T, seed=90 + T)
+
+
+def test_segment_start_vjp_equals_autodiff_float64(x64):
+  """`penalty_grad.segment_start_vjp` against `jax.vjp` of `segment_start_inverses` (XLA
+  Cholesky, doubling inverse, Newton step) on random u, a non-diagonal SPD A0 and random
+  (non-symmetric) cotangents: 4 segments of 2 chunks of 16, the last one short."""
+  from vla_jax.kernels.penalty_grad import segment_start_vjp
+  from vla_jax.kernels.penalty_scan import segment_start_inverses
+  rng = np.random.default_rng(95)
+  B, H, T_pad, dk, S, L = 1, 2, 112, 16, 4, 32
+  u = jnp.asarray(rng.standard_normal((B, H, T_pad, dk)) / 4)
+  X = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
+  A0 = jnp.asarray(np.linalg.inv(0.5 * np.eye(dk) + X @ np.swapaxes(X, -1, -2)))
+  dA = jnp.asarray(rng.standard_normal((B, H, S - 1, dk, dk)))
+  cfg = KernelConfig(chunk_size=16)
+  A_seg, pullback = jax.vjp(lambda u, A0: segment_start_inverses(u, A0, cfg, S, L), u, A0)
+  want = pullback(dA)
+  got = segment_start_vjp(u, A0, A_seg, dA, S, L)
+  chex.assert_trees_all_equal_shapes(got, want)
+  assert _rel(got[0], want[0]) < 1e-10
+  assert _rel(_sym(got[1]), _sym(want[1])) < 1e-10
+  with pytest.raises(ValueError, match="segment_grad"):
+    KernelConfig(segment_grad="exact").validate(16, 16)
+
+
 def test_vla_pallas_gradients_scan_bwd_unroll_false_float64(x64):
   """KernelConfig(scan_bwd_unroll=False), the reverse kernel's blocks in a loop (each block's
   start recomputed from the chunk start): gradients of `vla_pallas` equal impl="scan"'s, as the
