@@ -143,9 +143,9 @@ def _rows_kernel(ac_ref, e_ref, u_ref, ah_ref, at_ref, *, C, N, dk, fprec, acc):
           at_ref[cols[j], cols[i]] = T.T.astype(at_ref.dtype)
 
 
-def _state_prep_kernel(e_ref, ah_ref, q_ref, v_ref, up_ref, wp_ref, p_ref, *, C, fprec, sprec,
-                       acc):
-  # e_ref, ah_ref, q_ref, wp_ref: [C, dk]; v_ref, up_ref: [C, dv]; p_ref: [C, C].
+def _state_prep_kernel(e_ref, ah_ref, q_ref, v_ref, up_ref, wp_ref, p_ref, *t_ref, C, fprec,
+                       sprec, acc):
+  # e_ref, ah_ref, q_ref, wp_ref: [C, dk]; v_ref, up_ref: [C, dv]; p_ref, t_ref: [C, C].
   sdot = functools.partial(_dot, precision=sprec)
   r, c, _ = _iota(C)
   E = e_ref[...].astype(acc)
@@ -155,6 +155,8 @@ def _state_prep_kernel(e_ref, ah_ref, q_ref, v_ref, up_ref, wp_ref, p_ref, *, C,
   wp_ref[...] = sdot(T, E).astype(wp_ref.dtype)
   p_ref[...] = jnp.where(r >= c, sdot(q_ref[...].astype(acc), Ah, tb=True),
                          0.0).astype(p_ref.dtype)
+  if t_ref:   # with_inverse: T itself, for the state path's written-out backward
+    t_ref[0][...] = T.astype(t_ref[0].dtype)
 
 
 # ----------------------------------------------------------------------------- entry points
@@ -195,20 +197,23 @@ def penalty_rows(A_c, e, u, *, chunk_size, factor_precision, num_warps=4, interp
 
 
 def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps=4,
-               interpret=False):
+               interpret=False, with_inverse=False):
   """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] of the state path (kernel (c)), in e's
-  dtype. e, a, q: [BH, N*C, dk] erase keys, write keys, queries; v: [BH, N*C, dv]."""
+  dtype. e, a, q: [BH, N*C, dk] erase keys, write keys, queries; v: [BH, N*C, dv].
+  with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C]."""
   BH, NC, dk = e.shape
   C, dv, acc = chunk_size, v.shape[-1], e.dtype
   rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  n_out = 4 if with_inverse else 3
   return pl.pallas_call(
       functools.partial(_state_prep_kernel, C=C, fprec=factor_precision, sprec=precision,
                         acc=acc),
       grid=(BH, NC // C),
       in_specs=[rows(dk), rows(dk), rows(dk), rows(dv)],
-      out_specs=[rows(dv), rows(dk), rows(C)],
+      out_specs=[rows(dv), rows(dk), rows(C), rows(C)][:n_out],
       out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), acc),
                  jax.ShapeDtypeStruct((BH, NC, dk), acc),
-                 jax.ShapeDtypeStruct((BH, NC, C), acc)],
+                 jax.ShapeDtypeStruct((BH, NC, C), acc),
+                 jax.ShapeDtypeStruct((BH, NC, C), acc)][:n_out],
       compiler_params=_params(num_warps), interpret=interpret, name="vla_state_prep",
   )(e, a, q, v)

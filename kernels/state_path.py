@@ -155,12 +155,13 @@ class KernelConfig:
       e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
       "xla" (default: `jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk
       factors and differentiates them), "kernel" (one Pallas program per (batch * head,
-      chunk), the VJP written out: `state_grad.py`) or "products" (the same written-out VJP as
-      14 batched XLA products over all chunks, reusing the forward's P and unit-triangular
-      inverse, kept as residuals: `_local_vjp_products`). Same function.
-      dk, dv <= 64 only (ptxas, sm_90a: 192 KB of shared memory and 216 stack bytes per
-      thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's 227 KB). H200, d = 64,
-      T = 4096: the state path's forward+backward 6.2 ms against 5.7 with XLA (slower).
+      chunk), the VJP written out: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 192 KB
+      of shared memory and 216 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128,
+      above an SM's 227 KB); H200, d = 64, T = 4096: the state path's forward+backward 6.2 ms
+      against 5.7 with XLA, slower) or "products" (the same written-out VJP as 14 batched XLA
+      products over all chunks, reusing the forward's P and unit-triangular inverse T, kept
+      as residuals: `_local_vjp_products`; with grad_prep="kernel" the state-prep kernel
+      writes T out; not yet timed on a GPU). Same function.
     grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
       under differentiation (`state_path`, and `vla_pallas`'s gradient): "xla" (default:
       `_factors`) or "kernel" (the `split_prep.state_prep` kernel that the prep="scan" / "split"
@@ -628,7 +629,7 @@ def _merge(x):
 def _prepare(cfg, q, e, w, v, with_inverse=False):
   """U', W', P [BH, N*C, .] of every chunk: XLA `_factors`, or with cfg.grad_prep="kernel" the
   `split_prep.state_prep` kernel. with_inverse: also the chunks' unit-triangular inverses T
-  [BH, N, C, C] (XLA `_factors` only; None from the kernel)."""
+  [BH, N, C, C]."""
   acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
   if cfg.grad_prep == "kernel":
@@ -637,8 +638,12 @@ def _prepare(cfg, q, e, w, v, with_inverse=False):
     out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C,
                      precision=cfg.precision,
                      factor_precision=_factor_precision(cfg.factor_dot, acc, cfg.interpret),
-                     num_warps=cfg.prep_warps, interpret=cfg.interpret)
-    return (*out, None) if with_inverse else out
+                     num_warps=cfg.prep_warps, interpret=cfg.interpret,
+                     with_inverse=with_inverse)
+    if with_inverse:
+      Up, Wp, P, Tinv = out
+      return Up, Wp, P, _split(Tinv, C)
+    return out
   chunks = [_split(x.astype(acc), C) for x in (q, e, w, v)]
   Up, Wp, P, *Tinv = _factors(*chunks, cfg.precision, cfg.solver, with_inverse=with_inverse)
   return (_merge(Up), _merge(Wp), _merge(P), *Tinv)
@@ -647,16 +652,13 @@ def _prepare(cfg, q, e, w, v, with_inverse=False):
 def _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
   """Chunk-local cotangents (dq, de, dw, dv), the VJP of `_chunk_map` with each chunk's start
   state fixed, written out (`state_grad.py` has the derivation) as batched products over all
-  chunks. P [BH, N*C, C] and Tinv [BH, N, C, C] (None: recomputed) are the forward's."""
+  chunks. P [BH, N*C, C] and Tinv [BH, N, C, C] are the forward's."""
   acc, C = S_c.dtype, cfg.chunk_size
   mm = functools.partial(jnp.einsum, precision=cfg.precision)
   Q, E, W, V, dOc = (_split(x.astype(acc), C) for x in (q, e, w, v, dO))
   P = _split(P, C)
   r = jnp.arange(C)
   lower, strict = r[:, None] >= r[None, :], r[:, None] > r[None, :]
-  if Tinv is None:
-    L = jnp.where(strict, mm("bnik,bnjk->bnij", E, W), 0.0) + jnp.eye(C, dtype=acc)
-    Tinv = tril_inverse_products(L, True, cfg.precision)
   R = mm("bnij,bnjv->bniv", Tinv, V - mm("bnck,bnvk->bncv", E, S_c))          # [C, dv]
   dR = mm("bnij,bniv->bnjv", P, dOc) + mm("bnck,bnvk->bncv", W, dS_next)     # P^T dO + W dSn^T
   dP = jnp.where(lower, mm("bniv,bnjv->bnij", dOc, R), 0.0)

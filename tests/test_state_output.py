@@ -64,7 +64,7 @@ def test_split_backward_lowers_for_h200():
     ("state_local_vjp", "kernel", {}),
     ("grad_prep", "kernel", {}),
     ("state_local_vjp", "products", {}),                         # the forward's T reused
-    ("state_local_vjp", "products", {"grad_prep": "kernel"}),    # T recomputed
+    ("state_local_vjp", "products", {"grad_prep": "kernel"}),    # T from the kernel
     ("state_local_vjp", "products", {"solver": "triangular_solve"}),
 ])
 def test_kernel_options_match_xla_float64(x64, option, value, extra):
@@ -103,10 +103,20 @@ def test_all_state_kernel_options_together_float64(x64):
   _assert_grads_match_scan(cfg, 75, seed=46, dv=32)
 
 
-def test_products_local_vjp_matches_scan_float64(x64):
-  """state_local_vjp="products" through vla_pallas (prep="scan" defaults otherwise):
-  gradients equal impl="scan"'s; 3 chunks at C = 32, the last partly padding."""
-  _assert_grads_match_scan(_config(32, state_local_vjp="products"), 75, seed=47, dv=32)
+def test_written_out_backward_options_match_scan_float64(x64):
+  """state_local_vjp="products" with T from the state-prep kernel (grad_prep="kernel") and
+  segment_grad="products", through vla_pallas: gradients equal impl="scan"'s; 3 chunks at
+  C = 32, the last partly padding, one chunk per segment."""
+  cfg = _config(32, state_local_vjp="products", grad_prep="kernel", segment_grad="products",
+                segment_chunks=1)
+  _assert_grads_match_scan(cfg, 75, seed=47, dv=32)
+
+
+def test_written_out_backward_options_lower_for_h200():
+  text = _lower((1, 200, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
+                state_local_vjp="products", grad_prep="kernel", segment_grad="products",
+                segment_chunks=2)
+  assert "vla_state_prep" in text and "vla_state_bwd" in text and "vla_penalty_scan" in text
 
 
 def test_kernel_options_lower_for_h200():
