@@ -40,8 +40,8 @@ warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarnin
 
 
 
-def ms(fn, args, reps):
-  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=2)
+def ms(fn, args, reps, warmup):
+  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
 
 
 def fwd_and_grad(fn, n_args, cotangents):
@@ -56,6 +56,8 @@ def main():
   parser.add_argument("--out", default=".")
   parser.add_argument("--Ts", default="4096,32768")
   parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--warmup", type=int, default=2,
+                      help="untimed calls before each timing (the first compiles)")
   parser.add_argument("--variants", default="fused:xla,split:xla,split:kernel")
   parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
   args = parser.parse_args()
@@ -95,7 +97,8 @@ def main():
         fwd, grad = fwd_and_grad(fn, len(xs), cts)
         xs = jax.block_until_ready(xs)
         emit({"T": T, "B": B, "variant": variant, "part": name,
-              "fwd_ms": ms(fwd, xs, args.reps), "fwd_bwd_ms": ms(grad, xs, args.reps)})
+              "fwd_ms": ms(fwd, xs, args.reps, args.warmup),
+              "fwd_bwd_ms": ms(grad, xs, args.reps, args.warmup)})
       # The state path's reverse pass alone, on the factors of the same inputs.
       q_f, e_f, w_f, v_f = (flat(hm(q)), flat(e), flat(w), flat(hm(v)))
       Up, Wp, P = jax.jit(lambda *a: _prepare(cfg, *a))(q_f, e_f, w_f, v_f)
@@ -103,7 +106,7 @@ def main():
       rev = jax.jit(lambda dO, q, w, Wp, P: _backward_pass(cfg, dO, q, w, Wp, P,
                                                            jnp.zeros_like(flat(S0))))
       emit({"T": T, "B": B, "variant": variant, "part": "state_reverse",
-            "ms": ms(rev, jax.block_until_ready((dO, q_f, w_f, Wp, P)), args.reps)})
+            "ms": ms(rev, jax.block_until_ready((dO, q_f, w_f, Wp, P)), args.reps, args.warmup)})
 
   table.dump(args.out, "profile_backward.json")
 

@@ -41,8 +41,8 @@ from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
-from vla_jax.kernels.penalty_scan import (_gram_prefix, _penalty_segments, forward_scan_warps, penalty_scan,
-                                          segment_layout, segment_start_inverses,
+from vla_jax.kernels.penalty_scan import (_gram_prefix, _penalty_segments, forward_scan_warps,
+                                          penalty_scan, segment_layout, segment_start_inverses,
                                           segment_start_inverses_kernel, segments_for)
 from vla_jax.kernels.state_path import _forward_pass
 
@@ -52,8 +52,8 @@ DEFAULT_VARIANTS = ("4:tf32x3:1,4:tf32:1,4:ieee:1,4:tf32x3:2,8:tf32x3:1,2:tf32x3
                     "2:tf32x3:2,2:tf32:2,1:tf32x3:4,1:tf32:4,1:ieee:4")
 
 
-def ms(fn, args, reps):
-  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=2)
+def ms(fn, args, reps, warmup):
+  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
 
 
 def main():
@@ -61,6 +61,8 @@ def main():
   parser.add_argument("--out", default=".")
   parser.add_argument("--Ts", default="4096,32768")
   parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--warmup", type=int, default=2,
+                      help="untimed calls before each timing (the first compiles)")
   parser.add_argument("--variants", default=DEFAULT_VARIANTS)
   parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
   parser.add_argument("--state_outputs", default="fused",
@@ -89,12 +91,12 @@ def main():
       cfg_out = KernelConfig(state_output=out)
       emit({"T": T, "B": B, "part": "forward", "state_output": out, "ms": ms(jax.jit(
           lambda q, k, v, u, c=cfg_out: vla_pallas(q, k, v, u, S0, A0, config=c)[0]),
-          (q, k, v, u), args.reps)})
+          (q, k, v, u), args.reps, args.warmup)})
     if not interpret:
       emit({"T": T, "B": B, "part": "cudnn", "ms": ms(jax.jit(
           lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                        implementation="cudnn")),
-          (q, k, v), args.reps)})
+          (q, k, v), args.reps, args.warmup)})
 
     # Reference write directions: float64 XLA penalty path (parallel over chunks).
     with jax.enable_x64(True):
@@ -117,7 +119,7 @@ def main():
       cfg_out = KernelConfig(state_output=out, interpret=interpret)
       emit({"T": T, "B": B, "part": "state_only", "state_output": out,
             "ms": ms(jax.jit(lambda *a, c=cfg_out: state_only(*a, c)), (e_f, Ah, q_f, v_f),
-                     args.reps)})
+                     args.reps, args.warmup)})
 
     one_wave = segments_for(B * H, N)
     for spec in args.variants.split(","):
@@ -133,7 +135,7 @@ def main():
       try:
         fprec = _factor_precision(dot, jnp.float32, interpret)
         fn = jax.jit(lambda e, u, cfg=cfg, fprec=fprec: _penalty_segments(cfg, e, u, A0, fprec))
-        row["penalty_ms"] = ms(fn, (e, u_h), args.reps)
+        row["penalty_ms"] = ms(fn, (e, u_h), args.reps, args.warmup)
         W = np.asarray(fn(e, u_h)[0], np.float64)
         row["max_row_err"] = float(np.max(np.linalg.norm(W - W64, axis=-1)))
         row["mean_row_err"] = float(np.mean(np.linalg.norm(W - W64, axis=-1)))
@@ -144,12 +146,12 @@ def main():
           inverses = (segment_start_inverses_kernel if inv == "kernel"
                       else segment_start_inverses)
           row["inverses_ms"] = ms(jax.jit(lambda u, cfg=cfg, f=inverses: f(u, A0, cfg, S, L)),
-                                  (u_h,), args.reps)
+                                  (u_h,), args.reps, args.warmup)
           A_start = jnp.concatenate([A_start, inverses(u_h, A0, cfg, S, L)], 2)
           # Its parts: the per-segment Grams and their prefix sums, and the inverse of A0.
           row["grams_ms"] = ms(jax.jit(lambda u: _gram_prefix(
               jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T), (0, 0)]), L)[:, :, 1:]), (u_h,),
-                               args.reps)
+                               args.reps, args.warmup)
           if inv == "kernel":   # the spd_inverse kernel, as segment_start_inverses_kernel
             a0_inverse = lambda a: split_prep.spd_inverse(
                 a.reshape(B * H, 1, D, D), refine=False, interpret=interpret,
@@ -157,13 +159,13 @@ def main():
           else:
             a0_inverse = lambda a: _spd_inverse(a, refine=False,
                                                 precision=jax.lax.Precision.HIGHEST)
-          row["a0_inverse_ms"] = ms(jax.jit(a0_inverse), (A0,), args.reps)
+          row["a0_inverse_ms"] = ms(jax.jit(a0_inverse), (A0,), args.reps, args.warmup)
         pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T), (0, 0)])
         kin = jax.block_until_ready((flat(A_start), flat(pad(e)), flat(pad(u_h))))
         kern = jax.jit(lambda a, e, u, cfg=cfg, fprec=fprec: penalty_scan(
             a, e, u, block=cfg.scan_block, factor_precision=fprec,
             num_warps=forward_scan_warps(cfg, D), interpret=interpret))
-        row["kernel_ms"] = ms(kern, kin, args.reps)
+        row["kernel_ms"] = ms(kern, kin, args.reps, args.warmup)
       except Exception as err:  # a variant that fails to compile is a result, not a crash
         row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
       emit(row)

@@ -16,7 +16,8 @@ EXPERIMENTS = os.path.join(ROOT, "experiments")
 def _run(script, out, T, *flags):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, script), "--out", str(out),
-                         "--Ts", str(T), "--tokens", str(T), "--reps", "1", *flags],
+                         "--Ts", str(T), "--tokens", str(T), "--reps", "1", "--warmup", "0",
+                         *flags],
                         cwd=EXPERIMENTS, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(out / script.replace(".py", ".json")) as f:

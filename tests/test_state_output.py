@@ -65,7 +65,6 @@ def test_split_backward_lowers_for_h200():
     ("grad_prep", "kernel", {}),
     ("state_local_vjp", "products", {}),                         # the forward's T reused
     ("state_local_vjp", "products", {"grad_prep": "kernel"}),    # T from the kernel
-    ("state_local_vjp", "products", {"solver": "triangular_solve"}),
 ])
 def test_kernel_options_match_xla_float64(x64, option, value, extra):
   """KernelConfig(state_local_vjp="kernel"): the chunk-local cotangents written out in one
