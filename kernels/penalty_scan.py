@@ -231,8 +231,12 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   B, H, T_pad, dk = u_h.shape
   C = config.chunk_size
   N = T_pad // C
-  # The differentiated forward keeps the reverse kernel's warps and segments (`penalty_grad`).
-  warps = scan_warps(config, dk) if chunk_starts else forward_scan_warps(config, dk)
+  # The differentiated forward (chunk_starts) has the reverse kernel's warps and segments
+  # (`penalty_grad`) unless config.grad_scan_warps says otherwise.
+  if chunk_starts:
+    warps = config.grad_scan_warps or scan_warps(config, dk)
+  else:
+    warps = forward_scan_warps(config, dk)
   S, L = segment_layout(config, B * H, N, warps)
   pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
   A_start = A0[:, :, None]

@@ -191,6 +191,13 @@ class KernelConfig:
       grow to fill them: 4 / warps times as many. H200, d = 64, one-pass TF32: penalty path
       1.38 ms at 1 warp (8 segments) against 1.83 at 4 (2 segments), T = 4096, B = 8; with
       tf32x3 products 1 warp spills and is slower.
+    grad_scan_warps: Triton warps of the penalty-scan kernel in the differentiated forward
+      (which also writes every chunk-start inverse for the backward), or None (default): the
+      reverse kernel's (`prep_warps`, 8 at dk = 128) and its segments. With fewer warps the
+      forward's segments grow as on the inference path (4 / warps times as many); the reverse
+      kernel keeps its own layout, which it may (it reads A at every chunk start, and the
+      function does not depend on where segments start). Not yet timed on a GPU (on the
+      inference path 1 warp was 1.38 against 1.83 ms at T = 4096, d = 64).
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -207,6 +214,7 @@ class KernelConfig:
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
+  grad_scan_warps: int | None = None
   scan_block: int = 16
   scan_prefetch: bool = False
   segment_chunks: int | None = None
@@ -281,6 +289,9 @@ class KernelConfig:
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.scan_warps not in (None, 1, 2, 4, 8):
       raise ValueError(f"scan_warps must be None, 1, 2, 4 or 8; got {self.scan_warps!r}")
+    if self.grad_scan_warps not in (None, 1, 2, 4, 8):
+      raise ValueError(f"grad_scan_warps must be None, 1, 2, 4 or 8; got "
+                       f"{self.grad_scan_warps!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):

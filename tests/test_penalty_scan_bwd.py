@@ -5,6 +5,8 @@ segments and with the blocks in a loop (scan_bwd_unroll=False), the option needs
 KernelConfig.scan_bwd_unroll reaches the kernel, and the gradient and the kernel lower for an
 abstract H200."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -58,6 +60,27 @@ def test_segment_grad_products_matches_scan_float64(x64):
   at C = 16 is 5 chunks in 2 segments of 3 (the last half padding). More segments: below."""
   _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="scan", segment_grad="products",
                                    segment_chunks=3), 77, seed=167)
+
+
+def test_grad_scan_warps_forward_layout_differs_from_reverse_float64(x64, monkeypatch):
+  """KernelConfig(grad_scan_warps=1): the differentiated forward's penalty scan with 1-warp
+  programs and its own segments, the reverse kernel with its 4-warp layout. At test sizes both
+  layouts would be one chunk per segment, so `segments_for` is patched: 1-chunk segments for
+  1-warp programs (5 segments at T = 77, C = 16), 3-chunk ones for 4 warps (2 segments).
+  Gradients still equal impl="scan"'s (with segment_grad either way)."""
+  from vla_jax.kernels import penalty_scan
+  seen = []
+
+  def fake_segments_for(BH, N, resident=264):
+    seen.append(resident)
+    return 1 if resident > 264 else 3
+  monkeypatch.setattr(penalty_scan, "segments_for", fake_segments_for)
+  for seg_grad in ("autodiff", "products"):
+    _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="scan", grad_scan_warps=1,
+                                     segment_grad=seg_grad), 77, seed=177)
+  assert 264 * 4 in seen and 264 in seen     # both layouts were used
+  with pytest.raises(ValueError, match="grad_scan_warps"):
+    KernelConfig(grad_scan_warps=3).validate(16, 16)
 
 
 def test_segment_start_vjp_equals_autodiff_float64(x64):
@@ -138,6 +161,19 @@ def test_gradient_lowers_for_h200():
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_penalty_scan") == 1 and count("vla_penalty_scan_bwd") == 1
   assert count("vla_state_fwd") == 1 and count("vla_state_bwd") == 1
+
+
+def test_grad_scan_warps_lowers_for_h200():
+  """grad_scan_warps=1: the differentiated forward's scan runs 1-warp programs, the reverse
+  kernel keeps 4."""
+  cfg = KernelConfig(chunk_size=64, prep="scan", penalty_grad="scan", segment_chunks=2,
+                     grad_scan_warps=1)
+  warps = {}
+  for line in _lowered_grad_lines(cfg, T=300):
+    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd"):
+      if f'name = "{name}"' in line:
+        warps[name] = re.findall(r"num_warps = (\d+)", line)
+  assert warps == {"vla_penalty_scan": ["1"], "vla_penalty_scan_bwd": ["4"]}, warps
 
 
 @pytest.mark.parametrize("unroll", [True, False])
