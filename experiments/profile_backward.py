@@ -1,11 +1,11 @@
 """Where the Pallas forward + backward's time goes, on one GPU.
 
 H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
-variant of --variants (split:local[:prep[:seg[:warps]]]; split = KernelConfig.state_output
-and state_bwd together, "fused" or "split"; local = KernelConfig.state_local_vjp, "xla",
-"kernel" or "products"; prep = KernelConfig.grad_prep, "xla" or "kernel"; seg =
-KernelConfig.segment_grad, "autodiff" or "products"; warps = KernelConfig.grad_scan_warps, 0
-for None) it times, with
+variant of --variants (split:local[:prep[:seg[:fwarps[:bwarps]]]]; split =
+KernelConfig.state_output and state_bwd together, "fused" or "split"; local =
+KernelConfig.state_local_vjp, "xla", "kernel" or "products"; prep = KernelConfig.grad_prep,
+"xla" or "kernel"; seg = KernelConfig.segment_grad, "autodiff" or "products"; fwarps, bwarps =
+KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None) it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
 gradient of sum(out * c), c a random cotangent):
 
@@ -78,10 +78,11 @@ def main():
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
     for variant in args.variants.split(","):
       spec = variant.split(":")
-      split, local, prep, seg, gw = spec + ["fused", "xla", "xla", "autodiff", "0"][len(spec):]
+      split, local, prep, seg, gw, bw = spec + ["fused", "xla", "xla", "autodiff", "0",
+                                                "0"][len(spec):]
       cfg = KernelConfig(state_output=split, state_bwd=split, state_local_vjp=local,
                          grad_prep=prep, segment_grad=seg, grad_scan_warps=int(gw) or None,
-                         interpret=interpret)
+                         bwd_scan_warps=int(bw) or None, interpret=interpret)
       C, N = cfg.chunk_size, T // cfg.chunk_size
       parts = {}
       c_o = jax.random.normal(ks[4], (B, T, H, D), jnp.float32)

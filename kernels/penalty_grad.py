@@ -141,7 +141,10 @@ def _scan_kernel_bwd(config, res, cts):
   dW, dA_T = cts
   B, H, N, C, dk = khat.shape
   acc = A_c.dtype
-  S, L = segment_layout(config, B * H, N, scan_warps(config, dk))   # as the forward's
+  # The reverse kernel's own layout (the forward wrote A at every chunk start, so the two need
+  # not match): `bwd_scan_warps` warps, or the default `scan_warps`.
+  warps = config.bwd_scan_warps or scan_warps(config, dk)
+  S, L = segment_layout(config, B * H, N, warps)
   n = L // C
   T_pad = N * C
   rows = lambda x: jnp.pad(x.astype(acc).reshape(B * H, T_pad, dk),
@@ -152,7 +155,6 @@ def _scan_kernel_bwd(config, res, cts):
   dA_end = jnp.zeros((B * H, S, dk, dk), acc).at[:, -1].set(
       _sym(dA_T.astype(acc)).reshape(B * H, dk, dk))
   fprec = _factor_precision(config.factor_dot, acc, config.interpret)
-  warps = scan_warps(config, dk)
   dU, dE, dA_start = penalty_scan_bwd(A_s, rows(khat), rows(u), rows(dW), dA_end,
                                       chunk_size=C, block=config.scan_block,
                                       unroll=config.scan_bwd_unroll,

@@ -198,6 +198,11 @@ class KernelConfig:
       kernel keeps its own layout, which it may (it reads A at every chunk start, and the
       function does not depend on where segments start). Not yet timed on a GPU (on the
       inference path 1 warp was 1.38 against 1.83 ms at T = 4096, d = 64).
+    bwd_scan_warps: Triton warps of the reverse penalty kernel (penalty_grad "scan"), or None
+      (default): `prep_warps` (8 at dk = 128). Its segments grow with fewer warps as the
+      forward's do (more segment starts to differentiate: see `segment_grad`). Same function.
+      Not yet timed on a GPU; fewer warps may spill (the reverse program carries A and its
+      cotangent).
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 
@@ -215,6 +220,7 @@ class KernelConfig:
   prep_warps: int = 4
   scan_warps: int | None = None
   grad_scan_warps: int | None = None
+  bwd_scan_warps: int | None = None
   scan_block: int = 16
   scan_prefetch: bool = False
   segment_chunks: int | None = None
@@ -289,9 +295,9 @@ class KernelConfig:
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     if self.scan_warps not in (None, 1, 2, 4, 8):
       raise ValueError(f"scan_warps must be None, 1, 2, 4 or 8; got {self.scan_warps!r}")
-    if self.grad_scan_warps not in (None, 1, 2, 4, 8):
-      raise ValueError(f"grad_scan_warps must be None, 1, 2, 4 or 8; got "
-                       f"{self.grad_scan_warps!r}")
+    for name in ("grad_scan_warps", "bwd_scan_warps"):
+      if getattr(self, name) not in (None, 1, 2, 4, 8):
+        raise ValueError(f"{name} must be None, 1, 2, 4 or 8; got {getattr(self, name)!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):

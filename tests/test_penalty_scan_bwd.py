@@ -79,8 +79,14 @@ def test_grad_scan_warps_forward_layout_differs_from_reverse_float64(x64, monkey
     _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="scan", grad_scan_warps=1,
                                      segment_grad=seg_grad), 77, seed=177)
   assert 264 * 4 in seen and 264 in seen     # both layouts were used
-  with pytest.raises(ValueError, match="grad_scan_warps"):
-    KernelConfig(grad_scan_warps=3).validate(16, 16)
+  # The other way round: bwd_scan_warps=1 gives the reverse kernel the 1-chunk segments.
+  seen.clear()
+  _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="scan", bwd_scan_warps=1,
+                                   segment_grad="products"), 77, seed=178)
+  assert 264 * 4 in seen and 264 in seen
+  for name in ("grad_scan_warps", "bwd_scan_warps"):
+    with pytest.raises(ValueError, match=name):
+      KernelConfig(**{name: 3}).validate(16, 16)
 
 
 def test_segment_start_vjp_equals_autodiff_float64(x64):
@@ -164,16 +170,16 @@ def test_gradient_lowers_for_h200():
 
 
 def test_grad_scan_warps_lowers_for_h200():
-  """grad_scan_warps=1: the differentiated forward's scan runs 1-warp programs, the reverse
-  kernel keeps 4."""
+  """grad_scan_warps=1, bwd_scan_warps=2: the differentiated forward's scan runs 1-warp
+  programs, the reverse kernel 2-warp ones."""
   cfg = KernelConfig(chunk_size=64, prep="scan", penalty_grad="scan", segment_chunks=2,
-                     grad_scan_warps=1)
+                     grad_scan_warps=1, bwd_scan_warps=2)
   warps = {}
   for line in _lowered_grad_lines(cfg, T=300):
     for name in ("vla_penalty_scan", "vla_penalty_scan_bwd"):
       if f'name = "{name}"' in line:
         warps[name] = re.findall(r"num_warps = (\d+)", line)
-  assert warps == {"vla_penalty_scan": ["1"], "vla_penalty_scan_bwd": ["4"]}, warps
+  assert warps == {"vla_penalty_scan": ["1"], "vla_penalty_scan_bwd": ["2"]}, warps
 
 
 @pytest.mark.parametrize("unroll", [True, False])
