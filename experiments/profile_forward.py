@@ -41,8 +41,9 @@ from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _spd_inverse, penalty_parallel
-from vla_jax.kernels.penalty_scan import (_gram_prefix, _penalty_segments, forward_scan_warps,
-                                          penalty_scan, segment_layout, segment_start_inverses,
+from vla_jax.kernels.penalty_scan import (_penalty_segments, _segment_gram_prefix,
+                                          forward_scan_warps, penalty_scan, segment_layout,
+                                          segment_start_inverses,
                                           segment_start_inverses_kernel, segments_for)
 from vla_jax.kernels.state_path import _forward_pass
 
@@ -149,8 +150,7 @@ def main():
                                   (u_h,), args.reps, args.warmup)
           A_start = jnp.concatenate([A_start, inverses(u_h, A0, cfg, S, L)], 2)
           # Its parts: the per-segment Grams and their prefix sums, and the inverse of A0.
-          row["grams_ms"] = ms(jax.jit(lambda u: _gram_prefix(
-              jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T), (0, 0)]), L)[:, :, 1:]), (u_h,),
+          row["grams_ms"] = ms(jax.jit(lambda u: _segment_gram_prefix(u, S, L)), (u_h,),
                                args.reps, args.warmup)
           if inv == "kernel":   # the spd_inverse kernel, as segment_start_inverses_kernel
             a0_inverse = lambda a: split_prep.spd_inverse(

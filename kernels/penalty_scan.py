@@ -184,8 +184,15 @@ def segment_start_inverses(u_h, A0, config, S, L):
 
 def _segment_start_matrices(u_h, A0, S, L):
   """M = A0^-1 + the sum of u u^T before each of segments 1..S-1: [B, H, S - 1, dk, dk]."""
+  M0 = _spd_inverse(A0.astype(u_h.dtype), refine=False, precision=jax.lax.Precision.HIGHEST)
+  return M0[:, :, None] + _segment_gram_prefix(u_h, S, L)
+
+
+def _segment_gram_prefix(u_h, S, L):
+  """The sum of u u^T before each of segments 1..S-1 (u_h [B, H, T_pad, dk] zero-padded to
+  S * L): [B, H, S - 1, dk, dk]."""
   u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
-  return _chunk_start_matrices(u_s, A0, L, u_h.dtype)[:, :, 1:]
+  return _gram_prefix(u_s, L)[:, :, 1:]
 
 
 def segment_start_inverses_kernel(u_h, A0, config, S, L):
@@ -199,9 +206,7 @@ def segment_start_inverses_kernel(u_h, A0, config, S, L):
   fprec = _factor_precision("tf32x3", A0.dtype, config.interpret)
   inverse = lambda M, refine: spd_inverse(M.reshape(B * H, -1, dk, dk), refine=refine,
                                           factor_precision=fprec, interpret=config.interpret)
-  M0 = inverse(A0, False).reshape(B, H, 1, dk, dk)
-  u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
-  M = M0 + _gram_prefix(u_s, L)[:, :, 1:]
+  M = inverse(A0, False).reshape(B, H, 1, dk, dk) + _segment_gram_prefix(u_h, S, L)
   return inverse(M, config.refine).reshape(B, H, S - 1, dk, dk)
 
 

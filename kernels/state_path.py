@@ -293,9 +293,7 @@ class KernelConfig:
       raise ValueError(f"state_bwd must be one of {STATE_BWDS}; got {self.state_bwd!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
-    if self.scan_warps not in (None, 1, 2, 4, 8):
-      raise ValueError(f"scan_warps must be None, 1, 2, 4 or 8; got {self.scan_warps!r}")
-    for name in ("grad_scan_warps", "bwd_scan_warps"):
+    for name in ("scan_warps", "grad_scan_warps", "bwd_scan_warps"):
       if getattr(self, name) not in (None, 1, 2, 4, 8):
         raise ValueError(f"{name} must be None, 1, 2, 4 or 8; got {getattr(self, name)!r}")
     if self.prep_dot not in PREP_DOTS:
