@@ -248,7 +248,7 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   if S > 1:
     # The differentiated forward keeps the XLA inversions (their VJP is the backward's).
     inverses = (segment_start_inverses_kernel
-                if config.segment_inverse == "kernel" and not chunk_starts
+                if config.segment_inverter(dk) == "kernel" and not chunk_starts
                 else segment_start_inverses)
     A_start = jnp.concatenate([A_start, inverses(u_h, A0, config, S, L)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])

@@ -54,7 +54,7 @@ SPLIT_OUTPUT_BELOW = 132
 STATE_BWDS = ("fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel", "products")
 GRAD_PREPS = ("xla", "kernel")
-SEGMENT_INVERSES = ("xla", "kernel")
+SEGMENT_INVERSES = ("auto", "xla", "kernel")
 SEGMENT_GRADS = ("autodiff", "products")
 
 
@@ -153,35 +153,39 @@ class KernelConfig:
       against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms).
     state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
       e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
-      "xla" (default: `jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk
-      factors and differentiates them), "kernel" (one Pallas program per (batch * head,
-      chunk), the VJP written out: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 192 KB
-      of shared memory and 216 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128,
-      above an SM's 227 KB); H200, d = 64, T = 4096: the state path's forward+backward 6.2 ms
-      against 5.7 with XLA, slower) or "products" (the same written-out VJP as 14 batched XLA
-      products over all chunks, reusing the forward's P and unit-triangular inverse T, kept
-      as residuals: `_local_vjp_products`; with grad_prep="kernel" the state-prep kernel
-      writes T out; not yet timed on a GPU). Same function.
+      "products" (default: the VJP written out as 14 batched XLA products over all chunks,
+      reusing the forward's P and unit-triangular inverse T, kept as residuals:
+      `_local_vjp_products`; with grad_prep="kernel" the state-prep kernel writes T out),
+      "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk factors and
+      differentiates them) or "kernel" (one Pallas program per (batch * head, chunk), the
+      same VJP: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 192 KB of shared memory
+      and 216 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's
+      227 KB)). Same function. H200, H = 16, d = 64, bf16, T = 4096, B = 8: the state path's
+      forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel");
+      the whole call 10.8 against 11.8 ms (kernels/NOTES.md).
     grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
-      under differentiation (`state_path`, and `vla_pallas`'s gradient): "xla" (default:
-      `_factors`) or "kernel" (the `split_prep.state_prep` kernel that the prep="scan" / "split"
-      forward already runs; products at `factor_dot`). Same function. H200, d = 64, T = 4096:
-      the state path's differentiated forward 1.36 ms against 1.70, forward+backward 5.5
-      against 5.7 ms, the whole call within noise (11.9 against 11.8 ms).
+      under differentiation (`state_path`, and `vla_pallas`'s gradient): "kernel" (default:
+      the `split_prep.state_prep` kernel that the prep="scan" / "split" forward already runs;
+      products at `factor_dot`) or "xla" (`_factors`). Same function. H200, d = 64, T = 4096:
+      alone within noise (the whole call 11.9 against 11.8 ms with "xla"); with the other
+      written-out backward defaults it also supplies T, and the three together give 9.7 ms
+      against 11.8.
     segment_inverse: with prep="scan", where the inference path's segment-start inverses
-      (`penalty_scan.segment_start_inverses`) run: "xla" (default: a batched Cholesky, block-
-      doubling inverses and the Newton step, several XLA kernels) or "kernel" (one Pallas
-      program per segment start, `split_prep.spd_inverse` with tf32x3 products; dk <= 64,
-      where it does not spill). Same function; the differentiated path keeps XLA. H200, d = 64:
-      no faster than XLA (kernels/NOTES.md); stays off.
+      (`penalty_scan.segment_start_inverses`) run: "kernel" (one Pallas program per segment
+      start, and one for A0, `split_prep.spd_inverse` with tf32x3 products; dk <= 64, where
+      it does not spill), "xla" (a batched Cholesky, block-doubling inverses and the Newton
+      step, several XLA kernels) or "auto" (default: "kernel" at dk <= 64, else "xla";
+      `segment_inverter`). Same function; the differentiated path keeps XLA. H200, H = 16,
+      d = 64, bf16: penalty path 1.34 ms against 1.49 at T = 4096, B = 8; 1.32 against 1.55
+      at T = 32768, B = 1.
     segment_grad: how the backward of the penalty reverse kernel (penalty_grad "scan")
       differentiates the segment-start inverses A_s = (A0^-1 + sum of u u^T before segment
-      s)^-1: "autodiff" (default: `jax.vjp` through the XLA Cholesky, block-doubling inverse,
-      Newton step and prefix sums) or "products" (written out, `penalty_grad.
-      segment_start_vjp`: dM_s = -A_s sym(dA_s) A_s, suffix sums over segments, du_t = 2
-      (sum of dM_s over the segments after t's) u_t, dA0 = -A0^-1 (sum of dM_s) A0^-1, with
-      the A_s the forward carried). The gradient of the exact inverse; equal to autodiff's to
-      rounding (tested in float64). Not yet timed on a GPU.
+      s)^-1: "products" (default: written out, `penalty_grad.segment_start_vjp`: dM_s = -A_s
+      sym(dA_s) A_s, suffix sums over segments, du_t = 2 (sum of dM_s over the segments after
+      t's) u_t, dA0 = -A0^-1 (sum of dM_s) A0^-1, with the A_s the forward carried; the
+      gradient of the exact inverse, equal to autodiff's to rounding, tested in float64) or
+      "autodiff" (`jax.vjp` through the XLA Cholesky, block-doubling inverse, Newton step and
+      prefix sums). H200, d = 64, T = 4096, B = 8: forward+backward 11.5 ms against 11.8.
     prep_warps: Triton warps per program of the chunk-prep kernel(s) (prep="kernel": its tiles
       are 16 x 16, so fewer warps than the state kernel may pay). Default 4.
     scan_warps: Triton warps of the forward penalty-scan kernel on the inference path (the
@@ -196,8 +200,9 @@ class KernelConfig:
       reverse kernel's (`prep_warps`, 8 at dk = 128) and its segments. With fewer warps the
       forward's segments grow as on the inference path (4 / warps times as many); the reverse
       kernel keeps its own layout, which it may (it reads A at every chunk start, and the
-      function does not depend on where segments start). Not yet timed on a GPU (on the
-      inference path 1 warp was 1.38 against 1.83 ms at T = 4096, d = 64).
+      function does not depend on where segments start). H200, d = 64, T = 4096, B = 8:
+      1 warp 12.0 ms against 11.8 forward+backward alone, 9.6 against 9.7 with the written-
+      out defaults: within noise, so None stays.
     bwd_scan_warps: Triton warps of the reverse penalty kernel (penalty_grad "scan"), or None
       (default): `prep_warps` (8 at dk = 128). Its segments grow with fewer warps as the
       forward's do (more segment starts to differentiate: see `segment_grad`). Same function.
@@ -228,10 +233,10 @@ class KernelConfig:
   scan_bwd_unroll: bool = False
   state_output: str = "auto"
   state_bwd: str = "fused"
-  state_local_vjp: str = "xla"
-  grad_prep: str = "xla"
-  segment_inverse: str = "xla"
-  segment_grad: str = "autodiff"
+  state_local_vjp: str = "products"
+  grad_prep: str = "kernel"
+  segment_inverse: str = "auto"
+  segment_grad: str = "products"
   interpret: bool = False
 
   def validate(self, dk, dv):
@@ -310,6 +315,13 @@ class KernelConfig:
       return self.prep_dot
     return ("tf32" if self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
             else "tf32x3")
+
+  def segment_inverter(self, dk):
+    """segment_inverse with "auto" resolved for key head dim dk: "kernel" when dk <= 64
+    (where the spd_inverse program does not spill), else "xla"."""
+    if self.segment_inverse == "auto":
+      return "kernel" if dk <= 64 else "xla"
+    return self.segment_inverse
 
   @property
   def penalty_backward(self):

@@ -251,12 +251,13 @@ class TestGpuLowering:
     lowered = lower_for_h200(jax.grad(loss, argnums=range(4)), *args)
     text = lowered.as_text()
     # The default config's gradient: the penalty scan and its reverse kernel, the state path's
-    # forward (at these few programs, state_output="auto" is the chain + output pair) and
-    # reverse kernels, each once.
+    # chunk factors (grad_prep="kernel"), forward (at these few programs, state_output="auto"
+    # is the chain + output pair) and reverse kernels, each once.
     assert cfg.output_form(B * H, dv) == "split"
     forward = ("vla_state_chain", "vla_state_out")
-    assert text.count("__gpu$xla.gpu.triton") == 5
-    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd", "vla_state_bwd") + forward:
+    assert text.count("__gpu$xla.gpu.triton") == 6
+    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd", "vla_state_prep",
+                 "vla_state_bwd") + forward:
       assert text.count(f'name = "{name}"') == 1, name
 
   def test_state_output_auto(self):
