@@ -68,10 +68,11 @@ def floor_ms(B, T, C, backward):
   return 1e3 * max(io / BANDWIDTH, flops / MATMUL)
 
 
-def make_inputs(B, T, seed=0):
+def make_inputs(B, T, seed=0, d=D):
+  """q, k, v, u [B, T, H, d] bfloat16 (u scaled by 1 / sqrt(d))."""
   ks = jax.random.split(jax.random.PRNGKey(seed), 4)
-  q, k, v = (jax.random.normal(x, (B, T, H, D), jnp.bfloat16) for x in ks[:3])
-  u = (jax.random.normal(ks[3], (B, T, H, D), jnp.float32) / np.sqrt(D)).astype(jnp.bfloat16)
+  q, k, v = (jax.random.normal(x, (B, T, H, d), jnp.bfloat16) for x in ks[:3])
+  u = (jax.random.normal(ks[3], (B, T, H, d), jnp.float32) / np.sqrt(d)).astype(jnp.bfloat16)
   return q, k, v, u
 
 

@@ -1,11 +1,14 @@
 """Where the Pallas forward + backward's time goes, on one GPU.
 
-H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
+H = 16, d = 64 (--dim), bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
 variant of --variants (split:local[:prep[:seg[:fwarps[:bwarps]]]]; split =
 KernelConfig.state_output and state_bwd together, "fused" or "split"; local =
 KernelConfig.state_local_vjp, "xla", "kernel" or "products"; prep = KernelConfig.grad_prep,
 "xla" or "kernel"; seg = KernelConfig.segment_grad, "autodiff" or "products"; fwarps, bwarps =
-KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None) it times, with
+KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None; fields left out are
+"xla", "xla", "autodiff", 0, 0, the defaults before the written-out backward, so that
+"fused:xla" keeps naming the same configuration across result files; the library's defaults
+are fused:products:kernel:products) it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
 gradient of sum(out * c), c a random cotangent):
 
@@ -13,9 +16,9 @@ gradient of sum(out * c), c a random cotangent):
   penalty        the penalty path as the differentiated call runs it
                  (`penalty_grad.penalty_scan_grad`: the `penalty_scan` kernel forward, the
                  reverse kernel and the XLA segment-start VJP backward), on unit keys and u
-  state          the state path (`state_path`: XLA chunk factors, the sequential kernel(s),
-                 the reverse kernel(s) and the XLA chunk-local VJPs), on write directions
-                 made outside the timed call
+  state          the state path (`state_path`: the chunk factors, the sequential kernel(s),
+                 the reverse kernel(s) and the chunk-local VJPs, as the variant says), on
+                 write directions made outside the timed call
   state_reverse  the state path's reverse pass alone (`state_path._backward_pass`)
 
 What the parts leave out of `vla`'s time is glue (layout changes, unit keys, normalising the
@@ -31,7 +34,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from bench_kernels import D, H, TOKENS, make_inputs
+from bench_kernels import H, TOKENS, make_inputs
 from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty_grad import penalty_scan_grad
@@ -61,7 +64,9 @@ def main():
                       help="untimed calls before each timing (the first compiles)")
   parser.add_argument("--variants", default="fused:xla,split:xla,split:kernel")
   parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
+  parser.add_argument("--dim", type=int, default=64, help="head dim d (dk = dv; 64 or 128)")
   args = parser.parse_args()
+  D = args.dim
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
   print(jax.devices(), flush=True)
   table = Rows()
@@ -69,7 +74,7 @@ def main():
 
   for T in [int(t) for t in args.Ts.split(",")]:
     B = max(1, args.tokens // T)
-    q, k, v, u = make_inputs(B, T, seed=T)
+    q, k, v, u = make_inputs(B, T, seed=T, d=D)
     ks = jax.random.split(jax.random.PRNGKey(T + 1), 8)      # cotangents: ks[4:]
     A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
     S0 = jnp.zeros((B, H, D, D), jnp.float32)

@@ -1,7 +1,7 @@
 """Where the Pallas forward's time goes, and variants of its penalty scan, on one GPU.
 
-H = 16, d = 64, bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T it times,
-with warm-up and medians of `--reps` runs:
+H = 16, d = 64 (--dim), bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T it
+times, with warm-up and medians of `--reps` runs:
 
   forward           `vla_pallas` at the library's defaults (what a user calls), once per
                     value of --state_outputs (KernelConfig.state_output)
@@ -18,7 +18,7 @@ with warm-up and medians of `--reps` runs:
   kernel(...)       the `penalty_scan` kernel alone on segment-start inverses made outside
 
 A variant is warps:prep_dot:segments[:inverse] (KernelConfig.scan_warps, prep_dot,
-segment_chunks and segment_inverse, "xla" when left out),
+segment_chunks and segment_inverse, "xla" when left out; "kernel" only at d = 64),
 segments a multiple of the one-wave count of 4-warp programs (`segments_for`; "0.01" is about
 one segment: A carried through the whole sequence, the longest carry and so the largest drift
 of one-pass TF32 products). The library's default at precision=DEFAULT is 1:tf32:4 (1-warp
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_kernels import D, H, TOKENS, make_inputs
+from bench_kernels import H, TOKENS, make_inputs
 from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
@@ -66,10 +66,12 @@ def main():
                       help="untimed calls before each timing (the first compiles)")
   parser.add_argument("--variants", default=DEFAULT_VARIANTS)
   parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
+  parser.add_argument("--dim", type=int, default=64, help="head dim d (dk = dv; 64 or 128)")
   parser.add_argument("--state_outputs", default="fused",
                       help="comma list of KernelConfig.state_output: forward and state_only "
                            "rows per value")
   args = parser.parse_args()
+  D = args.dim
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only
   print(jax.devices(), flush=True)
   table = Rows()
@@ -77,7 +79,7 @@ def main():
 
   for T in [int(t) for t in args.Ts.split(",")]:
     B = max(1, args.tokens // T)
-    q, k, v, u = make_inputs(B, T)
+    q, k, v, u = make_inputs(B, T, d=D)
     base = KernelConfig(interpret=interpret)
     C, N = base.chunk_size, T // base.chunk_size
     A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
