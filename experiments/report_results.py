@@ -249,7 +249,9 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_2026-11-30b.jsonl", "bench_h200_2026-11-30c.jsonl",
                "bench_h200_2026-11-30d.jsonl", "bench_h200_2026-11-30e.jsonl",
                "bench_h200_triton_jax.jsonl", "bench_h200_2026-11-30f.jsonl",
-               "bench_h200_2026-11-30g.jsonl", "bench_h200_2026-11-30h.jsonl")
+               "bench_h200_2026-11-30g.jsonl", "bench_h200_2026-11-30h.jsonl",
+               "bench_h200_2026-11-30i.jsonl", "bench_h200_2026-11-30j.jsonl",
+               "bench_h200_2026-11-30k.jsonl", "bench_h200_2026-11-30l.jsonl")
 
 
 def kernel_claim_row(results_dir):
@@ -329,16 +331,7 @@ def long_section(rows):
     text += " Not run yet: " + "; ".join(
         f"T = {T}" + ("" if len(ms) == len(MIXER_ORDER) else
                       " (" + " / ".join(name(m) for m in ms) + ")") for T, ms in missing) + "."
-  by_impl = collections.defaultdict(set)
-  for r in rows:
-    if r["model"].get("impl") == "pallas":
-      by_impl[r["seq_len"]].add(r["seed"])
-  if by_impl:
-    text += (" VLA runs trained with the Pallas kernels (`--vla_impl=pallas`, the same function "
-             "as the default XLA chunked form; `tests/test_grid.py` checks a training step of "
-             "each against impl=\"scan\"): " + "; ".join(
-                 f"T = {T}, seeds {', '.join(map(str, sorted(seeds)))}"
-                 for T, seeds in sorted(by_impl.items())) + ".")
+  text += pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")
   if ("softmax_conv", 1024) not in summary:
     text += (" At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "
              "step; both attempts so far ran out of memory while packed with other jobs on one "
@@ -360,6 +353,22 @@ def state_floats(mixer, d_model, T):
     return 2 * T * d_model
   heads = d_model // HEAD_DIM
   return heads * HEAD_DIM ** 2 * (2 if mixer.startswith("vla") else 1)
+
+
+def pallas_note(rows, key, where):
+  """A sentence naming the runs trained with the Pallas kernels (model impl "pallas"), grouped
+  by key(row) and named by where(key); "" when there are none."""
+  by_key = collections.defaultdict(set)
+  for r in rows:
+    if r.get("model", {}).get("impl") == "pallas":
+      by_key[key(r)].add(r["seed"])
+  if not by_key:
+    return ""
+  seeds = lambda s: ("seed " if len(s) == 1 else "seeds ") + ", ".join(map(str, sorted(s)))
+  return (" VLA runs trained with the Pallas kernels (`--vla_impl=pallas`, the same function "
+          "as the default XLA chunked form; `tests/test_grid.py` checks a training step of "
+          "each against impl=\"scan\"): " + "; ".join(
+              f"{where(k)}, {seeds(s)}" for k, s in sorted(by_key.items())) + ".")
 
 
 def zoology_section(rows, plot_path=None, rel=lambda p: p):
@@ -423,6 +432,7 @@ def zoology_section(rows, plot_path=None, rel=lambda p: p):
   if partial:
     text += " Mixers not yet run at a setting: " + "; ".join(
         f"T = {T}, d_model {d}: " + " / ".join(name(m) for m in ms) for (T, d), ms in partial) + "."
+  text += pallas_note(rows, lambda r: r["setting"], lambda st: f"T = {st[0]}, d_model {st[1]}")
   lines.append(text + "\n")
   if plot_path:
     plot_zoology(summary, plot_path)

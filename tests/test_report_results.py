@@ -33,3 +33,14 @@ def test_zoology_section_from_rows():
   assert "| VLA | 8,192 |" in text and "| DeltaNet | 4,096 |" in text
   assert "below: VLA 0.490" in text and "VLA at T = 64, d_model 128 (0.250, 0.970, 0.250)" in text
   assert "T = 512 d_model 256" in text                                   # not run yet
+
+
+def test_pallas_note_names_the_pallas_trained_runs():
+  rows = [dict(_row("vla", 3e-3, s, 1.0, 1.0, T=T), model={"impl": impl})
+          for s, T, impl in ((0, 128, "pallas"), (1, 128, "pallas"), (2, 128, "chunked"),
+                             (0, 256, "pallas"))]
+  note = report_results.pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")
+  assert note.endswith("T = 128, seeds 0, 1; T = 256, seed 0."), note
+  assert report_results.pallas_note(rows[2:3], lambda r: r["seq_len"], str) == ""
+  text = "\n".join(report_results.zoology_section(rows))
+  assert "T = 128, d_model 128, seeds 0, 1; T = 256, d_model 128, seed 0." in text
