@@ -148,8 +148,8 @@ def main():
                       help="KernelConfig.state_output (fused, split)")
   parser.add_argument("--state_bwd", default="fused",
                       help="KernelConfig.state_bwd (fused, split; with --grad)")
-  parser.add_argument("--state_local_vjp", default="xla",
-                      help="KernelConfig.state_local_vjp (xla, kernel; with --grad)")
+  parser.add_argument("--state_local_vjp", default=KernelConfig().state_local_vjp,
+                      help="KernelConfig.state_local_vjp (products, xla, kernel; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
   parser.add_argument("--segment_chunks", type=int, default=None,
