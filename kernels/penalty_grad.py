@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.kernels.chunk_prep import _factor_precision
-from vla_jax.kernels.penalty import _spd_inverse, _sym, chunk_rows, penalty_parallel
-from vla_jax.kernels.penalty_scan import (_penalty_segments, scan_warps, segment_layout,
-                                          segment_start_inverses)
+from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
+from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, scan_warps,
+                                          segment_layout, segment_start_inverses)
 from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
 
 
@@ -200,6 +200,6 @@ def segment_start_vjp(u_h, A0, A_seg, dA_seg, S, L):
   u_s = u_h[:, :, :(S - 1) * L].reshape(B, H, S - 1, L, dk)      # (S - 1) L < T_pad always
   du = mm(u_s, K).reshape(B, H, (S - 1) * L, dk)                  # K symmetric: rows u_t^T K
   du = jnp.pad(du, [(0, 0), (0, 0), (0, T_pad - (S - 1) * L), (0, 0)])
-  M0 = _spd_inverse(A0, refine=False, precision=jax.lax.Precision.HIGHEST)
+  M0 = _a0_inverse(A0, A0.dtype)
   dA0 = -mm(mm(M0, jnp.sum(dM, axis=2)), M0)
   return du.astype(u_h.dtype), dA0.astype(A0.dtype)

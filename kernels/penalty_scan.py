@@ -149,10 +149,15 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
   )(A_start, e, u)
 
 
+def _a0_inverse(A0, dtype):
+  """M0 = A0^-1 [..., dk, dk] in `dtype` (XLA Cholesky inverse, HIGHEST products, no Newton
+  step): the penalty matrix before the first token, which every segment start adds to."""
+  return _spd_inverse(A0.astype(dtype), refine=False, precision=jax.lax.Precision.HIGHEST)
+
+
 def _chunk_start_matrices(u_h, A0, C, acc):
   """M_c = A_0^-1 + sum of the Grams U_m^T U_m of all earlier chunks: [B, H, N, dk, dk]."""
-  M0 = _spd_inverse(A0.astype(acc), refine=False, precision=jax.lax.Precision.HIGHEST)
-  return M0[:, :, None] + _gram_prefix(u_h, C)
+  return _a0_inverse(A0, acc)[:, :, None] + _gram_prefix(u_h, C)
 
 
 def _gram_prefix(u_h, C):
@@ -184,8 +189,7 @@ def segment_start_inverses(u_h, A0, config, S, L):
 
 def _segment_start_matrices(u_h, A0, S, L):
   """M = A0^-1 + the sum of u u^T before each of segments 1..S-1: [B, H, S - 1, dk, dk]."""
-  M0 = _spd_inverse(A0.astype(u_h.dtype), refine=False, precision=jax.lax.Precision.HIGHEST)
-  return M0[:, :, None] + _segment_gram_prefix(u_h, S, L)
+  return _a0_inverse(A0, u_h.dtype)[:, :, None] + _segment_gram_prefix(u_h, S, L)
 
 
 def _segment_gram_prefix(u_h, S, L):
