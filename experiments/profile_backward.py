@@ -1,12 +1,14 @@
 """Where the Pallas forward + backward's time goes, on one GPU.
 
 H = 16, d = 64 (--dim), bfloat16 inputs, B * T = 32,768 tokens (B = 1 beyond). For each T and each
-variant of --variants (split:local[:prep[:seg[:fwarps[:bwarps]]]]; split =
+variant of --variants (split:local[:prep[:seg[:fwarps[:bwarps[:segs]]]]]; split =
 KernelConfig.state_output and state_bwd together, "fused" or "split"; local =
 KernelConfig.state_local_vjp, "xla", "kernel" or "products"; prep = KernelConfig.grad_prep,
 "xla" or "kernel"; seg = KernelConfig.segment_grad, "autodiff" or "products"; fwarps, bwarps =
-KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None; fields left out are
-"xla", "xla", "autodiff", 0, 0, the defaults before the written-out backward, so that
+KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None; segs = the penalty scans'
+segments as a multiple of the one-wave count of 4-warp programs (`segments_for`, as in
+profile_forward.py), 0 for the library's layout; fields left out are
+"xla", "xla", "autodiff", 0, 0, 0, the defaults before the written-out backward, so that
 "fused:xla" keeps naming the same configuration across result files; the library's defaults
 are fused:products:kernel:products) it times, with
 warm-up and medians of `--reps` runs, each part's forward and its forward + backward (the
@@ -38,6 +40,7 @@ from bench_kernels import H, TOKENS, make_inputs
 from timing import Rows, median_seconds
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty_grad import penalty_scan_grad
+from vla_jax.kernels.penalty_scan import segments_for
 from vla_jax.kernels.state_path import _backward_pass, _prepare
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -83,12 +86,16 @@ def main():
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
     for variant in args.variants.split(","):
       spec = variant.split(":")
-      split, local, prep, seg, gw, bw = spec + ["fused", "xla", "xla", "autodiff", "0",
-                                                "0"][len(spec):]
+      split, local, prep, seg, gw, bw, segs = spec + ["fused", "xla", "xla", "autodiff", "0",
+                                                      "0", "0"][len(spec):]
+      N = T // KernelConfig().chunk_size
+      seg_chunks = (max(1, int(segments_for(B * H, N) / float(segs))) if float(segs)
+                    else None)
       cfg = KernelConfig(state_output=split, state_bwd=split, state_local_vjp=local,
                          grad_prep=prep, segment_grad=seg, grad_scan_warps=int(gw) or None,
-                         bwd_scan_warps=int(bw) or None, interpret=interpret)
-      C, N = cfg.chunk_size, T // cfg.chunk_size
+                         bwd_scan_warps=int(bw) or None, segment_chunks=seg_chunks,
+                         interpret=interpret)
+      C = cfg.chunk_size
       parts = {}
       c_o = jax.random.normal(ks[4], (B, T, H, D), jnp.float32)
       parts["vla"] = (lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg)[:1],

@@ -250,8 +250,13 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_2026-11-30d.jsonl", "bench_h200_2026-11-30e.jsonl",
                "bench_h200_triton_jax.jsonl", "bench_h200_2026-11-30f.jsonl",
                "bench_h200_2026-11-30g.jsonl", "bench_h200_2026-11-30h.jsonl",
-               "bench_h200_2026-11-30i.jsonl", "bench_h200_2026-11-30j.jsonl",
-               "bench_h200_2026-11-30k.jsonl", "bench_h200_2026-11-30l.jsonl")
+               "bench_h200_2026-11-30i.jsonl",
+               # p (d = 64 scan rows with pallas beside them) before j, so that j's pallas rows
+               # at the T both measured stay paired with j's cuDNN and fla rows.
+               "bench_h200_2026-11-30p.jsonl", "bench_h200_2026-11-30j.jsonl",
+               "bench_h200_2026-11-30k.jsonl", "bench_h200_2026-11-30l.jsonl",
+               "bench_h200_2026-11-30m.jsonl", "bench_h200_2026-11-30n.jsonl",
+               "bench_h200_2026-11-30o.jsonl")
 
 
 def kernel_claim_row(results_dir):

@@ -172,9 +172,11 @@ def _gram_prefix(u_h, C):
 
 def segment_layout(config, BH, N, warps=4):
   """(S, L): the number of segments and tokens per segment for B * H = BH sequences of N
-  chunks (`config.segment_chunks`, or `segments_for` with the kernel's `warps`: programs of
-  fewer than 4 warps fit 4 / warps times as many to an SM)."""
-  seg = config.segment_chunks or segments_for(BH, N, resident=264 * max(1, 4 // warps))
+  chunks (`config.segment_chunks`, or `segments_for` with the kernel's `warps`: 264 resident
+  programs at 4 warps, 4 / warps times as many at other counts. At 8 warps (dk = 128) that is
+  132, one per SM: such a program holds the whole register file, so 264 would make a second
+  wave of segments that only adds inverses)."""
+  seg = config.segment_chunks or segments_for(BH, N, resident=264 * 4 // warps)
   return -(-N // seg), seg * config.chunk_size
 
 

@@ -79,6 +79,9 @@ def test_report_verdicts_from_data(tmp_path):
     rows.append(_row("cudnn", "softmax_attention", "fwd+bwd", T, 1.0))           # never crosses
   rows.append(dict(_row("xla", "softmax_attention", "fwd", 16384, None), status="OOM",
                    note="RESOURCE_EXHAUSTED"))
+  # A length only the scan was timed at (no cuDNN or fla row there) is not ranked.
+  rows.append(_row("scan", "vla", "fwd", 6000, 500.0))
+  rows.append(_row("pallas", "vla", "fwd", 6000, 10.0))
   path = tmp_path / "rows.jsonl"
   path.write_text("\n".join(json.dumps(r) for r in
                             [{"kind": "header", "device": "NVIDIA H200", "jax": "0.11.2",
@@ -97,6 +100,8 @@ def test_report_verdicts_from_data(tmp_path):
   assert "## Why VLA pallas loses" in text
   assert "VLA pallas 10 -> 10 ms (x1)" in text and "cuDNN 2.5 -> 40 ms (x16)" in text
   assert "3x at 1,024" in text and "3x at 16,384" in text
+  fwd_verdict = next(line for line in text.splitlines() if line.startswith("- d = 64, fwd:"))
+  assert fwd_verdict.endswith("VLA pallas is the fastest row at 0 of 5 lengths."), fwd_verdict
 
   data = report.Data(report.load([str(path)])[1])
   kind, value = report.crossover(report.ratio_series(data, 64, "fwd", report.PALLAS,

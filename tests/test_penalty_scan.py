@@ -71,6 +71,8 @@ def test_forward_scan_warps_and_segments():
   assert forward_scan_warps(KernelConfig(scan_warps=2), 64) == 2
   assert segment_layout(cfg, 128, 64, 1) == (8, 8 * 64)          # T = 4096, B = 8: 8 segments
   assert segment_layout(cfg, 128, 64, 4) == (2, 32 * 64)
+  assert segment_layout(cfg, 128, 64, 8) == (1, 64 * 64)         # dk = 128: one per SM
+  assert segment_layout(cfg, 16, 512, 8) == (8, 64 * 64)         # T = 32768, B = 1
   assert segment_layout(KernelConfig(segment_chunks=16), 128, 64, 1) == (4, 16 * 64)
   with pytest.raises(ValueError, match="scan_warps"):
     KernelConfig(scan_warps=3).validate(64, 64)

@@ -41,6 +41,6 @@ def test_profile_forward_smoke(tmp_path):
 
 def test_profile_backward_smoke(tmp_path):
   rows = _run("profile_backward.py", tmp_path, 64, "--variants",
-              "split:kernel:kernel:products:1:2", "--dim", "32")
+              "split:kernel:kernel:products:1:2:1", "--dim", "32")
   assert [r["part"] for r in rows] == ["vla", "penalty", "state", "state_reverse"]
   assert all(np.isfinite(v) for r in rows for k, v in r.items() if k.endswith("ms"))

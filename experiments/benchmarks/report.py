@@ -181,9 +181,14 @@ def crossover_sentence(data, d, pass_, other, other_name):
 
 
 def fastest_summary(data, d, pass_):
-  """Lines: at each T, the fastest row and VLA pallas's place."""
+  """Lines: at each T, the fastest row and VLA pallas's place. Only at the lengths where every
+  field baseline of this (d, pass) (cuDNN, fla) has a row: elsewhere (a run that timed only
+  the scans, say) VLA pallas would be "fastest" among the few rows measured there."""
   body = []
+  baselines = [lab for lab in (CUDNN, FLA) if lab in data.labels_for(d, pass_)]
   for T in data.Ts:
+    if any(data.get(d, pass_, lab, T) is None for lab in baselines):
+      continue
     times = [(data.ms(d, pass_, lab, T), lab) for lab in data.labels_for(d, pass_)]
     times = sorted((t, lab) for t, lab in times if t)
     if not times:
@@ -382,8 +387,10 @@ def why_section(data, tokens=32768):
           "VJPs) the penalty path's forward+backward is ~5.1 ms and the state path's ~3.8 ms, "
           "of which its sequential reverse pass is ~0.7 ms. At d = 128 every state and "
           "penalty program fills an SM's register file by itself (255 registers x 8 warps; "
-          "`experiments/kernel_resources.py`): the forward at T = 4,096 is ~7.4 ms, its state "
-          "reverse pass ~4.3 ms against ~0.7 at d = 64. Hence the distance to the "
+          "`experiments/kernel_resources.py`), so one program runs per SM and the penalty "
+          "scan gets one segment per sequence at T = 4,096, B = 8 (seventh session: the "
+          "forward 7.4 -> 6.4 ms); its state reverse pass takes ~4.3 ms against ~0.7 at "
+          "d = 64. Hence the distance to the "
           "floor above and a crossover with attention only at long T.", ""])
 
 
