@@ -32,11 +32,14 @@ def delta_rule_scan(q, e, w, v, log_decay, S0):
 
   Returns:
     o: [B, T, H, dv] with o_t = S_t q_t, and S_T: [B, H, dv, dk].
+
+  Each step is rematerialised in the backward (`jax.checkpoint`): a gradient keeps S per
+  token, not every intermediate of the step.
   """
   xs = [jnp.moveaxis(x, 1, 0) if x is not None else None for x in (q, e, w, v, log_decay)]
 
   def step(S, x):
-    o_t, S = delta_rule_step(S, *x)
+    o_t, S = jax.checkpoint(delta_rule_step)(S, *x)
     return S, o_t
 
   S, o = jax.lax.scan(step, S0, xs)
