@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from timing import median_seconds
+from timing import ms
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
@@ -52,10 +52,6 @@ H, D, TOKENS = 16, 64, 32768
 BANDWIDTH, MATMUL = 4.2e12, 8.0e14
 ALL_TS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 ALL_IMPLS = ("pallas", "chunked", "scan", "cudnn")
-
-
-def median_ms(fn, args, warmup, reps):
-  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
 
 
 def floor_ms(B, T, C, backward):
@@ -306,12 +302,12 @@ def main():
           cfg = KernelConfig(chunk_size=args.chunk, **(bv or {}))
           fwd, bwd = vla_fns(impl, cfg, B, T)
           xs = (q, k, v, u)
-        row["fwd_ms"] = median_ms(fwd, xs, args.warmup, args.reps)
+        row["fwd_ms"] = ms(fwd, xs, args.reps, args.warmup)
         if not args.no_bwd and bwd is not None:
           start = time.perf_counter()         # the first call compiles (the forward's kernels
           jax.block_until_ready(bwd(*xs))     # are already compiled by then)
           row["first_fwd_bwd_s"] = round(time.perf_counter() - start, 1)
-          row["fwd_bwd_ms"] = median_ms(bwd, xs, args.warmup, max(3, args.reps // 2))
+          row["fwd_bwd_ms"] = ms(bwd, xs, max(3, args.reps // 2), args.warmup)
         if impl in ("pallas",):
           row["floor_fwd_ms"] = floor_ms(B, T, args.chunk, False)
           row["floor_fwd_bwd_ms"] = floor_ms(B, T, args.chunk, True)
@@ -320,6 +316,7 @@ def main():
       rows.append(row)
       print(json.dumps(row), flush=True)
 
+  os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, "bench_kernels.json"), "w") as f:
     json.dump(rows, f, indent=1)
   fmt = lambda r, key: f"{r[key]:.3f}" if key in r else "-"

@@ -30,14 +30,13 @@ write directions).
         [--variants fused:xla,split:xla,split:kernel,split:kernel:kernel]
 """
 
-import argparse
 import warnings
 
 import jax
 import jax.numpy as jnp
 
 from bench_kernels import H, TOKENS, make_inputs
-from timing import Rows, median_seconds
+from timing import Rows, ms, profile_parser
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty_grad import penalty_scan_grad
 from vla_jax.kernels.penalty_scan import segments_for
@@ -45,10 +44,6 @@ from vla_jax.kernels.state_path import _backward_pass, _prepare
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
 
-
-
-def ms(fn, args, reps, warmup):
-  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
 
 
 def fwd_and_grad(fn, n_args, cotangents):
@@ -59,15 +54,7 @@ def fwd_and_grad(fn, n_args, cotangents):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=".")
-  parser.add_argument("--Ts", default="4096,32768")
-  parser.add_argument("--reps", type=int, default=20)
-  parser.add_argument("--warmup", type=int, default=2,
-                      help="untimed calls before each timing (the first compiles)")
-  parser.add_argument("--variants", default="fused:xla,split:xla,split:kernel")
-  parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
-  parser.add_argument("--dim", type=int, default=64, help="head dim d (dk = dv; 64 or 128)")
+  parser = profile_parser(__doc__.splitlines()[0], tokens=TOKENS, variants="fused:xla,split:xla,split:kernel")
   args = parser.parse_args()
   D = args.dim
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only

@@ -29,7 +29,6 @@ compared with the float64 XLA penalty path (`penalty.penalty_parallel`), worst r
         [--variants 4:tf32x3:1,2:tf32x3:2,1:tf32x3:4] [--state_outputs fused,split]
 """
 
-import argparse
 import warnings
 
 import jax
@@ -37,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench_kernels import H, TOKENS, make_inputs
-from timing import Rows, median_seconds
+from timing import Rows, ms, profile_parser
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import penalty_parallel
@@ -53,20 +52,8 @@ DEFAULT_VARIANTS = ("4:tf32x3:1,4:tf32:1,4:ieee:1,4:tf32x3:2,8:tf32x3:1,2:tf32x3
                     "2:tf32x3:2,2:tf32:2,1:tf32x3:4,1:tf32:4,1:ieee:4")
 
 
-def ms(fn, args, reps, warmup):
-  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
-
-
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", default=".")
-  parser.add_argument("--Ts", default="4096,32768")
-  parser.add_argument("--reps", type=int, default=20)
-  parser.add_argument("--warmup", type=int, default=2,
-                      help="untimed calls before each timing (the first compiles)")
-  parser.add_argument("--variants", default=DEFAULT_VARIANTS)
-  parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
-  parser.add_argument("--dim", type=int, default=64, help="head dim d (dk = dv; 64 or 128)")
+  parser = profile_parser(__doc__.splitlines()[0], tokens=TOKENS, variants=DEFAULT_VARIANTS)
   parser.add_argument("--state_outputs", default="fused",
                       help="comma list of KernelConfig.state_output: forward and state_only "
                            "rows per value")

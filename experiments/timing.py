@@ -1,5 +1,6 @@
 """Wall-clock timing shared by the benchmark scripts."""
 
+import argparse
 import json
 import os
 import statistics
@@ -19,6 +20,26 @@ def median_seconds(fn, args, *, repeats, warmup=1):
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def ms(fn, args, reps, warmup):
+  """`median_seconds` in milliseconds."""
+  return 1e3 * median_seconds(fn, args, repeats=reps, warmup=warmup)
+
+
+def profile_parser(description, *, tokens, variants):
+  """The flags the profiling scripts share: --out, --Ts, --reps, --warmup, --variants (default
+  `variants`), --tokens (B * T, default `tokens`) and --dim."""
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--out", default=".")
+  parser.add_argument("--Ts", default="4096,32768")
+  parser.add_argument("--reps", type=int, default=20)
+  parser.add_argument("--warmup", type=int, default=2,
+                      help="untimed calls before each timing (the first compiles)")
+  parser.add_argument("--variants", default=variants)
+  parser.add_argument("--tokens", type=int, default=tokens, help="B * T (smaller: CPU smoke)")
+  parser.add_argument("--dim", type=int, default=64, help="head dim d (dk = dv; 64 or 128)")
+  return parser
 
 
 class Rows:
