@@ -54,7 +54,8 @@ def fwd_and_grad(fn, n_args, cotangents):
 
 
 def main():
-  parser = profile_parser(__doc__.splitlines()[0], tokens=TOKENS, variants="fused:xla,split:xla,split:kernel")
+  parser = profile_parser(__doc__.splitlines()[0], tokens=TOKENS,
+                          variants="fused:xla,split:xla,split:kernel")
   args = parser.parse_args()
   D = args.dim
   interpret = jax.default_backend() != "gpu"       # CPU: interpret mode, a smoke run only

@@ -144,8 +144,8 @@ def test_check_grads(x64, impl):
 
 def test_scan_gradient_keeps_only_the_carries():
   """impl="scan" rematerialises each token's step in the backward (`jax.checkpoint`): the
-  gradient's temporaries are the carried S and A per token (two d x d matrices) plus change,
-  not every intermediate of the step (5.4 matrices per token without it; XLA, CPU)."""
+  gradient's temporaries are the carried S and A per token (two d x d matrices) and little
+  more, not every intermediate of the step (5.4 matrices per token without it; XLA, CPU)."""
   B, T, H, d = 2, 64, 2, 32
   args = random_inputs(13, B, T, H, d, d, dtype=np.float32)
   grad = jax.jit(jax.grad(lambda *a: jnp.sum(vla_recurrence(*a, impl="scan")[0]),
