@@ -68,8 +68,10 @@ def test_vla_step_from_none_equals_initial_state():
   q, k, v, u, _, _ = inputs(np.float32)
   o1, s1 = vla_step(None, q[:, 0], k[:, 0], v[:, 0], u[:, 0], lam0=2.0)
   o2, s2 = vla_recurrence(q[:, :1], k[:, :1], v[:, :1], u[:, :1], lam0=2.0)
-  np.testing.assert_allclose(o1, o2[:, 0], rtol=1e-6)
-  chex.assert_trees_all_close(s1, s2, rtol=1e-6)
+  # float32: the step and the chunked form round differently (XLA's CPU code differs between
+  # machines; 1.7e-6 relative was seen on small entries of S), so the float32 bound of 1e-5.
+  np.testing.assert_allclose(o1, o2[:, 0], rtol=1e-5)
+  chex.assert_trees_all_close(s1, s2, rtol=1e-5)
 
 
 def test_step_errors():
