@@ -42,6 +42,7 @@ from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels import split_prep
 from vla_jax.kernels.chunk_prep import _factor_precision, chunk_prep
 from vla_jax.kernels.penalty import penalty_parallel
+from vla_jax.kernels.penalty_scan import segments_for
 from vla_jax.kernels.state_path import _forward_pass
 from vla_jax.kernels.vla import _chunk_start_matrices, _penalty_segments
 from vla_jax.ops.vla import vla_recurrence
@@ -52,6 +53,12 @@ H, D, TOKENS = 16, 64, 32768
 BANDWIDTH, MATMUL = 4.2e12, 8.0e14
 ALL_TS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 ALL_IMPLS = ("pallas", "chunked", "scan", "cudnn")
+
+
+def segment_chunks(BH, N, mult):
+  """Chunks per penalty-scan segment for `mult` times the one-wave segment count of 4-warp
+  programs (`segments_for`) over BH sequences of N chunks; mult < 1: fewer, longer segments."""
+  return max(1, int(segments_for(BH, N) / mult))
 
 
 def floor_ms(B, T, C, backward):

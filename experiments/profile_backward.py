@@ -6,7 +6,7 @@ KernelConfig.state_output and state_bwd together, "fused" or "split"; local =
 KernelConfig.state_local_vjp, "xla", "kernel" or "products"; prep = KernelConfig.grad_prep,
 "xla" or "kernel"; seg = KernelConfig.segment_grad, "autodiff" or "products"; fwarps, bwarps =
 KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None; segs = the penalty scans'
-segments as a multiple of the one-wave count of 4-warp programs (`segments_for`, as in
+segments as a multiple of the one-wave count of 4-warp programs (`bench_kernels.segment_chunks`, as in
 profile_forward.py), 0 for the library's layout; fields left out are
 "xla", "xla", "autodiff", 0, 0, 0, the defaults before the written-out backward, so that
 "fused:xla" keeps naming the same configuration across result files; the library's defaults
@@ -35,11 +35,10 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from bench_kernels import H, TOKENS, make_inputs
+from bench_kernels import H, TOKENS, make_inputs, segment_chunks
 from timing import Rows, ms, profile_parser
 from vla_jax.kernels import KernelConfig, state_path, vla_pallas
 from vla_jax.kernels.penalty_grad import penalty_scan_grad
-from vla_jax.kernels.penalty_scan import segments_for
 from vla_jax.kernels.state_path import _backward_pass, _prepare
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -77,8 +76,7 @@ def main():
       split, local, prep, seg, gw, bw, segs = spec + ["fused", "xla", "xla", "autodiff", "0",
                                                       "0", "0"][len(spec):]
       N = T // KernelConfig().chunk_size
-      seg_chunks = (max(1, int(segments_for(B * H, N) / float(segs))) if float(segs)
-                    else None)
+      seg_chunks = segment_chunks(B * H, N, float(segs)) if float(segs) else None
       cfg = KernelConfig(state_output=split, state_bwd=split, state_local_vjp=local,
                          grad_prep=prep, segment_grad=seg, grad_scan_warps=int(gw) or None,
                          bwd_scan_warps=int(bw) or None, segment_chunks=seg_chunks,

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bench_kernels import H, TOKENS, make_inputs
+from bench_kernels import H, TOKENS, make_inputs, segment_chunks
 from timing import Rows, ms, profile_parser
 from vla_jax.kernels import KernelConfig, split_prep, vla_pallas
 from vla_jax.kernels.chunk_prep import _factor_precision
@@ -43,7 +43,7 @@ from vla_jax.kernels.penalty import penalty_parallel
 from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, _segment_gram_prefix,
                                           forward_scan_warps, penalty_scan, segment_layout,
                                           segment_start_inverses,
-                                          segment_start_inverses_kernel, segments_for)
+                                          segment_start_inverses_kernel)
 from vla_jax.kernels.state_path import _forward_pass
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
@@ -111,11 +111,10 @@ def main():
             "ms": ms(jax.jit(lambda *a, c=cfg_out: state_only(*a, c)), (e_f, Ah, q_f, v_f),
                      args.reps, args.warmup)})
 
-    one_wave = segments_for(B * H, N)
     for spec in args.variants.split(","):
       warps, dot, mult, *inv = spec.split(":")
       inv = inv[0] if inv else "xla"
-      seg_chunks = max(1, int(one_wave / float(mult)))   # mult < 1: fewer, longer segments
+      seg_chunks = segment_chunks(B * H, N, float(mult))
       cfg = KernelConfig(scan_warps=int(warps), prep_dot=dot, segment_chunks=seg_chunks,
                          segment_inverse=inv, interpret=interpret)
       S, L = segment_layout(cfg, B * H, N)
