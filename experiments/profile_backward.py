@@ -6,8 +6,9 @@ KernelConfig.state_output and state_bwd together, "fused" or "split"; local =
 KernelConfig.state_local_vjp, "xla", "kernel" or "products"; prep = KernelConfig.grad_prep,
 "xla" or "kernel"; seg = KernelConfig.segment_grad, "autodiff" or "products"; fwarps, bwarps =
 KernelConfig.grad_scan_warps and bwd_scan_warps, 0 for None; segs = the penalty scans'
-segments as a multiple of the one-wave count of 4-warp programs (`bench_kernels.segment_chunks`, as in
-profile_forward.py), 0 for the library's layout; fields left out are
+segments as a multiple of the one-wave count of 4-warp programs
+(`bench_kernels.segment_chunks`, as in profile_forward.py), 0 for the library's layout; fields
+left out are
 "xla", "xla", "autodiff", 0, 0, 0, the defaults before the written-out backward, so that
 "fused:xla" keeps naming the same configuration across result files; the library's defaults
 are fused:products:kernel:products) it times, with
