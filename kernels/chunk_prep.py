@@ -355,7 +355,14 @@ def _prep_kernel_panels(m_ref, e_ref, u_ref, q_ref, v_ref,       # inputs
 
 
 def _factor_precision(prep_dot, acc, interpret):
-  if interpret or acc == jnp.float64 or prep_dot == "ieee":
+  """The `precision` of the factor products for `prep_dot`: HIGHEST for float64 and "ieee"
+  and, except for "bf16", in interpret mode; "bf16" is `BF16_BF16_F32` everywhere else
+  (`split_prep._dot` rounds the operands itself, so interpret mode emulates it)."""
+  if acc == jnp.float64 or prep_dot == "ieee":
+    return jax.lax.Precision.HIGHEST
+  if prep_dot == "bf16":
+    return jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+  if interpret:
     return jax.lax.Precision.HIGHEST
   if prep_dot == "tf32x3":
     return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3

@@ -108,8 +108,8 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     block: tokens per Sherman-Morrison block b (16, 32 or 64; L must be a multiple).
     prefetch: load block j + 1's rows before block j's products (same result; measured
       within noise on an H200, so off by default).
-    factor_precision: precision of the products (tf32, tf32x3 or ieee on GPUs, HIGHEST
-      otherwise).
+    factor_precision: precision of the products (tf32, tf32x3, ieee or bf16 on GPUs,
+      HIGHEST otherwise; bf16 also in interpret mode).
     chunk_size: None, or C (a multiple of `block` dividing L): also return the carried inverse
       at every chunk start (the residuals of `penalty_grad.penalty_scan_grad`).
     normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t.
@@ -224,11 +224,11 @@ def scan_warps(config, dk):
 
 def forward_scan_warps(config, dk):
   """Warps of the inference path's forward scan kernel: `config.scan_warps`, or (None) 1 for
-  one-pass TF32 factor products at dk <= 64 (H200, d = 64: penalty path 1.38 ms against 1.83
+  one-pass TF32 (or bfloat16) factor products at dk <= 64 (H200, d = 64: penalty path 1.38 ms against 1.83
   at 4 warps, T = 4096, B = 8, with 4x the segments), else `scan_warps`."""
   if config.scan_warps is not None:
     return config.scan_warps
-  if dk <= 64 and config.factor_dot == "tf32":
+  if dk <= 64 and config.factor_dot in ("tf32", "bf16"):
     return 1
   return scan_warps(config, dk)
 

@@ -136,8 +136,8 @@ def penalty_scan_bwd(A_c, e, u, dW, dA_end, *, chunk_size, block=16, unroll=True
       blocks in a loop, each block's start recomputed from the chunk start (C / b (C / b - 1)
       / 2 downdates a chunk instead of C / b - 1; a smaller program, fewer live values).
       `KernelConfig.scan_bwd_unroll` sets it in `vla_pallas`'s gradient.
-    factor_precision: precision of the products (tf32, tf32x3 or ieee on GPUs, HIGHEST
-      otherwise).
+    factor_precision: precision of the products (tf32, tf32x3, ieee or bf16 on GPUs,
+      HIGHEST otherwise; bf16 also in interpret mode).
 
   Returns:
     (dU [BH, S * L, dk], dE [BH, S * L, dk], dA_start [BH, S, dk, dk] cotangent of every

@@ -41,9 +41,14 @@ PANEL = 64   # column panel width of the penalty-rows kernel
 
 
 def _dot(a, b, *, ta=False, tb=False, precision):
-  """(a or a^T) @ (b or b^T), result in a's dtype."""
+  """(a or a^T) @ (b or b^T), result in a's dtype. With precision `BF16_BF16_F32` the operands
+  are rounded to bfloat16 here (so that interpret mode computes what the GPU computes) and the
+  product accumulates in float32."""
   dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
-  return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=a.dtype)
+  out = a.dtype
+  if precision == jax.lax.DotAlgorithmPreset.BF16_BF16_F32:
+    a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=out)
 
 
 def _iota(n):

@@ -42,7 +42,7 @@ from vla_jax.ops.checks import compute_dtype
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PREPS = ("xla", "kernel", "split", "scan")
-PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32")
+PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32", "bf16")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
@@ -91,12 +91,18 @@ class KernelConfig:
       penalty_grad="chunk" the differentiated forward keeps `penalty_scan.py`, see below).
     prep_dot: with prep="kernel", "split" or "scan" on a GPU, how the factorisation products
       run: "tf32x3" (three TF32 tensor-core products, about float32 accuracy), "ieee" (full
-      float32 on CUDA cores), "tf32" (one TF32 product) or "auto" (default: "tf32" with
-      prep="scan" and precision=DEFAULT, i.e. TF32 products everywhere, else "tf32x3";
-      `factor_dot` is the resolved value). H200, H = 16, d = 64, bf16, T = 4096: the penalty
+      float32 on CUDA cores), "tf32" (one TF32 product), "bf16" (below) or "auto" (default:
+      with prep="scan" and precision=DEFAULT "bf16" for bfloat16 inputs (`for_inputs`, which
+      `vla_pallas` applies) and "tf32" for others, i.e. products at the inputs' precision;
+      else "tf32x3"; `factor_dot` is the resolved value). H200, H = 16, d = 64, bf16, T = 4096: the penalty
       kernel 1.26 ms with "tf32" against 1.67 with "tf32x3", unit write directions within
-      7.8e-4 of float64 against 1.3e-6 (kernels/NOTES.md). Float64 and interpret mode always
-      use full precision.
+      7.8e-4 of float64 against 1.3e-6 (kernels/NOTES.md). "bf16" (prep="scan" only): the
+      penalty kernels (`penalty_scan.py`, `penalty_scan_bwd.py`) round their product operands
+      to bfloat16 (float32 accumulation, A carried in float32), which saves TF32's per-element
+      rounding (four instructions an element, most of the 1-warp kernel's non-product work)
+      and halves the tensor-core instructions; the state-path factor products keep "tf32"
+      (`state_prep_dot`). Float64 always uses full precision; interpret mode uses full
+      precision except for "bf16", which it emulates (operands rounded to bfloat16).
     prep_form: layout of the chunk-prep kernel's in-register matrices: "panels" (A_c one
       [dk, dk] value, C-row matrices as 16-row panels: few, larger products) or "tiles" (all
       16 x 16 tiles: many small products, smaller live values). Same function.
@@ -305,6 +311,9 @@ class KernelConfig:
         raise ValueError(f"{name} must be None, 1, 2, 4 or 8; got {getattr(self, name)!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
+    if self.prep_dot == "bf16" and self.prep != "scan":
+      raise ValueError(f'prep_dot="bf16" needs prep="scan" (only the penalty scan kernels '
+                       f'take bfloat16 products); got prep={self.prep!r}')
     if self.precision not in (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGHEST):
       raise ValueError("precision must be jax.lax.Precision.DEFAULT or HIGHEST; got "
                        f"{self.precision!r}")
@@ -317,6 +326,22 @@ class KernelConfig:
       return self.prep_dot
     return ("tf32" if self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
             else "tf32x3")
+
+  def for_inputs(self, *xs):
+    """This config with prep_dot="auto" resolved for inputs xs (q, k, v, u): "bf16" when they
+    are all bfloat16 with prep="scan" and precision=DEFAULT (the products then round to the
+    inputs' own precision), else unchanged (`factor_dot` resolves the rest)."""
+    if (self.prep_dot == "auto" and self.prep == "scan"
+        and self.precision == jax.lax.Precision.DEFAULT
+        and all(x.dtype == jnp.bfloat16 for x in xs)):
+      return dataclasses.replace(self, prep_dot="bf16")
+    return self
+
+  @property
+  def state_prep_dot(self):
+    """factor_dot of the state-path factor products (`split_prep.state_prep`): factor_dot,
+    except "tf32" for "bf16" (which only the penalty kernels take)."""
+    return "tf32" if self.factor_dot == "bf16" else self.factor_dot
 
   def segment_inverter(self, dk):
     """segment_inverse with "auto" resolved for key head dim dk: "kernel" when dk <= 64
@@ -666,7 +691,7 @@ def _prepare(cfg, q, e, w, v, with_inverse=False):
     from vla_jax.kernels.split_prep import state_prep
     out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C,
                      precision=cfg.precision,
-                     factor_precision=_factor_precision(cfg.factor_dot, acc, cfg.interpret),
+                     factor_precision=_factor_precision(cfg.state_prep_dot, acc, cfg.interpret),
                      num_warps=cfg.prep_warps, interpret=cfg.interpret,
                      with_inverse=with_inverse)
     if with_inverse:

@@ -120,9 +120,10 @@ def test_forward_lowers_for_h200(shape):
 
 
 def test_auto_factor_dot_resolves_by_precision(monkeypatch):
-  """prep_dot="auto" (the default) gives the penalty kernel one-pass TF32 products at
-  precision=DEFAULT and three-pass (float32-accurate) ones at HIGHEST, in the lowered GPU
-  forward and gradient; other preps keep tf32x3, and explicit values stay."""
+  """prep_dot="auto" (the default) gives the penalty kernel bfloat16 products for bfloat16
+  inputs and one-pass TF32 ones for float32 inputs at precision=DEFAULT, three-pass
+  (float32-accurate) ones at HIGHEST, in the lowered GPU forward and gradient; other preps keep
+  tf32x3, and explicit values stay."""
   assert KernelConfig().prep_dot == "auto" and KernelConfig().factor_dot == "tf32"
   hi = jax.lax.Precision.HIGHEST
   assert KernelConfig(precision=hi).factor_dot == "tf32x3"
@@ -140,15 +141,18 @@ def test_auto_factor_dot_resolves_by_precision(monkeypatch):
   f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
   args = (spec(1, 128, 2, 64), spec(1, 128, 2, 64), spec(1, 128, 2, 64), spec(1, 128, 2, 64),
           f32(1, 2, 64, 64), f32(1, 2, 64, 64))
-  for precision, want in ((jax.lax.Precision.DEFAULT, jax.lax.DotAlgorithmPreset.TF32_TF32_F32),
-                          (hi, jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3)):
+  f32_args = tuple(f32(*a.shape) for a in args[:4]) + args[4:]
+  presets = jax.lax.DotAlgorithmPreset
+  for precision, inputs, want in ((jax.lax.Precision.DEFAULT, args, presets.BF16_BF16_F32),
+                                  (jax.lax.Precision.DEFAULT, f32_args, presets.TF32_TF32_F32),
+                                  (hi, args, presets.TF32_TF32_F32_X3)):
     cfg = KernelConfig(precision=precision)
     fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)[0]
     grad = jax.grad(lambda *a: jnp.sum(fwd(*a).astype(jnp.float32)), argnums=range(4))
     seen.clear()
-    lower_for_h200(fwd, *args)
-    lower_for_h200(grad, *args)
-    assert seen == [want, want], (precision, seen)
+    lower_for_h200(fwd, *inputs)
+    lower_for_h200(grad, *inputs)
+    assert seen == [want, want], (precision, inputs[0].dtype, seen)
 
 
 def test_segment_inverse_kernel_matches_oracle_float64(x64):
@@ -179,3 +183,61 @@ def test_segment_inverse_kernel_lowers_and_validates():
     with pytest.raises(ValueError, match=match):
       vla_pallas(x, x, x, x, jnp.zeros((1, 1, 128, 128)), jnp.eye(128)[None, None],
                  config=KernelConfig(chunk_size=16, **kw))
+
+
+def _chunked_float64(args, C):
+  """Forward (o, S_T, A_T) and gradients (q, k, v, u) of impl="chunked" in float64."""
+  from vla_jax.ops.vla import VLAState, vla_recurrence
+  with jax.enable_x64(True):
+    a64 = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
+
+    def run(q, k, v, u):
+      o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(a64[4], a64[5]),
+                             impl="chunked", chunk_size=C)
+      return o, st.S, st.A
+    out = [np.asarray(x) for x in jax.jit(run)(*a64[:4])]
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(run(*a)[0]), argnums=range(4)))(*a64[:4])
+    return out, [np.asarray(g) for g in grads]
+
+
+def test_bf16_products_forward_and_gradients_within_bf16_bound():
+  """prep_dot="bf16": the penalty kernels' product operands rounded to bfloat16 (interpret mode
+  emulates the GPU's rounding). Forward and gradients stay within the bf16 bound of the
+  float64 reference; the error is well above float32's, so the rounding really happens."""
+  B, T, H, dk, dv, C = 1, 70, 2, 32, 32, 16
+  args = [np.asarray(x, np.float32) for x in _inputs(34, B, T, H, dk, dv)]
+  ref_out, ref_grads = _chunked_float64(args, C)
+  f32 = [jnp.asarray(x) for x in args]
+  errs = {}
+  for dot in ("bf16", "tf32x3"):          # tf32x3 is full precision in interpret mode
+    cfg = KernelConfig(chunk_size=C, prep="scan", prep_dot=dot, segment_chunks=2,
+                       precision=jax.lax.Precision.HIGHEST)
+    assert cfg.state_prep_dot == ("tf32" if dot == "bf16" else dot)
+    out = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*f32)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(*a, *f32[4:], config=cfg,
+                                                           interpret=True)[0]),
+                             argnums=range(4)))(*f32[:4])
+    errs[dot] = [_rel(g, w) for g, w in zip((*out, *grads), (*ref_out, *ref_grads))]
+  assert max(errs["bf16"]) < 2e-2, errs["bf16"]
+  assert max(errs["tf32x3"]) < TOL[np.float32], errs["tf32x3"]
+  assert min(errs["bf16"][:1] + errs["bf16"][6:]) > 20 * TOL[np.float32], errs["bf16"]
+
+
+def test_bf16_products_need_prep_scan():
+  x = jnp.zeros((1, 16, 1, 16))
+  with pytest.raises(ValueError, match='prep_dot="bf16" needs prep="scan"'):
+    vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
+               config=KernelConfig(chunk_size=16, prep="split", prep_dot="bf16"))
+  cfg = KernelConfig(prep_dot="bf16")
+  assert cfg.factor_dot == "bf16" and forward_scan_warps(cfg, 64) == 1
+
+
+@pytest.mark.parametrize("shape", [(1, 100, 2, 64, 64, 64), (1, 64, 1, 128, 128, 64)],
+                         ids=shape_id)
+def test_bf16_products_lower_for_h200(shape):
+  """Forward and gradient with bfloat16 penalty products build Triton IR for an H200."""
+  for grad in (False, True):
+    text = _lower(shape, jnp.bfloat16, "bf16", grad=grad, prep="scan")
+    assert "vla_penalty_scan" in text
+    if grad:
+      assert "vla_penalty_scan_bwd" in text
