@@ -256,7 +256,9 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_2026-11-30p.jsonl", "bench_h200_2026-11-30j.jsonl",
                "bench_h200_2026-11-30k.jsonl", "bench_h200_2026-11-30l.jsonl",
                "bench_h200_2026-11-30m.jsonl", "bench_h200_2026-11-30n.jsonl",
-               "bench_h200_2026-11-30o.jsonl")
+               "bench_h200_2026-11-30o.jsonl",
+               # q: d = 64 pallas (bfloat16 penalty products), cuDNN and fla, one run.
+               "bench_h200_2026-11-30q.jsonl")
 
 
 def kernel_claim_row(results_dir):

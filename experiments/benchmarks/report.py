@@ -390,8 +390,15 @@ def why_section(data, tokens=32768):
           "`experiments/kernel_resources.py`), so one program runs per SM and the penalty "
           "scan gets one segment per sequence at T = 4,096, B = 8 (seventh session: the "
           "forward 7.4 -> 6.4 ms); its state reverse pass takes ~4.3 ms against ~0.7 at "
-          "d = 64. Hence the distance to the "
-          "floor above and a crossover with attention only at long T.", ""])
+          "d = 64. Inside one block (Nsight Compute, eighth session, the 1-warp forward "
+          "penalty kernel at d = 64, T = 4,096, B = 8, TF32 products: `results/ncu_vla_h200.txt`): "
+          "~5.7k instructions per 16-token block issued every ~5.2 cycles, with two warps per "
+          "scheduler (255 registers a thread); tensor-core instructions are 4.4% of them, the "
+          "16 masked elimination steps of the block's 16 x 16 factorisation 43%, and most of "
+          "the rest the TF32 rounding of product operands (four integer instructions an "
+          "element) and operand layout shuffles. bfloat16 product operands (the default for "
+          "bfloat16 inputs since then) remove that rounding: 7-10% off the forward. Hence the "
+          "distance to the floor above and a crossover with attention only at long T.", ""])
 
 
 def render(headers, rows, plot_paths, out_path):
