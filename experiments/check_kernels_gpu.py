@@ -9,6 +9,7 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
         [--min_T 0] [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver doubling]
         [--penalty_grad auto,autodiff,chunk,scan] [--segment_chunks auto,100000]
+        [--state_prep_dot auto]
 
 Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" / "split" check the
 chunk-prep kernel(s)' forward (their gradients are the XLA path's, checked too).
@@ -82,11 +83,12 @@ _REFERENCES = {}
 
 
 def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="doubling",
-          prep="scan", prep_dot="auto", penalty_grad="auto", segment_chunks=None):
+          prep="scan", prep_dot="auto", penalty_grad="auto", segment_chunks=None,
+          state_prep_dot="auto"):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
   cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
                      prep_dot=prep_dot, penalty_grad=penalty_grad,
-                     segment_chunks=segment_chunks)
+                     segment_chunks=segment_chunks, state_prep_dot=state_prep_dot)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -140,6 +142,8 @@ def main():
                       help="comma list of KernelConfig.segment_chunks (auto, or chunks per "
                            "segment of the penalty scan: a large value carries A through the "
                            "whole sequence)")
+  parser.add_argument("--state_prep_dot", default="auto",
+                      help="KernelConfig.state_prep_dot (prep=scan)")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
@@ -162,12 +166,14 @@ def main():
     name = jnp.dtype(dtype).name
     t0 = time.perf_counter()
     errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
-                         prep_dot=args.prep_dot, penalty_grad=grad, segment_chunks=seg)
+                         prep_dot=args.prep_dot, penalty_grad=grad, segment_chunks=seg,
+                         state_prep_dot=args.state_prep_dot)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
-           "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})",
+           "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})" + (
+               f"+sprep({args.state_prep_dot})" if args.state_prep_dot != "auto" else ""),
            "penalty_grad": grad, "segment_chunks": seg or "auto", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)

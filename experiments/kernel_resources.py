@@ -2,14 +2,18 @@ r"""Registers, spills and shared memory of the Pallas kernels, compiled for an H
 
     python experiments/kernel_resources.py [--prep=kernel,split] [--prep_dot=tf32x3]
         [--prep_form=panels] [--warps=2,4,8] [--dk=64] [--chunk=64] [--only=NAME,...]
-        [--block_v=64] [--num_stages=2] [--triton_path=DIR]
+        [--block_v=64] [--num_stages=2] [--triton_path=DIR] [--state_prep_dot=auto]
     python experiments/kernel_resources.py --grad [--prep=scan] [--scan_bwd_unroll=1,0]
         [--segment_chunks=2] [--chunks=4] ...
 
 Lowers the forward of `vla_pallas` (one run per value of --prep) for an abstract H200, takes
 every pallas_call's Triton IR (Pallas' `debug` print), strips its debug locations and compiles
 it with the `triton` package (3.6, needs no GPU) for sm_90a, then runs `ptxas -v` on the PTX:
-the resource report that decides occupancy and local-memory traffic. Costs no device time.
+the resource report that decides occupancy and local-memory traffic, and `cuobjdump -sass` on
+the cubin for static instruction counts (all, inside loops, tensor-core HMMA; wgmma kernels
+show HGMMA instead, counted in "SASS"; set SASS_DUMP=FILE to keep a listing). Costs no device
+time. The GPU's own compile goes through XLA's Triton and ptxas, which may unroll or schedule
+differently: the counts compare variants, they are not the GPU's exact code.
 `--grad` lowers `jax.grad` of a loss of `vla_pallas` (all of q, k, v, u) instead, so the
 backward's kernels (vla_penalty_scan_bwd, vla_state_bwd) are compiled too, one run per value
 of --prep and of --scan_bwd_unroll (KernelConfig.scan_bwd_unroll), and the compile time is
@@ -104,6 +108,14 @@ def resources(ttir, warps, stages):
                            "ptxas")
       report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.devnull],
                               capture_output=True, text=True, check=True).stderr
+      cubin = os.path.join(tmp, "kernel.cubin")
+      with open(cubin, "wb") as f:
+        f.write(kernel.asm["cubin"])
+      sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass",
+                             cubin], capture_output=True, text=True, check=True).stdout
+      if os.environ.get("SASS_DUMP"):
+        with open(os.environ["SASS_DUMP"], "w") as f:
+          f.write(sass)
   finally:
     triton.knobs.compilation.listener = None
   stage_us = dict(times[-1].lowering_stages)          # microseconds per stage
@@ -119,7 +131,27 @@ def resources(ttir, warps, stages):
           "spill_stores": int(stack.group(2)) if stack else None,
           "shared_bytes": kernel.metadata.shared,
           "ptx_lines": kernel.asm["ptx"].count("\n"),
+          **sass_counts(sass),
           "triton_s": triton_s, "ptxas_s": ptxas_s}
+
+
+def sass_counts(sass):
+  """Static SASS instruction counts of a `cuobjdump -sass` listing: all instructions, tensor-core
+  products (HMMA), and those inside loops (between a backward branch's target and the branch,
+  the body of every `fori_loop`; nested loops counted once)."""
+  instrs = re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)
+  addr = [int(a, 16) for a, _ in instrs]
+  in_loop = [False] * len(instrs)
+  for i, (_, text) in enumerate(instrs):
+    target = re.search(r"\bBRA\b.*?`?\(?\.L_x_\d+\)?|\bBRA\b\s+(?:\S+\s+)?(0x[0-9a-f]+)", text)
+    if target and target.group(1):
+      dest = int(target.group(1), 16)
+      if dest < addr[i]:   # a backward branch (not the trap loop after EXIT)
+        for j in range(len(instrs)):
+          if dest <= addr[j] <= addr[i]:
+            in_loop[j] = True
+  return {"sass": len(instrs), "sass_hmma": sum("HMMA" in t for _, t in instrs),
+          "sass_in_loops": sum(in_loop)}
 
 
 def main():
@@ -131,6 +163,7 @@ def main():
   parser.add_argument("--triton_path", default=os.environ.get("TRITON_PATH", ""),
                       help="folder holding the triton package, prepended to sys.path")
   parser.add_argument("--prep_dot", default="auto")
+  parser.add_argument("--state_prep_dot", default="auto", help="KernelConfig.state_prep_dot")
   parser.add_argument("--block_v", type=int, default=None, help="KernelConfig.block_v")
   parser.add_argument("--num_stages", type=int, default=2,
                       help="KernelConfig.num_stages (vla_state_fwd, vla_state_bwd; the prep "
@@ -170,11 +203,12 @@ def main():
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   else:
     print("| prep | kernel | warps | registers | stack bytes/thread | spill stores | "
-          "shared bytes | PTX lines | compile s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "shared bytes | PTX lines | SASS | SASS in loops | HMMA | compile s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for prep in args.prep.split(","):
     for unroll in unrolls:
       cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
+                         state_prep_dot=args.state_prep_dot,
                          prep_form=args.prep_form, block_v=args.block_v,
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
                          scan_bwd_unroll=unroll, state_output=args.state_output,
@@ -195,7 +229,8 @@ def main():
           if args.grad:          # the compilation's steps and their sum
             cells += [f"{r['triton_s']:.1f}", f"{r['ptxas_s']:.1f}",
                       f"{r['triton_s'] + r['ptxas_s']:.0f}"]
-          else:                  # wall time, the report's ptxas -v run included
+          else:                  # static SASS counts, then wall time (ptxas -v included)
+            cells += [r["sass"], r["sass_in_loops"], r["sass_hmma"]]
             cells.append(f"{time.perf_counter() - start:.0f}")
           print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 

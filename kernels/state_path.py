@@ -43,6 +43,7 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32", "bf16")
+STATE_PREP_DOTS = ("auto", "tf32", "bf16")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
@@ -101,7 +102,7 @@ class KernelConfig:
       to bfloat16 (float32 accumulation, A carried in float32), which saves TF32's per-element
       rounding (four instructions an element, most of the 1-warp kernel's non-product work)
       and halves the tensor-core instructions; the state-path factor products keep "tf32"
-      (`state_prep_dot`). Float64 always uses full precision; interpret mode uses full
+      unless `state_prep_dot` says otherwise. Float64 always uses full precision; interpret mode uses full
       precision except for "bf16", which it emulates (operands rounded to bfloat16).
     prep_form: layout of the chunk-prep kernel's in-register matrices: "panels" (A_c one
       [dk, dk] value, C-row matrices as 16-row panels: few, larger products) or "tiles" (all
@@ -110,6 +111,13 @@ class KernelConfig:
       "kernel" (`split_prep.spd_inverse`), "xla" (`penalty._spd_inverse` with `solver`) or
       "auto" (default: the kernel for dk <= 64; at dk = 128 it spills and its shared memory
       exceeds an H200 SM's, so XLA).
+    state_prep_dot: with prep="scan", the products of the state-path factor kernel
+      (`split_prep.state_prep`: N = E Ahat^T, the block-doubling inverse T = (I + N)^-1, U' = T V,
+      W' = T E, P = Q Ahat^T) in the forward and, with grad_prep="kernel", in the gradient:
+      "auto" (default: `factor_dot`, "tf32" where that is "bf16"), "tf32" (one TF32 product,
+      `precision` for the products that apply T) or "bf16" (bfloat16 operands, float32
+      accumulation, all of them). Interpret mode emulates "bf16" and runs the others at full
+      precision; float64 always runs at full precision.
     scan_block: with prep="scan", tokens per Sherman-Morrison block of `penalty_scan` (16,
       32 or 64). Default 16.
     scan_prefetch: with prep="scan", load the next block's rows before the current block's
@@ -229,6 +237,7 @@ class KernelConfig:
   prep: str = "scan"
   prep_dot: str = "auto"
   prep_form: str = "panels"
+  state_prep_dot: str = "auto"
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
@@ -311,6 +320,12 @@ class KernelConfig:
         raise ValueError(f"{name} must be None, 1, 2, 4 or 8; got {getattr(self, name)!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
+    if self.state_prep_dot not in STATE_PREP_DOTS:
+      raise ValueError(f"state_prep_dot must be one of {STATE_PREP_DOTS}; got "
+                       f"{self.state_prep_dot!r}")
+    if self.state_prep_dot != "auto" and self.prep != "scan":
+      raise ValueError(f'state_prep_dot={self.state_prep_dot!r} needs prep="scan"; got '
+                       f'prep={self.prep!r}')
     if self.prep_dot == "bf16" and self.prep != "scan":
       raise ValueError(f'prep_dot="bf16" needs prep="scan" (only the penalty scan kernels '
                        f'take bfloat16 products); got prep={self.prep!r}')
@@ -338,10 +353,21 @@ class KernelConfig:
     return self
 
   @property
-  def state_prep_dot(self):
-    """factor_dot of the state-path factor products (`split_prep.state_prep`): factor_dot,
-    except "tf32" for "bf16" (which only the penalty kernels take)."""
+  def state_factor_dot(self):
+    """state_prep_dot with "auto" resolved: factor_dot, except "tf32" where that is "bf16"
+    (which only the penalty kernels take unless state_prep_dot says so)."""
+    if self.state_prep_dot != "auto":
+      return self.state_prep_dot
     return "tf32" if self.factor_dot == "bf16" else self.factor_dot
+
+  def state_prep_precisions(self, acc):
+    """(factor_precision, precision) of `split_prep.state_prep` for accumulation dtype acc:
+    the block-doubling products' and those that apply its inverse."""
+    from vla_jax.kernels.chunk_prep import _factor_precision   # chunk_prep imports this module
+    fprec = _factor_precision(self.state_factor_dot, acc, self.interpret)
+    if self.state_factor_dot == "bf16" and acc != jnp.float64:
+      return fprec, fprec
+    return fprec, self.precision
 
   def segment_inverter(self, dk):
     """segment_inverse with "auto" resolved for key head dim dk: "kernel" when dk <= 64
@@ -687,13 +713,11 @@ def _prepare(cfg, q, e, w, v, with_inverse=False):
   acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
   if cfg.grad_prep == "kernel":
-    from vla_jax.kernels.chunk_prep import _factor_precision   # chunk_prep imports this module
     from vla_jax.kernels.split_prep import state_prep
-    out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C,
-                     precision=cfg.precision,
-                     factor_precision=_factor_precision(cfg.state_prep_dot, acc, cfg.interpret),
-                     num_warps=cfg.prep_warps, interpret=cfg.interpret,
-                     with_inverse=with_inverse)
+    fprec, sprec = cfg.state_prep_precisions(acc)
+    out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C, precision=sprec,
+                     factor_precision=fprec, num_warps=cfg.prep_warps,
+                     interpret=cfg.interpret, with_inverse=with_inverse)
     if with_inverse:
       Up, Wp, P, Tinv = out
       return Up, Wp, P, _split(Tinv, C)

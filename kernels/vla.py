@@ -136,11 +136,11 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   if config.prep == "scan":
     fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     Ah, A_T = _penalty_segments(config, khat, u_h, A0.astype(acc), fprec)
+    sfprec, sprec = config.state_prep_precisions(acc)
     Up, Wp, P = split_prep.state_prep(
         flat(khat), Ah, flat(q_h), flat(_head_major(v, T_pad)), chunk_size=C,
-        precision=config.precision,
-        factor_precision=_factor_precision(config.state_prep_dot, acc, config.interpret),
-        num_warps=config.prep_warps, interpret=config.interpret)
+        precision=sprec, factor_precision=sfprec, num_warps=config.prep_warps,
+        interpret=config.interpret)
   elif config.prep == "split":
     fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     kw = dict(num_warps=config.prep_warps, interpret=config.interpret)

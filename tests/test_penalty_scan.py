@@ -212,7 +212,7 @@ def test_bf16_products_forward_and_gradients_within_bf16_bound():
   for dot in ("bf16", "tf32x3"):          # tf32x3 is full precision in interpret mode
     cfg = KernelConfig(chunk_size=C, prep="scan", prep_dot=dot, segment_chunks=2,
                        precision=jax.lax.Precision.HIGHEST)
-    assert cfg.state_prep_dot == ("tf32" if dot == "bf16" else dot)
+    assert cfg.state_factor_dot == ("tf32" if dot == "bf16" else dot)
     out = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*f32)
     grads = jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(*a, *f32[4:], config=cfg,
                                                            interpret=True)[0]),
@@ -241,3 +241,46 @@ def test_bf16_products_lower_for_h200(shape):
     assert "vla_penalty_scan" in text
     if grad:
       assert "vla_penalty_scan_bwd" in text
+
+
+def test_bf16_state_prep_within_bf16_bound():
+  """state_prep_dot="bf16": the state-path factor kernel's products (the block-doubling
+  inverse and those that apply it) with bfloat16 operands as well, in the forward and the
+  gradient (grad_prep="kernel"); within the bf16 bound of float64, and above float32's error."""
+  B, T, H, dk, dv, C = 1, 70, 2, 32, 32, 16
+  args = [np.asarray(x, np.float32) for x in _inputs(35, B, T, H, dk, dv)]
+  ref_out, ref_grads = _chunked_float64(args, C)
+  f32 = [jnp.asarray(x) for x in args]
+  cfg = KernelConfig(chunk_size=C, prep="scan", prep_dot="tf32x3", state_prep_dot="bf16",
+                     segment_chunks=2, precision=jax.lax.Precision.HIGHEST)
+  assert cfg.state_factor_dot == "bf16"
+  assert cfg.state_prep_precisions(jnp.float32) == (jax.lax.DotAlgorithmPreset.BF16_BF16_F32,) * 2
+  assert cfg.state_prep_precisions(jnp.float64)[0] == jax.lax.Precision.HIGHEST
+  out = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*f32)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(*a, *f32[4:], config=cfg,
+                                                         interpret=True)[0]),
+                           argnums=range(4)))(*f32[:4])
+  errs = [_rel(g, w) for g, w in zip((*out, *grads), (*ref_out, *ref_grads))]
+  # A_T comes from the penalty kernel alone (tf32x3: full precision in interpret mode).
+  assert errs[2] < TOL[np.float32], errs
+  assert max(errs) < 2e-2 and min(errs[:2] + errs[3:]) > 20 * TOL[np.float32], errs
+
+
+def test_state_prep_dot_options():
+  assert KernelConfig().state_factor_dot == "tf32"
+  assert KernelConfig(prep_dot="bf16").state_factor_dot == "tf32"
+  assert KernelConfig(state_prep_dot="bf16").state_factor_dot == "bf16"
+  assert KernelConfig(prep_dot="tf32x3").state_factor_dot == "tf32x3"
+  x = jnp.zeros((1, 16, 1, 16))
+  for kw, match in ((dict(state_prep_dot="fp8"), "state_prep_dot must be"),
+                    (dict(state_prep_dot="bf16", prep="split"), 'needs prep="scan"')):
+    with pytest.raises(ValueError, match=match):
+      vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
+                 config=KernelConfig(chunk_size=16, **kw))
+
+
+def test_bf16_state_prep_lowers_for_h200():
+  for grad in (False, True):
+    text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "bf16", grad=grad, prep="scan",
+                  state_prep_dot="bf16")
+    assert "vla_state_prep" in text
