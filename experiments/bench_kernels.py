@@ -14,6 +14,7 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
         [--prep_form panels,tiles] [--prep_warps 1,2,4] [--solver triangular_solve,doubling]
         [--penalty_grad auto,autodiff,chunk,scan] [--scan_bwd_unroll 1,0] [--breakdown]
         [--state_split fused,split] [--state_prep_dot auto,bf16]
+        [--factor_dtype float32,bfloat16]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
 rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels,
@@ -208,6 +209,9 @@ def main():
   parser.add_argument("--state_prep_dot", default="auto",
                       help="comma list of KernelConfig.state_prep_dot (auto, tf32, bf16) for the "
                            "prep=scan rows, labelled sprep=")
+  parser.add_argument("--factor_dtype", default="float32",
+                      help="comma list of KernelConfig.factor_dtype (float32, bfloat16) for the "
+                           "prep=scan rows, labelled store=")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -258,12 +262,15 @@ def main():
             [(f"{v[0][:-1]},bwd_unroll={int(ur)})", v[1], {**v[2], "scan_bwd_unroll": ur})
              for ur in unrolls]
             if v[1] == "pallas" and KernelConfig(**v[2]).penalty_backward == "scan" else [v])]
-        state_dots = args.state_prep_dot.split(",")
-        if state_dots != ["auto"]:
-          variants = [w for v in variants for w in (
-              [(f"{v[0][:-1]},sprep={sd})", v[1], {**v[2], "state_prep_dot": sd})
-               for sd in state_dots]
-              if v[1] == "pallas" and v[2].get("prep") == "scan" else [v])]
+        for field, flag, default, tag in (("state_prep_dot", args.state_prep_dot, "auto",
+                                           "sprep"),
+                                          ("factor_dtype", args.factor_dtype, "float32",
+                                           "store")):
+          values = flag.split(",")
+          if values != [default]:
+            variants = [w for v in variants for w in (
+                [(f"{v[0][:-1]},{tag}={x})", v[1], {**v[2], field: x}) for x in values]
+                if v[1] == "pallas" and v[2].get("prep") == "scan" else [v])]
         splits = args.state_split.split(",")
         if splits != ["fused"]:
           variants = [w for v in variants for w in (

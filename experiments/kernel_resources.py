@@ -3,6 +3,7 @@ r"""Registers, spills and shared memory of the Pallas kernels, compiled for an H
     python experiments/kernel_resources.py [--prep=kernel,split] [--prep_dot=tf32x3]
         [--prep_form=panels] [--warps=2,4,8] [--dk=64] [--chunk=64] [--only=NAME,...]
         [--block_v=64] [--num_stages=2] [--triton_path=DIR] [--state_prep_dot=auto]
+        [--factor_dtype=float32]
     python experiments/kernel_resources.py --grad [--prep=scan] [--scan_bwd_unroll=1,0]
         [--segment_chunks=2] [--chunks=4] ...
 
@@ -164,6 +165,7 @@ def main():
                       help="folder holding the triton package, prepended to sys.path")
   parser.add_argument("--prep_dot", default="auto")
   parser.add_argument("--state_prep_dot", default="auto", help="KernelConfig.state_prep_dot")
+  parser.add_argument("--factor_dtype", default="float32", help="KernelConfig.factor_dtype")
   parser.add_argument("--block_v", type=int, default=None, help="KernelConfig.block_v")
   parser.add_argument("--num_stages", type=int, default=2,
                       help="KernelConfig.num_stages (vla_state_fwd, vla_state_bwd; the prep "
@@ -208,7 +210,7 @@ def main():
   for prep in args.prep.split(","):
     for unroll in unrolls:
       cfg = KernelConfig(chunk_size=args.chunk, prep=prep, prep_dot=args.prep_dot,
-                         state_prep_dot=args.state_prep_dot,
+                         state_prep_dot=args.state_prep_dot, factor_dtype=args.factor_dtype,
                          prep_form=args.prep_form, block_v=args.block_v,
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
                          scan_bwd_unroll=unroll, state_output=args.state_output,

@@ -99,7 +99,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normal
 
 
 def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, num_warps=4,
-                 chunk_size=None, normalize=True, interpret=False):
+                 chunk_size=None, normalize=True, rows_dtype=None, interpret=False):
   """Write directions of every token and the inverse at every segment end.
 
   Args:
@@ -113,11 +113,13 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     chunk_size: None, or C (a multiple of `block` dividing L): also return the carried inverse
       at every chunk start (the residuals of `penalty_grad.penalty_scan_grad`).
     normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t.
+    rows_dtype: dtype of the written rows (default A_start's; the computation is in
+      A_start's dtype either way).
 
   Returns:
-    (Ahat [BH, S * L, dk] unit write directions (or the rows A_t khat_t), A_end
-    [BH, S, dk, dk]), with chunk_size also A_c [BH, S * L / C, dk, dk] (not symmetrised), all
-    in A_start's dtype.
+    (Ahat [BH, S * L, dk] unit write directions (or the rows A_t khat_t; `rows_dtype`), A_end
+    [BH, S, dk, dk]), with chunk_size also A_c [BH, S * L / C, dk, dk] (not symmetrised), in
+    A_start's dtype.
   """
   BH, S, dk, _ = A_start.shape
   L = e.shape[1] // S
@@ -131,7 +133,7 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
   mat = pl.BlockSpec((None, None, dk, dk), lambda h, s: (h, s, 0, 0))
   rows = pl.BlockSpec((None, L, dk), lambda h, s: (h, s, 0))
   out_specs = [rows, mat]
-  out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), acc),
+  out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), rows_dtype or acc),
                jax.ShapeDtypeStruct((BH, S, dk, dk), acc)]
   if chunk_size is not None:
     n = L // chunk_size
@@ -233,12 +235,12 @@ def forward_scan_warps(config, dk):
   return scan_warps(config, dk)
 
 
-def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
+def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
   each segment, A at segment starts from XLA (`segment_start_inverses`).
   chunk_starts: instead the rows A_t khat_t (not unit), A_T and the inverse at every chunk start
-  [B*H, T_pad / C, dk, dk]."""
+  [B*H, T_pad / C, dk, dk]. rows_dtype: dtype of the written rows (default the computation's)."""
   B, H, T_pad, dk = u_h.shape
   C = config.chunk_size
   N = T_pad // C
@@ -261,7 +263,8 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False):
   kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
   out = penalty_scan(flat(A_start), flat(pad(khat)), flat(pad(u_h)), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
-                     num_warps=warps, interpret=config.interpret, **kw)
+                     num_warps=warps, rows_dtype=rows_dtype, interpret=config.interpret,
+                     **kw)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
   return (Ah, A_end, out[2][:, :N]) if chunk_starts else (Ah, A_end)
 

@@ -202,12 +202,14 @@ def penalty_rows(A_c, e, u, *, chunk_size, factor_precision, num_warps=4, interp
 
 
 def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps=4,
-               interpret=False, with_inverse=False):
-  """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] of the state path (kernel (c)), in e's
-  dtype. e, a, q: [BH, N*C, dk] erase keys, write keys, queries; v: [BH, N*C, dv].
+               interpret=False, with_inverse=False, out_dtype=None):
+  """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] of the state path (kernel (c)), in
+  `out_dtype` (default e's dtype, in which it computes). e, a, q: [BH, N*C, dk] erase keys,
+  write keys, queries; v: [BH, N*C, dv].
   with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C]."""
   BH, NC, dk = e.shape
   C, dv, acc = chunk_size, v.shape[-1], e.dtype
+  out = out_dtype or acc
   rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
   n_out = 4 if with_inverse else 3
   return pl.pallas_call(
@@ -216,9 +218,9 @@ def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps
       grid=(BH, NC // C),
       in_specs=[rows(dk), rows(dk), rows(dk), rows(dv)],
       out_specs=[rows(dv), rows(dk), rows(C), rows(C)][:n_out],
-      out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), acc),
-                 jax.ShapeDtypeStruct((BH, NC, dk), acc),
-                 jax.ShapeDtypeStruct((BH, NC, C), acc),
-                 jax.ShapeDtypeStruct((BH, NC, C), acc)][:n_out],
+      out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out),
+                 jax.ShapeDtypeStruct((BH, NC, dk), out),
+                 jax.ShapeDtypeStruct((BH, NC, C), out),
+                 jax.ShapeDtypeStruct((BH, NC, C), out)][:n_out],
       compiler_params=_params(num_warps), interpret=interpret, name="vla_state_prep",
   )(e, a, q, v)

@@ -44,6 +44,7 @@ MIN_CHUNK, MAX_CHUNK = 16, 128
 PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32", "bf16")
 STATE_PREP_DOTS = ("auto", "tf32", "bf16")
+FACTOR_DTYPES = ("float32", "bfloat16")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
@@ -118,6 +119,11 @@ class KernelConfig:
       `precision` for the products that apply T) or "bf16" (bfloat16 operands, float32
       accumulation, all of them). Interpret mode emulates "bf16" and runs the others at full
       precision; float64 always runs at full precision.
+    factor_dtype: with prep="scan", the dtype in which the inference forward stores the
+      per-token factors between its kernels (the write directions, U', W', P): "float32"
+      (default) or "bfloat16" (half the bytes the sequential state kernel reads; the kernels
+      still compute in float32). The differentiated forward keeps float32. Ignored for
+      float64 inputs.
     scan_block: with prep="scan", tokens per Sherman-Morrison block of `penalty_scan` (16,
       32 or 64). Default 16.
     scan_prefetch: with prep="scan", load the next block's rows before the current block's
@@ -238,6 +244,7 @@ class KernelConfig:
   prep_dot: str = "auto"
   prep_form: str = "panels"
   state_prep_dot: str = "auto"
+  factor_dtype: str = "float32"
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
@@ -325,6 +332,11 @@ class KernelConfig:
                        f"{self.state_prep_dot!r}")
     if self.state_prep_dot != "auto" and self.prep != "scan":
       raise ValueError(f'state_prep_dot={self.state_prep_dot!r} needs prep="scan"; got '
+                       f'prep={self.prep!r}')
+    if self.factor_dtype not in FACTOR_DTYPES:
+      raise ValueError(f"factor_dtype must be one of {FACTOR_DTYPES}; got {self.factor_dtype!r}")
+    if self.factor_dtype != "float32" and self.prep != "scan":
+      raise ValueError(f'factor_dtype={self.factor_dtype!r} needs prep="scan"; got '
                        f'prep={self.prep!r}')
     if self.prep_dot == "bf16" and self.prep != "scan":
       raise ValueError(f'prep_dot="bf16" needs prep="scan" (only the penalty scan kernels '
@@ -568,7 +580,7 @@ def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype):
     return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype), S_T, S_c
   BH, NC, dk = q.shape
   dv, C = Up.shape[-1], cfg.chunk_size
-  N, BV, acc = NC // C, cfg.value_block(dv), Up.dtype
+  N, BV, acc = NC // C, cfg.value_block(dv), S0.dtype     # factors may be stored narrower
   kernel = functools.partial(_fwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
   k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
   v_spec = pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j))
@@ -593,7 +605,7 @@ def _state_chain(cfg, w, Up, Wp, S0):
   (grid (B * H, dv / BV), a loop over chunks)."""
   BH, NC, dk = w.shape
   dv, C = Up.shape[-1], cfg.chunk_size
-  N, BV, acc = NC // C, cfg.value_block(dv), Up.dtype
+  N, BV, acc = NC // C, cfg.value_block(dv), S0.dtype
   k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
   return pl.pallas_call(
@@ -614,7 +626,7 @@ def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype):
   R = U' - W' S_c^T, O = Q S_c^T + P R."""
   BH, NC, dk = q.shape
   dv, C = Up.shape[-1], cfg.chunk_size
-  N, acc = NC // C, Up.dtype
+  N, acc = NC // C, S_c.dtype
   rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
   return pl.pallas_call(
       functools.partial(_out_kernel, precision=cfg.precision, acc=acc),

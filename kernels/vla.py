@@ -135,12 +135,14 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   q_h = _head_major(q, T_pad)
   if config.prep == "scan":
     fprec = _factor_precision(config.factor_dot, acc, config.interpret)
-    Ah, A_T = _penalty_segments(config, khat, u_h, A0.astype(acc), fprec)
+    # Factors stored between kernels in config.factor_dtype (computed in acc).
+    store = jnp.bfloat16 if config.factor_dtype == "bfloat16" and acc == jnp.float32 else acc
+    Ah, A_T = _penalty_segments(config, khat, u_h, A0.astype(acc), fprec, rows_dtype=store)
     sfprec, sprec = config.state_prep_precisions(acc)
     Up, Wp, P = split_prep.state_prep(
         flat(khat), Ah, flat(q_h), flat(_head_major(v, T_pad)), chunk_size=C,
         precision=sprec, factor_precision=sfprec, num_warps=config.prep_warps,
-        interpret=config.interpret)
+        interpret=config.interpret, out_dtype=store)
   elif config.prep == "split":
     fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     kw = dict(num_warps=config.prep_warps, interpret=config.interpret)

@@ -3,6 +3,7 @@ prep="scan") on CPU: Pallas interpret mode against the float64 NumPy oracle of
 tests/test_kernels.py, with one segment (A carried through the whole sequence) and several
 (A inverted in XLA at segment starts), and lowering for an abstract NVIDIA H200."""
 
+import chex
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -284,3 +285,47 @@ def test_bf16_state_prep_lowers_for_h200():
     text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "bf16", grad=grad, prep="scan",
                   state_prep_dot="bf16")
     assert "vla_state_prep" in text
+
+
+def test_bf16_factor_storage_forward_within_bf16_bound():
+  """factor_dtype="bfloat16": the inference forward stores the write directions, U', W' and P
+  in bfloat16 between its kernels. Within the bf16 bound of float64 and above float32's
+  error; the gradient (the differentiated forward keeps float32) is unchanged."""
+  B, T, H, dk, dv, C = 1, 70, 2, 32, 32, 16
+  args = [np.asarray(x, np.float32) for x in _inputs(36, B, T, H, dk, dv)]
+  ref_out, _ = _chunked_float64(args, C)
+  f32 = [jnp.asarray(x) for x in args]
+  base = dict(chunk_size=C, prep="scan", segment_chunks=2, precision=jax.lax.Precision.HIGHEST)
+  errs = {}
+  for dtype in ("bfloat16", "float32"):
+    for state_output in ("fused", "split"):
+      cfg = KernelConfig(factor_dtype=dtype, state_output=state_output, **base)
+      out = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*f32)
+      chex.assert_type(out, [jnp.float32] * 3)
+      errs[dtype, state_output] = [_rel(g, w) for g, w in zip(out, ref_out)]
+  for state_output in ("fused", "split"):
+    bf, f = errs["bfloat16", state_output], errs["float32", state_output]
+    assert max(f) < TOL[np.float32], f
+    assert max(bf) < 2e-2 and min(bf[:2]) > 20 * TOL[np.float32], bf
+    assert bf[2] == f[2]          # A_T: the penalty kernel's carried A, not a stored factor
+  grad = lambda cfg: jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(
+      *a, *f32[4:], config=cfg, interpret=True)[0]), argnums=range(4)))(*f32[:4])
+  for g, w in zip(grad(KernelConfig(factor_dtype="bfloat16", **base)),
+                  grad(KernelConfig(**base))):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_factor_dtype_options():
+  x = jnp.zeros((1, 16, 1, 16))
+  for kw, match in ((dict(factor_dtype="float16"), "factor_dtype must be"),
+                    (dict(factor_dtype="bfloat16", prep="split"), 'needs prep="scan"')):
+    with pytest.raises(ValueError, match=match):
+      vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
+                 config=KernelConfig(chunk_size=16, **kw))
+
+
+def test_bf16_factor_storage_lowers_for_h200():
+  for state_output in ("fused", "split"):
+    text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=False, prep="scan",
+                  factor_dtype="bfloat16", state_output=state_output)
+    assert "vla_state_prep" in text and "vla_penalty_scan" in text
