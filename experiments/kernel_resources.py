@@ -144,8 +144,8 @@ def sass_counts(sass):
   addr = [int(a, 16) for a, _ in instrs]
   in_loop = [False] * len(instrs)
   for i, (_, text) in enumerate(instrs):
-    target = re.search(r"\bBRA\b.*?`?\(?\.L_x_\d+\)?|\bBRA\b\s+(?:\S+\s+)?(0x[0-9a-f]+)", text)
-    if target and target.group(1):
+    target = re.search(r"\bBRA(?:\.\S+)?\s+(?:\S+\s+)?(0x[0-9a-f]+)", text)
+    if target:
       dest = int(target.group(1), 16)
       if dest < addr[i]:   # a backward branch (not the trap loop after EXIT)
         for j in range(len(instrs)):

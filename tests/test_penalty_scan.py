@@ -224,13 +224,26 @@ def test_bf16_products_forward_and_gradients_within_bf16_bound():
   assert min(errs["bf16"][:1] + errs["bf16"][6:]) > 20 * TOL[np.float32], errs["bf16"]
 
 
-def test_bf16_products_need_prep_scan():
+@pytest.mark.parametrize("kw,match", [
+    (dict(prep="split", prep_dot="bf16"), 'prep_dot="bf16" needs prep="scan"'),
+    (dict(state_prep_dot="fp8"), "state_prep_dot must be"),
+    (dict(state_prep_dot="bf16", prep="split"), 'state_prep_dot=.bf16. needs prep="scan"'),
+    (dict(factor_dtype="float16"), "factor_dtype must be"),
+    (dict(factor_dtype="bfloat16", prep="split"), 'factor_dtype=.bfloat16. needs prep="scan"')])
+def test_bfloat16_options_raise(kw, match):
   x = jnp.zeros((1, 16, 1, 16))
-  with pytest.raises(ValueError, match='prep_dot="bf16" needs prep="scan"'):
+  with pytest.raises(ValueError, match=match):
     vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
-               config=KernelConfig(chunk_size=16, prep="split", prep_dot="bf16"))
+               config=KernelConfig(chunk_size=16, **kw))
+
+
+def test_bfloat16_options_resolve():
   cfg = KernelConfig(prep_dot="bf16")
   assert cfg.factor_dot == "bf16" and forward_scan_warps(cfg, 64) == 1
+  assert KernelConfig().state_factor_dot == "tf32"
+  assert cfg.state_factor_dot == "tf32"
+  assert KernelConfig(state_prep_dot="bf16").state_factor_dot == "bf16"
+  assert KernelConfig(prep_dot="tf32x3").state_factor_dot == "tf32x3"
 
 
 @pytest.mark.parametrize("shape", [(1, 100, 2, 64, 64, 64), (1, 64, 1, 128, 128, 64)],
@@ -267,19 +280,6 @@ def test_bf16_state_prep_within_bf16_bound():
   assert max(errs) < 2e-2 and min(errs[:2] + errs[3:]) > 20 * TOL[np.float32], errs
 
 
-def test_state_prep_dot_options():
-  assert KernelConfig().state_factor_dot == "tf32"
-  assert KernelConfig(prep_dot="bf16").state_factor_dot == "tf32"
-  assert KernelConfig(state_prep_dot="bf16").state_factor_dot == "bf16"
-  assert KernelConfig(prep_dot="tf32x3").state_factor_dot == "tf32x3"
-  x = jnp.zeros((1, 16, 1, 16))
-  for kw, match in ((dict(state_prep_dot="fp8"), "state_prep_dot must be"),
-                    (dict(state_prep_dot="bf16", prep="split"), 'needs prep="scan"')):
-    with pytest.raises(ValueError, match=match):
-      vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
-                 config=KernelConfig(chunk_size=16, **kw))
-
-
 def test_bf16_state_prep_lowers_for_h200():
   for grad in (False, True):
     text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "bf16", grad=grad, prep="scan",
@@ -313,15 +313,6 @@ def test_bf16_factor_storage_forward_within_bf16_bound():
   for g, w in zip(grad(KernelConfig(factor_dtype="bfloat16", **base)),
                   grad(KernelConfig(**base))):
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
-
-
-def test_factor_dtype_options():
-  x = jnp.zeros((1, 16, 1, 16))
-  for kw, match in ((dict(factor_dtype="float16"), "factor_dtype must be"),
-                    (dict(factor_dtype="bfloat16", prep="split"), 'needs prep="scan"')):
-    with pytest.raises(ValueError, match=match):
-      vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
-                 config=KernelConfig(chunk_size=16, **kw))
 
 
 def test_bf16_factor_storage_lowers_for_h200():
