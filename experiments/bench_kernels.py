@@ -14,7 +14,7 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
         [--prep_form panels,tiles] [--prep_warps 1,2,4] [--solver triangular_solve,doubling]
         [--penalty_grad auto,autodiff,chunk,scan] [--scan_bwd_unroll 1,0] [--breakdown]
         [--state_split fused,split] [--state_prep_dot auto,bf16]
-        [--factor_dtype float32,bfloat16]
+        [--factor_dtype float32,bfloat16] [--input_layout transposed,direct]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
 rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels,
@@ -212,6 +212,9 @@ def main():
   parser.add_argument("--factor_dtype", default="float32",
                       help="comma list of KernelConfig.factor_dtype (float32, bfloat16) for the "
                            "prep=scan rows, labelled store=")
+  parser.add_argument("--input_layout", default="transposed",
+                      help="comma list of KernelConfig.input_layout (transposed, direct) for the "
+                           "prep=scan rows, labelled layout=")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -265,7 +268,9 @@ def main():
         for field, flag, default, tag in (("state_prep_dot", args.state_prep_dot, "auto",
                                            "sprep"),
                                           ("factor_dtype", args.factor_dtype, "float32",
-                                           "store")):
+                                           "store"),
+                                          ("input_layout", args.input_layout, "transposed",
+                                           "layout")):
           values = flag.split(",")
           if values != [default]:
             variants = [w for v in variants for w in (

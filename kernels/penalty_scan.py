@@ -35,9 +35,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from vla_jax.kernels.chunk_prep import _factor_precision
+from vla_jax.kernels.layout import rows_spec
 from vla_jax.kernels.penalty import _spd_inverse
-from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota, spd_inverse
-from vla_jax.ops.vla.recurrence import WRITE_EPS
+from vla_jax.kernels.split_prep import _chol_inv, _dot, _eye, _iota, spd_inverse, unit_rows
+from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
 
 BLOCKS = (16, 32, 64)
 
@@ -54,7 +55,7 @@ def block_factors(A, U, *, precision, eye=None):
 
 
 def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normalize, prefetch,
-                 fprec, acc):
+                 fprec, acc, unit_keys=False):
   # a0_ref, at_ref: [dk, dk] segment-start and segment-end inverses; e_ref, u_ref, ah_ref:
   # [L, dk] unit keys, penalty directions and (out) write directions of the segment; with a
   # chunk size C, ac_refs: ([L / C, dk, dk],) (out) the inverse at every chunk start.
@@ -63,7 +64,9 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normal
   eye = _eye(b, acc)
   n_blocks = L // b
   start = lambda j: j * b if isinstance(j, int) else pl.multiple_of(j * b, b)
-  load = lambda j: tuple(ref[pl.ds(start(j), b), :].astype(acc) for ref in (u_ref, e_ref))
+  def load(j):
+    U, E = (ref[pl.ds(start(j), b), :].astype(acc) for ref in (u_ref, e_ref))
+    return U, unit_rows(E, KEY_EPS) if unit_keys else E
 
   def step(j, A, U, E):
     X, _, _, Y = block_factors(A, U, precision=fprec, eye=eye)
@@ -99,7 +102,8 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normal
 
 
 def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, num_warps=4,
-                 chunk_size=None, normalize=True, rows_dtype=None, interpret=False):
+                 chunk_size=None, normalize=True, rows_dtype=None, heads=None, unit_keys=False,
+                 interpret=False):
   """Write directions of every token and the inverse at every segment end.
 
   Args:
@@ -115,6 +119,9 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t.
     rows_dtype: dtype of the written rows (default A_start's; the computation is in
       A_start's dtype either way).
+    heads: None, or H when e and u are token-major [B, S * L, H, dk] (read in place; the
+      output stays head-major [B * H, ...]).
+    unit_keys: e holds raw keys; the kernel divides each row by max(norm, KEY_EPS).
 
   Returns:
     (Ahat [BH, S * L, dk] unit write directions (or the rows A_t khat_t; `rows_dtype`), A_end
@@ -122,7 +129,7 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     A_start's dtype.
   """
   BH, S, dk, _ = A_start.shape
-  L = e.shape[1] // S
+  L = e.shape[1] // S   # [BH, S * L, dk] or [B, S * L, H, dk]
   if block not in BLOCKS or L % block:
     raise ValueError(f"block must be one of {BLOCKS} and divide the segment length {L}; "
                      f"got {block!r}")
@@ -131,7 +138,7 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
                      f"segment length {L}; got {chunk_size!r}")
   acc = A_start.dtype
   mat = pl.BlockSpec((None, None, dk, dk), lambda h, s: (h, s, 0, 0))
-  rows = pl.BlockSpec((None, L, dk), lambda h, s: (h, s, 0))
+  rows = rows_spec(L, dk)
   out_specs = [rows, mat]
   out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), rows_dtype or acc),
                jax.ShapeDtypeStruct((BH, S, dk, dk), acc)]
@@ -141,9 +148,10 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
     out_shape.append(jax.ShapeDtypeStruct((BH, S * n, dk, dk), acc))
   return pl.pallas_call(
       functools.partial(_scan_kernel, L=L, b=block, C=chunk_size, normalize=normalize,
-                        prefetch=prefetch, fprec=factor_precision, acc=acc),
+                        prefetch=prefetch, fprec=factor_precision, acc=acc,
+                        unit_keys=unit_keys),
       grid=(BH, S),
-      in_specs=[mat, rows, rows],
+      in_specs=[mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)],
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
@@ -182,39 +190,47 @@ def segment_layout(config, BH, N, warps=4):
   return -(-N // seg), seg * config.chunk_size
 
 
-def segment_start_inverses(u_h, A0, config, S, L):
+def segment_start_inverses(u_h, A0, config, S, L, token_major=False):
   """The inverses at the starts of segments 1..S-1, [B, H, S - 1, dk, dk]: M^-1 with M = A0^-1
   plus the sum of u u^T before the segment (XLA: prefix sums of Grams, Cholesky inverse).
   u_h: [B, H, T_pad, dk] (zero-padded to S * L inside). The backward of `penalty_scan_grad`'s
   kernel variant differentiates this same function."""
-  return _spd_inverse(_segment_start_matrices(u_h, A0, S, L), refine=config.refine,
+  return _spd_inverse(_segment_start_matrices(u_h, A0, S, L, token_major), refine=config.refine,
                       precision=jax.lax.Precision.HIGHEST, solver=config.solver)
 
 
-def _segment_start_matrices(u_h, A0, S, L):
+def _segment_start_matrices(u_h, A0, S, L, token_major=False):
   """M = A0^-1 + the sum of u u^T before each of segments 1..S-1: [B, H, S - 1, dk, dk]."""
-  return _a0_inverse(A0, u_h.dtype)[:, :, None] + _segment_gram_prefix(u_h, S, L)
+  return (_a0_inverse(A0, A0.dtype)[:, :, None]
+          + _segment_gram_prefix(u_h, S, L, token_major).astype(A0.dtype))
 
 
-def _segment_gram_prefix(u_h, S, L):
+def _segment_gram_prefix(u_h, S, L, token_major=False):
   """The sum of u u^T before each of segments 1..S-1 (u_h [B, H, T_pad, dk] zero-padded to
-  S * L): [B, H, S - 1, dk, dk]."""
+  S * L, or with token_major u [B, S * L, H, dk] in any float dtype): [B, H, S - 1, dk, dk]."""
+  if token_major:
+    B, _, H, dk = u_h.shape
+    U = u_h.reshape(B, S, L, H, dk)            # read once in its own dtype, summed in float32+
+    gram = jnp.einsum("bslhi,bslhj->bhsij", U, U, precision=jax.lax.Precision.HIGHEST,
+                      preferred_element_type=jnp.promote_types(u_h.dtype, jnp.float32))
+    return jnp.cumsum(gram, axis=2)[:, :, :-1]
   u_s = jnp.pad(u_h, [(0, 0), (0, 0), (0, S * L - u_h.shape[2]), (0, 0)])
   return _gram_prefix(u_s, L)[:, :, 1:]
 
 
-def segment_start_inverses_kernel(u_h, A0, config, S, L):
+def segment_start_inverses_kernel(u_h, A0, config, S, L, token_major=False):
   """As `segment_start_inverses`, the inversions in the `split_prep.spd_inverse` kernel (one
   program per segment start: dk elimination steps, A = Linv^T Linv, the Newton step with
   `config.refine`; tf32x3 products on a GPU, whatever `prep_dot` says: an inverse of a possibly
   ill-conditioned M needs about float32 accuracy). XLA keeps the prefix sums of the per-segment
   Grams; A0's inverse runs in the same kernel (a second launch) instead of XLA's Cholesky
   chain. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
-  B, H, _, dk = u_h.shape
+  B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
   fprec = _factor_precision("tf32x3", A0.dtype, config.interpret)
   inverse = lambda M, refine: spd_inverse(M.reshape(B * H, -1, dk, dk), refine=refine,
                                           factor_precision=fprec, interpret=config.interpret)
-  M = inverse(A0, False).reshape(B, H, 1, dk, dk) + _segment_gram_prefix(u_h, S, L)
+  M = (inverse(A0, False).reshape(B, H, 1, dk, dk)
+       + _segment_gram_prefix(u_h, S, L, token_major).astype(A0.dtype))
   return inverse(M, config.refine).reshape(B, H, S - 1, dk, dk)
 
 
@@ -235,13 +251,19 @@ def forward_scan_warps(config, dk):
   return scan_warps(config, dk)
 
 
-def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None):
+def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None,
+                      token_major=False):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
   each segment, A at segment starts from XLA (`segment_start_inverses`).
   chunk_starts: instead the rows A_t khat_t (not unit), A_T and the inverse at every chunk start
-  [B*H, T_pad / C, dk, dk]. rows_dtype: dtype of the written rows (default the computation's)."""
-  B, H, T_pad, dk = u_h.shape
+  [B*H, T_pad / C, dk, dk]. rows_dtype: dtype of the written rows (default the computation's).
+  token_major: khat and u_h are the caller's raw keys and u, [B, T_pad, H, dk] in their own
+  dtype, read in place (the kernel makes the unit keys); inference only."""
+  if token_major:
+    B, T_pad, H, dk = u_h.shape
+  else:
+    B, H, T_pad, dk = u_h.shape
   C = config.chunk_size
   N = T_pad // C
   # The differentiated forward (chunk_starts) has the reverse kernel's warps and segments
@@ -251,20 +273,24 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   else:
     warps = forward_scan_warps(config, dk)
   S, L = segment_layout(config, B * H, N, warps)
-  pad = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)])
+  time_axis = 1 if token_major else 2
+  pad = lambda x: x if S * L == T_pad else jnp.pad(
+      x, [(0, S * L - T_pad) if a == time_axis else (0, 0) for a in range(4)])
   A_start = A0[:, :, None]
   if S > 1:
     # The differentiated forward keeps the XLA inversions (their VJP is the backward's).
     inverses = (segment_start_inverses_kernel
                 if config.segment_inverter(dk) == "kernel" and not chunk_starts
                 else segment_start_inverses)
-    A_start = jnp.concatenate([A_start, inverses(u_h, A0, config, S, L)], axis=2)
+    A_start = jnp.concatenate([A_start, inverses(pad(u_h) if token_major else u_h, A0, config,
+                                                 S, L, token_major)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
+  rows = (lambda x: pad(x)) if token_major else (lambda x: flat(pad(x)))
   kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
-  out = penalty_scan(flat(A_start), flat(pad(khat)), flat(pad(u_h)), block=config.scan_block,
+  out = penalty_scan(flat(A_start), rows(khat), rows(u_h), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
                      num_warps=warps, rows_dtype=rows_dtype, interpret=config.interpret,
-                     **kw)
+                     heads=H if token_major else None, unit_keys=token_major, **kw)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
   return (Ah, A_end, out[2][:, :N]) if chunk_starts else (Ah, A_end)
 

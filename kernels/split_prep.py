@@ -35,7 +35,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from vla_jax.ops.vla.recurrence import WRITE_EPS
+from vla_jax.kernels.layout import rows_spec
+from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
 
 PANEL = 64   # column panel width of the penalty-rows kernel
 
@@ -49,6 +50,12 @@ def _dot(a, b, *, ta=False, tb=False, precision):
   if precision == jax.lax.DotAlgorithmPreset.BF16_BF16_F32:
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
   return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=out)
+
+
+def unit_rows(x, eps):
+  """Rows of x [n, d] divided by max(their norm, eps): `vla_jax.ops.utils.unit` inside a kernel
+  (for raw keys read in place)."""
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=1), eps ** 2))[:, None]
 
 
 def _iota(n):
@@ -149,11 +156,13 @@ def _rows_kernel(ac_ref, e_ref, u_ref, ah_ref, at_ref, *, C, N, dk, fprec, acc):
 
 
 def _state_prep_kernel(e_ref, ah_ref, q_ref, v_ref, up_ref, wp_ref, p_ref, *t_ref, C, fprec,
-                       sprec, acc):
+                       sprec, acc, unit_keys=False):
   # e_ref, ah_ref, q_ref, wp_ref: [C, dk]; v_ref, up_ref: [C, dv]; p_ref, t_ref: [C, C].
   sdot = functools.partial(_dot, precision=sprec)
   r, c, _ = _iota(C)
   E = e_ref[...].astype(acc)
+  if unit_keys:   # raw keys read in place
+    E = unit_rows(E, KEY_EPS)
   Ah = ah_ref[...].astype(acc)
   T = _unit_tril_inv(jnp.where(r > c, sdot(E, Ah, tb=True), 0.0), fprec)
   up_ref[...] = sdot(T, v_ref[...].astype(acc)).astype(up_ref.dtype)
@@ -202,21 +211,23 @@ def penalty_rows(A_c, e, u, *, chunk_size, factor_precision, num_warps=4, interp
 
 
 def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps=4,
-               interpret=False, with_inverse=False, out_dtype=None):
+               interpret=False, with_inverse=False, out_dtype=None, heads=None, acc=None):
   """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] of the state path (kernel (c)), in
-  `out_dtype` (default e's dtype, in which it computes). e, a, q: [BH, N*C, dk] erase keys,
-  write keys, queries; v: [BH, N*C, dv].
-  with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C]."""
-  BH, NC, dk = e.shape
-  C, dv, acc = chunk_size, v.shape[-1], e.dtype
+  `out_dtype` (default the computation's dtype `acc`, default e's dtype). e, a, q: [BH, N*C, dk]
+  erase keys, write keys, queries; v: [BH, N*C, dv].
+  with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C].
+  heads: None, or H when e, q, v are the caller's token-major [B, >= N*C, H, d] (read in place;
+  e then holds raw keys, made unit in the kernel); a and the outputs stay head-major."""
+  BH, NC, dk = a.shape
+  C, dv, acc = chunk_size, v.shape[-1], acc or e.dtype
   out = out_dtype or acc
-  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  rows = lambda d, h=None: rows_spec(C, d, h)
   n_out = 4 if with_inverse else 3
   return pl.pallas_call(
       functools.partial(_state_prep_kernel, C=C, fprec=factor_precision, sprec=precision,
-                        acc=acc),
+                        acc=acc, unit_keys=heads is not None),
       grid=(BH, NC // C),
-      in_specs=[rows(dk), rows(dk), rows(dk), rows(dv)],
+      in_specs=[rows(dk, heads), rows(dk), rows(dk, heads), rows(dv, heads)],
       out_specs=[rows(dv), rows(dk), rows(C), rows(C)][:n_out],
       out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out),
                  jax.ShapeDtypeStruct((BH, NC, dk), out),

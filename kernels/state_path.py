@@ -35,6 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from vla_jax.kernels.layout import rows_spec
 from vla_jax.kernels.state_grad import chunk_local_vjp
 from vla_jax.kernels.triangular import SOLVERS, tri_inverse, tril_inverse_products
 from vla_jax.ops.checks import compute_dtype
@@ -45,6 +46,7 @@ PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32", "bf16")
 STATE_PREP_DOTS = ("auto", "tf32", "bf16")
 FACTOR_DTYPES = ("float32", "bfloat16")
+INPUT_LAYOUTS = ("transposed", "direct")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
@@ -124,6 +126,12 @@ class KernelConfig:
       (default) or "bfloat16" (half the bytes the sequential state kernel reads; the kernels
       still compute in float32). The differentiated forward keeps float32. Ignored for
       float64 inputs.
+    input_layout: with prep="scan", how the inference forward's kernels get q, k, v, u:
+      "transposed" (default: XLA first makes head-major [B * H, T, d] copies, the keys unit
+      and u in the accumulation dtype) or "direct" (the kernels read the caller's [B, T, H, d]
+      arrays in place, make the unit keys themselves, and write o as [B, T, H, dv]: no
+      transposes or widened copies; the segment-start Grams read u once). Same function; the
+      differentiated forward keeps "transposed".
     scan_block: with prep="scan", tokens per Sherman-Morrison block of `penalty_scan` (16,
       32 or 64). Default 16.
     scan_prefetch: with prep="scan", load the next block's rows before the current block's
@@ -245,6 +253,7 @@ class KernelConfig:
   prep_form: str = "panels"
   state_prep_dot: str = "auto"
   factor_dtype: str = "float32"
+  input_layout: str = "transposed"
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
@@ -337,6 +346,11 @@ class KernelConfig:
       raise ValueError(f"factor_dtype must be one of {FACTOR_DTYPES}; got {self.factor_dtype!r}")
     if self.factor_dtype != "float32" and self.prep != "scan":
       raise ValueError(f'factor_dtype={self.factor_dtype!r} needs prep="scan"; got '
+                       f'prep={self.prep!r}')
+    if self.input_layout not in INPUT_LAYOUTS:
+      raise ValueError(f"input_layout must be one of {INPUT_LAYOUTS}; got {self.input_layout!r}")
+    if self.input_layout != "transposed" and self.prep != "scan":
+      raise ValueError(f'input_layout={self.input_layout!r} needs prep="scan"; got '
                        f'prep={self.prep!r}')
     if self.prep_dot == "bf16" and self.prep != "scan":
       raise ValueError(f'prep_dot="bf16" needs prep="scan" (only the penalty scan kernels '
@@ -570,28 +584,32 @@ def _params(cfg):
   return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype):
+def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype, heads=None):
   """Sequential pass. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
   S0: [BH, dv, dk]. Returns O [BH, N*C, dv] (out_dtype), S_T [BH, dv, dk] and the
   chunk-start states [BH, N, dv, dk] (accumulation dtype). When `cfg.output_form` is "split"
-  the state chain and the outputs run as two kernels (`_state_chain`, `_state_outputs`)."""
-  if cfg.output_form(q.shape[0], Up.shape[-1]) == "split":
+  the state chain and the outputs run as two kernels (`_state_chain`, `_state_outputs`).
+  heads: None, or H when q is the caller's token-major [B, >= N*C, H, dk] (read in place); O is
+  then written token-major too, [B, N*C, H, dv]."""
+  BH, NC, dk = w.shape
+  if cfg.output_form(BH, Up.shape[-1]) == "split":
     S_T, S_c = _state_chain(cfg, w, Up, Wp, S0)
-    return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype), S_T, S_c
-  BH, NC, dk = q.shape
+    return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads), S_T, S_c
   dv, C = Up.shape[-1], cfg.chunk_size
   N, BV, acc = NC // C, cfg.value_block(dv), S0.dtype     # factors may be stored narrower
   kernel = functools.partial(_fwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
-  k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
-  v_spec = pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j))
+  k_spec = rows_spec(NC, dk, time=lambda b, j: 0)
+  v_spec = rows_spec(NC, BV, time=lambda b, j: 0, feature=lambda b, j: j)
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
+  o_shape = (BH, NC, dv) if heads is None else (BH // heads, NC, heads, dv)
   return pl.pallas_call(
       kernel,
       grid=(BH, dv // BV),
-      in_specs=[k_spec, k_spec, v_spec, k_spec,
+      in_specs=[rows_spec(NC, dk, heads, time=lambda b, j: 0), k_spec, v_spec, k_spec,
                 pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
-      out_specs=[v_spec, s_spec, pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))],
-      out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out_dtype),
+      out_specs=[rows_spec(NC, BV, heads, time=lambda b, j: 0, feature=lambda b, j: j), s_spec,
+                 pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))],
+      out_shape=[jax.ShapeDtypeStruct(o_shape, out_dtype),
                  jax.ShapeDtypeStruct((BH, dv, dk), acc),
                  jax.ShapeDtypeStruct((BH, N, dv, dk), acc)],
       compiler_params=_params(cfg),
@@ -621,20 +639,22 @@ def _state_chain(cfg, w, Up, Wp, S0):
   )(w, Up, Wp, S0)
 
 
-def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype):
+def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads=None):
   """O [BH, N*C, dv] from the chunk-start states, one program per (batch * head, chunk):
-  R = U' - W' S_c^T, O = Q S_c^T + P R."""
-  BH, NC, dk = q.shape
+  R = U' - W' S_c^T, O = Q S_c^T + P R. heads: as in `_forward_pass` (q read, O written
+  token-major)."""
+  BH, NC, dk = Wp.shape
   dv, C = Up.shape[-1], cfg.chunk_size
   N, acc = NC // C, S_c.dtype
-  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  rows = lambda d, h=None: rows_spec(C, d, h)
+  o_shape = (BH, NC, dv) if heads is None else (BH // heads, NC, heads, dv)
   return pl.pallas_call(
       functools.partial(_out_kernel, precision=cfg.precision, acc=acc),
       grid=(BH, N),
-      in_specs=[rows(dk), rows(dv), rows(dk), rows(C),
+      in_specs=[rows(dk, heads), rows(dv), rows(dk), rows(C),
                 pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0))],
-      out_specs=rows(dv),
-      out_shape=jax.ShapeDtypeStruct((BH, NC, dv), out_dtype),
+      out_specs=rows(dv, heads),
+      out_shape=jax.ShapeDtypeStruct(o_shape, out_dtype),
       compiler_params=_params(cfg),
       interpret=cfg.interpret,
       name="vla_state_out",

@@ -128,6 +128,8 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   acc = compute_dtype(q, k, v, u, S0, A0)
+  if config.prep == "scan" and config.input_layout == "direct":
+    return _vla_scan_direct(config, acc, q, k, v, u, S0, A0)
   T_pad, N, khat, u_h = _setup(config, acc, k, u)
   C = config.chunk_size
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
@@ -166,6 +168,30 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
                             S0.astype(acc).reshape(B * H, dv, dk), v.dtype)
   o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
   return o, S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
+
+
+def _vla_scan_direct(config, acc, q, k, v, u, S0, A0):
+  """The prep="scan" forward on the caller's [B, T, H, d] arrays read in place
+  (config.input_layout="direct"): padded in time only when T is not a whole number of chunks;
+  the kernels make the unit keys and write o token-major."""
+  B, T, H, dk = q.shape
+  dv = v.shape[-1]
+  C = config.chunk_size
+  T_pad = -(-T // C) * C
+  pad = lambda x: x if T_pad == T else jnp.pad(x, [(0, 0), (0, T_pad - T), (0, 0), (0, 0)])
+  q, k, v, u = map(pad, (q, k, v, u))
+  fprec = _factor_precision(config.factor_dot, acc, config.interpret)
+  store = jnp.bfloat16 if config.factor_dtype == "bfloat16" and acc == jnp.float32 else acc
+  Ah, A_T = _penalty_segments(config, k, u, A0.astype(acc), fprec, rows_dtype=store,
+                              token_major=True)
+  sfprec, sprec = config.state_prep_precisions(acc)
+  Up, Wp, P = split_prep.state_prep(k, Ah, q, v, chunk_size=C, precision=sprec,
+                                    factor_precision=sfprec, num_warps=config.prep_warps,
+                                    interpret=config.interpret, out_dtype=store, heads=H,
+                                    acc=acc)
+  o, S_T, _ = _forward_pass(config, q, Ah, Up, Wp, P, S0.astype(acc).reshape(B * H, dv, dk),
+                            v.dtype, heads=H)
+  return o[:, :T], S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

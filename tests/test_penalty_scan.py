@@ -229,7 +229,9 @@ def test_bf16_products_forward_and_gradients_within_bf16_bound():
     (dict(state_prep_dot="fp8"), "state_prep_dot must be"),
     (dict(state_prep_dot="bf16", prep="split"), 'state_prep_dot=.bf16. needs prep="scan"'),
     (dict(factor_dtype="float16"), "factor_dtype must be"),
-    (dict(factor_dtype="bfloat16", prep="split"), 'factor_dtype=.bfloat16. needs prep="scan"')])
+    (dict(factor_dtype="bfloat16", prep="split"), 'factor_dtype=.bfloat16. needs prep="scan"'),
+    (dict(input_layout="rows"), "input_layout must be"),
+    (dict(input_layout="direct", prep="split"), 'input_layout=.direct. needs prep="scan"')])
 def test_bfloat16_options_raise(kw, match):
   x = jnp.zeros((1, 16, 1, 16))
   with pytest.raises(ValueError, match=match):
@@ -320,3 +322,65 @@ def test_bf16_factor_storage_lowers_for_h200():
     text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=False, prep="scan",
                   factor_dtype="bfloat16", state_output=state_output)
     assert "vla_state_prep" in text and "vla_penalty_scan" in text
+
+
+@pytest.mark.parametrize("shape,segment_chunks", [
+    ((2, 37, 2, 16, 32, 16), None), ((1, 77, 2, 32, 16, 16), 2), ((1, 40, 1, 64, 16, 16), 3)],
+    ids=lambda x: shape_id(x) if isinstance(x, tuple) else str(x))
+@pytest.mark.parametrize("state_output", ["fused", "split"])
+def test_direct_layout_matches_oracle_float64(x64, shape, segment_chunks, state_output):
+  """input_layout="direct": the kernels read [B, T, H, d] in place and make the unit keys;
+  T = 77 at C = 16 in segments of 2 chunks pads k and u past the last chunk (3 segments of 32
+  tokens for 80), the segment starts inverted by the kernel (dk <= 64)."""
+  B, T, H, dk, dv, C = shape
+  args = _inputs(41, B, T, H, dk, dv)
+  cfg = KernelConfig(chunk_size=C, block_v=16, precision=jax.lax.Precision.HIGHEST,
+                     prep="scan", segment_chunks=segment_chunks, input_layout="direct",
+                     state_output=state_output)
+  got = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(
+      *(jnp.asarray(x) for x in args))
+  chex.assert_shape(got[0], (B, T, H, dv))
+  for name, g, w in zip("oSA", got, _oracle(*args)):
+    assert _rel(g, w) < TOL[np.float64], (name, _rel(g, w))
+
+
+def test_direct_layout_bf16_inputs_match_transposed():
+  """bf16 inputs (bfloat16 penalty products, bf16 o): the direct layout is within the bf16
+  bound of float64 like the transposed one, and within bf16 resolution of it (its unit keys
+  are made in the kernel, so an operand can round to the neighbouring bfloat16); gradients
+  are the transposed path's, exactly."""
+  B, T, H, dk, dv, C = 1, 70, 2, 32, 32, 16
+  args = [jnp.asarray(x, jnp.float32) for x in _inputs(42, B, T, H, dk, dv)]
+  args = [x.astype(jnp.bfloat16) for x in args[:4]] + args[4:]
+  ref_out, _ = _chunked_float64([np.asarray(x, np.float32) for x in args], C)
+  run = lambda layout: jax.jit(lambda *a: vla_pallas(*a, config=KernelConfig(
+      chunk_size=C, segment_chunks=2, input_layout=layout), interpret=True))(*args)
+  direct, transposed = run("direct"), run("transposed")
+  chex.assert_trees_all_equal_shapes_and_dtypes(direct, transposed)
+  for g, w, r in zip(direct, transposed, ref_out):
+    g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+    assert _rel(g, r) < 2e-2 and _rel(w, r) < 2e-2, (_rel(g, r), _rel(w, r))
+    assert _rel(g, w) < 4e-3, _rel(g, w)
+  grad = lambda layout: jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(
+      *a, *args[4:], config=KernelConfig(chunk_size=C, input_layout=layout),
+      interpret=True)[0].astype(jnp.float32)), argnums=range(4)))(*args[:4])
+  for g, w in zip(grad("direct"), grad("transposed")):
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+def test_direct_layout_lowers_without_transposes():
+  """For an H200: the direct forward has no per-token transpose, widening or padding left in
+  XLA (T a whole number of chunks), only the five kernels' calls."""
+  B, T, H, d = 2, 256, 4, 64
+  spec = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
+  args = (spec(B, T, H, d),) * 4 + (spec(B, H, d, d, dt=jnp.float32),) * 2
+  for state_output in ("fused", "split"):
+    cfg = KernelConfig(input_layout="direct", state_output=state_output, segment_chunks=2)
+    text = lower_for_h200(lambda *a: vla_pallas(*a, config=cfg, interpret=False)[0],
+                          *args).as_text()
+    per_token = [l for l in text.splitlines() if f"{B}x{T}x{H}x{d}" in l or f"{B}x{H}x{T}x{d}"
+                 in l or f"{B * H}x{T}x{d}" in l]
+    assert not any(op in l for l in per_token
+                   for op in ("stablehlo.transpose", "stablehlo.convert", "stablehlo.pad")), (
+                       per_token)
+    assert "vla_penalty_scan" in text and "vla_state_prep" in text
