@@ -439,12 +439,29 @@ def zoology_section(rows, plot_path=None, rel=lambda p: p):
   if partial:
     text += " Mixers not yet run at a setting: " + "; ".join(
         f"T = {T}, d_model {d}: " + " / ".join(name(m) for m in ms) for (T, d), ms in partial) + "."
+  text += penalty_scale_note(summary)
   text += pallas_note(rows, lambda r: r["setting"], lambda st: f"T = {st[0]}, d_model {st[1]}")
   lines.append(text + "\n")
   if plot_path:
     plot_zoology(summary, plot_path)
     lines.append(f"![zoology MQAR: accuracy against state size]({rel(plot_path)})\n")
   return lines
+
+
+def penalty_scale_note(summary):
+  """A sentence comparing VLA's two penalty scales (`vla`: the authors' 1/sqrt(d_h), `vla_p1`:
+  1) at every setting where both ran: mean test accuracy at each one's chosen rate."""
+  both = sorted(st for (m, st) in summary if m == "vla" and ("vla_p1", st) in summary)
+  if not both:
+    return ""
+  mean = lambda m, st: summary[(m, st)]["test"].mean()
+  ahead = [st for st in both if mean("vla_p1", st) > mean("vla", st) + 0.01]
+  behind = [st for st in both if mean("vla_p1", st) < mean("vla", st) - 0.01]
+  where = lambda sts: ", ".join(f"T = {T} d_model {d} ({mean('vla_p1', (T, d)):.3f} against "
+                                f"{mean('vla', (T, d)):.3f})" for T, d in sts)
+  return (f" VLA's penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at "
+          f"{len(ahead)} of {len(both)} settings" + (f" ({where(ahead)})" if ahead else "")
+          + (f", behind at {where(behind)}" if behind else ", behind at none") + ".")
 
 
 def plot_zoology(summary, path):

@@ -4,6 +4,8 @@ over seeds, state sizes, and the settings and mixers not yet run."""
 import pathlib
 import sys
 
+import numpy as np
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
@@ -33,6 +35,16 @@ def test_zoology_section_from_rows():
   assert "| VLA | 8,192 |" in text and "| DeltaNet | 4,096 |" in text
   assert "below: VLA 0.490" in text and "VLA at T = 64, d_model 128 (0.250, 0.970, 0.250)" in text
   assert "T = 512 d_model 256" in text                                   # not run yet
+
+
+def test_penalty_scale_note_compares_the_two_vla_rows():
+  only_vla = {("vla", (64, 128)): {"test": np.array([0.25, 0.97, 0.25])}}
+  assert report_results.penalty_scale_note(only_vla) == ""          # nothing to compare
+  rows = [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
+  rows += [_row("vla_p1", 3e-3, s, acc, acc) for s, acc in enumerate((1.0, 0.99, 0.98))]
+  text = "\n".join(report_results.zoology_section(rows))
+  assert ("penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at 1 of 1 "
+          "settings (T = 64 d_model 128 (0.990 against 0.490)), behind at none.") in text
 
 
 def test_pallas_note_names_the_pallas_trained_runs():
