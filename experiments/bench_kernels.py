@@ -15,6 +15,7 @@ products of the chunked algorithm (penalty path + state path, x3 for forward + b
         [--penalty_grad auto,autodiff,chunk,scan] [--scan_bwd_unroll 1,0] [--breakdown]
         [--state_split fused,split] [--state_prep_dot auto,bf16]
         [--factor_dtype float32,bfloat16] [--input_layout transposed,direct]
+        [--reverse_dot auto,tf32]
 
 `--prep` (comma list of KernelConfig.prep) gives each pallas row per value, labelled; prep=kernel
 rows time the `chunk_prep` kernel in the forward, prep=split rows the three `split_prep` kernels,
@@ -215,6 +216,9 @@ def main():
   parser.add_argument("--input_layout", default="transposed",
                       help="comma list of KernelConfig.input_layout (transposed, direct) for the "
                            "prep=scan rows, labelled layout=")
+  parser.add_argument("--reverse_dot", default="auto",
+                      help="comma list of KernelConfig.reverse_dot (auto, tf32, bf16) for the "
+                           "prep=scan rows, labelled rev=")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -270,7 +274,8 @@ def main():
                                           ("factor_dtype", args.factor_dtype, "float32",
                                            "store"),
                                           ("input_layout", args.input_layout, "transposed",
-                                           "layout")):
+                                           "layout"),
+                                          ("reverse_dot", args.reverse_dot, "auto", "rev")):
           values = flag.split(",")
           if values != [default]:
             variants = [w for v in variants for w in (

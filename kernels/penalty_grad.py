@@ -154,7 +154,7 @@ def _scan_kernel_bwd(config, res, cts):
   A_s = jnp.concatenate([A_c.reshape(B * H, N, dk, dk), eye], axis=1)
   dA_end = jnp.zeros((B * H, S, dk, dk), acc).at[:, -1].set(
       _sym(dA_T.astype(acc)).reshape(B * H, dk, dk))
-  fprec = _factor_precision(config.factor_dot, acc, config.interpret)
+  fprec = _factor_precision(config.reverse_factor_dot, acc, config.interpret)
   dU, dE, dA_start = penalty_scan_bwd(A_s, rows(khat), rows(u), rows(dW), dA_end,
                                       chunk_size=C, block=config.scan_block,
                                       unroll=config.scan_bwd_unroll,

@@ -45,6 +45,7 @@ MIN_CHUNK, MAX_CHUNK = 16, 128
 PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32", "bf16")
 STATE_PREP_DOTS = ("auto", "tf32", "bf16")
+REVERSE_DOTS = ("auto", "tf32", "bf16")
 FACTOR_DTYPES = ("float32", "bfloat16")
 INPUT_LAYOUTS = ("transposed", "direct")
 PREP_FORMS = ("panels", "tiles")
@@ -121,6 +122,10 @@ class KernelConfig:
       `precision` for the products that apply T) or "bf16" (bfloat16 operands, float32
       accumulation, all of them). Interpret mode emulates "bf16" and runs the others at full
       precision; float64 always runs at full precision.
+    reverse_dot: with penalty_grad="scan", the products of the reverse penalty kernel
+      (`penalty_scan_bwd.py`): "auto" (default: `factor_dot`, as the forward), "tf32" or
+      "bf16". Offline, bfloat16 operands make that kernel spill at d = 64 where TF32 does not
+      (kernels/NOTES.md); this option times the two apart.
     factor_dtype: with prep="scan", the dtype in which the inference forward stores the
       per-token factors between its kernels (the write directions, U', W', P): "float32"
       (default) or "bfloat16" (half the bytes the sequential state kernel reads; the kernels
@@ -253,6 +258,7 @@ class KernelConfig:
   prep_form: str = "panels"
   state_prep_dot: str = "auto"
   factor_dtype: str = "float32"
+  reverse_dot: str = "auto"
   input_layout: str = "transposed"
   split_inverse: str = "auto"
   prep_warps: int = 4
@@ -347,6 +353,11 @@ class KernelConfig:
     if self.factor_dtype != "float32" and self.prep != "scan":
       raise ValueError(f'factor_dtype={self.factor_dtype!r} needs prep="scan"; got '
                        f'prep={self.prep!r}')
+    if self.reverse_dot not in REVERSE_DOTS:
+      raise ValueError(f"reverse_dot must be one of {REVERSE_DOTS}; got {self.reverse_dot!r}")
+    if self.reverse_dot != "auto" and self.prep != "scan":
+      raise ValueError(f'reverse_dot={self.reverse_dot!r} needs prep="scan"; got '
+                       f'prep={self.prep!r}')
     if self.input_layout not in INPUT_LAYOUTS:
       raise ValueError(f"input_layout must be one of {INPUT_LAYOUTS}; got {self.input_layout!r}")
     if self.input_layout != "transposed" and self.prep != "scan":
@@ -377,6 +388,11 @@ class KernelConfig:
         and all(x.dtype == jnp.bfloat16 for x in xs)):
       return dataclasses.replace(self, prep_dot="bf16")
     return self
+
+  @property
+  def reverse_factor_dot(self):
+    """reverse_dot with "auto" resolved: factor_dot."""
+    return self.factor_dot if self.reverse_dot == "auto" else self.reverse_dot
 
   @property
   def state_factor_dot(self):

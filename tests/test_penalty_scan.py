@@ -231,12 +231,41 @@ def test_bf16_products_forward_and_gradients_within_bf16_bound():
     (dict(factor_dtype="float16"), "factor_dtype must be"),
     (dict(factor_dtype="bfloat16", prep="split"), 'factor_dtype=.bfloat16. needs prep="scan"'),
     (dict(input_layout="rows"), "input_layout must be"),
+    (dict(reverse_dot="fp8"), "reverse_dot must be"),
+    (dict(reverse_dot="tf32", prep="split"), 'reverse_dot=.tf32. needs prep="scan"'),
     (dict(input_layout="direct", prep="split"), 'input_layout=.direct. needs prep="scan"')])
 def test_bfloat16_options_raise(kw, match):
   x = jnp.zeros((1, 16, 1, 16))
   with pytest.raises(ValueError, match=match):
     vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
                config=KernelConfig(chunk_size=16, **kw))
+
+
+def test_reverse_dot_reaches_the_reverse_kernel(monkeypatch):
+  """reverse_dot sets the reverse penalty kernel's products alone: with prep_dot="bf16" and
+  reverse_dot="tf32" the lowered gradient's forward scan takes bfloat16 products and the
+  reverse kernel TF32 ones; "auto" follows the forward."""
+  import vla_jax.kernels.penalty_grad as pg
+  from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
+  seen = []
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs["factor_precision"])
+    return penalty_scan_bwd(*args, **kwargs)
+
+  monkeypatch.setattr(pg, "penalty_scan_bwd", spy)
+  spec = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
+  args = (spec(1, 128, 2, 64),) * 4 + (spec(1, 2, 64, 64, dt=jnp.float32),) * 2
+  presets = jax.lax.DotAlgorithmPreset
+  for reverse, want in (("tf32", presets.TF32_TF32_F32), ("auto", presets.BF16_BF16_F32)):
+    cfg = KernelConfig(reverse_dot=reverse)
+    assert cfg.for_inputs(*args[:4]).reverse_factor_dot == ("tf32" if reverse == "tf32"
+                                                           else "bf16")
+    grad = jax.grad(lambda *a: jnp.sum(vla_pallas(*a, config=cfg, interpret=False)[0]
+                                       .astype(jnp.float32)), argnums=range(4))
+    seen.clear()
+    lower_for_h200(grad, *args)
+    assert seen == [want], (reverse, seen)
 
 
 def test_bfloat16_options_resolve():
