@@ -389,6 +389,11 @@ class KernelConfig:
       return dataclasses.replace(self, prep_dot="bf16")
     return self
 
+  def factor_store(self, acc):
+    """The dtype in which the inference forward passes its per-token factors between kernels
+    for accumulation dtype acc: bfloat16 with factor_dtype="bfloat16" and float32 acc, else acc."""
+    return jnp.bfloat16 if self.factor_dtype == "bfloat16" and acc == jnp.float32 else acc
+
   @property
   def reverse_factor_dot(self):
     """reverse_dot with "auto" resolved: factor_dot."""

@@ -128,24 +128,14 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   acc = compute_dtype(q, k, v, u, S0, A0)
-  if config.prep == "scan" and config.input_layout == "direct":
-    return _vla_scan_direct(config, acc, q, k, v, u, S0, A0)
+  if config.prep == "scan":
+    return _vla_scan_forward(config, acc, q, k, v, u, S0, A0)
   T_pad, N, khat, u_h = _setup(config, acc, k, u)
   C = config.chunk_size
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
-  M = _chunk_start_matrices(u_h, A0, C, acc) if config.prep != "scan" else None
+  M = _chunk_start_matrices(u_h, A0, C, acc)
   q_h = _head_major(q, T_pad)
-  if config.prep == "scan":
-    fprec = _factor_precision(config.factor_dot, acc, config.interpret)
-    # Factors stored between kernels in config.factor_dtype (computed in acc).
-    store = jnp.bfloat16 if config.factor_dtype == "bfloat16" and acc == jnp.float32 else acc
-    Ah, A_T = _penalty_segments(config, khat, u_h, A0.astype(acc), fprec, rows_dtype=store)
-    sfprec, sprec = config.state_prep_precisions(acc)
-    Up, Wp, P = split_prep.state_prep(
-        flat(khat), Ah, flat(q_h), flat(_head_major(v, T_pad)), chunk_size=C,
-        precision=sprec, factor_precision=sfprec, num_warps=config.prep_warps,
-        interpret=config.interpret, out_dtype=store)
-  elif config.prep == "split":
+  if config.prep == "split":
     fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     kw = dict(num_warps=config.prep_warps, interpret=config.interpret)
     if config.split_inverse == "kernel" or (config.split_inverse == "auto" and dk <= 64):
@@ -170,28 +160,40 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
   return o, S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
 
 
-def _vla_scan_direct(config, acc, q, k, v, u, S0, A0):
-  """The prep="scan" forward on the caller's [B, T, H, d] arrays read in place
-  (config.input_layout="direct"): padded in time only when T is not a whole number of chunks;
-  the kernels make the unit keys and write o token-major."""
+def _vla_scan_forward(config, acc, q, k, v, u, S0, A0):
+  """The prep="scan" forward: the `penalty_scan` kernel, the split state-prep kernel and the
+  state kernels. With config.input_layout="transposed" they read head-major copies (unit keys
+  and u in `acc`, made by XLA); with "direct" the caller's [B, T, H, d] arrays in place
+  (padded in time only when T is not a whole number of chunks; the kernels make the unit keys
+  and write o token-major). Factors pass between kernels in `config.factor_store(acc)`."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   C = config.chunk_size
-  T_pad = -(-T // C) * C
-  pad = lambda x: x if T_pad == T else jnp.pad(x, [(0, 0), (0, T_pad - T), (0, 0), (0, 0)])
-  q, k, v, u = map(pad, (q, k, v, u))
+  direct = config.input_layout == "direct"
+  if direct:
+    T_pad = -(-T // C) * C
+    pad = lambda x: x if T_pad == T else jnp.pad(x, [(0, 0), (0, T_pad - T), (0, 0), (0, 0)])
+    q_r, e, v_r, u_r = map(pad, (q, k, v, u))
+    keys = e
+  else:
+    T_pad, _, khat, u_r = _setup(config, acc, k, u)
+    flat = lambda x: x.reshape(B * H, *x.shape[2:])
+    e, keys = khat, flat(khat)
+    q_r, v_r = flat(_head_major(q, T_pad)), flat(_head_major(v, T_pad))
+  heads = H if direct else None
+  store = config.factor_store(acc)
   fprec = _factor_precision(config.factor_dot, acc, config.interpret)
-  store = jnp.bfloat16 if config.factor_dtype == "bfloat16" and acc == jnp.float32 else acc
-  Ah, A_T = _penalty_segments(config, k, u, A0.astype(acc), fprec, rows_dtype=store,
-                              token_major=True)
+  Ah, A_T = _penalty_segments(config, e, u_r, A0.astype(acc), fprec, rows_dtype=store,
+                              token_major=direct)
   sfprec, sprec = config.state_prep_precisions(acc)
-  Up, Wp, P = split_prep.state_prep(k, Ah, q, v, chunk_size=C, precision=sprec,
+  Up, Wp, P = split_prep.state_prep(keys, Ah, q_r, v_r, chunk_size=C, precision=sprec,
                                     factor_precision=sfprec, num_warps=config.prep_warps,
-                                    interpret=config.interpret, out_dtype=store, heads=H,
+                                    interpret=config.interpret, out_dtype=store, heads=heads,
                                     acc=acc)
-  o, S_T, _ = _forward_pass(config, q, Ah, Up, Wp, P, S0.astype(acc).reshape(B * H, dv, dk),
-                            v.dtype, heads=H)
-  return o[:, :T], S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
+  o, S_T, _ = _forward_pass(config, q_r, Ah, Up, Wp, P, S0.astype(acc).reshape(B * H, dv, dk),
+                            v.dtype, heads=heads)
+  o = o[:, :T] if direct else jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
+  return o, S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
