@@ -73,6 +73,14 @@ def floor_ms(B, T, C, backward):
   return 1e3 * max(io / BANDWIDTH, flops / MATMUL)
 
 
+# KernelConfig options of the prep="scan" rows that get one row per listed value:
+# (field, default, values, label).
+SCAN_OPTIONS = (("state_prep_dot", "auto", "auto, tf32, bf16", "sprep"),
+                ("factor_dtype", "float32", "float32, bfloat16", "store"),
+                ("input_layout", "transposed", "transposed, direct", "layout"),
+                ("reverse_dot", "auto", "auto, tf32, bf16", "rev"))
+
+
 def make_inputs(B, T, seed=0, d=D):
   """q, k, v, u [B, T, H, d] bfloat16 (u scaled by 1 / sqrt(d))."""
   ks = jax.random.split(jax.random.PRNGKey(seed), 4)
@@ -207,18 +215,10 @@ def main():
   parser.add_argument("--state_split", default="fused",
                       help="comma list of fused/split: KernelConfig.state_output and state_bwd "
                            "of the pallas rows (one row per value, labelled state=)")
-  parser.add_argument("--state_prep_dot", default="auto",
-                      help="comma list of KernelConfig.state_prep_dot (auto, tf32, bf16) for the "
-                           "prep=scan rows, labelled sprep=")
-  parser.add_argument("--factor_dtype", default="float32",
-                      help="comma list of KernelConfig.factor_dtype (float32, bfloat16) for the "
-                           "prep=scan rows, labelled store=")
-  parser.add_argument("--input_layout", default="transposed",
-                      help="comma list of KernelConfig.input_layout (transposed, direct) for the "
-                           "prep=scan rows, labelled layout=")
-  parser.add_argument("--reverse_dot", default="auto",
-                      help="comma list of KernelConfig.reverse_dot (auto, tf32, bf16) for the "
-                           "prep=scan rows, labelled rev=")
+  for field, default, values, tag in SCAN_OPTIONS:
+    parser.add_argument(f"--{field}", default=default,
+                        help=f"comma list of KernelConfig.{field} ({values}) for the prep=scan "
+                             f"rows, labelled {tag}=")
   parser.add_argument("--breakdown", action="store_true",
                       help="also time the penalty path and the state path alone (forward)")
   args = parser.parse_args()
@@ -269,14 +269,8 @@ def main():
             [(f"{v[0][:-1]},bwd_unroll={int(ur)})", v[1], {**v[2], "scan_bwd_unroll": ur})
              for ur in unrolls]
             if v[1] == "pallas" and KernelConfig(**v[2]).penalty_backward == "scan" else [v])]
-        for field, flag, default, tag in (("state_prep_dot", args.state_prep_dot, "auto",
-                                           "sprep"),
-                                          ("factor_dtype", args.factor_dtype, "float32",
-                                           "store"),
-                                          ("input_layout", args.input_layout, "transposed",
-                                           "layout"),
-                                          ("reverse_dot", args.reverse_dot, "auto", "rev")):
-          values = flag.split(",")
+        for field, default, _, tag in SCAN_OPTIONS:
+          values = getattr(args, field).split(",")
           if values != [default]:
             variants = [w for v in variants for w in (
                 [(f"{v[0][:-1]},{tag}={x})", v[1], {**v[2], field: x}) for x in values]

@@ -342,27 +342,15 @@ class KernelConfig:
         raise ValueError(f"{name} must be None, 1, 2, 4 or 8; got {getattr(self, name)!r}")
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
-    if self.state_prep_dot not in STATE_PREP_DOTS:
-      raise ValueError(f"state_prep_dot must be one of {STATE_PREP_DOTS}; got "
-                       f"{self.state_prep_dot!r}")
-    if self.state_prep_dot != "auto" and self.prep != "scan":
-      raise ValueError(f'state_prep_dot={self.state_prep_dot!r} needs prep="scan"; got '
-                       f'prep={self.prep!r}')
-    if self.factor_dtype not in FACTOR_DTYPES:
-      raise ValueError(f"factor_dtype must be one of {FACTOR_DTYPES}; got {self.factor_dtype!r}")
-    if self.factor_dtype != "float32" and self.prep != "scan":
-      raise ValueError(f'factor_dtype={self.factor_dtype!r} needs prep="scan"; got '
-                       f'prep={self.prep!r}')
-    if self.reverse_dot not in REVERSE_DOTS:
-      raise ValueError(f"reverse_dot must be one of {REVERSE_DOTS}; got {self.reverse_dot!r}")
-    if self.reverse_dot != "auto" and self.prep != "scan":
-      raise ValueError(f'reverse_dot={self.reverse_dot!r} needs prep="scan"; got '
-                       f'prep={self.prep!r}')
-    if self.input_layout not in INPUT_LAYOUTS:
-      raise ValueError(f"input_layout must be one of {INPUT_LAYOUTS}; got {self.input_layout!r}")
-    if self.input_layout != "transposed" and self.prep != "scan":
-      raise ValueError(f'input_layout={self.input_layout!r} needs prep="scan"; got '
-                       f'prep={self.prep!r}')
+    for name, allowed, default in (("state_prep_dot", STATE_PREP_DOTS, "auto"),
+                                   ("factor_dtype", FACTOR_DTYPES, "float32"),
+                                   ("reverse_dot", REVERSE_DOTS, "auto"),
+                                   ("input_layout", INPUT_LAYOUTS, "transposed")):
+      value = getattr(self, name)      # options of the prep="scan" kernels only
+      if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
+      if value != default and self.prep != "scan":
+        raise ValueError(f'{name}={value!r} needs prep="scan"; got prep={self.prep!r}')
     if self.prep_dot == "bf16" and self.prep != "scan":
       raise ValueError(f'prep_dot="bf16" needs prep="scan" (only the penalty scan kernels '
                        f'take bfloat16 products); got prep={self.prep!r}')
