@@ -1,7 +1,9 @@
 """Pallas GPU kernels for VLA (installed as `vla_jax.kernels`).
 
-`vla_pallas` is the fused VLA op (penalty path in XLA, parallel over chunks; state path as a
-Pallas kernel pair with a custom VJP); `state_path` is the generalised delta-rule kernel alone.
+`vla_pallas` is the fused VLA op (by default the penalty path carried through 16-token
+Sherman-Morrison blocks by `penalty_scan.py`, the state path as Pallas kernels, both with
+written-out backward passes; `KernelConfig` selects the alternatives); `state_path` is the
+generalised delta-rule kernel alone.
 Importing this package needs no GPU: on other backends the kernels run in interpret mode.
 Design and measurements: NOTES.md.
 """
