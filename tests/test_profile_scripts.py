@@ -44,3 +44,13 @@ def test_profile_backward_smoke(tmp_path):
               "split:kernel:kernel:products:1:2:1", "--dim", "32")
   assert [r["part"] for r in rows] == ["vla", "penalty", "state", "state_reverse"]
   assert all(np.isfinite(v) for r in rows for k, v in r.items() if k.endswith("ms"))
+
+
+def test_profile_target_runs_one_forward_and_gradient():
+  """`experiments/profile_target.py` (a profiler's target): one forward, four finite
+  gradients, at the library's defaults (bf16 inputs: bfloat16 penalty products)."""
+  sys.path.insert(0, EXPERIMENTS)
+  import profile_target   # pylint: disable=import-outside-toplevel
+  out, grads = profile_target.main(["--T", "32", "--tokens", "32"])
+  assert out.shape == (1, 32, 16, 64) and len(grads) == 4
+  assert all(np.isfinite(np.asarray(g, np.float32)).all() for g in grads)
