@@ -242,8 +242,8 @@ def scan_warps(config, dk):
 
 def forward_scan_warps(config, dk):
   """Warps of the inference path's forward scan kernel: `config.scan_warps`, or (None) 1 for
-  one-pass TF32 (or bfloat16) factor products at dk <= 64 (H200, d = 64: penalty path 1.38 ms against 1.83
-  at 4 warps, T = 4096, B = 8, with 4x the segments), else `scan_warps`."""
+  one-pass TF32 (or bfloat16) factor products at dk <= 64 (H200, d = 64: penalty path 1.38 ms
+  against 1.83 at 4 warps, T = 4096, B = 8, with 4x the segments), else `scan_warps`."""
   if config.scan_warps is not None:
     return config.scan_warps
   if dk <= 64 and config.factor_dot in ("tf32", "bf16"):
@@ -276,16 +276,17 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   time_axis = 1 if token_major else 2
   pad = lambda x: x if S * L == T_pad else jnp.pad(
       x, [(0, S * L - T_pad) if a == time_axis else (0, 0) for a in range(4)])
+  if token_major:   # padded once: the segment Grams and the kernel read the same arrays
+    khat, u_h = pad(khat), pad(u_h)
   A_start = A0[:, :, None]
   if S > 1:
     # The differentiated forward keeps the XLA inversions (their VJP is the backward's).
     inverses = (segment_start_inverses_kernel
                 if config.segment_inverter(dk) == "kernel" and not chunk_starts
                 else segment_start_inverses)
-    A_start = jnp.concatenate([A_start, inverses(pad(u_h) if token_major else u_h, A0, config,
-                                                 S, L, token_major)], axis=2)
+    A_start = jnp.concatenate([A_start, inverses(u_h, A0, config, S, L, token_major)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
-  rows = (lambda x: pad(x)) if token_major else (lambda x: flat(pad(x)))
+  rows = (lambda x: x) if token_major else (lambda x: flat(pad(x)))
   kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
   out = penalty_scan(flat(A_start), rows(khat), rows(u_h), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,

@@ -99,15 +99,16 @@ class KernelConfig:
       float32 on CUDA cores), "tf32" (one TF32 product), "bf16" (below) or "auto" (default:
       with prep="scan" and precision=DEFAULT "bf16" for bfloat16 inputs (`for_inputs`, which
       `vla_pallas` applies) and "tf32" for others, i.e. products at the inputs' precision;
-      else "tf32x3"; `factor_dot` is the resolved value). H200, H = 16, d = 64, bf16, T = 4096: the penalty
-      kernel 1.26 ms with "tf32" against 1.67 with "tf32x3", unit write directions within
-      7.8e-4 of float64 against 1.3e-6 (kernels/NOTES.md). "bf16" (prep="scan" only): the
-      penalty kernels (`penalty_scan.py`, `penalty_scan_bwd.py`) round their product operands
-      to bfloat16 (float32 accumulation, A carried in float32), which saves TF32's per-element
-      rounding (four instructions an element, most of the 1-warp kernel's non-product work)
-      and halves the tensor-core instructions; the state-path factor products keep "tf32"
-      unless `state_prep_dot` says otherwise. Float64 always uses full precision; interpret mode uses full
-      precision except for "bf16", which it emulates (operands rounded to bfloat16).
+      else "tf32x3"; `factor_dot` is the resolved value). H200, H = 16, d = 64, bf16,
+      T = 4096: the penalty kernel 1.26 ms with "tf32" against 1.67 with "tf32x3", unit write
+      directions within 7.8e-4 of float64 against 1.3e-6 (kernels/NOTES.md). "bf16"
+      (prep="scan" only): the penalty kernels (`penalty_scan.py`, `penalty_scan_bwd.py`) round
+      their product operands to bfloat16 (float32 accumulation, A carried in float32), which
+      saves TF32's per-element rounding (four instructions an element, most of the 1-warp
+      kernel's non-product work) and halves the tensor-core instructions; the state-path
+      factor products keep "tf32" unless `state_prep_dot` says otherwise. Float64 always uses
+      full precision; interpret mode uses full precision except for "bf16", which it emulates
+      (operands rounded to bfloat16).
     prep_form: layout of the chunk-prep kernel's in-register matrices: "panels" (A_c one
       [dk, dk] value, C-row matrices as 16-row panels: few, larger products) or "tiles" (all
       16 x 16 tiles: many small products, smaller live values). Same function.
@@ -379,7 +380,8 @@ class KernelConfig:
 
   def factor_store(self, acc):
     """The dtype in which the inference forward passes its per-token factors between kernels
-    for accumulation dtype acc: bfloat16 with factor_dtype="bfloat16" and float32 acc, else acc."""
+    for accumulation dtype acc: bfloat16 with factor_dtype="bfloat16" and float32 acc, else
+    acc."""
     return jnp.bfloat16 if self.factor_dtype == "bfloat16" and acc == jnp.float32 else acc
 
   @property
@@ -607,16 +609,16 @@ def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype, heads=None):
   dv, C = Up.shape[-1], cfg.chunk_size
   N, BV, acc = NC // C, cfg.value_block(dv), S0.dtype     # factors may be stored narrower
   kernel = functools.partial(_fwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
-  k_spec = rows_spec(NC, dk, time=lambda b, j: 0)
-  v_spec = rows_spec(NC, BV, time=lambda b, j: 0, feature=lambda b, j: j)
+  # Whole sequences: all NC rows of (batch * head) b; `value` blocks take the j-th BV columns.
+  seq = lambda d, h=None: rows_spec(NC, d, h, time=lambda b, j: 0)
+  value = lambda h=None: rows_spec(NC, BV, h, time=lambda b, j: 0, feature=lambda b, j: j)
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
   o_shape = (BH, NC, dv) if heads is None else (BH // heads, NC, heads, dv)
   return pl.pallas_call(
       kernel,
       grid=(BH, dv // BV),
-      in_specs=[rows_spec(NC, dk, heads, time=lambda b, j: 0), k_spec, v_spec, k_spec,
-                pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
-      out_specs=[rows_spec(NC, BV, heads, time=lambda b, j: 0, feature=lambda b, j: j), s_spec,
+      in_specs=[seq(dk, heads), seq(dk), value(), seq(dk), seq(C), s_spec],
+      out_specs=[value(heads), s_spec,
                  pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))],
       out_shape=[jax.ShapeDtypeStruct(o_shape, out_dtype),
                  jax.ShapeDtypeStruct((BH, dv, dk), acc),
