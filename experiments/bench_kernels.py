@@ -76,8 +76,8 @@ def floor_ms(B, T, C, backward):
 # KernelConfig options of the prep="scan" rows that get one row per listed value:
 # (field, default, values, label).
 SCAN_OPTIONS = (("state_prep_dot", "auto", "auto, tf32, bf16", "sprep"),
-                ("factor_dtype", "float32", "float32, bfloat16", "store"),
-                ("input_layout", "transposed", "transposed, direct", "layout"),
+                ("factor_dtype", "auto", "auto, float32, bfloat16", "store"),
+                ("input_layout", "auto", "auto, transposed, direct", "layout"),
                 ("reverse_dot", "auto", "auto, tf32, bf16", "rev"))
 
 

@@ -9,7 +9,11 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
         [--min_T 0] [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver doubling]
         [--penalty_grad auto,autodiff,chunk,scan] [--segment_chunks auto,100000]
-        [--state_prep_dot auto]
+        [--state_prep_dot auto] [--factor_dtype auto] [--input_layout auto]
+
+--factor_dtype and --input_layout change only the inference forward (o, S_T, A_T); the
+gradients come from the differentiated forward, which keeps float32 factors and the transposed
+layout.
 
 Every case runs once per value of `--prep` (KernelConfig.prep): "kernel" / "split" check the
 chunk-prep kernel(s)' forward (their gradients are the XLA path's, checked too).
@@ -84,11 +88,12 @@ _REFERENCES = {}
 
 def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="doubling",
           prep="scan", prep_dot="auto", penalty_grad="auto", segment_chunks=None,
-          state_prep_dot="auto"):
+          state_prep_dot="auto", factor_dtype="auto", input_layout="auto"):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
   cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
                      prep_dot=prep_dot, penalty_grad=penalty_grad,
-                     segment_chunks=segment_chunks, state_prep_dot=state_prep_dot)
+                     segment_chunks=segment_chunks, state_prep_dot=state_prep_dot,
+                     factor_dtype=factor_dtype, input_layout=input_layout)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -144,6 +149,10 @@ def main():
                            "whole sequence)")
   parser.add_argument("--state_prep_dot", default="auto",
                       help="KernelConfig.state_prep_dot (prep=scan)")
+  parser.add_argument("--factor_dtype", default="auto",
+                      help="KernelConfig.factor_dtype (inference forward, prep=scan)")
+  parser.add_argument("--input_layout", default="auto",
+                      help="KernelConfig.input_layout (inference forward, prep=scan)")
   args = parser.parse_args()
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
@@ -167,13 +176,16 @@ def main():
     t0 = time.perf_counter()
     errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
                          prep_dot=args.prep_dot, penalty_grad=grad, segment_chunks=seg,
-                         state_prep_dot=args.state_prep_dot)
+                         state_prep_dot=args.state_prep_dot, factor_dtype=args.factor_dtype,
+                         input_layout=args.input_layout)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
            "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})" + (
-               f"+sprep({args.state_prep_dot})" if args.state_prep_dot != "auto" else ""),
+               f"+sprep({args.state_prep_dot})" if args.state_prep_dot != "auto" else "") + (
+               f"+store({args.factor_dtype})" if args.factor_dtype != "auto" else "") + (
+               f"+layout({args.input_layout})" if args.input_layout != "auto" else ""),
            "penalty_grad": grad, "segment_chunks": seg or "auto", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)

@@ -3,7 +3,7 @@ r"""Registers, spills and shared memory of the Pallas kernels, compiled for an H
     python experiments/kernel_resources.py [--prep=kernel,split] [--prep_dot=tf32x3]
         [--prep_form=panels] [--warps=2,4,8] [--dk=64] [--chunk=64] [--only=NAME,...]
         [--block_v=64] [--num_stages=2] [--triton_path=DIR] [--state_prep_dot=auto]
-        [--factor_dtype=float32]
+        [--factor_dtype=auto]
     python experiments/kernel_resources.py --grad [--prep=scan] [--scan_bwd_unroll=1,0]
         [--segment_chunks=2] [--chunks=4] ...
 
@@ -165,7 +165,7 @@ def main():
                       help="folder holding the triton package, prepended to sys.path")
   parser.add_argument("--prep_dot", default="auto")
   parser.add_argument("--state_prep_dot", default="auto", help="KernelConfig.state_prep_dot")
-  parser.add_argument("--factor_dtype", default="float32", help="KernelConfig.factor_dtype")
+  parser.add_argument("--factor_dtype", default="auto", help="KernelConfig.factor_dtype")
   parser.add_argument("--block_v", type=int, default=None, help="KernelConfig.block_v")
   parser.add_argument("--num_stages", type=int, default=2,
                       help="KernelConfig.num_stages (vla_state_fwd, vla_state_bwd; the prep "

@@ -46,8 +46,8 @@ PREPS = ("xla", "kernel", "split", "scan")
 PREP_DOTS = ("auto", "tf32x3", "ieee", "tf32", "bf16")
 STATE_PREP_DOTS = ("auto", "tf32", "bf16")
 REVERSE_DOTS = ("auto", "tf32", "bf16")
-FACTOR_DTYPES = ("float32", "bfloat16")
-INPUT_LAYOUTS = ("transposed", "direct")
+FACTOR_DTYPES = ("auto", "float32", "bfloat16")
+INPUT_LAYOUTS = ("auto", "transposed", "direct")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
@@ -119,22 +119,25 @@ class KernelConfig:
     state_prep_dot: with prep="scan", the products of the state-path factor kernel
       (`split_prep.state_prep`: N = E Ahat^T, the block-doubling inverse T = (I + N)^-1, U' = T V,
       W' = T E, P = Q Ahat^T) in the forward and, with grad_prep="kernel", in the gradient:
-      "auto" (default: `factor_dot`, "tf32" where that is "bf16"), "tf32" (one TF32 product,
-      `precision` for the products that apply T) or "bf16" (bfloat16 operands, float32
-      accumulation, all of them). Interpret mode emulates "bf16" and runs the others at full
+      "auto" (default: "bf16" for bfloat16 inputs (`for_inputs`), else `factor_dot`, "tf32"
+      where that is "bf16"), "tf32" (one TF32 product, `precision` for the products that
+      apply T) or "bf16" (bfloat16 operands, float32 accumulation, all of them). H200, d = 64,
+      T = 4096: state-prep kernel -0.24 ms with "bf16". Interpret mode emulates "bf16" and runs the others at full
       precision; float64 always runs at full precision.
     reverse_dot: with penalty_grad="scan", the products of the reverse penalty kernel
       (`penalty_scan_bwd.py`): "auto" (default: `factor_dot`, as the forward), "tf32" or
       "bf16". Offline, bfloat16 operands make that kernel spill at d = 64 where TF32 does not
       (kernels/NOTES.md); this option times the two apart.
     factor_dtype: with prep="scan", the dtype in which the inference forward stores the
-      per-token factors between its kernels (the write directions, U', W', P): "float32"
-      (default) or "bfloat16" (half the bytes the sequential state kernel reads; the kernels
-      still compute in float32). The differentiated forward keeps float32. Ignored for
+      per-token factors between its kernels (the write directions, U', W', P): "auto"
+      (default: "bfloat16" for bfloat16 inputs (`for_inputs`), else "float32"), "float32" or
+      "bfloat16" (half the bytes the sequential state kernel reads; the kernels still compute
+      in float32). The differentiated forward keeps float32. Ignored for
       float64 inputs.
     input_layout: with prep="scan", how the inference forward's kernels get q, k, v, u:
-      "transposed" (default: XLA first makes head-major [B * H, T, d] copies, the keys unit
-      and u in the accumulation dtype) or "direct" (the kernels read the caller's [B, T, H, d]
+      "auto" (default: "direct" for bfloat16 inputs (`for_inputs`), else "transposed"),
+      "transposed" (XLA first makes head-major [B * H, T, d] copies, the keys unit and u in
+      the accumulation dtype) or "direct" (the kernels read the caller's [B, T, H, d]
       arrays in place, make the unit keys themselves, and write o as [B, T, H, dv]: no
       transposes or widened copies; the segment-start Grams read u once). Same function; the
       differentiated forward keeps "transposed".
@@ -258,9 +261,9 @@ class KernelConfig:
   prep_dot: str = "auto"
   prep_form: str = "panels"
   state_prep_dot: str = "auto"
-  factor_dtype: str = "float32"
+  factor_dtype: str = "auto"
   reverse_dot: str = "auto"
-  input_layout: str = "transposed"
+  input_layout: str = "auto"
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
@@ -344,9 +347,9 @@ class KernelConfig:
     if self.prep_dot not in PREP_DOTS:
       raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     for name, allowed, default in (("state_prep_dot", STATE_PREP_DOTS, "auto"),
-                                   ("factor_dtype", FACTOR_DTYPES, "float32"),
+                                   ("factor_dtype", FACTOR_DTYPES, "auto"),
                                    ("reverse_dot", REVERSE_DOTS, "auto"),
-                                   ("input_layout", INPUT_LAYOUTS, "transposed")):
+                                   ("input_layout", INPUT_LAYOUTS, "auto")):
       value = getattr(self, name)      # options of the prep="scan" kernels only
       if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}; got {value!r}")
@@ -369,14 +372,27 @@ class KernelConfig:
             else "tf32x3")
 
   def for_inputs(self, *xs):
-    """This config with prep_dot="auto" resolved for inputs xs (q, k, v, u): "bf16" when they
-    are all bfloat16 with prep="scan" and precision=DEFAULT (the products then round to the
-    inputs' own precision), else unchanged (`factor_dot` resolves the rest)."""
-    if (self.prep_dot == "auto" and self.prep == "scan"
-        and self.precision == jax.lax.Precision.DEFAULT
+    """This config with the input-dependent "auto" options resolved for inputs xs (q, k, v,
+    u). When they are all bfloat16, with prep="scan" and precision=DEFAULT, the products
+    round to the inputs' own precision and the inference forward takes its bandwidth options:
+    prep_dot and state_prep_dot "bf16", factor_dtype "bfloat16", input_layout "direct" (each
+    only where it is "auto"; H200, d = 64, T = 4096: forward 2.12 -> 1.61 ms, kernels/NOTES.md).
+    Otherwise they are left for `factor_dot`, `state_factor_dot`, `factor_store` and
+    `direct_inputs`, which resolve "auto" to the float32 choices."""
+    if (self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
         and all(x.dtype == jnp.bfloat16 for x in xs)):
-      return dataclasses.replace(self, prep_dot="bf16")
+      pick = lambda name, value: value if getattr(self, name) == "auto" else getattr(self, name)
+      return dataclasses.replace(
+          self, prep_dot=pick("prep_dot", "bf16"), state_prep_dot=pick("state_prep_dot", "bf16"),
+          factor_dtype=pick("factor_dtype", "bfloat16"),
+          input_layout=pick("input_layout", "direct"))
     return self
+
+  @property
+  def direct_inputs(self):
+    """input_layout with "auto" resolved: True only for "direct" ("auto" is "transposed"
+    unless `for_inputs` made it "direct")."""
+    return self.input_layout == "direct"
 
   def factor_store(self, acc):
     """The dtype in which the inference forward passes its per-token factors between kernels

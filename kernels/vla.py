@@ -169,7 +169,7 @@ def _vla_scan_forward(config, acc, q, k, v, u, S0, A0):
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   C = config.chunk_size
-  direct = config.input_layout == "direct"
+  direct = config.direct_inputs
   if direct:
     T_pad = -(-T // C) * C
     pad = lambda x: x if T_pad == T else jnp.pad(x, [(0, 0), (0, T_pad - T), (0, 0), (0, 0)])

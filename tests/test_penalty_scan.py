@@ -277,6 +277,27 @@ def test_bfloat16_options_resolve():
   assert KernelConfig(prep_dot="tf32x3").state_factor_dot == "tf32x3"
 
 
+def test_bfloat16_inputs_resolve_auto_options():
+  """`for_inputs` turns the "auto" options into the bandwidth choices for bfloat16 inputs only
+  (at prep="scan", precision=DEFAULT), keeps explicit settings, and leaves float32 inputs on
+  the float32 choices."""
+  bf = jnp.zeros((1, 16, 1, 16), jnp.bfloat16)
+  f32 = bf.astype(jnp.float32)
+  got = KernelConfig().for_inputs(bf, bf, bf, bf)
+  assert (got.factor_dot, got.state_factor_dot, got.factor_dtype, got.direct_inputs) == (
+      "bf16", "bf16", "bfloat16", True)
+  assert got.factor_store(jnp.float32) == jnp.bfloat16
+  kept = KernelConfig(state_prep_dot="tf32", factor_dtype="float32",
+                      input_layout="transposed").for_inputs(bf, bf, bf, bf)
+  assert (kept.factor_dot, kept.state_factor_dot, kept.factor_dtype, kept.direct_inputs) == (
+      "bf16", "tf32", "float32", False)
+  for cfg in (KernelConfig().for_inputs(f32, f32, f32, f32),
+              KernelConfig().for_inputs(bf, bf, bf, f32),
+              KernelConfig(precision=jax.lax.Precision.HIGHEST).for_inputs(bf, bf, bf, bf)):
+    assert not cfg.direct_inputs and cfg.factor_store(jnp.float32) == jnp.float32
+    assert cfg.factor_dot in ("tf32", "tf32x3") and cfg.state_factor_dot == cfg.factor_dot
+
+
 @pytest.mark.parametrize("shape", [(1, 100, 2, 64, 64, 64), (1, 64, 1, 128, 128, 64)],
                          ids=shape_id)
 def test_bf16_products_lower_for_h200(shape):
@@ -397,10 +418,11 @@ def test_direct_layout_bf16_inputs_match_transposed():
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
-def test_direct_layout_lowers_without_transposes():
+@pytest.mark.parametrize("d", [64, 128])
+def test_direct_layout_lowers_without_transposes(d):
   """For an H200: the direct forward has no per-token transpose, widening or padding left in
   XLA (T a whole number of chunks), only the five kernels' calls."""
-  B, T, H, d = 2, 256, 4, 64
+  B, T, H = 2, 256, 4
   spec = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
   args = (spec(B, T, H, d),) * 4 + (spec(B, H, d, d, dt=jnp.float32),) * 2
   for state_output in ("fused", "split"):
