@@ -85,8 +85,9 @@ def grid_table(rows, key, values, key_name):
         continue
       rate, test, n_rates = best_rate(groups[(m, v)])
       summary[(m, v)] = {"rate": rate, "test": test, "rates_tried": n_rates}
-      cells.append(f"{cell(test)} @ {rate:g}" + (f" (of {n_rates} rates)" if n_rates < most
-                                                  else ""))
+      plural = "s" if n_rates > 1 else ""
+      cells.append(f"{cell(test)} @ {rate:g}" + (f" (of {n_rates} rate{plural})"
+                                                  if n_rates < most else ""))
     lines.append(f"| {MIXER_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
   return "\n".join(lines), summary
 
@@ -338,6 +339,16 @@ def long_section(rows):
     text += " Not run yet: " + "; ".join(
         f"T = {T}" + ("" if len(ms) == len(MIXER_ORDER) else
                       " (" + " / ".join(name(m) for m in ms) + ")") for T, ms in missing) + "."
+  single = {}
+  for r in rows:
+    single.setdefault((r["label"], r["seq_len"]), set()).add(r["learning_rate"])
+  single = {k: v for k, v in single.items() if len(v) == 1}
+  if single:
+    text += (" Trained at one rate only (the mixer's best at the next shorter T, to halve the "
+             "device time; `grid.py --rates=RATE --only=...`): " + "; ".join(
+                 f"T = {T}: " + ", ".join(f"{name(m)} {next(iter(single[(m, T)])):g}"
+                                          for m in MIXER_ORDER if (m, T) in single)
+                 for T in sorted({T for (_, T) in single})) + ".")
   text += pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")
   if ("softmax_conv", 1024) not in summary:
     text += (" At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "

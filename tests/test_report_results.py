@@ -31,7 +31,7 @@ def test_zoology_section_from_rows():
   text = "\n".join(report_results.zoology_section(rows))
   assert "| mixer | T = 64, d_model = 128 |" in text
   assert "| DeltaNet | 1.000 ± 0.000 (min 1.000) @ 0.001 |" in text     # the validated rate
-  assert "| VLA | 0.490 ± 0.339 (min 0.250) @ 0.003 (of 1 rates) |" in text   # fewer rates: said
+  assert "| VLA | 0.490 ± 0.339 (min 0.250) @ 0.003 (of 1 rate) |" in text   # fewer rates: said
   assert "| VLA | 8,192 |" in text and "| DeltaNet | 4,096 |" in text
   assert "below: VLA 0.490" in text and "VLA at T = 64, d_model 128 (0.250, 0.970, 0.250)" in text
   assert "T = 512 d_model 256" in text                                   # not run yet
@@ -56,3 +56,13 @@ def test_pallas_note_names_the_pallas_trained_runs():
   assert report_results.pallas_note(rows[2:3], lambda r: r["seq_len"], str) == ""
   text = "\n".join(report_results.zoology_section(rows))
   assert "T = 128, d_model 128, seeds 0, 1; T = 256, d_model 128, seed 0." in text
+
+
+def test_long_section_names_single_rate_settings():
+  rows = [_row("deltanet", lr, s, 1.0, 1.0, T=1024) for lr in (1e-3, 3e-3) for s in range(3)]
+  rows += [_row("deltanet", 1e-3, s, 1.0, 1.0, T=2048) for s in range(3)]
+  lines, summary = report_results.long_section(rows)
+  text = "\n".join(lines)
+  assert summary[("deltanet", 2048)]["rates_tried"] == 1
+  assert "Trained at one rate only" in text and "T = 2048: DeltaNet 0.001" in text
+  assert "T = 1024: DeltaNet" not in text.split("Trained at one rate only")[1]
