@@ -259,7 +259,10 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_2026-11-30m.jsonl", "bench_h200_2026-11-30n.jsonl",
                "bench_h200_2026-11-30o.jsonl",
                # q: d = 64 pallas (bfloat16 penalty products), cuDNN and fla, one run.
-               "bench_h200_2026-11-30q.jsonl")
+               "bench_h200_2026-11-30q.jsonl",
+               # r / s: d = 64 / 128 pallas at the bfloat16-input defaults (bfloat16 state-prep
+               # products and factors, inputs read in place), cuDNN and fla, one run each.
+               "bench_h200_2026-11-30r.jsonl", "bench_h200_2026-11-30s.jsonl")
 
 
 def kernel_claim_row(results_dir):
