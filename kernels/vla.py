@@ -162,8 +162,9 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
 
 def _vla_scan_forward(config, acc, q, k, v, u, S0, A0):
   """The prep="scan" forward: the `penalty_scan` kernel, the split state-prep kernel and the
-  state kernels. With config.input_layout="transposed" they read head-major copies (unit keys
-  and u in `acc`, made by XLA); with "direct" the caller's [B, T, H, d] arrays in place
+  state kernels. With input_layout "transposed" (and "auto" that `for_inputs` left unresolved)
+  they read head-major copies (unit keys and u in `acc`, made by XLA); with "direct"
+  (`config.direct_inputs`; "auto" for bfloat16 inputs) the caller's [B, T, H, d] arrays in place
   (padded in time only when T is not a whole number of chunks; the kernels make the unit keys
   and write o token-major). Factors pass between kernels in `config.factor_store(acc)`."""
   B, T, H, dk = q.shape
