@@ -36,6 +36,10 @@ warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarnin
 
 BOUND = {"float32": 1e-4, "bfloat16": 2e-2}
 INTERPRET = [False]  # --interpret: a CPU smoke run of this script
+# KernelConfig options of the prep="scan" kernels that the check takes (field, label, where).
+SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
+                ("factor_dtype", "store", "inference forward, prep=scan"),
+                ("input_layout", "layout", "inference forward, prep=scan"))
 
 
 def rel(a, b):
@@ -88,12 +92,11 @@ _REFERENCES = {}
 
 def check(dtype, precision, T, B=1, H=4, d=64, C=64, seed=0, solver="doubling",
           prep="scan", prep_dot="auto", penalty_grad="auto", segment_chunks=None,
-          state_prep_dot="auto", factor_dtype="auto", input_layout="auto"):
+          **options):
   qkvu, S0, wo = inputs(seed, B, T, H, d, dtype)
   cfg = KernelConfig(chunk_size=C, precision=precision, solver=solver, prep=prep,
                      prep_dot=prep_dot, penalty_grad=penalty_grad,
-                     segment_chunks=segment_chunks, state_prep_dot=state_prep_dot,
-                     factor_dtype=factor_dtype, input_layout=input_layout)
+                     segment_chunks=segment_chunks, **options)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   fwd = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET[0]))
   o, S, A = fwd(*qkvu, S0, A0)
@@ -147,13 +150,10 @@ def main():
                       help="comma list of KernelConfig.segment_chunks (auto, or chunks per "
                            "segment of the penalty scan: a large value carries A through the "
                            "whole sequence)")
-  parser.add_argument("--state_prep_dot", default="auto",
-                      help="KernelConfig.state_prep_dot (prep=scan)")
-  parser.add_argument("--factor_dtype", default="auto",
-                      help="KernelConfig.factor_dtype (inference forward, prep=scan)")
-  parser.add_argument("--input_layout", default="auto",
-                      help="KernelConfig.input_layout (inference forward, prep=scan)")
+  for field, _, where in SCAN_OPTIONS:
+    parser.add_argument(f"--{field}", default="auto", help=f"KernelConfig.{field} ({where})")
   args = parser.parse_args()
+  options = {f: getattr(args, f) for f, _, _ in SCAN_OPTIONS}
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
 
@@ -176,16 +176,14 @@ def main():
     t0 = time.perf_counter()
     errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
                          prep_dot=args.prep_dot, penalty_grad=grad, segment_chunks=seg,
-                         state_prep_dot=args.state_prep_dot, factor_dtype=args.factor_dtype,
-                         input_layout=args.input_layout)
+                         **options)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
            "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})" + (
-               f"+sprep({args.state_prep_dot})" if args.state_prep_dot != "auto" else "") + (
-               f"+store({args.factor_dtype})" if args.factor_dtype != "auto" else "") + (
-               f"+layout({args.input_layout})" if args.input_layout != "auto" else ""),
+               "".join(f"+{tag}({options[f]})" for f, tag, _ in SCAN_OPTIONS
+                       if options[f] != "auto")),
            "penalty_grad": grad, "segment_chunks": seg or "auto", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)
