@@ -342,14 +342,11 @@ def long_section(rows):
     text += " Not run yet: " + "; ".join(
         f"T = {T}" + ("" if len(ms) == len(MIXER_ORDER) else
                       " (" + " / ".join(name(m) for m in ms) + ")") for T, ms in missing) + "."
-  single = {}
-  for r in rows:
-    single.setdefault((r["label"], r["seq_len"]), set()).add(r["learning_rate"])
-  single = {k: v for k, v in single.items() if len(v) == 1}
+  single = {k for k, c in summary.items() if c["rates_tried"] == 1}
   if single:
     text += (" Trained at one rate only (the mixer's best at the next shorter T, to halve the "
              "device time; `grid.py --rates=RATE --only=...`): " + "; ".join(
-                 f"T = {T}: " + ", ".join(f"{name(m)} {next(iter(single[(m, T)])):g}"
+                 f"T = {T}: " + ", ".join(f"{name(m)} {summary[(m, T)]['rate']:g}"
                                           for m in MIXER_ORDER if (m, T) in single)
                  for T in sorted({T for (_, T) in single})) + ".")
   text += pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")

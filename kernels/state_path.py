@@ -122,8 +122,8 @@ class KernelConfig:
       "auto" (default: "bf16" for bfloat16 inputs (`for_inputs`), else `factor_dot`, "tf32"
       where that is "bf16"), "tf32" (one TF32 product, `precision` for the products that
       apply T) or "bf16" (bfloat16 operands, float32 accumulation, all of them). H200, d = 64,
-      T = 4096: state-prep kernel -0.24 ms with "bf16". Interpret mode emulates "bf16" and runs the others at full
-      precision; float64 always runs at full precision.
+      T = 4096: state-prep kernel -0.24 ms with "bf16". Interpret mode emulates "bf16" and runs
+      the others at full precision; float64 always runs at full precision.
     reverse_dot: with penalty_grad="scan", the products of the reverse penalty kernel
       (`penalty_scan_bwd.py`): "auto" (default: `factor_dot`, as the forward), "tf32" or
       "bf16". Offline, bfloat16 operands make that kernel spill at d = 64 where TF32 does not
