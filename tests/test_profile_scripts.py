@@ -54,3 +54,34 @@ def test_profile_target_runs_one_forward_and_gradient():
   out, grads = profile_target.main(["--T", "32", "--tokens", "32"])
   assert out.shape == (1, 32, 16, 64) and len(grads) == 4
   assert all(np.isfinite(np.asarray(g, np.float32)).all() for g in grads)
+
+
+def test_profile_kernels_classes_and_sums():
+  """`experiments/profile_kernels.py`: kernel names sorted into classes, durations summed per
+  name and per class and divided by the number of calls."""
+  sys.path.insert(0, EXPERIMENTS)
+  import profile_kernels   # pylint: disable=import-outside-toplevel
+  assert profile_kernels.kernel_class("vla_penalty_scan_bwd") == "pallas"
+  assert profile_kernels.kernel_class("loop_transpose_fusion_3") == "xla"
+  assert profile_kernels.kernel_class("sm90_xmma_gemm_bf16bf16_f32") == "gemm"
+  assert profile_kernels.kernel_class("Memcpy DtoD") == "copy"
+  events = [("vla_state_bwd", 3e6), ("fusion_1", 1e6), ("vla_state_bwd", 1e6), ("fusion_2", 2e6)]
+  kernels, classes = profile_kernels.summarise(events, calls=2)
+  assert kernels["vla_state_bwd"] == ("pallas", 2.0, 1.0)
+  assert kernels["fusion_2"] == ("xla", 1.0, 0.5)
+  assert classes == {"pallas": 2.0, "xla": 1.5}
+
+
+def test_profile_kernels_smoke(tmp_path):
+  """The trace is read back end to end (on CPU the host plane stands in for the GPU's)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "profile_kernels.py"),
+                         "--out", str(tmp_path), "--Ts", "32", "--tokens", "32", "--dims", "16",
+                         "--reps", "1", "--interpret", "--plane", "/host:CPU"],
+                        cwd=EXPERIMENTS, env=env, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "profile_kernels.json") as f:
+    rows = json.load(f)["rows"]
+  assert [r["call"] for r in rows] == ["forward", "gradient"]
+  for r in rows:
+    assert r["busy_ms"] > 0 and r["wall_ms"] > 0 and r["kernels"], r

@@ -1,0 +1,154 @@
+"""Per-kernel device time of the Pallas forward and gradient, read from a JAX profiler trace.
+
+For each T (H = 16, bfloat16 inputs, B * T = --tokens, B = 1 beyond) and each head dim of
+--dims, the script runs `vla_pallas` at the library's defaults (`KernelConfig()`), compiles and
+warms up its forward and its gradient (of sum(o)), then traces --reps calls of each with
+`jax.profiler.trace` and reads the trace back with `jax.profiler.ProfileData`. Every device
+event is one kernel launch; the script groups them by name, sums their durations and divides by
+--reps, and sorts each kernel into a class:
+
+  pallas   the library's Triton kernels (names that start with "vla_")
+  gemm     library matrix products (cuBLAS / CUTLASS / XLA's Triton gemm fusions)
+  copy     memcpy / memset
+  xla      every other XLA fusion (elementwise, reductions, transposes, pads, ...)
+
+It prints, per call, the busy time of each class, their sum against the wall time of one call
+(the gap is launch overhead and idle device time), and the --top kernels, and writes the rows to
+OUT/profile_kernels.json. Use it before rewriting a kernel: it says whether a millisecond is in
+the kernels or in the XLA glue around them.
+
+    python experiments/profile_kernels.py --out DIR [--Ts 4096,32768] [--dims 64,128]
+"""
+
+import argparse
+import collections
+import glob
+import os
+import tempfile
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bench_kernels import H, TOKENS
+from timing import Rows
+from vla_jax.kernels import KernelConfig, vla_pallas
+
+warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
+
+GEMM_MARKS = ("gemm", "cublas", "cutlass", "xmma", "gemv", "sm90_", "dot_")
+COPY_MARKS = ("memcpy", "memset")
+
+
+def kernel_class(name):
+  """'pallas', 'gemm', 'copy' or 'xla' for a device event's (kernel) name."""
+  low = name.lower()
+  if "vla_" in low:
+    return "pallas"
+  if any(m in low for m in COPY_MARKS):
+    return "copy"
+  if any(m in low for m in GEMM_MARKS):
+    return "gemm"
+  return "xla"
+
+
+def device_events(xspace_path, plane_prefix="/device:GPU:"):
+  """[(name, duration_ns)] of every event on the lines of the planes whose name starts with
+  `plane_prefix`, from a profiler trace file (*.xplane.pb). Lines named like XLA's modules or
+  ops summaries (not streams) are skipped so that each launch counts once."""
+  data = jax.profiler.ProfileData.from_file(xspace_path)
+  events = []
+  for plane in data.planes:
+    if not plane.name.startswith(plane_prefix):
+      continue
+    for line in plane.lines:
+      if line.name in ("XLA Modules", "XLA Ops", "Steps", "Framework Ops", "Source code"):
+        continue
+      events.extend((ev.name, ev.duration_ns) for ev in line.events)
+  return events
+
+
+def summarise(events, calls):
+  """Per-call time by kernel name and by class, in ms: ({name: (class, ms, launches)},
+  {class: ms})."""
+  by_name = collections.defaultdict(lambda: [0.0, 0])
+  for name, dur in events:
+    by_name[name][0] += dur
+    by_name[name][1] += 1
+  kernels = {n: (kernel_class(n), t / calls / 1e6, c / calls) for n, (t, c) in by_name.items()}
+  classes = collections.Counter()
+  for cls, t, _ in kernels.values():
+    classes[cls] += t
+  return kernels, dict(classes)
+
+
+def trace_calls(fn, args, reps, plane_prefix):
+  """Device events of `reps` calls of fn(*args) (already compiled), and the wall ms per call."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      start = time.perf_counter()
+      for _ in range(reps):
+        jax.block_until_ready(fn(*args))
+      wall = (time.perf_counter() - start) / reps * 1e3
+    path, = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    return device_events(path, plane_prefix), wall
+
+
+def make_inputs(B, T, d, seed=0):
+  """q, k, v, u [B, T, H, d] bfloat16 (u scaled by 1 / sqrt(d))."""
+  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
+  q, k, v = (jax.random.normal(x, (B, T, H, d), jnp.bfloat16) for x in ks[:3])
+  u = (jax.random.normal(ks[3], (B, T, H, d), jnp.float32) / np.sqrt(d)).astype(jnp.bfloat16)
+  return q, k, v, u
+
+
+def pallas_fns(B, d, config, interpret=False):
+  """jit(forward o) and jit(gradient of sum(o) w.r.t. q, k, v, u) of `vla_pallas`."""
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  S0 = jnp.zeros((B, H, d, d), jnp.float32)
+  fwd = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=config, interpret=interpret)[0]
+  loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))
+  return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(4)))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=".")
+  parser.add_argument("--Ts", default="4096,32768")
+  parser.add_argument("--dims", default="64")
+  parser.add_argument("--tokens", type=int, default=TOKENS, help="B * T (smaller: CPU smoke)")
+  parser.add_argument("--reps", type=int, default=10)
+  parser.add_argument("--top", type=int, default=12, help="kernels listed per call")
+  parser.add_argument("--interpret", action="store_true", help="CPU smoke: interpret mode")
+  parser.add_argument("--plane", default="/device:GPU:", help="trace planes read (prefix)")
+  args = parser.parse_args(argv)
+  rows = Rows()
+  for d in map(int, args.dims.split(",")):
+    for T in map(int, args.Ts.split(",")):
+      B = max(1, args.tokens // T)
+      xs = make_inputs(B, T, d)
+      fwd, grad = pallas_fns(B, d, KernelConfig(), interpret=args.interpret)
+      for call, fn in (("forward", fwd), ("gradient", grad)):
+        for _ in range(2):
+          jax.block_until_ready(fn(*xs))
+        events, wall = trace_calls(fn, xs, args.reps, args.plane)
+        kernels, classes = summarise(events, args.reps)
+        busy = sum(classes.values())
+        top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]
+        print(f"\nd = {d}, T = {T}, B = {B}, {call}: wall {wall:.3f} ms, device busy {busy:.3f} ms "
+              + ", ".join(f"{c} {t:.3f}" for c, t in sorted(classes.items(), key=lambda x: -x[1])))
+        for name, (cls, t, n) in top:
+          print(f"  {t:8.3f} ms  {n:4.1f}x  {cls:6s}  {name[:110]}")
+        rows.emit({"d": d, "T": T, "B": B, "call": call, "wall_ms": wall, "busy_ms": busy,
+                   "classes_ms": classes,
+                   "kernels": [{"name": n, "class": c, "ms": t, "launches": l}
+                               for n, (c, t, l) in sorted(kernels.items(),
+                                                          key=lambda kv: -kv[1][1])]})
+  rows.dump(args.out, "profile_kernels.json")
+  return rows.rows
+
+
+if __name__ == "__main__":
+  main()
