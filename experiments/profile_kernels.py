@@ -18,6 +18,7 @@ OUT/profile_kernels.json. Use it before rewriting a kernel: it says whether a mi
 the kernels or in the XLA glue around them.
 
     python experiments/profile_kernels.py --out DIR [--Ts 4096,32768] [--dims 64,128]
+        [--config grad_scan_warps=1] [--hlo]
 """
 
 import argparse
@@ -54,10 +55,11 @@ def kernel_class(name):
   return "xla"
 
 
-def device_events(xspace_path, plane_prefix="/device:GPU:"):
+def device_events(xspace_path, plane_prefix="/device:GPU:", stats=None):
   """[(name, duration_ns)] of every event on the lines of the planes whose name starts with
   `plane_prefix`, from a profiler trace file (*.xplane.pb). Lines named like XLA's modules or
-  ops summaries (not streams) are skipped so that each launch counts once."""
+  ops summaries (not streams) are skipped so that each launch counts once. With a dict
+  `stats`, the first event of each name also leaves its trace statistics there (as text)."""
   data = jax.profiler.ProfileData.from_file(xspace_path)
   events = []
   for plane in data.planes:
@@ -66,7 +68,10 @@ def device_events(xspace_path, plane_prefix="/device:GPU:"):
     for line in plane.lines:
       if line.name in ("XLA Modules", "XLA Ops", "Steps", "Framework Ops", "Source code"):
         continue
-      events.extend((ev.name, ev.duration_ns) for ev in line.events)
+      for ev in line.events:
+        events.append((ev.name, ev.duration_ns))
+        if stats is not None and ev.name not in stats:
+          stats[ev.name] = {k: str(v)[:400] for k, v in ev.stats}
   return events
 
 
@@ -84,8 +89,9 @@ def summarise(events, calls):
   return kernels, dict(classes)
 
 
-def trace_calls(fn, args, reps, plane_prefix):
-  """Device events of `reps` calls of fn(*args) (already compiled), and the wall ms per call."""
+def trace_calls(fn, args, reps, plane_prefix, stats=None):
+  """Device events of `reps` calls of fn(*args) (already compiled), and the wall ms per call
+  (`stats`: see `device_events`)."""
   with tempfile.TemporaryDirectory() as d:
     with jax.profiler.trace(d):
       start = time.perf_counter()
@@ -93,7 +99,16 @@ def trace_calls(fn, args, reps, plane_prefix):
         jax.block_until_ready(fn(*args))
       wall = (time.perf_counter() - start) / reps * 1e3
     path, = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    return device_events(path, plane_prefix), wall
+    return device_events(path, plane_prefix, stats), wall
+
+
+def parse_config(text):
+  """"a=1,b=x" -> {"a": 1, "b": "x"} (KernelConfig overrides; integers where they parse)."""
+  out = {}
+  for item in filter(None, text.split(",")):
+    key, value = item.split("=")
+    out[key] = int(value) if value.lstrip("-").isdigit() else value
+  return out
 
 
 def make_inputs(B, T, d, seed=0):
@@ -123,17 +138,29 @@ def main(argv=None):
   parser.add_argument("--top", type=int, default=12, help="kernels listed per call")
   parser.add_argument("--interpret", action="store_true", help="CPU smoke: interpret mode")
   parser.add_argument("--plane", default="/device:GPU:", help="trace planes read (prefix)")
+  parser.add_argument("--config", default="",
+                      help="KernelConfig fields, e.g. grad_scan_warps=1,segment_chunks=8 "
+                           "(integers, or text); default: the library's defaults")
+  parser.add_argument("--hlo", action="store_true",
+                      help="also write each call's optimised HLO to OUT/hlo_{call}_d{d}_T{T}.txt")
   args = parser.parse_args(argv)
+  config = KernelConfig(**parse_config(args.config))
   rows = Rows()
   for d in map(int, args.dims.split(",")):
     for T in map(int, args.Ts.split(",")):
       B = max(1, args.tokens // T)
       xs = make_inputs(B, T, d)
-      fwd, grad = pallas_fns(B, d, KernelConfig(), interpret=args.interpret)
+      fwd, grad = pallas_fns(B, d, config, interpret=args.interpret)
       for call, fn in (("forward", fwd), ("gradient", grad)):
         for _ in range(2):
           jax.block_until_ready(fn(*xs))
-        events, wall = trace_calls(fn, xs, args.reps, args.plane)
+        if args.hlo:
+          name = os.path.join(args.out, f"hlo_{call}_d{d}_T{T}.txt")
+          os.makedirs(args.out, exist_ok=True)
+          with open(name, "w") as f:
+            f.write(fn.lower(*xs).compile().as_text())
+        stats = {}
+        events, wall = trace_calls(fn, xs, args.reps, args.plane, stats)
         kernels, classes = summarise(events, args.reps)
         busy = sum(classes.values())
         top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]
@@ -141,9 +168,11 @@ def main(argv=None):
               + ", ".join(f"{c} {t:.3f}" for c, t in sorted(classes.items(), key=lambda x: -x[1])))
         for name, (cls, t, n) in top:
           print(f"  {t:8.3f} ms  {n:4.1f}x  {cls:6s}  {name[:110]}")
-        rows.emit({"d": d, "T": T, "B": B, "call": call, "wall_ms": wall, "busy_ms": busy,
+        rows.emit({"d": d, "T": T, "B": B, "call": call, "config": args.config,
+                   "wall_ms": wall, "busy_ms": busy,
                    "classes_ms": classes,
-                   "kernels": [{"name": n, "class": c, "ms": t, "launches": l}
+                   "kernels": [{"name": n, "class": c, "ms": t, "launches": l,
+                                "stats": stats.get(n, {}) if t > 0.05 else {}}
                                for n, (c, t, l) in sorted(kernels.items(),
                                                           key=lambda kv: -kv[1][1])]})
   rows.dump(args.out, "profile_kernels.json")

@@ -77,7 +77,8 @@ def test_profile_kernels_smoke(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, os.path.join(EXPERIMENTS, "profile_kernels.py"),
                          "--out", str(tmp_path), "--Ts", "32", "--tokens", "32", "--dims", "16",
-                         "--reps", "1", "--interpret", "--plane", "/host:CPU"],
+                         "--reps", "1", "--interpret", "--plane", "/host:CPU",
+                         "--config", "grad_scan_warps=1", "--hlo"],
                         cwd=EXPERIMENTS, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   with open(tmp_path / "profile_kernels.json") as f:
@@ -85,3 +86,13 @@ def test_profile_kernels_smoke(tmp_path):
   assert [r["call"] for r in rows] == ["forward", "gradient"]
   for r in rows:
     assert r["busy_ms"] > 0 and r["wall_ms"] > 0 and r["kernels"], r
+    assert r["config"] == "grad_scan_warps=1"
+    assert (tmp_path / f"hlo_{r['call']}_d16_T32.txt").read_text().startswith("HloModule")
+
+
+def test_profile_kernels_config_overrides():
+  sys.path.insert(0, EXPERIMENTS)
+  import profile_kernels   # pylint: disable=import-outside-toplevel
+  assert profile_kernels.parse_config("") == {}
+  assert profile_kernels.parse_config("grad_scan_warps=1,prep=scan") == {
+      "grad_scan_warps": 1, "prep": "scan"}
