@@ -260,9 +260,18 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                "bench_h200_2026-11-30o.jsonl",
                # q: d = 64 pallas (bfloat16 penalty products), cuDNN and fla, one run.
                "bench_h200_2026-11-30q.jsonl",
+               # t: scan and associative-scan rows with pallas beside them (d = 64, 128); before
+               # r / s / u, whose pallas rows at the T they share stay paired with their own
+               # cuDNN and fla rows.
+               "bench_h200_2026-11-30t.jsonl",
                # r / s: d = 64 / 128 pallas at the bfloat16-input defaults (bfloat16 state-prep
                # products and factors, inputs read in place), cuDNN and fla, one run each.
-               "bench_h200_2026-11-30r.jsonl", "bench_h200_2026-11-30s.jsonl")
+               "bench_h200_2026-11-30r.jsonl", "bench_h200_2026-11-30s.jsonl",
+               # u: d = 64 pallas with the 1-warp differentiated penalty scan
+               # (grad_scan_warps default), cuDNN and fla, one run. (v, the same at d = 128,
+               # where nothing changed, is kept as a raw file only: its fla rows beyond
+               # T = 256 were cut by the run's budget.)
+               "bench_h200_2026-11-30u.jsonl")
 
 
 def kernel_claim_row(results_dir):

@@ -232,3 +232,24 @@ def test_kernel_lowers_for_h200(unroll):
   text = lower_for_h200(fn, f32(BH, 2 * S, dk, dk), f32(BH, S * C, dk), f32(BH, S * C, dk),
                         f32(BH, S * C, dk), f32(BH, S, dk, dk)).as_text()
   assert sum('name = "vla_penalty_scan_bwd"' in l for l in text.splitlines()) == 1
+
+
+def test_default_grad_scan_warps_follow_the_products():
+  """grad_scan_warps=None: 1-warp differentiated-forward scans for bfloat16 inputs (bfloat16
+  products) at dk = 64, the reverse kernel's 4 warps for float32 inputs (TF32 products) and
+  8 at dk = 128; the lowered gradient for bf16 inputs at dk = 64 has them."""
+  from vla_jax.kernels.penalty_scan import grad_scan_warps
+  bf16 = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.bfloat16)
+  f32 = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.float32)
+  resolve = lambda x: KernelConfig().for_inputs(x, x, x, x)
+  assert grad_scan_warps(resolve(bf16), 64) == 1
+  assert grad_scan_warps(resolve(f32), 64) == 4
+  assert grad_scan_warps(resolve(bf16), 128) == 8
+  assert grad_scan_warps(KernelConfig(grad_scan_warps=2).for_inputs(bf16, bf16, bf16, bf16),
+                         64) == 2
+  warps = {}
+  for line in _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=300):
+    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd"):
+      if f'name = "{name}"' in line:
+        warps[name] = re.findall(r"num_warps = (\d+)", line)
+  assert warps == {"vla_penalty_scan": ["1"], "vla_penalty_scan_bwd": ["4"]}, warps
