@@ -89,8 +89,18 @@ def _setup(config, acc, k, u):
   """Shared preamble: padded length, chunk count, unit keys and u head-major [B, H, T_pad, dk]."""
   C = config.chunk_size
   T_pad = -(-k.shape[1] // C) * C
-  khat = unit(_head_major(k, T_pad).astype(acc), KEY_EPS)
+  khat = _head_major(_unit_rows(k.astype(acc), KEY_EPS), T_pad)
   return T_pad, T_pad // C, khat, _head_major(u, T_pad).astype(acc)
+
+
+def _unit_rows(x, eps):
+  """`unit` along the last axis of x, computed on x viewed as 2-D rows [-1, d] and reshaped
+  back. The same numbers; the point is the layout: on a 3-D or 4-D view XLA may give the
+  per-row norms (and, under differentiation, the per-row sums of the unit VJP) a transposed
+  layout. It did for the write directions' norms [B, H, T] in the gradient on an H200: a
+  transpose fusion of 0.92 ms at T = 4096, B = 8, d = 64 (`experiments/profile_kernels.py`).
+  A 1-D row of norms has one layout."""
+  return unit(x.reshape(-1, x.shape[-1]), eps).reshape(x.shape)
 
 
 def _vla_xla_prep(config, q, k, v, u, S0, A0):
@@ -111,7 +121,7 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   else:
     W, A_T = penalty_parallel(*args, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
                               solver=config.solver)
-  a = unit(W.reshape(B, H, T_pad, dk), WRITE_EPS)
+  a = _unit_rows(W.reshape(B, H, T_pad, dk), WRITE_EPS)
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
   o, S_T = state_path(flat(_head_major(q, T_pad)), flat(khat), flat(a),
