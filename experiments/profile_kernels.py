@@ -12,8 +12,9 @@ event is one kernel launch; the script groups them by name, sums their durations
   copy     memcpy / memset
   xla      every other XLA fusion (elementwise, reductions, transposes, pads, ...)
 
-It prints, per call, the busy time of each class, their sum against the wall time of one call
-(the gap is launch overhead and idle device time), and the --top kernels, and writes the rows to
+It prints, per call, the busy time of each class, their sum against the wall time of one call,
+the device's idle time inside a call (gaps between kernels: launch overhead, host work) with
+the largest gaps and the kernels around them, and the --top kernels, and writes the rows to
 OUT/profile_kernels.json. Use it before rewriting a kernel: it says whether a millisecond is in
 the kernels or in the XLA glue around them.
 
@@ -56,7 +57,7 @@ def kernel_class(name):
 
 
 def device_events(xspace_path, plane_prefix="/device:GPU:", stats=None):
-  """[(name, duration_ns)] of every event on the lines of the planes whose name starts with
+  """[(name, duration_ns, start_ns)] of every event on the lines of the planes whose name starts with
   `plane_prefix`, from a profiler trace file (*.xplane.pb). Lines named like XLA's modules or
   ops summaries (not streams) are skipped so that each launch counts once. With a dict
   `stats`, the first event of each name also leaves its trace statistics there (as text)."""
@@ -69,7 +70,7 @@ def device_events(xspace_path, plane_prefix="/device:GPU:", stats=None):
       if line.name in ("XLA Modules", "XLA Ops", "Steps", "Framework Ops", "Source code"):
         continue
       for ev in line.events:
-        events.append((ev.name, ev.duration_ns))
+        events.append((ev.name, ev.duration_ns, ev.start_ns))
         if stats is not None and ev.name not in stats:
           stats[ev.name] = {k: str(v)[:400] for k, v in ev.stats}
   return events
@@ -79,7 +80,7 @@ def summarise(events, calls):
   """Per-call time by kernel name and by class, in ms: ({name: (class, ms, launches)},
   {class: ms})."""
   by_name = collections.defaultdict(lambda: [0.0, 0])
-  for name, dur in events:
+  for name, dur, *_ in events:
     by_name[name][0] += dur
     by_name[name][1] += 1
   kernels = {n: (kernel_class(n), t / calls / 1e6, c / calls) for n, (t, c) in by_name.items()}
@@ -87,6 +88,30 @@ def summarise(events, calls):
   for cls, t, _ in kernels.values():
     classes[cls] += t
   return kernels, dict(classes)
+
+
+def idle_gaps(events, calls, top=5):
+  """Device idle time inside the calls: (ms per call, [(ms per call, kernel before, kernel
+  after)] of the `top` largest gaps, summed over calls by the pair of kernels around them).
+
+  events: [(name, duration_ns, start_ns)] of `calls` back-to-back calls, any number of
+  streams (a gap is time covered by no event). The calls - 1 largest gaps are taken as the
+  host's time between calls (dispatch and the wait for the result) and left out."""
+  ev = sorted((start, start + dur, name) for name, dur, start in events)
+  gaps, end, prev = [], ev[0][1], ev[0][2]
+  for start, stop, name in ev[1:]:
+    if start > end:
+      gaps.append((start - end, prev, name))
+    if stop > end:
+      end, prev = stop, name
+  gaps.sort(key=lambda g: -g[0])
+  inner = gaps[calls - 1:]
+  pairs = collections.Counter()
+  for ns, before, after in inner:
+    pairs[(before, after)] += ns
+  ranked = sorted(pairs.items(), key=lambda kv: -kv[1])[:top]
+  return (sum(g[0] for g in inner) / calls / 1e6,
+          [(ns / calls / 1e6, before, after) for (before, after), ns in ranked])
 
 
 def trace_calls(fn, args, reps, plane_prefix, stats=None):
@@ -163,13 +188,18 @@ def main(argv=None):
         events, wall = trace_calls(fn, xs, args.reps, args.plane, stats)
         kernels, classes = summarise(events, args.reps)
         busy = sum(classes.values())
+        idle, top_gaps = idle_gaps(events, args.reps)
         top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]
         print(f"\nd = {d}, T = {T}, B = {B}, {call}: wall {wall:.3f} ms, device busy {busy:.3f} ms "
-              + ", ".join(f"{c} {t:.3f}" for c, t in sorted(classes.items(), key=lambda x: -x[1])))
+              + ", ".join(f"{c} {t:.3f}" for c, t in sorted(classes.items(), key=lambda x: -x[1]))
+              + f"; idle inside the call {idle:.3f} ms")
         for name, (cls, t, n) in top:
           print(f"  {t:8.3f} ms  {n:4.1f}x  {cls:6s}  {name[:110]}")
+        for t, before, after in top_gaps:
+          print(f"  {t:8.3f} ms  idle between {before[:50]} and {after[:50]}")
         rows.emit({"d": d, "T": T, "B": B, "call": call, "config": args.config,
-                   "wall_ms": wall, "busy_ms": busy,
+                   "wall_ms": wall, "busy_ms": busy, "idle_ms": idle,
+                   "idle_gaps": [{"ms": t, "before": b, "after": a} for t, b, a in top_gaps],
                    "classes_ms": classes,
                    "kernels": [{"name": n, "class": c, "ms": t, "launches": l,
                                 "stats": stats.get(n, {}) if t > 0.05 else {}}

@@ -70,6 +70,12 @@ def test_profile_kernels_classes_and_sums():
   assert kernels["vla_state_bwd"] == ("pallas", 2.0, 1.0)
   assert kernels["fusion_2"] == ("xla", 1.0, 0.5)
   assert classes == {"pallas": 2.0, "xla": 1.5}
+  # Two calls of [a (0-10), gap 5, b (15-20) on one stream, c (16-18) on another]; 100 ns
+  # between the calls (the host's, left out).
+  events = [("a", 10, 0), ("b", 5, 15), ("c", 2, 16),
+            ("a", 10, 120), ("b", 5, 135), ("c", 2, 136)]
+  idle, top = profile_kernels.idle_gaps(events, calls=2)
+  assert idle == 5 / 1e6 and top == [(5 / 1e6, "a", "b")]
 
 
 def test_profile_kernels_smoke(tmp_path):
@@ -85,7 +91,7 @@ def test_profile_kernels_smoke(tmp_path):
     rows = json.load(f)["rows"]
   assert [r["call"] for r in rows] == ["forward", "gradient"]
   for r in rows:
-    assert r["busy_ms"] > 0 and r["wall_ms"] > 0 and r["kernels"], r
+    assert r["busy_ms"] > 0 and r["wall_ms"] > 0 and r["kernels"] and r["idle_ms"] >= 0, r
     assert r["config"] == "grad_scan_warps=1"
     assert (tmp_path / f"hlo_{r['call']}_d16_T32.txt").read_text().startswith("HloModule")
 
