@@ -398,7 +398,16 @@ def why_section(data, tokens=32768):
           "the rest the TF32 rounding of product operands (four integer instructions an "
           "element) and operand layout shuffles. bfloat16 product operands (the default for "
           "bfloat16 inputs since then) remove that rounding: 7-10% off the forward. Hence the "
-          "distance to the floor above and a crossover with attention only at long T.", ""])
+          "distance to the floor above and a crossover with attention only at long T. "
+          "Per kernel (`experiments/profile_kernels.py`, a JAX profiler trace, tenth session, "
+          "d = 64, T = 4,096, B = 8, `results/profile_kernels_grad_warps_h200.json`): the "
+          "forward keeps the device busy 1.23 ms (penalty scan 0.40, state kernel 0.25, "
+          "segment-start inverses 0.24, state prep 0.19, XLA 0.15), so its wall time of "
+          "1.5-1.9 ms is 0.3-0.6 ms of launch gaps and host time, which moved between runs; "
+          "the gradient keeps it busy 8.2 ms: Pallas kernels 4.1 (the reverse penalty kernel "
+          "alone 2.6), XLA's matrix products 1.6 (the state path's written-out chunk-local "
+          "VJP, float32) and other XLA fusions 2.5, of which one, the write directions' norm "
+          "VJP given a transposed layout by XLA, took 0.9 ms.", ""])
 
 
 def render(headers, rows, plot_paths, out_path):
