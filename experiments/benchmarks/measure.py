@@ -1,8 +1,13 @@
 """Timing and peak-memory measurement, JAX and torch, and error classification.
 
 JAX: the function is compiled ahead of time (`jit(f).lower(...).compile()`, so compile time is
-separate), called `warmup` times, then `reps` times, rotating over 2-3 input sets, each call
-ended by `block_until_ready`; the median is reported. Peak memory is XLA's compiled memory
+separate), called `warmup` times, then timed two ways, rotating over 2-3 input sets: `reps`
+calls each ended by `block_until_ready` (their median is `ms_sync`: it includes the host's
+dispatch and the wait for the result of every call), and `rounds` rounds of k calls issued
+back to back and waited for once at the end (the median of round time / k is `ms`, the figure
+reported: like `triton.testing.do_bench`'s CUDA events around back-to-back launches of the
+torch rows, it leaves out the per-call host latency whenever the host issues calls faster than
+the device runs them). Peak memory is XLA's compiled memory
 analysis (arguments + outputs + temporaries - aliased), which is per call and needs no reset;
 where the backend reports `memory_stats()` and its `peak_bytes_in_use` rose during the row, the
 runtime figure (peak - bytes in use before + input bytes) is recorded as well.
@@ -51,9 +56,11 @@ def compile_jax(fn, abstract_args):
 
 
 def time_jax(fn, input_sets, *, warmup=2, target_s=0.4, min_reps=5, max_reps=50, cap_s=10.0,
-             compiled=None):
-  """Returns a dict: ms (median), reps, compile_s, peak_mib, runtime_peak_mib, over_cap.
-  `compiled`: (executable, compile seconds) from `compile_jax`, or None to compile here."""
+             compiled=None, rounds=5, round_s=0.05, max_per_round=20):
+  """Returns a dict: ms (median per call over back-to-back rounds), ms_sync (median of
+  synchronous calls), reps, per_round, compile_s, peak_mib, runtime_peak_mib, over_cap.
+  `compiled`: (executable, compile seconds) from `compile_jax`, or None to compile here.
+  Each of `rounds` rounds issues k = clip(round_s / one call, 2, max_per_round) calls."""
   compiled, compile_s = compiled or compile_jax(fn, input_sets[0])
   import jax  # pylint: disable=import-outside-toplevel
   peak_mib = None
@@ -78,7 +85,7 @@ def time_jax(fn, input_sets, *, warmup=2, target_s=0.4, min_reps=5, max_reps=50,
   result = {"compile_s": round(compile_s, 3), "peak_mib": peak_mib,
             "runtime_peak_mib": runtime_peak, "over_cap": warm > cap_s}
   if warm > cap_s:  # one warm call is all we take
-    result.update(ms=1e3 * warm, reps=1)
+    result.update(ms=1e3 * warm, ms_sync=1e3 * warm, reps=1, per_round=1)
     return result
   reps = int(min(max_reps, max(min_reps, target_s / max(warm, 1e-6))))
   times = []
@@ -87,7 +94,19 @@ def time_jax(fn, input_sets, *, warmup=2, target_s=0.4, min_reps=5, max_reps=50,
     start = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     times.append(time.perf_counter() - start)
-  result.update(ms=1e3 * statistics.median(times), reps=reps)
+  ms_sync = 1e3 * statistics.median(times)
+  per_round = int(min(max_per_round, max(2, round_s / max(ms_sync / 1e3, 1e-6))))
+  per_call = []
+  for _ in range(rounds):
+    start = time.perf_counter()
+    out = None
+    for i in range(per_round):
+      out = compiled(*input_sets[i % len(input_sets)])
+    jax.block_until_ready(out)   # one stream: the last call ends after the others
+    per_call.append((time.perf_counter() - start) / per_round)
+    del out
+  result.update(ms=1e3 * statistics.median(per_call), ms_sync=ms_sync, reps=reps,
+                per_round=per_round)
   return result
 
 

@@ -419,9 +419,13 @@ def render(headers, rows, plot_paths, out_path):
         "which cites `kernels/NOTES.md`.", ""]
   md += provenance(headers) + [""] + row_sources(data)
   md += ["Forward (`fwd`) and forward + backward (`fwd+bwd`: gradient of sum(o * c) with "
-         "respect to every input, c a random cotangent). Medians after warm-up; JAX rows end "
-         "each call with `block_until_ready` and rotate between input sets, torch rows use "
-         "`triton.testing.do_bench(return_mode=\"median\")`. Peak memory: XLA's compiled memory "
+         "respect to every input, c a random cotangent). Medians after warm-up, rotating between "
+         "input sets. JAX rows: rows that carry `ms_sync` time rounds of calls issued back to "
+         "back and waited for at the end (median of round time / calls; `ms_sync`, the median "
+         "of calls each waited for, is kept in the row); older rows time calls each ended by "
+         "`block_until_ready`, which adds the host's dispatch and wait to every call. Torch "
+         "rows use `triton.testing.do_bench(return_mode=\"median\")` (CUDA events around "
+         "back-to-back launches). Peak memory: XLA's compiled memory "
          "analysis (arguments + outputs + temporaries) for JAX rows, "
          "`torch.cuda.max_memory_allocated` (peak above the inputs, plus the inputs) for torch "
          "rows. `skip`, `OOM`, `err`: see the last section.", ""]
