@@ -32,9 +32,8 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from bench_kernels import H, TOKENS
+from bench_kernels import H, TOKENS, make_inputs
 from timing import Rows
 from vla_jax.kernels import KernelConfig, vla_pallas
 
@@ -136,14 +135,6 @@ def parse_config(text):
   return out
 
 
-def make_inputs(B, T, d, seed=0):
-  """q, k, v, u [B, T, H, d] bfloat16 (u scaled by 1 / sqrt(d))."""
-  ks = jax.random.split(jax.random.PRNGKey(seed), 4)
-  q, k, v = (jax.random.normal(x, (B, T, H, d), jnp.bfloat16) for x in ks[:3])
-  u = (jax.random.normal(ks[3], (B, T, H, d), jnp.float32) / np.sqrt(d)).astype(jnp.bfloat16)
-  return q, k, v, u
-
-
 def pallas_fns(B, d, config, interpret=False):
   """jit(forward o) and jit(gradient of sum(o) w.r.t. q, k, v, u) of `vla_pallas`."""
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
@@ -174,7 +165,7 @@ def main(argv=None):
   for d in map(int, args.dims.split(",")):
     for T in map(int, args.Ts.split(",")):
       B = max(1, args.tokens // T)
-      xs = make_inputs(B, T, d)
+      xs = make_inputs(B, T, d=d)
       fwd, grad = pallas_fns(B, d, config, interpret=args.interpret)
       for call, fn in (("forward", fwd), ("gradient", grad)):
         for _ in range(2):
