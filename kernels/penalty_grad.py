@@ -105,12 +105,16 @@ penalty_chunked_grad.defvjp(_fwd, _bwd)
 
 
 def _scan_forward(khat, u, A0, config):
+  """(W, A_T, A_c): A_c [B, H, N * C / r, dk, dk] the inverses every r =
+  `config.residual_stride` tokens (chunk starts unless `grad_stride` says otherwise)."""
   B, H, N, C, dk = khat.shape
+  r = config.residual_stride
   flat = lambda x: x.reshape(B, H, N * C, dk)
   fprec = _factor_precision(config.factor_dot, khat.dtype, config.interpret)
-  W, A_T, A_c = _penalty_segments(config, flat(khat), flat(u), A0, fprec, chunk_starts=True)
+  W, A_T, A_c = _penalty_segments(config, flat(khat), flat(u), A0, fprec, chunk_starts=True,
+                                  stride=r)
   return (W.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk),
-          _sym(A_c.reshape(B, H, N, dk, dk)))
+          _sym(A_c.reshape(B, H, N * C // r, dk, dk)))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -145,18 +149,19 @@ def _scan_kernel_bwd(config, res, cts):
   # not match): `bwd_scan_warps` warps, or the default `scan_warps`.
   warps = config.bwd_scan_warps or scan_warps(config, dk)
   S, L = segment_layout(config, B * H, N, warps)
-  n = L // C
   T_pad = N * C
+  r = config.residual_stride                 # tokens between the saved inverses A_c
+  n, N_r = L // r, T_pad // r
   rows = lambda x: jnp.pad(x.astype(acc).reshape(B * H, T_pad, dk),
                            [(0, 0), (0, S * L - T_pad), (0, 0)])
-  # Padded chunks (zero rows) leave A and its cotangent unchanged: any SPD start will do.
-  eye = jnp.broadcast_to(jnp.eye(dk, dtype=acc), (B * H, S * n - N, dk, dk))
-  A_s = jnp.concatenate([A_c.reshape(B * H, N, dk, dk), eye], axis=1)
+  # Padded stretches (zero rows) leave A and its cotangent unchanged: any SPD start will do.
+  eye = jnp.broadcast_to(jnp.eye(dk, dtype=acc), (B * H, S * n - N_r, dk, dk))
+  A_s = jnp.concatenate([A_c.reshape(B * H, N_r, dk, dk), eye], axis=1)
   dA_end = jnp.zeros((B * H, S, dk, dk), acc).at[:, -1].set(
       _sym(dA_T.astype(acc)).reshape(B * H, dk, dk))
   fprec = _factor_precision(config.reverse_factor_dot, acc, config.interpret)
   dU, dE, dA_start = penalty_scan_bwd(A_s, rows(khat), rows(u), rows(dW), dA_end,
-                                      chunk_size=C, block=config.scan_block,
+                                      chunk_size=r, block=config.scan_block,
                                       unroll=config.scan_bwd_unroll,
                                       factor_precision=fprec, num_warps=warps,
                                       interpret=config.interpret)

@@ -264,12 +264,13 @@ def grad_scan_warps(config, dk):
 
 
 def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None,
-                      token_major=False):
+                      token_major=False, stride=None):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
   each segment, A at segment starts from XLA (`segment_start_inverses`).
   chunk_starts: instead the rows A_t khat_t (not unit), A_T and the inverse at every chunk start
-  [B*H, T_pad / C, dk, dk]. rows_dtype: dtype of the written rows (default the computation's).
+  [B*H, T_pad / C, dk, dk] (with `stride`, a divisor of C: every `stride` tokens,
+  [B*H, T_pad / stride, dk, dk]). rows_dtype: dtype of the written rows (default the computation's).
   token_major: khat and u_h are the caller's raw keys and u, [B, T_pad, H, dk] in their own
   dtype, read in place (the kernel makes the unit keys); inference only."""
   if token_major:
@@ -299,13 +300,14 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
     A_start = jnp.concatenate([A_start, inverses(u_h, A0, config, S, L, token_major)], axis=2)
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
   rows = (lambda x: x) if token_major else (lambda x: flat(pad(x)))
-  kw = dict(chunk_size=C, normalize=False) if chunk_starts else {}
+  stride = stride or C
+  kw = dict(chunk_size=stride, normalize=False) if chunk_starts else {}
   out = penalty_scan(flat(A_start), rows(khat), rows(u_h), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
                      num_warps=warps, rows_dtype=rows_dtype, interpret=config.interpret,
                      heads=H if token_major else None, unit_keys=token_major, **kw)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
-  return (Ah, A_end, out[2][:, :N]) if chunk_starts else (Ah, A_end)
+  return (Ah, A_end, out[2][:, :T_pad // stride]) if chunk_starts else (Ah, A_end)
 
 
 def segments_for(BH, N, resident=264):

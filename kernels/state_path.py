@@ -175,6 +175,14 @@ class KernelConfig:
       values. Same function. H200, H = 16, d = 64, bf16, T = 4096: forward+backward 13.9 ms
       with False against 17.0 with True, first call (compilation) 8.9 s against 59 s
       (kernels/NOTES.md).
+    grad_stride: with the reverse penalty kernel, tokens between the penalty inverses that
+      the differentiated forward saves for it, or None (default): `chunk_size`. A multiple of
+      `scan_block` that divides `chunk_size`. The reverse kernel walks each stretch of
+      grad_stride tokens backwards and recomputes the starts of its blocks from the saved
+      inverse (with the default loop, (s - 1) s / 2 extra block factorisations a stretch of
+      s = grad_stride / scan_block blocks: 6 per 64 tokens at the defaults, none at
+      grad_stride = scan_block), at the cost of T / grad_stride saved [dk, dk] inverses
+      instead of T / chunk_size. Same function.
     state_output: how the state path's forward computes the outputs: "fused" (in the
       sequential chunk loop, `vla_state_fwd`), "split" (the loop keeps only the state chain
       R = U' - W' S^T, S <- S + R^T Ahat and writes every chunk-start state
@@ -276,6 +284,7 @@ class KernelConfig:
   segment_chunks: int | None = None
   penalty_grad: str = "auto"
   scan_bwd_unroll: bool = False
+  grad_stride: int | None = None
   state_output: str = "auto"
   state_bwd: str = "fused"
   state_local_vjp: str = "products"
@@ -311,6 +320,11 @@ class KernelConfig:
     if self.scan_block not in (16, 32, 64) or self.scan_block > C:
       raise ValueError(f"scan_block must be 16, 32 or 64 and at most chunk_size={C}; got "
                        f"{self.scan_block!r}")
+    r = self.grad_stride
+    if r is not None and (not isinstance(r, int) or isinstance(r, bool) or r <= 0
+                          or r % self.scan_block or C % r):
+      raise ValueError(f"grad_stride must be None or a multiple of scan_block="
+                       f"{self.scan_block} that divides chunk_size={C}; got {r!r}")
     if self.segment_chunks is not None and (not isinstance(self.segment_chunks, int)
                                             or self.segment_chunks < 1):
       raise ValueError(f"segment_chunks must be None or a positive int; got "
@@ -437,6 +451,15 @@ class KernelConfig:
     if self.penalty_grad == "auto":
       return "scan" if self.prep == "scan" else "autodiff"
     return self.penalty_grad
+
+  @property
+  def residual_stride(self):
+    """Tokens between the penalty inverses the differentiated forward saves: `grad_stride`
+    (or `chunk_size`) for the reverse penalty kernel, `chunk_size` for the chunk-level
+    backward (penalty_grad="chunk"), which needs them at chunk starts."""
+    if self.penalty_backward == "scan" and self.grad_stride is not None:
+      return self.grad_stride
+    return self.chunk_size
 
   def output_form(self, BH, dv):
     """state_output with "auto" resolved for B * H = BH sequences of value dim dv."""

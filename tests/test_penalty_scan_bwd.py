@@ -253,3 +253,34 @@ def test_default_grad_scan_warps_follow_the_products():
       if f'name = "{name}"' in line:
         warps[name] = re.findall(r"num_warps = (\d+)", line)
   assert warps == {"vla_penalty_scan": ["1"], "vla_penalty_scan_bwd": ["4"]}, warps
+
+
+@pytest.mark.parametrize("C,stride,segment_chunks", [(32, 16, None), (64, 32, 1), (32, 16, 2)])
+def test_grad_stride_gradients_equal_scan_float64(x64, C, stride, segment_chunks):
+  """KernelConfig(grad_stride): the differentiated forward saves A every `stride` tokens and
+  the reverse kernel walks stretches of that length (fewer block starts to recompute); the
+  gradients still equal impl="scan"'s, with one segment, one chunk a segment (T = 77 padded to
+  whole chunks) and two chunks a segment."""
+  _assert_grads_match_scan(_config(C, prep="scan", penalty_grad="scan", grad_stride=stride,
+                                   segment_chunks=segment_chunks), 77, seed=191)
+
+
+def test_grad_stride_validation_and_resolution():
+  """grad_stride must be a multiple of scan_block dividing chunk_size; it applies to the
+  reverse penalty kernel only (the chunk-level backward keeps chunk starts)."""
+  for bad in (8, 24, 128, 0, True):
+    with pytest.raises(ValueError, match="grad_stride"):
+      KernelConfig(chunk_size=64, grad_stride=bad).validate(16, 16)
+  KernelConfig(chunk_size=64, grad_stride=32).validate(16, 16)
+  assert KernelConfig(chunk_size=64).residual_stride == 64
+  assert KernelConfig(chunk_size=64, grad_stride=16).residual_stride == 16
+  assert KernelConfig(chunk_size=64, grad_stride=16, penalty_grad="chunk").residual_stride == 64
+
+
+def test_grad_stride_lowers_for_h200():
+  """grad_stride=16 at C = 64, dk = 64: the gradient lowers for an H200 with one penalty scan
+  forward and one reverse kernel (each stretch one block)."""
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, grad_stride=16),
+                              T=300)
+  count = lambda name: sum(f'name = "{name}"' in l for l in lines)
+  assert count("vla_penalty_scan") == 1 and count("vla_penalty_scan_bwd") == 1
