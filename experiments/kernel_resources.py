@@ -5,7 +5,7 @@ r"""Registers, spills and shared memory of the Pallas kernels, compiled for an H
         [--block_v=64] [--num_stages=2] [--triton_path=DIR] [--state_prep_dot=auto]
         [--factor_dtype=auto]
     python experiments/kernel_resources.py --grad [--prep=scan] [--scan_bwd_unroll=1,0]
-        [--segment_chunks=2] [--chunks=4] ...
+        [--segment_chunks=2] [--chunks=4] [--grad_stride=16] ...
 
 Lowers the forward of `vla_pallas` (one run per value of --prep) for an abstract H200, takes
 every pallas_call's Triton IR (Pallas' `debug` print), strips its debug locations and compiles
@@ -187,6 +187,9 @@ def main():
                       help="KernelConfig.state_local_vjp (products, xla, kernel; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
+  parser.add_argument("--grad_stride", type=int, default=None,
+                      help="KernelConfig.grad_stride (--grad: tokens between the saved penalty "
+                           "inverses the reverse kernel starts from)")
   parser.add_argument("--segment_chunks", type=int, default=None,
                       help="KernelConfig.segment_chunks (default: auto, which is one chunk per "
                            "segment at these small shapes)")
@@ -201,8 +204,9 @@ def main():
             f"{args.segment_chunks or 'auto'}" if args.grad else ""))
   if args.grad:
     print("| prep | scan_bwd_unroll | kernel | warps | registers | stack bytes/thread | "
-          "spill stores | shared bytes | PTX lines | Triton->PTX s | ptxas s | total s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "spill stores | shared bytes | PTX lines | SASS | SASS in loops | Triton->PTX s | "
+          "ptxas s | total s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   else:
     print("| prep | kernel | warps | registers | stack bytes/thread | spill stores | "
           "shared bytes | PTX lines | SASS | SASS in loops | HMMA | compile s |")
@@ -214,7 +218,8 @@ def main():
                          prep_form=args.prep_form, block_v=args.block_v,
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
                          scan_bwd_unroll=unroll, state_output=args.state_output,
-                         state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp)
+                         state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp,
+                         grad_stride=args.grad_stride)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():
@@ -228,8 +233,8 @@ def main():
           cells = [prep] + ([str(int(unroll))] if args.grad else []) + [
               name, warps, r["registers"], r["stack_bytes"], r["spill_stores"],
               r["shared_bytes"], r["ptx_lines"]]
-          if args.grad:          # the compilation's steps and their sum
-            cells += [f"{r['triton_s']:.1f}", f"{r['ptxas_s']:.1f}",
+          if args.grad:          # static SASS counts, the compilation's steps and their sum
+            cells += [r["sass"], r["sass_in_loops"], f"{r['triton_s']:.1f}", f"{r['ptxas_s']:.1f}",
                       f"{r['triton_s'] + r['ptxas_s']:.0f}"]
           else:                  # static SASS counts, then wall time (ptxas -v included)
             cells += [r["sass"], r["sass_in_loops"], r["sass_hmma"]]
