@@ -7,7 +7,8 @@ warms up its forward and its gradient (of sum(o)), then traces --reps calls of e
 event is one kernel launch; the script groups them by name, sums their durations and divides by
 --reps, and sorts each kernel into a class:
 
-  pallas   the library's Triton kernels (names that start with "vla_")
+  pallas   the library's Triton kernels (names that contain "vla_": Pallas names a launch
+           after its kernel, `vla_penalty_scan` and so on)
   gemm     library matrix products (cuBLAS / CUTLASS / XLA's Triton gemm fusions)
   copy     memcpy / memset
   xla      every other XLA fusion (elementwise, reductions, transposes, pads, ...)
@@ -56,10 +57,11 @@ def kernel_class(name):
 
 
 def device_events(xspace_path, plane_prefix="/device:GPU:", stats=None):
-  """[(name, duration_ns, start_ns)] of every event on the lines of the planes whose name starts with
-  `plane_prefix`, from a profiler trace file (*.xplane.pb). Lines named like XLA's modules or
-  ops summaries (not streams) are skipped so that each launch counts once. With a dict
-  `stats`, the first event of each name also leaves its trace statistics there (as text)."""
+  """[(name, duration_ns, start_ns)] of every event on the lines of the planes whose name
+  starts with `plane_prefix`, from a profiler trace file (*.xplane.pb). Lines named like
+  XLA's modules or ops summaries (not streams) are skipped so that each launch counts once.
+  With a dict `stats`, the first event of each name also leaves its trace statistics there
+  (as text)."""
   data = jax.profiler.ProfileData.from_file(xspace_path)
   events = []
   for plane in data.planes:
