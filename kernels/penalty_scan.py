@@ -280,7 +280,8 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   C = config.chunk_size
   N = T_pad // C
   # The differentiated forward (chunk_starts) has its own warps and segments
-  # (`grad_scan_warps`); the reverse kernel reads A at every chunk start, whatever the layout.
+  # (`grad_scan_warps`); the reverse kernel starts from the inverses it saves (every chunk, or
+  # every `stride` tokens), whatever the layout.
   if chunk_starts:
     warps = grad_scan_warps(config, dk)
   else:
