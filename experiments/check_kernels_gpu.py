@@ -39,7 +39,17 @@ INTERPRET = [False]  # --interpret: a CPU smoke run of this script
 # KernelConfig options of the prep="scan" kernels that the check takes (field, label, where).
 SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
                 ("factor_dtype", "store", "inference forward, prep=scan"),
-                ("input_layout", "layout", "inference forward, prep=scan"))
+                ("input_layout", "layout", "inference forward, prep=scan"),
+                ("local_vjp_dot", "lvjp", "gradient, state_local_vjp=products"),
+                ("grad_stride", "stride", "gradient, reverse penalty kernel; auto: chunk_size"))
+INT_OPTIONS = ("grad_stride",)   # "auto" stands for None, else an integer
+
+
+def option_value(field, text):
+  """A SCAN_OPTIONS flag's text as the KernelConfig value."""
+  if field in INT_OPTIONS:
+    return None if text == "auto" else int(text)
+  return text
 
 
 def rel(a, b):
@@ -153,7 +163,8 @@ def main():
   for field, _, where in SCAN_OPTIONS:
     parser.add_argument(f"--{field}", default="auto", help=f"KernelConfig.{field} ({where})")
   args = parser.parse_args()
-  options = {f: getattr(args, f) for f, _, _ in SCAN_OPTIONS}
+  flags = {f: getattr(args, f) for f, _, _ in SCAN_OPTIONS}
+  options = {f: option_value(f, text) for f, text in flags.items()}
   INTERPRET[0] = args.interpret
   print(jax.devices(), jax.__version__, flush=True)
 
@@ -182,8 +193,8 @@ def main():
     ok &= passed
     row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
            "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})" + (
-               "".join(f"+{tag}({options[f]})" for f, tag, _ in SCAN_OPTIONS
-                       if options[f] != "auto")),
+               "".join(f"+{tag}({flags[f]})" for f, tag, _ in SCAN_OPTIONS
+                       if flags[f] != "auto")),
            "penalty_grad": grad, "segment_chunks": seg or "auto", **errs, "finite": finite,
            "bound": bound, "pass": passed, "seconds": time.perf_counter() - t0}
     rows.append(row)

@@ -58,6 +58,7 @@ STATE_OUTPUTS = ("auto", "fused", "split")
 SPLIT_OUTPUT_BELOW = 132
 STATE_BWDS = ("fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel", "products")
+LOCAL_VJP_DOTS = ("auto", "bf16")
 GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("auto", "xla", "kernel")
 SEGMENT_GRADS = ("autodiff", "products")
@@ -210,6 +211,12 @@ class KernelConfig:
       227 KB)). Same function. H200, H = 16, d = 64, bf16, T = 4096, B = 8: the state path's
       forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel");
       the whole call 10.8 against 11.8 ms (kernels/NOTES.md).
+    local_vjp_dot: the operands of `_local_vjp_products` (state_local_vjp="products"):
+      "auto" (default: `precision`, float32 operands: TF32 at DEFAULT on a GPU) or "bf16"
+      (operands rounded to bfloat16, float32 accumulation: half the bytes read by the 14
+      memory-bound products; at T = 4096, B = 8, d = 64 they move ~5.6 GB, 1.5 ms on an
+      H200). Float32 inputs, T = 70, d = 32, against float64: gradient errors 3-4.5e-3
+      instead of ~5e-7. Not yet timed.
     grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
       under differentiation (`state_path`, and `vla_pallas`'s gradient): "kernel" (default:
       the `split_prep.state_prep` kernel that the prep="scan" / "split" forward already runs;
@@ -288,6 +295,7 @@ class KernelConfig:
   state_output: str = "auto"
   state_bwd: str = "fused"
   state_local_vjp: str = "products"
+  local_vjp_dot: str = "auto"
   grad_prep: str = "kernel"
   segment_inverse: str = "auto"
   segment_grad: str = "products"
@@ -338,6 +346,12 @@ class KernelConfig:
       raise ValueError(f"state_output must be one of {STATE_OUTPUTS}; got {self.state_output!r}")
     if self.state_local_vjp not in STATE_LOCAL_VJPS:
       raise ValueError(f"state_local_vjp must be one of {STATE_LOCAL_VJPS}; got "
+                       f"{self.state_local_vjp!r}")
+    if self.local_vjp_dot not in LOCAL_VJP_DOTS:
+      raise ValueError(f"local_vjp_dot must be one of {LOCAL_VJP_DOTS}; got "
+                       f"{self.local_vjp_dot!r}")
+    if self.local_vjp_dot == "bf16" and self.state_local_vjp != "products":
+      raise ValueError('local_vjp_dot="bf16" needs state_local_vjp="products"; got '
                        f"{self.state_local_vjp!r}")
     if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
       raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
@@ -816,7 +830,11 @@ def _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
   state fixed, written out (`state_grad.py` has the derivation) as batched products over all
   chunks. P [BH, N*C, C] and Tinv [BH, N, C, C] are the forward's."""
   acc, C = S_c.dtype, cfg.chunk_size
-  mm = functools.partial(jnp.einsum, precision=cfg.precision)
+  if cfg.local_vjp_dot == "bf16":      # bfloat16 operands, accumulation in acc
+    mm = lambda spec, a, b: jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                                       preferred_element_type=acc)
+  else:
+    mm = functools.partial(jnp.einsum, precision=cfg.precision)
   Q, E, W, V, dOc = (_split(x.astype(acc), C) for x in (q, e, w, v, dO))
   P = _split(P, C)
   r = jnp.arange(C)

@@ -435,3 +435,31 @@ def test_direct_layout_lowers_without_transposes(d):
                    for op in ("stablehlo.transpose", "stablehlo.convert", "stablehlo.pad")), (
                        per_token)
     assert "vla_penalty_scan" in text and "vla_state_prep" in text
+
+
+def test_local_vjp_dot_bf16_gradients_within_bf16_bound():
+  """local_vjp_dot="bf16": the state path's written-out chunk-local VJP takes bfloat16
+  operands (float32 accumulation). Gradients stay within the bf16 bound of the float64
+  reference, and the rounding really happens (error well above float32's); the forward is
+  untouched. Bad values are refused."""
+  B, T, H, dk, dv, C = 1, 70, 2, 32, 32, 16
+  args = [np.asarray(x, np.float32) for x in _inputs(35, B, T, H, dk, dv)]
+  ref_out, ref_grads = _chunked_float64(args, C)
+  f32 = [jnp.asarray(x) for x in args]
+  cfg = KernelConfig(chunk_size=C, prep="scan", segment_chunks=2, local_vjp_dot="bf16",
+                     precision=jax.lax.Precision.HIGHEST)
+  out = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*f32)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(*a, *f32[4:], config=cfg,
+                                                         interpret=True)[0]),
+                           argnums=range(4)))(*f32[:4])
+  out_errs = [_rel(g, w) for g, w in zip(out, ref_out)]
+  grad_errs = [_rel(g, w) for g, w in zip(grads, ref_grads)]
+  assert max(out_errs) < TOL[np.float32], out_errs
+  assert max(grad_errs) < 2e-2, grad_errs
+  assert max(grad_errs) > 20 * TOL[np.float32], grad_errs
+  x = jnp.zeros((1, 16, 1, 16))
+  for kw, match in ((dict(local_vjp_dot="fp8"), "local_vjp_dot must be"),
+                    (dict(local_vjp_dot="bf16", state_local_vjp="xla"), "needs state_local")):
+    with pytest.raises(ValueError, match=match):
+      vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
+                 config=KernelConfig(chunk_size=16, **kw))
