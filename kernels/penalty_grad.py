@@ -40,8 +40,9 @@ import jax.numpy as jnp
 
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
-from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, scan_warps,
-                                          segment_layout, segment_start_inverses)
+from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, forward_scan_warps,
+                                          penalty_scan, scan_warps, segment_layout,
+                                          segment_start_inverses)
 from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
 
 
@@ -106,11 +107,17 @@ penalty_chunked_grad.defvjp(_fwd, _bwd)
 
 def _scan_forward(khat, u, A0, config):
   """(W, A_T, A_c): A_c [B, H, N * C / r, dk, dk] the inverses every r =
-  `config.residual_stride` tokens (chunk starts unless `grad_stride` says otherwise)."""
+  `config.residual_stride` tokens (chunk starts unless `grad_stride` says otherwise); with
+  penalty_grad="adjoint" instead the inverses its segments started from, [B * H, S, dk, dk]
+  (the inference layout: `_penalty_segments(segment_starts=True)`)."""
   B, H, N, C, dk = khat.shape
   r = config.residual_stride
   flat = lambda x: x.reshape(B, H, N * C, dk)
   fprec = _factor_precision(config.factor_dot, khat.dtype, config.interpret)
+  if config.penalty_backward == "adjoint":
+    W, A_T, A_start = _penalty_segments(config, flat(khat), flat(u), A0, fprec,
+                                        segment_starts=True)
+    return W.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), A_start
   W, A_T, A_c = _penalty_segments(config, flat(khat), flat(u), A0, fprec, chunk_starts=True,
                                   stride=r)
   return (W.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk),
@@ -130,18 +137,89 @@ def penalty_scan_grad(khat, u, A0, config):
 
 def _scan_fwd(khat, u, A0, config):
   W, A_T, A_c = _scan_forward(khat, u, A0, config)
-  return (W, A_T), (khat, u, A0, A_c)
+  outputs = (W, A_T) if config.penalty_backward == "adjoint" else ()  # its backward reads them
+  return (W, A_T), (khat, u, A0, A_c, *outputs)
 
 
 def _scan_bwd(config, res, cts):
   if config.penalty_backward == "scan":
     return _scan_kernel_bwd(config, res, cts)
-  khat, u, _, A_c = res
+  if config.penalty_backward == "adjoint":
+    return _scan_adjoint_bwd(config, res, cts)
+  khat, u, _, A_c = res[:4]
   return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, (khat, u, A_c), cts)
 
 
+def _scan_adjoint_bwd(config, res, cts):
+  """The backward of penalty_grad="adjoint": a second forward scan and products.
+
+  With M_t = A_0^-1 + sum_{s<=t} u_s u_s^T, A_t = M_t^-1 and W_t = A_t khat_t (A_t symmetric):
+
+      dkhat_t = A_t dW_t =: Z_t,
+      dL/dM_t = -A_t (dW_t khat_t^T) A_t = -Z_t W_t^T       (plus -A_T dA_T A_T at t = T),
+      du_s    = -(D_s + D_s^T) u_s,   D_s = sum_{t >= s} Z_t W_t^T + A_T dA_T A_T,
+      dA_0    = M_0 sym(D_0) M_0      (M_0 = A_0^-1; the gradient over symmetric perturbations).
+
+  Z is the penalty path applied to the rows dW instead of the unit keys: the same
+  `penalty_scan` kernel (normalize=False) in the same layout, from the inverses the forward's
+  segments started from (its only residual besides W and A_T). The sums over t >= s are a
+  reverse causal product of linear-attention form, chunk by chunk: within a chunk the masked
+  products (U W^T) Z and (U Z^T) W, across chunks the reverse prefix sums of the chunks'
+  Z^T W. No inverse is differentiated and no cotangent of A is carried through the blocks."""
+  khat, u, A0, A_start, W, A_T = res
+  dW, dA_T = cts
+  B, H, N, C, dk = khat.shape
+  acc = A_start.dtype
+  BH, T_pad = B * H, N * C
+  # Z_t = A_t dW_t: the forward's scan again, same layout (the inference rule), from the
+  # inverses the forward's segments started from.
+  warps = forward_scan_warps(config, dk)
+  S, L = segment_layout(config, BH, N, warps)
+  rows = lambda x: jnp.pad(x.astype(acc).reshape(BH, T_pad, dk),
+                           [(0, 0), (0, S * L - T_pad), (0, 0)])
+  fprec = _factor_precision(config.reverse_factor_dot, acc, config.interpret)
+  Z = penalty_scan(A_start, rows(dW), rows(u), block=config.scan_block, factor_precision=fprec,
+                   num_warps=warps, normalize=False, interpret=config.interpret)[0]
+  Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
+  du, dA0 = adjoint_u_cotangents(u.astype(acc), W.astype(acc), Z, A_T.astype(acc),
+                                 dA_T.astype(acc), A0, precision=config.precision)
+  return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
+
+
+def adjoint_u_cotangents(U, W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST):
+  """du and dA0 of `_scan_adjoint_bwd` from the rows U (penalty directions), W = A_t khat_t and
+  Z = A_t dW_t, all [B, H, N, C, dk], chunk by chunk:
+
+      du_s = -(sum_{t >= s} Z_t (W_t . u_s) + W_t (Z_t . u_s)) - K u_s,
+      K = A_T (dA_T + dA_T^T) A_T,
+
+  the sum over t >= s split into the chunk of s (masked C x C products) and the later chunks
+  (reverse exclusive prefix sums of the chunks' Z^T W + W^T Z). dA0 = M_0 sym(P) M_0 with P the
+  sum over all t of Z_t W_t^T plus A_T dA_T A_T, M_0 = A0^-1. Float32 or float64 in, the same
+  out; the per-token products at `precision` (the config's: TF32 on a GPU at DEFAULT), the
+  [dk, dk] ones at HIGHEST."""
+  mm = functools.partial(jnp.einsum, precision=precision)
+  mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+  C = U.shape[-2]
+  r = jnp.arange(C)
+  later = r[:, None] <= r[None, :]                                  # [s, t]: t >= s
+  UW = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, W), 0.0)
+  UZ = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, Z), 0.0)
+  du = -(mm("bhnst,bhnti->bhnsi", UW, Z) + mm("bhnst,bhnti->bhnsi", UZ, W))
+  ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
+  Hn = ZW + jnp.swapaxes(ZW, -1, -2)
+  after = jnp.cumsum(Hn[:, :, ::-1], axis=2)[:, :, ::-1] - Hn        # chunks after n
+  ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
+  K = ATdA + jnp.swapaxes(ATdA, -1, -2)
+  du = du - mm("bhnsj,bhnij->bhnsi", U, after + K[:, :, None])
+  M0 = _a0_inverse(A0, U.dtype)
+  P = jnp.sum(ZW, axis=2) + ATdA
+  dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _sym(P), M0)
+  return du, dA0
+
+
 def _scan_kernel_bwd(config, res, cts):
-  khat, u, A0, A_c = res
+  khat, u, A0, A_c = res[:4]
   dW, dA_T = cts
   B, H, N, C, dk = khat.shape
   acc = A_c.dtype

@@ -264,7 +264,7 @@ def grad_scan_warps(config, dk):
 
 
 def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None,
-                      token_major=False, stride=None):
+                      token_major=False, stride=None, segment_starts=False):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
   each segment, A at segment starts from XLA (`segment_start_inverses`).
@@ -272,7 +272,11 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   [B*H, T_pad / C, dk, dk] (with `stride`, a divisor of C: every `stride` tokens,
   [B*H, T_pad / stride, dk, dk]). rows_dtype: dtype of the written rows (default the computation's).
   token_major: khat and u_h are the caller's raw keys and u, [B, T_pad, H, dk] in their own
-  dtype, read in place (the kernel makes the unit keys); inference only."""
+  dtype, read in place (the kernel makes the unit keys); inference only.
+  segment_starts: the inference layout, but the rows A_t khat_t (not unit), A_T and the
+  inverses the segments started from [B*H, S, dk, dk] (the forward of penalty_grad="adjoint",
+  whose backward runs the same scan again from them: `segment_layout` with
+  `forward_scan_warps` gives both the same segments)."""
   if token_major:
     B, T_pad, H, dk = u_h.shape
   else:
@@ -302,12 +306,15 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   flat = lambda x: x.reshape(B * H, *x.shape[2:])
   rows = (lambda x: x) if token_major else (lambda x: flat(pad(x)))
   stride = stride or C
-  kw = dict(chunk_size=stride, normalize=False) if chunk_starts else {}
+  kw = (dict(chunk_size=stride, normalize=False) if chunk_starts
+        else dict(normalize=False) if segment_starts else {})
   out = penalty_scan(flat(A_start), rows(khat), rows(u_h), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
                      num_warps=warps, rows_dtype=rows_dtype, interpret=config.interpret,
                      heads=H if token_major else None, unit_keys=token_major, **kw)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
+  if segment_starts:
+    return Ah, A_end, flat(A_start)
   return (Ah, A_end, out[2][:, :T_pad // stride]) if chunk_starts else (Ah, A_end)
 
 

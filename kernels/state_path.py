@@ -50,7 +50,7 @@ FACTOR_DTYPES = ("auto", "float32", "bfloat16")
 INPUT_LAYOUTS = ("auto", "transposed", "direct")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
-PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan")
+PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan", "adjoint")
 STATE_OUTPUTS = ("auto", "fused", "split")
 # state_output="auto": the split chain + output kernels when the fused loop would have fewer
 # programs than this (an H200 has 132 SMs; measured, d = 64: split 1.88 against 2.43 ms at
@@ -168,7 +168,11 @@ class KernelConfig:
       the A-cotangent carried back through the blocks; segment-start inverses differentiated
       in XLA). Same gradients as "chunk". H200, d = 64, T = 4096, doubling solver:
       forward+backward 16.9 ms ("scan", unrolled block walk; 13.9 with the default loop),
-      18.8 ("chunk"), 18.7 ("autodiff").
+      18.8 ("chunk"), 18.7 ("autodiff"). "adjoint" (prep="scan" only; not yet timed): the
+      same forward kernel; the backward needs no reverse walk: since A_t = M_t^-1 with M_t
+      additive in the u u^T, dkhat_t = A_t dW_t is the penalty scan run again on the rows
+      dW, and du, dA0 follow from reverse prefix sums of Z_t W_t^T (linear-attention-shaped
+      products; `penalty_grad._scan_adjoint_bwd`). Same gradients.
     scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan", or "auto" with
       prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
       (default) loops over them, each block's start recomputed from the chunk start (more
@@ -339,9 +343,9 @@ class KernelConfig:
                        f"{self.segment_chunks!r}")
     if self.penalty_grad not in PENALTY_GRADS:
       raise ValueError(f"penalty_grad must be one of {PENALTY_GRADS}; got {self.penalty_grad!r}")
-    if self.penalty_backward == "scan" and self.prep != "scan":
-      raise ValueError(f'penalty_grad="scan" needs prep="scan" (it differentiates the '
-                       f'penalty_scan kernel); got prep={self.prep!r}')
+    if self.penalty_backward in ("scan", "adjoint") and self.prep != "scan":
+      raise ValueError(f'penalty_grad="{self.penalty_backward}" needs prep="scan" (it '
+                       f'differentiates the penalty_scan kernel); got prep={self.prep!r}')
     if self.state_output not in STATE_OUTPUTS:
       raise ValueError(f"state_output must be one of {STATE_OUTPUTS}; got {self.state_output!r}")
     if self.state_local_vjp not in STATE_LOCAL_VJPS:

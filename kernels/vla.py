@@ -114,7 +114,7 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   C = config.chunk_size
   chunks = lambda x: x.reshape(B, H, N, C, x.shape[-1])
   args = (chunks(khat), chunks(u_h), A0.astype(acc))
-  if config.prep == "scan" and config.penalty_backward in ("chunk", "scan"):
+  if config.prep == "scan" and config.penalty_backward in ("chunk", "scan", "adjoint"):
     W, A_T = penalty_scan_grad(*args, config)
   elif config.penalty_backward == "chunk":
     W, A_T = penalty_chunked_grad(*args, config.refine, jax.lax.Precision.HIGHEST, config.solver)
