@@ -48,7 +48,7 @@ def test_smoke_suite_then_report(tmp_path):
     assert skipped and all(r["status"] == "skipped" and "no GPU" in r["note"] for r in skipped)
   pallas = [r for r in rows if r["impl"] == "pallas" and r["status"] == "ok"]
   assert all(r["ms"] > 0 and r["peak_mib"] > 0 and r["floor_ms"] > 0 for r in pallas)
-  assert all(r["ms_sync"] > 0 and 2 <= r["per_round"] <= 20 for r in pallas)
+  assert all(r["ms_sync"] > 0 and 1 <= r["per_round"] <= 20 for r in pallas)
 
   md = tmp_path / "BENCHMARKS.md"
   report.main(["--jsonl", str(out / "bench.jsonl"), "--out", str(md), "--plots",
@@ -65,7 +65,8 @@ def test_smoke_suite_then_report(tmp_path):
 def test_time_jax_rounds_of_back_to_back_calls():
   """`measure.time_jax`: `ms` from rounds of back-to-back calls (k between 2 and the cap,
   sized to the round's time), `ms_sync` from calls each waited for; both positive, and the
-  compiled function is what runs (its output checked once)."""
+  compiled function is what runs (its output checked once). Calls longer than half a round
+  are timed synchronously only."""
   import jax.numpy as jnp   # pylint: disable=import-outside-toplevel
   import measure   # pylint: disable=import-outside-toplevel
   fn = lambda x: jnp.tanh(x @ x.T)
@@ -74,6 +75,9 @@ def test_time_jax_rounds_of_back_to_back_calls():
                          rounds=3, round_s=0.01, max_per_round=7)
   assert res["ms"] > 0 and res["ms_sync"] > 0 and 3 <= res["reps"] <= 5
   assert 2 <= res["per_round"] <= 7 and not res["over_cap"]
+  slow = measure.time_jax(fn, sets, warmup=1, target_s=0.02, min_reps=3, max_reps=5,
+                          round_s=1e-9)        # every call "longer" than a round
+  assert slow["per_round"] == 1 and slow["ms"] == slow["ms_sync"]
   compiled, _ = measure.compile_jax(fn, sets[0])
   assert jnp.allclose(compiled(*sets[0]), fn(*sets[0]))
 
