@@ -172,7 +172,10 @@ class KernelConfig:
       same forward kernel; the backward needs no reverse walk: since A_t = M_t^-1 with M_t
       additive in the u u^T, dkhat_t = A_t dW_t is the penalty scan run again on the rows
       dW, and du, dA0 follow from reverse prefix sums of Z_t W_t^T (linear-attention-shaped
-      products; `penalty_grad._scan_adjoint_bwd`). Same gradients.
+      products; `penalty_grad._scan_adjoint_bwd`). Its differentiated forward is the
+      inference path's scan (layout by `scan_warps`, not `grad_scan_warps`; segment-start
+      inverses by `segment_inverse`), writing unnormalised rows and no chunk-start inverses.
+      Same gradients.
     scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan", or "auto" with
       prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
       (default) loops over them, each block's start recomputed from the chunk start (more
