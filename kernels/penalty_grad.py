@@ -34,7 +34,8 @@ sums of u u^T and Cholesky inverses), fed the kernel's segment-start cotangents.
 
 With KernelConfig(prep="scan", penalty_grad="adjoint") it has neither: in M_t = A_t^-1, additive
 in the u u^T, the cotangent of the keys is A_t dW_t (the forward scan run again on the rows dW)
-and that of u a reverse prefix sum of Z_t W_t^T (`_scan_adjoint_bwd`).
+and that of u a reverse prefix sum of Z_t W_t^T (`_scan_adjoint_bwd`; the formulas are
+`vla_jax.ops.vla.penalty`'s, whose chunked XLA form has the same backward).
 """
 
 import functools
@@ -48,6 +49,7 @@ from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, forwar
                                           penalty_scan, scan_warps, segment_layout,
                                           segment_start_inverses)
 from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
+from vla_jax.ops.vla.penalty import penalty_u_cotangents
 
 
 def _chunk_map(A, U, E, precision, solver):
@@ -185,41 +187,9 @@ def _scan_adjoint_bwd(config, res, cts):
   Z = penalty_scan(A_start, rows(dW), rows(u), block=config.scan_block, factor_precision=fprec,
                    num_warps=warps, normalize=False, interpret=config.interpret)[0]
   Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
-  du, dA0 = adjoint_u_cotangents(u.astype(acc), W.astype(acc), Z, A_T.astype(acc),
-                                 dA_T.astype(acc), A0, precision=config.precision)
+  du, dA0 = penalty_u_cotangents(u.astype(acc), W.astype(acc), Z, A_T.astype(acc),
+                                 dA_T.astype(acc), A0.astype(acc), precision=config.precision)
   return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
-
-
-def adjoint_u_cotangents(U, W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST):
-  """du and dA0 of `_scan_adjoint_bwd` from the rows U (penalty directions), W = A_t khat_t and
-  Z = A_t dW_t, all [B, H, N, C, dk], chunk by chunk:
-
-      du_s = -(sum_{t >= s} Z_t (W_t . u_s) + W_t (Z_t . u_s)) - K u_s,
-      K = A_T (dA_T + dA_T^T) A_T,
-
-  the sum over t >= s split into the chunk of s (masked C x C products) and the later chunks
-  (reverse exclusive prefix sums of the chunks' Z^T W + W^T Z). dA0 = M_0 sym(P) M_0 with P the
-  sum over all t of Z_t W_t^T plus A_T dA_T A_T, M_0 = A0^-1. Float32 or float64 in, the same
-  out; the per-token products at `precision` (the config's: TF32 on a GPU at DEFAULT), the
-  [dk, dk] ones at HIGHEST."""
-  mm = functools.partial(jnp.einsum, precision=precision)
-  mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
-  C = U.shape[-2]
-  r = jnp.arange(C)
-  later = r[:, None] <= r[None, :]                                  # [s, t]: t >= s
-  UW = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, W), 0.0)
-  UZ = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, Z), 0.0)
-  du = -(mm("bhnst,bhnti->bhnsi", UW, Z) + mm("bhnst,bhnti->bhnsi", UZ, W))
-  ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
-  Hn = ZW + jnp.swapaxes(ZW, -1, -2)
-  after = jnp.cumsum(Hn[:, :, ::-1], axis=2)[:, :, ::-1] - Hn        # chunks after n
-  ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
-  K = ATdA + jnp.swapaxes(ATdA, -1, -2)
-  du = du - mm("bhnsj,bhnij->bhnsi", U, after + K[:, :, None])
-  M0 = _a0_inverse(A0, U.dtype)
-  P = jnp.sum(ZW, axis=2) + ATdA
-  dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _sym(P), M0)
-  return du, dA0
 
 
 def _scan_kernel_bwd(config, res, cts):

@@ -13,6 +13,7 @@ from jax.test_util import check_grads
 import oracles
 from conftest import random_inputs, rel_err
 from vla_jax import Impl, VLAState, initial_vla_state, vla_recurrence
+from vla_jax.ops.vla.penalty import penalty_u_cotangents
 
 IMPLS = ["scan", "associative_scan", "chunked"]
 # (B, T, H, dk, dv, chunk_size): T a multiple of the chunk, not a multiple, shorter than it.
@@ -131,6 +132,37 @@ def test_gradients_agree_across_impls(x64):
   for impl in IMPLS[1:]:
     for name, g, g_ref in zip(names, grads[impl], grads["scan"]):
       assert rel_err(g, g_ref) < 1e-9, (impl, name, rel_err(g, g_ref))
+
+
+def test_penalty_u_cotangents_equal_autodiff_float64(x64):
+  """`penalty.penalty_u_cotangents` against jax.vjp of the penalty path's definition
+  (A_t = (A0^-1 + sum_{s<=t} u_s u_s^T)^-1 by direct inversion, W_t = A_t khat_t, and A_T) for
+  random cotangents of W and A_T: du and the symmetric part of dA0."""
+  B, H, N, C, dk = 1, 2, 3, 4, 5
+  rng = np.random.default_rng(7)
+  u = jnp.asarray(rng.standard_normal((B, H, N, C, dk)) / np.sqrt(dk))
+  khat = jnp.asarray(rng.standard_normal((B, H, N, C, dk)))
+  X = rng.standard_normal((B, H, dk, dk))
+  A0 = jnp.asarray(np.linalg.inv(np.eye(dk) + X @ np.swapaxes(X, -1, -2) / dk))
+  dW = jnp.asarray(rng.standard_normal((B, H, N, C, dk)))
+  dA_T = jnp.asarray(rng.standard_normal((B, H, dk, dk)))
+
+  def path(u, A0):
+    U = u.reshape(B, H, N * C, dk)
+    M = jnp.linalg.inv(A0)[:, :, None] + jnp.cumsum(U[..., :, None] * U[..., None, :], axis=2)
+    A = jnp.linalg.inv(M)
+    W = jnp.einsum("bhtij,bhtj->bhti", A, khat.reshape(B, H, N * C, dk))
+    return W.reshape(B, H, N, C, dk), A[:, :, -1]
+
+  (W, A_T), pullback = jax.vjp(path, u, A0)
+  du_ref, dA0_ref = pullback((dW, dA_T))
+  U = u.reshape(B, H, N * C, dk)
+  M = jnp.linalg.inv(A0)[:, :, None] + jnp.cumsum(U[..., :, None] * U[..., None, :], axis=2)
+  Z = jnp.einsum("bhtij,bhtj->bhti", jnp.linalg.inv(M),
+                 dW.reshape(B, H, N * C, dk)).reshape(B, H, N, C, dk)
+  du, dA0 = penalty_u_cotangents(u, W, Z, A_T, dA_T, A0)
+  assert rel_err(du, du_ref) < 1e-12, rel_err(du, du_ref)
+  assert rel_err(dA0, 0.5 * (dA0_ref + jnp.swapaxes(dA0_ref, -1, -2))) < 1e-12, rel_err(dA0, 0.5 * (dA0_ref + jnp.swapaxes(dA0_ref, -1, -2)))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -11,7 +11,22 @@ Three forms, each returning (W [B, T, H, dk] with rows A_t khat_t, A_T [B, H, dk
     rows A_t khat_t = Khat A_c - tril(Khat Y^T) Y and A_next = A_c - Y^T Y. The inverse is
     carried through exact low-rank downdates, never re-inverted, which keeps float32
     accurate when M is ill-conditioned.
+
+Gradients. `penalty_scan` and `penalty_prefix_solve` are differentiated by plain autodiff (the
+references). `penalty_chunked` has the adjoint backward: M_t is additive in the u u^T and A_t
+is symmetric, so for cotangents dW_t of the rows and dA_T of A_T,
+
+    dkhat_t = A_t dW_t =: Z_t              (the same penalty path, run on the rows dW)
+    du_s    = -(D_s + D_s^T) u_s,          D_s = sum_{t >= s} Z_t W_t^T + A_T dA_T A_T
+    dA_0    = M_0 sym(D_0) M_0,            M_0 = A_0^-1
+
+(`penalty_u_cotangents`: the sums over t >= s chunk by chunk, like a reverse linear
+attention). A backward is one more forward pass and a few batched products; no Cholesky
+factor is differentiated. The Pallas kernels use the same formulas
+(`KernelConfig(penalty_grad="adjoint")`).
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -57,8 +72,68 @@ def penalty_prefix_solve(khat, u, A0):
   return W, _symmetrize(jnp.linalg.inv(M[:, -1]))
 
 
+def penalty_u_cotangents(U, W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST):
+  """du and dA0 of the penalty path from the rows U (penalty directions), W = A_t khat_t and
+  Z = A_t dW_t, all [B, H, N, C, dk] (chunked, zero rows where padded), A_T, dA_T, A0
+  [B, H, dk, dk]:
+
+      du_s = -(sum_{t >= s} Z_t (W_t . u_s) + W_t (Z_t . u_s)) - K u_s,
+      K = A_T (dA_T + dA_T^T) A_T,
+
+  the sum over t >= s split into the chunk of s (masked C x C products) and the later chunks
+  (reverse exclusive prefix sums of the chunks' Z^T W + W^T Z). dA0 = M_0 sym(P) M_0 with P the
+  sum over all t of Z_t W_t^T plus A_T dA_T A_T, M_0 = A0^-1; it is the gradient over symmetric
+  perturbations of A0. The per-token products at `precision`, the [dk, dk] ones at HIGHEST.
+  Returns (du [B, H, N, C, dk], dA0 [B, H, dk, dk])."""
+  mm = functools.partial(jnp.einsum, precision=precision)
+  mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+  C = U.shape[-2]
+  r = jnp.arange(C)
+  later = r[:, None] <= r[None, :]                                  # [s, t]: t >= s
+  UW = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, W), 0.0)
+  UZ = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, Z), 0.0)
+  du = -(mm("bhnst,bhnti->bhnsi", UW, Z) + mm("bhnst,bhnti->bhnsi", UZ, W))
+  ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
+  Hn = ZW + jnp.swapaxes(ZW, -1, -2)
+  after = jnp.cumsum(Hn[:, :, ::-1], axis=2)[:, :, ::-1] - Hn        # chunks after n
+  ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
+  K = ATdA + jnp.swapaxes(ATdA, -1, -2)
+  du = du - mm("bhnsj,bhnij->bhnsi", U, after + K[:, :, None])
+  M0 = _symmetrize(jnp.linalg.inv(A0))
+  P = jnp.sum(ZW, axis=2) + ATdA
+  dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
+  return du, dA0
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def penalty_chunked(khat, u, A0, chunk_size):
-  """Chunkwise Cholesky downdates of A; sequential over chunks, matmuls inside."""
+  """Chunkwise Cholesky downdates of A; sequential over chunks, matmuls inside. Its backward is
+  the adjoint one (module docstring): the same function on the rows' cotangents, and
+  `penalty_u_cotangents`. A0 enters as its symmetric part (A0 is symmetric wherever it comes
+  from; that makes the function's gradient in A0 the symmetric one the backward returns)."""
+  return _penalty_chunked(khat, u, A0, chunk_size)
+
+
+def _penalty_chunked_fwd(khat, u, A0, chunk_size):
+  W, A_T = _penalty_chunked(khat, u, A0, chunk_size)
+  return (W, A_T), (u, _symmetrize(A0), W, A_T)
+
+
+def _penalty_chunked_bwd(chunk_size, res, cts):
+  u, A0, W, A_T = res
+  dW, dA_T = cts
+  Z, _ = _penalty_chunked(dW, u, A0, chunk_size)                     # A_t dW_t
+  chunks = lambda x: to_chunks(x, chunk_size)
+  du, dA0 = penalty_u_cotangents(chunks(u), chunks(W), chunks(Z), A_T, dA_T, A0)
+  return Z, from_chunks(du, u.shape[1]), dA0
+
+
+penalty_chunked.defvjp(_penalty_chunked_fwd, _penalty_chunked_bwd)
+
+
+def _penalty_chunked(khat, u, A0, chunk_size):
+  """The forward of `penalty_chunked`."""
+  A0 = _symmetrize(A0)
   length, C = khat.shape[1], chunk_size
   eye = jnp.eye(C, dtype=khat.dtype)
 
