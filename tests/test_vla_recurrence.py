@@ -283,3 +283,18 @@ class TestValidation:
     q, k, v, u = self.args
     with pytest.raises(ValueError, match="impl must be one of"):
       jax.grad(lambda q: vla_recurrence(q, k, v, u, impl="nope")[0].sum())(q)
+
+
+def test_forward_mode_of_scan_matches_reverse_mode_of_chunked(x64):
+  """Forward mode (jax.jvp) works with impl="scan"; "chunked" (custom VJP) is reverse-mode
+  only, and its gradient projected on the tangent equals scan's directional derivative."""
+  B, T, H, dk, dv = 1, 19, 2, 4, 3
+  args = random_inputs(31, B, T, H, dk, dv) + _initial_state(32, B, H, dk, dv)
+  tangents = random_inputs(33, B, T, H, dk, dv) + _initial_state(34, B, H, dk, dv)
+  tangents = tangents[:5] + (0.5 * (tangents[5] + np.swapaxes(tangents[5], -1, -2)),)
+  _, jvp_scan = jax.jvp(_loss("scan"), args, tangents)
+  grads = jax.grad(_loss("chunked"), argnums=tuple(range(6)))(*args)   # chunks of 16: two
+  projected = sum(jnp.vdot(g, t) for g, t in zip(grads, tangents))
+  assert rel_err(projected, jvp_scan) < 1e-9, (projected, jvp_scan)
+  with pytest.raises(TypeError, match="custom_vjp"):
+    jax.jvp(_loss("chunked"), args, tangents)

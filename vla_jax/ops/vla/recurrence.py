@@ -62,6 +62,11 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
 
+  Differentiation: every impl supports reverse mode (`jax.grad`, `jax.vjp`). "chunked" and
+  "pallas" define their own backward (`jax.custom_vjp`), so forward mode (`jax.jvp`,
+  `jax.jacfwd`) with respect to k, u or the initial A needs impl="scan" or
+  "associative_scan".
+
   Returns:
     o: [B, T, H, dv] in v's dtype, and the final `VLAState`. Arithmetic and the state are in
     float32, or float64 when any input is float64 (x64 mode).
