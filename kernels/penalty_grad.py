@@ -156,6 +156,13 @@ def _scan_bwd(config, res, cts):
   return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, (khat, u, A_c), cts)
 
 
+def _segment_rows(x, acc, length):
+  """Chunked rows [B, H, N, C, dk] as the scan kernels read them: [B * H, length, dk] in acc,
+  zero-padded from N * C to the segments' whole `length` (zero rows are exact padding)."""
+  B, H, N, C, dk = x.shape
+  return jnp.pad(x.astype(acc).reshape(B * H, N * C, dk), [(0, 0), (0, length - N * C), (0, 0)])
+
+
 def _scan_adjoint_bwd(config, res, cts):
   """The backward of penalty_grad="adjoint": a second forward scan and products.
 
@@ -181,8 +188,7 @@ def _scan_adjoint_bwd(config, res, cts):
   # inverses the forward's segments started from.
   warps = forward_scan_warps(config, dk)
   S, L = segment_layout(config, BH, N, warps)
-  rows = lambda x: jnp.pad(x.astype(acc).reshape(BH, T_pad, dk),
-                           [(0, 0), (0, S * L - T_pad), (0, 0)])
+  rows = lambda x: _segment_rows(x, acc, S * L)
   fprec = _factor_precision(config.reverse_factor_dot, acc, config.interpret)
   Z = penalty_scan(A_start, rows(dW), rows(u), block=config.scan_block, factor_precision=fprec,
                    num_warps=warps, normalize=False, interpret=config.interpret)[0]
@@ -204,8 +210,7 @@ def _scan_kernel_bwd(config, res, cts):
   T_pad = N * C
   r = config.residual_stride                 # tokens between the saved inverses A_c
   n, N_r = L // r, T_pad // r
-  rows = lambda x: jnp.pad(x.astype(acc).reshape(B * H, T_pad, dk),
-                           [(0, 0), (0, S * L - T_pad), (0, 0)])
+  rows = lambda x: _segment_rows(x, acc, S * L)
   # Padded stretches (zero rows) leave A and its cotangent unchanged: any SPD start will do.
   eye = jnp.broadcast_to(jnp.eye(dk, dtype=acc), (B * H, S * n - N_r, dk, dk))
   A_s = jnp.concatenate([A_c.reshape(B * H, N_r, dk, dk), eye], axis=1)
