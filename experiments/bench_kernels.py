@@ -89,11 +89,13 @@ def make_inputs(B, T, seed=0, d=D):
   return q, k, v, u
 
 
-def vla_fns(impl, cfg, B, T):
-  A0 = jnp.broadcast_to(jnp.eye(D, dtype=jnp.float32), (B, H, D, D))
-  S0 = jnp.zeros((B, H, D, D), jnp.float32)
+def vla_fns(impl, cfg, B, T, d=D, interpret=None):
+  """jit(forward o) and jit(gradient of sum(o) w.r.t. q, k, v, u) of `impl` at head dim d
+  (pallas: `vla_pallas` with `cfg`, and `interpret` as it takes it)."""
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  S0 = jnp.zeros((B, H, d, d), jnp.float32)
   if impl == "pallas":
-    fwd = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg)[0]
+    fwd = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
   else:
     fwd = lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=cfg.chunk_size)[0]
   loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))

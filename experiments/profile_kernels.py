@@ -32,11 +32,10 @@ import time
 import warnings
 
 import jax
-import jax.numpy as jnp
 
-from bench_kernels import H, TOKENS, make_inputs
+from bench_kernels import TOKENS, make_inputs, vla_fns
 from timing import Rows
-from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.kernels import KernelConfig
 
 warnings.filterwarnings("ignore", "The Pallas Triton backend", DeprecationWarning)
 
@@ -137,15 +136,6 @@ def parse_config(text):
   return out
 
 
-def pallas_fns(B, d, config, interpret=False):
-  """jit(forward o) and jit(gradient of sum(o) w.r.t. q, k, v, u) of `vla_pallas`."""
-  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
-  S0 = jnp.zeros((B, H, d, d), jnp.float32)
-  fwd = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=config, interpret=interpret)[0]
-  loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))
-  return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(4)))
-
-
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=".")
@@ -168,7 +158,7 @@ def main(argv=None):
     for T in map(int, args.Ts.split(",")):
       B = max(1, args.tokens // T)
       xs = make_inputs(B, T, d=d)
-      fwd, grad = pallas_fns(B, d, config, interpret=args.interpret)
+      fwd, grad = vla_fns("pallas", config, B, T, d=d, interpret=args.interpret or None)
       for call, fn in (("forward", fwd), ("gradient", grad)):
         for _ in range(2):
           jax.block_until_ready(fn(*xs))
