@@ -8,8 +8,9 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
 
     python experiments/check_kernels_gpu.py [--out DIR] [--max_T 16384] [--long_T 131072]
         [--min_T 0] [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver doubling]
-        [--penalty_grad auto,autodiff,chunk,scan] [--segment_chunks auto,100000]
+        [--penalty_grad auto,autodiff,chunk,scan,adjoint] [--segment_chunks auto,100000]
         [--state_prep_dot auto] [--factor_dtype auto] [--input_layout auto]
+        [--local_vjp_dot auto] [--grad_stride auto] [--state_bwd auto]
 
 --factor_dtype and --input_layout change only the inference forward (o, S_T, A_T); the
 gradients come from the differentiated forward, which keeps float32 factors and the transposed
@@ -41,7 +42,8 @@ SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
                 ("factor_dtype", "store", "inference forward, prep=scan"),
                 ("input_layout", "layout", "inference forward, prep=scan"),
                 ("local_vjp_dot", "lvjp", "gradient, state_local_vjp=products"),
-                ("grad_stride", "stride", "gradient, reverse penalty kernel; auto: chunk_size"))
+                ("grad_stride", "stride", "gradient, reverse penalty kernel; auto: chunk_size"),
+                ("state_bwd", "sbwd", "gradient, state path's reverse pass"))
 INT_OPTIONS = ("grad_stride",)   # "auto" stands for None, else an integer
 
 
@@ -153,7 +155,8 @@ def main():
   parser.add_argument("--prep", default="scan", help="comma list of KernelConfig.prep")
   parser.add_argument("--prep_dot", default="auto", help="KernelConfig.prep_dot")
   parser.add_argument("--penalty_grad", default="auto",
-                      help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, scan)")
+                      help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, scan, "
+                           "adjoint)")
   parser.add_argument("--dtypes", default="float32,bfloat16",
                       help="comma list: the input dtypes whose cases run")
   parser.add_argument("--segment_chunks", default="auto",

@@ -56,7 +56,7 @@ STATE_OUTPUTS = ("auto", "fused", "split")
 # programs than this (an H200 has 132 SMs; measured, d = 64: split 1.88 against 2.43 ms at
 # 32 programs, fused 1.20 against 1.27 ms at 256).
 SPLIT_OUTPUT_BELOW = 132
-STATE_BWDS = ("fused", "split")
+STATE_BWDS = ("auto", "fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel", "products")
 LOCAL_VJP_DOTS = ("auto", "bf16")
 GRAD_PREPS = ("xla", "kernel")
@@ -152,8 +152,8 @@ class KernelConfig:
       programs (two 4-warp programs per H200 SM; one 8-warp dk = 128 program, which holds the
       whole register file: d = 128, T = 4096, B = 8 forward 7.38 -> 6.36 ms with 1 segment
       instead of 2).
-    penalty_grad: how gradients flow through the penalty path: "auto" (default: "scan" with
-      prep="scan", else "autodiff"; `penalty_backward` is the resolved value), "autodiff"
+    penalty_grad: how gradients flow through the penalty path: "auto" (default: "adjoint"
+      with prep="scan", else "autodiff"; `penalty_backward` is the resolved value), "autodiff"
       (plain autodiff of `penalty.penalty_parallel`, which differentiates every chunk-start
       inverse)
       or "chunk" (`penalty_grad.py`: the chunk-start inverses' cotangents by a reverse
@@ -168,14 +168,15 @@ class KernelConfig:
       the A-cotangent carried back through the blocks; segment-start inverses differentiated
       in XLA). Same gradients as "chunk". H200, d = 64, T = 4096, doubling solver:
       forward+backward 16.9 ms ("scan", unrolled block walk; 13.9 with the default loop),
-      18.8 ("chunk"), 18.7 ("autodiff"). "adjoint" (prep="scan" only; not yet timed): the
+      18.8 ("chunk"), 18.7 ("autodiff"). "adjoint" (prep="scan" only): the
       same forward kernel; the backward needs no reverse walk: since A_t = M_t^-1 with M_t
       additive in the u u^T, dkhat_t = A_t dW_t is the penalty scan run again on the rows
       dW, and du, dA0 follow from reverse prefix sums of Z_t W_t^T (linear-attention-shaped
       products; `penalty_grad._scan_adjoint_bwd`). Its differentiated forward is the
       inference path's scan (layout by `scan_warps`, not `grad_scan_warps`; segment-start
       inverses by `segment_inverse`), writing unnormalised rows and no chunk-start inverses.
-      Same gradients.
+      Same gradients. H200, bf16, H = 16, gradient device time (kernels/NOTES.md): d = 64,
+      T = 4096, B = 8: 5.84 ms against 7.39 with "scan"; d = 128: 16.7 against 19.8 ms.
     scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan", or "auto" with
       prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
       (default) loops over them, each block's start recomputed from the chunk start (more
@@ -200,12 +201,15 @@ class KernelConfig:
       programs, i.e. fewer than an H200's SMs; `output_form` resolves it). Same function.
       H200, H = 16, d = 64, bf16: state path 1.88 ms split against 2.43 fused at T = 32768,
       B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs).
-    state_bwd: how the state path's reverse pass runs: "fused" (default: one sequential loop
+    state_bwd: how the state path's reverse pass runs: "auto" (default: "split" below
+      SPLIT_OUTPUT_BELOW programs of the loop, as state_output; `backward_form`), "fused" (one
+      sequential loop
       over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
       (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
       `vla_state_bwd_terms`; then a loop with the chain dS <- dS - (dS Ahat^T) W' + G_n alone,
       `vla_state_bwd_chain`). Same function. H200, d = 64, T = 4096: the reverse pass 0.72 ms
-      against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms).
+      against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms); T = 32768,
+      B = 1 (32 programs): 1.13 ms (terms 0.17 + chain 0.96) against 1.96 fused.
     state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
       e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
       "products" (default: the VJP written out as 14 batched XLA products over all chunks,
@@ -219,11 +223,13 @@ class KernelConfig:
       forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel");
       the whole call 10.8 against 11.8 ms (kernels/NOTES.md).
     local_vjp_dot: the operands of `_local_vjp_products` (state_local_vjp="products"):
-      "auto" (default: `precision`, float32 operands: TF32 at DEFAULT on a GPU) or "bf16"
+      "auto" (default: "bf16" for bfloat16 inputs (`for_inputs`), else `precision`, float32
+      operands: TF32 at DEFAULT on a GPU) or "bf16"
       (operands rounded to bfloat16, float32 accumulation: half the bytes read by the 14
       memory-bound products; at T = 4096, B = 8, d = 64 they move ~5.6 GB, 1.5 ms on an
       H200). Float32 inputs, T = 70, d = 32, against float64: gradient errors 3-4.5e-3
-      instead of ~5e-7. Not yet timed.
+      instead of ~5e-7. H200, H = 16, d = 64, T = 4096, B = 8, bf16, with penalty_grad=
+      "adjoint": gradient device time 5.65 against 5.84 ms.
     grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
       under differentiation (`state_path`, and `vla_pallas`'s gradient): "kernel" (default:
       the `split_prep.state_prep` kernel that the prep="scan" / "split" forward already runs;
@@ -300,7 +306,7 @@ class KernelConfig:
   scan_bwd_unroll: bool = False
   grad_stride: int | None = None
   state_output: str = "auto"
-  state_bwd: str = "fused"
+  state_bwd: str = "auto"
   state_local_vjp: str = "products"
   local_vjp_dot: str = "auto"
   grad_prep: str = "kernel"
@@ -413,7 +419,8 @@ class KernelConfig:
     u). When they are all bfloat16, with prep="scan" and precision=DEFAULT, the products
     round to the inputs' own precision and the inference forward takes its bandwidth options:
     prep_dot and state_prep_dot "bf16", factor_dtype "bfloat16", input_layout "direct" (each
-    only where it is "auto"; H200, d = 64, T = 4096: forward 2.12 -> 1.61 ms, kernels/NOTES.md).
+    only where it is "auto"; H200, d = 64, T = 4096: forward 2.12 -> 1.61 ms, kernels/NOTES.md)
+    and the gradient local_vjp_dot "bf16" (with state_local_vjp="products")).
     Otherwise they are left for `factor_dot`, `state_factor_dot`, `factor_store` and
     `direct_inputs`, which resolve "auto" to the float32 choices."""
     if (self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
@@ -422,7 +429,9 @@ class KernelConfig:
       return dataclasses.replace(
           self, prep_dot=pick("prep_dot", "bf16"), state_prep_dot=pick("state_prep_dot", "bf16"),
           factor_dtype=pick("factor_dtype", "bfloat16"),
-          input_layout=pick("input_layout", "direct"))
+          input_layout=pick("input_layout", "direct"),
+          local_vjp_dot=(pick("local_vjp_dot", "bf16") if self.state_local_vjp == "products"
+                         else self.local_vjp_dot))
     return self
 
   @property
@@ -468,9 +477,9 @@ class KernelConfig:
 
   @property
   def penalty_backward(self):
-    """penalty_grad with "auto" resolved: "scan" for prep="scan", else "autodiff"."""
+    """penalty_grad with "auto" resolved: "adjoint" for prep="scan", else "autodiff"."""
     if self.penalty_grad == "auto":
-      return "scan" if self.prep == "scan" else "autodiff"
+      return "adjoint" if self.prep == "scan" else "autodiff"
     return self.penalty_grad
 
   @property
@@ -486,6 +495,13 @@ class KernelConfig:
     """state_output with "auto" resolved for B * H = BH sequences of value dim dv."""
     if self.state_output != "auto":
       return self.state_output
+    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_OUTPUT_BELOW else "fused"
+
+  def backward_form(self, BH, dv):
+    """state_bwd with "auto" resolved for B * H = BH sequences of value dim dv: the same rule
+    as `output_form` (split below SPLIT_OUTPUT_BELOW programs of the sequential loop)."""
+    if self.state_bwd != "auto":
+      return self.state_bwd
     return "split" if BH * (dv // self.value_block(dv)) < SPLIT_OUTPUT_BELOW else "fused"
 
   def value_block(self, dv):
@@ -738,7 +754,7 @@ def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):
   """Reverse pass. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
   dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk].
   cfg.state_bwd="split": the per-chunk terms in a parallel kernel, then the chain alone."""
-  if cfg.state_bwd == "split":
+  if cfg.backward_form(q.shape[0], dO.shape[-1]) == "split":
     return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P), dS_T)
   BH, NC, dk = q.shape
   dv, C = dO.shape[-1], cfg.chunk_size

@@ -250,15 +250,18 @@ class TestGpuLowering:
             jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
     lowered = lower_for_h200(jax.grad(loss, argnums=range(4)), *args)
     text = lowered.as_text()
-    # The default config's gradient: the penalty scan and its reverse kernel, the state path's
-    # chunk factors (grad_prep="kernel"), forward (at these few programs, state_output="auto"
-    # is the chain + output pair) and reverse kernels, each once.
-    assert cfg.output_form(B * H, dv) == "split"
-    forward = ("vla_state_chain", "vla_state_out")
-    assert text.count("__gpu$xla.gpu.triton") == 6
-    for name in ("vla_penalty_scan", "vla_penalty_scan_bwd", "vla_state_prep",
-                 "vla_state_bwd") + forward:
-      assert text.count(f'name = "{name}"') == 1, name
+    # The default config's gradient (penalty_grad="adjoint"): the penalty scan twice (the
+    # forward, then on the rows' cotangents) with its segment-start and A0 inverses
+    # (segment_inverse="auto" is the kernel at dk <= 64), the state path's chunk factors
+    # (grad_prep="kernel"), and at these few programs (state_output and state_bwd "auto") the
+    # chain + output pair forward and the terms + chain reverse.
+    assert cfg.output_form(B * H, dv) == "split" and cfg.backward_form(B * H, dv) == "split"
+    assert text.count("__gpu$xla.gpu.triton") == 9
+    counts = {"vla_penalty_scan": 2, "vla_spd_inverse": 2, "vla_penalty_scan_bwd": 0,
+              "vla_state_prep": 1, "vla_state_chain": 1, "vla_state_out": 1,
+              "vla_state_bwd_terms": 1, "vla_state_bwd_chain": 1, "vla_state_bwd": 0}
+    for name, n in counts.items():
+      assert text.count(f'name = "{name}"') == n, name
 
   def test_state_output_auto(self):
     cfg = KernelConfig()
@@ -267,3 +270,13 @@ class TestGpuLowering:
     assert cfg.output_form(64, 128) == "fused"      # 64 x 4 value blocks of 32
     assert KernelConfig(state_output="fused").output_form(16, 64) == "fused"
     assert KernelConfig(state_output="split").output_form(128, 64) == "split"
+
+  def test_state_bwd_auto(self):
+    """state_bwd="auto" (the default) follows state_output's rule: split below 132 programs."""
+    cfg = KernelConfig()
+    assert cfg.state_bwd == "auto"
+    assert cfg.backward_form(128, 64) == "fused"
+    assert cfg.backward_form(16, 64) == "split"
+    assert cfg.backward_form(64, 128) == "fused"
+    assert KernelConfig(state_bwd="fused").backward_form(16, 64) == "fused"
+    assert KernelConfig(state_bwd="split").backward_form(128, 64) == "split"

@@ -64,7 +64,7 @@ def test_bad_penalty_grad_raises():
 
 def test_gradient_lowers_for_h200():
   lines = _lowered_grad_lines(KernelConfig(chunk_size=64, prep="xla", penalty_grad="chunk",
-                                               state_output="fused"), T=100)
+                                               state_output="fused", state_bwd="fused"), T=100)
   assert any("vla_state_fwd" in l for l in lines) and any("vla_state_bwd" in l for l in lines)
 
 

@@ -258,7 +258,7 @@ def test_reverse_dot_reaches_the_reverse_kernel(monkeypatch):
   args = (spec(1, 128, 2, 64),) * 4 + (spec(1, 2, 64, 64, dt=jnp.float32),) * 2
   presets = jax.lax.DotAlgorithmPreset
   for reverse, want in (("tf32", presets.TF32_TF32_F32), ("auto", presets.BF16_BF16_F32)):
-    cfg = KernelConfig(reverse_dot=reverse)
+    cfg = KernelConfig(reverse_dot=reverse, penalty_grad="scan")
     assert cfg.for_inputs(*args[:4]).reverse_factor_dot == ("tf32" if reverse == "tf32"
                                                            else "bf16")
     grad = jax.grad(lambda *a: jnp.sum(vla_pallas(*a, config=cfg, interpret=False)[0]
@@ -286,7 +286,8 @@ def test_bfloat16_inputs_resolve_auto_options():
   got = KernelConfig().for_inputs(bf, bf, bf, bf)
   assert (got.factor_dot, got.state_factor_dot, got.factor_dtype, got.direct_inputs) == (
       "bf16", "bf16", "bfloat16", True)
-  assert got.factor_store(jnp.float32) == jnp.bfloat16
+  assert got.factor_store(jnp.float32) == jnp.bfloat16 and got.local_vjp_dot == "bf16"
+  assert KernelConfig(state_local_vjp="xla").for_inputs(bf, bf, bf, bf).local_vjp_dot == "auto"
   kept = KernelConfig(state_prep_dot="tf32", factor_dtype="float32",
                       input_layout="transposed").for_inputs(bf, bf, bf, bf)
   assert (kept.factor_dot, kept.state_factor_dot, kept.factor_dtype, kept.direct_inputs) == (
@@ -296,17 +297,21 @@ def test_bfloat16_inputs_resolve_auto_options():
               KernelConfig(precision=jax.lax.Precision.HIGHEST).for_inputs(bf, bf, bf, bf)):
     assert not cfg.direct_inputs and cfg.factor_store(jnp.float32) == jnp.float32
     assert cfg.factor_dot in ("tf32", "tf32x3") and cfg.state_factor_dot == cfg.factor_dot
+    assert cfg.local_vjp_dot == "auto"
 
 
 @pytest.mark.parametrize("shape", [(1, 100, 2, 64, 64, 64), (1, 64, 1, 128, 128, 64)],
                          ids=shape_id)
 def test_bf16_products_lower_for_h200(shape):
-  """Forward and gradient with bfloat16 penalty products build Triton IR for an H200."""
-  for grad in (False, True):
-    text = _lower(shape, jnp.bfloat16, "bf16", grad=grad, prep="scan")
-    assert "vla_penalty_scan" in text
-    if grad:
-      assert "vla_penalty_scan_bwd" in text
+  """Forward and gradient with bfloat16 penalty products build Triton IR for an H200: the
+  gradient with the adjoint backward (the default: a second penalty scan) and with the
+  reverse penalty kernel."""
+  text = _lower(shape, jnp.bfloat16, "bf16", grad=False, prep="scan")
+  assert text.count('name = "vla_penalty_scan"') == 1
+  for backward, scans, reverse in (("adjoint", 2, 0), ("scan", 1, 1)):
+    text = _lower(shape, jnp.bfloat16, "bf16", grad=True, prep="scan", penalty_grad=backward)
+    assert text.count('name = "vla_penalty_scan"') == scans, backward
+    assert text.count('name = "vla_penalty_scan_bwd"') == reverse, backward
 
 
 def test_bf16_state_prep_within_bf16_bound():

@@ -132,7 +132,7 @@ def test_scan_bwd_unroll_reaches_kernel(monkeypatch, unroll):
     return penalty_scan_bwd(*args, **kwargs)
 
   monkeypatch.setattr(penalty_grad, "penalty_scan_bwd", spy)
-  lines = _lowered_grad_lines(KernelConfig(scan_bwd_unroll=unroll), T=128)
+  lines = _lowered_grad_lines(KernelConfig(scan_bwd_unroll=unroll, penalty_grad="scan"), T=128)
   assert seen == [unroll]
   assert sum('name = "vla_penalty_scan_bwd"' in l for l in lines) == 1
 
@@ -145,10 +145,10 @@ def test_scan_grad_needs_scan_prep(prep):
 
 
 def test_auto_penalty_grad_resolves_by_prep():
-  """The default penalty_grad="auto" is the reverse kernel with prep="scan" (the default prep)
-  and plain autodiff with the other preps, which then validate."""
+  """The default penalty_grad="auto" is the adjoint backward with prep="scan" (the default
+  prep) and plain autodiff with the other preps, which then validate."""
   assert KernelConfig().penalty_grad == "auto"
-  assert KernelConfig().penalty_backward == "scan"
+  assert KernelConfig().penalty_backward == "adjoint"
   for prep in ("xla", "kernel", "split"):
     cfg = KernelConfig(prep=prep)
     cfg.validate(64, 64)
@@ -162,7 +162,7 @@ def test_gradient_lowers_for_h200():
   """dk = C = 64, T = 300 (5 chunks), 2 chunks per segment (3 segments): the differentiated
   program holds the forward scan and the reverse kernel, each once."""
   cfg = KernelConfig(chunk_size=64, prep="scan", penalty_grad="scan", segment_chunks=2,
-                     state_output="fused")
+                     state_output="fused", state_bwd="fused")
   lines = _lowered_grad_lines(cfg, T=300)
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_penalty_scan") == 1 and count("vla_penalty_scan_bwd") == 1
@@ -248,7 +248,8 @@ def test_default_grad_scan_warps_follow_the_products():
   assert grad_scan_warps(KernelConfig(grad_scan_warps=2).for_inputs(bf16, bf16, bf16, bf16),
                          64) == 2
   warps = {}
-  for line in _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=300):
+  for line in _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2,
+                                                penalty_grad="scan"), T=300):
     for name in ("vla_penalty_scan", "vla_penalty_scan_bwd"):
       if f'name = "{name}"' in line:
         warps[name] = re.findall(r"num_warps = (\d+)", line)
@@ -273,15 +274,15 @@ def test_grad_stride_validation_and_resolution():
       KernelConfig(chunk_size=64, grad_stride=bad).validate(16, 16)
   KernelConfig(chunk_size=64, grad_stride=32).validate(16, 16)
   assert KernelConfig(chunk_size=64).residual_stride == 64
-  assert KernelConfig(chunk_size=64, grad_stride=16).residual_stride == 16
+  assert KernelConfig(chunk_size=64, grad_stride=16, penalty_grad="scan").residual_stride == 16
   assert KernelConfig(chunk_size=64, grad_stride=16, penalty_grad="chunk").residual_stride == 64
 
 
 def test_grad_stride_lowers_for_h200():
   """grad_stride=16 at C = 64, dk = 64: the gradient lowers for an H200 with one penalty scan
   forward and one reverse kernel (each stretch one block)."""
-  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, grad_stride=16),
-                              T=300)
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, grad_stride=16,
+                                           penalty_grad="scan"), T=300)
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_penalty_scan") == 1 and count("vla_penalty_scan_bwd") == 1
 

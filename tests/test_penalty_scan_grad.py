@@ -68,7 +68,7 @@ def test_gradient_lowers_for_h200(segment_chunks, block, prefetch):
   B, T, H, dk, C = 1, 300, 2, 64, 64
   cfg = KernelConfig(chunk_size=C, prep="scan", penalty_grad="chunk",
                      segment_chunks=segment_chunks, scan_block=block, scan_prefetch=prefetch,
-                     state_output="fused")
+                     state_output="fused", state_bwd="fused")
   lines = _lowered_grad_lines(cfg, T=T, B=B, H=H, dk=dk, dv=dk)
   text = "\n".join(lines)
   scan_calls = [l for l in lines if 'name = "vla_penalty_scan"' in l]
