@@ -271,7 +271,13 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                # (grad_scan_warps default), cuDNN and fla, one run. (v, the same at d = 128,
                # where nothing changed, is kept as a raw file only: its fla rows beyond
                # T = 256 were cut by the run's budget.)
-               "bench_h200_2026-11-30u.jsonl")
+               "bench_h200_2026-11-30u.jsonl",
+               # 2026-12-01 / 12-01b: d = 64 / 128 pallas at the adjoint penalty backward
+               # (penalty_grad default), split state reverse pass below 132 programs and
+               # bfloat16 local-VJP products for bfloat16 inputs, with cuDNN and fla, one run
+               # each; `ms` the median of back-to-back rounds (measure.time_jax). At d = 128
+               # the run's budget cut fla beyond T = 256: those rows stay run s's.
+               "bench_h200_2026-12-01.jsonl", "bench_h200_2026-12-01b.jsonl")
 
 
 def kernel_claim_row(results_dir):
