@@ -270,13 +270,18 @@ class TestGpuLowering:
     assert cfg.output_form(64, 128) == "fused"      # 64 x 4 value blocks of 32
     assert KernelConfig(state_output="fused").output_form(16, 64) == "fused"
     assert KernelConfig(state_output="split").output_form(128, 64) == "split"
+    # The differentiated forward splits below 512 programs.
+    assert cfg.output_form(128, 64, grad=True) == "split"
+    assert cfg.output_form(256, 64, grad=True) == "fused"
+    assert KernelConfig(state_output="fused").output_form(16, 64, grad=True) == "fused"
 
   def test_state_bwd_auto(self):
-    """state_bwd="auto" (the default) follows state_output's rule: split below 132 programs."""
+    """state_bwd="auto" (the default): split below 512 programs of the reverse loop."""
     cfg = KernelConfig()
     assert cfg.state_bwd == "auto"
-    assert cfg.backward_form(128, 64) == "fused"
+    assert cfg.backward_form(128, 64) == "split"      # T = 4096, B = 8, H = 16: 256 programs
     assert cfg.backward_form(16, 64) == "split"
-    assert cfg.backward_form(64, 128) == "fused"
+    assert cfg.backward_form(256, 64) == "fused"      # T = 2048, B = 16: 512 programs
+    assert cfg.backward_form(128, 128) == "fused"
     assert KernelConfig(state_bwd="fused").backward_form(16, 64) == "fused"
     assert KernelConfig(state_bwd="split").backward_form(128, 64) == "split"
