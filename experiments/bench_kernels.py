@@ -90,16 +90,20 @@ def make_inputs(B, T, seed=0, d=D):
 
 
 def vla_fns(impl, cfg, B, T, d=D, interpret=None):
-  """jit(forward o) and jit(gradient of sum(o) w.r.t. q, k, v, u) of `impl` at head dim d
-  (pallas: `vla_pallas` with `cfg`, and `interpret` as it takes it)."""
+  """jit(forward o) and jit((o, the gradient of sum(o) w.r.t. q, k, v, u)) of `impl` at head
+  dim d (pallas: `vla_pallas` with `cfg`, and `interpret` as it takes it). The second returns
+  o too, as training needs it: a gradient alone lets XLA drop the forward work that only o
+  needs."""
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   S0 = jnp.zeros((B, H, d, d), jnp.float32)
   if impl == "pallas":
     fwd = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
   else:
     fwd = lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=cfg.chunk_size)[0]
-  loss = lambda *a: jnp.sum(fwd(*a).astype(jnp.float32))
-  return jax.jit(fwd), jax.jit(jax.grad(loss, argnums=range(4)))
+  def fwd_bwd(*a):
+    o, pullback = jax.vjp(fwd, *a)
+    return o, pullback(jnp.ones_like(o))
+  return jax.jit(fwd), jax.jit(fwd_bwd)
 
 
 def part_fns(part, cfg, q, k, v, u, stage="all"):

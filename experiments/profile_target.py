@@ -28,7 +28,7 @@ def main(argv=None):
   q, k, v, u = make_inputs(B, args.T)
   fwd, grad = vla_fns("pallas", KernelConfig(), B, args.T)
   out = jax.block_until_ready(fwd(q, k, v, u))
-  grads = jax.block_until_ready(grad(q, k, v, u))
+  _, grads = jax.block_until_ready(grad(q, k, v, u))
   print(f"B = {B}, T = {args.T}: o {out.shape}, {len(grads)} gradients")
   return out, grads
 

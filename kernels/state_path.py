@@ -56,11 +56,11 @@ STATE_OUTPUTS = ("auto", "fused", "split")
 # programs than this (an H200 has 132 SMs; measured, d = 64: split 1.88 against 2.43 ms at
 # 32 programs, fused 1.20 against 1.27 ms at 256).
 SPLIT_OUTPUT_BELOW = 132
-# Under differentiation (the differentiated forward's state_output and state_bwd, "auto") the
-# split forms win at more programs: H200, d = 64, bf16, gradient device time 5.45 ms split
-# against 5.66 fused at 256 programs (T = 4096, B = 8), 6.07 against 6.77 at 64 (T = 16384,
-# B = 2). Not measured at 512 or more (T <= 2048 at 32k tokens), which stay fused.
-SPLIT_GRAD_BELOW = 512
+# state_bwd="auto": the split reverse pass (per-chunk terms, then the chain) below this many
+# programs. H200, d = 64, bf16, the reverse pass's device time: 0.37 ms split against 0.40 fused
+# at 256 programs (T = 4096, B = 8); 1.13 against 1.96 at 32 (T = 32768, B = 1). Not measured
+# at 512 or more (T <= 2048 at 32k tokens), which stay fused.
+SPLIT_BWD_BELOW = 512
 STATE_BWDS = ("auto", "fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel", "products")
 LOCAL_VJP_DOTS = ("auto", "bf16")
@@ -205,11 +205,9 @@ class KernelConfig:
       or "auto" (default: "split" when the loop's grid B * H * dv / BV has fewer than 132
       programs, i.e. fewer than an H200's SMs; `output_form` resolves it). Same function.
       H200, H = 16, d = 64, bf16: state path 1.88 ms split against 2.43 fused at T = 32768,
-      B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs). Under
-      differentiation "auto" splits below SPLIT_GRAD_BELOW = 512 programs instead (the
-      gradient 5.45 ms split against 5.66 fused at 256 programs).
+      B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs).
     state_bwd: how the state path's reverse pass runs: "auto" (default: "split" below
-      SPLIT_GRAD_BELOW = 512 programs of the loop; `backward_form`), "fused" (one
+      SPLIT_BWD_BELOW = 512 programs of the loop; `backward_form`), "fused" (one
       sequential loop
       over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
       (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
@@ -498,21 +496,18 @@ class KernelConfig:
       return self.grad_stride
     return self.chunk_size
 
-  def output_form(self, BH, dv, grad=False):
-    """state_output with "auto" resolved for B * H = BH sequences of value dim dv: "split"
-    below SPLIT_OUTPUT_BELOW programs of the sequential loop, or (grad=True, the
-    differentiated forward) below SPLIT_GRAD_BELOW."""
+  def output_form(self, BH, dv):
+    """state_output with "auto" resolved for B * H = BH sequences of value dim dv."""
     if self.state_output != "auto":
       return self.state_output
-    below = SPLIT_GRAD_BELOW if grad else SPLIT_OUTPUT_BELOW
-    return "split" if BH * (dv // self.value_block(dv)) < below else "fused"
+    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_OUTPUT_BELOW else "fused"
 
   def backward_form(self, BH, dv):
     """state_bwd with "auto" resolved for B * H = BH sequences of value dim dv: "split" below
-    SPLIT_GRAD_BELOW programs of the sequential loop."""
+    SPLIT_BWD_BELOW programs of the sequential loop."""
     if self.state_bwd != "auto":
       return self.state_bwd
-    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_GRAD_BELOW else "fused"
+    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_BWD_BELOW else "fused"
 
   def value_block(self, dv):
     # 32 by default: at B = 1 it doubles the programs of the sequential pass (measured 15%
@@ -683,16 +678,15 @@ def _params(cfg):
   return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype, heads=None, grad=False):
+def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype, heads=None):
   """Sequential pass. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
   S0: [BH, dv, dk]. Returns O [BH, N*C, dv] (out_dtype), S_T [BH, dv, dk] and the
   chunk-start states [BH, N, dv, dk] (accumulation dtype). When `cfg.output_form` is "split"
   the state chain and the outputs run as two kernels (`_state_chain`, `_state_outputs`).
   heads: None, or H when q is the caller's token-major [B, >= N*C, H, dk] (read in place); O is
-  then written token-major too, [B, N*C, H, dv]. grad: the differentiated forward (which
-  resolves state_output="auto" by its own threshold, `KernelConfig.output_form`)."""
+  then written token-major too, [B, N*C, H, dv]."""
   BH, NC, dk = w.shape
-  if cfg.output_form(BH, Up.shape[-1], grad) == "split":
+  if cfg.output_form(BH, Up.shape[-1]) == "split":
     S_T, S_c = _state_chain(cfg, w, Up, Wp, S0)
     return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads), S_T, S_c
   dv, C = Up.shape[-1], cfg.chunk_size
@@ -895,7 +889,7 @@ def _state_path(cfg, q, e, w, v, S0):
 def _state_path_fwd(cfg, q, e, w, v, S0):
   products = cfg.state_local_vjp == "products"
   Up, Wp, P, *Tinv = _prepare(cfg, q, e, w, v, with_inverse=products)
-  O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype, grad=True)
+  O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
   return (O, S_T), (q, e, w, v, S0, Wp, P, S_c, Tinv[0] if products else None)
 
 

@@ -5,6 +5,9 @@ import os
 import subprocess
 import sys
 
+import chex
+import jax
+import jax.numpy as jnp
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,3 +158,17 @@ def test_later_skipped_row_keeps_earlier_measurement(tmp_path):
   text = "\n".join(report.row_sources(data))
   assert "`first.jsonl`: 1" in text and "`second.jsonl`: 1" in text
   assert "more than one run" in text
+
+
+def test_backward_rows_return_the_output_and_its_pullback():
+  """A fwd+bwd row returns the forward's output (so that no forward work can be dropped) and
+  the cotangent pulled back to every input: equal to the gradient of sum(o * cot)."""
+  jax_rows = pytest.importorskip("jax_rows")
+  fn = jax_rows.function("linear_attention", "chunked", "fwd+bwd", 16)
+  *xs, cot = jax_rows.input_sets("linear_attention", 1, 32, 2, 16, jnp.float32, 1, True)[0]
+  o, grads = jax.jit(fn)(*xs, cot)
+  fwd = jax_rows.forward("linear_attention", "chunked", 16)
+  chex.assert_trees_all_close(o, fwd(*xs), rtol=1e-6)
+  want = jax.grad(lambda *a: jnp.sum(fwd(*a) * cot), argnums=(0, 1, 2))(*xs)
+  chex.assert_trees_all_close(grads, want, rtol=1e-5, atol=1e-6)
+  assert len(grads) == 3

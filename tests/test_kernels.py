@@ -270,10 +270,6 @@ class TestGpuLowering:
     assert cfg.output_form(64, 128) == "fused"      # 64 x 4 value blocks of 32
     assert KernelConfig(state_output="fused").output_form(16, 64) == "fused"
     assert KernelConfig(state_output="split").output_form(128, 64) == "split"
-    # The differentiated forward splits below 512 programs.
-    assert cfg.output_form(128, 64, grad=True) == "split"
-    assert cfg.output_form(256, 64, grad=True) == "fused"
-    assert KernelConfig(state_output="fused").output_form(16, 64, grad=True) == "fused"
 
   def test_state_bwd_auto(self):
     """state_bwd="auto" (the default): split below 512 programs of the reverse loop."""

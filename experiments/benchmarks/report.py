@@ -407,7 +407,17 @@ def why_section(data, tokens=32768):
           "the gradient keeps it busy 8.2 ms: Pallas kernels 4.1 (the reverse penalty kernel "
           "alone 2.6), XLA's matrix products 1.6 (the state path's written-out chunk-local "
           "VJP, float32) and other XLA fusions 2.5, of which one, the write directions' norm "
-          "VJP given a transposed layout by XLA, took 0.9 ms.", ""])
+          "VJP given a transposed layout by XLA, took 0.9 ms. Since then (eleventh session, "
+          "`results/profile_kernels_options_h200.json`, `profile_kernels_state_forms_h200.json`"
+          "): the norms on row views (that fusion 0.07 ms), the penalty backward as a second "
+          "forward scan on the rows' cotangents instead of the reverse kernel "
+          "(`penalty_grad=\"adjoint\"`) and bfloat16 operands for the chunk-local VJP products "
+          "take the gradient's device time at the same shape to 5.65 ms: Pallas 2.07 (two "
+          "penalty scans of 0.39 each), XLA matrix products 1.55, other XLA fusions 2.03. "
+          "The fwd+bwd rows up to run 2026-12-01 time the gradient alone, which lets XLA drop "
+          "forward work only the output needs: where the state path's forward is split (d = "
+          "64 at T >= 16k) its output kernel, ~0.15 ms; the benchmarks now return the output "
+          "too.", ""])
 
 
 def render(headers, rows, plot_paths, out_path):
@@ -418,8 +428,10 @@ def render(headers, rows, plot_paths, out_path):
         "from those rows, except the paragraph on the cause in \"Why VLA pallas loses\", "
         "which cites `kernels/NOTES.md`.", ""]
   md += provenance(headers) + [""] + row_sources(data)
-  md += ["Forward (`fwd`) and forward + backward (`fwd+bwd`: gradient of sum(o * c) with "
-         "respect to every input, c a random cotangent). Medians after warm-up, rotating between "
+  md += ["Forward (`fwd`) and forward + backward (`fwd+bwd`: the output o and the gradient "
+         "of sum(o * c) with respect to every input, c a random cotangent; JAX rows up to the "
+         "2026-12-01 runs returned the gradient alone, which let XLA drop forward work only o "
+         "needs). Medians after warm-up, rotating between "
          "input sets. JAX rows: rows that carry `ms_sync` time rounds of calls issued back to "
          "back and waited for at the end (median of round time / calls; `ms_sync`, the median "
          "of calls each waited for, is kept in the row; calls over 25 ms, where the host's "
