@@ -365,6 +365,7 @@ def long_section(rows):
                                           for m in MIXER_ORDER if (m, T) in single)
                  for T in sorted({T for (_, T) in single})) + ".")
   text += pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")
+  text += dtype_note(rows, lambda r: f"{name(r['mixer'])} at T = {r['seq_len']}")
   if ("softmax_conv", 1024) not in summary:
     text += (" At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "
              "step; both attempts so far ran out of memory while packed with other jobs on one "
@@ -402,6 +403,19 @@ def pallas_note(rows, key, where):
           "as the default XLA chunked form; `tests/test_grid.py` checks a training step of "
           "each against impl=\"scan\"): " + "; ".join(
               f"{where(k)}, {seeds(s)}" for k, s in sorted(by_key.items())) + ".")
+
+
+def dtype_note(rows, where):
+  """A sentence naming the runs whose activations were not float32 (the row's model "dtype";
+  rows without it ran at the configs' float32), by where(row); "" when there are none."""
+  odd = sorted({(where(r), r["model"]["dtype"]) for r in rows
+                if r.get("model", {}).get("dtype", "float32") != "float32"})
+  if not odd:
+    return ""
+  return (" Trained with " + ", ".join(sorted({d for _, d in odd})) + " activations "
+          "(`--override model.dtype bfloat16`; float32 parameters and optimiser state; softmax "
+          "attention then runs cuDNN's fused kernel instead of XLA's float32 attention, whose "
+          "T x T scores do not fit in memory there): " + "; ".join(w for w, _ in odd) + ".")
 
 
 def zoology_section(rows, plot_path=None, rel=lambda p: p):

@@ -51,7 +51,8 @@ def main(argv):
     row = {**tag, **row, "task_fields": dict(config.task_fields),
            "model": {"d_model": model.d_model, "num_layers": model.num_layers,
                      "num_heads": model.num_heads, "head_dim": model.head_dim,
-                     "impl": model.impl, "mixer_options": dict(model.mixer_options)},
+                     "impl": model.impl, "mixer_options": dict(model.mixer_options),
+                     "dtype": model.dtype},
            "batch_size": config.train.batch_size}
     line = json.dumps(row, sort_keys=True)
     print(line, flush=True)

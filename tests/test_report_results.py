@@ -66,3 +66,16 @@ def test_long_section_names_single_rate_settings():
   assert summary[("deltanet", 2048)]["rates_tried"] == 1
   assert "Trained at one rate only" in text and "T = 2048: DeltaNet 0.001" in text
   assert "T = 1024: DeltaNet" not in text.split("Trained at one rate only")[1]
+
+
+def test_dtype_note_names_runs_not_in_float32():
+  rows = [dict(_row("softmax", 1e-3, s, 1.0, 1.0, T=4096), model={"dtype": "bfloat16"})
+          for s in range(3)]
+  rows += [dict(_row("deltanet", 1e-3, s, 1.0, 1.0, T=4096), model={"dtype": "float32"})
+           for s in range(3)]
+  rows += [_row("linear", 1e-3, 0, 1.0, 1.0, T=4096)]          # older rows: no dtype recorded
+  lines, _ = report_results.long_section(rows)
+  text = "\n".join(lines)
+  assert "Trained with bfloat16 activations" in text
+  assert "do not fit in memory there): softmax at T = 4096." in text, text
+  assert report_results.dtype_note(rows[3:], str) == ""
