@@ -234,7 +234,9 @@ class KernelConfig:
       memory-bound products; at T = 4096, B = 8, d = 64 they move ~5.6 GB, 1.5 ms on an
       H200). Float32 inputs, T = 70, d = 32, against float64: gradient errors 3-4.5e-3
       instead of ~5e-7. H200, H = 16, d = 64, T = 4096, B = 8, bf16, with penalty_grad=
-      "adjoint": gradient device time 5.65 against 5.84 ms.
+      "adjoint": gradient device time 5.65 against 5.84 ms. The intermediates that only feed
+      further products (R, dP, dLm, and dX for bfloat16 values) are written in bfloat16 by
+      their products (bit-identical on CPU to writing float32 and casting; not yet timed).
     grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
       under differentiation (`state_path`, and `vla_pallas`'s gradient): "kernel" (default:
       the `split_prep.state_prep` kernel that the prep="scan" / "split" forward already runs;
@@ -858,20 +860,27 @@ def _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
   state fixed, written out (`state_grad.py` has the derivation) as batched products over all
   chunks. P [BH, N*C, C] and Tinv [BH, N, C, C] are the forward's."""
   acc, C = S_c.dtype, cfg.chunk_size
-  if cfg.local_vjp_dot == "bf16":      # bfloat16 operands, accumulation in acc
-    mm = lambda spec, a, b: jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
-                                       preferred_element_type=acc)
+  if cfg.local_vjp_dot == "bf16":
+    # bfloat16 operands, accumulation in acc. R, dP, dLm (and dX when the values are bfloat16,
+    # as the returned dv is then) only ever meet the next products as bfloat16 operands, so
+    # their products write bfloat16 directly: the same rounding as writing acc and casting,
+    # without the acc-sized array and the cast's pass over it.
+    low = jnp.bfloat16
+    mm = lambda spec, a, b, out=acc: jnp.einsum(spec, a.astype(low), b.astype(low),
+                                                preferred_element_type=out)
+    mid, mid_dx = low, (low if v.dtype == low else acc)
   else:
-    mm = functools.partial(jnp.einsum, precision=cfg.precision)
+    mm = lambda spec, a, b, out=None: jnp.einsum(spec, a, b, precision=cfg.precision)
+    mid = mid_dx = None
   Q, E, W, V, dOc = (_split(x.astype(acc), C) for x in (q, e, w, v, dO))
   P = _split(P, C)
   r = jnp.arange(C)
   lower, strict = r[:, None] >= r[None, :], r[:, None] > r[None, :]
-  R = mm("bnij,bnjv->bniv", Tinv, V - mm("bnck,bnvk->bncv", E, S_c))          # [C, dv]
+  R = mm("bnij,bnjv->bniv", Tinv, V - mm("bnck,bnvk->bncv", E, S_c), mid)     # [C, dv]
   dR = mm("bnij,bniv->bnjv", P, dOc) + mm("bnck,bnvk->bncv", W, dS_next)     # P^T dO + W dSn^T
-  dP = jnp.where(lower, mm("bniv,bnjv->bnij", dOc, R), 0.0)
-  dX = mm("bnij,bniv->bnjv", Tinv, dR)                                       # T^T dR
-  dLm = jnp.where(strict, -mm("bniv,bnjv->bnij", dX, R), 0.0)
+  dP = jnp.where(lower, mm("bniv,bnjv->bnij", dOc, R, mid), 0)
+  dX = mm("bnij,bniv->bnjv", Tinv, dR, mid_dx)                               # T^T dR
+  dLm = jnp.where(strict, -mm("bniv,bnjv->bnij", dX, R, mid), 0)
   dq = mm("bncv,bnvk->bnck", dOc, S_c) + mm("bnij,bnjk->bnik", dP, W)
   dw = (mm("bnij,bnik->bnjk", dP, Q) + mm("bncv,bnvk->bnck", R, dS_next)
         + mm("bnij,bnik->bnjk", dLm, E))
