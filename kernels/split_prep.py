@@ -211,11 +211,13 @@ def penalty_rows(A_c, e, u, *, chunk_size, factor_precision, num_warps=4, interp
 
 
 def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps=4,
-               interpret=False, with_inverse=False, out_dtype=None, heads=None, acc=None):
+               interpret=False, with_inverse=False, out_dtype=None, heads=None, acc=None,
+               inverse_dtype=None):
   """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] of the state path (kernel (c)), in
   `out_dtype` (default the computation's dtype `acc`, default e's dtype). e, a, q: [BH, N*C, dk]
   erase keys, write keys, queries; v: [BH, N*C, dv].
-  with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C].
+  with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C] (in
+  `inverse_dtype`, default `out_dtype`).
   heads: None, or H when e, q, v are the caller's token-major [B, >= N*C, H, d] (read in place;
   e then holds raw keys, made unit in the kernel); a and the outputs stay head-major."""
   BH, NC, dk = a.shape
@@ -232,6 +234,6 @@ def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps
       out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out),
                  jax.ShapeDtypeStruct((BH, NC, dk), out),
                  jax.ShapeDtypeStruct((BH, NC, C), out),
-                 jax.ShapeDtypeStruct((BH, NC, C), out)][:n_out],
+                 jax.ShapeDtypeStruct((BH, NC, C), inverse_dtype or out)][:n_out],
       compiler_params=_params(num_warps), interpret=interpret, name="vla_state_prep",
   )(e, a, q, v)

@@ -757,12 +757,13 @@ def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads=None):
   )(q, Up, Wp, P, S_c)
 
 
-def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):
+def _backward_pass(cfg, dO, q, w, Wp, P, dS_T, next_dtype=None):
   """Reverse pass. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
-  dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk].
+  dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] (in next_dtype, default the
+  accumulation dtype) and dS_0 [BH, dv, dk].
   cfg.state_bwd="split": the per-chunk terms in a parallel kernel, then the chain alone."""
   if cfg.backward_form(q.shape[0], dO.shape[-1]) == "split":
-    return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P), dS_T)
+    return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P), dS_T, next_dtype)
   BH, NC, dk = q.shape
   dv, C = dO.shape[-1], cfg.chunk_size
   N, BV, acc = NC // C, cfg.value_block(dv), Wp.dtype
@@ -775,7 +776,7 @@ def _backward_pass(cfg, dO, q, w, Wp, P, dS_T):
       in_specs=[pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j)), k_spec, k_spec, k_spec,
                 pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
       out_specs=[pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0)), s_spec],
-      out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
+      out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), next_dtype or acc),
                  jax.ShapeDtypeStruct((BH, dv, dk), acc)],
       compiler_params=_params(cfg),
       interpret=cfg.interpret,
@@ -801,8 +802,9 @@ def _backward_terms(cfg, dO, q, Wp, P):
   )(dO, q, Wp, P)
 
 
-def _backward_chain(cfg, w, Wp, G, dS_T):
-  """The reverse chain alone: dS_next per chunk [BH, N, dv, dk] and dS_0 [BH, dv, dk]."""
+def _backward_chain(cfg, w, Wp, G, dS_T, next_dtype=None):
+  """The reverse chain alone: dS_next per chunk [BH, N, dv, dk] (next_dtype, default the
+  accumulation dtype) and dS_0 [BH, dv, dk]."""
   BH, NC, dk = w.shape
   N, dv = G.shape[1], G.shape[2]
   C, BV, acc = cfg.chunk_size, cfg.value_block(dv), Wp.dtype
@@ -814,7 +816,7 @@ def _backward_chain(cfg, w, Wp, G, dS_T):
       grid=(BH, dv // BV),
       in_specs=[k_spec, k_spec, n_spec, s_spec],
       out_specs=[n_spec, s_spec],
-      out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
+      out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), next_dtype or acc),
                  jax.ShapeDtypeStruct((BH, dv, dk), acc)],
       compiler_params=_params(cfg),
       interpret=cfg.interpret,
@@ -837,15 +839,18 @@ def _merge(x):
 def _prepare(cfg, q, e, w, v, with_inverse=False):
   """U', W', P [BH, N*C, .] of every chunk: XLA `_factors`, or with cfg.grad_prep="kernel" the
   `split_prep.state_prep` kernel. with_inverse: also the chunks' unit-triangular inverses T
-  [BH, N, C, C]."""
+  [BH, N, C, C] (from the kernel in bfloat16 when local_vjp_dot="bf16": the products that
+  read it take bfloat16 operands)."""
   acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
   if cfg.grad_prep == "kernel":
     from vla_jax.kernels.split_prep import state_prep
     fprec, sprec = cfg.state_prep_precisions(acc)
+    low = cfg.local_vjp_dot == "bf16" and cfg.state_local_vjp == "products"
     out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C, precision=sprec,
                      factor_precision=fprec, num_warps=cfg.prep_warps,
-                     interpret=cfg.interpret, with_inverse=with_inverse)
+                     interpret=cfg.interpret, with_inverse=with_inverse,
+                     inverse_dtype=jnp.bfloat16 if low else None)
     if with_inverse:
       Up, Wp, P, Tinv = out
       return Up, Wp, P, _split(Tinv, C)
@@ -906,8 +911,12 @@ def _state_path_bwd(cfg, res, cts):
   q, e, w, v, S0, Wp, P, S_c, Tinv = res
   dO, dS_T = cts
   acc, C = Wp.dtype, cfg.chunk_size
-  dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc))
-  if cfg.state_local_vjp == "products":
+  products = cfg.state_local_vjp == "products"
+  # With bfloat16 products dS_next only ever meets them as a bfloat16 operand: the reverse
+  # kernel writes it so (the same rounding, half the bytes, no cast pass).
+  next_dtype = jnp.bfloat16 if products and cfg.local_vjp_dot == "bf16" else None
+  dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc), next_dtype)
+  if products:
     return (*_local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv),
             dS0.astype(S0.dtype))
   if cfg.state_local_vjp == "kernel":

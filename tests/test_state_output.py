@@ -142,3 +142,35 @@ def test_auto_backward_splits_below_512_programs():
   for name in ("vla_state_fwd", "vla_state_bwd_terms", "vla_state_bwd_chain"):
     assert f'name = "{name}"' in text, name
   assert "vla_state_chain" not in text and 'name = "vla_state_bwd"' not in text
+
+
+@pytest.mark.parametrize("form", ["fused", "split"])
+def test_reverse_pass_and_state_prep_write_bf16_residuals(form):
+  """With local_vjp_dot="bf16" the residuals that only feed its bfloat16 products come out of
+  the kernels in bfloat16: the reverse pass's dS_next (both forms) and the state-prep kernel's
+  T. Each equals the float32 output rounded to bfloat16 (interpret mode)."""
+  import importlib   # pylint: disable=import-outside-toplevel
+  sp = importlib.import_module("vla_jax.kernels.state_path")
+  from vla_jax.kernels.split_prep import state_prep   # pylint: disable=import-outside-toplevel
+  BH, N, C, d = 2, 3, 16, 16
+  rng = np.random.default_rng(7)
+  x = lambda *s: jnp.asarray(rng.standard_normal(s) / 4, jnp.float32)
+  q, w, Wp, dO, P = x(BH, N * C, d), x(BH, N * C, d), x(BH, N * C, d), x(BH, N * C, d), x(
+      BH, N * C, C)
+  dS_T = x(BH, d, d)
+  cfg = KernelConfig(chunk_size=C, state_bwd=form, interpret=True)
+  full, dS0 = sp._backward_pass(cfg, dO, q, w, Wp, P, dS_T)
+  low, dS0_low = sp._backward_pass(cfg, dO, q, w, Wp, P, dS_T, jnp.bfloat16)
+  assert full.dtype == jnp.float32 and low.dtype == jnp.bfloat16 and dS0_low.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(low), np.asarray(full.astype(jnp.bfloat16)))
+  np.testing.assert_array_equal(np.asarray(dS0_low), np.asarray(dS0))
+  e = x(BH, N * C, d)
+  e = e / jnp.linalg.norm(e, axis=-1, keepdims=True)
+  kw = dict(chunk_size=C, precision=jax.lax.Precision.HIGHEST,
+            factor_precision=jax.lax.Precision.HIGHEST, interpret=True, with_inverse=True)
+  *factors, T = state_prep(e, w, q, dO, **kw)
+  *factors_low, T_low = state_prep(e, w, q, dO, inverse_dtype=jnp.bfloat16, **kw)
+  assert T.dtype == jnp.float32 and T_low.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(T_low), np.asarray(T.astype(jnp.bfloat16)))
+  for a, b in zip(factors_low, factors):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
