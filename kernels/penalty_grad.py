@@ -32,7 +32,8 @@ each segment's blocks backwards (A recomputed from the carried chunk starts), ca
 A-cotangent; the segment-start inverses of segments 1.. are differentiated in XLA (their prefix
 sums of u u^T and Cholesky inverses), fed the kernel's segment-start cotangents.
 
-With KernelConfig(prep="scan", penalty_grad="adjoint") it has neither: in M_t = A_t^-1, additive
+With KernelConfig(prep="scan", penalty_grad="adjoint") (the default: penalty_grad="auto" with
+prep="scan") it has neither: in M_t = A_t^-1, additive
 in the u u^T, the cotangent of the keys is A_t dW_t (the forward scan run again on the rows dW)
 and that of u a reverse prefix sum of Z_t W_t^T (`_scan_adjoint_bwd`; the formulas are
 `vla_jax.ops.vla.penalty`'s, whose chunked XLA form has the same backward).

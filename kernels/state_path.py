@@ -182,8 +182,7 @@ class KernelConfig:
       inverses by `segment_inverse`), writing unnormalised rows and no chunk-start inverses.
       Same gradients. H200, bf16, H = 16, gradient device time (kernels/NOTES.md): d = 64,
       T = 4096, B = 8: 5.84 ms against 7.39 with "scan"; d = 128: 16.7 against 19.8 ms.
-    scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan", or "auto" with
-      prep="scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
+    scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
       (default) loops over them, each block's start recomputed from the chunk start (more
       downdates, a smaller program); True unrolls them, the block-start inverses kept as
       values. Same function. H200, H = 16, d = 64, bf16, T = 4096: forward+backward 13.9 ms
@@ -269,8 +268,10 @@ class KernelConfig:
       grow to fill them: 4 / warps times as many. H200, d = 64, one-pass TF32: penalty path
       1.38 ms at 1 warp (8 segments) against 1.83 at 4 (2 segments), T = 4096, B = 8; with
       tf32x3 products 1 warp spills and is slower.
-    grad_scan_warps: Triton warps of the penalty-scan kernel in the differentiated forward
-      (which also writes every chunk-start inverse for the backward), or None (default): 1
+    grad_scan_warps: with penalty_grad "scan" or "chunk" (the "adjoint" default runs the
+      inference layout, `scan_warps`), Triton warps of the penalty-scan kernel in the
+      differentiated forward (which also writes every chunk-start inverse for the backward),
+      or None (default): 1
       when `factor_dot` is "bf16" (bfloat16 inputs) and dk <= 64, else the reverse kernel's
       (`prep_warps`, 8 at dk = 128) and its segments (`penalty_scan.grad_scan_warps`). With
       fewer warps the forward's segments grow as on the inference path (4 / warps times as
