@@ -10,7 +10,7 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
         [--min_T 0] [--prep xla,kernel,split,scan] [--prep_dot tf32x3] [--solver doubling]
         [--penalty_grad auto,autodiff,chunk,scan,adjoint] [--segment_chunks auto,100000]
         [--state_prep_dot auto] [--factor_dtype auto] [--input_layout auto]
-        [--local_vjp_dot auto] [--grad_stride auto] [--state_bwd auto]
+        [--local_vjp_dot auto] [--grad_stride auto] [--state_bwd auto] [--segment_gram xla]
 
 --factor_dtype and --input_layout change only the inference forward (o, S_T, A_T); the
 gradients come from the differentiated forward, which keeps float32 factors and the transposed
@@ -43,15 +43,16 @@ SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
                 ("input_layout", "layout", "inference forward, prep=scan"),
                 ("local_vjp_dot", "lvjp", "gradient, state_local_vjp=products"),
                 ("grad_stride", "stride", "gradient, reverse penalty kernel; auto: chunk_size"),
-                ("state_bwd", "sbwd", "gradient, state path's reverse pass"))
-INT_OPTIONS = ("grad_stride",)   # "auto" stands for None, else an integer
+                ("state_bwd", "sbwd", "gradient, state path's reverse pass"),
+                ("segment_gram", "gram", "prep=scan, segment-start inverses in the kernel"))
+INT_OPTIONS = ("grad_stride",)   # an integer unless "auto"
 
 
 def option_value(field, text):
-  """A SCAN_OPTIONS flag's text as the KernelConfig value."""
-  if field in INT_OPTIONS:
-    return None if text == "auto" else int(text)
-  return text
+  """A SCAN_OPTIONS flag's text as the KernelConfig value ("auto": the field's default)."""
+  if text == "auto":
+    return KernelConfig.__dataclass_fields__[field].default
+  return int(text) if field in INT_OPTIONS else text
 
 
 def rel(a, b):

@@ -218,19 +218,71 @@ def _segment_gram_prefix(u_h, S, L, token_major=False):
   return _gram_prefix(u_s, L)[:, :, 1:]
 
 
+def _gram_kernel(u_ref, g_ref, *, L, C, precision, acc):
+  # One program = one (batch * head, segment): u_ref [L, dk] (the segment's tokens, read in
+  # place when token-major), g_ref [dk, dk] = the sum of u u^T over them, C tokens a step.
+  def body(n, G):
+    U = u_ref[pl.ds(pl.multiple_of(n * C, C), C), :].astype(acc)
+    return G + _dot(U, U, ta=True, precision=precision)
+
+  dk = g_ref.shape[-1]
+  g_ref[...] = jax.lax.fori_loop(0, L // C, body, jnp.zeros((dk, dk), acc)).astype(g_ref.dtype)
+
+
+def segment_grams(u, S, L, *, chunk_size, precision, acc=jnp.float32, heads=None,
+                  num_warps=4, interpret=False):
+  """The Grams G_s = sum of u_t u_t^T over the L tokens of segment s, for s = 0..S-2 (the
+  last segment's is never needed): [BH, S - 1, dk, dk] in acc. One Pallas program per
+  (sequence, segment), chunk_size tokens a step. u: head-major [BH, >= S * L, dk], or with
+  heads=H the caller's token-major [B, >= S * L, H, dk] read in place (no transposed copy)."""
+  dk = u.shape[-1]
+  BH = u.shape[0] * (heads or 1)
+  return pl.pallas_call(
+      functools.partial(_gram_kernel, L=L, C=chunk_size, precision=precision, acc=acc),
+      grid=(BH, S - 1),
+      in_specs=[rows_spec(L, dk, heads)],
+      out_specs=pl.BlockSpec((None, None, dk, dk), lambda i, j: (i, j, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((BH, S - 1, dk, dk), acc),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="vla_segment_grams",
+  )(u)
+
+
+def _segment_gram_prefix_kernel(u_h, config, S, L, token_major, acc):
+  """`_segment_gram_prefix` with the Grams from `segment_grams` (config.segment_gram="kernel"):
+  bfloat16 u with bfloat16 products (exact, float32 sums), else tf32x3 products."""
+  if token_major:
+    B, _, H, dk = u_h.shape
+  else:
+    B, H, _, dk = u_h.shape
+    pad = S * L - u_h.shape[2]
+    u_h = jnp.pad(u_h, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B * H, S * L, dk)
+  prec = _factor_precision("bf16" if u_h.dtype == jnp.bfloat16 else "tf32x3", acc,
+                           config.interpret)
+  G = segment_grams(u_h, S, L, chunk_size=config.chunk_size, precision=prec, acc=acc,
+                    heads=H if token_major else None, num_warps=config.prep_warps,
+                    interpret=config.interpret)
+  return jnp.cumsum(G, axis=1).reshape(B, H, S - 1, dk, dk)
+
+
 def segment_start_inverses_kernel(u_h, A0, config, S, L, token_major=False):
   """As `segment_start_inverses`, the inversions in the `split_prep.spd_inverse` kernel (one
   program per segment start: dk elimination steps, A = Linv^T Linv, the Newton step with
   `config.refine`; tf32x3 products on a GPU, whatever `prep_dot` says: an inverse of a possibly
   ill-conditioned M needs about float32 accuracy). XLA keeps the prefix sums of the per-segment
-  Grams; A0's inverse runs in the same kernel (a second launch) instead of XLA's Cholesky
-  chain. No VJP: the inference path only (`KernelConfig.segment_inverse="kernel"`)."""
+  Grams (or, with `config.segment_gram="kernel"`, the Grams come from `segment_grams`, which
+  reads token-major u in place); A0's inverse runs in the same kernel (a second launch)
+  instead of XLA's Cholesky chain. No VJP: the inference path and the forward of
+  penalty_grad="adjoint" only (`KernelConfig.segment_inverse="kernel"`)."""
   B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
   fprec = _factor_precision("tf32x3", A0.dtype, config.interpret)
   inverse = lambda M, refine: spd_inverse(M.reshape(B * H, -1, dk, dk), refine=refine,
                                           factor_precision=fprec, interpret=config.interpret)
-  M = (inverse(A0, False).reshape(B, H, 1, dk, dk)
-       + _segment_gram_prefix(u_h, S, L, token_major).astype(A0.dtype))
+  if config.segment_gram == "kernel":
+    grams = _segment_gram_prefix_kernel(u_h, config, S, L, token_major, A0.dtype)
+  else:
+    grams = _segment_gram_prefix(u_h, S, L, token_major).astype(A0.dtype)
+  M = inverse(A0, False).reshape(B, H, 1, dk, dk) + grams
   return inverse(M, config.refine).reshape(B, H, S - 1, dk, dk)
 
 

@@ -67,6 +67,7 @@ LOCAL_VJP_DOTS = ("auto", "bf16")
 GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("auto", "xla", "kernel")
 SEGMENT_GRADS = ("autodiff", "products")
+SEGMENT_GRAMS = ("xla", "kernel")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -251,6 +252,12 @@ class KernelConfig:
       `segment_inverter`). Same function; the differentiated path keeps XLA. H200, H = 16,
       d = 64, bf16: penalty path 1.34 ms against 1.49 at T = 4096, B = 8; 1.32 against 1.55
       at T = 32768, B = 1.
+    segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
+      per-segment Grams sum u u^T: "xla" (default: one batched product; on the inference
+      path's token-major u XLA first copies u into two transposed layouts, 0.04 ms each at
+      d = 64, T = 4096, B = 8, beside the 0.04 ms product) or "kernel" (`penalty_scan.
+      segment_grams`: one program per (sequence, segment) reading u in place, bf16 products
+      for bf16 u, exact in float32 sums; tf32x3 otherwise). Same function. Not yet timed.
     segment_grad: how the backward of the penalty reverse kernel (penalty_grad "scan")
       differentiates the segment-start inverses A_s = (A0^-1 + sum of u u^T before segment
       s)^-1: "products" (default: written out, `penalty_grad.segment_start_vjp`: dM_s = -A_s
@@ -319,6 +326,7 @@ class KernelConfig:
   local_vjp_dot: str = "auto"
   grad_prep: str = "kernel"
   segment_inverse: str = "auto"
+  segment_gram: str = "xla"
   segment_grad: str = "products"
   interpret: bool = False
 
@@ -383,6 +391,9 @@ class KernelConfig:
     if self.segment_inverse not in SEGMENT_INVERSES:
       raise ValueError(f"segment_inverse must be one of {SEGMENT_INVERSES}; got "
                        f"{self.segment_inverse!r}")
+    if self.segment_gram not in SEGMENT_GRAMS:
+      raise ValueError(f"segment_gram must be one of {SEGMENT_GRAMS}; got "
+                       f"{self.segment_gram!r}")
     if self.segment_inverse == "kernel" and dk > 64:
       raise ValueError('segment_inverse="kernel" supports dk up to 64 (at 128 its program '
                        f"spills and needs 256 KB of shared memory); got dk={dk}")

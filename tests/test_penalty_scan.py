@@ -186,6 +186,67 @@ def test_segment_inverse_kernel_lowers_and_validates():
                  config=KernelConfig(chunk_size=16, **kw))
 
 
+@pytest.mark.parametrize("heads", [None, 2])
+def test_segment_grams_kernel_equals_xla(x64, heads):
+  """`segment_grams`: the per-segment sums of u u^T (segments 0..S-2), head-major and
+  token-major read in place, equal the XLA einsum in float64; bf16 u with bf16 products within
+  float32 rounding of the exact sums."""
+  from vla_jax.kernels.penalty_scan import segment_grams   # pylint: disable=import-outside-toplevel
+  B, H, S, L, C, dk = 1, 2, 3, 48, 16, 16
+  rng = np.random.default_rng(5)
+  u = rng.standard_normal((B, S * L, H, dk))
+  want = np.einsum("bslhi,bslhj->bhsij", *(u.reshape(B, S, L, H, dk),) * 2)[:, :, :-1]
+  x = jnp.asarray(u if heads else np.swapaxes(u, 1, 2).reshape(B * H, S * L, dk))
+  got = segment_grams(x, S, L, chunk_size=C, precision=jax.lax.Precision.HIGHEST,
+                      acc=jnp.float64, heads=heads, interpret=True)
+  chex.assert_shape(got, (B * H, S - 1, dk, dk))
+  np.testing.assert_allclose(np.asarray(got).reshape(want.shape), want, rtol=1e-12, atol=1e-12)
+  ub = jnp.asarray(u, jnp.bfloat16)
+  exact = np.einsum("bslhi,bslhj->bhsij",
+                    *(np.asarray(ub, np.float64).reshape(B, S, L, H, dk),) * 2)[:, :, :-1]
+  got = segment_grams(ub if heads else jnp.swapaxes(ub, 1, 2).reshape(B * H, S * L, dk), S, L,
+                      chunk_size=C, precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32,
+                      acc=jnp.float32, heads=heads, interpret=True)
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got, np.float64).reshape(exact.shape), exact,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_segment_gram_kernel_option_same_function(x64):
+  """KernelConfig(segment_gram="kernel") with the segment-start inverses in the kernel: the
+  forward equals the oracle in float64 with three segments, head-major and (bf16-free direct
+  layout) token-major, and the adjoint gradient equals the default's."""
+  B, T, H, dk, dv, C = 1, 90, 2, 32, 16, 16
+  args = [jnp.asarray(x) for x in _inputs(34, B, T, H, dk, dv)]
+  base = dict(chunk_size=C, precision=jax.lax.Precision.HIGHEST, prep="scan", segment_chunks=2,
+              segment_inverse="kernel")
+  want = _oracle(*(np.asarray(a) for a in args))
+  for layout in ("transposed", "direct"):
+    cfg = KernelConfig(segment_gram="kernel", input_layout=layout, **base)
+    got = jax.jit(lambda *a, c=cfg: vla_pallas(*a, config=c, interpret=True))(*args)
+    for name, g, w in zip("oSA", got, want):
+      assert _rel(g, w) < TOL[np.float64], (layout, name, _rel(g, w))
+  grads = [jax.jit(jax.grad(lambda *a, c=c: jnp.sum(vla_pallas(*a, config=c, interpret=True)[0]),
+                            argnums=range(4)))(*args)
+           for c in (KernelConfig(segment_gram="kernel", **base), KernelConfig(**base))]
+  for g, w in zip(*grads):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-12)
+  with pytest.raises(ValueError, match="segment_gram"):
+    KernelConfig(segment_gram="gpu").validate(16, 16)
+
+
+def test_segment_gram_kernel_lowers_for_h200():
+  """bf16 inputs: the forward (direct layout, the bf16 default: u read in place) and the
+  gradient (the adjoint's differentiated forward, head-major u) lower with one Gram kernel
+  and the two spd_inverse launches (A0's and the segment starts')."""
+  for grad in (False, True):
+    text = _lower((2, 300, 4, 64, 64, 64), jnp.bfloat16, "auto", grad=grad, prep="scan",
+                  segment_chunks=2, segment_gram="kernel", state_output="auto")
+    assert text.count('name = "vla_segment_grams"') == 1, grad
+    assert text.count('name = "vla_spd_inverse"') == 2, grad
+    assert 'name = "vla_penalty_scan"' in text
+
+
 def _chunked_float64(args, C):
   """Forward (o, S_T, A_T) and gradients (q, k, v, u) of impl="chunked" in float64."""
   from vla_jax.ops.vla import VLAState, vla_recurrence
