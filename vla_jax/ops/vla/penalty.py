@@ -94,11 +94,11 @@ def penalty_u_cotangents(U, W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIG
   UZ = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, Z), 0.0)
   du = -(mm("bhnst,bhnti->bhnsi", UW, Z) + mm("bhnst,bhnti->bhnsi", UZ, W))
   ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
-  Hn = ZW + jnp.swapaxes(ZW, -1, -2)
-  after = jnp.cumsum(Hn[:, :, ::-1], axis=2)[:, :, ::-1] - Hn        # chunks after n
+  after = jnp.cumsum(ZW[:, :, ::-1], axis=2)[:, :, ::-1] - ZW        # chunks after n
   ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
-  K = ATdA + jnp.swapaxes(ATdA, -1, -2)
-  du = du - mm("bhnsj,bhnij->bhnsi", U, after + K[:, :, None])
+  # Symmetrised once, with K, in one pass over the [dk, dk] per chunk (not before the sums).
+  D = after + jnp.swapaxes(after, -1, -2) + (ATdA + jnp.swapaxes(ATdA, -1, -2))[:, :, None]
+  du = du - mm("bhnsj,bhnij->bhnsi", U, D)
   M0 = _symmetrize(jnp.linalg.inv(A0))
   P = jnp.sum(ZW, axis=2) + ATdA
   dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
