@@ -68,6 +68,7 @@ GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("auto", "xla", "kernel")
 SEGMENT_GRADS = ("autodiff", "products")
 SEGMENT_GRAMS = ("xla", "kernel")
+ADJOINT_DUS = ("xla", "kernel")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -252,6 +253,11 @@ class KernelConfig:
       `segment_inverter`). Same function; the differentiated path keeps XLA. H200, H = 16,
       d = 64, bf16: penalty path 1.34 ms against 1.49 at T = 4096, B = 8; 1.32 against 1.55
       at T = 32768, B = 1.
+    adjoint_du: with penalty_grad="adjoint", where the chunk-local part of the u cotangents
+      runs: "xla" (default: `vla_jax.ops.vla.penalty.chunk_u_cotangents`, five batched
+      products and two masks, each writing a [C, C] or [C, dk] float32 array per chunk) or
+      "kernel" (`adjoint_du.py`: one program per (batch * head, chunk) keeps them on chip).
+      Same function. Not yet timed.
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
       per-segment Grams sum u u^T: "xla" (default: one batched product; on the inference
       path's token-major u XLA first copies u into two transposed layouts, 0.04 ms each at
@@ -327,6 +333,7 @@ class KernelConfig:
   grad_prep: str = "kernel"
   segment_inverse: str = "auto"
   segment_gram: str = "xla"
+  adjoint_du: str = "xla"
   segment_grad: str = "products"
   interpret: bool = False
 
@@ -391,6 +398,8 @@ class KernelConfig:
     if self.segment_inverse not in SEGMENT_INVERSES:
       raise ValueError(f"segment_inverse must be one of {SEGMENT_INVERSES}; got "
                        f"{self.segment_inverse!r}")
+    if self.adjoint_du not in ADJOINT_DUS:
+      raise ValueError(f"adjoint_du must be one of {ADJOINT_DUS}; got {self.adjoint_du!r}")
     if self.segment_gram not in SEGMENT_GRAMS:
       raise ValueError(f"segment_gram must be one of {SEGMENT_GRAMS}; got "
                        f"{self.segment_gram!r}")

@@ -305,3 +305,29 @@ def test_adjoint_lowers_for_h200():
                                            penalty_grad="adjoint"), T=300)
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_penalty_scan") == 2 and count("vla_penalty_scan_bwd") == 0
+
+
+def test_adjoint_du_kernel_equals_xla_float64(x64):
+  """`adjoint_du.chunk_u_cotangents_kernel` equals the XLA `chunk_u_cotangents` in float64 (two
+  sequences, three chunks), and KernelConfig(adjoint_du="kernel") gives impl="scan"'s
+  gradients with a padded tail."""
+  from vla_jax.kernels.adjoint_du import chunk_u_cotangents_kernel
+  from vla_jax.ops.vla.penalty import chunk_u_cotangents
+  B, H, N, C, dk = 1, 2, 3, 16, 16
+  rng = np.random.default_rng(3)
+  U, W, Z = (jnp.asarray(rng.standard_normal((B, H, N, C, dk))) for _ in range(3))
+  D = _sym(jnp.asarray(rng.standard_normal((B, H, N, dk, dk))))
+  got = chunk_u_cotangents_kernel(U, W, Z, D, precision=HI, interpret=True)
+  chex.assert_shape(got, (B, H, N, C, dk))
+  assert _rel(got, chunk_u_cotangents(U, W, Z, D)) < 1e-13
+  _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="adjoint", adjoint_du="kernel",
+                                   segment_chunks=2), 77, seed=213)
+  with pytest.raises(ValueError, match="adjoint_du"):
+    KernelConfig(adjoint_du="gpu").validate(16, 16)
+
+
+def test_adjoint_du_kernel_lowers_for_h200():
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2,
+                                           adjoint_du="kernel"), T=300)
+  count = lambda name: sum(f'name = "{name}"' in l for l in lines)
+  assert count("vla_adjoint_du") == 1 and count("vla_penalty_scan") == 2

@@ -80,29 +80,43 @@ def penalty_u_cotangents(U, W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIG
       du_s = -(sum_{t >= s} Z_t (W_t . u_s) + W_t (Z_t . u_s)) - K u_s,
       K = A_T (dA_T + dA_T^T) A_T,
 
-  the sum over t >= s split into the chunk of s (masked C x C products) and the later chunks
-  (reverse exclusive prefix sums of the chunks' Z^T W + W^T Z). dA0 = M_0 sym(P) M_0 with P the
-  sum over all t of Z_t W_t^T plus A_T dA_T A_T, M_0 = A0^-1; it is the gradient over symmetric
-  perturbations of A0. The per-token products at `precision`, the [dk, dk] ones at HIGHEST.
+  the sum over t >= s split into the chunk of s (masked C x C products, `chunk_u_cotangents`)
+  and the later chunks (reverse exclusive prefix sums of the chunks' Z^T W + W^T Z,
+  `suffix_matrices`). dA0 = M_0 sym(P) M_0 with P the sum over all t of Z_t W_t^T plus
+  A_T dA_T A_T, M_0 = A0^-1; it is the gradient over symmetric perturbations of A0. The
+  per-token products at `precision`, the [dk, dk] ones at HIGHEST.
   Returns (du [B, H, N, C, dk], dA0 [B, H, dk, dk])."""
+  D, dA0 = suffix_matrices(W, Z, A_T, dA_T, A0, precision)
+  return chunk_u_cotangents(U, W, Z, D, precision), dA0
+
+
+def suffix_matrices(W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST):
+  """(D [B, H, N, dk, dk], dA0 [B, H, dk, dk]) of `penalty_u_cotangents`: D_n = the sum over
+  the chunks after n of Z^T W + W^T Z, plus K (symmetric), and dA0."""
   mm = functools.partial(jnp.einsum, precision=precision)
   mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
-  C = U.shape[-2]
-  r = jnp.arange(C)
-  later = r[:, None] <= r[None, :]                                  # [s, t]: t >= s
-  UW = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, W), 0.0)
-  UZ = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, Z), 0.0)
-  du = -(mm("bhnst,bhnti->bhnsi", UW, Z) + mm("bhnst,bhnti->bhnsi", UZ, W))
   ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
   after = jnp.cumsum(ZW[:, :, ::-1], axis=2)[:, :, ::-1] - ZW        # chunks after n
   ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
   # Symmetrised once, with K, in one pass over the [dk, dk] per chunk (not before the sums).
   D = after + jnp.swapaxes(after, -1, -2) + (ATdA + jnp.swapaxes(ATdA, -1, -2))[:, :, None]
-  du = du - mm("bhnsj,bhnij->bhnsi", U, D)
   M0 = _symmetrize(jnp.linalg.inv(A0))
   P = jnp.sum(ZW, axis=2) + ATdA
-  dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
-  return du, dA0
+  return D, mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
+
+
+def chunk_u_cotangents(U, W, Z, D, precision=jax.lax.Precision.HIGHEST):
+  """du [B, H, N, C, dk] of `penalty_u_cotangents` from the rows U, W, Z [B, H, N, C, dk] and
+  the chunks' suffix matrices D [B, H, N, dk, dk] (`suffix_matrices`): within each chunk the
+  masked products, beyond it U D."""
+  mm = functools.partial(jnp.einsum, precision=precision)
+  C = U.shape[-2]
+  r = jnp.arange(C)
+  later = r[:, None] <= r[None, :]                                  # [s, t]: t >= s
+  UW = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, W), 0.0)
+  UZ = jnp.where(later, mm("bhnsi,bhnti->bhnst", U, Z), 0.0)
+  return -(mm("bhnst,bhnti->bhnsi", UW, Z) + mm("bhnst,bhnti->bhnsi", UZ, W)
+           + mm("bhnsj,bhnij->bhnsi", U, D))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -1,0 +1,58 @@
+"""The u cotangents of the adjoint penalty backward in one Pallas kernel.
+
+`penalty_grad="adjoint"` (the default backward of the penalty path, `penalty_grad.py`) gets
+du from the rows U (penalty directions), W = A_t khat_t and Z = A_t dW_t as
+
+    du_s = -(sum over t >= s in s's chunk of Z_t (W_t . u_s) + W_t (Z_t . u_s)) - D_n u_s,
+
+with D_n (symmetric) the later chunks' Z^T W + W^T Z plus K (`vla_jax.ops.vla.penalty.
+suffix_matrices`). In XLA (`chunk_u_cotangents`) that is five batched products and two masks,
+each writing a [C, C] or [C, dk] float32 array per chunk to memory. Here one program per
+(batch * head, chunk) keeps them on chip:
+
+    UW = mask(U W^T),  UZ = mask(U Z^T)   ([C, C], t >= s)
+    du = -(UW Z + UZ W + U D)             ([C, dk])
+
+reading U, W, Z and D once and writing du once. KernelConfig(adjoint_du="kernel").
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from vla_jax.kernels.layout import rows_spec
+from vla_jax.kernels.split_prep import _dot, _iota
+
+
+def _du_kernel(u_ref, w_ref, z_ref, d_ref, du_ref, *, C, precision, acc):
+  # u_ref, w_ref, z_ref, du_ref: [C, dk] (one chunk); d_ref: [dk, dk] (D_n, symmetric).
+  dot = functools.partial(_dot, precision=precision)
+  r, c, _ = _iota(C)
+  U, W, Z = (ref[...].astype(acc) for ref in (u_ref, w_ref, z_ref))
+  UW = jnp.where(r <= c, dot(U, W, tb=True), 0.0)                 # [s, t], t >= s
+  UZ = jnp.where(r <= c, dot(U, Z, tb=True), 0.0)
+  du = dot(UW, Z) + dot(UZ, W) + dot(U, d_ref[...].astype(acc))
+  du_ref[...] = (-du).astype(du_ref.dtype)
+
+
+def chunk_u_cotangents_kernel(U, W, Z, D, *, precision, num_warps=4, interpret=False):
+  """`vla_jax.ops.vla.penalty.chunk_u_cotangents` in one kernel: U, W, Z [B, H, N, C, dk] and
+  D [B, H, N, dk, dk] (symmetric) -> du [B, H, N, C, dk] in U's dtype. `precision`: the
+  products' (`jax.lax.Precision`, or a `DotAlgorithmPreset`)."""
+  B, H, N, C, dk = U.shape
+  flat = lambda x: x.reshape(B * H, N * C, dk)
+  acc = U.dtype
+  du = pl.pallas_call(
+      functools.partial(_du_kernel, C=C, precision=precision, acc=acc),
+      grid=(B * H, N),
+      in_specs=[rows_spec(C, dk)] * 3 + [
+          pl.BlockSpec((None, None, dk, dk), lambda b, n: (b, n, 0, 0))],
+      out_specs=rows_spec(C, dk),
+      out_shape=jax.ShapeDtypeStruct((B * H, N * C, dk), acc),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="vla_adjoint_du",
+  )(flat(U), flat(W), flat(Z), D.reshape(B * H, N, dk, dk))
+  return du.reshape(B, H, N, C, dk)
