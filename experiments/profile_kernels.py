@@ -26,6 +26,7 @@ the kernels or in the XLA glue around them.
 import argparse
 import collections
 import glob
+import itertools
 import os
 import tempfile
 import time
@@ -148,46 +149,51 @@ def main(argv=None):
   parser.add_argument("--plane", default="/device:GPU:", help="trace planes read (prefix)")
   parser.add_argument("--config", default="",
                       help="KernelConfig fields, e.g. grad_scan_warps=1,segment_chunks=8 "
-                           "(integers, or text); default: the library's defaults")
+                           "(integers, or text); default: the library's defaults. Several "
+                           "configs separated by ';' are profiled one after another in this "
+                           "process (an empty one is the defaults)")
   parser.add_argument("--hlo", action="store_true",
                       help="also write each call's optimised HLO to OUT/hlo_{call}_d{d}_T{T}.txt")
   args = parser.parse_args(argv)
-  config = KernelConfig(**parse_config(args.config))
+  configs = [(text, KernelConfig(**parse_config(text))) for text in args.config.split(";")]
   rows = Rows()
-  for d in map(int, args.dims.split(",")):
-    for T in map(int, args.Ts.split(",")):
-      B = max(1, args.tokens // T)
-      xs = make_inputs(B, T, d=d)
-      fwd, grad = vla_fns("pallas", config, B, T, d=d, interpret=args.interpret or None)
-      for call, fn in (("forward", fwd), ("gradient", grad)):
-        for _ in range(2):
-          jax.block_until_ready(fn(*xs))
-        if args.hlo:
-          name = os.path.join(args.out, f"hlo_{call}_d{d}_T{T}.txt")
-          os.makedirs(args.out, exist_ok=True)
-          with open(name, "w") as f:
-            f.write(fn.lower(*xs).compile().as_text())
-        stats = {}
-        events, wall = trace_calls(fn, xs, args.reps, args.plane, stats)
-        kernels, classes = summarise(events, args.reps)
-        busy = sum(classes.values())
-        idle, top_gaps = idle_gaps(events, args.reps)
-        top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]
-        print(f"\nd = {d}, T = {T}, B = {B}, {call}: wall {wall:.3f} ms, device busy {busy:.3f} ms "
-              + ", ".join(f"{c} {t:.3f}" for c, t in sorted(classes.items(), key=lambda x: -x[1]))
-              + f"; idle inside the call {idle:.3f} ms")
-        for name, (cls, t, n) in top:
-          print(f"  {t:8.3f} ms  {n:4.1f}x  {cls:6s}  {name[:110]}")
-        for t, before, after in top_gaps:
-          print(f"  {t:8.3f} ms  idle between {before[:50]} and {after[:50]}")
-        rows.emit({"d": d, "T": T, "B": B, "call": call, "config": args.config,
-                   "wall_ms": wall, "busy_ms": busy, "idle_ms": idle,
-                   "idle_gaps": [{"ms": t, "before": b, "after": a} for t, b, a in top_gaps],
-                   "classes_ms": classes,
-                   "kernels": [{"name": n, "class": c, "ms": t, "launches": l,
-                                "stats": stats.get(n, {}) if t > 0.05 else {}}
-                               for n, (c, t, l) in sorted(kernels.items(),
-                                                          key=lambda kv: -kv[1][1])]})
+  for (text, config), d, T in itertools.product(configs, map(int, args.dims.split(",")),
+                                                map(int, args.Ts.split(","))):
+    B = max(1, args.tokens // T)
+    xs = make_inputs(B, T, d=d)
+    fwd, grad = vla_fns("pallas", config, B, T, d=d, interpret=args.interpret or None)
+    if len(configs) > 1:
+      print(f"\n### config: {text or 'defaults'}")
+    for call, fn in (("forward", fwd), ("gradient", grad)):
+      for _ in range(2):
+        jax.block_until_ready(fn(*xs))
+      if args.hlo:
+        tag = f"_{configs.index((text, config))}" if len(configs) > 1 else ""
+        name = os.path.join(args.out, f"hlo_{call}_d{d}_T{T}{tag}.txt")
+        os.makedirs(args.out, exist_ok=True)
+        with open(name, "w") as f:
+          f.write(fn.lower(*xs).compile().as_text())
+      stats = {}
+      events, wall = trace_calls(fn, xs, args.reps, args.plane, stats)
+      kernels, classes = summarise(events, args.reps)
+      busy = sum(classes.values())
+      idle, top_gaps = idle_gaps(events, args.reps)
+      top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:args.top]
+      print(f"\nd = {d}, T = {T}, B = {B}, {call}: wall {wall:.3f} ms, device busy {busy:.3f} ms "
+            + ", ".join(f"{c} {t:.3f}" for c, t in sorted(classes.items(), key=lambda x: -x[1]))
+            + f"; idle inside the call {idle:.3f} ms")
+      for name, (cls, t, n) in top:
+        print(f"  {t:8.3f} ms  {n:4.1f}x  {cls:6s}  {name[:110]}")
+      for t, before, after in top_gaps:
+        print(f"  {t:8.3f} ms  idle between {before[:50]} and {after[:50]}")
+      rows.emit({"d": d, "T": T, "B": B, "call": call, "config": text,
+                 "wall_ms": wall, "busy_ms": busy, "idle_ms": idle,
+                 "idle_gaps": [{"ms": t, "before": b, "after": a} for t, b, a in top_gaps],
+                 "classes_ms": classes,
+                 "kernels": [{"name": n, "class": c, "ms": t, "launches": l,
+                              "stats": stats.get(n, {}) if t > 0.05 else {}}
+                             for n, (c, t, l) in sorted(kernels.items(),
+                                                        key=lambda kv: -kv[1][1])]})
   rows.dump(args.out, "profile_kernels.json")
   return rows.rows
 
