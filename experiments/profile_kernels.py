@@ -157,8 +157,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   configs = [(text, KernelConfig(**parse_config(text))) for text in args.config.split(";")]
   rows = Rows()
-  for (text, config), d, T in itertools.product(configs, map(int, args.dims.split(",")),
-                                                map(int, args.Ts.split(","))):
+  for (index, (text, config)), d, T in itertools.product(
+      enumerate(configs), map(int, args.dims.split(",")), map(int, args.Ts.split(","))):
     B = max(1, args.tokens // T)
     xs = make_inputs(B, T, d=d)
     fwd, grad = vla_fns("pallas", config, B, T, d=d, interpret=args.interpret or None)
@@ -168,7 +168,7 @@ def main(argv=None):
       for _ in range(2):
         jax.block_until_ready(fn(*xs))
       if args.hlo:
-        tag = f"_{configs.index((text, config))}" if len(configs) > 1 else ""
+        tag = f"_{index}" if len(configs) > 1 else ""
         name = os.path.join(args.out, f"hlo_{call}_d{d}_T{T}{tag}.txt")
         os.makedirs(args.out, exist_ok=True)
         with open(name, "w") as f:
