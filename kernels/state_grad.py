@@ -58,8 +58,31 @@ def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref,     # 
   dv_ref[...] = dX.astype(dv_ref.dtype)
 
 
+def _reuse_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref, t_ref,  # in
+                      dq_ref, de_ref, dw_ref, dv_ref,                                    # out
+                      *, precision, acc):
+  # As `_local_vjp_kernel`, with P = tril(Q W^T) and Tm = Lm^-1 [C, C] read from the forward
+  # (the residuals `state_path._local_vjp_products` reuses) instead of recomputed.
+  dot = functools.partial(_dot, precision=precision)
+  C = p_ref.shape[-1]
+  r, c, _ = _iota(C)
+  Q, E, W = (ref[...].astype(acc) for ref in (q_ref, e_ref, w_ref))
+  V, dO = v_ref[...].astype(acc), do_ref[...].astype(acc)
+  S, dSn = s_ref[...].astype(acc), dsn_ref[...].astype(acc)
+  P, Tm = p_ref[...].astype(acc), t_ref[...].astype(acc)
+  R = dot(Tm, V - dot(E, S, tb=True))                                    # [C, dv]
+  dR = dot(P, dO, ta=True) + dot(W, dSn, tb=True)                        # [C, dv]
+  dP = jnp.where(r >= c, dot(dO, R, tb=True), 0.0)                       # [C, C]
+  dX = dot(Tm, dR, ta=True)                                              # [C, dv]
+  dLm = jnp.where(r > c, -dot(dX, R, tb=True), 0.0)                      # [C, C]
+  dq_ref[...] = (dot(dO, S) + dot(dP, W)).astype(dq_ref.dtype)
+  dw_ref[...] = (dot(dP, Q, ta=True) + dot(R, dSn) + dot(dLm, E, ta=True)).astype(dw_ref.dtype)
+  de_ref[...] = (dot(dLm, W) - dot(dX, S)).astype(de_ref.dtype)
+  dv_ref[...] = dX.astype(dv_ref.dtype)
+
+
 def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_warps=4,
-                    num_stages=1, interpret=False):
+                    num_stages=1, interpret=False, P=None, Tinv=None):
   """Cotangents (dq, de, dw [BH, N*C, dk], dv [BH, N*C, dv]) of the state path's chunk maps.
 
   Args:
@@ -67,7 +90,11 @@ def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_
       and output cotangents (any float dtype; computed in S_c's dtype).
     S_c: [BH, N, dv, dk] chunk-start states; dS_next: [BH, N, dv, dk] cotangents of the
       chunk-end states (the reverse pass's output).
-    chunk_size: C; precision: of the products (as `KernelConfig.precision`).
+    chunk_size: C; precision: of the products (as `KernelConfig.precision`, or the
+      `BF16_BF16_F32` preset: bfloat16 operands, float32 sums).
+    P, Tinv: None (recompute them in the kernel), or the forward's P [BH, N*C, C] and unit
+      triangular inverses [BH, N, C, C] (any float dtype), read instead
+      (`KernelConfig(state_local_vjp="fused")`).
 
   Returns:
     (dq, de, dw, dv) in S_c's dtype.
@@ -76,13 +103,23 @@ def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_
   dv, C, acc = v.shape[-1], chunk_size, S_c.dtype
   rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
   state = pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0))
+  in_specs = [rows(dk), rows(dk), rows(dk), rows(dv), rows(dv), state, state]
+  args = (q, e, w, v, dO, S_c, dS_next)
+  if P is None:
+    kernel, name = functools.partial(_local_vjp_kernel, C=C, precision=precision, acc=acc), (
+        "vla_state_local_vjp")
+  else:
+    kernel, name = functools.partial(_reuse_vjp_kernel, precision=precision, acc=acc), (
+        "vla_state_fused_vjp")
+    in_specs += [rows(C), rows(C)]
+    args += (P, Tinv.reshape(BH, NC, C))
   return pl.pallas_call(
-      functools.partial(_local_vjp_kernel, C=C, precision=precision, acc=acc),
+      kernel,
       grid=(BH, NC // C),
-      in_specs=[rows(dk), rows(dk), rows(dk), rows(dv), rows(dv), state, state],
+      in_specs=in_specs,
       out_specs=[rows(dk), rows(dk), rows(dk), rows(dv)],
       out_shape=[jax.ShapeDtypeStruct((BH, NC, dk), acc)] * 3
                 + [jax.ShapeDtypeStruct((BH, NC, dv), acc)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
-      interpret=interpret, name="vla_state_local_vjp",
-  )(q, e, w, v, dO, S_c, dS_next)
+      interpret=interpret, name=name,
+  )(*args)

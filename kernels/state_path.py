@@ -62,7 +62,9 @@ SPLIT_OUTPUT_BELOW = 132
 # at 512 or more (T <= 2048 at 32k tokens), which stay fused.
 SPLIT_BWD_BELOW = 512
 STATE_BWDS = ("auto", "fused", "split")
-STATE_LOCAL_VJPS = ("xla", "kernel", "products")
+STATE_LOCAL_VJPS = ("xla", "kernel", "products", "fused")
+# state_local_vjp values that reuse the forward's P and unit-triangular inverses (residuals).
+REUSE_LOCAL_VJPS = ("products", "fused")
 LOCAL_VJP_DOTS = ("auto", "bf16")
 GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("auto", "xla", "kernel")
@@ -227,8 +229,12 @@ class KernelConfig:
       and 216 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's
       227 KB)). Same function. H200, H = 16, d = 64, bf16, T = 4096, B = 8: the state path's
       forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel");
-      the whole call 10.8 against 11.8 ms (kernels/NOTES.md).
-    local_vjp_dot: the operands of `_local_vjp_products` (state_local_vjp="products"):
+      the whole call 10.8 against 11.8 ms (kernels/NOTES.md). "fused" (not yet timed):
+      "products"' VJP in one Pallas program per (batch * head, chunk), reusing the forward's
+      P and T like it (no triangular inverse in the kernel) and its `local_vjp_dot`; dk, dv
+      <= 64.
+    local_vjp_dot: the operands of `_local_vjp_products` (state_local_vjp="products", or the
+      "fused" kernel's products):
       "auto" (default: "bf16" for bfloat16 inputs (`for_inputs`), else `precision`, float32
       operands: TF32 at DEFAULT on a GPU) or "bf16"
       (operands rounded to bfloat16, float32 accumulation: half the bytes read by the 14
@@ -386,12 +392,13 @@ class KernelConfig:
     if self.local_vjp_dot not in LOCAL_VJP_DOTS:
       raise ValueError(f"local_vjp_dot must be one of {LOCAL_VJP_DOTS}; got "
                        f"{self.local_vjp_dot!r}")
-    if self.local_vjp_dot == "bf16" and self.state_local_vjp != "products":
-      raise ValueError('local_vjp_dot="bf16" needs state_local_vjp="products"; got '
-                       f"{self.state_local_vjp!r}")
-    if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
-      raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
-                       f"program needs ~480 KB of shared memory); got dk={dk}, dv={dv}")
+    if self.local_vjp_dot == "bf16" and self.state_local_vjp not in REUSE_LOCAL_VJPS:
+      raise ValueError('local_vjp_dot="bf16" needs state_local_vjp="products" or "fused"; '
+                       f"got {self.state_local_vjp!r}")
+    if self.state_local_vjp in ("kernel", "fused") and max(dk, dv) > 64:
+      raise ValueError(f'state_local_vjp="{self.state_local_vjp}" supports head dims up to 64 '
+                       f"(at 128 its program needs ~480 KB of shared memory); got dk={dk}, "
+                       f"dv={dv}")
     if self.segment_grad not in SEGMENT_GRADS:
       raise ValueError(f"segment_grad must be one of {SEGMENT_GRADS}; got "
                        f"{self.segment_grad!r}")
@@ -458,7 +465,8 @@ class KernelConfig:
           self, prep_dot=pick("prep_dot", "bf16"), state_prep_dot=pick("state_prep_dot", "bf16"),
           factor_dtype=pick("factor_dtype", "bfloat16"),
           input_layout=pick("input_layout", "direct"),
-          local_vjp_dot=(pick("local_vjp_dot", "bf16") if self.state_local_vjp == "products"
+          local_vjp_dot=(pick("local_vjp_dot", "bf16")
+                         if self.state_local_vjp in REUSE_LOCAL_VJPS
                          else self.local_vjp_dot))
     return self
 
@@ -867,7 +875,7 @@ def _prepare(cfg, q, e, w, v, with_inverse=False):
   if cfg.grad_prep == "kernel":
     from vla_jax.kernels.split_prep import state_prep
     fprec, sprec = cfg.state_prep_precisions(acc)
-    low = cfg.local_vjp_dot == "bf16" and cfg.state_local_vjp == "products"
+    low = cfg.local_vjp_dot == "bf16" and cfg.state_local_vjp in REUSE_LOCAL_VJPS
     out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C, precision=sprec,
                      factor_precision=fprec, num_warps=cfg.prep_warps,
                      interpret=cfg.interpret, with_inverse=with_inverse,
@@ -922,7 +930,7 @@ def _state_path(cfg, q, e, w, v, S0):
 
 
 def _state_path_fwd(cfg, q, e, w, v, S0):
-  products = cfg.state_local_vjp == "products"
+  products = cfg.state_local_vjp in REUSE_LOCAL_VJPS
   Up, Wp, P, *Tinv = _prepare(cfg, q, e, w, v, with_inverse=products)
   O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
   return (O, S_T), (q, e, w, v, S0, Wp, P, S_c, Tinv[0] if products else None)
@@ -932,14 +940,21 @@ def _state_path_bwd(cfg, res, cts):
   q, e, w, v, S0, Wp, P, S_c, Tinv = res
   dO, dS_T = cts
   acc, C = Wp.dtype, cfg.chunk_size
-  products = cfg.state_local_vjp == "products"
+  reuse = cfg.state_local_vjp in REUSE_LOCAL_VJPS
+  low = reuse and cfg.local_vjp_dot == "bf16"
   # With bfloat16 products dS_next only ever meets them as a bfloat16 operand: the reverse
   # kernel writes it so (the same rounding, half the bytes, no cast pass).
-  next_dtype = jnp.bfloat16 if products and cfg.local_vjp_dot == "bf16" else None
-  dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc), next_dtype)
-  if products:
+  dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc),
+                                jnp.bfloat16 if low else None)
+  if cfg.state_local_vjp == "products":
     return (*_local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv),
             dS0.astype(S0.dtype))
+  if cfg.state_local_vjp == "fused":     # the same products in one program per chunk
+    precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if low else cfg.precision
+    grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C, precision=precision,
+                            num_warps=8, interpret=cfg.interpret, P=P, Tinv=Tinv)
+    dq, de, dw, dv = (g.astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
+    return dq, de, dw, dv, dS0.astype(S0.dtype)
   if cfg.state_local_vjp == "kernel":
     grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C,
                             precision=cfg.precision, num_warps=8,   # fewer spills than 4

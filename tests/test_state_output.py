@@ -68,6 +68,8 @@ def test_split_backward_lowers_for_h200():
     ("grad_prep", "kernel", {}),
     ("state_local_vjp", "products", {}),                         # the forward's T reused
     ("state_local_vjp", "products", {"grad_prep": "kernel"}),    # T from the kernel
+    ("state_local_vjp", "fused", {}),                            # products' VJP, one kernel
+    ("state_local_vjp", "fused", {"grad_prep": "kernel"}),
 ])
 def test_kernel_options_match_xla_float64(x64, option, value, extra):
   """KernelConfig(state_local_vjp="kernel"): the chunk-local cotangents written out in one
@@ -119,6 +121,34 @@ def test_written_out_backward_options_lower_for_h200():
                 state_local_vjp="products", grad_prep="kernel", segment_grad="products",
                 segment_chunks=2)
   assert "vla_state_prep" in text and "vla_state_bwd" in text and "vla_penalty_scan" in text
+
+
+def test_fused_local_vjp_bf16_equals_products():
+  """state_local_vjp="fused" with local_vjp_dot="bf16": the kernel rounds the same operands to
+  bfloat16 as the XLA products do, so float32 gradients of the two agree far inside the
+  bfloat16 bound (only the sums' order differs)."""
+  B, T, H, dk, dv, C = 1, 70, 2, 32, 32, 16
+  args = [jnp.asarray(x, jnp.float32) for x in _inputs(48, B, T, H, dk, dv)]
+
+  def grads(local):
+    cfg = KernelConfig(chunk_size=C, prep="scan", state_local_vjp=local, local_vjp_dot="bf16",
+                       interpret=True)
+    loss = lambda *a: jnp.sum(vla_pallas(*a, config=cfg)[0])
+    return jax.jit(jax.grad(loss, argnums=range(4)))(*args)
+
+  for name, g, w in zip("qkvu", grads("fused"), grads("products")):
+    assert _rel(g, w) < 1e-3, (name, _rel(g, w))
+
+
+def test_fused_local_vjp_lowers_for_h200():
+  """bf16 inputs (local_vjp_dot resolves to "bf16"): the gradient lowers with the fused
+  local-VJP kernel and no separate recomputing one."""
+  text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
+                state_local_vjp="fused", grad_prep="kernel")
+  assert 'name = "vla_state_fused_vjp"' in text and "vla_state_local_vjp" not in text
+  with pytest.raises(ValueError, match="up to 64"):
+    KernelConfig(state_local_vjp="fused").validate(128, 128)
+  KernelConfig(state_local_vjp="fused", local_vjp_dot="bf16").validate(64, 64)
 
 
 def test_kernel_options_lower_for_h200():
