@@ -40,36 +40,32 @@ def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref,     # 
                       *, C, precision, acc):
   # One (batch*head, chunk): q, e, w, dq, de, dw: [C, dk]; v, do, dv: [C, dv];
   # s_ref, dsn_ref: [dv, dk] the chunk-start state and the cotangent of the chunk-end state.
+  # P = tril(Q W^T) and Tm = Lm^-1 are recomputed here.
   dot = functools.partial(_dot, precision=precision)
   r, c, _ = _iota(C)
   Q, E, W = (ref[...].astype(acc) for ref in (q_ref, e_ref, w_ref))
-  V, dO = v_ref[...].astype(acc), do_ref[...].astype(acc)
-  S, dSn = s_ref[...].astype(acc), dsn_ref[...].astype(acc)
   Tm = _unit_tril_inv(jnp.where(r > c, dot(E, W, tb=True), 0.0), precision)
-  R = dot(Tm, V - dot(E, S, tb=True))                                    # [C, dv]
   P = jnp.where(r >= c, dot(Q, W, tb=True), 0.0)                         # [C, C]
-  dR = dot(P, dO, ta=True) + dot(W, dSn, tb=True)                        # [C, dv]
-  dP = jnp.where(r >= c, dot(dO, R, tb=True), 0.0)                       # [C, C]
-  dX = dot(Tm, dR, ta=True)                                              # [C, dv]
-  dLm = jnp.where(r > c, -dot(dX, R, tb=True), 0.0)                      # [C, C]
-  dq_ref[...] = (dot(dO, S) + dot(dP, W)).astype(dq_ref.dtype)
-  dw_ref[...] = (dot(dP, Q, ta=True) + dot(R, dSn) + dot(dLm, E, ta=True)).astype(dw_ref.dtype)
-  de_ref[...] = (dot(dLm, W) - dot(dX, S)).astype(de_ref.dtype)
-  dv_ref[...] = dX.astype(dv_ref.dtype)
+  _write_vjp(Q, E, W, P, Tm, v_ref, do_ref, s_ref, dsn_ref, dq_ref, de_ref, dw_ref, dv_ref,
+             dot, acc)
 
 
 def _reuse_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref, t_ref,  # in
                       dq_ref, de_ref, dw_ref, dv_ref,                                    # out
                       *, precision, acc):
-  # As `_local_vjp_kernel`, with P = tril(Q W^T) and Tm = Lm^-1 [C, C] read from the forward
-  # (the residuals `state_path._local_vjp_products` reuses) instead of recomputed.
-  dot = functools.partial(_dot, precision=precision)
-  C = p_ref.shape[-1]
-  r, c, _ = _iota(C)
-  Q, E, W = (ref[...].astype(acc) for ref in (q_ref, e_ref, w_ref))
+  # As `_local_vjp_kernel`, with P and Tm [C, C] read from the forward (the residuals
+  # `state_path._local_vjp_products` reuses) instead of recomputed.
+  Q, E, W, P, Tm = (ref[...].astype(acc) for ref in (q_ref, e_ref, w_ref, p_ref, t_ref))
+  _write_vjp(Q, E, W, P, Tm, v_ref, do_ref, s_ref, dsn_ref, dq_ref, de_ref, dw_ref, dv_ref,
+             functools.partial(_dot, precision=precision), acc)
+
+
+def _write_vjp(Q, E, W, P, Tm, v_ref, do_ref, s_ref, dsn_ref, dq_ref, de_ref, dw_ref, dv_ref,
+               dot, acc):
+  """The chunk's cotangents (module docstring) from its Q, E, W, P, Tm, written to the refs."""
+  r, c, _ = _iota(P.shape[0])
   V, dO = v_ref[...].astype(acc), do_ref[...].astype(acc)
   S, dSn = s_ref[...].astype(acc), dsn_ref[...].astype(acc)
-  P, Tm = p_ref[...].astype(acc), t_ref[...].astype(acc)
   R = dot(Tm, V - dot(E, S, tb=True))                                    # [C, dv]
   dR = dot(P, dO, ta=True) + dot(W, dSn, tb=True)                        # [C, dv]
   dP = jnp.where(r >= c, dot(dO, R, tb=True), 0.0)                       # [C, C]

@@ -225,8 +225,8 @@ class KernelConfig:
       `_local_vjp_products`; with grad_prep="kernel" the state-prep kernel writes T out),
       "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk factors and
       differentiates them) or "kernel" (one Pallas program per (batch * head, chunk), the
-      same VJP: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 192 KB of shared memory
-      and 216 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's
+      same VJP: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 160 KB of shared memory
+      and 240 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's
       227 KB)). Same function. H200, H = 16, d = 64, bf16, T = 4096, B = 8: the state path's
       forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel");
       the whole call 10.8 against 11.8 ms (kernels/NOTES.md). "fused" (not yet timed):
