@@ -185,8 +185,6 @@ def main():
                       help="KernelConfig.state_bwd (fused, split; with --grad)")
   parser.add_argument("--state_local_vjp", default=KernelConfig().state_local_vjp,
                       help="KernelConfig.state_local_vjp (products, xla, kernel, fused; with --grad)")
-  parser.add_argument("--local_vjp_dot", default="auto",
-                      help="KernelConfig.local_vjp_dot (auto, bf16; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
   parser.add_argument("--grad_stride", type=int, default=None,
@@ -221,7 +219,7 @@ def main():
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
                          scan_bwd_unroll=unroll, state_output=args.state_output,
                          state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp,
-                         local_vjp_dot=args.local_vjp_dot, grad_stride=args.grad_stride)
+                         grad_stride=args.grad_stride)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():

@@ -146,9 +146,12 @@ def test_fused_local_vjp_lowers_for_h200():
   text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
                 state_local_vjp="fused", grad_prep="kernel")
   assert 'name = "vla_state_fused_vjp"' in text and "vla_state_local_vjp" not in text
+  text = _lower((1, 128, 1, 128, 128, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
+                state_local_vjp="fused")
+  assert 'name = "vla_state_fused_vjp"' in text           # d = 128 too (it fits, with spills)
   with pytest.raises(ValueError, match="up to 64"):
-    KernelConfig(state_local_vjp="fused").validate(128, 128)
-  KernelConfig(state_local_vjp="fused", local_vjp_dot="bf16").validate(64, 64)
+    KernelConfig(state_local_vjp="kernel").validate(128, 128)
+  KernelConfig(state_local_vjp="fused", local_vjp_dot="bf16").validate(128, 128)
 
 
 def test_kernel_options_lower_for_h200():
