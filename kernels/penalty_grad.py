@@ -198,8 +198,9 @@ def _scan_adjoint_bwd(config, res, cts):
   if config.adjoint_du == "kernel":    # the chunk-local part in one Pallas kernel
     D, dA0 = suffix_matrices(W.astype(acc), Z, A_T.astype(acc), dA_T.astype(acc),
                              A0.astype(acc), precision=config.precision)
+    # 4 warps at dk <= 64 (143 registers, no spills, sm_90a), 8 at 128 (4 spill).
     du = chunk_u_cotangents_kernel(u.astype(acc), W.astype(acc), Z, D,
-                                   precision=config.precision, num_warps=config.prep_warps,
+                                   precision=config.precision, num_warps=scan_warps(config, dk),
                                    interpret=config.interpret)
   else:
     du, dA0 = penalty_u_cotangents(u.astype(acc), W.astype(acc), Z, A_T.astype(acc),
