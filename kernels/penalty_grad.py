@@ -51,7 +51,7 @@ from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, forwar
                                           penalty_scan, scan_warps, segment_layout,
                                           segment_start_inverses)
 from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
-from vla_jax.ops.vla.penalty import penalty_u_cotangents, suffix_matrices
+from vla_jax.ops.vla.penalty import chunk_u_cotangents, suffix_matrices
 
 
 def _chunk_map(A, U, E, precision, solver):
@@ -195,16 +195,15 @@ def _scan_adjoint_bwd(config, res, cts):
   Z = penalty_scan(A_start, rows(dW), rows(u), block=config.scan_block, factor_precision=fprec,
                    num_warps=warps, normalize=False, interpret=config.interpret)[0]
   Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
+  U, W = u.astype(acc), W.astype(acc)
+  D, dA0 = suffix_matrices(W, Z, A_T.astype(acc), dA_T.astype(acc), A0.astype(acc),
+                           precision=config.precision)
   if config.adjoint_du == "kernel":    # the chunk-local part in one Pallas kernel
-    D, dA0 = suffix_matrices(W.astype(acc), Z, A_T.astype(acc), dA_T.astype(acc),
-                             A0.astype(acc), precision=config.precision)
     # 4 warps at dk <= 64 (143 registers, no spills, sm_90a), 8 at 128 (4 spill).
-    du = chunk_u_cotangents_kernel(u.astype(acc), W.astype(acc), Z, D,
-                                   precision=config.precision, num_warps=scan_warps(config, dk),
-                                   interpret=config.interpret)
+    du = chunk_u_cotangents_kernel(U, W, Z, D, precision=config.precision,
+                                   num_warps=scan_warps(config, dk), interpret=config.interpret)
   else:
-    du, dA0 = penalty_u_cotangents(u.astype(acc), W.astype(acc), Z, A_T.astype(acc),
-                                   dA_T.astype(acc), A0.astype(acc), precision=config.precision)
+    du = chunk_u_cotangents(U, W, Z, D, precision=config.precision)
   return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
 
 
