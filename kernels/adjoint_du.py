@@ -5,15 +5,15 @@ du from the rows U (penalty directions), W = A_t khat_t and Z = A_t dW_t as
 
     du_s = -(sum over t >= s in s's chunk of Z_t (W_t . u_s) + W_t (Z_t . u_s)) - D_n u_s,
 
-with D_n (symmetric) the later chunks' Z^T W + W^T Z plus K (`vla_jax.ops.vla.penalty.
-suffix_matrices`). In XLA (`chunk_u_cotangents`) that is five batched products and two masks,
+with D_n = E_n + E_n^T the later chunks' Z^T W + W^T Z plus K (`vla_jax.ops.vla.penalty.
+suffix_matrices(symmetrize=False)` gives E_n). In XLA (`chunk_u_cotangents`) that is five batched products and two masks,
 each writing a [C, C] or [C, dk] float32 array per chunk to memory. Here one program per
 (batch * head, chunk) keeps them on chip:
 
     UW = mask(U W^T),  UZ = mask(U Z^T)   ([C, C], t >= s)
-    du = -(UW Z + UZ W + U D)             ([C, dk])
+    du = -(UW Z + UZ W + U E + U E^T)     ([C, dk])
 
-reading U, W, Z and D once and writing du once. KernelConfig(adjoint_du="kernel").
+reading U, W, Z and E once and writing du once. KernelConfig(adjoint_du="kernel").
 """
 
 import functools
@@ -27,20 +27,22 @@ from vla_jax.kernels.layout import rows_spec
 from vla_jax.kernels.split_prep import _dot, _iota
 
 
-def _du_kernel(u_ref, w_ref, z_ref, d_ref, du_ref, *, C, precision, acc):
-  # u_ref, w_ref, z_ref, du_ref: [C, dk] (one chunk); d_ref: [dk, dk] (D_n, symmetric).
+def _du_kernel(u_ref, w_ref, z_ref, e_ref, du_ref, *, C, precision, acc):
+  # u_ref, w_ref, z_ref, du_ref: [C, dk] (one chunk); e_ref: [dk, dk] (E_n; D_n = E_n + E_n^T).
   dot = functools.partial(_dot, precision=precision)
   r, c, _ = _iota(C)
   U, W, Z = (ref[...].astype(acc) for ref in (u_ref, w_ref, z_ref))
   UW = jnp.where(r <= c, dot(U, W, tb=True), 0.0)                 # [s, t], t >= s
   UZ = jnp.where(r <= c, dot(U, Z, tb=True), 0.0)
-  du = dot(UW, Z) + dot(UZ, W) + dot(U, d_ref[...].astype(acc))
+  E = e_ref[...].astype(acc)
+  du = dot(UW, Z) + dot(UZ, W) + dot(U, E) + dot(U, E, tb=True)
   du_ref[...] = (-du).astype(du_ref.dtype)
 
 
-def chunk_u_cotangents_kernel(U, W, Z, D, *, precision, num_warps=4, interpret=False):
+def chunk_u_cotangents_kernel(U, W, Z, E, *, precision, num_warps=4, interpret=False):
   """`vla_jax.ops.vla.penalty.chunk_u_cotangents` in one kernel: U, W, Z [B, H, N, C, dk] and
-  D [B, H, N, dk, dk] (symmetric) -> du [B, H, N, C, dk] in U's dtype. `precision`: the
+  E [B, H, N, dk, dk] (the suffix matrices as `suffix_matrices(symmetrize=False)` gives them:
+  D = E + E^T) -> du [B, H, N, C, dk] in U's dtype. `precision`: the
   products' (`jax.lax.Precision`, or a `DotAlgorithmPreset`)."""
   B, H, N, C, dk = U.shape
   flat = lambda x: x.reshape(B * H, N * C, dk)
@@ -54,5 +56,5 @@ def chunk_u_cotangents_kernel(U, W, Z, D, *, precision, num_warps=4, interpret=F
       out_shape=jax.ShapeDtypeStruct((B * H, N * C, dk), acc),
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="vla_adjoint_du",
-  )(flat(U), flat(W), flat(Z), D.reshape(B * H, N, dk, dk))
+  )(flat(U), flat(W), flat(Z), E.reshape(B * H, N, dk, dk))
   return du.reshape(B, H, N, C, dk)

@@ -196,9 +196,10 @@ def _scan_adjoint_bwd(config, res, cts):
                    num_warps=warps, normalize=False, interpret=config.interpret)[0]
   Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
   U, W = u.astype(acc), W.astype(acc)
+  kernel_du = config.adjoint_du == "kernel"
   D, dA0 = suffix_matrices(W, Z, A_T.astype(acc), dA_T.astype(acc), A0.astype(acc),
-                           precision=config.precision)
-  if config.adjoint_du == "kernel":    # the chunk-local part in one Pallas kernel
+                           precision=config.precision, symmetrize=not kernel_du)
+  if kernel_du:    # the chunk-local part in one Pallas kernel; D is E there (D = E + E^T)
     # 4 warps at dk <= 64 (143 registers, no spills, sm_90a), 8 at 128 (4 spill).
     du = chunk_u_cotangents_kernel(U, W, Z, D, precision=config.precision,
                                    num_warps=scan_warps(config, dk), interpret=config.interpret)

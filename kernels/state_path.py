@@ -220,22 +220,23 @@ class KernelConfig:
       B = 1 (32 programs): 1.13 ms (terms 0.17 + chain 0.96) against 1.96 fused.
     state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
       e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
-      "products" (default: the VJP written out as 14 batched XLA products over all chunks,
-      reusing the forward's P and unit-triangular inverse T, kept as residuals:
+      "fused" (default: the VJP written out, reusing the forward's P and unit-triangular
+      inverse T, kept as residuals (no triangular inverse in the kernel), in one Pallas
+      program per (batch * head, chunk), `state_grad._reuse_vjp_kernel`, with
+      `local_vjp_dot`'s operands; 8 warps (ptxas, sm_90a, bf16 inputs: 224 registers and no
+      spills at d = 64, 56 KB of shared memory; at d = 128 136 KB and 416 stack bytes per
+      thread)), "products" (the same VJP as 14 batched XLA products over all chunks:
       `_local_vjp_products`; with grad_prep="kernel" the state-prep kernel writes T out),
       "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk factors and
-      differentiates them) or "kernel" (one Pallas program per (batch * head, chunk), the
-      same VJP: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 160 KB of shared memory
-      and 240 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128, above an SM's
-      227 KB)). Same function. H200, H = 16, d = 64, bf16, T = 4096, B = 8: the state path's
-      forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel");
-      the whole call 10.8 against 11.8 ms (kernels/NOTES.md). "fused" (not yet timed):
-      "products"' VJP in one Pallas program per (batch * head, chunk), reusing the forward's
-      P and T like it (no triangular inverse in the kernel) and its `local_vjp_dot`; 8
-      warps (ptxas, sm_90a, bf16 inputs: 224 registers and no spills at d = 64, 56 KB of
-      shared memory; at d = 128 136 KB and 416 stack bytes per thread).
-    local_vjp_dot: the operands of `_local_vjp_products` (state_local_vjp="products", or the
-      "fused" kernel's products):
+      differentiates them) or "kernel" (one Pallas program per (batch * head, chunk) that
+      recomputes the factors: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 160 KB of
+      shared memory and 240 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128,
+      above an SM's 227 KB)). Same function. H200, H = 16, d = 64, bf16, gradient device
+      time: "fused" 4.81 ms against 5.45 with "products" at T = 4096, B = 8, 6.28 against
+      6.92 at T = 32768, B = 1. Earlier, at T = 4096, B = 8: the state path's
+      forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel").
+    local_vjp_dot: the operands of the written-out local VJP (state_local_vjp="fused" or
+      "products"):
       "auto" (default: "bf16" for bfloat16 inputs (`for_inputs`), else `precision`, float32
       operands: TF32 at DEFAULT on a GPU) or "bf16"
       (operands rounded to bfloat16, float32 accumulation: half the bytes read by the 14
@@ -261,16 +262,20 @@ class KernelConfig:
       d = 64, bf16: penalty path 1.34 ms against 1.49 at T = 4096, B = 8; 1.32 against 1.55
       at T = 32768, B = 1.
     adjoint_du: with penalty_grad="adjoint", where the chunk-local part of the u cotangents
-      runs: "xla" (default: `vla_jax.ops.vla.penalty.chunk_u_cotangents`, five batched
-      products and two masks, each writing a [C, C] or [C, dk] float32 array per chunk) or
-      "kernel" (`adjoint_du.py`: one program per (batch * head, chunk) keeps them on chip).
-      Same function. Not yet timed.
+      runs: "kernel" (default: `adjoint_du.py`, one program per (batch * head, chunk) keeps
+      the products on chip, and adds the suffix matrices' transpose itself) or "xla"
+      (`vla_jax.ops.vla.penalty.chunk_u_cotangents`, five batched products and two masks,
+      each writing a [C, C] or [C, dk] float32 array per chunk). Same function. H200,
+      H = 16, d = 64, bf16, T = 4096, B = 8, with segment_gram="kernel": gradient device time
+      5.09 ms against 5.45 with both "xla" (the kernel 0.29 ms).
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
-      per-segment Grams sum u u^T: "xla" (default: one batched product; on the inference
-      path's token-major u XLA first copies u into two transposed layouts, 0.04 ms each at
-      d = 64, T = 4096, B = 8, beside the 0.04 ms product) or "kernel" (`penalty_scan.
-      segment_grams`: one program per (sequence, segment) reading u in place, bf16 products
-      for bf16 u, exact in float32 sums; tf32x3 otherwise). Same function. Not yet timed.
+      per-segment Grams sum u u^T: "kernel" (default: `penalty_scan.segment_grams`, one
+      program per (sequence, segment) reading u in place, bf16 products for bf16 u, exact in
+      float32 sums; tf32x3 otherwise) or "xla" (one batched product; on the inference path's
+      token-major u XLA first copies u into two transposed layouts, 0.04 ms each at d = 64,
+      T = 4096, B = 8, beside the 0.04 ms product). Same function. H200, H = 16, d = 64,
+      bf16: forward device time 1.13 ms against 1.23 at T = 4096, B = 8 (the kernel
+      0.03 ms), 1.81 against 1.90 at T = 32768, B = 1.
     segment_grad: how the backward of the penalty reverse kernel (penalty_grad "scan")
       differentiates the segment-start inverses A_s = (A0^-1 + sum of u u^T before segment
       s)^-1: "products" (default: written out, `penalty_grad.segment_start_vjp`: dM_s = -A_s
@@ -335,12 +340,12 @@ class KernelConfig:
   grad_stride: int | None = None
   state_output: str = "auto"
   state_bwd: str = "auto"
-  state_local_vjp: str = "products"
+  state_local_vjp: str = "fused"
   local_vjp_dot: str = "auto"
   grad_prep: str = "kernel"
   segment_inverse: str = "auto"
-  segment_gram: str = "xla"
-  adjoint_du: str = "xla"
+  segment_gram: str = "kernel"
+  adjoint_du: str = "kernel"
   segment_grad: str = "products"
   interpret: bool = False
 

@@ -254,12 +254,15 @@ class TestGpuLowering:
     # forward, then on the rows' cotangents) with its segment-start and A0 inverses
     # (segment_inverse="auto" is the kernel at dk <= 64), the state path's chunk factors
     # (grad_prep="kernel"), and at these few programs (state_output and state_bwd "auto") the
-    # chain + output pair forward and the terms + chain reverse.
+    # chain + output pair forward and the terms + chain reverse; the segment Grams
+    # (segment_gram="kernel"), the adjoint's chunk-local du (adjoint_du="kernel") and the
+    # state path's chunk-local VJP (state_local_vjp="fused") in one kernel each.
     assert cfg.output_form(B * H, dv) == "split" and cfg.backward_form(B * H, dv) == "split"
-    assert text.count("__gpu$xla.gpu.triton") == 9
     counts = {"vla_penalty_scan": 2, "vla_spd_inverse": 2, "vla_penalty_scan_bwd": 0,
               "vla_state_prep": 1, "vla_state_chain": 1, "vla_state_out": 1,
-              "vla_state_bwd_terms": 1, "vla_state_bwd_chain": 1, "vla_state_bwd": 0}
+              "vla_state_bwd_terms": 1, "vla_state_bwd_chain": 1, "vla_state_bwd": 0,
+              "vla_segment_grams": 1, "vla_adjoint_du": 1, "vla_state_fused_vjp": 1}
+    assert text.count("__gpu$xla.gpu.triton") == sum(counts.values()) == 12
     for name, n in counts.items():
       assert text.count(f'name = "{name}"') == n, name
 

@@ -113,10 +113,12 @@ def test_bad_block_for_segment_raises():
 def test_forward_lowers_for_h200(shape):
   text = _lower(shape, jnp.bfloat16, "tf32x3", grad=False, prep="scan")
   # segment_inverse="auto": at dk = 64 (two segments) A0 and the segment starts are inverted
-  # by the spd_inverse kernel, at dk = 128 (one chunk) nothing is.
+  # by the spd_inverse kernel (the Grams from segment_grams, segment_gram="kernel"), at
+  # dk = 128 (one chunk) nothing is.
   inverses = 2 if shape[3] == 64 else 0
   assert text.count('name = "vla_spd_inverse"') == inverses
-  assert text.count("__gpu$xla.gpu.triton") == 3 + inverses
+  assert text.count('name = "vla_segment_grams"') == inverses // 2
+  assert text.count("__gpu$xla.gpu.triton") == 3 + inverses + inverses // 2
   assert all(k in text for k in ("vla_penalty_scan", "vla_state_prep", "vla_state_fwd"))
 
 
@@ -215,7 +217,7 @@ def test_segment_grams_kernel_equals_xla(x64, heads):
 def test_segment_gram_kernel_option_same_function(x64):
   """KernelConfig(segment_gram="kernel") with the segment-start inverses in the kernel: the
   forward equals the oracle in float64 with three segments, head-major and (bf16-free direct
-  layout) token-major, and the adjoint gradient equals the default's."""
+  layout) token-major, and the adjoint gradient equals the XLA Grams'."""
   B, T, H, dk, dv, C = 1, 90, 2, 32, 16, 16
   args = [jnp.asarray(x) for x in _inputs(34, B, T, H, dk, dv)]
   base = dict(chunk_size=C, precision=jax.lax.Precision.HIGHEST, prep="scan", segment_chunks=2,
@@ -228,7 +230,8 @@ def test_segment_gram_kernel_option_same_function(x64):
       assert _rel(g, w) < TOL[np.float64], (layout, name, _rel(g, w))
   grads = [jax.jit(jax.grad(lambda *a, c=c: jnp.sum(vla_pallas(*a, config=c, interpret=True)[0]),
                             argnums=range(4)))(*args)
-           for c in (KernelConfig(segment_gram="kernel", **base), KernelConfig(**base))]
+           for c in (KernelConfig(segment_gram="kernel", **base),
+                     KernelConfig(segment_gram="xla", **base))]
   for g, w in zip(*grads):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-10, atol=1e-12)
   with pytest.raises(ValueError, match="segment_gram"):

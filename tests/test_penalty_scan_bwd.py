@@ -308,18 +308,23 @@ def test_adjoint_lowers_for_h200():
 
 
 def test_adjoint_du_kernel_equals_xla_float64(x64):
-  """`adjoint_du.chunk_u_cotangents_kernel` equals the XLA `chunk_u_cotangents` in float64 (two
-  sequences, three chunks), and KernelConfig(adjoint_du="kernel") gives impl="scan"'s
+  """`adjoint_du.chunk_u_cotangents_kernel` on E equals the XLA `chunk_u_cotangents` on
+  D = E + E^T in float64 (two sequences, three chunks), `suffix_matrices`' two forms agree, and KernelConfig(adjoint_du="kernel") gives impl="scan"'s
   gradients with a padded tail."""
   from vla_jax.kernels.adjoint_du import chunk_u_cotangents_kernel
-  from vla_jax.ops.vla.penalty import chunk_u_cotangents
+  from vla_jax.ops.vla.penalty import chunk_u_cotangents, suffix_matrices
   B, H, N, C, dk = 1, 2, 3, 16, 16
   rng = np.random.default_rng(3)
   U, W, Z = (jnp.asarray(rng.standard_normal((B, H, N, C, dk))) for _ in range(3))
-  D = _sym(jnp.asarray(rng.standard_normal((B, H, N, dk, dk))))
-  got = chunk_u_cotangents_kernel(U, W, Z, D, precision=HI, interpret=True)
+  E = jnp.asarray(rng.standard_normal((B, H, N, dk, dk)))         # not symmetric
+  got = chunk_u_cotangents_kernel(U, W, Z, E, precision=HI, interpret=True)
   chex.assert_shape(got, (B, H, N, C, dk))
-  assert _rel(got, chunk_u_cotangents(U, W, Z, D)) < 1e-13
+  assert _rel(got, chunk_u_cotangents(U, W, Z, E + jnp.swapaxes(E, -1, -2))) < 1e-13
+  A_T, dA_T, A0 = (jnp.asarray(rng.standard_normal((B, H, dk, dk))) for _ in range(3))
+  A0 = _sym(A0) + 2 * dk * jnp.eye(dk)
+  D, dA0 = suffix_matrices(W, Z, A_T, dA_T, A0)
+  E, dA0_e = suffix_matrices(W, Z, A_T, dA_T, A0, symmetrize=False)
+  assert _rel(E + jnp.swapaxes(E, -1, -2), D) < 1e-14 and _rel(dA0_e, dA0) < 1e-14
   _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="adjoint", adjoint_du="kernel",
                                    segment_chunks=2), 77, seed=213)
   with pytest.raises(ValueError, match="adjoint_du"):

@@ -31,8 +31,8 @@ def test_split_lowers_for_h200():
   shape = (1, 100, 2, 64, 64, 64)
   text = _lower(shape, jnp.bfloat16, "auto", grad=False, prep="scan", **cfg)
   # State prep, penalty scan, state chain, outputs; the segment-start inverses and A0's
-  # (segment_inverse="auto" is "kernel" at d = 64).
-  assert text.count("__gpu$xla.gpu.triton") == 6
+  # (segment_inverse="auto" is "kernel" at d = 64) with their Grams (segment_gram="kernel").
+  assert text.count("__gpu$xla.gpu.triton") == 7
   assert "vla_state_chain" in text and "vla_state_out" in text and "vla_state_fwd" not in text
   assert "vla_spd_inverse" in text
   text = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan", **cfg)

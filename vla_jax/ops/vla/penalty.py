@@ -90,19 +90,26 @@ def penalty_u_cotangents(U, W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIG
   return chunk_u_cotangents(U, W, Z, D, precision), dA0
 
 
-def suffix_matrices(W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST):
+def suffix_matrices(W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST, symmetrize=True):
   """(D [B, H, N, dk, dk], dA0 [B, H, dk, dk]) of `penalty_u_cotangents`: D_n = the sum over
-  the chunks after n of Z^T W + W^T Z, plus K (symmetric), and dA0."""
+  the chunks after n of Z^T W + W^T Z, plus K (symmetric), and dA0. symmetrize=False returns
+  E_n in place of D_n, with D_n = E_n + E_n^T: the consumer adds the transpose itself (the
+  Pallas du kernel does, in a second product on chip), so that no XLA pass transposes the
+  [dk, dk] blocks (fused into the reverse prefix sum, such a transpose took 1.2 ms at 512
+  chunks a head, d = 64 on an H200)."""
   mm = functools.partial(jnp.einsum, precision=precision)
   mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
   ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
   after = jnp.cumsum(ZW[:, :, ::-1], axis=2)[:, :, ::-1] - ZW        # chunks after n
   ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
-  # Symmetrised once, with K, in one pass over the [dk, dk] per chunk (not before the sums).
-  D = after + jnp.swapaxes(after, -1, -2) + (ATdA + jnp.swapaxes(ATdA, -1, -2))[:, :, None]
   M0 = _symmetrize(jnp.linalg.inv(A0))
   P = jnp.sum(ZW, axis=2) + ATdA
-  return D, mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
+  dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
+  if not symmetrize:
+    return after + ATdA[:, :, None], dA0
+  # Symmetrised once, with K, in one pass over the [dk, dk] per chunk (not before the sums).
+  D = after + jnp.swapaxes(after, -1, -2) + (ATdA + jnp.swapaxes(ATdA, -1, -2))[:, :, None]
+  return D, dA0
 
 
 def chunk_u_cotangents(U, W, Z, D, precision=jax.lax.Precision.HIGHEST):
