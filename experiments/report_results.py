@@ -277,7 +277,13 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                # bfloat16 local-VJP products for bfloat16 inputs, with cuDNN and fla, one run
                # each; `ms` the median of back-to-back rounds (measure.time_jax). At d = 128
                # the run's budget cut fla beyond T = 256: those rows stay run s's.
-               "bench_h200_2026-12-01.jsonl", "bench_h200_2026-12-01b.jsonl")
+               "bench_h200_2026-12-01.jsonl", "bench_h200_2026-12-01b.jsonl",
+               # 12-01c / 12-01d: d = 64 / 128 pallas at the fused chunk-local backward
+               # defaults (state_local_vjp="fused", adjoint_du and segment_gram "kernel"), with
+               # cuDNN and fla (all T at both d), one run each, fwd+bwd returning o. 12-01e:
+               # scan and pallas at T = 8192, d = 64, one run.
+               "bench_h200_2026-12-01c.jsonl", "bench_h200_2026-12-01d.jsonl",
+               "bench_h200_2026-12-01e.jsonl")
 
 
 def kernel_claim_row(results_dir):
