@@ -250,15 +250,18 @@ def segment_grams(u, S, L, *, chunk_size, precision, acc=jnp.float32, heads=None
 
 def _segment_gram_prefix_kernel(u_h, config, S, L, token_major, acc):
   """`_segment_gram_prefix` with the Grams from `segment_grams` (config.segment_gram="kernel"):
-  bfloat16 u with bfloat16 products (exact, float32 sums), else tf32x3 products."""
+  bfloat16 products (float32 sums) for bfloat16 u, or when the scan's own factor products are
+  bfloat16 (`factor_dot`, the bf16-input default: the differentiated forward gets u cast to
+  float32, whose values are then bfloat16 values, so the products stay exact; for other u they
+  take the rounding the scan gives u anyway); else tf32x3 products."""
   if token_major:
     B, _, H, dk = u_h.shape
   else:
     B, H, _, dk = u_h.shape
     pad = S * L - u_h.shape[2]
     u_h = jnp.pad(u_h, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B * H, S * L, dk)
-  prec = _factor_precision("bf16" if u_h.dtype == jnp.bfloat16 else "tf32x3", acc,
-                           config.interpret)
+  low = u_h.dtype == jnp.bfloat16 or config.factor_dot == "bf16"
+  prec = _factor_precision("bf16" if low else "tf32x3", acc, config.interpret)
   G = segment_grams(u_h, S, L, chunk_size=config.chunk_size, precision=prec, acc=acc,
                     heads=H if token_major else None, num_warps=config.prep_warps,
                     interpret=config.interpret)

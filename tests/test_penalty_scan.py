@@ -214,6 +214,33 @@ def test_segment_grams_kernel_equals_xla(x64, heads):
                              rtol=1e-5, atol=1e-5)
 
 
+def test_segment_gram_prefix_takes_bf16_products_with_bf16_factor_dot():
+  """The differentiated forward hands the segment Grams u cast to float32: with the bf16-input
+  factor products (`factor_dot` "bf16") the Grams take bfloat16 products too. On u whose values
+  are bfloat16 values that is exact (float32 sums); other float32 u shows the operands'
+  rounding, which tf32x3 products (`factor_dot` "tf32") do not have."""
+  from vla_jax.kernels.penalty_scan import _segment_gram_prefix_kernel  # pylint: disable=import-outside-toplevel
+  B, H, S, L, C, dk = 1, 2, 3, 32, 16, 16
+  rng = np.random.default_rng(8)
+  u = rng.standard_normal((B, H, S * L, dk)).astype(np.float32)
+  u_bf = np.asarray(jnp.asarray(u, jnp.bfloat16), np.float32)    # bfloat16 values, float32
+
+  def exact(x):
+    G = np.einsum("bhsli,bhslj->bhsij", *(x.astype(np.float64).reshape(B, H, S, L, dk),) * 2)
+    return np.cumsum(G[:, :, :-1], axis=2)
+
+  def grams(x, prep_dot):
+    cfg = KernelConfig(chunk_size=C, prep="scan", prep_dot=prep_dot, interpret=True)
+    got = _segment_gram_prefix_kernel(jnp.asarray(x), cfg, S, L, False, jnp.float32)
+    chex.assert_shape(got, (B, H, S - 1, dk, dk))
+    return np.asarray(got, np.float64)
+
+  rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)
+  assert rel(grams(u_bf, "bf16"), exact(u_bf)) < 1e-6        # exact products, float32 sums
+  assert rel(grams(u, "bf16"), exact(u)) > 1e-4              # operands rounded to bfloat16
+  assert rel(grams(u, "tf32x3"), exact(u)) < 1e-6
+
+
 def test_segment_gram_kernel_option_same_function(x64):
   """KernelConfig(segment_gram="kernel") with the segment-start inverses in the kernel: the
   forward equals the oracle in float64 with three segments, head-major and (bf16-free direct
