@@ -11,7 +11,7 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
         [--penalty_grad auto,autodiff,chunk,scan,adjoint] [--segment_chunks auto,100000]
         [--state_prep_dot auto] [--factor_dtype auto] [--input_layout auto]
         [--local_vjp_dot auto] [--grad_stride auto] [--state_bwd auto] [--segment_gram xla]
-        [--adjoint_du xla] [--state_local_vjp products]
+        [--adjoint_du xla] [--state_local_vjp products] [--grad_layout direct]
 
 --factor_dtype and --input_layout change only the inference forward (o, S_T, A_T); the
 gradients come from the differentiated forward, which keeps float32 factors and the transposed
@@ -47,7 +47,8 @@ SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
                 ("state_bwd", "sbwd", "gradient, state path's reverse pass"),
                 ("segment_gram", "gram", "prep=scan, segment-start inverses in the kernel"),
                 ("adjoint_du", "adu", "gradient, penalty_grad=adjoint"),
-                ("state_local_vjp", "lvjp_form", "gradient, state path's chunk-local VJP"))
+                ("state_local_vjp", "lvjp_form", "gradient, state path's chunk-local VJP"),
+                ("grad_layout", "glayout", "gradient, state kernels' q, v layout"))
 INT_OPTIONS = ("grad_stride",)   # an integer unless "auto"
 
 

@@ -212,14 +212,16 @@ def penalty_rows(A_c, e, u, *, chunk_size, factor_precision, num_warps=4, interp
 
 def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps=4,
                interpret=False, with_inverse=False, out_dtype=None, heads=None, acc=None,
-               inverse_dtype=None):
+               inverse_dtype=None, qv_heads=None):
   """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] of the state path (kernel (c)), in
   `out_dtype` (default the computation's dtype `acc`, default e's dtype). e, a, q: [BH, N*C, dk]
   erase keys, write keys, queries; v: [BH, N*C, dv].
   with_inverse: also T = (I + strictly_lower(E A^T))^-1 of every chunk, [BH, N*C, C] (in
   `inverse_dtype`, default `out_dtype`).
   heads: None, or H when e, q, v are the caller's token-major [B, >= N*C, H, d] (read in place;
-  e then holds raw keys, made unit in the kernel); a and the outputs stay head-major."""
+  e then holds raw keys, made unit in the kernel); a and the outputs stay head-major.
+  qv_heads: None, or H when only q and v are token-major (read in place) and e holds unit
+  keys head-major (the differentiated path's `state_path(heads=H)`)."""
   BH, NC, dk = a.shape
   C, dv, acc = chunk_size, v.shape[-1], acc or e.dtype
   out = out_dtype or acc
@@ -229,7 +231,8 @@ def state_prep(e, a, q, v, *, chunk_size, precision, factor_precision, num_warps
       functools.partial(_state_prep_kernel, C=C, fprec=factor_precision, sprec=precision,
                         acc=acc, unit_keys=heads is not None),
       grid=(BH, NC // C),
-      in_specs=[rows(dk, heads), rows(dk), rows(dk, heads), rows(dv, heads)],
+      in_specs=[rows(dk, heads), rows(dk), rows(dk, heads or qv_heads),
+                rows(dv, heads or qv_heads)],
       out_specs=[rows(dv), rows(dk), rows(C), rows(C)][:n_out],
       out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out),
                  jax.ShapeDtypeStruct((BH, NC, dk), out),

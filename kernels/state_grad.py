@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from vla_jax.kernels.layout import rows_spec
 from vla_jax.kernels.split_prep import _dot, _iota, _unit_tril_inv
 
 
@@ -78,7 +79,7 @@ def _write_vjp(Q, E, W, P, Tm, v_ref, do_ref, s_ref, dsn_ref, dq_ref, de_ref, dw
 
 
 def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_warps=4,
-                    num_stages=1, interpret=False, P=None, Tinv=None):
+                    num_stages=1, interpret=False, P=None, Tinv=None, heads=None):
   """Cotangents (dq, de, dw [BH, N*C, dk], dv [BH, N*C, dv]) of the state path's chunk maps.
 
   Args:
@@ -91,15 +92,18 @@ def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_
     P, Tinv: None (recompute them in the kernel), or the forward's P [BH, N*C, C] and unit
       triangular inverses [BH, N, C, C] (any float dtype), read instead
       (`KernelConfig(state_local_vjp="fused")`).
+    heads: None, or H when q, v and dO are token-major [B, N*C, H, d] (read in place); dq and
+      dv are then written token-major too. e, w and the rest stay head-major.
 
   Returns:
     (dq, de, dw, dv) in S_c's dtype.
   """
-  BH, NC, dk = q.shape
+  BH, NC, dk = e.shape
   dv, C, acc = v.shape[-1], chunk_size, S_c.dtype
-  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  rows = lambda d, h=None: rows_spec(C, d, h)
   state = pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0))
-  in_specs = [rows(dk), rows(dk), rows(dk), rows(dv), rows(dv), state, state]
+  in_specs = [rows(dk, heads), rows(dk), rows(dk), rows(dv, heads), rows(dv, heads), state,
+              state]
   args = (q, e, w, v, dO, S_c, dS_next)
   if P is None:
     kernel, name = functools.partial(_local_vjp_kernel, C=C, precision=precision, acc=acc), (
@@ -109,13 +113,14 @@ def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_
         "vla_state_fused_vjp")
     in_specs += [rows(C), rows(C)]
     args += (P, Tinv.reshape(BH, NC, C))
+  tok = lambda d: (BH, NC, d) if heads is None else (BH // heads, NC, heads, d)
   return pl.pallas_call(
       kernel,
       grid=(BH, NC // C),
       in_specs=in_specs,
-      out_specs=[rows(dk), rows(dk), rows(dk), rows(dv)],
-      out_shape=[jax.ShapeDtypeStruct((BH, NC, dk), acc)] * 3
-                + [jax.ShapeDtypeStruct((BH, NC, dv), acc)],
+      out_specs=[rows(dk, heads), rows(dk), rows(dk), rows(dv, heads)],
+      out_shape=[jax.ShapeDtypeStruct(tok(dk), acc), jax.ShapeDtypeStruct((BH, NC, dk), acc),
+                 jax.ShapeDtypeStruct((BH, NC, dk), acc), jax.ShapeDtypeStruct(tok(dv), acc)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret, name=name,
   )(*args)

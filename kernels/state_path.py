@@ -48,6 +48,7 @@ STATE_PREP_DOTS = ("auto", "tf32", "bf16")
 REVERSE_DOTS = ("auto", "tf32", "bf16")
 FACTOR_DTYPES = ("auto", "float32", "bfloat16")
 INPUT_LAYOUTS = ("auto", "transposed", "direct")
+GRAD_LAYOUTS = ("transposed", "direct")
 PREP_FORMS = ("panels", "tiles")
 SPLIT_INVERSES = ("auto", "kernel", "xla")
 PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan", "adjoint")
@@ -150,7 +151,13 @@ class KernelConfig:
       the accumulation dtype) or "direct" (the kernels read the caller's [B, T, H, d]
       arrays in place, make the unit keys themselves, and write o as [B, T, H, dv]: no
       transposes or widened copies; the segment-start Grams read u once). Same function; the
-      differentiated forward keeps "transposed".
+      differentiated forward keeps "transposed" (see `grad_layout`).
+    grad_layout: how the differentiated path's state kernels get q and v: "transposed"
+      (default: head-major [B * H, T, d] copies made by XLA, and o, dq, dv copied back) or
+      "direct" (the state-prep, state, reverse and chunk-local VJP kernels read q, v and the
+      output cotangent in place as [B, T, H, d] and write o, dq, dv so: about six XLA
+      transposes fewer a forward+backward). The keys and u keep their head-major unit copies.
+      Same function. Not yet timed.
     scan_block: with prep="scan", tokens per Sherman-Morrison block of `penalty_scan` (16,
       32 or 64). Default 16.
     scan_prefetch: with prep="scan", load the next block's rows before the current block's
@@ -327,6 +334,7 @@ class KernelConfig:
   factor_dtype: str = "auto"
   reverse_dot: str = "auto"
   input_layout: str = "auto"
+  grad_layout: str = "transposed"
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
@@ -410,6 +418,8 @@ class KernelConfig:
     if self.segment_inverse not in SEGMENT_INVERSES:
       raise ValueError(f"segment_inverse must be one of {SEGMENT_INVERSES}; got "
                        f"{self.segment_inverse!r}")
+    if self.grad_layout not in GRAD_LAYOUTS:
+      raise ValueError(f"grad_layout must be one of {GRAD_LAYOUTS}; got {self.grad_layout!r}")
     if self.adjoint_du not in ADJOINT_DUS:
       raise ValueError(f"adjoint_du must be one of {ADJOINT_DUS}; got {self.adjoint_du!r}")
     if self.segment_gram not in SEGMENT_GRAMS:
@@ -791,23 +801,26 @@ def _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads=None):
   )(q, Up, Wp, P, S_c)
 
 
-def _backward_pass(cfg, dO, q, w, Wp, P, dS_T, next_dtype=None):
+def _backward_pass(cfg, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
   """Reverse pass. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
   dS_T: [BH, dv, dk]. Returns dS_next per chunk [BH, N, dv, dk] (in next_dtype, default the
   accumulation dtype) and dS_0 [BH, dv, dk].
-  cfg.state_bwd="split": the per-chunk terms in a parallel kernel, then the chain alone."""
-  if cfg.backward_form(q.shape[0], dO.shape[-1]) == "split":
-    return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P), dS_T, next_dtype)
-  BH, NC, dk = q.shape
+  cfg.state_bwd="split": the per-chunk terms in a parallel kernel, then the chain alone.
+  heads: None, or H when dO and q are token-major [B, N*C, H, d] (read in place)."""
+  BH, NC, dk = w.shape
+  if cfg.backward_form(BH, dO.shape[-1]) == "split":
+    return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P, heads), dS_T,
+                           next_dtype)
   dv, C = dO.shape[-1], cfg.chunk_size
   N, BV, acc = NC // C, cfg.value_block(dv), Wp.dtype
   kernel = functools.partial(_bwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
   k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
+  seq = lambda d, f=lambda b, j: 0: rows_spec(NC, d, heads, time=lambda b, j: 0, feature=f)
   return pl.pallas_call(
       kernel,
       grid=(BH, dv // BV),
-      in_specs=[pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j)), k_spec, k_spec, k_spec,
+      in_specs=[seq(BV, lambda b, j: j), seq(dk), k_spec, k_spec,
                 pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
       out_specs=[pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0)), s_spec],
       out_shape=[jax.ShapeDtypeStruct((BH, N, dv, dk), next_dtype or acc),
@@ -818,16 +831,17 @@ def _backward_pass(cfg, dO, q, w, Wp, P, dS_T, next_dtype=None):
   )(dO, q, w, Wp, P, dS_T)
 
 
-def _backward_terms(cfg, dO, q, Wp, P):
-  """G [BH, N, dv, dk], G_n = dO_n^T (Q_n - P_n W'_n): one program per (batch * head, chunk)."""
-  BH, NC, dk = q.shape
+def _backward_terms(cfg, dO, q, Wp, P, heads=None):
+  """G [BH, N, dv, dk], G_n = dO_n^T (Q_n - P_n W'_n): one program per (batch * head, chunk).
+  heads: as in `_backward_pass`."""
+  BH, NC, dk = Wp.shape
   dv, C = dO.shape[-1], cfg.chunk_size
   N, acc = NC // C, Wp.dtype
-  rows = lambda d: pl.BlockSpec((None, C, d), lambda b, n: (b, n, 0))
+  rows = lambda d, h=None: rows_spec(C, d, h)
   return pl.pallas_call(
       functools.partial(_bwd_terms_kernel, precision=cfg.precision, acc=acc),
       grid=(BH, N),
-      in_specs=[rows(dv), rows(dk), rows(dk), rows(C)],
+      in_specs=[rows(dv, heads), rows(dk, heads), rows(dk), rows(C)],
       out_specs=pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0)),
       out_shape=jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
       compiler_params=_params(cfg),
@@ -870,13 +884,33 @@ def _merge(x):
   return x.reshape(x.shape[0], -1, x.shape[-1])
 
 
-def _prepare(cfg, q, e, w, v, with_inverse=False):
+def _head_rows(x, heads):
+  """A token-major [B, T, H, d] array as head-major rows [B * H, T, d] (heads=H; an XLA
+  transpose), or x itself (heads=None)."""
+  if heads is None:
+    return x
+  B, T, H, d = x.shape
+  return jnp.swapaxes(x, 1, 2).reshape(B * H, T, d)
+
+
+def _token_rows(x, heads):
+  """The inverse of `_head_rows`: [B * H, T, d] -> [B, T, H, d] (heads=H), or x."""
+  if heads is None:
+    return x
+  BH, T, d = x.shape
+  return jnp.swapaxes(x.reshape(BH // heads, heads, T, d), 1, 2)
+
+
+def _prepare(cfg, q, e, w, v, with_inverse=False, heads=None):
   """U', W', P [BH, N*C, .] of every chunk: XLA `_factors`, or with cfg.grad_prep="kernel" the
   `split_prep.state_prep` kernel. with_inverse: also the chunks' unit-triangular inverses T
   [BH, N, C, C] (from the kernel in bfloat16 when local_vjp_dot="bf16": the products that
-  read it take bfloat16 operands)."""
+  read it take bfloat16 operands). heads: None, or H when q and v are token-major
+  [B, N*C, H, d] (the kernel reads them in place; XLA's `_factors` gets head-major copies)."""
   acc = compute_dtype(q, e, w, v)
   C = cfg.chunk_size
+  if cfg.grad_prep != "kernel":
+    q, v = _head_rows(q, heads), _head_rows(v, heads)
   if cfg.grad_prep == "kernel":
     from vla_jax.kernels.split_prep import state_prep
     fprec, sprec = cfg.state_prep_precisions(acc)
@@ -884,7 +918,7 @@ def _prepare(cfg, q, e, w, v, with_inverse=False):
     out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C, precision=sprec,
                      factor_precision=fprec, num_warps=cfg.prep_warps,
                      interpret=cfg.interpret, with_inverse=with_inverse,
-                     inverse_dtype=jnp.bfloat16 if low else None)
+                     inverse_dtype=jnp.bfloat16 if low else None, qv_heads=heads)
     if with_inverse:
       Up, Wp, P, Tinv = out
       return Up, Wp, P, _split(Tinv, C)
@@ -927,21 +961,22 @@ def _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
   return tuple(_merge(g).astype(x.dtype) for g, x in zip((dq, de, dw, dX), (q, e, w, v)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _state_path(cfg, q, e, w, v, S0):
-  Up, Wp, P = _prepare(cfg, q, e, w, v)
-  O, S_T, _ = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6))
+def _state_path(cfg, q, e, w, v, S0, heads):
+  Up, Wp, P = _prepare(cfg, q, e, w, v, heads=heads)
+  O, S_T, _ = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype, heads=heads)
   return O, S_T
 
 
-def _state_path_fwd(cfg, q, e, w, v, S0):
+def _state_path_fwd(cfg, q, e, w, v, S0, heads):
   products = cfg.state_local_vjp in REUSE_LOCAL_VJPS
-  Up, Wp, P, *Tinv = _prepare(cfg, q, e, w, v, with_inverse=products)
-  O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype)
+  Up, Wp, P, *Tinv = _prepare(cfg, q, e, w, v, with_inverse=products, heads=heads)
+  O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype,
+                              heads=heads)
   return (O, S_T), (q, e, w, v, S0, Wp, P, S_c, Tinv[0] if products else None)
 
 
-def _state_path_bwd(cfg, res, cts):
+def _state_path_bwd(cfg, heads, res, cts):
   q, e, w, v, S0, Wp, P, S_c, Tinv = res
   dO, dS_T = cts
   acc, C = Wp.dtype, cfg.chunk_size
@@ -950,23 +985,28 @@ def _state_path_bwd(cfg, res, cts):
   # With bfloat16 products dS_next only ever meets them as a bfloat16 operand: the reverse
   # kernel writes it so (the same rounding, half the bytes, no cast pass).
   dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc),
-                                jnp.bfloat16 if low else None)
-  if cfg.state_local_vjp == "products":
-    return (*_local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv),
-            dS0.astype(S0.dtype))
-  if cfg.state_local_vjp == "fused":     # the same products in one program per chunk
+                                jnp.bfloat16 if low else None, heads=heads)
+  if cfg.state_local_vjp in ("fused", "kernel"):
+    fused = cfg.state_local_vjp == "fused"
     precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if low else cfg.precision
     grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C, precision=precision,
-                            num_warps=8, interpret=cfg.interpret, P=P, Tinv=Tinv)
+                            num_warps=8, interpret=cfg.interpret,   # fewer spills than 4
+                            P=P if fused else None, Tinv=Tinv if fused else None,
+                            heads=heads)
     dq, de, dw, dv = (g.astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
     return dq, de, dw, dv, dS0.astype(S0.dtype)
-  if cfg.state_local_vjp == "kernel":
-    grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C,
-                            precision=cfg.precision, num_warps=8,   # fewer spills than 4
-                            interpret=cfg.interpret)
-    dq, de, dw, dv = (g.astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
-    return dq, de, dw, dv, dS0.astype(S0.dtype)
+  # The XLA forms work head-major: token-major q, v, dO are copied, dq, dv copied back.
+  q, v, dO = (_head_rows(x, heads) for x in (q, v, dO))
+  dq, de, dw, dv = _local_vjp_xla(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv)
+  return _token_rows(dq, heads), de, dw, _token_rows(dv, heads), dS0.astype(S0.dtype)
 
+
+def _local_vjp_xla(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
+  """The chunk-local cotangents (dq, de, dw, dv) in XLA, head-major: state_local_vjp
+  "products" (written out) or "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`)."""
+  acc, C = S_c.dtype, cfg.chunk_size
+  if cfg.state_local_vjp == "products":
+    return _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv)
   # Chunk-local cotangents, all chunks at once: flatten (BH, N) into one batch axis.
   BH, N = S_c.shape[:2]
   flat = lambda x: _split(x.astype(acc), C).reshape((BH * N, C, x.shape[-1]))
@@ -979,9 +1019,7 @@ def _state_path_bwd(cfg, res, cts):
   grads = jax.vmap(vjp_one)(
       S_c.reshape((BH * N,) + S_c.shape[2:]), flat(q), flat(e), flat(w), flat(v), flat(dO),
       dS_next.reshape((BH * N,) + dS_next.shape[2:]))
-  dq, de, dw, dv = (g.reshape(x.shape).astype(x.dtype)
-                    for g, x in zip(grads, (q, e, w, v)))
-  return dq, de, dw, dv, dS0.astype(S0.dtype)
+  return tuple(g.reshape(x.shape).astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
 
 
 _state_path.defvjp(_state_path_fwd, _state_path_bwd)
@@ -989,7 +1027,7 @@ _state_path.defvjp(_state_path_fwd, _state_path_bwd)
 
 # ----------------------------------------------------------------------------- entry point
 
-def state_path(q, e, w, v, S0, *, config=KernelConfig()):
+def state_path(q, e, w, v, S0, *, config=KernelConfig(), heads=None):
   """Generalised delta rule S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T, o_t = S_t q_t.
 
   Args:
@@ -998,15 +1036,23 @@ def state_path(q, e, w, v, S0, *, config=KernelConfig()):
     v: [BH, T, dv] values.
     S0: [BH, dv, dk] initial state.
     config: a `KernelConfig`.
+    heads: None, or H when q and v are token-major [B, T, H, d] instead (B * H = BH): the
+      kernels read them in place, and o and the cotangents of q and v are token-major too.
 
   Returns:
-    o [BH, T, dv] in v's dtype and S_T [BH, dv, dk] in the accumulation dtype (float32, or
-    float64 when any input is float64). Differentiable (custom VJP with a reverse kernel).
+    o [BH, T, dv] (with heads: [B, T, H, dv]) in v's dtype and S_T [BH, dv, dk] in the
+    accumulation dtype (float32, or float64 when any input is float64). Differentiable
+    (custom VJP with a reverse kernel).
   """
-  BH, T, dk = q.shape
+  BH, T, dk = e.shape
   dv = v.shape[-1]
   config.validate(dk, dv)
   if T % config.chunk_size:
     raise ValueError(f"T={T} must be a multiple of chunk_size={config.chunk_size} here; "
                      "pad with zero keys first")
-  return _state_path(config, q, e, w, v, S0)
+  if heads is not None:
+    want = (BH // heads, T, heads)
+    if BH % heads or q.shape[:3] != want or v.shape[:3] != want:
+      raise ValueError(f"with heads={heads}, q and v must be [B, T, H, d] with B * H = {BH} "
+                       f"and T = {T}; got q {q.shape}, v {v.shape}")
+  return _state_path(config, q, e, w, v, S0, heads)

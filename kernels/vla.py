@@ -127,10 +127,15 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   a = _unit_rows(W.reshape(B, H, T_pad, dk), WRITE_EPS)
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
-  o, S_T = state_path(flat(_head_major(q, T_pad)), flat(khat), flat(a),
-                      flat(_head_major(v, T_pad)), S0.astype(acc).reshape(B * H, dv, dk),
-                      config=config)
-  o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
+  S0_r = S0.astype(acc).reshape(B * H, dv, dk)
+  if config.grad_layout == "direct":    # q, v (and o, dq, dv) token-major, read in place
+    pad = lambda x: x if T_pad == T else jnp.pad(x, [(0, 0), (0, T_pad - T), (0, 0), (0, 0)])
+    o, S_T = state_path(pad(q), flat(khat), flat(a), pad(v), S0_r, config=config, heads=H)
+    o = o[:, :T]
+  else:
+    o, S_T = state_path(flat(_head_major(q, T_pad)), flat(khat), flat(a),
+                        flat(_head_major(v, T_pad)), S0_r, config=config)
+    o = jnp.swapaxes(o.reshape(B, H, T_pad, dv), 1, 2)[:, :T]
   return o, S_T.reshape(B, H, dv, dk), A_T
 
 

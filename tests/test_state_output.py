@@ -3,6 +3,7 @@ sequential state-chain kernel plus a parallel output kernel, and its reverse pas
 per-chunk-term kernel plus the reverse chain. Same function as the fused loops (interpret mode,
 float64, forward and gradients), and they lower for an abstract NVIDIA H200."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,3 +208,68 @@ def test_reverse_pass_and_state_prep_write_bf16_residuals(form):
   np.testing.assert_array_equal(np.asarray(T_low), np.asarray(T.astype(jnp.bfloat16)))
   for a, b in zip(factors_low, factors):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("kw", [
+    {},                                                          # the defaults (fused VJP)
+    {"state_output": "fused", "state_bwd": "fused"},
+    {"state_output": "split", "state_bwd": "split", "state_local_vjp": "products"},
+    {"state_local_vjp": "xla", "grad_prep": "xla"},
+    {"state_local_vjp": "kernel"},
+])
+def test_token_major_state_path_equals_head_major_float64(x64, kw):
+  """state_path(heads=H): q, v and the output cotangent read token-major [B, T, H, d], o, dq
+  and dv written so. Output and every gradient equal the head-major call's in float64, for
+  the kernel forms and the XLA fallbacks (which copy to head-major themselves)."""
+  from vla_jax.kernels import state_path
+  rng = np.random.default_rng(48)
+  B, H, T, dk, dv = 2, 2, 48, 16, 32
+  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
+  q, v = rng.standard_normal((B, T, H, dk)), rng.standard_normal((B, T, H, dv))
+  e, w = (unit(rng.standard_normal((B * H, T, dk))) for _ in range(2))
+  S0 = rng.standard_normal((B * H, dv, dk)) / 4
+  cot_o, cot_S = rng.standard_normal((B, T, H, dv)), rng.standard_normal((B * H, dv, dk))
+  heads = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H, T, x.shape[-1])
+  cfg = _config(16, interpret=True, **kw)
+
+  def token_major(q, e, w, v, S0):
+    o, S = state_path(q, e, w, v, S0, config=cfg, heads=H)
+    return jnp.sum(o * cot_o) + jnp.sum(S * cot_S), o
+
+  def head_major(q, e, w, v, S0):
+    o, S = state_path(heads(q), e, w, heads(v), S0, config=cfg)
+    o = jnp.swapaxes(o.reshape(B, H, T, dv), 1, 2)
+    return jnp.sum(o * cot_o) + jnp.sum(S * cot_S), o
+
+  args = [jnp.asarray(x) for x in (q, e, w, v, S0)]
+  (got_o, got), (want_o, want) = (
+      (f(*args)[1], jax.jit(jax.grad(lambda *a, f=f: f(*a)[0], argnums=range(5)))(*args))
+      for f in (token_major, head_major))
+  chex.assert_shape(got_o, (B, T, H, dv))
+  np.testing.assert_allclose(got_o, want_o, rtol=1e-12, atol=1e-13)
+  for name, g, x in zip(("q", "e", "w", "v", "S0"), got, want):
+    chex.assert_equal_shape([g, x])
+    assert _rel(g, x) < 1e-12, (name, _rel(g, x))
+  with pytest.raises(ValueError, match="heads=2"):
+    state_path(heads(args[0]), *args[1:3], heads(args[3]), args[4], config=cfg, heads=H)
+
+
+def test_grad_layout_direct_matches_scan_float64(x64):
+  """KernelConfig(grad_layout="direct") through vla_pallas: gradients equal impl="scan"'s;
+  T = 75 at C = 32 (the last chunk partly padding, padded token-major)."""
+  _assert_grads_match_scan(_config(32, grad_layout="direct"), 75, seed=49, dv=32)
+  with pytest.raises(ValueError, match="grad_layout"):
+    KernelConfig(grad_layout="token").validate(16, 16)
+
+
+def test_grad_layout_direct_lowers_for_h200():
+  """bf16 inputs, d = 64: the gradient with grad_layout="direct" lowers for an H200 with the
+  same kernels as the default, and fewer transposes of [B, T, H, d] arrays."""
+  shape = (1, 200, 2, 64, 64, 64)
+  direct = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan", grad_layout="direct")
+  default = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan")
+  kernels = lambda text: sorted(l.split('name = "')[1].split('"')[0]
+                                for l in text.splitlines() if 'name = "vla_' in l)
+  assert kernels(direct) == kernels(default)
+  transposes = lambda text: text.count("stablehlo.transpose")
+  assert transposes(direct) < transposes(default), (transposes(direct), transposes(default))
