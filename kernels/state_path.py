@@ -368,19 +368,28 @@ class KernelConfig:
       if d not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS} for the Pallas "
                          f"kernels; got {d}")
+    for name, allowed in (("solver", SOLVERS),
+                          ("prep", PREPS),
+                          ("prep_form", PREP_FORMS),
+                          ("split_inverse", SPLIT_INVERSES),
+                          ("penalty_grad", PENALTY_GRADS),
+                          ("state_output", STATE_OUTPUTS),
+                          ("state_local_vjp", STATE_LOCAL_VJPS),
+                          ("local_vjp_dot", LOCAL_VJP_DOTS),
+                          ("segment_grad", SEGMENT_GRADS),
+                          ("segment_inverse", SEGMENT_INVERSES),
+                          ("grad_layout", GRAD_LAYOUTS),
+                          ("adjoint_du", ADJOINT_DUS),
+                          ("segment_gram", SEGMENT_GRAMS),
+                          ("grad_prep", GRAD_PREPS),
+                          ("state_bwd", STATE_BWDS),
+                          ("prep_dot", PREP_DOTS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
     bv = self.value_block(dv)
     if bv < 16 or bv & (bv - 1) or dv % bv:
       raise ValueError(f"block_v must be a power of two >= 16 that divides dv={dv}; got "
                        f"{self.block_v!r}")
-    if self.solver not in SOLVERS:
-      raise ValueError(f"solver must be one of {SOLVERS}; got {self.solver!r}")
-    if self.prep not in PREPS:
-      raise ValueError(f"prep must be one of {PREPS}; got {self.prep!r}")
-    if self.prep_form not in PREP_FORMS:
-      raise ValueError(f"prep_form must be one of {PREP_FORMS}; got {self.prep_form!r}")
-    if self.split_inverse not in SPLIT_INVERSES:
-      raise ValueError(f"split_inverse must be one of {SPLIT_INVERSES}; got "
-                       f"{self.split_inverse!r}")
     if self.scan_block not in (16, 32, 64) or self.scan_block > C:
       raise ValueError(f"scan_block must be 16, 32 or 64 and at most chunk_size={C}; got "
                        f"{self.scan_block!r}")
@@ -393,52 +402,23 @@ class KernelConfig:
                                             or self.segment_chunks < 1):
       raise ValueError(f"segment_chunks must be None or a positive int; got "
                        f"{self.segment_chunks!r}")
-    if self.penalty_grad not in PENALTY_GRADS:
-      raise ValueError(f"penalty_grad must be one of {PENALTY_GRADS}; got {self.penalty_grad!r}")
     if self.penalty_backward in ("scan", "adjoint") and self.prep != "scan":
       raise ValueError(f'penalty_grad="{self.penalty_backward}" needs prep="scan" (it '
                        f'differentiates the penalty_scan kernel); got prep={self.prep!r}')
-    if self.state_output not in STATE_OUTPUTS:
-      raise ValueError(f"state_output must be one of {STATE_OUTPUTS}; got {self.state_output!r}")
-    if self.state_local_vjp not in STATE_LOCAL_VJPS:
-      raise ValueError(f"state_local_vjp must be one of {STATE_LOCAL_VJPS}; got "
-                       f"{self.state_local_vjp!r}")
-    if self.local_vjp_dot not in LOCAL_VJP_DOTS:
-      raise ValueError(f"local_vjp_dot must be one of {LOCAL_VJP_DOTS}; got "
-                       f"{self.local_vjp_dot!r}")
     if self.local_vjp_dot == "bf16" and self.state_local_vjp not in REUSE_LOCAL_VJPS:
       raise ValueError('local_vjp_dot="bf16" needs state_local_vjp="products" or "fused"; '
                        f"got {self.state_local_vjp!r}")
     if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
       raise ValueError('state_local_vjp="kernel" supports head dims up to 64 (at 128 its '
                        f"program needs ~480 KB of shared memory); got dk={dk}, dv={dv}")
-    if self.segment_grad not in SEGMENT_GRADS:
-      raise ValueError(f"segment_grad must be one of {SEGMENT_GRADS}; got "
-                       f"{self.segment_grad!r}")
-    if self.segment_inverse not in SEGMENT_INVERSES:
-      raise ValueError(f"segment_inverse must be one of {SEGMENT_INVERSES}; got "
-                       f"{self.segment_inverse!r}")
-    if self.grad_layout not in GRAD_LAYOUTS:
-      raise ValueError(f"grad_layout must be one of {GRAD_LAYOUTS}; got {self.grad_layout!r}")
-    if self.adjoint_du not in ADJOINT_DUS:
-      raise ValueError(f"adjoint_du must be one of {ADJOINT_DUS}; got {self.adjoint_du!r}")
-    if self.segment_gram not in SEGMENT_GRAMS:
-      raise ValueError(f"segment_gram must be one of {SEGMENT_GRAMS}; got "
-                       f"{self.segment_gram!r}")
     if self.segment_inverse == "kernel" and dk > 64:
       raise ValueError('segment_inverse="kernel" supports dk up to 64 (at 128 its program '
                        f"spills and needs 256 KB of shared memory); got dk={dk}")
-    if self.grad_prep not in GRAD_PREPS:
-      raise ValueError(f"grad_prep must be one of {GRAD_PREPS}; got {self.grad_prep!r}")
-    if self.state_bwd not in STATE_BWDS:
-      raise ValueError(f"state_bwd must be one of {STATE_BWDS}; got {self.state_bwd!r}")
     if self.prep_warps not in (1, 2, 4, 8):
       raise ValueError(f"prep_warps must be 1, 2, 4 or 8; got {self.prep_warps!r}")
     for name in ("scan_warps", "grad_scan_warps", "bwd_scan_warps"):
       if getattr(self, name) not in (None, 1, 2, 4, 8):
         raise ValueError(f"{name} must be None, 1, 2, 4 or 8; got {getattr(self, name)!r}")
-    if self.prep_dot not in PREP_DOTS:
-      raise ValueError(f"prep_dot must be one of {PREP_DOTS}; got {self.prep_dot!r}")
     for name, allowed, default in (("state_prep_dot", STATE_PREP_DOTS, "auto"),
                                    ("factor_dtype", FACTOR_DTYPES, "auto"),
                                    ("reverse_dot", REVERSE_DOTS, "auto"),
