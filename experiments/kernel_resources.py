@@ -185,6 +185,8 @@ def main():
                       help="KernelConfig.state_bwd (fused, split; with --grad)")
   parser.add_argument("--state_local_vjp", default=KernelConfig().state_local_vjp,
                       help="KernelConfig.state_local_vjp (products, xla, kernel, fused; with --grad)")
+  parser.add_argument("--adjoint_du", default=KernelConfig().adjoint_du,
+                      help="KernelConfig.adjoint_du (xla, kernel, carried; with --grad)")
   parser.add_argument("--grad_layout", default=KernelConfig().grad_layout,
                       help="KernelConfig.grad_layout (transposed, direct; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
@@ -221,7 +223,8 @@ def main():
                          num_stages=args.num_stages, segment_chunks=args.segment_chunks,
                          scan_bwd_unroll=unroll, state_output=args.state_output,
                          state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp,
-                         grad_stride=args.grad_stride, grad_layout=args.grad_layout)
+                         grad_stride=args.grad_stride, grad_layout=args.grad_layout,
+                         adjoint_du=args.adjoint_du)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():

@@ -14,6 +14,18 @@ each writing a [C, C] or [C, dk] float32 array per chunk to memory. Here one pro
     du = -(UW Z + UZ W + U E + U E^T)     ([C, dk])
 
 reading U, W, Z and E once and writing du once. KernelConfig(adjoint_du="kernel").
+
+`carried_u_cotangents` (KernelConfig(adjoint_du="carried")) does without E in memory: the
+suffix sums E_n = sum over m > n of Z_m^T W_m, plus A_T dA_T A_T, are carried through a
+segment of chunks in the program, chunk by chunk in reverse, from the segment's start value
+(the later segments' Z^T W sums, one batched XLA product per segment and a reverse prefix sum
+over the few segments):
+
+    for n = last chunk of the segment down to its first:
+      du_n = -(UW Z + UZ W + U E + U E^T);   E <- E + Z_n^T W_n
+
+No [N, dk, dk] array of Z^T W or E is written (at d = 128, T = 4096, B = 8 those were 537 MB
+each, and XLA's reverse prefix sum over them took 0.68 ms on an H200).
 """
 
 import functools
@@ -57,4 +69,52 @@ def chunk_u_cotangents_kernel(U, W, Z, E, *, precision, num_warps=4, interpret=F
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="vla_adjoint_du",
   )(flat(U), flat(W), flat(Z), E.reshape(B * H, N, dk, dk))
+  return du.reshape(B, H, N, C, dk)
+
+
+def _carried_kernel(u_ref, w_ref, z_ref, e0_ref, du_ref, *, C, L, precision, acc):
+  # u_ref, w_ref, z_ref, du_ref: [L * C, dk] (one segment of L chunks); e0_ref: [dk, dk], E of
+  # the segment's last chunk (the later segments' Z^T W and A_T dA_T A_T).
+  dot = functools.partial(_dot, precision=precision)
+  r, c, _ = _iota(C)
+
+  def body(i, E):
+    rows = pl.ds(pl.multiple_of((L - 1 - i) * C, C), C)
+    U, W, Z = (ref[rows, :].astype(acc) for ref in (u_ref, w_ref, z_ref))
+    UW = jnp.where(r <= c, dot(U, W, tb=True), 0.0)               # [s, t], t >= s
+    UZ = jnp.where(r <= c, dot(U, Z, tb=True), 0.0)
+    du = dot(UW, Z) + dot(UZ, W) + dot(U, E) + dot(U, E, tb=True)
+    du_ref[rows, :] = (-du).astype(du_ref.dtype)
+    return E + dot(Z, W, ta=True)                                 # + Z_n^T W_n
+
+  jax.lax.fori_loop(0, L, body, e0_ref[...].astype(acc))
+
+
+def carried_segment_chunks(N, most=8):
+  """Chunks per segment of `carried_u_cotangents`: the largest divisor of N up to `most` (8:
+  at T = 4096, B = 8, H = 16 (N = 64) or T = 32768, B = 1 (N = 512) that is 1,024 programs,
+  each carrying E through 8 chunks)."""
+  return max(L for L in range(1, min(N, most) + 1) if N % L == 0)
+
+
+def carried_u_cotangents(U, W, Z, E_last, *, segment_chunks, precision, num_warps=4,
+                         interpret=False):
+  """du [B, H, N, C, dk] of `chunk_u_cotangents` with the suffix matrices carried in the
+  kernel (module docstring). U, W, Z: [B, H, N, C, dk], N a multiple of segment_chunks = L;
+  E_last: [B, H, N / L, dk, dk], E of each segment's last chunk (`segment_suffix_starts`)."""
+  B, H, N, C, dk = U.shape
+  L = segment_chunks
+  S = N // L
+  flat = lambda x: x.reshape(B * H, N * C, dk)
+  acc = U.dtype
+  seg = pl.BlockSpec((None, L * C, dk), lambda b, s: (b, s, 0))
+  du = pl.pallas_call(
+      functools.partial(_carried_kernel, C=C, L=L, precision=precision, acc=acc),
+      grid=(B * H, S),
+      in_specs=[seg] * 3 + [pl.BlockSpec((None, None, dk, dk), lambda b, s: (b, s, 0, 0))],
+      out_specs=seg,
+      out_shape=jax.ShapeDtypeStruct((B * H, N * C, dk), acc),
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+      interpret=interpret, name="vla_adjoint_du_carried",
+  )(flat(U), flat(W), flat(Z), E_last.reshape(B * H, S, dk, dk))
   return du.reshape(B, H, N, C, dk)

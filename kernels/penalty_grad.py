@@ -44,14 +44,16 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from vla_jax.kernels.adjoint_du import chunk_u_cotangents_kernel
+from vla_jax.kernels.adjoint_du import (carried_segment_chunks, carried_u_cotangents,
+                                        chunk_u_cotangents_kernel)
 from vla_jax.kernels.chunk_prep import _factor_precision
 from vla_jax.kernels.penalty import _sym, chunk_rows, penalty_parallel
 from vla_jax.kernels.penalty_scan import (_a0_inverse, _penalty_segments, forward_scan_warps,
                                           penalty_scan, scan_warps, segment_layout,
                                           segment_start_inverses)
 from vla_jax.kernels.penalty_scan_bwd import penalty_scan_bwd
-from vla_jax.ops.vla.penalty import chunk_u_cotangents, suffix_matrices
+from vla_jax.ops.vla.penalty import (chunk_u_cotangents, segment_suffix_starts,
+                                     suffix_matrices)
 
 
 def _chunk_map(A, U, E, precision, solver):
@@ -196,9 +198,15 @@ def _scan_adjoint_bwd(config, res, cts):
                    num_warps=warps, normalize=False, interpret=config.interpret)[0]
   Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
   U, W = u.astype(acc), W.astype(acc)
+  ends = (A_T.astype(acc), dA_T.astype(acc), A0.astype(acc))
+  if config.adjoint_du == "carried":   # the suffix sums carried through segments in a kernel
+    L = carried_segment_chunks(N)
+    E_last, dA0 = segment_suffix_starts(W, Z, *ends, L, precision=config.precision)
+    du = carried_u_cotangents(U, W, Z, E_last, segment_chunks=L, precision=config.precision,
+                              num_warps=scan_warps(config, dk), interpret=config.interpret)
+    return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
   kernel_du = config.adjoint_du == "kernel"
-  D, dA0 = suffix_matrices(W, Z, A_T.astype(acc), dA_T.astype(acc), A0.astype(acc),
-                           precision=config.precision, symmetrize=not kernel_du)
+  D, dA0 = suffix_matrices(W, Z, *ends, precision=config.precision, symmetrize=not kernel_du)
   if kernel_du:    # the chunk-local part in one Pallas kernel; D is E there (D = E + E^T)
     # 4 warps at dk <= 64 (143 registers, no spills, sm_90a), 8 at 128 (4 spill).
     du = chunk_u_cotangents_kernel(U, W, Z, D, precision=config.precision,

@@ -71,7 +71,7 @@ GRAD_PREPS = ("xla", "kernel")
 SEGMENT_INVERSES = ("auto", "xla", "kernel")
 SEGMENT_GRADS = ("autodiff", "products")
 SEGMENT_GRAMS = ("xla", "kernel")
-ADJOINT_DUS = ("xla", "kernel")
+ADJOINT_DUS = ("xla", "kernel", "carried")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -274,7 +274,10 @@ class KernelConfig:
       (`vla_jax.ops.vla.penalty.chunk_u_cotangents`, five batched products and two masks,
       each writing a [C, C] or [C, dk] float32 array per chunk). Same function. H200,
       H = 16, d = 64, bf16, T = 4096, B = 8, with segment_gram="kernel": gradient device time
-      5.09 ms against 5.45 with both "xla" (the kernel 0.29 ms).
+      5.09 ms against 5.45 with both "xla" (the kernel 0.29 ms). "carried" (not yet timed):
+      the same products, with the later chunks' suffix sums carried through segments of up
+      to 8 chunks inside the kernel (`adjoint_du.carried_u_cotangents`) instead of written
+      per chunk by XLA's reverse prefix sum (0.16-0.2 ms at d = 64, 0.68 at d = 128, 4k).
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
       per-segment Grams sum u u^T: "kernel" (default: `penalty_scan.segment_grams`, one
       program per (sequence, segment) reading u in place, bf16 products for bf16 u, exact in

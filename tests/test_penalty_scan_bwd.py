@@ -336,3 +336,40 @@ def test_adjoint_du_kernel_lowers_for_h200():
                                            adjoint_du="kernel"), T=300)
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_adjoint_du") == 1 and count("vla_penalty_scan") == 2
+
+
+@pytest.mark.parametrize("N", [6, 5])
+def test_carried_adjoint_du_equals_xla_float64(x64, N):
+  """`adjoint_du.carried_u_cotangents`: the suffix sums carried through segments of chunks in
+  the kernel from `segment_suffix_starts`' per-segment starts give the XLA du
+  (`chunk_u_cotangents` on `suffix_matrices`' D) and the same dA0, in float64 (N = 6:
+  segments of 6, 2 or 1 chunks; N = 5: of 5 or 1); and KernelConfig(adjoint_du="carried") gives
+  impl="scan"'s gradients with a padded tail."""
+  from vla_jax.kernels.adjoint_du import carried_segment_chunks, carried_u_cotangents
+  from vla_jax.ops.vla.penalty import chunk_u_cotangents, segment_suffix_starts, suffix_matrices
+  B, H, C, dk = 1, 2, 16, 16
+  rng = np.random.default_rng(17 + N)
+  U, W, Z = (jnp.asarray(rng.standard_normal((B, H, N, C, dk))) for _ in range(3))
+  A_T, dA_T, A0 = (jnp.asarray(rng.standard_normal((B, H, dk, dk))) for _ in range(3))
+  A0 = _sym(A0) + 2 * dk * jnp.eye(dk)
+  D, dA0 = suffix_matrices(W, Z, A_T, dA_T, A0)
+  want = chunk_u_cotangents(U, W, Z, D)
+  for L in sorted({carried_segment_chunks(N), carried_segment_chunks(N, most=2), 1}):
+    E_last, dA0_c = segment_suffix_starts(W, Z, A_T, dA_T, A0, L)
+    chex.assert_shape(E_last, (B, H, N // L, dk, dk))
+    got = carried_u_cotangents(U, W, Z, E_last, segment_chunks=L, precision=HI,
+                               interpret=True)
+    chex.assert_shape(got, (B, H, N, C, dk))
+    assert _rel(got, want) < 1e-13, (L, _rel(got, want))
+    assert _rel(dA0_c, dA0) < 1e-13
+  assert carried_segment_chunks(64) == 8 and carried_segment_chunks(12) == 6
+  assert carried_segment_chunks(13) == 1
+  _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="adjoint",
+                                   adjoint_du="carried", segment_chunks=2), 77, seed=214)
+
+
+def test_carried_adjoint_du_lowers_for_h200():
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2,
+                                           adjoint_du="carried"), T=1000)
+  count = lambda name: sum(f'name = "{name}"' in l for l in lines)
+  assert count("vla_adjoint_du_carried") == 1 and count("vla_adjoint_du") == 0

@@ -97,19 +97,37 @@ def suffix_matrices(W, Z, A_T, dA_T, A0, precision=jax.lax.Precision.HIGHEST, sy
   Pallas du kernel does, in a second product on chip), so that no XLA pass transposes the
   [dk, dk] blocks (fused into the reverse prefix sum, such a transpose took 1.2 ms at 512
   chunks a head, d = 64 on an H200)."""
-  mm = functools.partial(jnp.einsum, precision=precision)
+  ZW = jnp.einsum("bhnti,bhntj->bhnij", Z, W, precision=precision)  # sum_t Z_t W_t^T per chunk
+  E, dA0 = _later_sums(ZW, A_T, dA_T, A0)
+  if not symmetrize:
+    return E, dA0
+  # Symmetrised once, with K, in one pass over the [dk, dk] per chunk (not before the sums).
+  return E + jnp.swapaxes(E, -1, -2), dA0
+
+
+def segment_suffix_starts(W, Z, A_T, dA_T, A0, segment_chunks,
+                          precision=jax.lax.Precision.HIGHEST):
+  """`suffix_matrices(symmetrize=False)` at segment granularity: with the N chunks grouped
+  into segments of `segment_chunks` (dividing N), (E of each segment's last chunk
+  [B, H, N / segment_chunks, dk, dk], dA0). One product per segment instead of per chunk; the
+  kernel that consumes them (`kernels/adjoint_du.carried_u_cotangents`) carries the sums
+  through the segment's chunks itself."""
+  B, H, N, C, dk = W.shape
+  seg = lambda x: x.reshape(B, H, N // segment_chunks, segment_chunks * C, dk)
+  G = jnp.einsum("bhsti,bhstj->bhsij", seg(Z), seg(W), precision=precision)
+  return _later_sums(G, A_T, dA_T, A0)
+
+
+def _later_sums(G, A_T, dA_T, A0):
+  """From per-group sums G [B, H, S, dk, dk] of Z^T W (groups in time order): (E, dA0) with
+  E_s = the later groups' sums + A_T dA_T A_T and dA0 = M_0 sym(sum of G + A_T dA_T A_T) M_0
+  (`penalty_u_cotangents`). The [dk, dk] products at HIGHEST."""
   mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
-  ZW = mm("bhnti,bhntj->bhnij", Z, W)                                # sum_t Z_t W_t^T per chunk
-  after = jnp.cumsum(ZW[:, :, ::-1], axis=2)[:, :, ::-1] - ZW        # chunks after n
+  later = jnp.cumsum(G[:, :, ::-1], axis=2)[:, :, ::-1] - G           # groups after s
   ATdA = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
   M0 = _symmetrize(jnp.linalg.inv(A0))
-  P = jnp.sum(ZW, axis=2) + ATdA
-  dA0 = mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
-  if not symmetrize:
-    return after + ATdA[:, :, None], dA0
-  # Symmetrised once, with K, in one pass over the [dk, dk] per chunk (not before the sums).
-  D = after + jnp.swapaxes(after, -1, -2) + (ATdA + jnp.swapaxes(ATdA, -1, -2))[:, :, None]
-  return D, dA0
+  P = jnp.sum(G, axis=2) + ATdA
+  return later + ATdA[:, :, None], mm_full("bhij,bhjk,bhkl->bhil", M0, _symmetrize(P), M0)
 
 
 def chunk_u_cotangents(U, W, Z, D, precision=jax.lax.Precision.HIGHEST):
