@@ -62,6 +62,13 @@ SPLIT_OUTPUT_BELOW = 132
 # at 256 programs (T = 4096, B = 8); 1.13 against 1.96 at 32 (T = 32768, B = 1). Not measured
 # at 512 or more (T <= 2048 at 32k tokens), which stay fused.
 SPLIT_BWD_BELOW = 512
+# block_v=None: value blocks of 16 rows instead of 32 when the sequential state loops would
+# have at most this many programs at 32 (B * H * dv / 32): twice the programs for a GPU that
+# few of them leave mostly idle. H200, d = 64, bf16, T = 32768, B = 1, H = 16 (32 programs):
+# device time of the forward 1.90 -> 1.77 ms (state chain 0.74 -> 0.61), of the gradient
+# 6.92 -> 6.65 (reverse chain 0.97 -> 0.80); at 256 programs (T = 4096, B = 8) 16 rows were
+# slower (gradient 5.45 -> 5.99). Not measured between.
+SMALL_VALUE_BLOCK_AT = 32
 STATE_BWDS = ("auto", "fused", "split")
 STATE_LOCAL_VJPS = ("xla", "kernel", "products", "fused")
 # state_local_vjp values that reuse the forward's P and unit-triangular inverses (residuals).
@@ -83,7 +90,9 @@ class KernelConfig:
   Attributes:
     chunk_size: tokens per chunk C, a power of two in [16, 128]. Default 64.
     block_v: value rows BV of the state per program (a power of two >= 16 dividing dv), or
-      None for min(dv, 32). The grid is (B * H, dv / BV).
+      None: min(dv, 32), or 16 where the sequential loops would have at most
+      `SMALL_VALUE_BLOCK_AT` programs (B = 1 at d = 64; `value_block`). The grid is
+      (B * H, dv / BV).
     num_warps: Triton warps per program. Default 4.
     num_stages: Triton software-pipelining stages of the chunk loop. Default 2.
     precision: precision of float32 matrix products, in the kernels and the XLA parts:
@@ -529,20 +538,26 @@ class KernelConfig:
     """state_output with "auto" resolved for B * H = BH sequences of value dim dv."""
     if self.state_output != "auto":
       return self.state_output
-    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_OUTPUT_BELOW else "fused"
+    return "split" if BH * (dv // self.value_block(dv, BH)) < SPLIT_OUTPUT_BELOW else "fused"
 
   def backward_form(self, BH, dv):
     """state_bwd with "auto" resolved for B * H = BH sequences of value dim dv: "split" below
     SPLIT_BWD_BELOW programs of the sequential loop."""
     if self.state_bwd != "auto":
       return self.state_bwd
-    return "split" if BH * (dv // self.value_block(dv)) < SPLIT_BWD_BELOW else "fused"
+    return "split" if BH * (dv // self.value_block(dv, BH)) < SPLIT_BWD_BELOW else "fused"
 
-  def value_block(self, dv):
-    # 32 by default: at B = 1 it doubles the programs of the sequential pass (measured 15%
-    # faster than 64 at T = 32k, equal at B > 1), and at dk = 128 a 64-row block needs 240 KB
-    # of shared memory per program, above an H200 SM's 227 KB.
-    return min(dv, 32) if self.block_v is None else self.block_v
+  def value_block(self, dv, BH=None):
+    """BV for B * H = BH sequences (None: not known; the 32-row rule). By default 32: at B = 1
+    it doubles the programs of the sequential pass (measured 15% faster than 64 at T = 32k,
+    equal at B > 1), and at dk = 128 a 64-row block needs 240 KB of shared memory per
+    program, above an H200 SM's 227 KB; 16 where even that leaves at most
+    `SMALL_VALUE_BLOCK_AT` programs."""
+    if self.block_v is not None:
+      return self.block_v
+    if BH is not None and BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT:
+      return min(dv, 16)
+    return min(dv, 32)
 
 
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
@@ -719,7 +734,7 @@ def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype, heads=None):
     S_T, S_c = _state_chain(cfg, w, Up, Wp, S0)
     return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads), S_T, S_c
   dv, C = Up.shape[-1], cfg.chunk_size
-  N, BV, acc = NC // C, cfg.value_block(dv), S0.dtype     # factors may be stored narrower
+  N, BV, acc = NC // C, cfg.value_block(dv, BH), S0.dtype     # factors may be stored narrower
   kernel = functools.partial(_fwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
   # Whole sequences: all NC rows of (batch * head) b; `value` blocks take the j-th BV columns.
   seq = lambda d, h=None: rows_spec(NC, d, h, time=lambda b, j: 0)
@@ -746,7 +761,7 @@ def _state_chain(cfg, w, Up, Wp, S0):
   (grid (B * H, dv / BV), a loop over chunks)."""
   BH, NC, dk = w.shape
   dv, C = Up.shape[-1], cfg.chunk_size
-  N, BV, acc = NC // C, cfg.value_block(dv), S0.dtype
+  N, BV, acc = NC // C, cfg.value_block(dv, BH), S0.dtype
   k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
   return pl.pallas_call(
@@ -795,7 +810,7 @@ def _backward_pass(cfg, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
     return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P, heads), dS_T,
                            next_dtype)
   dv, C = dO.shape[-1], cfg.chunk_size
-  N, BV, acc = NC // C, cfg.value_block(dv), Wp.dtype
+  N, BV, acc = NC // C, cfg.value_block(dv, BH), Wp.dtype
   kernel = functools.partial(_bwd_kernel, C=C, N=N, precision=cfg.precision, acc=acc)
   k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))
@@ -838,7 +853,7 @@ def _backward_chain(cfg, w, Wp, G, dS_T, next_dtype=None):
   accumulation dtype) and dS_0 [BH, dv, dk]."""
   BH, NC, dk = w.shape
   N, dv = G.shape[1], G.shape[2]
-  C, BV, acc = cfg.chunk_size, cfg.value_block(dv), Wp.dtype
+  C, BV, acc = cfg.chunk_size, cfg.value_block(dv, BH), Wp.dtype
   k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
   n_spec = pl.BlockSpec((None, N, BV, dk), lambda b, j: (b, 0, j, 0))
   s_spec = pl.BlockSpec((None, BV, dk), lambda b, j: (b, j, 0))

@@ -266,6 +266,18 @@ class TestGpuLowering:
     for name, n in counts.items():
       assert text.count(f'name = "{name}"') == n, name
 
+  def test_value_block_auto(self):
+    """block_v=None: 16 value rows where 32 would leave at most SMALL_VALUE_BLOCK_AT programs
+    in the sequential loops (B = 1, H = 16, d = 64), else 32; an explicit block_v stays."""
+    cfg = KernelConfig()
+    assert cfg.value_block(64, 16) == 16       # T = 32768, B = 1, H = 16: 32 programs at 32
+    assert cfg.value_block(64, 32) == 32       # 64 programs
+    assert cfg.value_block(64, 128) == 32      # T = 4096, B = 8
+    assert cfg.value_block(128, 16) == 32      # d = 128, B = 1: 64 programs
+    assert cfg.value_block(64) == 32 and cfg.value_block(16, 4) == 16
+    assert KernelConfig(block_v=64).value_block(64, 16) == 64
+    assert cfg.output_form(16, 64) == "split" and cfg.backward_form(16, 64) == "split"
+
   def test_state_output_auto(self):
     cfg = KernelConfig()
     assert cfg.output_form(128, 64) == "fused"      # T = 4096, B = 8, H = 16: 256 programs

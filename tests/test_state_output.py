@@ -273,3 +273,15 @@ def test_grad_layout_direct_lowers_for_h200():
   assert kernels(direct) == kernels(default)
   transposes = lambda text: text.count("stablehlo.transpose")
   assert transposes(direct) < transposes(default), (transposes(direct), transposes(default))
+
+
+def test_default_value_block_at_few_programs_float64(x64):
+  """block_v=None at B * H = 2, dv = 32: 16-row value blocks (two per sequence, the few-program
+  rule of `KernelConfig.value_block`); forward equals the oracle, gradients impl="scan"'s."""
+  cfg = KernelConfig(chunk_size=16, precision=jax.lax.Precision.HIGHEST)
+  assert cfg.value_block(32, 2) == 16
+  args = _inputs(50, 1, 40, 2, 16, 32)
+  got = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*map(jnp.asarray, args))
+  for name, g, w in zip("oSA", got, _oracle(*args)):
+    assert _rel(g, w) < TOL[np.float64], (name, _rel(g, w))
+  _assert_grads_match_scan(cfg, 40, seed=51, dv=32)
