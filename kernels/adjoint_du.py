@@ -6,9 +6,9 @@ du from the rows U (penalty directions), W = A_t khat_t and Z = A_t dW_t as
     du_s = -(sum over t >= s in s's chunk of Z_t (W_t . u_s) + W_t (Z_t . u_s)) - D_n u_s,
 
 with D_n = E_n + E_n^T the later chunks' Z^T W + W^T Z plus K (`vla_jax.ops.vla.penalty.
-suffix_matrices(symmetrize=False)` gives E_n). In XLA (`chunk_u_cotangents`) that is five batched products and two masks,
-each writing a [C, C] or [C, dk] float32 array per chunk to memory. Here one program per
-(batch * head, chunk) keeps them on chip:
+suffix_matrices(symmetrize=False)` gives E_n). In XLA (`chunk_u_cotangents`) that is five
+batched products and two masks, each writing a [C, C] or [C, dk] float32 array per chunk to
+memory. Here one program per (batch * head, chunk) keeps them on chip:
 
     UW = mask(U W^T),  UZ = mask(U Z^T)   ([C, C], t >= s)
     du = -(UW Z + UZ W + U E + U E^T)     ([C, dk])
@@ -39,16 +39,23 @@ from vla_jax.kernels.layout import rows_spec
 from vla_jax.kernels.split_prep import _dot, _iota
 
 
-def _du_kernel(u_ref, w_ref, z_ref, e_ref, du_ref, *, C, precision, acc):
-  # u_ref, w_ref, z_ref, du_ref: [C, dk] (one chunk); e_ref: [dk, dk] (E_n; D_n = E_n + E_n^T).
-  dot = functools.partial(_dot, precision=precision)
-  r, c, _ = _iota(C)
-  U, W, Z = (ref[...].astype(acc) for ref in (u_ref, w_ref, z_ref))
+def _chunk_du(U, W, Z, get_E, dot):
+  """du [C, dk] of one chunk from its rows U, W, Z [C, dk] and get_E() = E [dk, dk]
+  (D = E + E^T; called after the masked products, which keeps a loaded E's tile out of their
+  shared memory: 80 KB a program at d = 64 instead of 112)."""
+  r, c, _ = _iota(U.shape[0])
   UW = jnp.where(r <= c, dot(U, W, tb=True), 0.0)                 # [s, t], t >= s
   UZ = jnp.where(r <= c, dot(U, Z, tb=True), 0.0)
-  E = e_ref[...].astype(acc)
-  du = dot(UW, Z) + dot(UZ, W) + dot(U, E) + dot(U, E, tb=True)
-  du_ref[...] = (-du).astype(du_ref.dtype)
+  E = get_E()
+  return -(dot(UW, Z) + dot(UZ, W) + dot(U, E) + dot(U, E, tb=True))
+
+
+def _du_kernel(u_ref, w_ref, z_ref, e_ref, du_ref, *, precision, acc):
+  # u_ref, w_ref, z_ref, du_ref: [C, dk] (one chunk); e_ref: [dk, dk] (E_n; D_n = E_n + E_n^T).
+  U, W, Z = (ref[...].astype(acc) for ref in (u_ref, w_ref, z_ref))
+  du = _chunk_du(U, W, Z, lambda: e_ref[...].astype(acc),
+                 functools.partial(_dot, precision=precision))
+  du_ref[...] = du.astype(du_ref.dtype)
 
 
 def chunk_u_cotangents_kernel(U, W, Z, E, *, precision, num_warps=4, interpret=False):
@@ -60,7 +67,7 @@ def chunk_u_cotangents_kernel(U, W, Z, E, *, precision, num_warps=4, interpret=F
   flat = lambda x: x.reshape(B * H, N * C, dk)
   acc = U.dtype
   du = pl.pallas_call(
-      functools.partial(_du_kernel, C=C, precision=precision, acc=acc),
+      functools.partial(_du_kernel, precision=precision, acc=acc),
       grid=(B * H, N),
       in_specs=[rows_spec(C, dk)] * 3 + [
           pl.BlockSpec((None, None, dk, dk), lambda b, n: (b, n, 0, 0))],
@@ -76,15 +83,11 @@ def _carried_kernel(u_ref, w_ref, z_ref, e0_ref, du_ref, *, C, L, precision, acc
   # u_ref, w_ref, z_ref, du_ref: [L * C, dk] (one segment of L chunks); e0_ref: [dk, dk], E of
   # the segment's last chunk (the later segments' Z^T W and A_T dA_T A_T).
   dot = functools.partial(_dot, precision=precision)
-  r, c, _ = _iota(C)
 
   def body(i, E):
     rows = pl.ds(pl.multiple_of((L - 1 - i) * C, C), C)
     U, W, Z = (ref[rows, :].astype(acc) for ref in (u_ref, w_ref, z_ref))
-    UW = jnp.where(r <= c, dot(U, W, tb=True), 0.0)               # [s, t], t >= s
-    UZ = jnp.where(r <= c, dot(U, Z, tb=True), 0.0)
-    du = dot(UW, Z) + dot(UZ, W) + dot(U, E) + dot(U, E, tb=True)
-    du_ref[rows, :] = (-du).astype(du_ref.dtype)
+    du_ref[rows, :] = _chunk_du(U, W, Z, lambda: E, dot).astype(du_ref.dtype)
     return E + dot(Z, W, ta=True)                                 # + Z_n^T W_n
 
   jax.lax.fori_loop(0, L, body, e0_ref[...].astype(acc))

@@ -208,7 +208,7 @@ def _scan_adjoint_bwd(config, res, cts):
   kernel_du = config.adjoint_du == "kernel"
   D, dA0 = suffix_matrices(W, Z, *ends, precision=config.precision, symmetrize=not kernel_du)
   if kernel_du:    # the chunk-local part in one Pallas kernel; D is E there (D = E + E^T)
-    # 4 warps at dk <= 64 (143 registers, no spills, sm_90a), 8 at 128 (4 spill).
+    # 4 warps at dk <= 64 (158 registers, no spills, sm_90a), 8 at 128 (175, no spills).
     du = chunk_u_cotangents_kernel(U, W, Z, D, precision=config.precision,
                                    num_warps=scan_warps(config, dk), interpret=config.interpret)
   else:
