@@ -59,9 +59,11 @@ STATE_OUTPUTS = ("auto", "fused", "split")
 SPLIT_OUTPUT_BELOW = 132
 # state_bwd="auto": the split reverse pass (per-chunk terms, then the chain) below this many
 # programs. H200, d = 64, bf16, the reverse pass's device time: 0.37 ms split against 0.40 fused
-# at 256 programs (T = 4096, B = 8); 1.13 against 1.96 at 32 (T = 32768, B = 1). Not measured
-# at 512 or more (T <= 2048 at 32k tokens), which stay fused.
+# at 256 programs (T = 4096, B = 8); 1.13 against 1.96 at 32 (T = 32768, B = 1). At dk >= 128
+# ("SPLIT_BWD_FROM_DK") always split: d = 128, T = 4096, B = 8 (512 programs), reverse pass 1.00
+# ms (terms 0.46 + chain 0.55) against 2.80 fused, gradient device time 15.58 -> 13.80 ms.
 SPLIT_BWD_BELOW = 512
+SPLIT_BWD_FROM_DK = 128
 # block_v=None: value blocks of 16 rows instead of 32 when the sequential state loops would
 # have at most this many programs at 32 (B * H * dv / 32): twice the programs for a GPU that
 # few of them leave mostly idle. H200, d = 64, bf16, T = 32768, B = 1, H = 16 (32 programs):
@@ -161,12 +163,15 @@ class KernelConfig:
       arrays in place, make the unit keys themselves, and write o as [B, T, H, dv]: no
       transposes or widened copies; the segment-start Grams read u once). Same function; the
       differentiated forward keeps "transposed" (see `grad_layout`).
-    grad_layout: how the differentiated path's state kernels get q and v: "transposed"
-      (default: head-major [B * H, T, d] copies made by XLA, and o, dq, dv copied back) or
-      "direct" (the state-prep, state, reverse and chunk-local VJP kernels read q, v and the
+    grad_layout: how the differentiated path's state kernels get q and v: "direct"
+      (default: the state-prep, state, reverse and chunk-local VJP kernels read q, v and the
       output cotangent in place as [B, T, H, d] and write o, dq, dv so: about six XLA
-      transposes fewer a forward+backward). The keys and u keep their head-major unit copies.
-      Same function. Not yet timed.
+      transposes fewer a forward+backward) or "transposed" (head-major [B * H, T, d] copies
+      made by XLA, and o, dq, dv copied back). The keys and u keep their head-major unit
+      copies. Same function. H200, H = 16, bf16, gradient device time: d = 64, T = 4096,
+      B = 8: 4.23 ms against 4.32 transposed; T = 32768, B = 1: 5.42 against 5.51; with
+      adjoint_du="carried" 4.03 against 4.14 and 5.24 against 5.34; d = 128, T = 4096, B = 8:
+      14.86 against 15.34.
     scan_block: with prep="scan", tokens per Sherman-Morrison block of `penalty_scan` (16,
       32 or 64). Default 16.
     scan_prefetch: with prep="scan", load the next block's rows before the current block's
@@ -226,14 +231,15 @@ class KernelConfig:
       H200, H = 16, d = 64, bf16: state path 1.88 ms split against 2.43 fused at T = 32768,
       B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs).
     state_bwd: how the state path's reverse pass runs: "auto" (default: "split" below
-      SPLIT_BWD_BELOW = 512 programs of the loop; `backward_form`), "fused" (one
+      SPLIT_BWD_BELOW = 512 programs of the loop and at dk >= 128; `backward_form`), "fused" (one
       sequential loop
       over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
       (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
       `vla_state_bwd_terms`; then a loop with the chain dS <- dS - (dS Ahat^T) W' + G_n alone,
       `vla_state_bwd_chain`). Same function. H200, d = 64, T = 4096: the reverse pass 0.72 ms
       against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms); T = 32768,
-      B = 1 (32 programs): 1.13 ms (terms 0.17 + chain 0.96) against 1.96 fused.
+      B = 1 (32 programs): 1.13 ms (terms 0.17 + chain 0.96) against 1.96 fused; d = 128,
+      T = 4096, B = 8 (512 programs): 1.00 ms (terms 0.46 + chain 0.55) against 2.80 fused.
     state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
       e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
       "fused" (default: the VJP written out, reusing the forward's P and unit-triangular
@@ -261,7 +267,8 @@ class KernelConfig:
       instead of ~5e-7. H200, H = 16, d = 64, T = 4096, B = 8, bf16, with penalty_grad=
       "adjoint": gradient device time 5.65 against 5.84 ms. The intermediates that only feed
       further products (R, dP, dLm, and dX for bfloat16 values) are written in bfloat16 by
-      their products (bit-identical on CPU to writing float32 and casting; not yet timed).
+      their products (bit-identical on CPU to writing float32 and casting; with the bf16
+      writes of the reverse pass: gradient device time 5.65 -> 5.45 ms, same shape).
     grad_prep: where the state path's chunk factors (U', W', P) come from when it runs
       under differentiation (`state_path`, and `vla_pallas`'s gradient): "kernel" (default:
       the `split_prep.state_prep` kernel that the prep="scan" / "split" forward already runs;
@@ -278,15 +285,17 @@ class KernelConfig:
       d = 64, bf16: penalty path 1.34 ms against 1.49 at T = 4096, B = 8; 1.32 against 1.55
       at T = 32768, B = 1.
     adjoint_du: with penalty_grad="adjoint", where the chunk-local part of the u cotangents
-      runs: "kernel" (default: `adjoint_du.py`, one program per (batch * head, chunk) keeps
-      the products on chip, and adds the suffix matrices' transpose itself) or "xla"
-      (`vla_jax.ops.vla.penalty.chunk_u_cotangents`, five batched products and two masks,
-      each writing a [C, C] or [C, dk] float32 array per chunk). Same function. H200,
-      H = 16, d = 64, bf16, T = 4096, B = 8, with segment_gram="kernel": gradient device time
-      5.09 ms against 5.45 with both "xla" (the kernel 0.29 ms). "carried" (not yet timed):
-      the same products, with the later chunks' suffix sums carried through segments of up
-      to 8 chunks inside the kernel (`adjoint_du.carried_u_cotangents`) instead of written
-      per chunk by XLA's reverse prefix sum (0.16-0.2 ms at d = 64, 0.68 at d = 128, 4k).
+      runs: "carried" (default: one program per (batch * head, chunk) keeps the products on
+      chip, the later chunks' suffix sums carried through segments of up to 8 chunks inside
+      the kernel (`adjoint_du.carried_u_cotangents`) with one XLA product per segment),
+      "kernel" (`adjoint_du.chunk_u_cotangents_kernel`: the same products on the suffix sums
+      of every chunk, written per chunk by XLA's reverse prefix sum, and the kernel adds
+      their transpose itself) or "xla" (`vla_jax.ops.vla.penalty.chunk_u_cotangents`, five
+      batched products and two masks, each writing a [C, C] or [C, dk] float32 array per
+      chunk). Same function. H200, H = 16, bf16, gradient device time: d = 64, T = 4096,
+      B = 8: "carried" 4.14 ms against 4.32 with "kernel" (the carried kernel 0.34 ms
+      against 0.31; "xla" 4.85 against "kernel"'s 4.42 a session earlier); T = 32768, B = 1: 5.34 against 5.51; d = 128, T = 4096, B = 8: 15.34
+      against 15.58 (the carried kernel 2.06 ms against 1.38: it spills, 360 stack bytes).
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
       per-segment Grams sum u u^T: "kernel" (default: `penalty_scan.segment_grams`, one
       program per (sequence, segment) reading u in place, bf16 products for bf16 u, exact in
@@ -346,7 +355,7 @@ class KernelConfig:
   factor_dtype: str = "auto"
   reverse_dot: str = "auto"
   input_layout: str = "auto"
-  grad_layout: str = "transposed"
+  grad_layout: str = "direct"
   split_inverse: str = "auto"
   prep_warps: int = 4
   scan_warps: int | None = None
@@ -365,7 +374,7 @@ class KernelConfig:
   grad_prep: str = "kernel"
   segment_inverse: str = "auto"
   segment_gram: str = "kernel"
-  adjoint_du: str = "kernel"
+  adjoint_du: str = "carried"
   segment_grad: str = "products"
   interpret: bool = False
 
@@ -540,11 +549,14 @@ class KernelConfig:
       return self.state_output
     return "split" if BH * (dv // self.value_block(dv, BH)) < SPLIT_OUTPUT_BELOW else "fused"
 
-  def backward_form(self, BH, dv):
-    """state_bwd with "auto" resolved for B * H = BH sequences of value dim dv: "split" below
-    SPLIT_BWD_BELOW programs of the sequential loop."""
+  def backward_form(self, BH, dv, dk=None):
+    """state_bwd with "auto" resolved for B * H = BH sequences of value dim dv and key dim dk:
+    "split" below SPLIT_BWD_BELOW programs of the sequential loop, or from dk =
+    SPLIT_BWD_FROM_DK on."""
     if self.state_bwd != "auto":
       return self.state_bwd
+    if dk is not None and dk >= SPLIT_BWD_FROM_DK:
+      return "split"
     return "split" if BH * (dv // self.value_block(dv, BH)) < SPLIT_BWD_BELOW else "fused"
 
   def value_block(self, dv, BH=None):
@@ -806,7 +818,7 @@ def _backward_pass(cfg, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
   cfg.state_bwd="split": the per-chunk terms in a parallel kernel, then the chain alone.
   heads: None, or H when dO and q are token-major [B, N*C, H, d] (read in place)."""
   BH, NC, dk = w.shape
-  if cfg.backward_form(BH, dO.shape[-1]) == "split":
+  if cfg.backward_form(BH, dO.shape[-1], dk) == "split":
     return _backward_chain(cfg, w, Wp, _backward_terms(cfg, dO, q, Wp, P, heads), dS_T,
                            next_dtype)
   dv, C = dO.shape[-1], cfg.chunk_size

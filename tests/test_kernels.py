@@ -255,13 +255,14 @@ class TestGpuLowering:
     # (segment_inverse="auto" is the kernel at dk <= 64), the state path's chunk factors
     # (grad_prep="kernel"), and at these few programs (state_output and state_bwd "auto") the
     # chain + output pair forward and the terms + chain reverse; the segment Grams
-    # (segment_gram="kernel"), the adjoint's chunk-local du (adjoint_du="kernel") and the
+    # (segment_gram="kernel"), the adjoint's chunk-local du (adjoint_du="carried") and the
     # state path's chunk-local VJP (state_local_vjp="fused") in one kernel each.
     assert cfg.output_form(B * H, dv) == "split" and cfg.backward_form(B * H, dv) == "split"
     counts = {"vla_penalty_scan": 2, "vla_spd_inverse": 2, "vla_penalty_scan_bwd": 0,
               "vla_state_prep": 1, "vla_state_chain": 1, "vla_state_out": 1,
               "vla_state_bwd_terms": 1, "vla_state_bwd_chain": 1, "vla_state_bwd": 0,
-              "vla_segment_grams": 1, "vla_adjoint_du": 1, "vla_state_fused_vjp": 1}
+              "vla_segment_grams": 1, "vla_adjoint_du": 0, "vla_adjoint_du_carried": 1,
+              "vla_state_fused_vjp": 1}
     assert text.count("__gpu$xla.gpu.triton") == sum(counts.values()) == 12
     for name, n in counts.items():
       assert text.count(f'name = "{name}"') == n, name
@@ -287,12 +288,15 @@ class TestGpuLowering:
     assert KernelConfig(state_output="split").output_form(128, 64) == "split"
 
   def test_state_bwd_auto(self):
-    """state_bwd="auto" (the default): split below 512 programs of the reverse loop."""
+    """state_bwd="auto" (the default): split below 512 programs of the reverse loop, and at
+    dk >= 128 whatever the programs."""
     cfg = KernelConfig()
     assert cfg.state_bwd == "auto"
     assert cfg.backward_form(128, 64) == "split"      # T = 4096, B = 8, H = 16: 256 programs
     assert cfg.backward_form(16, 64) == "split"
     assert cfg.backward_form(256, 64) == "fused"      # T = 2048, B = 16: 512 programs
-    assert cfg.backward_form(128, 128) == "fused"
+    assert cfg.backward_form(128, 128) == "fused"       # dk not given: the program rule
+    assert cfg.backward_form(256, 64, 64) == "fused"
+    assert cfg.backward_form(128, 128, 128) == "split"  # d = 128, T = 4096, B = 8: 512
     assert KernelConfig(state_bwd="fused").backward_form(16, 64) == "fused"
     assert KernelConfig(state_bwd="split").backward_form(128, 64) == "split"

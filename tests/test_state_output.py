@@ -254,20 +254,24 @@ def test_token_major_state_path_equals_head_major_float64(x64, kw):
     state_path(heads(args[0]), *args[1:3], heads(args[3]), args[4], config=cfg, heads=H)
 
 
-def test_grad_layout_direct_matches_scan_float64(x64):
-  """KernelConfig(grad_layout="direct") through vla_pallas: gradients equal impl="scan"'s;
-  T = 75 at C = 32 (the last chunk partly padding, padded token-major)."""
-  _assert_grads_match_scan(_config(32, grad_layout="direct"), 75, seed=49, dv=32)
+@pytest.mark.parametrize("layout", ["direct", "transposed"])
+def test_grad_layouts_match_scan_float64(x64, layout):
+  """KernelConfig(grad_layout=...) through vla_pallas: gradients equal impl="scan"'s;
+  T = 75 at C = 32 (the last chunk partly padding, padded token-major for "direct", the
+  default)."""
+  assert KernelConfig().grad_layout == "direct"
+  _assert_grads_match_scan(_config(32, grad_layout=layout), 75, seed=49, dv=32)
   with pytest.raises(ValueError, match="grad_layout"):
     KernelConfig(grad_layout="token").validate(16, 16)
 
 
 def test_grad_layout_direct_lowers_for_h200():
-  """bf16 inputs, d = 64: the gradient with grad_layout="direct" lowers for an H200 with the
-  same kernels as the default, and fewer transposes of [B, T, H, d] arrays."""
+  """bf16 inputs, d = 64: the gradient with grad_layout="direct" (the default) lowers for an
+  H200 with the same kernels as "transposed", and fewer transposes of [B, T, H, d] arrays."""
   shape = (1, 200, 2, 64, 64, 64)
-  direct = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan", grad_layout="direct")
-  default = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan")
+  direct = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan")
+  default = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan",
+                   grad_layout="transposed")
   kernels = lambda text: sorted(l.split('name = "')[1].split('"')[0]
                                 for l in text.splitlines() if 'name = "vla_' in l)
   assert kernels(direct) == kernels(default)
