@@ -55,14 +55,19 @@ PENALTY_GRADS = ("auto", "autodiff", "chunk", "scan", "adjoint")
 STATE_OUTPUTS = ("auto", "fused", "split")
 # state_output="auto": the split chain + output kernels when the fused loop would have fewer
 # programs than this (an H200 has 132 SMs; measured, d = 64: split 1.88 against 2.43 ms at
-# 32 programs, fused 1.20 against 1.27 ms at 256).
+# 32 programs, fused 1.20 against 1.27 ms at 256), and at dk >= SPLIT_OUTPUT_FROM_DK whatever
+# the programs (d = 128, T = 4096, B = 8, 512 programs: the forward's state path 0.82 ms split
+# (chain 0.46 + outputs 0.36) against 0.99 fused; gradient device time 13.31 -> 12.54 ms).
 SPLIT_OUTPUT_BELOW = 132
+SPLIT_OUTPUT_FROM_DK = 128
 # state_bwd="auto": the split reverse pass (per-chunk terms, then the chain) below this many
 # programs. H200, d = 64, bf16, the reverse pass's device time: 0.37 ms split against 0.40 fused
-# at 256 programs (T = 4096, B = 8); 1.13 against 1.96 at 32 (T = 32768, B = 1). At dk >= 128
-# ("SPLIT_BWD_FROM_DK") always split: d = 128, T = 4096, B = 8 (512 programs), reverse pass 1.00
-# ms (terms 0.46 + chain 0.55) against 2.80 fused, gradient device time 15.58 -> 13.80 ms.
-SPLIT_BWD_BELOW = 512
+# at 256 programs (T = 4096, B = 8); 1.13 against 1.96 at 32 (T = 32768, B = 1); 0.32 (terms
+# 0.18 + chain 0.14) against 0.40 at 512 (T = 2048, B = 16; gradient 4.08 -> 4.00 ms). Not
+# measured above 512 programs (T <= 1024 at 32k tokens), which stay fused. At dk >=
+# SPLIT_BWD_FROM_DK always split: d = 128, T = 4096, B = 8 (512 programs), reverse pass 1.00 ms
+# (terms 0.46 + chain 0.55) against 2.80 fused, gradient device time 15.58 -> 13.80 ms.
+SPLIT_BWD_UP_TO = 512
 SPLIT_BWD_FROM_DK = 128
 # block_v=None: value blocks of 16 rows instead of 32 when the sequential state loops would
 # have at most this many programs at 32 (B * H * dv / 32): twice the programs for a GPU that
@@ -227,11 +232,12 @@ class KernelConfig:
       (`vla_state_chain`); a second kernel, parallel over (batch * head, chunk), computes
       O = Q S_c^T + P R (`vla_state_out`), as flash-linear-attention splits its delta rule)
       or "auto" (default: "split" when the loop's grid B * H * dv / BV has fewer than 132
-      programs, i.e. fewer than an H200's SMs; `output_form` resolves it). Same function.
+      programs, i.e. fewer than an H200's SMs, and at dk >= 128; `output_form` resolves it).
+      Same function. d = 128, T = 4096, B = 8 (512 programs): 0.82 ms split against 0.99.
       H200, H = 16, d = 64, bf16: state path 1.88 ms split against 2.43 fused at T = 32768,
       B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs).
     state_bwd: how the state path's reverse pass runs: "auto" (default: "split" below
-      SPLIT_BWD_BELOW = 512 programs of the loop and at dk >= 128; `backward_form`), "fused" (one
+      up to SPLIT_BWD_UP_TO = 512 programs of the loop and at dk >= 128; `backward_form`), "fused" (one
       sequential loop
       over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
       (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
@@ -543,21 +549,25 @@ class KernelConfig:
       return self.grad_stride
     return self.chunk_size
 
-  def output_form(self, BH, dv):
-    """state_output with "auto" resolved for B * H = BH sequences of value dim dv."""
+  def output_form(self, BH, dv, dk=None):
+    """state_output with "auto" resolved for B * H = BH sequences of value dim dv and key dim
+    dk: "split" below SPLIT_OUTPUT_BELOW programs of the sequential loop, or from dk =
+    SPLIT_OUTPUT_FROM_DK on."""
     if self.state_output != "auto":
       return self.state_output
+    if dk is not None and dk >= SPLIT_OUTPUT_FROM_DK:
+      return "split"
     return "split" if BH * (dv // self.value_block(dv, BH)) < SPLIT_OUTPUT_BELOW else "fused"
 
   def backward_form(self, BH, dv, dk=None):
     """state_bwd with "auto" resolved for B * H = BH sequences of value dim dv and key dim dk:
-    "split" below SPLIT_BWD_BELOW programs of the sequential loop, or from dk =
+    "split" up to SPLIT_BWD_UP_TO programs of the sequential loop, or from dk =
     SPLIT_BWD_FROM_DK on."""
     if self.state_bwd != "auto":
       return self.state_bwd
     if dk is not None and dk >= SPLIT_BWD_FROM_DK:
       return "split"
-    return "split" if BH * (dv // self.value_block(dv, BH)) < SPLIT_BWD_BELOW else "fused"
+    return "split" if BH * (dv // self.value_block(dv, BH)) <= SPLIT_BWD_UP_TO else "fused"
 
   def value_block(self, dv, BH=None):
     """BV for B * H = BH sequences (None: not known; the 32-row rule). By default 32: at B = 1
@@ -742,7 +752,7 @@ def _forward_pass(cfg, q, w, Up, Wp, P, S0, out_dtype, heads=None):
   heads: None, or H when q is the caller's token-major [B, >= N*C, H, dk] (read in place); O is
   then written token-major too, [B, N*C, H, dv]."""
   BH, NC, dk = w.shape
-  if cfg.output_form(BH, Up.shape[-1]) == "split":
+  if cfg.output_form(BH, Up.shape[-1], Wp.shape[-1]) == "split":
     S_T, S_c = _state_chain(cfg, w, Up, Wp, S0)
     return _state_outputs(cfg, q, Up, Wp, P, S_c, out_dtype, heads), S_T, S_c
   dv, C = Up.shape[-1], cfg.chunk_size

@@ -284,19 +284,22 @@ class TestGpuLowering:
     assert cfg.output_form(128, 64) == "fused"      # T = 4096, B = 8, H = 16: 256 programs
     assert cfg.output_form(16, 64) == "split"       # B = 1, H = 16: 32 programs
     assert cfg.output_form(64, 128) == "fused"      # 64 x 4 value blocks of 32
+    assert cfg.output_form(64, 128, 128) == "split"  # ... at dk = 128
+    assert cfg.output_form(128, 64, 64) == "fused"
     assert KernelConfig(state_output="fused").output_form(16, 64) == "fused"
     assert KernelConfig(state_output="split").output_form(128, 64) == "split"
 
   def test_state_bwd_auto(self):
-    """state_bwd="auto" (the default): split below 512 programs of the reverse loop, and at
+    """state_bwd="auto" (the default): split up to 512 programs of the reverse loop, and at
     dk >= 128 whatever the programs."""
     cfg = KernelConfig()
     assert cfg.state_bwd == "auto"
     assert cfg.backward_form(128, 64) == "split"      # T = 4096, B = 8, H = 16: 256 programs
     assert cfg.backward_form(16, 64) == "split"
-    assert cfg.backward_form(256, 64) == "fused"      # T = 2048, B = 16: 512 programs
-    assert cfg.backward_form(128, 128) == "fused"       # dk not given: the program rule
-    assert cfg.backward_form(256, 64, 64) == "fused"
+    assert cfg.backward_form(128, 128) == "split"       # dk not given: 512 programs
+    assert cfg.backward_form(256, 128) == "fused"       # 1,024 programs
+    assert cfg.backward_form(256, 64, 64) == "split"    # T = 2048, B = 16: 512 programs
+    assert cfg.backward_form(512, 64, 64) == "fused"    # T = 1024, B = 32: 1024 programs
     assert cfg.backward_form(128, 128, 128) == "split"  # d = 128, T = 4096, B = 8: 512
     assert KernelConfig(state_bwd="fused").backward_form(16, 64) == "fused"
     assert KernelConfig(state_bwd="split").backward_form(128, 64) == "split"

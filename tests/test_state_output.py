@@ -167,15 +167,26 @@ def test_local_vjp_kernel_rejects_head_dim_128():
     KernelConfig(state_local_vjp="kernel").validate(128, 64)
 
 
-def test_auto_backward_splits_below_512_programs():
+def test_auto_backward_splits_up_to_512_programs():
   """At 256 programs of the sequential loops (B * H = 128, dv = 64, value blocks of 32) the
   default "auto" forms keep the fused forward (SPLIT_OUTPUT_BELOW = 132) and split the
-  reverse pass (SPLIT_BWD_BELOW = 512): terms + reverse chain."""
+  reverse pass (SPLIT_BWD_UP_TO = 512): terms + reverse chain."""
   shape = (8, 64, 16, 64, 64, 64)
   text = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan", state_output="auto")
   for name in ("vla_state_fwd", "vla_state_bwd_terms", "vla_state_bwd_chain"):
     assert f'name = "{name}"' in text, name
   assert "vla_state_chain" not in text and 'name = "vla_state_bwd"' not in text
+
+
+def test_auto_forms_split_at_head_dim_128():
+  """d = 128 with 512 programs in each sequential loop (B * H = 128, value blocks of 32): the
+  "auto" forms split both the forward (chain + outputs) and the reverse pass, whatever the
+  programs (SPLIT_OUTPUT_FROM_DK, SPLIT_BWD_FROM_DK)."""
+  shape = (8, 128, 16, 128, 128, 64)
+  text = _lower(shape, jnp.bfloat16, "auto", grad=True, prep="scan", state_output="auto")
+  for name in ("vla_state_chain", "vla_state_out", "vla_state_bwd_terms", "vla_state_bwd_chain"):
+    assert f'name = "{name}"' in text, name
+  assert 'name = "vla_state_fwd"' not in text and 'name = "vla_state_bwd"' not in text
 
 
 @pytest.mark.parametrize("form", ["fused", "split"])
