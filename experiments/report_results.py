@@ -283,7 +283,15 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                # cuDNN and fla (all T at both d), one run each, fwd+bwd returning o. 12-01e:
                # scan and pallas at T = 8192, d = 64, one run.
                "bench_h200_2026-12-01c.jsonl", "bench_h200_2026-12-01d.jsonl",
-               "bench_h200_2026-12-01e.jsonl")
+               "bench_h200_2026-12-01e.jsonl",
+               # 12-01f: d = 64 pallas at grad_layout="direct", adjoint_du="carried" and 16
+               # value rows at B = 1, with cuDNN and fla, one run. 12-01g: the same at d = 128
+               # (reverse pass split at dk 128, forward still fused), cuDNN and fla; 12-01i
+               # after it: d = 128 pallas with the forward split too, and cuDNN, one run (its
+               # budget cut fla after T = 256, so fla's d = 128 rows stay g's). 12-01h: the XLA
+               # chunked form with its adjoint backward, d = 64, T = 1k, 4k, 16k.
+               "bench_h200_2026-12-01f.jsonl", "bench_h200_2026-12-01g.jsonl",
+               "bench_h200_2026-12-01h.jsonl", "bench_h200_2026-12-01i.jsonl")
 
 
 def kernel_claim_row(results_dir):
@@ -371,7 +379,8 @@ def long_section(rows):
                                           for m in MIXER_ORDER if (m, T) in single)
                  for T in sorted({T for (_, T) in single})) + ".")
   text += pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")
-  text += dtype_note(rows, lambda r: f"{name(r['mixer'])} at T = {r['seq_len']}")
+  text += dtype_note(rows, lambda r: f"{name(label(r))} at T = {r['seq_len']}")
+  text += partial_rates_note(rows, "seq_len", lambda T: f"T = {T}")
   if ("softmax_conv", 1024) not in summary:
     text += (" At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "
              "step; both attempts so far ran out of memory while packed with other jobs on one "
@@ -409,6 +418,30 @@ def pallas_note(rows, key, where):
           "as the default XLA chunked form; `tests/test_grid.py` checks a training step of "
           "each against impl=\"scan\"): " + "; ".join(
               f"{where(k)}, {seeds(s)}" for k, s in sorted(by_key.items())) + ".")
+
+
+def partial_rates_note(rows, key, where):
+  """A sentence listing, per (mixer, row[key]), the learning rates trained on fewer seeds than
+  that cell's most-seeded rate, with their test accuracies (best_rate compares mean validation
+  accuracy over unequal seed sets there, so the reader sees them); "" when there are none."""
+  groups = collections.defaultdict(lambda: collections.defaultdict(list))
+  for r in rows:
+    groups[(label(r), r[key])][r["learning_rate"]].append(r)
+  parts = []
+  for (m, v), by_rate in sorted(groups.items(), key=lambda kv: (kv[0][1], MIXER_ORDER.index(
+      kv[0][0]) if kv[0][0] in MIXER_ORDER else len(MIXER_ORDER))):
+    most = max(len(rs) for rs in by_rate.values())
+    for rate, rs in sorted(by_rate.items()):
+      if len(rs) < most:
+        rs = sorted(rs, key=lambda r: r["seed"])
+        parts.append(f"{MIXER_NAMES.get(m, m)} at {where(v)}, rate {rate:g}, "
+                     + ("seed " if len(rs) == 1 else "seeds ")
+                     + ", ".join(str(r["seed"]) for r in rs) + ": "
+                     + ", ".join(f"{first_set(r['test'])['accuracy']:.3f}" for r in rs))
+  if not parts:
+    return ""
+  return (" Rates also tried on fewer seeds (test accuracy per seed; the table keeps the best "
+          "rate by mean validation accuracy): " + "; ".join(parts) + ".")
 
 
 def dtype_note(rows, where):
