@@ -79,3 +79,20 @@ def test_dtype_note_names_runs_not_in_float32():
   assert "Trained with bfloat16 activations" in text
   assert "do not fit in memory there): softmax at T = 4096." in text, text
   assert report_results.dtype_note(rows[3:], str) == ""
+
+
+def test_long_section_lists_rates_tried_on_fewer_seeds():
+  """A rate run on fewer seeds than the cell's other rate is listed with its per-seed test
+  accuracies; the table keeps the better rate by mean validation accuracy; a softmax + conv
+  run (mixer "softmax", label "softmax_conv") is named by its label."""
+  rows = [_row("vla", 3e-3, s, acc, acc, T=4096) for s, acc in enumerate((1.0, 0.13, 0.14))]
+  rows += [_row("vla", 1e-3, s, acc, acc, T=4096) for s, acc in ((1, 0.128), (2, 0.129))]
+  rows += [dict(_row("softmax", 1e-3, 0, 1.0, 1.0, T=4096), label="softmax_conv",
+                model={"dtype": "bfloat16"})]
+  lines, summary = report_results.long_section(rows)
+  text = "\n".join(lines)
+  assert summary[("vla", 4096)]["rate"] == 3e-3
+  assert "VLA at T = 4096, rate 0.001, seeds 1, 2: 0.128, 0.129." in text, text
+  assert "rate 0.003" not in text
+  assert "softmax + conv at T = 4096." in text
+  assert report_results.partial_rates_note(rows[:3], "seq_len", str) == ""
