@@ -79,7 +79,8 @@ def _write_vjp(Q, E, W, P, Tm, v_ref, do_ref, s_ref, dsn_ref, dq_ref, de_ref, dw
 
 
 def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_warps=4,
-                    num_stages=1, interpret=False, P=None, Tinv=None, heads=None):
+                    num_stages=1, interpret=False, P=None, Tinv=None, heads=None,
+                    dq_dtype=None, dv_dtype=None):
   """Cotangents (dq, de, dw [BH, N*C, dk], dv [BH, N*C, dv]) of the state path's chunk maps.
 
   Args:
@@ -94,9 +95,12 @@ def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_
       (`KernelConfig(state_local_vjp="fused")`).
     heads: None, or H when q, v and dO are token-major [B, N*C, H, d] (read in place); dq and
       dv are then written token-major too. e, w and the rest stay head-major.
+    dq_dtype, dv_dtype: the dtypes dq and dv are written in (default S_c's): the caller's q
+      and v dtypes when these are the final cotangents, so that no cast pass follows (the same
+      rounding: computed in S_c's dtype, rounded once on the write).
 
   Returns:
-    (dq, de, dw, dv) in S_c's dtype.
+    (dq, de, dw, dv): de and dw in S_c's dtype, dq and dv in dq_dtype and dv_dtype.
   """
   BH, NC, dk = e.shape
   dv, C, acc = v.shape[-1], chunk_size, S_c.dtype
@@ -119,8 +123,9 @@ def chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, *, chunk_size, precision, num_
       grid=(BH, NC // C),
       in_specs=in_specs,
       out_specs=[rows(dk, heads), rows(dk), rows(dk), rows(dv, heads)],
-      out_shape=[jax.ShapeDtypeStruct(tok(dk), acc), jax.ShapeDtypeStruct((BH, NC, dk), acc),
-                 jax.ShapeDtypeStruct((BH, NC, dk), acc), jax.ShapeDtypeStruct(tok(dv), acc)],
+      out_shape=[jax.ShapeDtypeStruct(tok(dk), dq_dtype or acc),
+                 jax.ShapeDtypeStruct((BH, NC, dk), acc), jax.ShapeDtypeStruct((BH, NC, dk), acc),
+                 jax.ShapeDtypeStruct(tok(dv), dv_dtype or acc)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret, name=name,
   )(*args)

@@ -1012,7 +1012,7 @@ def _state_path_bwd(cfg, heads, res, cts):
     grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C, precision=precision,
                             num_warps=8, interpret=cfg.interpret,   # fewer spills than 4
                             P=P if fused else None, Tinv=Tinv if fused else None,
-                            heads=heads)
+                            heads=heads, dq_dtype=q.dtype, dv_dtype=v.dtype)
     dq, de, dw, dv = (g.astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
     return dq, de, dw, dv, dS0.astype(S0.dtype)
   # The XLA forms work head-major: token-major q, v, dO are copied, dq, dv copied back.

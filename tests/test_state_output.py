@@ -155,6 +155,37 @@ def test_fused_local_vjp_lowers_for_h200():
   KernelConfig(state_local_vjp="fused", local_vjp_dot="bf16").validate(128, 128)
 
 
+def test_fused_local_vjp_writes_final_dtypes():
+  """chunk_local_vjp(dq_dtype=, dv_dtype=): dq and dv written in bfloat16 by the kernel are the
+  float32 results rounded once (bit-identical to casting afterwards), token-major with heads;
+  de and dw stay float32. The state path asks for the caller's q and v dtypes."""
+  from vla_jax.kernels.state_grad import chunk_local_vjp
+  B, H, N, C, dk, dv = 1, 2, 2, 16, 16, 16
+  rng = np.random.default_rng(61)
+  f32 = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  q, v, dO = (f32(B, N * C, H, d).astype(jnp.bfloat16) for d in (dk, dv, dv))
+  e, w = f32(B * H, N * C, dk), f32(B * H, N * C, dk) / 4
+  S_c, dS_next = f32(B * H, N, dv, dk), f32(B * H, N, dv, dk)
+  r, c = np.arange(C)[:, None], np.arange(C)[None, :]
+  P = jnp.where(jnp.asarray(r >= c)[None, None], f32(B * H, N, C, C), 0.0).reshape(B * H, N * C, C)
+  Tinv = jnp.broadcast_to(jnp.eye(C, dtype=jnp.float32), (B * H, N, C, C))
+  run = lambda **kw: chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C,
+                                     precision=jax.lax.Precision.HIGHEST, interpret=True, P=P,
+                                     Tinv=Tinv, heads=H, **kw)
+  wide, low = run(), run(dq_dtype=jnp.bfloat16, dv_dtype=jnp.bfloat16)
+  chex.assert_shape([wide[0], low[0]], (B, N * C, H, dk))
+  chex.assert_type([low[0], low[3], low[1], low[2]],
+                   [jnp.bfloat16, jnp.bfloat16, jnp.float32, jnp.float32])
+  for i in (0, 3):
+    np.testing.assert_array_equal(np.asarray(low[i], np.float32),
+                                  np.asarray(wide[i].astype(jnp.bfloat16), np.float32))
+  for i in (1, 2):
+    np.testing.assert_array_equal(low[i], wide[i])
+  text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan")
+  line = next(l for l in text.splitlines() if 'name = "vla_state_fused_vjp"' in l)
+  assert "tensor<1x128x2x64xbf16>" in line.split("->")[-1], line.split("->")[-1]
+
+
 def test_kernel_options_lower_for_h200():
   text = _lower((1, 100, 2, 64, 64, 64), jnp.bfloat16, "auto", grad=True, prep="scan",
                 state_local_vjp="kernel", grad_prep="kernel")
