@@ -12,6 +12,9 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
         [--state_prep_dot auto] [--factor_dtype auto] [--input_layout auto]
         [--local_vjp_dot auto] [--grad_stride auto] [--state_bwd auto] [--segment_gram xla]
         [--adjoint_du xla] [--state_local_vjp products] [--grad_layout direct]
+        [--write_norm kernel] [--d 128]
+
+--d sets the head dim of the checked cases (default 64; the long run stays at 64).
 
 --factor_dtype and --input_layout change only the inference forward (o, S_T, A_T); the
 gradients come from the differentiated forward, which keeps float32 factors and the transposed
@@ -48,7 +51,8 @@ SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
                 ("segment_gram", "gram", "prep=scan, segment-start inverses in the kernel"),
                 ("adjoint_du", "adu", "gradient, penalty_grad=adjoint"),
                 ("state_local_vjp", "lvjp_form", "gradient, state path's chunk-local VJP"),
-                ("grad_layout", "glayout", "gradient, state kernels' q, v layout"))
+                ("grad_layout", "glayout", "gradient, state kernels' q, v layout"),
+                ("write_norm", "wnorm", "gradient, penalty_grad=adjoint's unit rows"))
 INT_OPTIONS = ("grad_stride",)   # an integer unless "auto"
 
 
@@ -162,6 +166,7 @@ def main():
   parser.add_argument("--penalty_grad", default="auto",
                       help="comma list of KernelConfig.penalty_grad (auto, autodiff, chunk, scan, "
                            "adjoint)")
+  parser.add_argument("--d", type=int, default=64, help="head dim (dk = dv) of the checked cases")
   parser.add_argument("--dtypes", default="float32,bfloat16",
                       help="comma list: the input dtypes whose cases run")
   parser.add_argument("--segment_chunks", default="auto",
@@ -193,13 +198,14 @@ def main():
   for (dtype, precision, T), (prep, grad, seg) in ((c, v) for c in cases for v in variants):
     name = jnp.dtype(dtype).name
     t0 = time.perf_counter()
-    errs, finite = check(dtype, precision, T, solver=args.solver, prep=prep,
+    errs, finite = check(dtype, precision, T, d=args.d, solver=args.solver, prep=prep,
                          prep_dot=args.prep_dot, penalty_grad=grad, segment_chunks=seg,
                          **options)
     bound = BOUND[name] if (name == "bfloat16" or precision == HIGHEST) else None
     passed = finite and (bound is None or max(errs.values()) <= bound)
     ok &= passed
-    row = {"dtype": name, "precision": precision.name, "T": T, "solver": args.solver,
+    row = {"dtype": name, "precision": precision.name, "T": T, "d": args.d,
+           "solver": args.solver,
            "prep": prep if prep == "xla" else f"{prep}({args.prep_dot})" + (
                "".join(f"+{tag}({flags[f]})" for f, tag, _ in SCAN_OPTIONS
                        if flags[f] != "auto")),

@@ -119,12 +119,18 @@ def _scan_forward(khat, u, A0, config):
   """(W, A_T, A_c): A_c [B, H, N * C / r, dk, dk] the inverses every r =
   `config.residual_stride` tokens (chunk starts unless `grad_stride` says otherwise); with
   penalty_grad="adjoint" instead the inverses its segments started from, [B * H, S, dk, dk]
-  (the inference layout: `_penalty_segments(segment_starts=True)`)."""
+  (the inference layout: `_penalty_segments(segment_starts=True)`). With
+  `config.scan_unit_rows`: (unit rows, A_T, (those inverses, the plain rows [B * H, S * L,
+  dk]))."""
   B, H, N, C, dk = khat.shape
   r = config.residual_stride
   flat = lambda x: x.reshape(B, H, N * C, dk)
   fprec = _factor_precision(config.factor_dot, khat.dtype, config.interpret)
   if config.penalty_backward == "adjoint":
+    if config.scan_unit_rows:    # the unit rows out, the plain rows kept for the backward
+      a, W_full, A_T, A_start = _penalty_segments(config, flat(khat), flat(u), A0, fprec,
+                                                  segment_starts=True, unit_rows=True)
+      return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), (A_start, W_full)
     W, A_T, A_start = _penalty_segments(config, flat(khat), flat(u), A0, fprec,
                                         segment_starts=True)
     return W.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), A_start
@@ -137,6 +143,7 @@ def _scan_forward(khat, u, A0, config):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def penalty_scan_grad(khat, u, A0, config):
   """(W [B, H, N, C, dk] rows A_t khat_t, A_T [B, H, dk, dk]) like `penalty_chunked_grad`, from
+  (with `config.scan_unit_rows` the unit rows unit(A_t khat_t) instead of W)
   the `penalty_scan` kernel (segments, block and warps of the `KernelConfig` `config`). The
   backward, on the chunk-start inverses that the kernel carried, is `penalty_chunked_grad`'s
   (config.penalty_grad="chunk") or the reverse kernel `penalty_scan_bwd.penalty_scan_bwd` plus
@@ -147,6 +154,9 @@ def penalty_scan_grad(khat, u, A0, config):
 
 def _scan_fwd(khat, u, A0, config):
   W, A_T, A_c = _scan_forward(khat, u, A0, config)
+  if config.scan_unit_rows:      # W holds the unit rows; the plain rows come with A_c
+    A_start, W_full = A_c
+    return (W, A_T), (khat, u, A0, A_start, W_full, A_T)
   outputs = (W, A_T) if config.penalty_backward == "adjoint" else ()  # its backward reads them
   return (W, A_T), (khat, u, A0, A_c, *outputs)
 
@@ -182,7 +192,9 @@ def _scan_adjoint_bwd(config, res, cts):
   segments started from (its only residual besides W and A_T). The sums over t >= s are a
   reverse causal product of linear-attention form, chunk by chunk: within a chunk the masked
   products (U W^T) Z and (U Z^T) W, across chunks the reverse prefix sums of the chunks'
-  Z^T W. No inverse is differentiated and no cotangent of A is carried through the blocks."""
+  Z^T W. No inverse is differentiated and no cotangent of A is carried through the blocks.
+  With `config.scan_unit_rows` the cotangent is that of the unit rows a_t = unit(W_t), and the
+  scan makes dW_t from it on load (`penalty_scan(vjp_rows=W)`)."""
   khat, u, A0, A_start, W, A_T = res
   dW, dA_T = cts
   B, H, N, C, dk = khat.shape
@@ -194,8 +206,12 @@ def _scan_adjoint_bwd(config, res, cts):
   S, L = segment_layout(config, BH, N, warps)
   rows = lambda x: _segment_rows(x, acc, S * L)
   fprec = _factor_precision(config.reverse_factor_dot, acc, config.interpret)
+  vjp_rows = None
+  if config.scan_unit_rows:      # W: the plain rows [BH, S * L, dk]; dW: the unit rows' cotangent
+    vjp_rows, W = W, W[:, :T_pad].reshape(B, H, N, C, dk)
   Z = penalty_scan(A_start, rows(dW), rows(u), block=config.scan_block, factor_precision=fprec,
-                   num_warps=warps, normalize=False, interpret=config.interpret)[0]
+                   num_warps=warps, normalize=False, vjp_rows=vjp_rows,
+                   interpret=config.interpret)[0]
   Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
   U, W = u.astype(acc), W.astype(acc)
   ends = (A_T.astype(acc), dA_T.astype(acc), A0.astype(acc))

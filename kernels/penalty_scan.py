@@ -54,11 +54,32 @@ def block_factors(A, U, *, precision, eye=None):
   return X, G, Linv, dot(Linv, X)
 
 
-def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normalize, prefetch,
-                 fprec, acc, unit_keys=False):
-  # a0_ref, at_ref: [dk, dk] segment-start and segment-end inverses; e_ref, u_ref, ah_ref:
-  # [L, dk] unit keys, penalty directions and (out) write directions of the segment; with a
-  # chunk size C, ac_refs: ([L / C, dk, dk],) (out) the inverse at every chunk start.
+def unit_rows_vjp(W, dA, eps):
+  """Cotangent of W [n, d] under a = unit_rows(W, eps), given dA = the cotangent of a: with
+  r = 1 / max(|W|, eps), dW = r (dA - [|W| > eps] a (a . dA)), a = r W (the VJP of
+  `vla_jax.ops.utils.unit`, row by row)."""
+  sq = jnp.sum(W * W, axis=1)
+  inv = jax.lax.rsqrt(jnp.maximum(sq, eps ** 2))
+  a = W * inv[:, None]
+  along = jnp.where(sq > eps ** 2, jnp.sum(a * dA, axis=1), 0.0)
+  return inv[:, None] * (dA - along[:, None] * a)
+
+
+def _scan_kernel(*refs, L, b, C, normalize, prefetch, fprec, acc, unit_keys=False,
+                 unit_vjp=False):
+  # Inputs a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (unit keys, penalty
+  # directions), with unit_vjp also wv_ref [L, dk]; outputs ah_ref [L, dk] (write directions),
+  # with normalize="both" also wr_ref [L, dk] (the rows before normalising), at_ref [dk, dk]
+  # (segment-end inverse) and, with a chunk size C, ac_ref [L / C, dk, dk] (the inverse at
+  # every chunk start). unit_vjp: e_ref holds the cotangents of unit rows of wv_ref's rows, and
+  # the scan runs on their VJP (`unit_rows_vjp`) instead.
+  n_in = 4 if unit_vjp else 3
+  a0_ref, e_ref, u_ref = refs[:3]
+  wv_ref = refs[3] if unit_vjp else None
+  outs = refs[n_in:]
+  both = normalize == "both"
+  ah_ref, wr_ref = (outs[0], outs[1]) if both else (outs[0], None)
+  at_ref, *ac_refs = outs[2:] if both else outs[1:]
   dot = functools.partial(_dot, precision=fprec)
   r, c, _ = _iota(b)
   eye = _eye(b, acc)
@@ -66,11 +87,15 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normal
   start = lambda j: j * b if isinstance(j, int) else pl.multiple_of(j * b, b)
   def load(j):
     U, E = (ref[pl.ds(start(j), b), :].astype(acc) for ref in (u_ref, e_ref))
+    if unit_vjp:
+      return U, unit_rows_vjp(wv_ref[pl.ds(start(j), b), :].astype(acc), E, WRITE_EPS)
     return U, unit_rows(E, KEY_EPS) if unit_keys else E
 
   def step(j, A, U, E):
     X, _, _, Y = block_factors(A, U, precision=fprec, eye=eye)
     W = dot(E, A) - dot(jnp.where(r >= c, dot(E, Y, tb=True), 0.0), Y)
+    if both:
+      wr_ref[pl.ds(start(j), b), :] = W.astype(wr_ref.dtype)
     if normalize:
       W = W * jax.lax.rsqrt(jnp.maximum(jnp.sum(W * W, axis=1), WRITE_EPS ** 2))[:, None]
     ah_ref[pl.ds(start(j), b), :] = W.astype(ah_ref.dtype)
@@ -103,7 +128,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, ah_ref, at_ref, *ac_refs, L, b, C, normal
 
 def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, num_warps=4,
                  chunk_size=None, normalize=True, rows_dtype=None, heads=None, unit_keys=False,
-                 interpret=False):
+                 vjp_rows=None, interpret=False):
   """Write directions of every token and the inverse at every segment end.
 
   Args:
@@ -116,17 +141,23 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
       HIGHEST otherwise; bf16 also in interpret mode).
     chunk_size: None, or C (a multiple of `block` dividing L): also return the carried inverse
       at every chunk start (the residuals of `penalty_grad.penalty_scan_grad`).
-    normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t.
+    normalize: write unit rows unit(A_t khat_t) (default); False writes the rows A_t khat_t;
+      "both" writes the unit rows and, as a second output after them, the rows A_t khat_t in
+      A_start's dtype (the unit rows feed the state path, the plain rows the adjoint backward:
+      no XLA pass normalises them).
     rows_dtype: dtype of the written rows (default A_start's; the computation is in
       A_start's dtype either way).
     heads: None, or H when e and u are token-major [B, S * L, H, dk] (read in place; the
       output stays head-major [B * H, ...]).
     unit_keys: e holds raw keys; the kernel divides each row by max(norm, KEY_EPS).
+    vjp_rows: None, or rows W [BH, S * L, dk] (head-major) of which e holds the cotangents of
+      the unit rows unit(W) (WRITE_EPS): the scan runs on their VJP, W's cotangents
+      (`unit_rows_vjp`), made on load (the adjoint backward's Z = A dW without an XLA pass).
 
   Returns:
     (Ahat [BH, S * L, dk] unit write directions (or the rows A_t khat_t; `rows_dtype`), A_end
     [BH, S, dk, dk]), with chunk_size also A_c [BH, S * L / C, dk, dk] (not symmetrised), in
-    A_start's dtype.
+    A_start's dtype; with normalize="both" the rows A_t khat_t [BH, S * L, dk] second.
   """
   BH, S, dk, _ = A_start.shape
   L = e.shape[1] // S   # [BH, S * L, dk] or [B, S * L, H, dk]
@@ -142,6 +173,16 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
   out_specs = [rows, mat]
   out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), rows_dtype or acc),
                jax.ShapeDtypeStruct((BH, S, dk, dk), acc)]
+  if normalize == "both":
+    out_specs.insert(1, rows)
+    out_shape.insert(1, jax.ShapeDtypeStruct((BH, S * L, dk), acc))
+  in_specs = [mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)]
+  args = (A_start, e, u)
+  if vjp_rows is not None:
+    if heads is not None or unit_keys:
+      raise ValueError("vjp_rows needs head-major e and u (heads=None, unit_keys=False)")
+    in_specs.append(rows)
+    args += (vjp_rows,)
   if chunk_size is not None:
     n = L // chunk_size
     out_specs.append(pl.BlockSpec((None, n, dk, dk), lambda h, s: (h, s, 0, 0)))
@@ -149,14 +190,14 @@ def penalty_scan(A_start, e, u, *, block=16, prefetch=False, factor_precision, n
   return pl.pallas_call(
       functools.partial(_scan_kernel, L=L, b=block, C=chunk_size, normalize=normalize,
                         prefetch=prefetch, fprec=factor_precision, acc=acc,
-                        unit_keys=unit_keys),
+                        unit_keys=unit_keys, unit_vjp=vjp_rows is not None),
       grid=(BH, S),
-      in_specs=[mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)],
+      in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
       interpret=interpret, name="vla_penalty_scan",
-  )(A_start, e, u)
+  )(*args)
 
 
 def _a0_inverse(A0, dtype):
@@ -319,7 +360,7 @@ def grad_scan_warps(config, dk):
 
 
 def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None,
-                      token_major=False, stride=None, segment_starts=False):
+                      token_major=False, stride=None, segment_starts=False, unit_rows=False):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
   each segment, A at segment starts from XLA (`segment_start_inverses`).
@@ -331,7 +372,9 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   segment_starts: the inference layout, but the rows A_t khat_t (not unit), A_T and the
   inverses the segments started from [B*H, S, dk, dk] (the forward of penalty_grad="adjoint",
   whose backward runs the same scan again from them: `segment_layout` with
-  `forward_scan_warps` gives both the same segments)."""
+  `forward_scan_warps` gives both the same segments). With unit_rows (segment_starts only):
+  (unit rows [B*H, T_pad, dk], the rows A_t khat_t [B*H, S * L, dk] (the segments' whole
+  length, as the backward's scan reads them), A_T, the segments' start inverses)."""
   if token_major:
     B, T_pad, H, dk = u_h.shape
   else:
@@ -362,11 +405,13 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   rows = (lambda x: x) if token_major else (lambda x: flat(pad(x)))
   stride = stride or C
   kw = (dict(chunk_size=stride, normalize=False) if chunk_starts
-        else dict(normalize=False) if segment_starts else {})
+        else dict(normalize="both" if unit_rows else False) if segment_starts else {})
   out = penalty_scan(flat(A_start), rows(khat), rows(u_h), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
                      num_warps=warps, rows_dtype=rows_dtype, interpret=config.interpret,
                      heads=H if token_major else None, unit_keys=token_major, **kw)
+  if segment_starts and unit_rows:
+    return out[0][:, :T_pad], out[1], out[2][:, -1], flat(A_start)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
   if segment_starts:
     return Ah, A_end, flat(A_start)

@@ -86,6 +86,7 @@ SEGMENT_INVERSES = ("auto", "xla", "kernel")
 SEGMENT_GRADS = ("autodiff", "products")
 SEGMENT_GRAMS = ("xla", "kernel")
 ADJOINT_DUS = ("xla", "kernel", "carried")
+WRITE_NORMS = ("xla", "kernel")
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -302,6 +303,14 @@ class KernelConfig:
       B = 8: "carried" 4.14 ms against 4.32 with "kernel" (the carried kernel 0.34 ms
       against 0.31; "xla" 4.85 against "kernel"'s 4.42 a session earlier); T = 32768, B = 1: 5.34 against 5.51; d = 128, T = 4096, B = 8: 15.34
       against 15.58 (the carried kernel 2.06 ms against 1.38: it spills, 360 stack bytes).
+    write_norm: with penalty_grad="adjoint", where the differentiated path makes the unit
+      write directions a_t = unit(A_t khat_t) and their VJP: "xla" (default: the scan writes
+      the rows A_t khat_t, XLA normalises them, and XLA's autodiff of the normalisation feeds
+      the backward's second scan) or "kernel" (the forward scan writes both the unit rows and
+      the plain rows (`penalty_scan(normalize="both")`), and the backward's second scan makes
+      the rows' cotangents from the unit rows' on load (`penalty_scan(vjp_rows=)`): no XLA
+      pass over the rows either way). Same function. Not yet timed: the H200 4k gradient
+      (d = 64) spent 0.063 ms normalising and 0.16 ms on the VJP in XLA.
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
       per-segment Grams sum u u^T: "kernel" (default: `penalty_scan.segment_grams`, one
       program per (sequence, segment) reading u in place, bf16 products for bf16 u, exact in
@@ -381,6 +390,7 @@ class KernelConfig:
   segment_inverse: str = "auto"
   segment_gram: str = "kernel"
   adjoint_du: str = "carried"
+  write_norm: str = "xla"
   segment_grad: str = "products"
   interpret: bool = False
 
@@ -407,6 +417,7 @@ class KernelConfig:
                           ("segment_inverse", SEGMENT_INVERSES),
                           ("grad_layout", GRAD_LAYOUTS),
                           ("adjoint_du", ADJOINT_DUS),
+                          ("write_norm", WRITE_NORMS),
                           ("segment_gram", SEGMENT_GRAMS),
                           ("grad_prep", GRAD_PREPS),
                           ("state_bwd", STATE_BWDS),
@@ -539,6 +550,13 @@ class KernelConfig:
     if self.penalty_grad == "auto":
       return "adjoint" if self.prep == "scan" else "autodiff"
     return self.penalty_grad
+
+  @property
+  def scan_unit_rows(self):
+    """True when the differentiated penalty scan writes the unit write directions itself
+    (write_norm="kernel" with the adjoint backward; other backwards ignore write_norm)."""
+    return (self.write_norm == "kernel" and self.prep == "scan"
+            and self.penalty_backward == "adjoint")
 
   @property
   def residual_stride(self):

@@ -124,7 +124,9 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   else:
     W, A_T = penalty_parallel(*args, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
                               solver=config.solver)
-  a = _unit_rows(W.reshape(B, H, T_pad, dk), WRITE_EPS)
+  # With write_norm="kernel" the scan wrote the unit rows itself (and their VJP is its own).
+  a = (W.reshape(B, H, T_pad, dk) if config.scan_unit_rows
+       else _unit_rows(W.reshape(B, H, T_pad, dk), WRITE_EPS))
 
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
   S0_r = S0.astype(acc).reshape(B * H, dv, dk)

@@ -373,3 +373,47 @@ def test_carried_adjoint_du_lowers_for_h200():
                                            adjoint_du="carried"), T=1000)
   count = lambda name: sum(f'name = "{name}"' in l for l in lines)
   assert count("vla_adjoint_du_carried") == 1 and count("vla_adjoint_du") == 0
+
+
+def test_unit_rows_vjp_equals_autodiff_float64(x64):
+  """`penalty_scan.unit_rows_vjp` is the VJP of `vla_jax.ops.utils.unit` row by row, including
+  rows at or below the norm floor (zero rows: the floor's constant 1 / eps)."""
+  from vla_jax.kernels.penalty_scan import unit_rows_vjp
+  from vla_jax.ops.utils import unit
+  rng = np.random.default_rng(71)
+  W = rng.standard_normal((8, 16))
+  W[2] = 0.0
+  W[5] *= 1e-9                               # below WRITE_EPS: the clamped branch
+  W, dA = jnp.asarray(W), jnp.asarray(rng.standard_normal((8, 16)))
+  eps = 1e-6
+  _, pullback = jax.vjp(lambda x: unit(x, eps), W)
+  want = pullback(dA)[0]
+  got = unit_rows_vjp(W, dA, eps)
+  chex.assert_trees_all_close(got, want, rtol=1e-12, atol=1e-12)
+  assert np.all(np.isfinite(got))
+
+
+@pytest.mark.parametrize("T", [77, 96])
+def test_write_norm_kernel_gradients_match_scan_float64(x64, T):
+  """KernelConfig(write_norm="kernel"): the forward scan writes unit and plain rows, the
+  backward's scan makes the rows' cotangents from the unit rows' on load; gradients (all six
+  inputs) equal impl="scan"'s in float64, with a padded tail (T = 77) and without (T = 96), at
+  two segments."""
+  cfg = _config(16, prep="scan", penalty_grad="adjoint", write_norm="kernel", segment_chunks=2)
+  assert cfg.scan_unit_rows and not KernelConfig(write_norm="kernel", penalty_grad="scan"
+                                                 ).scan_unit_rows
+  _assert_grads_match_scan(cfg, T, seed=230 + T)
+  with pytest.raises(ValueError, match="write_norm"):
+    KernelConfig(write_norm="pallas").validate(16, 16)
+
+
+def test_write_norm_kernel_lowers_for_h200():
+  """bf16 inputs, d = 64: the gradient with write_norm="kernel" lowers for an H200 with the same
+  kernels as the default (the two penalty scans now write two row arrays / read three)."""
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, write_norm="kernel"),
+                              T=1000)
+  default = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=1000)
+  names = lambda ls: sorted(l.split('name = "')[1].split('"')[0] for l in ls
+                            if 'name = "vla_' in l)
+  assert names(lines) == names(default)
+  assert sum("rsqrt" in l for l in lines) < sum("rsqrt" in l for l in default)
