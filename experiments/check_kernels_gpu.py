@@ -12,7 +12,7 @@ memory. Bounds: float32 with precision=HIGHEST, rel. error <= 1e-4; bfloat16 inp
         [--state_prep_dot auto] [--factor_dtype auto] [--input_layout auto]
         [--local_vjp_dot auto] [--grad_stride auto] [--state_bwd auto] [--segment_gram xla]
         [--adjoint_du xla] [--state_local_vjp products] [--grad_layout direct]
-        [--write_norm kernel] [--d 128]
+        [--write_norm kernel] [--inverse_tile 32] [--d 128]
 
 --d sets the head dim of the checked cases (default 64; the long run stays at 64).
 
@@ -52,8 +52,9 @@ SCAN_OPTIONS = (("state_prep_dot", "sprep", "prep=scan"),
                 ("adjoint_du", "adu", "gradient, penalty_grad=adjoint"),
                 ("state_local_vjp", "lvjp_form", "gradient, state path's chunk-local VJP"),
                 ("grad_layout", "glayout", "gradient, state kernels' q, v layout"),
-                ("write_norm", "wnorm", "gradient, penalty_grad=adjoint's unit rows"))
-INT_OPTIONS = ("grad_stride",)   # an integer unless "auto"
+                ("write_norm", "wnorm", "gradient, penalty_grad=adjoint's unit rows"),
+                ("inverse_tile", "itile", "segment-start inverses in the kernel; auto: None"))
+INT_OPTIONS = ("grad_stride", "inverse_tile")   # an integer unless "auto"
 
 
 def option_value(field, text):

@@ -189,6 +189,10 @@ def main():
                       help="KernelConfig.adjoint_du (xla, kernel, carried; with --grad)")
   parser.add_argument("--grad_layout", default=KernelConfig().grad_layout,
                       help="KernelConfig.grad_layout (transposed, direct; with --grad)")
+  parser.add_argument("--no_refine", action="store_true",
+                      help="KernelConfig(refine=False): no Newton step in the inverses")
+  parser.add_argument("--inverse_tile", type=int, default=None,
+                      help="KernelConfig.inverse_tile (16, 32; default the whole-matrix form)")
   parser.add_argument("--write_norm", default=KernelConfig().write_norm,
                       help="KernelConfig.write_norm (xla, kernel; with --grad)")
   parser.add_argument("--chunks", type=int, default=2,
@@ -226,7 +230,8 @@ def main():
                          scan_bwd_unroll=unroll, state_output=args.state_output,
                          state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp,
                          grad_stride=args.grad_stride, grad_layout=args.grad_layout,
-                         adjoint_du=args.adjoint_du, write_norm=args.write_norm)
+                         adjoint_du=args.adjoint_du, write_norm=args.write_norm,
+                         inverse_tile=args.inverse_tile, refine=not args.no_refine)
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
                                grad=args.grad)
       for name, ttir in modules.items():

@@ -129,11 +129,13 @@ def trace_calls(fn, args, reps, plane_prefix, stats=None):
 
 
 def parse_config(text):
-  """"a=1,b=x" -> {"a": 1, "b": "x"} (KernelConfig overrides; integers where they parse)."""
+  """"a=1,b=x,c=False" -> {"a": 1, "b": "x", "c": False} (KernelConfig overrides; integers,
+  True, False and None where they parse)."""
   out = {}
   for item in filter(None, text.split(",")):
     key, value = item.split("=")
-    out[key] = int(value) if value.lstrip("-").isdigit() else value
+    out[key] = (int(value) if value.lstrip("-").isdigit()
+                else {"True": True, "False": False, "None": None}.get(value, value))
   return out
 
 

@@ -321,7 +321,8 @@ def segment_start_inverses_kernel(u_h, A0, config, S, L, token_major=False):
   B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
   fprec = _factor_precision("tf32x3", A0.dtype, config.interpret)
   inverse = lambda M, refine: spd_inverse(M.reshape(B * H, -1, dk, dk), refine=refine,
-                                          factor_precision=fprec, interpret=config.interpret)
+                                          factor_precision=fprec, interpret=config.interpret,
+                                          tile=config.inverse_tile)
   if config.segment_gram == "kernel":
     grams = _segment_gram_prefix_kernel(u_h, config, S, L, token_major, A0.dtype)
   else:

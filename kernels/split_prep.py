@@ -121,6 +121,48 @@ def _inverse_kernel(m_ref, a_ref, *, refine, fprec, acc):
   a_ref[...] = (0.5 * (A + A.T)).astype(a_ref.dtype)
 
 
+def _tiled_inverse_kernel(m_ref, a_ref, *, t, refine, fprec, acc):
+  # m_ref, a_ref: [dk, dk], handled as n x n tiles of t x t (ref slices; the values are tiles
+  # only). Block Cholesky M = L L^T: per tile column k, Linv_kk = L_kk^-1 by t elimination
+  # steps on the tile (`_chol_inv`), L_ik = G_ik Linv_kk^T below it, the Schur complement
+  # G_ij -= L_ik L_jk^T; then X = L^-1 by block forward substitution and A = X^T X, with the
+  # Newton step A <- A + A (I - M A) when `refine`. The same function as `_inverse_kernel`,
+  # with n elimination loops of t steps on [t, t] values instead of dk steps on [dk, dk].
+  dot = functools.partial(_dot, precision=fprec)
+  n = m_ref.shape[0] // t
+  blk = [pl.ds(i * t, t) for i in range(n)]
+  load = lambda i, j: m_ref[blk[i], blk[j]].astype(acc)
+  G = {(i, j): load(i, j) for i in range(n) for j in range(i + 1)}
+  Ld, L = {}, {}
+  for k in range(n):
+    Ld[k] = _chol_inv(G[k, k])                                         # L_kk^-1
+    for i in range(k + 1, n):
+      L[i, k] = dot(G[i, k], Ld[k], tb=True)                           # G_ik L_kk^-T
+    for i in range(k + 1, n):
+      for j in range(k + 1, i + 1):
+        G[i, j] = G[i, j] - dot(L[i, k], L[j, k], tb=True)
+  X = {}
+  for k in range(n):                                                   # X = L^-1, lower
+    X[k, k] = Ld[k]
+    for i in range(k + 1, n):
+      X[i, k] = -dot(Ld[i], sum(dot(L[i, m], X[m, k]) for m in range(k, i)))
+  A = {(i, j): sum(dot(X[m, i], X[m, j], ta=True) for m in range(max(i, j), n))
+       for i in range(n) for j in range(i, n)}                         # X^T X, upper tiles
+  At = lambda i, j: A[i, j] if i <= j else A[j, i].T
+  Mt = lambda i, m: load(i, m) if m <= i else load(m, i).T
+  for j in range(n):
+    if refine:   # column j of A + A (I - M A), tile by tile: the Newton step
+      MA = [sum(dot(Mt(m, l), At(l, j)) for l in range(n)) for m in range(n)]
+      col = [2.0 * At(i, j) - sum(dot(At(i, m), MA[m]) for m in range(n)) for i in range(j + 1)]
+    else:
+      col = [At(i, j) for i in range(j + 1)]
+    for i in range(j + 1):      # the upper tiles, mirrored (diagonal tiles symmetrised)
+      T = 0.5 * (col[i] + col[i].T) if i == j else col[i]
+      a_ref[blk[i], blk[j]] = T.astype(a_ref.dtype)
+      if i < j:
+        a_ref[blk[j], blk[i]] = T.T.astype(a_ref.dtype)
+
+
 def _rows_kernel(ac_ref, e_ref, u_ref, ah_ref, at_ref, *, C, N, dk, fprec, acc):
   # ac_ref: [dk, dk] A_c; e_ref, u_ref, ah_ref: [C, dk]; at_ref: [dk, dk] (last chunk only).
   # Columns are handled in panels of P = min(dk, 64) (refs sliced, values never), so no
@@ -179,12 +221,22 @@ def _params(num_warps):
   return plgpu.CompilerParams(num_warps=num_warps, num_stages=1)
 
 
-def spd_inverse(M, *, refine, factor_precision, num_warps=4, interpret=False):
-  """A_c = M_c^-1 for M [BH, N, dk, dk] symmetric positive definite (kernel (a))."""
+def spd_inverse(M, *, refine, factor_precision, num_warps=4, interpret=False, tile=None):
+  """A_c = M_c^-1 for M [BH, N, dk, dk] symmetric positive definite (kernel (a)).
+  tile: None (dk elimination steps on the whole matrix) or t (16 or 32, dividing dk): a block
+  Cholesky on t x t tiles (`_tiled_inverse_kernel`; the same function)."""
   BH, N, dk, _ = M.shape
   spec = pl.BlockSpec((None, None, dk, dk), lambda b, n: (b, n, 0, 0))
+  if tile is None:
+    kernel = functools.partial(_inverse_kernel, refine=refine, fprec=factor_precision,
+                               acc=M.dtype)
+  elif tile in (16, 32) and dk % tile == 0:
+    kernel = functools.partial(_tiled_inverse_kernel, t=tile, refine=refine,
+                               fprec=factor_precision, acc=M.dtype)
+  else:
+    raise ValueError(f"tile must be None, 16 or 32 and divide dk={dk}; got {tile!r}")
   return pl.pallas_call(
-      functools.partial(_inverse_kernel, refine=refine, fprec=factor_precision, acc=M.dtype),
+      kernel,
       grid=(BH, N), in_specs=[spec], out_specs=spec,
       out_shape=jax.ShapeDtypeStruct(M.shape, M.dtype),
       compiler_params=_params(num_warps), interpret=interpret, name="vla_spd_inverse",

@@ -303,6 +303,12 @@ class KernelConfig:
       B = 8: "carried" 4.14 ms against 4.32 with "kernel" (the carried kernel 0.34 ms
       against 0.31; "xla" 4.85 against "kernel"'s 4.42 a session earlier); T = 32768, B = 1: 5.34 against 5.51; d = 128, T = 4096, B = 8: 15.34
       against 15.58 (the carried kernel 2.06 ms against 1.38: it spills, 360 stack bytes).
+    inverse_tile: with the segment-start inverses in the kernel (`segment_inverse`), how the
+      `split_prep.spd_inverse` program inverts each [dk, dk] matrix: None (default: dk
+      elimination steps on the whole matrix, `_chol_inv`) or 16 / 32 (a block Cholesky on
+      t x t tiles: dk / t elimination loops of t steps on one tile each, the rest tile
+      products; `_tiled_inverse_kernel`). Same function. Not yet timed: the whole-matrix form
+      took 0.20 ms of the H200 forward's 1.14 ms at d = 64, T = 4096, B = 8 (896 programs).
     write_norm: with penalty_grad="adjoint", where the differentiated path makes the unit
       write directions a_t = unit(A_t khat_t) and their VJP: "xla" (default: the scan writes
       the rows A_t khat_t, XLA normalises them, and XLA's autodiff of the normalisation feeds
@@ -391,6 +397,7 @@ class KernelConfig:
   segment_gram: str = "kernel"
   adjoint_du: str = "carried"
   write_norm: str = "xla"
+  inverse_tile: int | None = None
   segment_grad: str = "products"
   interpret: bool = False
 
@@ -436,6 +443,9 @@ class KernelConfig:
                           or r % self.scan_block or C % r):
       raise ValueError(f"grad_stride must be None or a multiple of scan_block="
                        f"{self.scan_block} that divides chunk_size={C}; got {r!r}")
+    t = self.inverse_tile
+    if t is not None and (t not in (16, 32) or dk % t):
+      raise ValueError(f"inverse_tile must be None, 16 or 32 and divide dk={dk}; got {t!r}")
     if self.segment_chunks is not None and (not isinstance(self.segment_chunks, int)
                                             or self.segment_chunks < 1):
       raise ValueError(f"segment_chunks must be None or a positive int; got "

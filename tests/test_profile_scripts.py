@@ -102,3 +102,5 @@ def test_profile_kernels_config_overrides():
   assert profile_kernels.parse_config("") == {}
   assert profile_kernels.parse_config("grad_scan_warps=1,prep=scan") == {
       "grad_scan_warps": 1, "prep": "scan"}
+  assert profile_kernels.parse_config("refine=False,inverse_tile=32,block_v=None") == {
+      "refine": False, "inverse_tile": 32, "block_v": None}
