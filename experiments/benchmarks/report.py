@@ -423,7 +423,17 @@ def why_section(data, tokens=32768):
           "kernel take the gradient's device time to 4.42 ms at T = 4,096 (Pallas 3.20, XLA "
           "matrix products 0.11, other XLA fusions 1.12) and 5.92 ms at T = 32,768, B = 1; the "
           "two sequential passes (penalty scans 0.39 + 0.39, state forward 0.34, state reverse "
-          "chain 0.18) are now ~1.3 ms of it.", ""])
+          "chain 0.18) are now ~1.3 ms of it. Thirteenth session "
+          "(`results/profile_kernels_direct_carried_h200.json`, `..._split_d128_h200.json`): "
+          "the state kernels reading q, v and the output cotangent in place and the adjoint's "
+          "suffix sums carried inside the du kernel take it to 4.03 ms at T = 4,096 and 5.24 "
+          "at T = 32,768 (the forward 1.14 and 1.67); the remaining XLA passes, ~0.9 ms at "
+          "4,096, are casts, the key and write-direction normalisations and their VJPs, and "
+          "head-major copies of the keys, u and du. At d = 128 both sequential state loops now "
+          "split into a chain and a parallel per-chunk kernel (the fused reverse loop took "
+          "2.80 ms against 1.00 split): gradient 15.6 -> 12.5 ms at T = 4,096, B = 8, of which "
+          "the two penalty scans take 1.85 ms each, the spilling chunk-local VJP 2.51 and the "
+          "carried du kernel 2.06.", ""])
 
 
 def render(headers, rows, plot_paths, out_path):
