@@ -129,7 +129,7 @@ def _scan_forward(khat, u, A0, config):
   if config.penalty_backward == "adjoint":
     if config.scan_unit_rows:    # the unit rows out, the plain rows kept for the backward
       a, W_full, A_T, A_start = _penalty_segments(config, flat(khat), flat(u), A0, fprec,
-                                                  segment_starts=True, unit_rows=True)
+                                                  segment_starts=True, both_rows=True)
       return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), (A_start, W_full)
     W, A_T, A_start = _penalty_segments(config, flat(khat), flat(u), A0, fprec,
                                         segment_starts=True)
@@ -143,8 +143,8 @@ def _scan_forward(khat, u, A0, config):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def penalty_scan_grad(khat, u, A0, config):
   """(W [B, H, N, C, dk] rows A_t khat_t, A_T [B, H, dk, dk]) like `penalty_chunked_grad`, from
-  (with `config.scan_unit_rows` the unit rows unit(A_t khat_t) instead of W)
-  the `penalty_scan` kernel (segments, block and warps of the `KernelConfig` `config`). The
+  the `penalty_scan` kernel (segments, block and warps of the `KernelConfig` `config`); with
+  `config.scan_unit_rows` the unit rows unit(A_t khat_t) instead of W. The
   backward, on the chunk-start inverses that the kernel carried, is `penalty_chunked_grad`'s
   (config.penalty_grad="chunk") or the reverse kernel `penalty_scan_bwd.penalty_scan_bwd` plus
   the XLA VJP of the segment-start inverses ("scan"). The returned A0 cotangent is the gradient

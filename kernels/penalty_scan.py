@@ -361,7 +361,7 @@ def grad_scan_warps(config, dk):
 
 
 def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dtype=None,
-                      token_major=False, stride=None, segment_starts=False, unit_rows=False):
+                      token_major=False, stride=None, segment_starts=False, both_rows=False):
   """Write directions [B*H, T_pad, dk] and A_T [B*H, dk, dk] from `penalty_scan`: the sequence
   cut into segments of `segment_chunks` chunks (auto: enough to fill the GPU), A carried through
   each segment, A at segment starts from XLA (`segment_start_inverses`).
@@ -373,7 +373,7 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   segment_starts: the inference layout, but the rows A_t khat_t (not unit), A_T and the
   inverses the segments started from [B*H, S, dk, dk] (the forward of penalty_grad="adjoint",
   whose backward runs the same scan again from them: `segment_layout` with
-  `forward_scan_warps` gives both the same segments). With unit_rows (segment_starts only):
+  `forward_scan_warps` gives both the same segments). With both_rows (segment_starts only):
   (unit rows [B*H, T_pad, dk], the rows A_t khat_t [B*H, S * L, dk] (the segments' whole
   length, as the backward's scan reads them), A_T, the segments' start inverses)."""
   if token_major:
@@ -406,12 +406,12 @@ def _penalty_segments(config, khat, u_h, A0, fprec, chunk_starts=False, rows_dty
   rows = (lambda x: x) if token_major else (lambda x: flat(pad(x)))
   stride = stride or C
   kw = (dict(chunk_size=stride, normalize=False) if chunk_starts
-        else dict(normalize="both" if unit_rows else False) if segment_starts else {})
+        else dict(normalize="both" if both_rows else False) if segment_starts else {})
   out = penalty_scan(flat(A_start), rows(khat), rows(u_h), block=config.scan_block,
                      prefetch=config.scan_prefetch, factor_precision=fprec,
                      num_warps=warps, rows_dtype=rows_dtype, interpret=config.interpret,
                      heads=H if token_major else None, unit_keys=token_major, **kw)
-  if segment_starts and unit_rows:
+  if segment_starts and both_rows:
     return out[0][:, :T_pad], out[1], out[2][:, -1], flat(A_start)
   Ah, A_end = out[0][:, :T_pad], out[1][:, -1]
   if segment_starts:
