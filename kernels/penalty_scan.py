@@ -97,7 +97,7 @@ def _scan_kernel(*refs, L, b, C, normalize, prefetch, fprec, acc, unit_keys=Fals
     if both:
       wr_ref[pl.ds(start(j), b), :] = W.astype(wr_ref.dtype)
     if normalize:
-      W = W * jax.lax.rsqrt(jnp.maximum(jnp.sum(W * W, axis=1), WRITE_EPS ** 2))[:, None]
+      W = unit_rows(W, WRITE_EPS)
     ah_ref[pl.ds(start(j), b), :] = W.astype(ah_ref.dtype)
     return A - dot(Y, Y, ta=True)
 
