@@ -123,14 +123,14 @@ def part_fns(part, cfg, q, k, v, u, stage="all"):
     xs = jax.block_until_ready((M, e, fl_raw(u), fl_raw(q), fl_raw(v)))
     if part == "prep_kernel_only":
       fn = lambda M, e, u, q, v: chunk_prep(M, e, u, q, v, chunk_size=C, precision=cfg.precision,
-                                            refine=cfg.refine, prep_dot=cfg.factor_dot,
+                                            refine=cfg.newton_step, prep_dot=cfg.factor_dot,
                                             form=cfg.prep_form, num_warps=cfg.prep_warps)
       return jax.jit(fn), None, xs
     fprec = _factor_precision(cfg.factor_dot, jnp.float32, cfg.interpret)
     kw = dict(num_warps=cfg.prep_warps, interpret=cfg.interpret)
 
     def chain(M, e, u, q, v):
-      A_c = split_prep.spd_inverse(M, refine=cfg.refine, factor_precision=fprec, **kw)
+      A_c = split_prep.spd_inverse(M, refine=cfg.newton_step, factor_precision=fprec, **kw)
       Ah, _ = split_prep.penalty_rows(A_c, e, u, chunk_size=C, factor_precision=fprec, **kw)
       return A_c, Ah, split_prep.state_prep(e, Ah, q, v, chunk_size=C, precision=cfg.precision,
                                             factor_precision=fprec, **kw)
@@ -144,7 +144,7 @@ def part_fns(part, cfg, q, k, v, u, stage="all"):
     S0 = jnp.zeros((B * H_, d, d), jnp.float32)
     stages = {
         "spd_inverse": (lambda M: split_prep.spd_inverse(
-            M, refine=cfg.refine, factor_precision=fprec, **kw), (M,)),
+            M, refine=cfg.newton_step, factor_precision=fprec, **kw), (M,)),
         "penalty_rows": (lambda A_c, e, u: split_prep.penalty_rows(
             A_c, e, u, chunk_size=C, factor_precision=fprec, **kw), (A_c, e, u_)),
         "state_prep": (lambda e, Ah, q, v: split_prep.state_prep(
@@ -165,7 +165,7 @@ def part_fns(part, cfg, q, k, v, u, stage="all"):
   if part == "penalty_only":
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H_, d, d))
     ch = lambda x: hm(x).reshape(B, H_, T // C, C, d)
-    fn = lambda k, u: penalty_parallel(ch(k), ch(u), A0, refine=cfg.refine,
+    fn = lambda k, u: penalty_parallel(ch(k), ch(u), A0, refine=cfg.newton_step,
                                        precision=jax.lax.Precision.HIGHEST, solver=cfg.solver)[0]
     xs = (k / jnp.linalg.norm(k.astype(jnp.float32), axis=-1, keepdims=True).astype(k.dtype), u)
   else:

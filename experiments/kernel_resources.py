@@ -43,17 +43,17 @@ from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import lower_for_h200
 
 
-def triton_modules(cfg, B, T, H, dk, dv, grad=False):
-  """{kernel name: Triton IR text} of every pallas_call in the forward of `vla_pallas`, or with
-  `grad` in `jax.grad` (w.r.t. q, k, v, u) of the sum of its outputs: forward and backward
-  kernels."""
+def triton_modules(cfg, B, T, H, dk, dv, grad=False, dtype=jnp.bfloat16):
+  """{kernel name: Triton IR text} of every pallas_call in the forward of `vla_pallas` on q, k,
+  v, u of `dtype`, or with `grad` in `jax.grad` (w.r.t. q, k, v, u) of the sum of its outputs:
+  forward and backward kernels."""
   original = pl.pallas_call
 
   def debug_call(*args, **kwargs):
     kwargs["debug"] = True
     return original(*args, **kwargs)
 
-  spec = lambda *s, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(s, dtype)
+  spec = lambda *s, dtype=dtype: jax.ShapeDtypeStruct(s, dtype)
   args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
           spec(B, H, dv, dk, dtype=jnp.float32), spec(B, H, dk, dk, dtype=jnp.float32))
   forward = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
@@ -189,12 +189,17 @@ def main():
                       help="KernelConfig.adjoint_du (xla, kernel, carried; with --grad)")
   parser.add_argument("--grad_layout", default=KernelConfig().grad_layout,
                       help="KernelConfig.grad_layout (transposed, direct; with --grad)")
-  parser.add_argument("--no_refine", action="store_true",
-                      help="KernelConfig(refine=False): no Newton step in the inverses")
-  parser.add_argument("--inverse_tile", type=int, default=None,
-                      help="KernelConfig.inverse_tile (16, 32; default the whole-matrix form)")
+  parser.add_argument("--refine", default="auto", choices=("auto", "1", "0"),
+                      help="KernelConfig.refine (auto; 1: the Newton step in the inverses; 0: "
+                           "none)")
+  parser.add_argument("--inverse_tile", default="auto", choices=("auto", "0", "16", "32"),
+                      help="KernelConfig.inverse_tile (auto; 0: the whole-matrix form; 16, 32)")
   parser.add_argument("--write_norm", default=KernelConfig().write_norm,
                       help="KernelConfig.write_norm (xla, kernel; with --grad)")
+  parser.add_argument("--dtype", default="bfloat16",
+                      help="dtype of q, k, v, u (bfloat16 or float32)")
+  parser.add_argument("--precision", default="DEFAULT",
+                      help="KernelConfig.precision: DEFAULT or HIGHEST")
   parser.add_argument("--chunks", type=int, default=2,
                       help="chunks in the lowered sequence (T = chunks * chunk)")
   parser.add_argument("--grad_stride", type=int, default=None,
@@ -231,9 +236,12 @@ def main():
                          state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp,
                          grad_stride=args.grad_stride, grad_layout=args.grad_layout,
                          adjoint_du=args.adjoint_du, write_norm=args.write_norm,
-                         inverse_tile=args.inverse_tile, refine=not args.no_refine)
+                         inverse_tile=({"auto": "auto", "0": None}.get(args.inverse_tile)
+                                       or int(args.inverse_tile)),
+                         refine={"auto": "auto", "1": True, "0": False}[args.refine],
+                         precision=getattr(jax.lax.Precision, args.precision))
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,
-                               grad=args.grad)
+                               grad=args.grad, dtype=jnp.dtype(args.dtype))
       for name, ttir in modules.items():
         if only and name not in only:
           continue

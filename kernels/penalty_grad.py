@@ -167,7 +167,7 @@ def _scan_bwd(config, res, cts):
   if config.penalty_backward == "adjoint":
     return _scan_adjoint_bwd(config, res, cts)
   khat, u, _, A_c = res[:4]
-  return _bwd(config.refine, jax.lax.Precision.HIGHEST, config.solver, (khat, u, A_c), cts)
+  return _bwd(config.newton_step, jax.lax.Precision.HIGHEST, config.solver, (khat, u, A_c), cts)
 
 
 def _segment_rows(x, acc, length):

@@ -236,7 +236,8 @@ def segment_start_inverses(u_h, A0, config, S, L, token_major=False):
   plus the sum of u u^T before the segment (XLA: prefix sums of Grams, Cholesky inverse).
   u_h: [B, H, T_pad, dk] (zero-padded to S * L inside). The backward of `penalty_scan_grad`'s
   kernel variant differentiates this same function."""
-  return _spd_inverse(_segment_start_matrices(u_h, A0, S, L, token_major), refine=config.refine,
+  return _spd_inverse(_segment_start_matrices(u_h, A0, S, L, token_major),
+                      refine=config.newton_step,
                       precision=jax.lax.Precision.HIGHEST, solver=config.solver)
 
 
@@ -312,7 +313,7 @@ def _segment_gram_prefix_kernel(u_h, config, S, L, token_major, acc):
 def segment_start_inverses_kernel(u_h, A0, config, S, L, token_major=False):
   """As `segment_start_inverses`, the inversions in the `split_prep.spd_inverse` kernel (one
   program per segment start: dk elimination steps, A = Linv^T Linv, the Newton step with
-  `config.refine`; tf32x3 products on a GPU, whatever `prep_dot` says: an inverse of a possibly
+  `config.newton_step`; tf32x3 products on a GPU, whatever `prep_dot` says: an inverse of a possibly
   ill-conditioned M needs about float32 accuracy). XLA keeps the prefix sums of the per-segment
   Grams (or, with `config.segment_gram="kernel"`, the Grams come from `segment_grams`, which
   reads token-major u in place); A0's inverse runs in the same kernel (a second launch)
@@ -322,13 +323,13 @@ def segment_start_inverses_kernel(u_h, A0, config, S, L, token_major=False):
   fprec = _factor_precision("tf32x3", A0.dtype, config.interpret)
   inverse = lambda M, refine: spd_inverse(M.reshape(B * H, -1, dk, dk), refine=refine,
                                           factor_precision=fprec, interpret=config.interpret,
-                                          tile=config.inverse_tile)
+                                          tile=config.inverse_tile_size)
   if config.segment_gram == "kernel":
     grams = _segment_gram_prefix_kernel(u_h, config, S, L, token_major, A0.dtype)
   else:
     grams = _segment_gram_prefix(u_h, S, L, token_major).astype(A0.dtype)
   M = inverse(A0, False).reshape(B, H, 1, dk, dk) + grams
-  return inverse(M, config.refine).reshape(B, H, S - 1, dk, dk)
+  return inverse(M, config.newton_step).reshape(B, H, S - 1, dk, dk)
 
 
 def scan_warps(config, dk):

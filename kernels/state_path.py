@@ -77,7 +77,7 @@ SPLIT_BWD_FROM_DK = 128
 # slower (gradient 5.45 -> 5.99). Not measured between.
 SMALL_VALUE_BLOCK_AT = 32
 STATE_BWDS = ("auto", "fused", "split")
-STATE_LOCAL_VJPS = ("xla", "kernel", "products", "fused")
+STATE_LOCAL_VJPS = ("auto", "xla", "kernel", "products", "fused")
 # state_local_vjp values that reuse the forward's P and unit-triangular inverses (residuals).
 REUSE_LOCAL_VJPS = ("products", "fused")
 LOCAL_VJP_DOTS = ("auto", "bf16")
@@ -106,7 +106,11 @@ class KernelConfig:
     precision: precision of float32 matrix products, in the kernels and the XLA parts:
       `jax.lax.Precision.DEFAULT` (TF32 on NVIDIA GPUs; fast) or `HIGHEST` (full float32).
     refine: one Newton step A <- A + A (I - M A) on each chunk-start inverse of the penalty
-      path (see `penalty.py`). Default True.
+      path (see `penalty.py`): True, False or "auto" (default: False for bfloat16 inputs
+      with prep="scan" and precision=DEFAULT (`for_inputs`), whose outputs round to 8 bits
+      while a float32 Cholesky inverse is good to about cond(M) * 6e-8; True otherwise).
+      H200, d = 64, bf16, T = 4096, B = 8, with inverse_tile=32: the segment-start inverse
+      kernel 0.225 ms with the step (the tiled program spills) against 0.123 without.
     solver: how the XLA parts apply triangular inverses: "doubling" (default: block-doubling
       inverse from batched products, `vla_jax.ops.utils.tril_inverse`; its backward is
       products only too: `penalty._chol_inverse_products`, `triangular.tril_inverse_products`,
@@ -213,12 +217,12 @@ class KernelConfig:
       inverses by `segment_inverse`), writing unnormalised rows and no chunk-start inverses.
       Same gradients. H200, bf16, H = 16, gradient device time (kernels/NOTES.md): d = 64,
       T = 4096, B = 8: 5.84 ms against 7.39 with "scan"; d = 128: 16.7 against 19.8 ms.
-    scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan"), how it walks a chunk's blocks (`penalty_scan_bwd`'s `unroll`): False
-      (default) loops over them, each block's start recomputed from the chunk start (more
-      downdates, a smaller program); True unrolls them, the block-start inverses kept as
-      values. Same function. H200, H = 16, d = 64, bf16, T = 4096: forward+backward 13.9 ms
-      with False against 17.0 with True, first call (compilation) 8.9 s against 59 s
-      (kernels/NOTES.md).
+    scan_bwd_unroll: with the reverse penalty kernel (penalty_grad "scan"), how it walks a chunk's
+      blocks (`penalty_scan_bwd`'s `unroll`): False (default) loops over them, each block's start
+      recomputed from the chunk start (more downdates, a smaller program); True unrolls them, the
+      block-start inverses kept as values. Same function. H200, H = 16, d = 64, bf16, T = 4096:
+      forward+backward 13.9 ms with False against 17.0 with True, first call (compilation) 8.9 s
+      against 59 s (kernels/NOTES.md).
     grad_stride: with the reverse penalty kernel, tokens between the penalty inverses that
       the differentiated forward saves for it, or None (default): `chunk_size`. A multiple of
       `scan_block` that divides `chunk_size`. The reverse kernel walks each stretch of
@@ -237,33 +241,33 @@ class KernelConfig:
       Same function. d = 128, T = 4096, B = 8 (512 programs): 0.82 ms split against 0.99.
       H200, H = 16, d = 64, bf16: state path 1.88 ms split against 2.43 fused at T = 32768,
       B = 1 (32 programs); 1.27 against 1.20 at T = 4096, B = 8 (256 programs).
-    state_bwd: how the state path's reverse pass runs: "auto" (default: "split" below
-      up to SPLIT_BWD_UP_TO = 512 programs of the loop and at dk >= 128; `backward_form`), "fused" (one
-      sequential loop
-      over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n = dO_n^T
-      (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
+    state_bwd: how the state path's reverse pass runs: "auto" (default: "split" up to
+      SPLIT_BWD_UP_TO = 512 programs of the loop and at dk >= 128; `backward_form`), "fused" (one
+      sequential loop over chunks, `vla_state_bwd`) or "split" (the state-independent term G_n =
+      dO_n^T (Q_n - P_n W'_n) of every chunk first, in a kernel parallel over (batch * head, chunk),
       `vla_state_bwd_terms`; then a loop with the chain dS <- dS - (dS Ahat^T) W' + G_n alone,
       `vla_state_bwd_chain`). Same function. H200, d = 64, T = 4096: the reverse pass 0.72 ms
-      against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms); T = 32768,
-      B = 1 (32 programs): 1.13 ms (terms 0.17 + chain 0.96) against 1.96 fused; d = 128,
-      T = 4096, B = 8 (512 programs): 1.00 ms (terms 0.46 + chain 0.55) against 2.80 fused.
-    state_local_vjp: how the state path's backward computes the chunk-local cotangents of q,
-      e, w, v (the VJP of each chunk map with its start state fixed, after the reverse pass):
-      "fused" (default: the VJP written out, reusing the forward's P and unit-triangular
-      inverse T, kept as residuals (no triangular inverse in the kernel), in one Pallas
-      program per (batch * head, chunk), `state_grad._reuse_vjp_kernel`, with
-      `local_vjp_dot`'s operands; 8 warps (ptxas, sm_90a, bf16 inputs: 224 registers and no
-      spills at d = 64, 56 KB of shared memory; at d = 128 136 KB and 416 stack bytes per
-      thread)), "products" (the same VJP as 14 batched XLA products over all chunks:
-      `_local_vjp_products`; with grad_prep="kernel" the state-prep kernel writes T out),
-      "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`, which recomputes the chunk factors and
-      differentiates them) or "kernel" (one Pallas program per (batch * head, chunk) that
-      recomputes the factors: `state_grad.py`; dk, dv <= 64 only (ptxas, sm_90a: 160 KB of
-      shared memory and 240 stack bytes per thread at d = 64, 8 warps; ~480 KB at d = 128,
-      above an SM's 227 KB)). Same function. H200, H = 16, d = 64, bf16, gradient device
-      time: "fused" 4.81 ms against 5.45 with "products" at T = 4096, B = 8, 6.28 against
-      6.92 at T = 32768, B = 1. Earlier, at T = 4096, B = 8: the state path's
-      forward+backward 4.1 ms with "products" against 5.7 with "xla" (6.2 with "kernel").
+      against 0.76 fused, forward+backward within noise (11.7 against 11.8 ms); T = 32768, B = 1 (32
+      programs): 1.13 ms (terms 0.17 + chain 0.96) against 1.96 fused; d = 128, T = 4096, B = 8 (512
+      programs): 1.00 ms (terms 0.46 + chain 0.55) against 2.80 fused.
+    state_local_vjp: how the state path's backward computes the chunk-local cotangents of q, e, w, v
+      (the VJP of each chunk map with its start state fixed, after the reverse pass): "auto"
+      (default: "fused", except at head dims above 64 with float32 operands (local_vjp_dot not
+      "bf16": float32 inputs), where the fused program needs 352 KB of shared memory: "products";
+      `for_inputs`), "fused" (the VJP written out, reusing the forward's P and unit-triangular
+      inverse T, kept as residuals (no triangular inverse in the kernel), in one Pallas program per
+      (batch * head, chunk), `state_grad._reuse_vjp_kernel`, with `local_vjp_dot`'s operands; 8
+      warps (ptxas, sm_90a, bf16 inputs: 224 registers and no spills at d = 64, 56 KB of shared
+      memory; at d = 128 136 KB and 416 stack bytes per thread)), "products" (the same VJP as 14
+      batched XLA products over all chunks: `_local_vjp_products`; with grad_prep="kernel" the
+      state-prep kernel writes T out), "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`, which
+      recomputes the chunk factors and differentiates them) or "kernel" (one Pallas program per
+      (batch * head, chunk) that recomputes the factors: `state_grad.py`; dk, dv <= 64 only (ptxas,
+      sm_90a: 160 KB of shared memory and 240 stack bytes per thread at d = 64, 8 warps; ~480 KB at
+      d = 128, above an SM's 227 KB)). Same function. H200, H = 16, d = 64, bf16, gradient device
+      time: "fused" 4.81 ms against 5.45 with "products" at T = 4096, B = 8, 6.28 against 6.92 at T
+      = 32768, B = 1. Earlier, at T = 4096, B = 8: the state path's forward+backward 4.1 ms with
+      "products" against 5.7 with "xla" (6.2 with "kernel").
     local_vjp_dot: the operands of the written-out local VJP (state_local_vjp="fused" or
       "products"):
       "auto" (default: "bf16" for bfloat16 inputs (`for_inputs`), else `precision`, float32
@@ -301,22 +305,29 @@ class KernelConfig:
       batched products and two masks, each writing a [C, C] or [C, dk] float32 array per
       chunk). Same function. H200, H = 16, bf16, gradient device time: d = 64, T = 4096,
       B = 8: "carried" 4.14 ms against 4.32 with "kernel" (the carried kernel 0.34 ms
-      against 0.31; "xla" 4.85 against "kernel"'s 4.42 a session earlier); T = 32768, B = 1: 5.34 against 5.51; d = 128, T = 4096, B = 8: 15.34
-      against 15.58 (the carried kernel 2.06 ms against 1.38: it spills, 360 stack bytes).
+      against 0.31; "xla" 4.85 against "kernel"'s 4.42 a session earlier); T = 32768, B = 1:
+      5.34 against 5.51; d = 128, T = 4096, B = 8: 15.34 against 15.58 (the carried kernel
+      2.06 ms against 1.38: it spills, 360 stack bytes).
     inverse_tile: with the segment-start inverses in the kernel (`segment_inverse`), how the
       `split_prep.spd_inverse` program inverts each [dk, dk] matrix: None (default: dk
       elimination steps on the whole matrix, `_chol_inv`) or 16 / 32 (a block Cholesky on
       t x t tiles: dk / t elimination loops of t steps on one tile each, the rest tile
-      products; `_tiled_inverse_kernel`). Same function. Not yet timed: the whole-matrix form
-      took 0.20 ms of the H200 forward's 1.14 ms at d = 64, T = 4096, B = 8 (896 programs).
+      products; `_tiled_inverse_kernel`), or "auto" (default: 32 where `for_inputs` turns
+      `refine` off (bfloat16 inputs) and 32 divides dk, else None). Same function. H200,
+      d = 64, bf16, B * H = 128 sequences (896 programs at T = 4096), without the Newton
+      step: 0.123 ms against 0.200 for the whole-matrix form (with it, 0.225: tile 32 with
+      the step spills 256 bytes); tile 16: 0.126 ms. Forward device time 1.13 -> 1.05 ms at
+      T = 4096, B = 8 and 1.67 -> 1.58 at T = 32768, B = 1.
     write_norm: with penalty_grad="adjoint", where the differentiated path makes the unit
       write directions a_t = unit(A_t khat_t) and their VJP: "xla" (default: the scan writes
       the rows A_t khat_t, XLA normalises them, and XLA's autodiff of the normalisation feeds
       the backward's second scan) or "kernel" (the forward scan writes both the unit rows and
       the plain rows (`penalty_scan(normalize="both")`), and the backward's second scan makes
       the rows' cotangents from the unit rows' on load (`penalty_scan(vjp_rows=)`): no XLA
-      pass over the rows either way). Same function. Not yet timed: the H200 4k gradient
-      (d = 64) spent 0.063 ms normalising and 0.16 ms on the VJP in XLA.
+      pass over the rows either way; the default). Same function. H200, bf16, H = 16,
+      gradient device time: d = 64, T = 4096, B = 8: 3.76 ms against 3.90 with "xla" (XLA
+      0.44 ms against 0.71; the two scan kernels 0.13 ms slower); T = 32768, B = 1: 4.97
+      against 5.10; d = 128, T = 4096, B = 8: 11.68 against 11.97.
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
       per-segment Grams sum u u^T: "kernel" (default: `penalty_scan.segment_grams`, one
       program per (sequence, segment) reading u in place, bf16 products for bf16 u, exact in
@@ -367,7 +378,7 @@ class KernelConfig:
   num_warps: int = 4
   num_stages: int = 2
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
-  refine: bool = True
+  refine: bool | str = "auto"
   solver: str = "doubling"
   prep: str = "scan"
   prep_dot: str = "auto"
@@ -390,14 +401,14 @@ class KernelConfig:
   grad_stride: int | None = None
   state_output: str = "auto"
   state_bwd: str = "auto"
-  state_local_vjp: str = "fused"
+  state_local_vjp: str = "auto"
   local_vjp_dot: str = "auto"
   grad_prep: str = "kernel"
   segment_inverse: str = "auto"
   segment_gram: str = "kernel"
   adjoint_du: str = "carried"
-  write_norm: str = "xla"
-  inverse_tile: int | None = None
+  write_norm: str = "kernel"
+  inverse_tile: int | str | None = "auto"
   segment_grad: str = "products"
   interpret: bool = False
 
@@ -444,8 +455,11 @@ class KernelConfig:
       raise ValueError(f"grad_stride must be None or a multiple of scan_block="
                        f"{self.scan_block} that divides chunk_size={C}; got {r!r}")
     t = self.inverse_tile
-    if t is not None and (t not in (16, 32) or dk % t):
-      raise ValueError(f"inverse_tile must be None, 16 or 32 and divide dk={dk}; got {t!r}")
+    if t != "auto" and t is not None and (t not in (16, 32) or isinstance(t, bool) or dk % t):
+      raise ValueError(f'inverse_tile must be "auto", None, 16 or 32 (dividing dk={dk}); got '
+                       f"{t!r}")
+    if self.refine not in ("auto", True, False) or not isinstance(self.refine, (bool, str)):
+      raise ValueError(f'refine must be True, False or "auto"; got {self.refine!r}')
     if self.segment_chunks is not None and (not isinstance(self.segment_chunks, int)
                                             or self.segment_chunks < 1):
       raise ValueError(f"segment_chunks must be None or a positive int; got "
@@ -453,7 +467,7 @@ class KernelConfig:
     if self.penalty_backward in ("scan", "adjoint") and self.prep != "scan":
       raise ValueError(f'penalty_grad="{self.penalty_backward}" needs prep="scan" (it '
                        f'differentiates the penalty_scan kernel); got prep={self.prep!r}')
-    if self.local_vjp_dot == "bf16" and self.state_local_vjp not in REUSE_LOCAL_VJPS:
+    if self.local_vjp_dot == "bf16" and self.local_vjp_form not in REUSE_LOCAL_VJPS:
       raise ValueError('local_vjp_dot="bf16" needs state_local_vjp="products" or "fused"; '
                        f"got {self.state_local_vjp!r}")
     if self.state_local_vjp == "kernel" and max(dk, dv) > 64:
@@ -497,8 +511,9 @@ class KernelConfig:
     u). When they are all bfloat16, with prep="scan" and precision=DEFAULT, the products
     round to the inputs' own precision and the inference forward takes its bandwidth options:
     prep_dot and state_prep_dot "bf16", factor_dtype "bfloat16", input_layout "direct" (each
-    only where it is "auto"; H200, d = 64, T = 4096: forward 2.12 -> 1.61 ms, kernels/NOTES.md)
-    and the gradient local_vjp_dot "bf16" (with state_local_vjp="products")).
+    only where it is "auto"; H200, d = 64, T = 4096: forward 2.12 -> 1.61 ms, kernels/NOTES.md),
+    the gradient local_vjp_dot "bf16" (with state_local_vjp="products")), refine False and
+    inverse_tile 32 (where 32 divides dk and refine is off).
     Otherwise they are left for `factor_dot`, `state_factor_dot`, `factor_store` and
     `direct_inputs`, which resolve "auto" to the float32 choices."""
     if (self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
@@ -509,9 +524,43 @@ class KernelConfig:
           factor_dtype=pick("factor_dtype", "bfloat16"),
           input_layout=pick("input_layout", "direct"),
           local_vjp_dot=(pick("local_vjp_dot", "bf16")
-                         if self.state_local_vjp in REUSE_LOCAL_VJPS
-                         else self.local_vjp_dot))
+                         if self.local_vjp_form in REUSE_LOCAL_VJPS
+                         else self.local_vjp_dot),
+          refine=pick("refine", False),
+          inverse_tile=pick("inverse_tile", 32 if pick("refine", False) is False
+                            and xs[0].shape[-1] % 32 == 0 else None))._with_local_vjp(xs)
+    return self._with_local_vjp(xs)
+
+  def _with_local_vjp(self, xs):
+    """state_local_vjp resolved for inputs xs: "auto" is "fused" unless the fused program's
+    float32 operands do not fit an SM (head dim above 64 without local_vjp_dot="bf16": 352 KB
+    of shared memory at d = 128, an H200 SM has 227 KB), then "products". An explicit
+    "fused" there raises."""
+    d = max(xs[0].shape[-1], xs[2].shape[-1])
+    fits = d <= 64 or self.local_vjp_dot == "bf16"
+    if self.state_local_vjp == "auto":
+      return dataclasses.replace(self, state_local_vjp="fused" if fits else "products")
+    if self.state_local_vjp == "fused" and not fits:
+      raise ValueError(
+          'state_local_vjp="fused" with float32 operands supports head dims up to 64 (at '
+          f'{d} its program needs 352 KB of shared memory); use local_vjp_dot="bf16" or '
+          'state_local_vjp="products"')
     return self
+
+  @property
+  def local_vjp_form(self):
+    """state_local_vjp with "auto" resolved: "fused" (unless `for_inputs` chose "products")."""
+    return "fused" if self.state_local_vjp == "auto" else self.state_local_vjp
+
+  @property
+  def newton_step(self):
+    """refine with "auto" resolved: True (unless `for_inputs` turned it off)."""
+    return True if self.refine == "auto" else bool(self.refine)
+
+  @property
+  def inverse_tile_size(self):
+    """inverse_tile with "auto" resolved: None (unless `for_inputs` chose 32)."""
+    return None if self.inverse_tile == "auto" else self.inverse_tile
 
   @property
   def direct_inputs(self):
@@ -962,7 +1011,7 @@ def _prepare(cfg, q, e, w, v, with_inverse=False, heads=None):
   if cfg.grad_prep == "kernel":
     from vla_jax.kernels.split_prep import state_prep
     fprec, sprec = cfg.state_prep_precisions(acc)
-    low = cfg.local_vjp_dot == "bf16" and cfg.state_local_vjp in REUSE_LOCAL_VJPS
+    low = cfg.local_vjp_dot == "bf16" and cfg.local_vjp_form in REUSE_LOCAL_VJPS
     out = state_prep(e.astype(acc), w.astype(acc), q, v, chunk_size=C, precision=sprec,
                      factor_precision=fprec, num_warps=cfg.prep_warps,
                      interpret=cfg.interpret, with_inverse=with_inverse,
@@ -1017,7 +1066,7 @@ def _state_path(cfg, q, e, w, v, S0, heads):
 
 
 def _state_path_fwd(cfg, q, e, w, v, S0, heads):
-  products = cfg.state_local_vjp in REUSE_LOCAL_VJPS
+  products = cfg.local_vjp_form in REUSE_LOCAL_VJPS
   Up, Wp, P, *Tinv = _prepare(cfg, q, e, w, v, with_inverse=products, heads=heads)
   O, S_T, S_c = _forward_pass(cfg, q, w, Up, Wp, P, S0.astype(Up.dtype), v.dtype,
                               heads=heads)
@@ -1028,14 +1077,14 @@ def _state_path_bwd(cfg, heads, res, cts):
   q, e, w, v, S0, Wp, P, S_c, Tinv = res
   dO, dS_T = cts
   acc, C = Wp.dtype, cfg.chunk_size
-  reuse = cfg.state_local_vjp in REUSE_LOCAL_VJPS
+  reuse = cfg.local_vjp_form in REUSE_LOCAL_VJPS
   low = reuse and cfg.local_vjp_dot == "bf16"
   # With bfloat16 products dS_next only ever meets them as a bfloat16 operand: the reverse
   # kernel writes it so (the same rounding, half the bytes, no cast pass).
   dS_next, dS0 = _backward_pass(cfg, dO, q, w, Wp, P, dS_T.astype(acc),
                                 jnp.bfloat16 if low else None, heads=heads)
-  if cfg.state_local_vjp in ("fused", "kernel"):
-    fused = cfg.state_local_vjp == "fused"
+  if cfg.local_vjp_form in ("fused", "kernel"):
+    fused = cfg.local_vjp_form == "fused"
     precision = jax.lax.DotAlgorithmPreset.BF16_BF16_F32 if low else cfg.precision
     grads = chunk_local_vjp(q, e, w, v, dO, S_c, dS_next, chunk_size=C, precision=precision,
                             num_warps=8, interpret=cfg.interpret,   # fewer spills than 4
@@ -1053,7 +1102,7 @@ def _local_vjp_xla(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv):
   """The chunk-local cotangents (dq, de, dw, dv) in XLA, head-major: state_local_vjp
   "products" (written out) or "xla" (`jax.vmap` of `jax.vjp` of `_chunk_map`)."""
   acc, C = S_c.dtype, cfg.chunk_size
-  if cfg.state_local_vjp == "products":
+  if cfg.local_vjp_form == "products":
     return _local_vjp_products(cfg, q, e, w, v, dO, S_c, dS_next, P, Tinv)
   # Chunk-local cotangents, all chunks at once: flatten (BH, N) into one batch axis.
   BH, N = S_c.shape[:2]

@@ -120,9 +120,10 @@ def _vla_xla_prep(config, q, k, v, u, S0, A0):
   if config.prep == "scan" and config.penalty_backward in ("chunk", "scan", "adjoint"):
     W, A_T = penalty_scan_grad(*args, config)
   elif config.penalty_backward == "chunk":
-    W, A_T = penalty_chunked_grad(*args, config.refine, jax.lax.Precision.HIGHEST, config.solver)
+    W, A_T = penalty_chunked_grad(*args, config.newton_step, jax.lax.Precision.HIGHEST,
+                                  config.solver)
   else:
-    W, A_T = penalty_parallel(*args, refine=config.refine, precision=jax.lax.Precision.HIGHEST,
+    W, A_T = penalty_parallel(*args, refine=config.newton_step, precision=jax.lax.Precision.HIGHEST,
                               solver=config.solver)
   # With write_norm="kernel" the scan wrote the unit rows itself (and their VJP is its own).
   a = (W.reshape(B, H, T_pad, dk) if config.scan_unit_rows
@@ -159,9 +160,9 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
     fprec = _factor_precision(config.factor_dot, acc, config.interpret)
     kw = dict(num_warps=config.prep_warps, interpret=config.interpret)
     if config.split_inverse == "kernel" or (config.split_inverse == "auto" and dk <= 64):
-      A_c = split_prep.spd_inverse(flat(M), refine=config.refine, factor_precision=fprec, **kw)
+      A_c = split_prep.spd_inverse(flat(M), refine=config.newton_step, factor_precision=fprec, **kw)
     else:
-      A_c = _spd_inverse(flat(M), refine=config.refine, precision=jax.lax.Precision.HIGHEST,
+      A_c = _spd_inverse(flat(M), refine=config.newton_step, precision=jax.lax.Precision.HIGHEST,
                          solver=config.solver)
     Ah, A_T = split_prep.penalty_rows(A_c, flat(khat), flat(_head_major(u, T_pad)),
                                       chunk_size=C, factor_precision=fprec, **kw)
@@ -172,7 +173,7 @@ def _vla_kernel_forward(config, q, k, v, u, S0, A0):
     Ah, Up, Wp, P, A_T = chunk_prep(
         flat(M), flat(khat), flat(_head_major(u, T_pad)), flat(q_h),
         flat(_head_major(v, T_pad)), chunk_size=C, precision=config.precision,
-        refine=config.refine, prep_dot=config.factor_dot, form=config.prep_form,
+        refine=config.newton_step, prep_dot=config.factor_dot, form=config.prep_form,
         num_warps=config.prep_warps, interpret=config.interpret)
   o, S_T, _ = _forward_pass(config, flat(q_h), Ah, Up, Wp, P,
                             S0.astype(acc).reshape(B * H, dv, dk), v.dtype)

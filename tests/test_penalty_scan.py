@@ -200,9 +200,12 @@ def test_tiled_spd_inverse_matches_float64(x64, tile):
   Q = np.linalg.qr(rng.standard_normal((64, 64)))[0]
   M = (Q * np.logspace(0, 5, 64)) @ Q.T
   want = np.linalg.inv(M)
-  err = lambda t: _rel(spd_inverse(jnp.asarray(M[None, None], jnp.float32), refine=True,
-                                   factor_precision=HI, interpret=True, tile=t)[0, 0], want)
+  err = lambda t, refine=True: _rel(spd_inverse(jnp.asarray(M[None, None], jnp.float32),
+                                                refine=refine, factor_precision=HI,
+                                                interpret=True, tile=t)[0, 0], want)
   assert err(tile) < 2 * err(None) + 1e-6, (err(tile), err(None))
+  # Without the Newton step (the bf16 default): float32 products gain little from it.
+  assert err(tile, False) < 4 * err(None) + 1e-6, (err(tile, False), err(None))
   B, T, H, dv, C = 1, 90, 2, 16, 16
   args = [jnp.asarray(x) for x in _inputs(34, B, T, H, 32, dv)]
   cfg = KernelConfig(chunk_size=C, precision=HI, prep="scan", segment_chunks=2,
@@ -435,12 +438,23 @@ def test_bfloat16_inputs_resolve_auto_options():
                       input_layout="transposed").for_inputs(bf, bf, bf, bf)
   assert (kept.factor_dot, kept.state_factor_dot, kept.factor_dtype, kept.direct_inputs) == (
       "bf16", "tf32", "float32", False)
+  assert (got.newton_step, got.inverse_tile_size) == (False, None)    # 32 does not divide 16
+  bf64 = jnp.zeros((1, 16, 1, 64), jnp.bfloat16)
+  got = KernelConfig().for_inputs(bf64, bf64, bf64, bf64)
+  assert (got.newton_step, got.inverse_tile_size) == (False, 32)
+  kept = KernelConfig(refine=True, inverse_tile=16).for_inputs(bf64, bf64, bf64, bf64)
+  assert (kept.newton_step, kept.inverse_tile_size) == (True, 16)
+  assert KernelConfig(refine=True).for_inputs(bf64, bf64, bf64, bf64).inverse_tile_size is None
   for cfg in (KernelConfig().for_inputs(f32, f32, f32, f32),
               KernelConfig().for_inputs(bf, bf, bf, f32),
               KernelConfig(precision=jax.lax.Precision.HIGHEST).for_inputs(bf, bf, bf, bf)):
     assert not cfg.direct_inputs and cfg.factor_store(jnp.float32) == jnp.float32
     assert cfg.factor_dot in ("tf32", "tf32x3") and cfg.state_factor_dot == cfg.factor_dot
     assert cfg.local_vjp_dot == "auto"
+    assert (cfg.newton_step, cfg.inverse_tile_size) == (True, None)
+  for bad in ("yes", 1, None):
+    with pytest.raises(ValueError, match="refine"):
+      KernelConfig(refine=bad).validate(64, 64)
 
 
 @pytest.mark.parametrize("shape", [(1, 100, 2, 64, 64, 64), (1, 64, 1, 128, 128, 64)],
@@ -611,3 +625,26 @@ def test_local_vjp_dot_bf16_gradients_within_bf16_bound():
     with pytest.raises(ValueError, match=match):
       vla_pallas(x, x, x, x, jnp.zeros((1, 1, 16, 16)), jnp.eye(16)[None, None],
                  config=KernelConfig(chunk_size=16, **kw))
+
+
+def test_bfloat16_defaults_within_bf16_bound():
+  """bfloat16 inputs at the defaults (`for_inputs`: no Newton step, segment-start inverses on
+  32 x 32 tiles, the scan writing the unit rows and their VJP, bf16 products): forward and
+  gradients within the bf16 bound of the float64 reference on the same rounded inputs."""
+  B, T, H, dk, dv, C = 1, 70, 1, 64, 16, 16
+  args = [np.asarray(x, np.float32) for x in _inputs(37, B, T, H, dk, dv)]
+  args[:4] = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in args[:4]]
+  ref_out, ref_grads = _chunked_float64(args, C)
+  bf = [jnp.asarray(x, jnp.bfloat16) for x in args[:4]] + [jnp.asarray(x) for x in args[4:]]
+  cfg = KernelConfig(chunk_size=C, segment_chunks=2)
+  resolved = cfg.for_inputs(*bf[:4])
+  assert (resolved.newton_step, resolved.inverse_tile_size, resolved.factor_dot,
+          resolved.scan_unit_rows) == (False, 32, "bf16", True)
+  out = jax.jit(lambda *a: vla_pallas(*a, config=cfg, interpret=True))(*bf)
+  grads = jax.jit(jax.grad(lambda *a: jnp.sum(vla_pallas(*a, *bf[4:], config=cfg,
+                                                         interpret=True)[0]
+                                              .astype(jnp.float32)),
+                           argnums=range(4)))(*bf[:4])
+  chex.assert_type(grads, [jnp.bfloat16] * 4)
+  errs = [_rel(g, w) for g, w in zip((*out, *grads), (*ref_out, *ref_grads))]
+  assert max(errs) < 2e-2, errs

@@ -393,27 +393,30 @@ def test_unit_rows_vjp_equals_autodiff_float64(x64):
   assert np.all(np.isfinite(got))
 
 
-@pytest.mark.parametrize("T", [77, 96])
-def test_write_norm_kernel_gradients_match_scan_float64(x64, T):
-  """KernelConfig(write_norm="kernel"): the forward scan writes unit and plain rows, the
-  backward's scan makes the rows' cotangents from the unit rows' on load; gradients (all six
-  inputs) equal impl="scan"'s in float64, with a padded tail (T = 77) and without (T = 96), at
-  two segments."""
-  cfg = _config(16, prep="scan", penalty_grad="adjoint", write_norm="kernel", segment_chunks=2)
-  assert cfg.scan_unit_rows and not KernelConfig(write_norm="kernel", penalty_grad="scan"
-                                                 ).scan_unit_rows
+@pytest.mark.parametrize("T,write_norm", [(77, "kernel"), (96, "kernel"), (77, "xla")])
+def test_write_norm_gradients_match_scan_float64(x64, T, write_norm):
+  """KernelConfig(write_norm="kernel") (the default): the forward scan writes unit and plain
+  rows, the backward's scan makes the rows' cotangents from the unit rows' on load; with "xla"
+  XLA normalises the rows and differentiates that. Gradients (all six inputs) equal
+  impl="scan"'s in float64, with a padded tail (T = 77) and without (T = 96), at two
+  segments."""
+  cfg = _config(16, prep="scan", penalty_grad="adjoint", write_norm=write_norm,
+                segment_chunks=2)
+  assert cfg.scan_unit_rows == (write_norm == "kernel")
+  assert not KernelConfig(write_norm="kernel", penalty_grad="scan").scan_unit_rows
   _assert_grads_match_scan(cfg, T, seed=230 + T)
   with pytest.raises(ValueError, match="write_norm"):
     KernelConfig(write_norm="pallas").validate(16, 16)
 
 
 def test_write_norm_kernel_lowers_for_h200():
-  """bf16 inputs, d = 64: the gradient with write_norm="kernel" lowers for an H200 with the same
-  kernels as the default (the two penalty scans now write two row arrays / read three)."""
-  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, write_norm="kernel"),
-                              T=1000)
-  default = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=1000)
+  """bf16 inputs, d = 64: the gradient with write_norm="kernel" (the default) lowers for an
+  H200 with the same kernels as with "xla" (the two penalty scans now write two row arrays /
+  read three) and fewer XLA normalisations."""
+  lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=1000)
+  xla = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, write_norm="xla"),
+                            T=1000)
   names = lambda ls: sorted(l.split('name = "')[1].split('"')[0] for l in ls
                             if 'name = "vla_' in l)
-  assert names(lines) == names(default)
-  assert sum("rsqrt" in l for l in lines) < sum("rsqrt" in l for l in default)
+  assert names(lines) == names(xla)
+  assert sum("rsqrt" in l for l in lines) < sum("rsqrt" in l for l in xla)

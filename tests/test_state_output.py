@@ -155,6 +155,26 @@ def test_fused_local_vjp_lowers_for_h200():
   KernelConfig(state_local_vjp="fused", local_vjp_dot="bf16").validate(128, 128)
 
 
+def test_local_vjp_auto_avoids_the_fused_program_with_float32_operands_at_d128():
+  """state_local_vjp="auto": "fused" for bfloat16 inputs at any head dim and for float32
+  inputs up to d = 64; "products" for float32 inputs at d = 128 (the fused program with float32
+  operands needs 352 KB of shared memory there, above an H200 SM's 227 KB: the GPU refuses it
+  at launch). An explicit "fused" there raises; the float32 d = 128 gradient lowers without
+  the fused kernel."""
+  x = lambda d, dtype: jnp.zeros((1, 16, 1, d), dtype)
+  form = lambda cfg, d, dtype: cfg.for_inputs(*[x(d, dtype)] * 4).local_vjp_form
+  assert KernelConfig().local_vjp_form == "fused"
+  assert form(KernelConfig(), 128, jnp.bfloat16) == "fused"
+  assert form(KernelConfig(), 64, jnp.float32) == "fused"
+  assert form(KernelConfig(), 128, jnp.float32) == "products"
+  assert form(KernelConfig(local_vjp_dot="bf16"), 128, jnp.float32) == "fused"
+  assert form(KernelConfig(state_local_vjp="xla"), 128, jnp.float32) == "xla"
+  with pytest.raises(ValueError, match="352 KB"):
+    KernelConfig(state_local_vjp="fused").for_inputs(*[x(128, jnp.float32)] * 4)
+  text = _lower((1, 128, 1, 128, 128, 64), jnp.float32, "auto", grad=True, prep="scan")
+  assert "vla_state_fused_vjp" not in text and "vla_penalty_scan" in text
+
+
 def test_fused_local_vjp_writes_final_dtypes():
   """chunk_local_vjp(dq_dtype=, dv_dtype=): dq and dv written in bfloat16 by the kernel are the
   float32 results rounded once (bit-identical to casting afterwards), token-major with heads;
