@@ -291,7 +291,12 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
                # budget cut fla after T = 256, so fla's d = 128 rows stay g's). 12-01h: the XLA
                # chunked form with its adjoint backward, d = 64, T = 1k, 4k, 16k.
                "bench_h200_2026-12-01f.jsonl", "bench_h200_2026-12-01g.jsonl",
-               "bench_h200_2026-12-01h.jsonl", "bench_h200_2026-12-01i.jsonl")
+               "bench_h200_2026-12-01h.jsonl", "bench_h200_2026-12-01i.jsonl",
+               # 12-01j: d = 64 pallas at write_norm="kernel" and, for bfloat16 inputs, the
+               # segment-start inverses on 32 x 32 tiles without the Newton step, with cuDNN
+               # and fla, one run; then scan and pallas at T = 8192 (forward). 12-01k: the
+               # same d = 128 pallas, cuDNN and fla, one run.
+               "bench_h200_2026-12-01j.jsonl", "bench_h200_2026-12-01k.jsonl")
 
 
 def kernel_claim_row(results_dir):

@@ -433,7 +433,15 @@ def why_section(data, tokens=32768):
           "split into a chain and a parallel per-chunk kernel (the fused reverse loop took "
           "2.80 ms against 1.00 split): gradient 15.6 -> 12.5 ms at T = 4,096, B = 8, of which "
           "the two penalty scans take 1.85 ms each, the spilling chunk-local VJP 2.51 and the "
-          "carried du kernel 2.06.", ""])
+          "carried du kernel 2.06. Fourteenth session "
+          "(`results/profile_kernels_s14_defaults_h200.json`): the penalty scan writing the "
+          "unit write directions and their VJP on load (`write_norm=\"kernel\"`) and, for "
+          "bf16 inputs, the segment-start inverses on 32 x 32 tiles without the Newton step "
+          "(0.20 -> 0.12 ms) take the d = 64 device time to 1.04 ms forward and 3.66 ms "
+          "gradient at T = 4,096 (1.57 and 4.85 at 32,768): Pallas 3.14 of the 3.66 (fused "
+          "chunk-local VJP 0.74, the two penalty scans 0.40 + 0.51, carried du 0.33, state "
+          "forward 0.33), XLA 0.44. At d = 128: gradient 11.6 ms, forward 2.91, of which the "
+          "penalty scan, one program per sequence, takes 1.81.", ""])
 
 
 def render(headers, rows, plot_paths, out_path):
