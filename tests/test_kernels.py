@@ -256,14 +256,17 @@ class TestGpuLowering:
     # (grad_prep="kernel"), and at these few programs (state_output and state_bwd "auto") the
     # chain + output pair forward and the terms + chain reverse; the segment Grams
     # (segment_gram="kernel"), the adjoint's chunk-local du (adjoint_du="carried") and the
-    # state path's chunk-local VJP (state_local_vjp="fused") in one kernel each.
+    # state path's chunk-local VJP (state_local_vjp="auto": "fused") in one kernel each, except
+    # that float32 operands at a head dim above 64 take the VJP as XLA products (the fused
+    # program would need 352 KB of shared memory).
     assert cfg.output_form(B * H, dv) == "split" and cfg.backward_form(B * H, dv) == "split"
+    fused = int(dtype == jnp.bfloat16 or max(dk, dv) <= 64)
     counts = {"vla_penalty_scan": 2, "vla_spd_inverse": 2, "vla_penalty_scan_bwd": 0,
               "vla_state_prep": 1, "vla_state_chain": 1, "vla_state_out": 1,
               "vla_state_bwd_terms": 1, "vla_state_bwd_chain": 1, "vla_state_bwd": 0,
               "vla_segment_grams": 1, "vla_adjoint_du": 0, "vla_adjoint_du_carried": 1,
-              "vla_state_fused_vjp": 1}
-    assert text.count("__gpu$xla.gpu.triton") == sum(counts.values()) == 12
+              "vla_state_fused_vjp": fused}
+    assert text.count("__gpu$xla.gpu.triton") == sum(counts.values()) == 11 + fused
     for name, n in counts.items():
       assert text.count(f'name = "{name}"') == n, name
 
