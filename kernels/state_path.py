@@ -107,8 +107,9 @@ class KernelConfig:
       `jax.lax.Precision.DEFAULT` (TF32 on NVIDIA GPUs; fast) or `HIGHEST` (full float32).
     refine: one Newton step A <- A + A (I - M A) on each chunk-start inverse of the penalty
       path (see `penalty.py`): True, False or "auto" (default: False for bfloat16 inputs
-      with prep="scan" and precision=DEFAULT (`for_inputs`), whose outputs round to 8 bits
-      while a float32 Cholesky inverse is good to about cond(M) * 6e-8; True otherwise).
+      with prep="scan" and precision=DEFAULT (`for_inputs`), whose outputs round to 8 bits,
+      while with float32-accurate products the step gains at most ~2x on M^-1 (relative error
+      ~7e-9 * cond(M) either way at cond 1e2-1e5, kernels/NOTES.md); True otherwise).
       H200, d = 64, bf16, T = 4096, B = 8, with inverse_tile=32: the segment-start inverse
       kernel 0.225 ms with the step (the tiled program spills) against 0.123 without.
     solver: how the XLA parts apply triangular inverses: "doubling" (default: block-doubling
@@ -309,25 +310,23 @@ class KernelConfig:
       5.34 against 5.51; d = 128, T = 4096, B = 8: 15.34 against 15.58 (the carried kernel
       2.06 ms against 1.38: it spills, 360 stack bytes).
     inverse_tile: with the segment-start inverses in the kernel (`segment_inverse`), how the
-      `split_prep.spd_inverse` program inverts each [dk, dk] matrix: None (default: dk
-      elimination steps on the whole matrix, `_chol_inv`) or 16 / 32 (a block Cholesky on
-      t x t tiles: dk / t elimination loops of t steps on one tile each, the rest tile
-      products; `_tiled_inverse_kernel`), or "auto" (default: 32 where `for_inputs` turns
-      `refine` off (bfloat16 inputs) and 32 divides dk, else None). Same function. H200,
-      d = 64, bf16, B * H = 128 sequences (896 programs at T = 4096), without the Newton
-      step: 0.123 ms against 0.200 for the whole-matrix form (with it, 0.225: tile 32 with
-      the step spills 256 bytes); tile 16: 0.126 ms. Forward device time 1.13 -> 1.05 ms at
-      T = 4096, B = 8 and 1.67 -> 1.58 at T = 32768, B = 1.
-    write_norm: with penalty_grad="adjoint", where the differentiated path makes the unit
-      write directions a_t = unit(A_t khat_t) and their VJP: "xla" (default: the scan writes
-      the rows A_t khat_t, XLA normalises them, and XLA's autodiff of the normalisation feeds
-      the backward's second scan) or "kernel" (the forward scan writes both the unit rows and
-      the plain rows (`penalty_scan(normalize="both")`), and the backward's second scan makes
-      the rows' cotangents from the unit rows' on load (`penalty_scan(vjp_rows=)`): no XLA
-      pass over the rows either way; the default). Same function. H200, bf16, H = 16,
-      gradient device time: d = 64, T = 4096, B = 8: 3.76 ms against 3.90 with "xla" (XLA
-      0.44 ms against 0.71; the two scan kernels 0.13 ms slower); T = 32768, B = 1: 4.97
-      against 5.10; d = 128, T = 4096, B = 8: 11.68 against 11.97.
+      `split_prep.spd_inverse` program inverts each [dk, dk] matrix: None (dk elimination steps on
+      the whole matrix, `_chol_inv`) or 16 / 32 (a block Cholesky on t x t tiles: dk / t elimination
+      loops of t steps on one tile each, the rest tile products; `_tiled_inverse_kernel`), or "auto"
+      (default: 32 where `for_inputs` turns `refine` off (bfloat16 inputs) and 32 divides dk, else
+      None). Same function. H200, d = 64, bf16, B * H = 128 sequences (896 programs at T = 4096),
+      without the Newton step: 0.123 ms against 0.200 for the whole-matrix form (with it, 0.225:
+      tile 32 with the step spills 256 bytes); tile 16: 0.126 ms. Forward device time 1.13 -> 1.05
+      ms at T = 4096, B = 8 and 1.67 -> 1.58 at T = 32768, B = 1.
+    write_norm: with penalty_grad="adjoint", where the differentiated path makes the unit write
+      directions a_t = unit(A_t khat_t) and their VJP: "xla" (the scan writes the rows A_t khat_t,
+      XLA normalises them, and XLA's autodiff of the normalisation feeds the backward's second scan)
+      or "kernel" (the forward scan writes both the unit rows and the plain rows
+      (`penalty_scan(normalize="both")`), and the backward's second scan makes the rows' cotangents
+      from the unit rows' on load (`penalty_scan(vjp_rows=)`): no XLA pass over the rows either way;
+      the default). Same function. H200, bf16, H = 16, gradient device time: d = 64, T = 4096, B =
+      8: 3.76 ms against 3.90 with "xla" (XLA 0.44 ms against 0.71; the two scan kernels 0.13 ms
+      slower); T = 32768, B = 1: 4.97 against 5.10; d = 128, T = 4096, B = 8: 11.68 against 11.97.
     segment_gram: with the segment-start inverses in the kernel (`segment_inverse`), where the
       per-segment Grams sum u u^T: "kernel" (default: `penalty_scan.segment_grams`, one
       program per (sequence, segment) reading u in place, bf16 products for bf16 u, exact in
