@@ -204,6 +204,7 @@ def _scan_adjoint_bwd(config, res, cts):
   # inverses the forward's segments started from.
   warps = forward_scan_warps(config, dk)
   S, L = segment_layout(config, BH, N, warps)
+  warps = config.bwd_scan_warps or warps     # the Z scan's own warps, the same segments
   rows = lambda x: _segment_rows(x, acc, S * L)
   fprec = _factor_precision(config.reverse_factor_dot, acc, config.interpret)
   vjp_rows = None

@@ -369,6 +369,11 @@ class KernelConfig:
       forward's do (more segment starts to differentiate: see `segment_grad`). Same function.
       H200, d = 64, T = 4096, B = 8: 2 warps 10.9 ms forward+backward against 9.7 at the
       default (the 2-warp program spills 2 KB a thread: it carries A and its cotangent).
+      With penalty_grad="adjoint", the warps of its second forward scan (the Z scan on the
+      rows' cotangents), which keeps the forward scan's segments whatever its warps; None:
+      the forward scan's (`penalty_scan.forward_scan_warps`, 1 at d = 64 for bf16 inputs).
+      Not yet timed: with write_norm="kernel" the 1-warp Z scan took 0.51 ms against the
+      forward scan's 0.40 at d = 64, T = 4096, B = 8.
     interpret: run the Pallas kernels in interpret mode (any backend, slow; for CPU tests).
   """
 

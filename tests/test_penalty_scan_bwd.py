@@ -420,3 +420,22 @@ def test_write_norm_kernel_lowers_for_h200():
                             if 'name = "vla_' in l)
   assert names(lines) == names(xla)
   assert sum("rsqrt" in l for l in lines) < sum("rsqrt" in l for l in xla)
+
+
+def test_adjoint_z_scan_takes_bwd_scan_warps():
+  """penalty_grad="adjoint": bwd_scan_warps sets the warps of the Z scan alone (the forward's
+  scan keeps its 1 warp at d = 64, bf16), over the forward's segments: the lowered gradient
+  has the same kernels with one penalty scan at 1 warp and one at 2; in float64 the gradients
+  still equal impl="scan"'s."""
+  warps = lambda lines: sorted(int(l.split("num_warps = ")[1].split()[0].rstrip(":,"))
+                               for l in lines if 'name = "vla_penalty_scan"' in l)
+  base = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=1000)
+  two = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, bwd_scan_warps=2),
+                            T=1000)
+  assert warps(base) == [1, 1] and warps(two) == [1, 2]
+  names = lambda ls: sorted(l.split('name = "')[1].split('"')[0] for l in ls
+                            if 'name = "vla_' in l)
+  assert names(two) == names(base)
+  with jax.enable_x64(True):
+    _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="adjoint", segment_chunks=2,
+                                     bwd_scan_warps=2), 77, seed=241)
