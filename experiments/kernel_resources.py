@@ -236,8 +236,8 @@ def main():
                          state_bwd=args.state_bwd, state_local_vjp=args.state_local_vjp,
                          grad_stride=args.grad_stride, grad_layout=args.grad_layout,
                          adjoint_du=args.adjoint_du, write_norm=args.write_norm,
-                         inverse_tile=({"auto": "auto", "0": None}.get(args.inverse_tile)
-                                       or int(args.inverse_tile)),
+                         inverse_tile={"auto": "auto", "0": None, "16": 16,
+                                       "32": 32}[args.inverse_tile],
                          refine={"auto": "auto", "1": True, "0": False}[args.refine],
                          precision=getattr(jax.lax.Precision, args.precision))
       modules = triton_modules(cfg, 1, args.chunks * args.chunk, 2, args.dk, args.dk,

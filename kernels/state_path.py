@@ -523,6 +523,7 @@ class KernelConfig:
     if (self.prep == "scan" and self.precision == jax.lax.Precision.DEFAULT
         and all(x.dtype == jnp.bfloat16 for x in xs)):
       pick = lambda name, value: value if getattr(self, name) == "auto" else getattr(self, name)
+      refine = pick("refine", False)
       return dataclasses.replace(
           self, prep_dot=pick("prep_dot", "bf16"), state_prep_dot=pick("state_prep_dot", "bf16"),
           factor_dtype=pick("factor_dtype", "bfloat16"),
@@ -530,8 +531,8 @@ class KernelConfig:
           local_vjp_dot=(pick("local_vjp_dot", "bf16")
                          if self.local_vjp_form in REUSE_LOCAL_VJPS
                          else self.local_vjp_dot),
-          refine=pick("refine", False),
-          inverse_tile=pick("inverse_tile", 32 if pick("refine", False) is False
+          refine=refine,
+          inverse_tile=pick("inverse_tile", 32 if refine is False
                             and xs[0].shape[-1] % 32 == 0 else None))._with_local_vjp(xs)
     return self._with_local_vjp(xs)
 
