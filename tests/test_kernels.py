@@ -103,6 +103,11 @@ def _lowered_grad_lines(cfg, T, B=1, H=2, dk=64, dv=64):
   return lower_for_h200(jax.grad(loss, argnums=range(6)), *args).as_text().splitlines()
 
 
+def _kernel_names(lines):
+  """Sorted names of the vla_ Pallas kernels in lowered lines (see `_lowered_grad_lines`)."""
+  return sorted(l.split('name = "')[1].split('"')[0] for l in lines if 'name = "vla_' in l)
+
+
 def _config(C, **kw):
   return KernelConfig(chunk_size=C, block_v=16, precision=jax.lax.Precision.HIGHEST, **kw)
 

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from test_kernels import (_assert_grads_match_scan, _config, _lowered_grad_lines, _rel, _sym)
+from test_kernels import (_assert_grads_match_scan, _config, _kernel_names, _lowered_grad_lines,
+                          _rel, _sym)
 from vla_jax.kernels import KernelConfig, penalty_grad
 from vla_jax.kernels.lowering import lower_for_h200
 from vla_jax.kernels.penalty_scan_bwd import block_bwd, penalty_scan_bwd
@@ -416,9 +417,7 @@ def test_write_norm_kernel_lowers_for_h200():
   lines = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2), T=1000)
   xla = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, write_norm="xla"),
                             T=1000)
-  names = lambda ls: sorted(l.split('name = "')[1].split('"')[0] for l in ls
-                            if 'name = "vla_' in l)
-  assert names(lines) == names(xla)
+  assert _kernel_names(lines) == _kernel_names(xla)
   assert sum("rsqrt" in l for l in lines) < sum("rsqrt" in l for l in xla)
 
 
@@ -433,9 +432,7 @@ def test_adjoint_z_scan_takes_bwd_scan_warps():
   two = _lowered_grad_lines(KernelConfig(chunk_size=64, segment_chunks=2, bwd_scan_warps=2),
                             T=1000)
   assert warps(base) == [1, 1] and warps(two) == [1, 2]
-  names = lambda ls: sorted(l.split('name = "')[1].split('"')[0] for l in ls
-                            if 'name = "vla_' in l)
-  assert names(two) == names(base)
+  assert _kernel_names(two) == _kernel_names(base)
   with jax.enable_x64(True):
     _assert_grads_match_scan(_config(16, prep="scan", penalty_grad="adjoint", segment_chunks=2,
                                      bwd_scan_warps=2), 77, seed=241)
