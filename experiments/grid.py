@@ -6,8 +6,9 @@ r"""Runs the sweeps behind RESULTS.md, several processes per GPU, and collects t
 Each job is one `experiments/sweep.py` call (one mixer and one task setting; its seeds and
 learning rates vmapped inside) writing rows to OUT/<grid>.jsonl. Jobs start in the order of
 `--grids` and of the lists below; none starts after --budget_s, and jobs still running at
---budget_s + --grace_s are stopped and listed as unfinished. A job whose rows are already in
-OUT/<grid>.jsonl is skipped, so a second call continues the grid.
+--budget_s + --grace_s are stopped (SIGTERM: each checkpoints the step it reached; killed
+--stop_s later) and listed as unfinished. A job whose rows are already in OUT/<grid>.jsonl is
+skipped and a stopped one resumes from its checkpoint, so a second call continues the grid.
 
 Grids (the settings of RESULTS.md):
   capacity: configs/mqar_paper.py, n_pairs in 4..64, 3000 steps, rates 3e-4, 1e-3, 3e-3.
@@ -124,6 +125,20 @@ def command(job, args):
   return cmd
 
 
+def stop(procs, wait_s):
+  """SIGTERM to each (a sweep checkpoints the step it reached and exits); SIGKILL to those
+  still running wait_s seconds later."""
+  for proc in procs:
+    proc.terminate()
+  deadline = time.time() + wait_s
+  for proc in procs:
+    try:
+      proc.wait(timeout=max(deadline - time.time(), 0.1))
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+
+
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--grids", default="capacity")
@@ -132,6 +147,9 @@ def parse_args(argv=None):
   parser.add_argument("--per_gpu", type=int, default=4, help="Processes per GPU.")
   parser.add_argument("--budget_s", type=float, default=540.0)
   parser.add_argument("--grace_s", type=float, default=30.0)
+  parser.add_argument("--stop_s", type=float, default=60.0,
+                      help="Seconds a job stopped at the deadline has to checkpoint and exit "
+                           "after SIGTERM before it is killed.")
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--long_Ts", default="64,128,256,512,1024,2048,4096")
   parser.add_argument("--zoology_steps", type=int, default=4000)
@@ -167,6 +185,7 @@ def main():
   finished, unfinished = [], []
   print(f"{len(jobs)} jobs on {len(slots)} slots", flush=True)
   while jobs or running:
+    overdue = []
     for i, (job, proc, t0) in list(running.items()):
       if proc.poll() is not None:
         del running[i]
@@ -174,9 +193,10 @@ def main():
         print(f"[{time.time() - start:6.0f}s] done {job[1]} rc={proc.returncode} "
               f"{time.time() - t0:.0f}s", flush=True)
       elif time.time() - start > args.budget_s + args.grace_s:
-        proc.kill()
+        overdue.append(proc)
         del running[i]
         unfinished.append(job[1])
+    stop(overdue, args.stop_s)
     if time.time() - start > args.budget_s:
       unfinished += [j[1] for j in jobs]
       jobs = []

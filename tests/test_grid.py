@@ -6,6 +6,7 @@ import pathlib
 import site
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -61,3 +62,25 @@ def test_kernels_import_from_a_source_checkout(tmp_path):
   out = subprocess.run([sys.executable, "-S", "-c", script], cwd=tmp_path, env=env,
                        capture_output=True, text=True, check=True).stdout.split()
   assert out == [str(ROOT / "vla_jax" / "__init__.py"), str(ROOT / "kernels" / "__init__.py")]
+
+
+def test_stop_sends_sigterm_then_kills_what_is_left(tmp_path):
+  """grid.stop: a job that handles SIGTERM exits by itself (with its own exit code); one that
+  ignores it is killed once wait_s has passed."""
+  ready = tmp_path / "ready"
+  handles = ("import signal, sys, time, pathlib\n"
+             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+             f"pathlib.Path({str(ready)!r} + '-handles').touch()\n"
+             "time.sleep(60)\n")
+  ignores = ("import signal, time, pathlib\n"
+             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+             f"pathlib.Path({str(ready)!r} + '-ignores').touch()\n"
+             "time.sleep(60)\n")
+  procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (handles, ignores)]
+  for name in ("-handles", "-ignores"):  # both handlers installed before the signal
+    for _ in range(200):
+      if pathlib.Path(str(ready) + name).exists():
+        break
+      time.sleep(0.05)
+  grid.stop(procs, wait_s=2.0)
+  assert procs[0].returncode == 3 and procs[1].returncode == -9

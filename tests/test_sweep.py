@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import sys
 
 import chex
@@ -70,6 +71,25 @@ def test_interrupted_sweep_resumes_exactly(tmp_path, sweep):
   assert [r["test"] for r in resumed] == [r["test"] for r in full]
   with pytest.raises(ValueError, match="other runs"):
     train_sweep(config, [2], [1e-2], str(tmp_path / "part"), log=lambda s: None)
+
+
+def test_sigterm_stops_a_sweep_with_a_checkpoint_at_that_step(tmp_path, sweep):
+  """SIGTERM while step 4 is logged (no periodic checkpoints): the sweep stops after step 4
+  with a checkpoint there and returns no rows; resumed, its rows equal the uninterrupted
+  sweep's."""
+  full = sweep[0]
+  config = tiny_config(log_every=1)
+  part = tmp_path / "part"
+
+  def log(line):
+    if line.startswith("step 4/"):
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  assert train_sweep(config, SEEDS, RATES, str(part), log=log) == []
+  assert [p.name for p in (part / "checkpoints").iterdir()] == ["4"]
+  resumed = train_sweep(config, SEEDS, RATES, str(part), log=lambda s: None)
+  assert [r["train_loss"] for r in resumed] == [r["train_loss"] for r in full]
+  assert [r["test"] for r in resumed] == [r["test"] for r in full]
 
 
 def test_sweep_stopped_after_training_keeps_its_losses(tmp_path, sweep):

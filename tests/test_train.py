@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -78,6 +79,29 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_run):
   loss_full = [(r["step"], r["loss"]) for r in _rows(full)[0]]
   loss_part = [(r["step"], r["loss"]) for r in _rows(part)[0]]
   assert loss_part == loss_full  # bit-identical curve, steps 1..40
+  assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
+
+
+def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny_run):
+  """A SIGTERM during step 7 (checkpoints every 4 steps) stops the run after that step with a
+  checkpoint at step 7, not 4, and no evaluation; resumed, the loss curve equals the
+  uninterrupted run's bit for bit."""
+  _, full = tiny_run
+  config = from_config_dict(tiny_config(checkpoint_every=4))
+  part = tmp_path / "part"
+
+  def log(line):  # the signal arrives while step 7 is logged
+    if line.startswith("step 7/"):
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  stopped = train_and_evaluate(config, str(part), log=log)
+  assert stopped["steps"] == 7 and stopped["evals"] is None
+  assert sorted(int(p.name) for p in (part / "checkpoints").iterdir()) == [4, 7]
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
+  resumed = train_and_evaluate(config, str(part), log=lambda s: None)
+  assert resumed["steps"] == 40
+  assert [(r["step"], r["loss"]) for r in _rows(part)[0]] == [
+      (r["step"], r["loss"]) for r in _rows(full)[0]]
   assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
 
 

@@ -15,7 +15,8 @@ Each run is scored on two held-out sets: "test" (`task.eval_sets(seed)`, the set
 learning rate can be chosen on validation and reported on test.
 
 The stacked state is checkpointed with orbax under `workdir`, so an interrupted sweep resumes
-at its last checkpoint; batches are a pure function of (seed, step).
+at its last checkpoint; batches are a pure function of (seed, step). A SIGTERM stops the sweep
+after the step in flight, with a checkpoint at that step (`preemption.StopSignal`).
 """
 
 import concurrent.futures
@@ -33,6 +34,7 @@ from flax import nnx
 
 from vla_jax.models import LanguageModel
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import preemption
 from vla_jax.training.config import ExperimentConfig
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
                                     generation_scores, model_loss, most_targets,
@@ -223,25 +225,29 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   # training step (during evaluation, say) resumes with no step left to log.
   losses = _logged_losses(metrics_path, start, trainer.size)
   tick, tick_step = time.time(), start
-  for step, (inputs, labels) in _prefetch(trainer, start, end):
-    state, metrics = trainer.train_step(state, inputs, labels)
-    done = step + 1
-    if done % tc.log_every == 0 or done == end:
-      metrics = jax.device_get(metrics)
-      losses = np.asarray(metrics["loss"], np.float64)
-      now = time.time()
-      rate = (done - tick_step) / max(now - tick, 1e-9)
-      tick, tick_step = now, done
-      with open(metrics_path, "a") as f:
-        f.write(json.dumps({"step": done, "loss": losses.tolist(),
-                            "accuracy": np.asarray(metrics["accuracy"]).tolist(),
-                            "steps_per_s": rate}) + "\n")
-      finite = losses[np.isfinite(losses)]
-      best = f"{finite.min():.4f}" if finite.size else "nan"
-      log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
-          f"diverged {trainer.size - finite.size}/{trainer.size} {rate:.2f} steps/s")
-    if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
-      checkpointer.save(done, state)
+  with preemption.StopSignal() as stop:
+    for step, (inputs, labels) in _prefetch(trainer, start, end):
+      state, metrics = trainer.train_step(state, inputs, labels)
+      done = step + 1
+      if done % tc.log_every == 0 or done == end or stop.requested:
+        metrics = jax.device_get(metrics)
+        losses = np.asarray(metrics["loss"], np.float64)
+        now = time.time()
+        rate = (done - tick_step) / max(now - tick, 1e-9)
+        tick, tick_step = now, done
+        with open(metrics_path, "a") as f:
+          f.write(json.dumps({"step": done, "loss": losses.tolist(),
+                              "accuracy": np.asarray(metrics["accuracy"]).tolist(),
+                              "steps_per_s": rate}) + "\n")
+        finite = losses[np.isfinite(losses)]
+        best = f"{finite.min():.4f}" if finite.size else "nan"
+        log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
+            f"diverged {trainer.size - finite.size}/{trainer.size} {rate:.2f} steps/s")
+      if stop.requested:
+        log(f"SIGTERM: stopping at step {done} with a checkpoint")
+        break
+      if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
+        checkpointer.save(done, state)
   final = checkpointer.finish(state)
   if final < tc.num_steps:
     return []

@@ -16,6 +16,7 @@ from vla_jax.models import LanguageModel
 from vla_jax.tasks import IGNORE
 from vla_jax.tasks import copy as copy_task
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import preemption
 from vla_jax.training import sharding
 from vla_jax.training.config import ExperimentConfig, TrainConfig
 
@@ -247,29 +248,33 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
 
   results, last_loss = None, float("nan")
   tick, tick_step = time.time(), start
-  for step in range(start, end):
-    inputs, labels = trainer.task.train_batch(tc.seed, step, tc.batch_size)
-    check_max_targets(labels, trainer.max_targets, where=f"train batch {step}")
-    state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
-                                                                     labels))
-    done = step + 1
-    if done % tc.log_every == 0 or done == end:
-      metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-      last_loss = metrics["loss"]
-      now = time.time()
-      rate = (done - tick_step) / max(now - tick, 1e-9)
-      tick, tick_step = now, done
-      _log_row(metrics_path, {"step": done, **metrics, "steps_per_s": rate})
-      log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.4f}"
-          f" lr {metrics['lr']:.2e} {rate:.2f} steps/s")
-      if not math.isfinite(metrics["loss"]):
-        raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
-    if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
-      results = run_eval(done)
-    if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
-      checkpointer.save(done, state)
+  with preemption.StopSignal() as stop:
+    for step in range(start, end):
+      inputs, labels = trainer.task.train_batch(tc.seed, step, tc.batch_size)
+      check_max_targets(labels, trainer.max_targets, where=f"train batch {step}")
+      state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
+                                                                       labels))
+      done = step + 1
+      if done % tc.log_every == 0 or done == end or stop.requested:
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        last_loss = metrics["loss"]
+        now = time.time()
+        rate = (done - tick_step) / max(now - tick, 1e-9)
+        tick, tick_step = now, done
+        _log_row(metrics_path, {"step": done, **metrics, "steps_per_s": rate})
+        log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.4f}"
+            f" lr {metrics['lr']:.2e} {rate:.2f} steps/s")
+        if not math.isfinite(metrics["loss"]):
+          raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
+      if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
+        results = run_eval(done)
+      if stop.requested:
+        log(f"SIGTERM: stopping at step {done} with a checkpoint")
+        break
+      if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
+        checkpointer.save(done, state)
   final = checkpointer.finish(state)
-  if final == tc.num_steps or results is None:
+  if final == tc.num_steps or (results is None and not stop.requested):
     results = run_eval(final)
   return {
       "task": trainer.task.name,
