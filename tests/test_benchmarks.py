@@ -172,3 +172,27 @@ def test_backward_rows_return_the_output_and_its_pullback():
   want = jax.grad(lambda *a: jnp.sum(fwd(*a) * cot), argnums=(0, 1, 2))(*xs)
   chex.assert_trees_all_close(grads, want, rtol=1e-5, atol=1e-6)
   assert len(grads) == 3
+
+
+def test_field_section_measures_fla_like_vla(tmp_path):
+  """fla's rows get the marks VLA pallas gets: its ms over the delta-rule floor at 32,768, its
+  forward+backward / forward ratio and its crossover with cuDNN."""
+  rows = []
+  for T in (4096, 8192, 32768):
+    rows.append(_row("fla_chunk_delta_rule", "deltanet", "fwd", T, 1.0))
+    rows.append(_row("fla_chunk_delta_rule", "deltanet", "fwd+bwd", T, 3.5))
+    rows.append(_row("cudnn", "softmax_attention", "fwd", T, T / 8192))  # crosses at 8k
+    rows.append(_row("pallas", "vla", "fwd", T, 2.0))
+  data = report.Data(rows)
+  text = "\n".join(report.field_section(data))
+  fl = floor.delta_rule_floor_ms(1, 32768, 16, 64)
+  assert fl == pytest.approx(max(4 * 32768 * 16 * 64 * 2 / 4.2e12,
+                                 2 * (5 * 64 * 64 * 64 + 3 * 64 * 64 * 64) * 32768 * 16 / 64
+                                 / 8e14) * 1e3)
+  assert f"1 ms against a floor of {report.fmt(fl)} ms, {report.fmt(1 / fl)}x" in text
+  assert "(VLA pallas 20x its own)" in text            # 2.0 ms over the rows' floor_ms 0.1
+  assert "3.5x at 4,096" in text and "3.5x at 32,768" in text
+  assert "forward crosses cuDNN at T ~ 8,192" in text
+  assert "fla / cuDNN forward at T = 4,096: 2;" in text or "fla / cuDNN forward at T = 4,096: 2." in text
+  # The delta-rule floor is the VLA floor without the penalty path's products and u.
+  assert floor.delta_rule_floor_ms(1, 32768, 16, 64) < floor.floor_ms(1, 32768, 16, 64)

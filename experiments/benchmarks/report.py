@@ -13,7 +13,11 @@ import argparse
 import json
 import math
 import os
+import sys
 from collections import OrderedDict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import floor  # noqa: E402  pylint: disable=wrong-import-position
 
 OP_NAMES = {"vla": "VLA", "softmax_attention": "softmax", "deltanet": "DeltaNet",
             "gated_deltanet": "Gated DeltaNet", "linear_attention": "linear attn"}
@@ -342,6 +346,56 @@ def not_measured(data):
   return body
 
 
+def field_section(data, tokens_T=32768):
+  """Lines of "fla's DeltaNet kernel on the same measures": the field's tuned delta-rule kernel
+  against its own floor (`floor.delta_rule_floor_ms`), its forward+backward / forward ratio
+  and its crossover with cuDNN, computed like VLA pallas's above, so that a reader can see how
+  far the best delta-rule kernel itself is from those marks."""
+  lines = []
+  for d in data.dims:
+    fwd = [(T, data.get(d, "fwd", FLA, T)) for T in data.Ts]
+    fwd = [(T, r) for T, r in fwd if r and r.get("status") == "ok" and r.get("ms")]
+    if not fwd:
+      continue
+    parts = []
+    for pass_ in PASSES:
+      r = data.get(d, pass_, FLA, tokens_T)
+      if r and r.get("status") == "ok" and r.get("ms"):
+        fl = floor.delta_rule_floor_ms(r["B"], r["T"], r["H"], r["d"],
+                                       backward=pass_ == "fwd+bwd")
+        mine = data.get(d, pass_, PALLAS, tokens_T)
+        mine = (f" (VLA pallas {fmt(mine['ms'] / mine['floor_ms'])}x its own)"
+                if mine and mine.get("status") == "ok" and mine.get("floor_ms") else "")
+        parts.append(f"{pass_} at T = {tokens_T:,}: {fmt(r['ms'])} ms against a floor of "
+                     f"{fmt(fl)} ms, {fmt(r['ms'] / fl)}x{mine}")
+    ratios = [(T, data.ms(d, "fwd+bwd", FLA, T) / r["ms"]) for T, r in fwd
+              if data.ms(d, "fwd+bwd", FLA, T)]
+    if ratios:
+      parts.append("forward+backward / forward " + ", ".join(
+          f"{fmt(x)}x at {T:,}" for T, x in ratios))
+    series = ratio_series(data, d, "fwd", FLA, CUDNN)
+    kind, value = crossover(series)
+    if kind == "at":
+      parts.append(f"forward crosses cuDNN at T ~ {value:,.0f}")
+    elif kind != "none":
+      parts.append({"always": "forward faster than cuDNN at every T",
+                    "never": "forward slower than cuDNN at every T",
+                    "mixed": "forward trades places with cuDNN"}[kind])
+    at4k = [(T, x) for T, x in series if T == 4096]
+    if at4k:
+      parts.append(f"fla / cuDNN forward at T = 4,096: {fmt(at4k[0][1])}")
+    lines.append(f"- d = {d}: " + "; ".join(parts) + ".")
+  if not lines:
+    return []
+  return (["## fla's DeltaNet kernel on the same measures", "",
+           "The field's tuned delta-rule kernel measured against the marks applied to VLA "
+           "pallas above: its distance to a floor of the same model without the penalty "
+           "path (`floor.delta_rule_floor_ms`: q, k, v in, o out, the state path's "
+           "products), its forward+backward / forward ratio, and where its forward crosses "
+           "cuDNN causal attention. VLA does the same state path plus a penalty path of "
+           "about 1.4 times its products (`floor.py`).", ""] + lines + [""])
+
+
 def why_section(data, tokens=32768):
   """Lines of "Why VLA pallas loses": how its time scales with T at a fixed number of tokens
   (B * T = `tokens`) against cuDNN and fla, and its backward-to-forward ratio, computed; then
@@ -507,6 +561,7 @@ def render(headers, rows, plot_paths, out_path):
             body.append([d, pass_, f"{T:,}", fmt(r["ms"]), fmt(r["floor_ms"]),
                          fmt(r["ms"] / r["floor_ms"]) + "x"])
     md += [table(["d", "pass", "T", "ms", "floor ms", "ms / floor"], body) if body else "-", ""]
+    md += field_section(data)
     md += why_section(data)
 
   for d in data.dims:
