@@ -40,6 +40,7 @@ def get_base_config():
       "chunk_size": 64,
       "dtype": "float32",
       "param_dtype": "float32",
+      "remat": False,  # True: recompute each block in the backward (less memory)
       "options": mixer_options(),
   })
   config.train = ml_collections.ConfigDict({

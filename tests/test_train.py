@@ -114,6 +114,25 @@ def test_resume_refuses_a_different_config(tmp_path, tiny_run):
     train_and_evaluate(from_config_dict(other), str(workdir), log=lambda s: None)
 
 
+
+def test_resume_may_change_remat_only(tmp_path, tiny_run):
+  """model.remat trades memory for compute: a run may resume with it switched, also from a
+  config.json written before the setting existed; any other model change is refused."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_run[1], workdir)
+  saved = json.loads((workdir / "config.json").read_text())
+  del saved["model"]["remat"]  # as written by an older version
+  (workdir / "config.json").write_text(json.dumps(saved))
+  remat = tiny_config()
+  remat.model.remat = True
+  summary = train_and_evaluate(from_config_dict(remat), str(workdir), log=lambda s: None)
+  assert summary["steps"] == 40 and summary["accuracy"] == tiny_run[0]["accuracy"]
+  wider = tiny_config()
+  wider.model.remat = True
+  wider.model.mlp_ratio = 4
+  with pytest.raises(ValueError, match="different model configuration"):
+    train_and_evaluate(from_config_dict(wider), str(workdir), log=lambda s: None)
+
 _DATA_PARALLEL = r"""
 import json, sys
 import jax, numpy as np

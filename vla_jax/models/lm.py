@@ -31,6 +31,9 @@ class ModelConfig:
     impl, chunk_size: passed straight to the recurrent mixers.
     mixer_options: the mixer's own options as sorted (name, value) pairs.
     dtype, param_dtype: "float32" | "bfloat16" | "float16" names.
+    remat: recompute each block's activations in the backward pass instead of keeping them
+      (`nnx.remat` around every block): the same function and gradients, less activation
+      memory for about one more forward pass of compute. Default False.
   """
 
   vocab_size: int
@@ -48,6 +51,7 @@ class ModelConfig:
   mixer_options: tuple = ()
   dtype: str = "float32"
   param_dtype: str = "float32"
+  remat: bool = False
 
   def __post_init__(self):
     if isinstance(self.mixer_options, dict):
@@ -77,6 +81,8 @@ class ModelConfig:
     common.check_choice("model", "pos_emb", self.pos_emb, POSITION_EMBEDDINGS)
     common.check_choice("model", "dtype", self.dtype, tuple(DTYPES))
     common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
+    if not isinstance(self.remat, bool):
+      raise ValueError(f"model.remat must be True or False; got {self.remat!r}")
 
 
 def sinusoidal_positions(length, d_model, offset=0):
@@ -128,6 +134,10 @@ class Block(nnx.Module):
     y, cache = self.mixer.step(self.norm1(x_t), cache)
     x_t = x_t + y
     return x_t + self.mlp(self.norm2(x_t)), cache
+
+
+def _apply_block(block, x):
+  return block(x)
 
 
 class ModelCache(NamedTuple):
@@ -185,7 +195,7 @@ class LanguageModel(nnx.Module):
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
     x = self._embed(tokens, 0)
     for block in self.blocks:
-      x = block(x)
+      x = nnx.remat(_apply_block)(block, x) if self.config.remat else block(x)
     return x
 
   def head_logits(self, x):

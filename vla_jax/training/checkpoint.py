@@ -15,6 +15,8 @@ CONFIG_FILE = "config.json"
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
          "keep_checkpoints")
+# Model settings of the same kind (memory against compute only); absent from older configs.
+_FREE_MODEL = ("remat",)
 
 
 class Checkpointer:
@@ -61,7 +63,7 @@ def write_config(workdir, config_json):
       old = json.load(f)
     new = json.loads(config_json)
     for section in ("task", "model"):
-      if old.get(section) != new.get(section):
+      if _without(old.get(section), _FREE_MODEL) != _without(new.get(section), _FREE_MODEL):
         raise ValueError(f"{workdir} holds a run with a different {section} configuration; "
                          f"use a new --workdir (old: {old.get(section)}, new: "
                          f"{new.get(section)})")
@@ -73,6 +75,12 @@ def write_config(workdir, config_json):
   os.makedirs(workdir, exist_ok=True)
   with open(path, "w") as f:
     f.write(config_json)
+
+
+def _without(section, keys):
+  if not isinstance(section, dict):
+    return section
+  return {k: v for k, v in section.items() if k not in keys}
 
 
 def read_config(workdir):
