@@ -193,11 +193,13 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     seeds, learning_rates: lists; the runs are their product.
     workdir: output folder (config.json, checkpoints/, metrics.jsonl, sweep_results.jsonl).
     stop_after: stop with a checkpoint once this many steps are done (an interruption).
+      A SIGTERM stops the sweep the same way, after the step in flight.
     log: called with progress lines.
 
   Returns:
-    One dict per run: seed, learning_rate, mixer, task, steps, train_loss, diverged, test and
-    validation scores ({set: {accuracy, exact_match, targets, ...}}), wall_s. The same rows
+    [] when stopped before the last step; otherwise one dict per run: seed, learning_rate,
+    mixer, task, steps, train_loss, diverged, test and validation scores ({set: {accuracy,
+    exact_match, targets, ...}}), wall_s. The same rows
     are written to `workdir/sweep_results.jsonl` when the sweep finishes.
   """
   start_time = time.time()

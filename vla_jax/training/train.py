@@ -212,6 +212,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     workdir: output folder.
     stop_after: stop (with a checkpoint) once this many steps are done, as an interruption
       would; the schedule still follows `config.train.num_steps`. None runs to the end.
+      A SIGTERM stops the run too, after the step in flight, with a checkpoint at that step
+      and no final evaluation (`evals` None); rerunning with the same workdir resumes there.
     mesh: a `jax.sharding.Mesh` with axis "data" (default: every visible device).
     log: called with each progress line.
 
