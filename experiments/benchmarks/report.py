@@ -363,11 +363,11 @@ def field_section(data, tokens_T=32768):
       if r and r.get("status") == "ok" and r.get("ms"):
         fl = floor.delta_rule_floor_ms(r["B"], r["T"], r["H"], r["d"],
                                        backward=pass_ == "fwd+bwd")
-        mine = data.get(d, pass_, PALLAS, tokens_T)
-        mine = (f" (VLA pallas {fmt(mine['ms'] / mine['floor_ms'])}x its own)"
-                if mine and mine.get("status") == "ok" and mine.get("floor_ms") else "")
+        vla = data.get(d, pass_, PALLAS, tokens_T)
+        beside = (f" (VLA pallas {fmt(vla['ms'] / vla['floor_ms'])}x its own)"
+                  if vla and vla.get("status") == "ok" and vla.get("floor_ms") else "")
         parts.append(f"{pass_} at T = {tokens_T:,}: {fmt(r['ms'])} ms against a floor of "
-                     f"{fmt(fl)} ms, {fmt(r['ms'] / fl)}x{mine}")
+                     f"{fmt(fl)} ms, {fmt(r['ms'] / fl)}x{beside}")
     ratios = [(T, data.ms(d, "fwd+bwd", FLA, T) / r["ms"]) for T, r in fwd
               if data.ms(d, "fwd+bwd", FLA, T)]
     if ratios:

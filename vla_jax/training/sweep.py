@@ -199,8 +199,8 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   Returns:
     [] when stopped before the last step; otherwise one dict per run: seed, learning_rate,
     mixer, task, steps, train_loss, diverged, test and validation scores ({set: {accuracy,
-    exact_match, targets, ...}}), wall_s. The same rows
-    are written to `workdir/sweep_results.jsonl` when the sweep finishes.
+    exact_match, targets, ...}}), wall_s. The same rows are written to
+    `workdir/sweep_results.jsonl` when the sweep finishes.
   """
   start_time = time.time()
   tc = config.train
