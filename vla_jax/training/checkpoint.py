@@ -15,8 +15,9 @@ CONFIG_FILE = "config.json"
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
          "keep_checkpoints")
-# Model settings of the same kind (memory against compute only); absent from older configs.
-_FREE_MODEL = ("remat",)
+# Per section, settings of the same kind (memory against compute only); a config.json written
+# before such a setting existed lacks it.
+_FREE_BY_SECTION = {"task": (), "model": ("remat",)}
 
 
 class Checkpointer:
@@ -62,8 +63,8 @@ def write_config(workdir, config_json):
     with open(path) as f:
       old = json.load(f)
     new = json.loads(config_json)
-    for section in ("task", "model"):
-      if _without(old.get(section), _FREE_MODEL) != _without(new.get(section), _FREE_MODEL):
+    for section, free in _FREE_BY_SECTION.items():
+      if _without(old.get(section), free) != _without(new.get(section), free):
         raise ValueError(f"{workdir} holds a run with a different {section} configuration; "
                          f"use a new --workdir (old: {old.get(section)}, new: "
                          f"{new.get(section)})")
