@@ -49,6 +49,8 @@ def main(argv):
     workdir = os.path.join(_WORKDIR.value, f"n{_N_PAIRS.value}-{mixer}-lr{lr}-s{_SEED.value}")
     summary = train_and_evaluate(config, workdir, log=lambda line: print(line, file=sys.stderr,
                                                                          flush=True))
+    if summary["evals"] is None:  # stopped by SIGTERM before its evaluation: nothing to report
+      sys.exit(f"{workdir}: stopped at step {summary['steps']}; run again to resume")
     print(json.dumps({"mixer": mixer, "n_pairs": _N_PAIRS.value, "learning_rate": float(lr),
                       "accuracy": summary["accuracy"], "exact_match": summary["exact_match"],
                       "steps": summary["steps"], "train_loss": summary["train_loss"],

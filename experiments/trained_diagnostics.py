@@ -4,7 +4,8 @@ r"""Memory norms and VLA's Jacobians inside trained models (RESULTS.md items 1 a
         [--mixers=vla,linear,deltanet,gated_deltanet] [--num_steps=1500] [--Ts=1000,16384]
 
 Trains (or resumes) one model per recurrent mixer on MQAR at T = --train_T (default 256;
-configs/mqar_long.py: 8 pairs, vocabulary 256; width --d_model) without position embeddings, so that it runs on any length, then
+configs/mqar_long.py: 8 pairs, vocabulary 256; width --d_model) without position embeddings,
+so that it runs on any length, then
 feeds it longer MQAR sequences of the same task (T in --Ts) and records, from
 `vla_jax.diagnostics`:
   - ||S_t||_F in every layer at t = 1, 10, 100, 1000, ... (median and max over sequences and
@@ -70,6 +71,8 @@ def main(argv):
     exp = from_config_dict(config)
     workdir = os.path.join(_WORKDIR.value, mixer)
     summary = train_and_evaluate(exp, workdir, log=lambda s: print(s, file=sys.stderr))
+    if summary["evals"] is None:  # stopped by SIGTERM before its evaluation: nothing to report
+      sys.exit(f"{workdir}: stopped at step {summary['steps']}; run again to resume")
     emit({"kind": "trained_model", "mixer": mixer, "train_T": _TRAIN_T.value,
           "d_model": _D_MODEL.value, "accuracy": summary["accuracy"],
           "steps": summary["steps"], "learning_rate": _LR.value})

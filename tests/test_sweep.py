@@ -87,9 +87,13 @@ def test_sigterm_stops_a_sweep_with_a_checkpoint_at_that_step(tmp_path, sweep):
 
   assert train_sweep(config, SEEDS, RATES, str(part), log=log) == []
   assert [p.name for p in (part / "checkpoints").iterdir()] == ["4"]
+  first = [json.loads(line) for line in open(part / "metrics.jsonl")][-1]["elapsed_s"]
   resumed = train_sweep(config, SEEDS, RATES, str(part), log=lambda s: None)
   assert [r["train_loss"] for r in resumed] == [r["train_loss"] for r in full]
   assert [r["test"] for r in resumed] == [r["test"] for r in full]
+  # wall_s counts both segments: at least the first one's plus the resumed steps' logged time.
+  elapsed = [json.loads(line)["elapsed_s"] for line in open(part / "metrics.jsonl")]
+  assert elapsed == sorted(elapsed) and all(r["wall_s"] >= elapsed[-1] > first for r in resumed)
 
 
 def test_sweep_stopped_after_training_keeps_its_losses(tmp_path, sweep):

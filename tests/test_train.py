@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT))
 
 from configs import base  # noqa: E402  pylint: disable=wrong-import-position
 from vla_jax.tasks import save_npz  # noqa: E402
+from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import evaluate, from_config_dict, train_and_evaluate  # noqa: E402
 
 
@@ -84,8 +85,9 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_run):
 
 def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny_run):
   """A SIGTERM during step 7 (checkpoints every 4 steps) stops the run after that step with a
-  checkpoint at step 7, not 4, and no evaluation; resumed, the loss curve equals the
-  uninterrupted run's bit for bit."""
+  checkpoint at step 7, not 4, and no evaluation (a strict-JSON summary, scores None);
+  resumed, the loss curve equals the uninterrupted run's bit for bit and the wall time
+  counts both segments."""
   _, full = tiny_run
   config = from_config_dict(tiny_config(checkpoint_every=4))
   part = tmp_path / "part"
@@ -96,13 +98,39 @@ def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny
 
   stopped = train_and_evaluate(config, str(part), log=log)
   assert stopped["steps"] == 7 and stopped["evals"] is None
+  assert stopped["accuracy"] is None and stopped["exact_match"] is None
+  assert stopped["train_loss"] == _rows(part)[0][-1]["loss"]
+  json.dumps(stopped, allow_nan=False)  # raises on NaN
+  first = _rows(part)[0][-1]["elapsed_s"]
+  assert 0 < first <= stopped["wall_s"]
   assert sorted(int(p.name) for p in (part / "checkpoints").iterdir()) == [4, 7]
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
   resumed = train_and_evaluate(config, str(part), log=lambda s: None)
   assert resumed["steps"] == 40
   assert [(r["step"], r["loss"]) for r in _rows(part)[0]] == [
       (r["step"], r["loss"]) for r in _rows(full)[0]]
+  elapsed = [r["elapsed_s"] for r in _rows(part)[0]]
+  assert elapsed == sorted(elapsed) and elapsed[7] > first  # the second segment adds on
+  assert resumed["wall_s"] >= elapsed[-1] > first
   assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
+
+
+def test_logged_row_reads_the_log_up_to_the_resumed_step(tmp_path):
+  """A killed run logged steps 4 and 6 past its checkpoint at 2; resumed from 2 it logged 4
+  again. Reading at step 4 gives the row written last; rows without `elapsed_s` (an older log)
+  count as no time."""
+  path = tmp_path / "metrics.jsonl"
+  rows = [{"step": 2, "loss": 1.0, "elapsed_s": 5.0}, {"step": 4, "loss": 0.9, "elapsed_s": 7.0},
+          {"step": 6, "loss": 0.8, "elapsed_s": 9.0}, {"step": 2, "eval": {}},
+          {"step": 4, "loss": 0.7, "elapsed_s": 11.0}]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert ckpt.logged_row(str(path), 4)["loss"] == 0.7
+  assert ckpt.logged_row(str(path), 3)["loss"] == 1.0
+  assert ckpt.logged_row(str(path), 1) is None
+  assert ckpt.logged_row(str(tmp_path / "none.jsonl"), 4) is None
+  assert ckpt.elapsed_before(str(path), 5) == 11.0 and ckpt.elapsed_before(str(path), 0) == 0.0
+  path.write_text(json.dumps({"step": 2, "loss": 1.0}) + "\n")
+  assert ckpt.elapsed_before(str(path), 2) == 0.0
 
 
 def test_resume_refuses_a_different_config(tmp_path, tiny_run):
@@ -153,7 +181,8 @@ for n in (1, 4):
     losses.append(float(m["loss"]))
   sharding = jax.tree.leaves(state["params"])[0].sharding
   out[n] = {"losses": losses, "devices": len(sharding.device_set),
-            "params": [np.asarray(p).ravel()[:50].tolist() for p in jax.tree.leaves(state["params"])]}
+            "params": [np.asarray(p).ravel()[:50].tolist()
+                       for p in jax.tree.leaves(state["params"])]}
 print(json.dumps(out))
 """
 

@@ -87,3 +87,29 @@ def _without(section, keys):
 def read_config(workdir):
   with open(os.path.join(workdir, CONFIG_FILE)) as f:
     return json.load(f)
+
+
+def logged_row(metrics_path, step, key="loss"):
+  """The last row of the JSON-lines log `metrics_path` that has `key` and a step at or before
+  `step`; None when there is none (or no file).
+
+  A resumed run reads what it logged up to the checkpoint it restarts from: its losses, and
+  `elapsed_s`, the wall time spent on the steps kept so far. Rows past `step` (logged after
+  that checkpoint by a run that was then killed) are skipped; of rows at the same step, the
+  one written last wins.
+  """
+  last = None
+  if os.path.exists(metrics_path):
+    with open(metrics_path) as f:
+      for line in f:
+        row = json.loads(line)
+        if key in row and row["step"] <= step:
+          last = row
+  return last
+
+
+def elapsed_before(metrics_path, step):
+  """Seconds of wall time logged up to `step` by earlier segments of a run (0.0 at step 0,
+  or when the log predates `elapsed_s`)."""
+  row = logged_row(metrics_path, step, key="elapsed_s") if step else None
+  return 0.0 if row is None else float(row["elapsed_s"])

@@ -174,13 +174,7 @@ def _logged_losses(metrics_path, step, size):
   done yet, None when steps were done but none was logged (unknown)."""
   if step == 0:
     return np.full(size, np.nan)
-  last = None
-  if os.path.exists(metrics_path):
-    with open(metrics_path) as f:
-      for line in f:
-        rec = json.loads(line)
-        if "loss" in rec and rec["step"] <= step:
-          last = rec
+  last = ckpt.logged_row(metrics_path, step)
   return None if last is None else np.asarray(last["loss"], np.float64)
 
 
@@ -198,8 +192,9 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
 
   Returns:
     [] when stopped before the last step; otherwise one dict per run: seed, learning_rate,
-    mixer, task, steps, train_loss, diverged, test and validation scores ({set: {accuracy,
-    exact_match, targets, ...}}), wall_s. The same rows are written to
+    mixer, task, steps, train_loss (None when diverged or unknown), diverged, test and
+    validation scores ({set: {accuracy, exact_match, targets, ...}}), wall_s (the whole
+    sweep's, over every segment of a resumed one). The same rows are written to
     `workdir/sweep_results.jsonl` when the sweep finishes.
   """
   start_time = time.time()
@@ -226,6 +221,7 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   # Losses of the last logged step at or before `start`: a sweep stopped after its last
   # training step (during evaluation, say) resumes with no step left to log.
   losses = _logged_losses(metrics_path, start, trainer.size)
+  before = ckpt.elapsed_before(metrics_path, start)
   tick, tick_step = time.time(), start
   with preemption.StopSignal() as stop:
     for step, (inputs, labels) in _prefetch(trainer, start, end):
@@ -240,7 +236,8 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
         with open(metrics_path, "a") as f:
           f.write(json.dumps({"step": done, "loss": losses.tolist(),
                               "accuracy": np.asarray(metrics["accuracy"]).tolist(),
-                              "steps_per_s": rate}) + "\n")
+                              "steps_per_s": rate,
+                              "elapsed_s": round(before + now - start_time, 2)}) + "\n")
         finite = losses[np.isfinite(losses)]
         best = f"{finite.min():.4f}" if finite.size else "nan"
         log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
@@ -255,13 +252,13 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     return []
   test = trainer.evaluate(state["params"], trainer.eval_sets())
   validation = trainer.evaluate(state["params"], trainer.eval_sets(VALIDATION_OFFSET))
-  wall = round(time.time() - start_time, 2)
+  wall = round(before + time.time() - start_time, 2)
   rows = []
   for r, (seed, lr) in enumerate(trainer.runs):
     known = losses is not None
     rows.append({"task": trainer.task.name, "mixer": config.model.mixer, "seed": seed,
                  "learning_rate": lr, "steps": final,
-                 "train_loss": float(losses[r]) if known else None,
+                 "train_loss": float(losses[r]) if known and math.isfinite(losses[r]) else None,
                  "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
                  "validation": validation[r], "wall_s": wall})
   with open(os.path.join(workdir, RESULTS_FILE), "w") as f:

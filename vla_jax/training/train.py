@@ -195,9 +195,10 @@ def _log_row(path, row):
     f.write(json.dumps(row) + "\n")
 
 
-def _summary_accuracy(results):
-  """The headline accuracy: the first evaluation set's (for Copy, the first length)."""
-  return next(iter(results.values()))["accuracy"] if results else float("nan")
+def _headline(results, key):
+  """`key` of the first evaluation set (for Copy, the first length); None with no evaluation
+  (a run stopped before its final one), so that the summary stays strict JSON."""
+  return next(iter(results.values()))[key] if results else None
 
 
 def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, mesh=None,
@@ -219,7 +220,10 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
 
   Returns:
     A summary dict: task, mixer, accuracy (first evaluation set), exact_match, evals (all
-    sets), steps, final train loss, wall time, devices.
+    sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
+    as the metrics rows' `elapsed_s`), devices, workdir. A run stopped before its final
+    evaluation has accuracy, exact_match and evals None; no NaN appears, so the summary
+    dumps as strict JSON.
   """
   start_time = time.time()
   tc = config.train
@@ -234,6 +238,7 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     state = checkpointer.restore(state)
     start = int(state["step"])
     log(f"resumed from step {start} in {checkpointer.directory}")
+  before = ckpt.elapsed_before(metrics_path, start)
   eval_sets = trainer.task.eval_sets(tc.seed, tc.eval_examples)
   end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
   log(f"task={trainer.task.name} mixer={config.model.mixer} devices={trainer.mesh.size} "
@@ -248,7 +253,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
            if "generated_exact_match" in v else "") for k, v in results.items()))
     return results
 
-  results, last_loss = None, float("nan")
+  last = ckpt.logged_row(metrics_path, start) if start else None
+  results, last_loss = None, (last["loss"] if last else None)
   tick, tick_step = time.time(), start
   with preemption.StopSignal() as stop:
     for step in range(start, end):
@@ -263,7 +269,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
         now = time.time()
         rate = (done - tick_step) / max(now - tick, 1e-9)
         tick, tick_step = now, done
-        _log_row(metrics_path, {"step": done, **metrics, "steps_per_s": rate})
+        _log_row(metrics_path, {"step": done, **metrics, "steps_per_s": rate,
+                                "elapsed_s": round(before + now - start_time, 2)})
         log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.4f}"
             f" lr {metrics['lr']:.2e} {rate:.2f} steps/s")
         if not math.isfinite(metrics["loss"]):
@@ -281,12 +288,12 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   return {
       "task": trainer.task.name,
       "mixer": config.model.mixer,
-      "accuracy": _summary_accuracy(results),
-      "exact_match": next(iter(results.values()))["exact_match"] if results else float("nan"),
+      "accuracy": _headline(results, "accuracy"),
+      "exact_match": _headline(results, "exact_match"),
       "evals": results,
       "steps": final,
       "train_loss": last_loss,
-      "wall_s": round(time.time() - start_time, 2),
+      "wall_s": round(before + time.time() - start_time, 2),
       "devices": trainer.mesh.size,
       "workdir": os.path.abspath(workdir),
   }
