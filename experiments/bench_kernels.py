@@ -198,7 +198,8 @@ def main():
                       help="comma list of KernelConfig.solver values for the pallas rows "
                            "(triangular_solve, nilpotent, doubling)")
   parser.add_argument("--prep", default="scan",
-                      help="comma list of KernelConfig.prep values (xla, kernel, split, scan), pallas rows")
+                      help="comma list of KernelConfig.prep values (xla, kernel, split, scan), "
+                      "pallas rows")
   parser.add_argument("--prep_dot", default="auto",
                       help="comma list of KernelConfig.prep_dot values for prep=kernel rows")
   parser.add_argument("--prep_form", default="panels",
@@ -249,7 +250,8 @@ def main():
           # inverses) run the XLA path, whose triangular inverses it selects.
           sv_list = args.solver.split(",")
           blocks = [int(b) for b in args.scan_block.split(",")] if prep == "scan" else [16]
-          fetch = [bool(int(p)) for p in args.scan_prefetch.split(",")] if prep == "scan" else [False]
+          fetch = ([bool(int(p)) for p in args.scan_prefetch.split(",")] if prep == "scan"
+                   else [False])
           segs = ([None if g == "auto" else int(g) for g in args.segment_chunks.split(",")]
                   if prep == "scan" else [None])
           variants += [(f"pallas(bv={bv},{sv[:4]},prep={prep}"
@@ -356,7 +358,8 @@ def main():
   print("\n| T | B | impl | fwd ms | fwd+bwd ms | floor fwd | floor fwd+bwd | fwd/floor |")
   print("| --- | --- | --- | --- | --- | --- | --- | --- |")
   for r in rows:
-    ratio = f"{r['fwd_ms'] / r['floor_fwd_ms']:.0f}x" if "floor_fwd_ms" in r and "fwd_ms" in r else "-"
+    has_floor = "floor_fwd_ms" in r and "fwd_ms" in r
+    ratio = f"{r['fwd_ms'] / r['floor_fwd_ms']:.0f}x" if has_floor else "-"
     print(f"| {r['T']} | {r['B']} | {r['impl']} | {fmt(r, 'fwd_ms')} | {fmt(r, 'fwd_bwd_ms')} | "
           f"{fmt(r, 'floor_fwd_ms')} | {fmt(r, 'floor_fwd_bwd_ms')} | {ratio} |"
           + (f" {r['error']}" if "error" in r else ""))

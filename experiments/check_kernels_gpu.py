@@ -81,7 +81,8 @@ def inputs(seed, B, T, H, d, dtype):
 
 def loss_pallas(cfg):
   def loss(q, k, v, u, S0, wo):
-    A0 = jnp.broadcast_to(jnp.eye(q.shape[-1], dtype=jnp.float32), S0.shape[:2] + (q.shape[-1],) * 2)
+    A0 = jnp.broadcast_to(jnp.eye(q.shape[-1], dtype=jnp.float32),
+                          S0.shape[:2] + (q.shape[-1],) * 2)
     o, S, A = vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=INTERPRET[0])
     return jnp.sum(wo * o.astype(jnp.float32)) + jnp.sum(S) + jnp.sum(A)
   return loss
@@ -232,7 +233,8 @@ def main():
           + " | ".join(f"{r[n]:.1e}" for n in names)
           + f" | {r['bound'] if r['bound'] else 'info'} | {r['pass']} |")
   if long:
-    print(f"\nlong run B=1 H=16 d=64 T={long['T']} bf16 fwd+bwd: first call {long['first_s']:.1f} s, "
+    print(f"\nlong run B=1 H=16 d=64 T={long['T']} bf16 fwd+bwd: "
+          f"first call {long['first_s']:.1f} s, "
           f"then {long['second_s'] * 1e3:.1f} ms, peak {long['peak_GiB']:.1f} GiB, "
           f"finite={long['finite']}")
   os.makedirs(args.out, exist_ok=True)

@@ -184,7 +184,8 @@ def main():
   parser.add_argument("--state_bwd", default="fused",
                       help="KernelConfig.state_bwd (fused, split; with --grad)")
   parser.add_argument("--state_local_vjp", default=KernelConfig().state_local_vjp,
-                      help="KernelConfig.state_local_vjp (products, xla, kernel, fused; with --grad)")
+                      help="KernelConfig.state_local_vjp (products, xla, kernel, fused; "
+                      "with --grad)")
   parser.add_argument("--adjoint_du", default=KernelConfig().adjoint_du,
                       help="KernelConfig.adjoint_du (xla, kernel, carried; with --grad)")
   parser.add_argument("--grad_layout", default=KernelConfig().grad_layout,

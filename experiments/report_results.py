@@ -321,7 +321,8 @@ def kernel_claim_row(results_dir):
     return f"{v:.3g}" if v else "n/a"
 
   seq = "VLA triton_sequential(torch)"
-  seq_wins = [T for T in data.Ts if data.ms(64, "fwd", seq, T) and data.ms(64, "fwd", bench.CUDNN, T)
+  seq_wins = [T for T in data.Ts
+              if data.ms(64, "fwd", seq, T) and data.ms(64, "fwd", bench.CUDNN, T)
               and data.ms(64, "fwd", seq, T) < data.ms(64, "fwd", bench.CUDNN, T)]
   dims = [d for d in data.dims if data.ms(d, "fwd", bench.PALLAS, 4096)]
   crossings = "; ".join(f"d = {d}: forward {cross(d, 'fwd')}, forward+backward "
@@ -780,7 +781,8 @@ def main():
     f"d_h 32: linear {fmt(r1000.get('linear_attention'), 4)}, VLA {fmt(r1000.get('vla'))}, "
     f"DeltaNet {fmt(r1000.get('deltanet'))} at t = 1,000; linear keeps growing "
     f"({fmt(random_norm.get(65536, {}).get('linear_attention'), 5)} at 65,536), VLA stays "
-    f"{fmt(random_norm.get(65536, {}).get('vla'))}{trained_norm_text} | growth of linear attention and a bounded "
+    f"{fmt(random_norm.get(65536, {}).get('vla'))}{trained_norm_text} | "
+    "growth of linear attention and a bounded "
     "VLA memory reproduced on random inputs; the 'under 15' figure depends on the value scale "
     "(ours: unit-variance values), and DeltaNet is bounded as well" + trained_verdict + " |")
   jr = jac_random or {}

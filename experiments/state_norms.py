@@ -48,7 +48,8 @@ def jacobian_summary(k, u, lam0):
   return {"tokens": int(m.size), "mean": float(m.mean()), "p50": float(np.median(m)),
           "p99": float(np.quantile(m, 0.99)), "max": float(m.max()),
           "frac_above_1": float(np.mean(m > 1 + 1e-5)),
-          "max_abs_closed_form_gap": float(np.abs(m - np.asarray(out["closed_form"]).ravel()).max()),
+          "max_abs_closed_form_gap": float(
+              np.abs(m - np.asarray(out["closed_form"]).ravel()).max()),
           "cosine_p50": float(np.median(np.asarray(out["cosine"])))}
 
 

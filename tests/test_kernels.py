@@ -113,7 +113,8 @@ def _config(C, **kw):
 
 
 class TestKernelsInterpret:
-  """Numerics of `vla_pallas` in interpret mode (the GPU twin is experiments/check_kernels_gpu.py)."""
+  """Numerics of `vla_pallas` in interpret mode (the GPU twin is
+  experiments/check_kernels_gpu.py)."""
 
   @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
   def test_forward_matches_oracle_float64(self, x64, shape):

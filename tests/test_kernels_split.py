@@ -17,7 +17,8 @@ from vla_jax.kernels import KernelConfig, vla_pallas
 
 @pytest.mark.parametrize("shape,split_inverse", [
     ((2, 37, 2, 16, 32, 16), "kernel"), ((1, 70, 1, 32, 32, 32), "kernel"),
-    ((1, 50, 2, 32, 16, 16), "xla"), ((1, 40, 1, 128, 16, 16), "auto")], ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
+    ((1, 50, 2, 32, 16, 16), "xla"), ((1, 40, 1, 128, 16, 16), "auto")],
+    ids=lambda x: shape_id(x) if isinstance(x, tuple) else x)
 def test_forward_matches_oracle_float64(x64, shape, split_inverse):
   """dk = 128: two column panels in the penalty-rows kernel, inverses in XLA ("auto")."""
   B, T, H, dk, dv, C = shape

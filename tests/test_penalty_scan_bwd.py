@@ -310,7 +310,8 @@ def test_adjoint_lowers_for_h200():
 
 def test_adjoint_du_kernel_equals_xla_float64(x64):
   """`adjoint_du.chunk_u_cotangents_kernel` on E equals the XLA `chunk_u_cotangents` on
-  D = E + E^T in float64 (two sequences, three chunks), `suffix_matrices`' two forms agree, and KernelConfig(adjoint_du="kernel") gives impl="scan"'s
+  D = E + E^T in float64 (two sequences, three chunks), `suffix_matrices`' two forms agree,
+  and KernelConfig(adjoint_du="kernel") gives impl="scan"'s
   gradients with a padded tail."""
   from vla_jax.kernels.adjoint_du import chunk_u_cotangents_kernel
   from vla_jax.ops.vla.penalty import chunk_u_cotangents, suffix_matrices
