@@ -196,3 +196,39 @@ def test_field_section_measures_fla_like_vla(tmp_path):
   assert "fla / cuDNN forward at T = 4,096: 2." in text  # 1 ms against 0.5
   # The delta-rule floor is the VLA floor without the penalty path's products and u.
   assert floor.delta_rule_floor_ms(1, 32768, 16, 64) < floor.floor_ms(1, 32768, 16, 64)
+
+
+def test_rows_a_newer_run_of_their_family_left_behind_are_marked_and_not_computed(tmp_path):
+  """VLA pallas measured at 1,024 and 2,048 in an old run, then at 1,024 and 4,096 in a new one
+  (the kernel may have changed): the old 2,048 row stays in the tables with the stale mark
+  but no ratio, ranking, floor row or sentence uses it; cuDNN's old rows, whose family was not
+  measured again, are not stale."""
+  old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+  old_rows = [_row("pallas", "vla", p, T, ms) for T in (1024, 2048)
+              for p, ms in (("fwd", 5.0), ("fwd+bwd", 50.0))]
+  old_rows += [_row("cudnn", "softmax_attention", p, T, 1.0) for T in (1024, 2048, 4096)
+               for p in ("fwd", "fwd+bwd")]
+  new_rows = [_row("pallas", "vla", p, T, ms) for T in (1024, 4096)
+              for p, ms in (("fwd", 2.0), ("fwd+bwd", 6.0))]
+  header = json.dumps({"kind": "header", "device": "NVIDIA H200",
+                       "settings": {"heads": 16, "tokens": 32768}})
+  old.write_text("\n".join([header] + [json.dumps(r) for r in old_rows]) + "\n")
+  new.write_text("\n".join([header] + [json.dumps(r) for r in new_rows]) + "\n")
+  data = report.Data(report.load([str(old), str(new)])[1])
+  assert data.ms(64, "fwd", report.PALLAS, 2048) is None
+  assert data.get(64, "fwd", report.PALLAS, 2048, stale=True)["ms"] == 5.0
+  assert data.ms(64, "fwd", report.PALLAS, 1024) == 2.0 and data.ms(64, "fwd", report.CUDNN,
+                                                                    2048) == 1.0
+  assert [(r["T"], r["pass"]) for r in data.stale] == [(2048, "fwd"), (2048, "fwd+bwd")]
+  assert report.ratio_series(data, 64, "fwd", report.PALLAS, report.CUDNN) == [
+      (1024, 2.0), (4096, 2.0)]
+  md = tmp_path / "B.md"
+  report.main(["--jsonl", str(old), str(new), "--out", str(md), "--plots", str(tmp_path)])
+  text = md.read_text()
+  assert "| 2,048 | 16 | 5 † | 1 |" in text           # the table keeps it, marked
+  assert "d = 64 VLA pallas fwd at T = 2,048 (`old.jsonl`)" in text
+  assert "3x at 1,024, 3x at 4,096." in text and "10x" not in text  # 50 / 5 is not computed
+  assert f"report.py --jsonl {old} {new} --out {md} --plots {tmp_path}" in text
+  # The same files in the other order: the 4,096 row is the old one now.
+  data = report.Data(report.load([str(new), str(old)])[1])
+  assert {r["T"] for r in data.stale} == {4096}

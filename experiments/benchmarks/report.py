@@ -32,8 +32,11 @@ def label(row):
 
 
 def load(paths):
+  """(headers, rows) of the JSON-lines files `paths`, oldest run first: a later file's row
+  replaces an earlier one with the same key, and each row keeps the index of its file
+  (`_order`) so that `Data` can tell which rows an older run left behind."""
   headers, rows = [], OrderedDict()
-  for path in paths:
+  for order, path in enumerate(paths):
     with open(path) as f:
       for line in f:
         line = line.strip()
@@ -48,16 +51,34 @@ def load(paths):
             None, "skipped"):
           continue   # a later run that skipped a row does not erase an earlier measurement
         rows.pop(key, None)
-        rows[key] = dict(obj, _file=os.path.basename(path))
+        rows[key] = dict(obj, _file=os.path.basename(path), _order=order)
   return headers, list(rows.values())
 
 
+def family(row):
+  """A row family: one implementation at one head dim, dtype and head count, both passes."""
+  return (row.get("op"), row.get("impl"), row.get("d"), row.get("dtype"), row.get("H"))
+
+
 class Data:
-  """Rows indexed by (d, pass) -> label -> T -> row."""
+  """Rows indexed by (d, pass) -> label -> T -> row.
+
+  A measured row is *stale* when a later file measured its family again (at other lengths,
+  say): the implementation may have changed in between, so the tables show it marked with
+  STALE_MARK and every computed sentence, ratio, crossover and plot leaves it out.
+  """
 
   def __init__(self, rows):
     self.rows = rows
     self.timed = [r for r in rows if r.get("pass") in PASSES and r.get("T") is not None]
+    newest = {}
+    for r in self.timed:
+      if r.get("status") != "skipped":
+        newest[family(r)] = max(newest.get(family(r), -1), r.get("_order", 0))
+    for r in self.timed:
+      r["_stale"] = (r.get("status") != "skipped"
+                     and r.get("_order", 0) < newest.get(family(r), -1))
+    self.stale = [r for r in self.timed if r["_stale"]]
     self.dims = sorted({r["d"] for r in self.timed})
     self.Ts = sorted({r["T"] for r in self.timed})
     self.labels = list(OrderedDict.fromkeys(label(r) for r in self.timed))
@@ -65,8 +86,10 @@ class Data:
     for r in self.timed:
       self.index.setdefault((r["d"], r["pass"]), {}).setdefault(label(r), {})[r["T"]] = r
 
-  def get(self, d, pass_, lab, T):
-    return self.index.get((d, pass_), {}).get(lab, {}).get(T)
+  def get(self, d, pass_, lab, T, stale=False):
+    """The row, or None; a stale row only with stale=True (the tables)."""
+    r = self.index.get((d, pass_), {}).get(lab, {}).get(T)
+    return None if r is not None and r["_stale"] and not stale else r
 
   def ms(self, d, pass_, lab, T):
     r = self.get(d, pass_, lab, T)
@@ -100,12 +123,15 @@ def fmt(x, digits=3):
   return f"{x:.{digits}g}"
 
 
+STALE_MARK = "†"
+
+
 def cell(row, value):
   if row is None:
     return ""
   status = row.get("status")
   if status == "ok":
-    return fmt(value)
+    return fmt(value) + (f" {STALE_MARK}" if row.get("_stale") else "")
   return {"OOM": "OOM", "skipped": "skip", "error": "err"}.get(status, status or "?")
 
 
@@ -121,7 +147,7 @@ def metric_table(data, d, pass_, value_fn, Ts=None):
   for T in Ts or data.Ts:
     line = [f"{T:,}", data.batch(T)]
     for lab in labs:
-      r = data.get(d, pass_, lab, T)
+      r = data.get(d, pass_, lab, T, stale=True)
       line.append(cell(r, value_fn(r) if r and r.get("status") == "ok" else None))
     body.append(line)
   return table(["T", "B"] + labs, body)
@@ -259,18 +285,22 @@ def plots(data, plot_dir, title):
       for j, d in enumerate(dims):
         ax = axes[i][j]
         for lab in data.labels_for(d, pass_):
-          pts = []
+          pts, old = [], []   # old: stale rows, drawn as open markers off the line
           for T in data.Ts:
-            r = data.get(d, pass_, lab, T)
+            r = data.get(d, pass_, lab, T, stale=True)
             if r and r.get("status") == "ok" and r.get("ms"):
               v = fn(r)
               if v:
-                pts.append((T, v))
+                (old if r["_stale"] else pts).append((T, v))
+          style = dict(lw=2.5, color="black") if lab == PALLAS else {}
           if pts:
-            style = dict(lw=2.5, color="black") if lab == PALLAS else {}
-            ax.plot(*zip(*pts), marker="o", ms=3, label=lab, **style)
+            line, = ax.plot(*zip(*pts), marker="o", ms=3, label=lab, **style)
+            style["color"] = line.get_color()
+          if old:
+            ax.plot(*zip(*old), ls="none", marker="o", ms=5, mfc="none",
+                    color=style.get("color"), label=None if pts else f"{lab} {STALE_MARK}")
         ax.set(xscale="log", yscale="log", xlabel="T (B * T fixed up to its maximum, then B = 1)",
-               ylabel=ylabel, title=f"d = {d}, {pass_}")
+               ylabel=ylabel, title=f"d = {d}, {pass_} (open markers: {STALE_MARK} rows)")
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
           ax.legend(fontsize=6)
@@ -330,6 +360,22 @@ def row_sources(data):
               "than one run, so some ratios compare runs (same machine kind and versions, see "
               "above); each file's own rows are one run."]
   return lines + [""]
+
+
+def stale_note(data):
+  """Lines naming the stale rows (see `Data`), or none."""
+  if not data.stale:
+    return []
+  groups = OrderedDict()
+  for r in data.stale:
+    groups.setdefault((r["d"], label(r), r["pass"], r.get("_file", "?")), []).append(r["T"])
+  items = [f"d = {d} {lab} {pass_} at T = {', '.join(f'{T:,}' for T in sorted(Ts))} "
+           f"(`{f}`)" for (d, lab, pass_, f), Ts in groups.items()]
+  return [f"{STALE_MARK} Rows from an older run of their row family than its newest file, "
+          "left there because the newer run did not measure those lengths; the "
+          "implementation may have changed in between. The tables show them marked "
+          f"{STALE_MARK}; every computed sentence, ratio, crossover, floor row and plot leaves "
+          "them out: " + "; ".join(items) + ".", ""]
 
 
 def not_measured(data):
@@ -498,14 +544,18 @@ def why_section(data, tokens=32768):
           "penalty scan, one program per sequence, takes 1.81.", ""])
 
 
-def render(headers, rows, plot_paths, out_path):
+def render(headers, rows, plot_paths, out_path, command=None):
+  """The markdown text. `command`: the report command that regenerates it, shown at the top."""
   data = Data(rows)
   md = ["# Benchmarks", "",
         "Generated by `experiments/benchmarks/report.py` from the JSON lines of "
         "`experiments/benchmarks/run.py`; every number and every sentence below is computed "
         "from those rows, except the paragraph on the cause in \"Why VLA pallas loses\", "
         "which cites `kernels/NOTES.md`.", ""]
-  md += provenance(headers) + [""] + row_sources(data)
+  if command:
+    md += [f"Regenerate (files oldest run first; a later file's row replaces an earlier "
+           f"one's): `{command}`", ""]
+  md += provenance(headers) + [""] + row_sources(data) + stale_note(data)
   md += ["Forward (`fwd`) and forward + backward (`fwd+bwd`: the output o and the gradient "
          "of sum(o * c) with respect to every input, c a random cotangent; JAX rows up to the "
          "2026-12-01 runs returned the gradient alone, which let XLA drop forward work only o "
@@ -618,7 +668,9 @@ def main(argv=None):
   data = Data(rows)
   device = ", ".join(dict.fromkeys(h.get("device", "?") for _, h in headers)) or "?"
   plot_paths = plots(data, args.plots, f"{device}; log-log") if args.plots else []
-  text = render(headers, rows, plot_paths, args.out)
+  command = ("python3 experiments/benchmarks/report.py --jsonl " + " ".join(args.jsonl)
+             + f" --out {args.out}" + (f" --plots {args.plots}" if args.plots else ""))
+  text = render(headers, rows, plot_paths, args.out, command=command)
   with open(args.out, "w") as f:
     f.write(text)
   print(f"wrote {args.out} ({len(rows)} rows) and {len(plot_paths)} plots")
