@@ -23,6 +23,7 @@ kernels (GPU; the same function as impl="chunked", tested, and vmapped over a jo
 """
 
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -105,11 +106,27 @@ def all_jobs(args):
   return jobs
 
 
-def done_jobs(path):
-  if not os.path.exists(path):
-    return set()
-  with open(path) as f:
-    return {json.loads(line).get("job") for line in f if line.strip()}
+def done_jobs(path, runs=None):
+  """Names of the jobs with rows in `path`; with `runs` (a job's seeds x rates), only those
+  with at least that many rows."""
+  counts = collections.Counter()
+  if os.path.exists(path):
+    with open(path) as f:
+      lines = f.read().split("\n")
+    for number, line in enumerate(lines, 1):
+      if not line.strip():
+        continue
+      try:
+        counts[json.loads(line).get("job")] += 1
+      except json.JSONDecodeError:
+        if number != len(lines):  # only a last line cut short is skipped
+          raise ValueError(f"{path}:{number}: not a JSON object") from None
+  return {job for job, n in counts.items() if runs is None or n >= runs}
+
+
+def runs(job, args):
+  """How many rows a finished job appends: its seeds times its learning rates."""
+  return len(args.seeds.split(",")) * len(job[4])
 
 
 def command(job, args):
@@ -177,7 +194,8 @@ def main():
   only = args.only.split(",")
   rank = lambda j: next((i for i, o in enumerate(only) if o in j[1]), None)
   jobs = sorted((j for j in jobs if rank(j) is not None
-                 and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"))), key=rank)
+                 and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"),
+                                           runs(j, args))), key=rank)
   # Slots alternate between GPUs, so that the first jobs (started first) spread over all of them.
   slots = [g for _ in range(args.per_gpu) for g in (args.gpus.split(",") if args.gpus else [""])]
   start = time.time()

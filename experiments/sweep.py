@@ -36,29 +36,38 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  from vla_jax.training import from_config_dict  # pylint: disable=g-import-not-at-top
+  from vla_jax.training import from_config_dict, jsonl  # pylint: disable=g-import-not-at-top
   from vla_jax.training.sweep import train_sweep  # pylint: disable=g-import-not-at-top
 
-  tag = json.loads(_TAG.value)
+  try:
+    tag = json.loads(_TAG.value)
+  except json.JSONDecodeError as e:
+    raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r} ({e})") from e
   if not isinstance(tag, dict):
     raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r}")
+  seeds = _parse_list("seeds", _SEEDS.value, int, "integers")
+  rates = _parse_list("learning_rates", _LRS.value, float, "numbers")
   config = from_config_dict(_CONFIG.value)
-  rows = train_sweep(config, [int(s) for s in _SEEDS.value], [float(r) for r in _LRS.value],
-                     _WORKDIR.value, stop_after=_STOP_AFTER.value,
+  rows = train_sweep(config, seeds, rates, _WORKDIR.value, stop_after=_STOP_AFTER.value,
                      log=lambda line: print(line, file=sys.stderr, flush=True))
   model = config.model
-  for row in rows:
-    row = {**tag, **row, "task_fields": dict(config.task_fields),
+  rows = [{**tag, **row, "task_fields": dict(config.task_fields),
            "model": {"d_model": model.d_model, "num_layers": model.num_layers,
                      "num_heads": model.num_heads, "head_dim": model.head_dim,
                      "impl": model.impl, "mixer_options": dict(model.mixer_options),
                      "dtype": model.dtype},
-           "batch_size": config.train.batch_size}
-    line = json.dumps(row, sort_keys=True)
-    print(line, flush=True)
-    if _RESULTS.value:
-      with open(_RESULTS.value, "a") as f:
-        f.write(line + "\n")
+           "batch_size": config.train.batch_size} for row in rows]
+  for row in rows:
+    print(json.dumps(row, sort_keys=True), flush=True)
+  if _RESULTS.value:   # all of the job's rows in one write, so that none is left half-written
+    jsonl.append_rows(_RESULTS.value, rows, sort_keys=True)
+
+
+def _parse_list(name, values, kind, what):
+  try:
+    return [kind(v) for v in values]
+  except ValueError as e:
+    raise app.UsageError(f"--{name} must be a comma list of {what}; got {values}") from e
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -84,3 +85,18 @@ def test_stop_sends_sigterm_then_kills_what_is_left(tmp_path):
       time.sleep(0.05)
   grid.stop(procs, wait_s=2.0)
   assert procs[0].returncode == 3 and procs[1].returncode == -9
+
+
+def test_done_jobs_counts_rows_and_skips_a_truncated_last_line(tmp_path):
+  """A job is done once it has a row per seed and rate; a last line cut short by a kill is not
+  a row; a malformed line elsewhere is an error naming the file and line."""
+  path = tmp_path / "zoology.jsonl"
+  path.write_text('{"job": "a"}\n{"job": "a"}\n\n{"job": "b"}\n{"job": "a"')
+  assert grid.done_jobs(str(path)) == {"a", "b"}
+  assert grid.done_jobs(str(path), runs=2) == {"a"}
+  assert grid.done_jobs(str(tmp_path / "none.jsonl")) == set()
+  args = grid.parse_args(["--out_dir", "x", "--grids", "zoology", "--seeds", "0,1,2"])
+  assert all(grid.runs(j, args) == 3 * len(j[4]) for j in grid.all_jobs(args))
+  path.write_text('{"job": "a"\n{"job": "b"}\n')
+  with pytest.raises(ValueError, match="zoology.jsonl:1"):
+    grid.done_jobs(str(path))

@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 from configs import base  # noqa: E402  pylint: disable=wrong-import-position
 from vla_jax.tasks import save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
+from vla_jax.training import jsonl  # noqa: E402
 from vla_jax.training import evaluate, from_config_dict, train_and_evaluate  # noqa: E402
 
 
@@ -113,6 +114,24 @@ def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny
   assert elapsed == sorted(elapsed) and elapsed[7] > first  # the second segment adds on
   assert resumed["wall_s"] >= elapsed[-1] > first
   assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
+
+
+def test_a_stopped_run_never_reports_an_earlier_evaluation(tmp_path):
+  """Periodic evaluations every 4 steps: stopped after step 6 by stop_after, the summary
+  scores step 6 (a fresh evaluation, logged at step 6); stopped there by SIGTERM, it has no
+  scores, not step 4's."""
+  config = from_config_dict(tiny_config(eval_every=4))
+  stopped = train_and_evaluate(config, str(tmp_path / "a"), stop_after=6, log=lambda s: None)
+  evals = _rows(tmp_path / "a")[1]
+  assert [r["step"] for r in evals] == [4, 6] and stopped["evals"] == evals[-1]["eval"]
+
+  def log(line):
+    if line.startswith("step 6/"):
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  stopped = train_and_evaluate(config, str(tmp_path / "b"), log=log)
+  assert stopped["steps"] == 6 and stopped["evals"] is None and stopped["accuracy"] is None
+  assert [r["step"] for r in _rows(tmp_path / "b")[1]] == [4]
 
 
 def test_logged_row_reads_the_log_up_to_the_resumed_step(tmp_path):
@@ -274,3 +293,33 @@ def test_head_at_targets_equals_full_head():
   check_max_targets(y, 4)
   with pytest.raises(ValueError, match="max_targets=3"):
     check_max_targets(task.train_batch(0, 1, 8)[1], 3)
+
+
+def test_jsonl_rows_survive_a_cut_short_write(tmp_path):
+  path = tmp_path / "rows.jsonl"
+  jsonl.append_rows(str(path), [{"step": 1}, {"step": 2}])
+  jsonl.append_rows(str(path), [])
+  assert jsonl.read_rows(str(path)) == [{"step": 1}, {"step": 2}]
+  with open(path, "a") as f:
+    f.write('{"step": 3, "lo')        # a kill during a write
+  assert jsonl.read_rows(str(path)) == [{"step": 1}, {"step": 2}]
+  assert ckpt.logged_row(str(path), 5, key="step") == {"step": 2}
+  path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+  with pytest.raises(ValueError, match="rows.jsonl:2"):
+    jsonl.read_rows(str(path))
+
+
+def test_a_single_run_refuses_a_sweep_workdir(tmp_path):
+  """train.py pointed at a sweep's workdir: refused before anything is written, so that the
+  sweep still resumes."""
+  workdir = tmp_path / "sweep"
+  workdir.mkdir()
+  saved = json.loads(from_config_dict(tiny_config()).to_json())
+  (workdir / "config.json").write_text(json.dumps({**saved, "sweep": {"seeds": [0, 1]}}))
+  with pytest.raises(ValueError, match="holds a sweep over"):
+    train_and_evaluate(from_config_dict(tiny_config()), str(workdir), log=lambda s: None)
+  assert json.loads((workdir / "config.json").read_text())["sweep"] == {"seeds": [0, 1]}
+  other = tiny_config(num_steps=50)
+  (workdir / "config.json").write_text(json.dumps(saved))
+  with pytest.raises(ValueError, match="num_steps: 40 -> 50"):
+    train_and_evaluate(from_config_dict(other), str(workdir), log=lambda s: None)

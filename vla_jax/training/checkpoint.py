@@ -11,6 +11,8 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
+from vla_jax.training import jsonl
+
 CONFIG_FILE = "config.json"
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
@@ -63,19 +65,33 @@ def write_config(workdir, config_json):
     with open(path) as f:
       old = json.load(f)
     new = json.loads(config_json)
+    if old.get("sweep") != new.get("sweep"):   # a sweep's stacked state is not a run's
+      kind = lambda c: f"a sweep over {c['sweep']}" if c.get("sweep") else "a single run"
+      raise ValueError(f"{workdir} holds {kind(old)}, not {kind(new)}; use a new workdir")
     for section, free in _FREE_BY_SECTION.items():
       if _without(old.get(section), free) != _without(new.get(section), free):
         raise ValueError(f"{workdir} holds a run with a different {section} configuration; "
-                         f"use a new --workdir (old: {old.get(section)}, new: "
+                         f"use a new workdir (old: {old.get(section)}, new: "
                          f"{new.get(section)})")
     old_train = {k: v for k, v in old.get("train", {}).items() if k not in _FREE}
     new_train = {k: v for k, v in new["train"].items() if k not in _FREE}
     if old_train != new_train:
-      raise ValueError(f"{workdir} holds a run with different training settings; resuming "
-                       "would not reproduce it; use a new --workdir")
+      diff = ", ".join(f"{k}: {old_train.get(k)} -> {new_train.get(k)}"
+                       for k in sorted(set(old_train) | set(new_train))
+                       if old_train.get(k) != new_train.get(k))
+      raise ValueError(f"{workdir} holds a run with different training settings ({diff}); "
+                       "resuming would not reproduce it; use a new workdir")
   os.makedirs(workdir, exist_ok=True)
-  with open(path, "w") as f:
-    f.write(config_json)
+  write_atomic(path, config_json)
+
+
+def write_atomic(path, text):
+  """Writes `text` to `path` through a temporary file and a rename, so that an interruption
+  leaves either the old file or the new one, never a truncated one."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
 
 
 def _without(section, keys):
@@ -99,12 +115,9 @@ def logged_row(metrics_path, step, key="loss"):
   one written last wins.
   """
   last = None
-  if os.path.exists(metrics_path):
-    with open(metrics_path) as f:
-      for line in f:
-        row = json.loads(line)
-        if key in row and row["step"] <= step:
-          last = row
+  for row in jsonl.read_rows(metrics_path):
+    if key in row and row["step"] <= step:
+      last = row
   return last
 
 

@@ -34,6 +34,7 @@ from flax import nnx
 
 from vla_jax.models import LanguageModel
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import jsonl
 from vla_jax.training import preemption
 from vla_jax.training.config import ExperimentConfig
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
@@ -233,11 +234,10 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
         now = time.time()
         rate = (done - tick_step) / max(now - tick, 1e-9)
         tick, tick_step = now, done
-        with open(metrics_path, "a") as f:
-          f.write(json.dumps({"step": done, "loss": losses.tolist(),
-                              "accuracy": np.asarray(metrics["accuracy"]).tolist(),
-                              "steps_per_s": rate,
-                              "elapsed_s": round(before + now - start_time, 2)}) + "\n")
+        jsonl.append_rows(metrics_path, [{
+            "step": done, "loss": losses.tolist(),
+            "accuracy": np.asarray(metrics["accuracy"]).tolist(), "steps_per_s": rate,
+            "elapsed_s": round(before + now - start_time, 2)}])
         finite = losses[np.isfinite(losses)]
         best = f"{finite.min():.4f}" if finite.size else "nan"
         log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
@@ -261,6 +261,6 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
                  "train_loss": float(losses[r]) if known and math.isfinite(losses[r]) else None,
                  "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
                  "validation": validation[r], "wall_s": wall})
-  with open(os.path.join(workdir, RESULTS_FILE), "w") as f:
-    f.writelines(json.dumps(row) + "\n" for row in rows)
+  ckpt.write_atomic(os.path.join(workdir, RESULTS_FILE),
+                    "".join(json.dumps(row) + "\n" for row in rows))
   return rows

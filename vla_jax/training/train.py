@@ -1,7 +1,6 @@
 """`train_and_evaluate`: the training loop behind experiments/train.py, and `evaluate`."""
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -16,6 +15,7 @@ from vla_jax.models import LanguageModel
 from vla_jax.tasks import IGNORE
 from vla_jax.tasks import copy as copy_task
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import jsonl
 from vla_jax.training import preemption
 from vla_jax.training import sharding
 from vla_jax.training.config import ExperimentConfig, TrainConfig
@@ -191,8 +191,7 @@ def generation_scores(model, inputs, batch_size):
 
 
 def _log_row(path, row):
-  with open(path, "a") as f:
-    f.write(json.dumps(row) + "\n")
+  jsonl.append_rows(path, [row])
 
 
 def _headline(results, key):
@@ -212,18 +211,20 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     config: an `ExperimentConfig` (see `vla_jax.training.config.from_config_dict`).
     workdir: output folder.
     stop_after: stop (with a checkpoint) once this many steps are done, as an interruption
-      would; the schedule still follows `config.train.num_steps`. None runs to the end.
-      A SIGTERM stops the run too, after the step in flight, with a checkpoint at that step
-      and no final evaluation (`evals` None); rerunning with the same workdir resumes there.
+      would, and evaluate there; the schedule still follows `config.train.num_steps`. None
+      runs to the end. A SIGTERM stops the run too, after the step in flight, with a
+      checkpoint at that step and no evaluation (`evals` None unless a periodic one fell on
+      that step); rerunning with the same workdir resumes there.
     mesh: a `jax.sharding.Mesh` with axis "data" (default: every visible device).
     log: called with each progress line.
 
   Returns:
     A summary dict: task, mixer, accuracy (first evaluation set), exact_match, evals (all
     sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
-    as the metrics rows' `elapsed_s`), devices, workdir. A run stopped before its final
-    evaluation has accuracy, exact_match and evals None; no NaN appears, so the summary
-    dumps as strict JSON.
+    as the metrics rows' `elapsed_s`), devices, workdir. The scores are always those of
+    step `steps`, never of an earlier periodic evaluation: a run stopped by SIGTERM has
+    accuracy, exact_match and evals None. No NaN appears, so the summary dumps as strict
+    JSON.
   """
   start_time = time.time()
   tc = config.train
@@ -254,7 +255,7 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     return results
 
   last = ckpt.logged_row(metrics_path, start) if start else None
-  results, last_loss = None, (last["loss"] if last else None)
+  results, results_step, last_loss = None, None, (last["loss"] if last else None)
   tick, tick_step = time.time(), start
   with preemption.StopSignal() as stop:
     for step in range(start, end):
@@ -276,15 +277,15 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
         if not math.isfinite(metrics["loss"]):
           raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
       if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
-        results = run_eval(done)
+        results, results_step = run_eval(done), done
       if stop.requested:
         log(f"SIGTERM: stopping at step {done} with a checkpoint")
         break
       if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
         checkpointer.save(done, state)
   final = checkpointer.finish(state)
-  if final == tc.num_steps or (results is None and not stop.requested):
-    results = run_eval(final)
+  if results_step != final:   # the summary scores the final step only, never an earlier one
+    results = None if stop.requested else run_eval(final)
   return {
       "task": trainer.task.name,
       "mixer": config.model.mixer,
