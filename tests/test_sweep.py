@@ -113,3 +113,24 @@ def test_sweep_stopped_after_training_keeps_its_losses(tmp_path, sweep):
 def test_bad_sweeps_fail_early(tmp_path, seeds, rates, match):
   with pytest.raises(ValueError, match=match):
     train_sweep(tiny_config(), seeds, rates, str(tmp_path), log=lambda s: None)
+
+
+def test_an_npz_sweep_chooses_its_rate_on_a_validation_file(tmp_path):
+  """The eval file is the test set: a sweep without task.valid_path is refused before it
+  trains; with one, its rows' validation scores come from that file."""
+  from vla_jax.tasks import save_npz  # pylint: disable=import-outside-toplevel
+  mqar = tiny_config().make_task()
+  for name, seed, n in (("train", 0, 48), ("test", 1, 16), ("valid", 2, 8)):
+    save_npz(tmp_path / f"{name}.npz", *mqar.eval_sets(seed, n)["mqar"])
+  config = test_train.tiny_config(batch_size=8, num_steps=2, warmup_steps=1, eval_examples=16)
+  config.task = type(config.task)({"name": "npz", "vocab_size": 16,
+                                   "train_path": str(tmp_path / "train.npz"),
+                                   "eval_path": str(tmp_path / "test.npz"), "valid_path": ""})
+  with pytest.raises(ValueError, match="valid_path"):
+    train_sweep(from_config_dict(config), [0], [1e-2], str(tmp_path / "a"), log=lambda s: None)
+  assert not (tmp_path / "a").exists()
+  config.task.valid_path = str(tmp_path / "valid.npz")
+  rows = train_sweep(from_config_dict(config), [0], [1e-2], str(tmp_path / "b"),
+                     log=lambda s: None)
+  assert set(rows[0]["test"]) == set(rows[0]["validation"]) == {"npz"}
+  assert (rows[0]["test"]["npz"]["targets"], rows[0]["validation"]["npz"]["targets"]) == (48, 24)

@@ -7,6 +7,8 @@ from vla_jax.tasks.common import rng_for
 from vla_jax.tasks.npz import load_npz
 
 TRAIN, EVAL = 1, 2
+# Validation sets of generated tasks are drawn like the test sets, from seed + this offset.
+VALIDATION_OFFSET = 1_000_003
 
 
 class MQARTask:
@@ -28,6 +30,10 @@ class MQARTask:
   def eval_sets(self, seed, num_examples):
     return {"mqar": mqar.generate(self.config, num_examples, rng_for(seed, EVAL, 0))}
 
+  def validation_sets(self, seed, num_examples):
+    """Sets named as `eval_sets`' but disjoint draws: a learning rate is chosen on these."""
+    return self.eval_sets(seed + VALIDATION_OFFSET, num_examples)
+
 
 class CopyTask:
   """Copy (`vla_jax.tasks.copy`); one evaluation set "copy_L<length>" per evaluation length."""
@@ -48,20 +54,26 @@ class CopyTask:
                                             rng_for(seed, EVAL, L), length=L)
             for L in self.config.lengths}
 
+  def validation_sets(self, seed, num_examples):
+    return self.eval_sets(seed + VALIDATION_OFFSET, num_examples)
+
 
 class NpzTask:
   """Examples from `.npz` files (`vla_jax.tasks.npz`): train batches are rows drawn with
-  replacement, seeded by (seed, step); the evaluation set "npz" is the whole eval file."""
+  replacement, seeded by (seed, step); the evaluation set "npz" is the whole eval file, and
+  the validation set (a sweep's, to choose a learning rate on) the whole valid file."""
 
   name = "npz"
 
-  def __init__(self, vocab_size, eval_path, train_path=""):
+  def __init__(self, vocab_size, eval_path, train_path="", valid_path=""):
     if not eval_path and not train_path:
       raise ValueError("task npz needs task.eval_path and/or task.train_path")
     self.vocab_size = vocab_size
     self.train = load_npz(train_path, vocab_size) if train_path else None
     self.eval = load_npz(eval_path, vocab_size) if eval_path else None
-    self.max_len = max(d[0].shape[1] for d in (self.train, self.eval) if d is not None)
+    self.valid = load_npz(valid_path, vocab_size) if valid_path else None
+    self.max_len = max(d[0].shape[1] for d in (self.train, self.eval, self.valid)
+                       if d is not None)
     self.max_targets = None
 
   def train_batch(self, seed, step, batch_size):
@@ -73,6 +85,13 @@ class NpzTask:
   def eval_sets(self, seed, num_examples):
     del seed, num_examples  # the file is the evaluation set
     return {"npz": self.eval} if self.eval is not None else {}
+
+  def validation_sets(self, seed, num_examples):
+    del seed, num_examples
+    if self.valid is None:
+      raise ValueError("task npz: choosing a learning rate needs a validation file apart from "
+                       "the test file; set task.valid_path")
+    return {"npz": self.valid}
 
 
 def make_task(name, fields):

@@ -11,8 +11,9 @@ so a small model's sweep costs about one run's kernel launches. Each run is exac
   its peak, so this equals the optimizer built with that peak rate.
 
 Each run is scored on two held-out sets: "test" (`task.eval_sets(seed)`, the set
-`train_and_evaluate` reports) and "validation" (drawn with seed + VALIDATION_OFFSET), so that a
-learning rate can be chosen on validation and reported on test.
+`train_and_evaluate` reports) and "validation" (`task.validation_sets(seed)`: for generated
+tasks drawn with seed + VALIDATION_OFFSET, for `.npz` data the task.valid_path file), so that
+a learning rate can be chosen on validation and reported on test.
 
 The stacked state is checkpointed with orbax under `workdir`, so an interrupted sweep resumes
 at its last checkpoint; batches are a pure function of (seed, step). A SIGTERM stops the sweep
@@ -33,6 +34,7 @@ import optax
 from flax import nnx
 
 from vla_jax.models import LanguageModel
+from vla_jax.tasks import registry
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import jsonl
 from vla_jax.training import preemption
@@ -41,7 +43,7 @@ from vla_jax.training.train import (check_max_targets, count_scores, eval_batche
                                     generation_scores, model_loss, most_targets,
                                     make_optimizer)
 
-VALIDATION_OFFSET = 1_000_003
+VALIDATION_OFFSET = registry.VALIDATION_OFFSET
 RESULTS_FILE = "sweep_results.jsonl"
 
 
@@ -72,6 +74,7 @@ class SweepTrainer:
     self.seeds, self.rates = seeds, rates
     self.runs = [(s, r) for s in seeds for r in rates]
     self.task = config.make_task()
+    self.task.validation_sets(seeds[0], 1)  # fails now, not after training, if there is none
     self.max_targets = getattr(self.task, "max_targets", None)
     per_seed = {}
     for s in seeds:
@@ -131,10 +134,12 @@ class SweepTrainer:
     return (np.stack([data[s][0] for s, _ in self.runs]),
             np.stack([data[s][1] for s, _ in self.runs]))
 
-  def eval_sets(self, seed_offset=0):
-    """{name: (inputs, labels) [R, N, T]}: each run scored on its own seed's sets."""
+  def eval_sets(self, validation=False):
+    """{name: (inputs, labels) [R, N, T]}: each run scored on its own seed's test sets, or
+    with validation=True its validation sets (`task.validation_sets`)."""
     n = self.config.train.eval_examples
-    per_seed = {s: self.task.eval_sets(s + seed_offset, n) for s in self.seeds}
+    sets = self.task.validation_sets if validation else self.task.eval_sets
+    per_seed = {s: sets(s, n) for s in self.seeds}
     names = list(per_seed[self.seeds[0]])
     return {name: (np.stack([per_seed[s][name][0] for s, _ in self.runs]),
                    np.stack([per_seed[s][name][1] for s, _ in self.runs])) for name in names}
@@ -251,7 +256,7 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   if final < tc.num_steps:
     return []
   test = trainer.evaluate(state["params"], trainer.eval_sets())
-  validation = trainer.evaluate(state["params"], trainer.eval_sets(VALIDATION_OFFSET))
+  validation = trainer.evaluate(state["params"], trainer.eval_sets(validation=True))
   wall = round(before + time.time() - start_time, 2)
   rows = []
   for r, (seed, lr) in enumerate(trainer.runs):
