@@ -19,6 +19,7 @@ from configs import base  # noqa: E402  pylint: disable=wrong-import-position
 from vla_jax.tasks import save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import jsonl  # noqa: E402
+from vla_jax.training import train as train_lib  # noqa: E402
 from vla_jax.training import evaluate, from_config_dict, train_and_evaluate  # noqa: E402
 
 
@@ -228,7 +229,11 @@ def test_data_parallel_equals_one_device():
     (lambda c: c.train.update({"batch_size": 10}), "divisible by the number of devices"),
     (lambda c: c.train.update({"learning_rates": 1.0}), "unknown field"),
     (lambda c: c.task.update({"name": "sort"}), "unknown task 'sort'"),
-], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task"])
+    (lambda c: c.train.update({"grad_clip": -1.0}), r"train.grad_clip must be in \[0.0, inf\)"),
+    (lambda c: c.train.update({"end_lr_ratio": -0.5}), "train.end_lr_ratio"),
+    (lambda c: c.train.update({"b2": 1.0}), "train.b2"),
+    (lambda c: c.train.update({"learning_rate": float("inf")}), "train.learning_rate"),
+], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task", "clip", "end_lr", "b2", "lr"])
 def test_bad_configs_fail_before_training(edit, match):
   config = tiny_config()
   config.model.options.vla.update({})
@@ -323,3 +328,19 @@ def test_a_single_run_refuses_a_sweep_workdir(tmp_path):
   (workdir / "config.json").write_text(json.dumps(saved))
   with pytest.raises(ValueError, match="num_steps: 40 -> 50"):
     train_and_evaluate(from_config_dict(other), str(workdir), log=lambda s: None)
+
+
+def test_evaluate_refuses_token_ids_outside_the_vocabulary(tiny_run):
+  """Scoring the vocabulary-16 model on a vocabulary-64 MQAR task would embed ids past the
+  table (NaN logits scored as wrong answers); it is an error naming the set."""
+  other = dict(tiny_config().task)
+  other.pop("name")
+  other["vocab_size"] = 64
+  with pytest.raises(ValueError, match=r"evaluation set mqar: token ids must lie in \[0, 16\)"):
+    evaluate(str(tiny_run[1]), task=("mqar", other))
+
+
+def test_an_evaluation_mesh_splits_the_run_batches():
+  assert train_lib.splitting_devices(8, 64, 250) == 2
+  assert train_lib.splitting_devices(4, 64, 256) == 4 and train_lib.splitting_devices(1, 7) == 1
+  assert train_lib.evaluation_mesh(from_config_dict(tiny_config())).size == 1

@@ -19,6 +19,7 @@ import numpy as np
 from vla_jax.tasks.common import IGNORE, check_int
 
 PAD, SEP = 0, 1
+SET_PREFIX = "copy_L"   # evaluation sets are named SET_PREFIX + str(L)
 
 
 @dataclasses.dataclass(frozen=True)

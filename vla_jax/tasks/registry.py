@@ -50,7 +50,7 @@ class CopyTask:
     return copy_task.generate(self.config, batch_size, rng_for(seed, TRAIN, step))
 
   def eval_sets(self, seed, num_examples):
-    return {f"copy_L{L}": copy_task.generate(self.config, num_examples,
+    return {f"{copy_task.SET_PREFIX}{L}": copy_task.generate(self.config, num_examples,
                                             rng_for(seed, EVAL, L), length=L)
             for L in self.config.lengths}
 

@@ -8,6 +8,7 @@ split over the devices), so a bad configuration fails before any training.
 
 import dataclasses
 import json
+import math
 
 from vla_jax.models import ModelConfig
 from vla_jax.tasks import make_task
@@ -19,9 +20,10 @@ class TrainConfig:
     seed: seeds the parameters and the data (batches are a pure function of (seed, step)).
     batch_size: global batch, split over all devices.
     num_steps: optimizer steps.
-    learning_rate, warmup_steps, weight_decay, b1, b2: AdamW with linear warmup then cosine
-      decay to `end_lr_ratio * learning_rate`; weight decay on >= 2-D parameters only.
-    grad_clip: global-norm clip (0 disables).
+    learning_rate, warmup_steps, weight_decay, b1, b2: AdamW with linear warmup (at most
+      num_steps long) then cosine decay to `end_lr_ratio * learning_rate` (end_lr_ratio in
+      [0, 1]); weight decay (>= 0) on >= 2-D parameters only; b1, b2 in [0, 1).
+    grad_clip: global-norm clip (0 disables; >= 0).
     eval_every, eval_examples, eval_batch_size: periodic evaluation (0 = only at the end).
     log_every: steps between progress lines and JSONL rows.
     checkpoint_every: steps between checkpoints (0 = only at the end); keep_checkpoints kept.
@@ -53,8 +55,18 @@ class TrainConfig:
     for name in ("warmup_steps", "eval_every", "checkpoint_every"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
         raise ValueError(f"train.{name} must be an int >= 0; got {getattr(self, name)!r}")
-    if not self.learning_rate > 0:
-      raise ValueError(f"train.learning_rate must be > 0; got {self.learning_rate}")
+    if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+      raise ValueError(f"train.learning_rate must be > 0 and finite; got {self.learning_rate}")
+    for name, lo, hi, closed in (("end_lr_ratio", 0.0, 1.0, True), ("b1", 0.0, 1.0, False),
+                                 ("b2", 0.0, 1.0, False),
+                                 ("weight_decay", 0.0, math.inf, False),
+                                 ("grad_clip", 0.0, math.inf, False)):
+      value = getattr(self, name)
+      ok = isinstance(value, (int, float)) and lo <= value and (
+          value <= hi if closed else value < hi)
+      if not ok:
+        raise ValueError(f"train.{name} must be in [{lo}, {hi}{']' if closed else ')'}; "
+                         f"got {value!r}")
     for name in ("batch_size", "eval_batch_size"):
       if getattr(self, name) % num_devices:
         raise ValueError(f"train.{name}={getattr(self, name)} must be divisible by the "

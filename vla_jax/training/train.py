@@ -141,13 +141,14 @@ class Trainer:
     bs = self.config.train.eval_batch_size
     results = {}
     for name, (inputs, labels) in eval_sets.items():
+      check_tokens(inputs, labels, self.config.model.vocab_size, where=f"evaluation set {name}")
       most = most_targets(labels)     # the head runs at target positions only
       counts = [np.asarray(self.eval_step(params, *sharding.shard_batch(self.mesh, x, y),
                                           most))[:n]
                 for x, y, n in eval_batches(inputs, labels, bs)]
       counts = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
       results[name] = count_scores(counts)
-      if self.task.name == "copy":
+      if name.startswith(copy_task.SET_PREFIX):   # Copy data (from any run's task)
         results[name].update(generation_scores(self.model(params), inputs, bs))
     return results
 
@@ -310,9 +311,37 @@ def config_from_workdir(workdir):
   return from_config_dict({"task": saved["task"], "model": model, "train": saved["train"]})
 
 
+def check_tokens(inputs, labels, vocab_size, where):
+  """Token ids in [0, vocab_size) and labels there or IGNORE: an id outside the embedding
+  would score as NaN logits, not fail."""
+  bad = (inputs < 0) | (inputs >= vocab_size)
+  bad_labels = ((labels < 0) | (labels >= vocab_size)) & (labels != IGNORE)
+  if bad.any() or bad_labels.any():
+    values = np.concatenate([inputs[bad], labels[bad_labels]])
+    raise ValueError(f"{where}: token ids must lie in [0, {vocab_size}) (the model's "
+                     f"vocab_size; labels may also be {IGNORE}); found {values.min()} .. "
+                     f"{values.max()}")
+
+
+def evaluation_mesh(config, devices=None):
+  """A data mesh over the most visible devices that split both batch sizes of `config`:
+  scoring a run on a host with another device count (4 or 8 GPUs against a batch of 250, say)
+  needs no new configuration."""
+  devices = jax.devices() if devices is None else devices
+  tc = config.train
+  return sharding.make_mesh(devices[:splitting_devices(len(devices), tc.batch_size,
+                                                       tc.eval_batch_size)])
+
+
+def splitting_devices(available, *batch_sizes):
+  """The most devices, up to `available`, that split every one of `batch_sizes`."""
+  return max(k for k in range(1, available + 1) if all(b % k == 0 for b in batch_sizes))
+
+
 def load_model(workdir, step=None):
   """The trained `LanguageModel` of the run in `workdir` (latest checkpoint, or `step`)."""
-  trainer = Trainer(config_from_workdir(workdir))
+  config = config_from_workdir(workdir)
+  trainer = Trainer(config, evaluation_mesh(config))
   checkpointer = ckpt.Checkpointer(workdir)
   state = checkpointer.restore(trainer.init_state, step)
   checkpointer.close()
@@ -327,6 +356,8 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
     task: None for the run's own task, or (name, fields) of another task configuration.
     npz_path: an external `.npz` with `inputs` and `labels` to score instead of a task.
     eval_examples: examples per evaluation set (default: the run's setting).
+    mesh: default `evaluation_mesh(config)`: the most visible devices that split the run's
+      batch sizes.
 
   Returns:
     {"step": ..., "evals": {name: {accuracy, exact_match, targets}}}.
@@ -350,7 +381,7 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
                        f"positions (max_len={config.model.max_len})")
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, max_len=longest))
-  trainer = Trainer(config, mesh)
+  trainer = Trainer(config, mesh or evaluation_mesh(config))
   checkpointer = ckpt.Checkpointer(workdir)
   state = checkpointer.restore(trainer.init_state, step)
   checkpointer.close()
