@@ -96,3 +96,16 @@ def test_long_section_lists_rates_tried_on_fewer_seeds():
   assert "rate 0.003" not in text
   assert "softmax + conv at T = 4096." in text
   assert report_results.partial_rates_note(rows[:3], "seq_len", str) == ""
+
+
+def test_settings_sentence_reads_the_rows():
+  """The settings a section states come from its rows: the common value, then the others with
+  their row counts; MQAR test examples are targets / n_pairs."""
+  def row(batch, dtype, d_model, targets):
+    return {"task": "mqar", "batch_size": batch, "steps": 3000, "task_fields": {"n_pairs": 8},
+            "model": {"d_model": d_model, "num_layers": 2, **({"dtype": dtype} if dtype else {})},
+            "test": {"mqar": {"accuracy": 1.0, "targets": targets}}}
+  rows = [row(64, None, 128, 8000)] * 3 + [row(64, "bfloat16", 256, 8000)]
+  text = report_results.settings_sentence(rows)
+  assert text == ("Settings of these 4 rows: batch 64; 3,000 steps; float32 (bfloat16 in 1 row); "
+                  "d_model 128 (d_model 256 in 1 row); 2 layers; 1,000 test examples per set.")
