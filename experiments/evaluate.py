@@ -18,7 +18,8 @@ from ml_collections import config_flags  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's folder.")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Optional: evaluate on this configuration's task instead of the run's.")
+    "config", None, "Optional: evaluate on this configuration's task instead of the run's "
+    "(only its task section; --config.task.* overrides it).")
 _NPZ = flags.DEFINE_string("npz", None, "Optional: an .npz with `inputs` and `labels`.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
 _EXAMPLES = flags.DEFINE_integer("eval_examples", None, "Examples per evaluation set.")
@@ -30,6 +31,12 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from vla_jax.training import evaluate  # pylint: disable=g-import-not-at-top
 
+  ignored = [a for a in sys.argv[1:] if a.startswith("--config.")
+             and not a.startswith("--config.task.")]
+  if ignored:
+    raise app.UsageError(f"only --config's task section is used (the model and training "
+                         f"settings are the run's; --eval_examples sets the examples per set): "
+                         f"{' '.join(ignored)}")
   task = None
   if _CONFIG.value is not None:
     fields = _CONFIG.value.task.to_dict()

@@ -8,7 +8,10 @@ learning rates vmapped inside) writing rows to OUT/<grid>.jsonl. Jobs start in t
 `--grids` and of the lists below; none starts after --budget_s, and jobs still running at
 --budget_s + --grace_s are stopped (SIGTERM: each checkpoints the step it reached; killed
 --stop_s later) and listed as unfinished. A job whose rows are already in OUT/<grid>.jsonl is
-skipped and a stopped one resumes from its checkpoint, so a second call continues the grid.
+skipped and a stopped one resumes from its checkpoint, so a second call continues the grid. A
+job counts as done when its rows cover every seed and rate made with the same result-changing
+--override settings (recorded in each row as `overrides`; FREE_OVERRIDES such as
+train.checkpoint_every are not).
 
 Grids (the settings of RESULTS.md):
   capacity: configs/mqar_paper.py, n_pairs in 4..64, 3000 steps, rates 3e-4, 1e-3, 3e-3.
@@ -23,7 +26,6 @@ kernels (GPU; the same function as impl="chunked", tested, and vmapped over a jo
 """
 
 import argparse
-import collections
 import json
 import os
 import subprocess
@@ -106,10 +108,15 @@ def all_jobs(args):
   return jobs
 
 
-def done_jobs(path, runs=None):
-  """Names of the jobs with rows in `path`; with `runs` (a job's seeds x rates), only those
-  with at least that many rows."""
-  counts = collections.Counter()
+# --override settings that do not change a job's results (as `training.checkpoint` lets them
+# change on resume): they are not recorded in its rows and do not make a finished job rerun.
+FREE_OVERRIDES = ("train.log_every", "train.eval_every", "train.eval_batch_size",
+                  "train.checkpoint_every", "train.keep_checkpoints", "model.remat")
+
+
+def read_rows(path):
+  """The rows of `path` ([] if none); a last line cut short by a kill is skipped."""
+  rows = []
   if os.path.exists(path):
     with open(path) as f:
       lines = f.read().split("\n")
@@ -117,16 +124,24 @@ def done_jobs(path, runs=None):
       if not line.strip():
         continue
       try:
-        counts[json.loads(line).get("job")] += 1
+        rows.append(json.loads(line))
       except json.JSONDecodeError:
         if number != len(lines):  # only a last line cut short is skipped
           raise ValueError(f"{path}:{number}: not a JSON object") from None
-  return {job for job, n in counts.items() if runs is None or n >= runs}
+  return rows
 
 
-def runs(job, args):
-  """How many rows a finished job appends: its seeds times its learning rates."""
-  return len(args.seeds.split(",")) * len(job[4])
+def result_overrides(args):
+  """The --override settings that change results: recorded in every row of the call."""
+  return {k: v for k, v in args.override if k not in FREE_OVERRIDES}
+
+
+def is_done(job, rows, args):
+  """Whether `rows` hold every (seed, rate) run of `job` made with this call's overrides."""
+  overrides = result_overrides(args)
+  have = {(r.get("seed"), r.get("learning_rate")) for r in rows
+          if r.get("job") == job[1] and r.get("overrides", {}) == overrides}
+  return all((int(s), float(lr)) in have for s in args.seeds.split(",") for lr in job[4])
 
 
 def command(job, args):
@@ -136,7 +151,7 @@ def command(job, args):
          f"--learning_rates={','.join(rates)}",
          f"--workdir={os.path.join(args.out_dir, 'runs', name)}",
          f"--results={os.path.join(args.out_dir, grid + '.jsonl')}",
-         f"--tag={json.dumps({**tag, 'job': name})}"]
+         f"--tag={json.dumps({**tag, 'job': name, 'overrides': result_overrides(args)})}"]
   cmd += [f"--config.{k}={v}" for k, v in overrides.items()]
   cmd += [f"--config.{k}={v}" for k, v in args.override]
   return cmd
@@ -193,9 +208,9 @@ def main():
   # Jobs run in the order of the --only patterns (the first each matches), then grid order.
   only = args.only.split(",")
   rank = lambda j: next((i for i, o in enumerate(only) if o in j[1]), None)
-  jobs = sorted((j for j in jobs if rank(j) is not None
-                 and j[1] not in done_jobs(os.path.join(args.out_dir, j[0] + ".jsonl"),
-                                           runs(j, args))), key=rank)
+  rows = {g: read_rows(os.path.join(args.out_dir, g + ".jsonl")) for g in {j[0] for j in jobs}}
+  jobs = sorted((j for j in jobs if rank(j) is not None and not is_done(j, rows[j[0]], args)),
+                key=rank)
   # Slots alternate between GPUs, so that the first jobs (started first) spread over all of them.
   slots = [g for _ in range(args.per_gpu) for g in (args.gpus.split(",") if args.gpus else [""])]
   start = time.time()
@@ -224,7 +239,10 @@ def main():
         env = dict(os.environ)
         if gpu:
           env["CUDA_VISIBLE_DEVICES"] = gpu
-        log = open(os.path.join(args.out_dir, "logs", job[1] + ".log"), "w")
+        # Appended: a resumed job's log keeps the earlier attempts (an out-of-memory trace).
+        log = open(os.path.join(args.out_dir, "logs", job[1] + ".log"), "a")
+        log.write(f"=== {time.strftime('%Y-%m-%dT%H:%M:%S')} start, GPU {gpu or '-'}\n")
+        log.flush()
         running[i] = (job, subprocess.Popen(command(job, args), env=env, stdout=log,
                                             stderr=subprocess.STDOUT, cwd=ROOT), time.time())
     time.sleep(0.5)

@@ -1,6 +1,7 @@
 """The grid driver's job list (experiments/grid.py), and VLA training with the Pallas kernels
 (interpret mode here), which `--vla_impl=pallas` selects on a GPU."""
 
+import json
 import os
 import pathlib
 import site
@@ -87,16 +88,26 @@ def test_stop_sends_sigterm_then_kills_what_is_left(tmp_path):
   assert procs[0].returncode == 3 and procs[1].returncode == -9
 
 
-def test_done_jobs_counts_rows_and_skips_a_truncated_last_line(tmp_path):
-  """A job is done once it has a row per seed and rate; a last line cut short by a kill is not
-  a row; a malformed line elsewhere is an error naming the file and line."""
+def test_a_job_is_done_with_every_run_at_the_same_overrides(tmp_path):
+  """Done once its rows cover every seed and rate made with the call's result-changing
+  --override settings (train.checkpoint_every is not one); a last line cut short by a kill
+  is not a row; a malformed line elsewhere is an error naming the file and line."""
+  args = grid.parse_args(["--out_dir", "x", "--grids", "zoology", "--seeds", "0,1",
+                          "--rates", "1e-3", "--override", "train.checkpoint_every", "500"])
+  job = grid.all_jobs(args)[0]
+  rows = [{"job": job[1], "seed": s, "learning_rate": 1e-3} for s in (0, 1)]
   path = tmp_path / "zoology.jsonl"
-  path.write_text('{"job": "a"}\n{"job": "a"}\n\n{"job": "b"}\n{"job": "a"')
-  assert grid.done_jobs(str(path)) == {"a", "b"}
-  assert grid.done_jobs(str(path), runs=2) == {"a"}
-  assert grid.done_jobs(str(tmp_path / "none.jsonl")) == set()
-  args = grid.parse_args(["--out_dir", "x", "--grids", "zoology", "--seeds", "0,1,2"])
-  assert all(grid.runs(j, args) == 3 * len(j[4]) for j in grid.all_jobs(args))
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"job": "a"')
+  assert grid.read_rows(str(path)) == rows
+  assert grid.is_done(job, rows, args) and not grid.is_done(job, rows[:1], args)
+  assert not grid.is_done(grid.all_jobs(args)[1], rows, args)
+  other = grid.parse_args(["--out_dir", "x", "--grids", "zoology", "--seeds", "0,1",
+                           "--rates", "1e-3", "--override", "train.num_steps", "10"])
+  assert not grid.is_done(job, rows, other)   # rows made without that override
+  marked = [dict(r, overrides={"train.num_steps": "10"}) for r in rows]
+  assert grid.is_done(job, marked, other) and not grid.is_done(job, marked, args)
+  assert "'overrides': {'train.num_steps': '10'}" in str(
+      [json.loads(c.split("=", 1)[1]) for c in grid.command(job, other) if c.startswith("--tag")])
   path.write_text('{"job": "a"\n{"job": "b"}\n')
   with pytest.raises(ValueError, match="zoology.jsonl:1"):
-    grid.done_jobs(str(path))
+    grid.read_rows(str(path))

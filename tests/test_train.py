@@ -260,6 +260,17 @@ def test_main_prints_json_and_rejects_bad_config(tmp_path):
                        capture_output=True, text=True, timeout=600, env=env, check=False)
   assert bad.returncode != 0 and "unknown mixer 'transformer'" in bad.stderr
   assert not (tmp_path / "bad").exists()
+  # evaluate.py scores the run with its own settings: a training or model override is refused.
+  evaluate_py = [sys.executable, str(ROOT / "experiments" / "evaluate.py"),
+                 f"--workdir={tmp_path / 'run'}"]
+  ok = subprocess.run(evaluate_py, capture_output=True, text=True, timeout=600, env=env,
+                      check=False)
+  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
+  refused = subprocess.run(evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+                                          "--config.train.eval_examples=8"],
+                           capture_output=True, text=True, timeout=600, env=env, check=False)
+  assert refused.returncode != 0 and "--config.train.eval_examples=8" in refused.stderr
 
 
 def test_head_at_targets_equals_full_head():

@@ -83,7 +83,7 @@ class SweepTrainer:
       per_seed[s] = params
     self.graphdef, self.rest = graphdef, rest
     params = _stack([per_seed[s] for s, _ in self.runs])
-    self.tx, self.schedule = make_optimizer(dataclasses.replace(config.train, learning_rate=1.0))
+    self.tx, _ = make_optimizer(dataclasses.replace(config.train, learning_rate=1.0))
     self.lrs = jnp.asarray([r for _, r in self.runs], jnp.float32)
     self.init_state = {"step": jnp.zeros((), jnp.int32), "params": params,
                        "opt_state": jax.vmap(self.tx.init)(params)}
