@@ -4,12 +4,13 @@ r"""Regenerates RESULTS.md and its plots from the raw JSON lines under results/.
 
 Reads (each optional; a missing file leaves its section saying so):
   mqar_capacity_h200.jsonl      rows of experiments/grid.py --grids=capacity
-  mqar_long_h200.jsonl, copy_h200.jsonl   other grids, same row format
+  mqar_long_h200.jsonl, copy_h200.jsonl, mqar_zoology_h200.jsonl   other grids, same format
   ablation_h200.jsonl           rows of --grids=ablation (VLA variants at n_pairs = 24)
   mixer_sweep_mqar_n24_h200.jsonl   the earlier one-seed run at n_pairs = 24
   state_norms_cpu.jsonl         experiments/state_norms.py (random inputs, Jacobians)
   trained_diagnostics_cpu.jsonl experiments/trained_diagnostics.py (inside trained models)
   vla_penalty_ablation_cpu.jsonl    VLA's lam0 / penalty scale on the demo problem
+  vla_ablation_demo_cpu.jsonl   rows of --grids=ablation_demo (the same variants, 3 seeds)
 Writes RESULTS.md and results/plots/*.png. Every number in RESULTS.md comes from those files.
 
 Learning-rate choice: for each mixer and setting, the rate with the best mean *validation*
