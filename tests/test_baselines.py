@@ -62,6 +62,24 @@ def test_deltanets_match_oracle(x64, impl, shape, gated):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)])
+def test_hard_resets_and_large_decays_match_oracle(impl, dtype, tol):
+  """log_decay = -inf (a reset) and -1e4 at single tokens, with the chunked form's chunk
+  boundaries elsewhere: finite and equal to the float64 oracle (the chunked form floors each
+  token's log decay at 2 log(eps), a reset to working precision)."""
+  with jax.enable_x64(dtype == np.float64):
+    q, k, v, _ = random_inputs(6, 1, 40, 2, 8, 4, dtype)
+    beta, log_decay = gates(7, 1, 40, 2, dtype)
+    log_decay[:, 10, 0] = -np.inf
+    log_decay[:, 21, 1] = -1e4
+    o_ref, S_ref = oracles.gated_deltanet(*(x.astype(np.float64) for x in (q, k, v, beta,
+                                                                          log_decay)))
+    o, S = jitted(gated_deltanet, impl, 16)(q, k, v, beta, log_decay)
+    assert np.isfinite(np.asarray(o)).all() and np.isfinite(np.asarray(S)).all()
+    assert rel_err(o, o_ref) < tol and rel_err(S, S_ref) < tol
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_float32_matches_oracle(impl):
   q, k, v, _ = random_inputs(4, 2, 45, 2, 16, 8, np.float32)
   beta, log_decay = gates(5, 2, 45, 2, np.float32)

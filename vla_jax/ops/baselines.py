@@ -119,8 +119,9 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
   """Gated DeltaNet: a DeltaNet whose state decays by gamma_t = exp(log_decay_t) per token.
 
   Args:
-    q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta: [B, T, H]; log_decay: [B, T, H] (<= 0), or
-      None for no decay (DeltaNet).
+    q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta: [B, T, H]; log_decay: [B, T, H] (<= 0;
+      -inf is a hard reset), or None for no decay (DeltaNet). impl="chunked" floors each
+      token's log decay at 2 log(eps) of the compute dtype (a reset to working precision).
     initial_state: S [B, H, dv, dk] or None (zeros).
 
   Returns:

@@ -14,6 +14,8 @@ factors), leaving one sequential `lax.scan` over chunk states with R = U - W_e S
 two [C, d] x [d, d] products per chunk. With no erase (e = None) L = 0 and R = V.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -34,7 +36,11 @@ def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size):
     D = incl.astype(q.dtype)
     gamma = gamma_last = decay_to_end = None
   else:
-    G = jnp.cumsum(to_chunks(log_decay, C), axis=-1)  # [B, H, N, C]
+    # A per-token floor of 2 log(eps): exp(floor) = eps^2 is a reset to working precision, and
+    # a hard reset (g = -inf) then gives finite differences G_i - G_j instead of -inf + inf;
+    # it also bounds |G| within a chunk, whose float rounding the differences inherit.
+    floor = 2.0 * math.log(jnp.finfo(log_decay.dtype).eps)
+    G = jnp.cumsum(jnp.maximum(to_chunks(log_decay, C), floor), axis=-1)  # [B, H, N, C]
     diff = G[..., :, None] - G[..., None, :]
     D = jnp.where(incl, jnp.exp(jnp.where(incl, diff, 0.0)), 0.0)
     gamma = jnp.exp(G)
