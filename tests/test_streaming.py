@@ -1,6 +1,8 @@
 """Streaming: every mixer's prefill + one-token steps equal its full forward pass; the model's
 prefill/step/generate; bad input to the streaming interface."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -118,3 +120,19 @@ def test_streaming_errors():
   attention = make_mixer("softmax", D_MODEL, HEADS, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="do not fit a KV cache of max_len=4"):
     attention.prefill(x, attention.init_cache(1, 4))
+  # A second prefill past the cache, a position past learned positions, out-of-vocabulary
+  # prompts and a NaN temperature are errors, not clamped writes or NaN logits.
+  _, cache = model.prefill(prompt[:, :3], model.init_cache(1, 4))
+  with pytest.raises(ValueError, match="2 more tokens after the 3 written do not fit"):
+    model.prefill(prompt[:, :2], cache)
+  learned = LanguageModel(dataclasses.replace(config, mixer="vla", pos_emb="learned"),
+                          rngs=nnx.Rngs(0))
+  _, cache = learned.prefill(prompt, learned.init_cache(1))
+  with pytest.raises(ValueError, match="5 more tokens after position 8 pass model.max_len=12"):
+    learned.prefill(jnp.zeros((1, 5), jnp.int32), cache)
+  for bad in (11, -1):
+    with pytest.raises(ValueError, match=r"prompt token ids must lie in \[0, vocab_size=11\)"):
+      model.generate(prompt.at[0, 2].set(bad), 2)
+  with pytest.raises(ValueError, match="temperature must be finite"):
+    model.generate(prompt, 2, temperature=float("nan"), rng=jax.random.key(0))
+  assert model.generate(prompt, np.int64(2)).shape == (1, 10)

@@ -160,3 +160,12 @@ class OutputProjection(nnx.Module):
     if self.norm is not None:
       y = self.norm(y)
     return self.proj(y)
+
+
+def concrete_int(x):
+  """int(x) for a concrete scalar, None for a traced one (inside jit, where streaming bounds
+  are the caller's to keep: `generate` checks them before it compiles)."""
+  try:
+    return int(x)
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+    return None

@@ -95,8 +95,10 @@ class SoftmaxAttention(nnx.Module):
   def _attend_cache(self, x, cache):
     """Writes x's keys and values at cache.index and attends over everything written."""
     T, L = x.shape[1], cache.k.shape[1]
-    if T > L:
-      raise ValueError(f"{type(self).__name__}: {T} tokens do not fit a KV cache of max_len={L}")
+    index = common.concrete_int(cache.index)
+    if T > L or (index is not None and index + T > L):
+      raise ValueError(f"{type(self).__name__}: {T} more tokens after the {index or 0} written "
+                       f"do not fit a KV cache of max_len={L}")
     q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv)
     zero = jnp.zeros((), cache.index.dtype)  # all indices one integer type (also under x64)
     at = (zero, cache.index, zero, zero)
@@ -109,9 +111,10 @@ class SoftmaxAttention(nnx.Module):
     return self.out(o), KVCache(keys, values, cache.index + T, tails)
 
   def prefill(self, x, cache):
-    """x [B, T, d_model] appended to `cache` -> (y [B, T, d_model], cache). The caller keeps
-    index + T <= max_len (beyond it, `dynamic_update_slice` would clamp the write). Costs
-    O(T max_len) per head: the masked XLA path, whatever `implementation` is."""
+    """x [B, T, d_model] appended to `cache` -> (y [B, T, d_model], cache). index + T must
+    stay <= max_len: checked (ValueError) when the index is concrete; under jit the caller
+    keeps it (beyond it, `dynamic_update_slice` would clamp the write). Costs O(T max_len) per
+    head: the masked XLA path, whatever `implementation` is."""
     return self._attend_cache(x, cache)
 
   def step(self, x_t, cache):

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -216,9 +217,22 @@ class LanguageModel(nnx.Module):
     return ModelCache(jnp.zeros((), jnp.int32),
                       tuple(b.mixer.init_cache(batch_size, max_len) for b in self.blocks))
 
+  def _check_room(self, cache, T):
+    """With learned positions, the next T tokens must stay within model.max_len (a position
+    past the table would embed as NaN). Checked when the position is concrete; softmax
+    layers check their KV caches the same way."""
+    position = common.concrete_int(cache.position)
+    if (position is not None and self.config.pos_emb == "learned"
+        and position + T > self.config.max_len):
+      raise ValueError(f"{T} more tokens after position {position} pass model.max_len="
+                       f"{self.config.max_len} (learned position embeddings)")
+
   def prefill(self, tokens, cache):
     """Runs a prompt tokens [B, T] through the model from `cache` with the mixers' sequence
-    ops (any impl) -> (logits [B, T, vocab_size] float32, the cache after the prompt)."""
+    ops (any impl) -> (logits [B, T, vocab_size] float32, the cache after the prompt).
+    Raises ValueError when the tokens do not fit (see `_check_room`; KV caches are checked by
+    their layers)."""
+    self._check_room(cache, tokens.shape[1])
     x = self._embed(tokens, cache.position)
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
@@ -231,6 +245,7 @@ class LanguageModel(nnx.Module):
     if getattr(token, "ndim", None) != 1:
       raise ValueError(f"step takes one token per sequence, shape [B]; got shape "
                        f"{getattr(token, 'shape', None)} (use prefill for [B, T])")
+    self._check_room(cache, 1)
     x = self._embed(token[:, None], cache.position)[:, 0]
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
@@ -262,16 +277,22 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
   if prompt.ndim != 2 or prompt.shape[1] < 1 or not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise ValueError(f"prompt must be int tokens of shape [B, P] with P >= 1; got "
                      f"{prompt.dtype} {prompt.shape}")
-  if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+  low, high = int(prompt.min()), int(prompt.max())
+  if low < 0 or high >= model.config.vocab_size:
+    raise ValueError(f"prompt token ids must lie in [0, vocab_size={model.config.vocab_size}); "
+                     f"got {low} .. {high}")
+  if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
+      or max_new_tokens < 1):
     raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
+  max_new_tokens = int(max_new_tokens)
   fed = prompt.shape[1] + max_new_tokens - 1  # the last new token is not fed back
   if fed > model.config.max_len:
     raise ValueError(f"prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens} - 1 = "
                      f"{fed} tokens exceed model.max_len={model.config.max_len} (the position "
                      f"table and KV caches are that long)")
   temperature = float(temperature)
-  if temperature < 0:
-    raise ValueError(f"temperature must be >= 0; got {temperature}")
+  if not (temperature >= 0 and math.isfinite(temperature)):
+    raise ValueError(f"temperature must be finite and >= 0; got {temperature}")
   if temperature > 0 and rng is None:
     raise ValueError("sampling with temperature > 0 needs rng (a jax.random key)")
   rng = jax.random.key(0) if rng is None else rng
