@@ -54,7 +54,8 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     u: [B, T, H, dk] penalty directions.
     lam0: ridge strength (> 0) of the initial penalty; used only when `initial_state` is None.
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
-      for S = 0, A = I / lam0.
+      for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
+      gradient is symmetric and the same for every impl.
     impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
       "pallas" runs `vla_jax.kernels.vla_pallas` with its default `KernelConfig` (TF32
       products on GPU; head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
@@ -81,15 +82,19 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
   dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
   checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+  if initial_state is not None and not isinstance(initial_state, VLAState):
+    raise TypeError("initial_state must be a VLAState(S, A) or None; got "
+                    f"{type(initial_state).__name__}")
   dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
   if initial_state is None:
     initial_state = initial_vla_state(B, H, dk, dv, lam0=lam0, dtype=dtype)
   else:
-    if not isinstance(initial_state, VLAState):
-      raise TypeError("initial_state must be a VLAState(S, A) or None; got "
-                      f"{type(initial_state).__name__}")
     checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
     checks.check_state("initial_state.A", initial_state.A, (B, H, dk, dk))
+    # A is a symmetric inverse: every impl sees (A + A^T) / 2 (exact for a symmetric A), so
+    # the gradient with respect to initial_state.A is the same symmetric matrix for all.
+    A0 = initial_state.A
+    initial_state = VLAState(S=initial_state.S, A=0.5 * (A0 + jnp.swapaxes(A0, -1, -2)))
   if impl is Impl.PALLAS:
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     S0, A0 = initial_state
