@@ -143,3 +143,31 @@ def test_validation():
                                                                   jnp.zeros((1, 2, 3))))
   with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
     deltanet(q, k, v, beta, initial_state=jnp.zeros((1, 2, 4, 3)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_linear_attention_feature_map_may_change_the_width(x64, impl):
+  """A feature map dk -> 2 dk: the state is [.., dv, 2 dk], the output equals raw linear
+  attention on the mapped q, k, and the one-token step agrees; a map that changes another dim
+  is an error naming feature_map."""
+  from vla_jax.ops.step import linear_attention_step  # pylint: disable=import-outside-toplevel
+  fm = lambda x: jnp.concatenate([jax.nn.relu(x), jax.nn.relu(-x)], -1)
+  q, k, v, _ = random_inputs(11, 2, 19, 2, 4, 3)
+  o, state = jitted(linear_attention, impl, 16, feature_map=fm, normalize=True)(q, k, v)
+  fq, fk = np.asarray(fm(q)), np.asarray(fm(k))       # the reference: a loop in float64
+  S_ref, z, o_ref = np.zeros((2, 2, 3, 8)), np.zeros((2, 2, 8)), np.zeros(v.shape)
+  for t in range(q.shape[1]):
+    S_ref = S_ref + np.einsum("bhv,bhk->bhvk", v[:, t], fk[:, t])
+    z = z + fk[:, t]
+    o_ref[:, t] = (np.einsum("bhvk,bhk->bhv", S_ref, fq[:, t])
+                   / np.maximum(np.einsum("bhk,bhk->bh", z, fq[:, t]), 1e-6)[..., None])
+  chex.assert_shape(state.S, (2, 2, 3, 8))
+  assert rel_err(o, o_ref) < 1e-10 and rel_err(state.S, S_ref) < 1e-10
+  st, steps = None, []
+  for t in range(q.shape[1]):
+    o_t, st = linear_attention_step(st, q[:, t], k[:, t], v[:, t], feature_map=fm,
+                                    normalize=True)
+    steps.append(o_t)
+  assert rel_err(jnp.stack(steps, 1), o_ref) < 1e-10
+  with pytest.raises(ValueError, match="feature_map must map q and k"):
+    linear_attention(q, k, v, feature_map=lambda x: x[:, :-1])

@@ -63,13 +63,22 @@ def _initial_S(initial_S, shape, dtype):
   return initial_S.astype(dtype)
 
 
+def _check_features(q, k, lead):
+  """The width df of feature-mapped q and k, which must be alike and keep the leading dims."""
+  if q.shape[:-1] != lead or k.shape != q.shape:
+    raise ValueError(f"feature_map must map q and k to arrays of one shape {lead + ('df',)}; "
+                     f"got {q.shape} and {k.shape}")
+  return q.shape[-1]
+
+
 def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=1e-6,
                      initial_state=None, impl="chunked", chunk_size=64):
   """Causal linear attention.
 
   Args:
     q, k: [B, T, H, dk]; v: [B, T, H, dv].
-    feature_map: applied to q and k (default ELU + 1; pass `None` for raw q, k).
+    feature_map: applied to q and k (default ELU + 1; pass `None` for raw q, k); it may change
+      the last dim, dk -> df, and the state is then [.., dv, df].
     normalize: divide by the additive normaliser max(z_t . phi(q_t), eps).
     initial_state: `LinearAttentionState` or None (zeros).
 
@@ -78,18 +87,19 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
   """
   impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
   dtype = checks.compute_dtype(q, k, v)
-  if initial_state is None:
-    initial_state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype),
-                                         jnp.zeros((B, H, dk), dtype))
-  elif not isinstance(initial_state, LinearAttentionState):
+  if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(initial_state).__name__}")
-  checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
-  checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
   out_dtype = v.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if feature_map is not None:
     q, k = feature_map(q), feature_map(k)
+    dk = _check_features(q, k, (B, T, H))
+  if initial_state is None:
+    initial_state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype),
+                                         jnp.zeros((B, H, dk), dtype))
+  checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
+  checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
   # The normaliser z is one more value channel of constant 1: row dv of the state.
   v1 = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), dtype)], axis=-1)
   S0 = jnp.concatenate([initial_state.S, initial_state.z[:, :, None].astype(dtype)], axis=2)

@@ -64,17 +64,20 @@ def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, nor
   """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
   out_dtype = v_t.dtype
-  if state is None:
-    dtype = checks.compute_dtype(q_t, k_t, v_t)
-    state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype), jnp.zeros((B, H, dk), dtype))
-  elif not isinstance(state, LinearAttentionState):
+  if state is not None and not isinstance(state, LinearAttentionState):
     raise TypeError(f"state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(state).__name__}")
-  _check_state_arrays("state", (("S", state.S), ("z", state.z)), ((B, H, dv, dk), (B, H, dk)))
-  dtype = state.S.dtype
+  dtype = checks.compute_dtype(q_t, k_t, v_t) if state is None else state.S.dtype
   q_t, k_t, v_t = (x.astype(dtype) for x in (q_t, k_t, v_t))
-  if feature_map is not None:
+  if feature_map is not None:   # may change the width dk -> df, as in `linear_attention`
     q_t, k_t = feature_map(q_t), feature_map(k_t)
+    if q_t.shape[:-1] != (B, H) or k_t.shape != q_t.shape:
+      raise ValueError(f"feature_map must map q_t and k_t to arrays of one shape "
+                       f"{(B, H, 'df')}; got {q_t.shape} and {k_t.shape}")
+    dk = q_t.shape[-1]
+  if state is None:
+    state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype), jnp.zeros((B, H, dk), dtype))
+  _check_state_arrays("state", (("S", state.S), ("z", state.z)), ((B, H, dv, dk), (B, H, dk)))
   v1 = jnp.concatenate([v_t, jnp.ones(v_t.shape[:-1] + (1,), dtype)], axis=-1)
   S1 = jnp.concatenate([state.S, state.z[:, :, None].astype(dtype)], axis=2)
   o_t, S1 = delta_rule_step(S1, q_t, None, k_t, v1, None)
