@@ -12,7 +12,7 @@ from jax.test_util import check_grads
 
 import oracles
 from conftest import random_inputs, rel_err
-from vla_jax import Impl, VLAState, initial_vla_state, vla_recurrence
+from vla_jax import Impl, VLAState, initial_vla_state, vla_recurrence, vla_step
 from vla_jax.ops.vla.penalty import penalty_u_cotangents
 
 IMPLS = ["scan", "associative_scan", "chunked"]
@@ -279,6 +279,20 @@ class TestValidation:
   def test_initial_state_type(self):
     with pytest.raises(TypeError, match="initial_state must be a VLAState"):
       self.call(initial_state=(jnp.zeros((1, 2, 3, 4)), jnp.zeros((1, 2, 4, 4))))
+    for bad in ({"S": 0, "A": 0}, jnp.zeros((1, 2, 3, 4))):  # checked before any use
+      with pytest.raises(TypeError, match="initial_state must be a VLAState"):
+        self.call(initial_state=bad)
+
+  def test_state_dtype_is_float32_or_float64(self):
+    """One rule for sequence ops and steps: a bfloat16 state is refused, not upcast."""
+    state = initial_vla_state(1, 2, 4, 3)
+    bf16 = VLAState(S=state.S.astype(jnp.bfloat16), A=state.A)
+    with pytest.raises(TypeError, match="initial_state.S must be float32 or float64"):
+      self.call(initial_state=bf16)
+    with pytest.raises(TypeError, match="state.S must be float32 or float64"):
+      vla_step(bf16, *(x[:, 0] for x in self.args))
+    with pytest.raises(TypeError, match="dtype must be float32 or float64"):
+      initial_vla_state(1, 2, 4, 3, dtype=jnp.int32)
 
   def test_unknown_impl_fails_before_tracing_under_grad(self):
     q, k, v, u = self.args

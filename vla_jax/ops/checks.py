@@ -36,13 +36,14 @@ def check_tokens(name, x, *, rank=4, batch=None, time=None, heads=None, dim=None
 
 
 def check_state(name, x, expected_shape):
-  """Checks one array of an initial state against its expected shape."""
+  """Checks one array of a state against its expected shape and the state dtypes (float32 or
+  float64, the same rule for the sequence ops and the steps: a bfloat16 state would have
+  lost the precision the recurrences keep)."""
   shape = getattr(x, "shape", None)
   if shape is None or tuple(shape) != tuple(expected_shape):
     raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got "
                      f"{None if shape is None else tuple(shape)}")
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    raise TypeError(f"{name} must have a floating dtype; got {x.dtype}")
+  check_state_dtype(name, x)
 
 
 def check_chunk_size(chunk_size):

@@ -25,8 +25,11 @@ class VLAState(NamedTuple):
 
 
 def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> VLAState:
-  """S = 0, A = I / lam0."""
+  """S = 0, A = I / lam0, in `dtype` (float32 or float64)."""
   checks.check_positive("lam0", lam0)
+  if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
+    raise TypeError(f"dtype must be float32 or float64 (the state's dtype); got "
+                    f"{jnp.dtype(dtype)}")
   A = jnp.broadcast_to(jnp.eye(dk, dtype=dtype) / lam0, (batch, heads, dk, dk))
   return VLAState(S=jnp.zeros((batch, heads, dv, dk), dtype), A=A)
 
