@@ -171,3 +171,21 @@ def test_linear_attention_feature_map_may_change_the_width(x64, impl):
   assert rel_err(jnp.stack(steps, 1), o_ref) < 1e-10
   with pytest.raises(ValueError, match="feature_map must map q and k"):
     linear_attention(q, k, v, feature_map=lambda x: x[:, :-1])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_no_tokens_pass_the_state_through(impl):
+  q, k, v, u = random_inputs(12, 1, 0, 2, 4, 3, np.float32)
+  beta, log_decay = gates(13, 1, 0, 2, np.float32)
+  S0 = jnp.ones((1, 2, 3, 4), jnp.float32)
+  for fn, args in ((deltanet, (beta,)), (gated_deltanet, (beta, log_decay))):
+    o, S = fn(q, k, v, *args, initial_state=S0, impl=impl)
+    chex.assert_shape(o, (1, 0, 2, 3))
+    chex.assert_trees_all_equal(S, S0)
+  o, state = linear_attention(q, k, v, impl=impl)
+  chex.assert_shape([o, state.S], [(1, 0, 2, 3), (1, 2, 3, 4)])
+  from vla_jax import vla_recurrence, initial_vla_state  # pylint: disable=import-outside-toplevel
+  init = initial_vla_state(1, 2, 4, 3, lam0=2.0)
+  o, state = vla_recurrence(q, k, v, u, initial_state=init, impl=impl)
+  chex.assert_shape(o, (1, 0, 2, 3))
+  chex.assert_trees_all_equal(state, init)

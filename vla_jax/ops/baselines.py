@@ -41,10 +41,17 @@ def elu_plus_one(x):
 
 def _core(impl, chunk_size):
   if impl is Impl.SCAN:
-    return delta_rule_scan
-  if impl is Impl.ASSOCIATIVE_SCAN:
-    return delta_rule_associative_scan
-  return lambda *args: delta_rule_chunked(*args, chunk_size)
+    core = delta_rule_scan
+  elif impl is Impl.ASSOCIATIVE_SCAN:
+    core = delta_rule_associative_scan
+  else:
+    core = lambda *args: delta_rule_chunked(*args, chunk_size)
+
+  def run(q, e, w, v, log_decay, S0):
+    if q.shape[1] == 0:   # no tokens: the state passes through (a scan needs one element)
+      return jnp.zeros(q.shape[:3] + v.shape[-1:], v.dtype), S0
+    return core(q, e, w, v, log_decay, S0)
+  return run
 
 
 def _check_common(q, k, v, impl, chunk_size):

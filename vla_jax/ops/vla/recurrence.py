@@ -98,6 +98,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     # the gradient with respect to initial_state.A is the same symmetric matrix for all.
     A0 = initial_state.A
     initial_state = VLAState(S=initial_state.S, A=0.5 * (A0 + jnp.swapaxes(A0, -1, -2)))
+  if T == 0:   # no tokens: the state passes through (a scan needs one element)
+    return (jnp.zeros((B, 0, H, dv), v.dtype),
+            VLAState(*(x.astype(dtype) for x in initial_state)))
   if impl is Impl.PALLAS:
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     S0, A0 = initial_state
