@@ -35,6 +35,12 @@ def test_state_norm_trace_needs_its_inputs():
     diagnostics.state_norm_trace("vla", q, k, v)
   with pytest.raises(ValueError, match="mixer must be one of"):
     diagnostics.state_norm_trace("mamba", q, k, v)
+  with pytest.raises(ValueError, match="u has T=3"):
+    diagnostics.state_norm_trace("vla", q, k, v, u=u[:, :3])
+  with pytest.raises(ValueError, match=r"beta must have rank 3 \[B, T, H\]"):
+    diagnostics.state_norm_trace("deltanet", q, k, v, beta=np.ones((1, 4, 1, 1), np.float32))
+  with pytest.raises(ValueError, match="at least one token"):
+    diagnostics.state_norm_trace("linear_attention", q[:, :0], k[:, :0], v[:, :0])
 
 
 def test_jacobian_norms_match_dense_and_closed_form(x64):
@@ -50,6 +56,11 @@ def test_jacobian_norms_match_dense_and_closed_form(x64):
   J = np.eye(6) - np.outer(khat[0, 4, 0], a)
   np.testing.assert_allclose(out["measured"][0, 4, 0], np.linalg.norm(J, 2), rtol=1e-10)
   np.testing.assert_allclose(out["cosine"][0, 4, 0], a @ khat[0, 4, 0], rtol=1e-10)
+  # A padding token (k = u = 0) leaves the state alone: J = I, norm 1 by both measures.
+  at7 = np.arange(30)[None, :, None, None] == 7
+  pad = diagnostics.vla_jacobian_norms(np.where(at7, 0.0, k), np.where(at7, 0.0, u), lam0=0.7)
+  np.testing.assert_allclose(pad["measured"][:, 7], 1.0, rtol=1e-12)
+  np.testing.assert_allclose(pad["closed_form"], pad["measured"], rtol=1e-10)
 
 
 def test_closed_form_extremes():

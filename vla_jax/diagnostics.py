@@ -31,7 +31,9 @@ def state_norm_trace(mixer, q, k, v, *, u=None, beta=None, log_decay=None, lam0=
     mixer: "vla", "linear_attention" (ELU+1 features, as in `linear_attention`), "deltanet" or
       "gated_deltanet".
     q, k: [B, T, H, dk]; v: [B, T, H, dv]; u: [B, T, H, dk] (VLA); beta: [B, T, H] (DeltaNets);
-    log_decay: [B, T, H] (Gated DeltaNet); lam0: VLA's initial ridge.
+    log_decay: [B, T, H] (Gated DeltaNet); lam0: VLA's initial ridge. The inputs a mixer uses
+    are checked (ValueError naming them); the others are ignored, so that one set of inputs
+    can be passed to every mixer.
 
   Returns:
     [B, T, H] Frobenius norms of the memory S_t.
@@ -41,11 +43,19 @@ def state_norm_trace(mixer, q, k, v, *, u=None, beta=None, log_decay=None, lam0=
   B, T, H, dk = checks.check_tokens("q", q)
   checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
   checks.check_tokens("v", v, batch=B, time=T, heads=H)
+  if T == 0:
+    raise ValueError(f"q must hold at least one token; got shape {tuple(q.shape)}")
   needs = {"vla": ("u",), "deltanet": ("beta",), "gated_deltanet": ("beta", "log_decay")}
   given = {"u": u, "beta": beta, "log_decay": log_decay}
-  for name in needs.get(mixer, ()):
-    if given[name] is None:
-      raise ValueError(f"mixer={mixer!r} needs {name}")
+  for name, value in given.items():
+    if name in needs.get(mixer, ()):
+      if value is None:
+        raise ValueError(f"mixer={mixer!r} needs {name}")
+      if name == "u":
+        checks.check_tokens("u", value, batch=B, time=T, heads=H, dim=dk)
+      else:
+        checks.check_tokens(name, value, rank=3, batch=B, time=T, heads=H)
+
   if mixer == "vla":
     step = lambda s, q, k, v, u: vla_step(s, q, k, v, u, lam0=lam0)
     tokens = (q, k, v, u)
@@ -91,14 +101,16 @@ def vla_jacobian_norms(k, u, *, lam0=1.0):
 
   Returns:
     dict with "measured" ([B, T, H], largest singular value of J_t), "closed_form" ([B, T, H],
-    sqrt((3 - 2c + sqrt(5 - 4c)) / 2)) and "cosine" ([B, T, H], c = a_t . khat_t).
+    sqrt((3 - 2c + sqrt(5 - 4c)) / 2); 1 at a padding token, k = u = 0, where khat = a = 0
+    and J_t = I) and "cosine" ([B, T, H], c = a_t . khat_t; 0 at padding).
   """
   khat, a = _khat_and_a(k, u, lam0)
   dk = khat.shape[-1]
   J = jnp.eye(dk, dtype=khat.dtype) - einsum("bthi,bthj->bthij", khat, a)
   c = jnp.sum(khat * a, axis=-1)
+  padding = jnp.sum(khat * khat, axis=-1) * jnp.sum(a * a, axis=-1) == 0
   return {"measured": jnp.linalg.norm(J, ord=2, axis=(-2, -1)),
-          "closed_form": jacobian_norm_closed_form(c), "cosine": c}
+          "closed_form": jnp.where(padding, 1.0, jacobian_norm_closed_form(c)), "cosine": c}
 
 
 def vla_jacobian_product_norms(k, u, *, span, lam0=1.0):
