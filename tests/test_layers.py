@@ -228,11 +228,17 @@ def test_bad_arguments(call, match):
     call()
 
 
-def test_unknown_impl_fails_at_call():
-  m = _mixer("vla", {}, impl="fast")
-  with pytest.raises(ValueError, match="impl must be one of"):
-    m(_x())
-
-
 def test_registry_covers_all_mixers():
   assert set(MIXERS) == {"vla", "softmax", "linear", "deltanet", "gated_deltanet"}
+
+
+def test_impl_and_chunk_size_are_checked_when_a_layer_is_built():
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from vla_jax.layers import make_mixer  # pylint: disable=import-outside-toplevel
+  for mixer, kw, match in (("vla", dict(impl="bogus"), "VLAAttention: impl must be one of"),
+                           ("vla", dict(chunk_size=10), "VLAAttention: chunk_size must be"),
+                           ("deltanet", dict(impl="pallas"), "DeltaNet: impl='pallas'"),
+                           ("linear", dict(chunk_size=512), "chunk_size must be"),
+                           ("vla", dict(impl="pallas", chunk_size=256), r"\[16, 128\] for the Pallas")):
+    with pytest.raises(ValueError, match=match):
+      make_mixer(mixer, 32, 2, rngs=nnx.Rngs(0), **kw)

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vla_jax.ops import checks
+from vla_jax.ops.impl import Impl, parse_impl
 from vla_jax.ops.utils import unit
 
 
@@ -32,6 +34,17 @@ class RecurrentCache(NamedTuple):
 def state_dtype(dtype):
   """Recurrent states (and gates) are float32, or float64 when the activations are float64."""
   return jnp.promote_types(dtype, jnp.float32)
+
+
+def check_recurrence_options(name, impl, chunk_size, allowed=None):
+  """`impl` and `chunk_size` checked when a layer is built, not at its first call: returns
+  them (impl as given, when it names one of `allowed`, default every `Impl`)."""
+  try:
+    parse_impl(impl, tuple(Impl) if allowed is None else allowed)
+    chunk_size = checks.check_chunk_size(chunk_size)
+  except ValueError as e:
+    raise ValueError(f"{name}: {e}") from None
+  return impl, chunk_size
 
 
 def resolve_head_dim(name, d_model, num_heads, head_dim):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vla_jax.layers import common
-from vla_jax.ops.baselines import gated_deltanet
+from vla_jax.ops.baselines import BASELINE_IMPLS, gated_deltanet
 from vla_jax.ops.step import gated_deltanet_step
 
 
@@ -36,7 +36,8 @@ class DeltaNet(nnx.Module):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
-    self.impl, self.chunk_size = impl, chunk_size
+    self.impl, self.chunk_size = common.check_recurrence_options(name, impl, chunk_size,
+                                                                 BASELINE_IMPLS)
     self.dtype = dtype
     inner = num_heads * self.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)

@@ -4,7 +4,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vla_jax.layers import common
-from vla_jax.ops.baselines import LinearAttentionState, elu_plus_one, linear_attention
+from vla_jax.ops.baselines import (BASELINE_IMPLS, LinearAttentionState, elu_plus_one,
+                                   linear_attention)
 from vla_jax.ops.step import linear_attention_step
 
 
@@ -32,7 +33,9 @@ class LinearAttention(nnx.Module):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
-    self.impl, self.chunk_size, self.normalize = impl, chunk_size, bool(normalize)
+    self.impl, self.chunk_size = common.check_recurrence_options(name, impl, chunk_size,
+                                                                 BASELINE_IMPLS)
+    self.normalize = bool(normalize)
     self.dtype = dtype
     inner = num_heads * self.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)

@@ -7,6 +7,7 @@ from flax import nnx
 
 from vla_jax.layers import common
 from vla_jax.ops.baselines import elu_plus_one
+from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import vla_step
 from vla_jax.ops.vla import initial_vla_state, vla_recurrence
 
@@ -67,7 +68,13 @@ class VLAAttention(nnx.Module):
     if not self.penalty_scale >= 0:
       raise ValueError(f"{name}: penalty_scale must be >= 0; got {penalty_scale!r}")
     self.readout_eps = float(readout_eps)
-    self.impl, self.chunk_size = impl, chunk_size
+    self.impl, self.chunk_size = common.check_recurrence_options(name, impl, chunk_size)
+    if impl in ("pallas", Impl.PALLAS):   # the kernels' own limits (chunk <= 128, head dims)
+      from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
+      try:
+        KernelConfig(chunk_size=self.chunk_size).validate(self.head_dim, self.head_dim)
+      except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
     self.dtype = dtype
     inner = num_heads * self.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
