@@ -2,6 +2,7 @@
 gradients, transformations, float32 stability at T = 16,384 and input validation."""
 
 import functools
+import warnings
 
 import chex
 import jax
@@ -282,6 +283,16 @@ class TestValidation:
     for bad in ({"S": 0, "A": 0}, jnp.zeros((1, 2, 3, 4))):  # checked before any use
       with pytest.raises(TypeError, match="initial_state must be a VLAState"):
         self.call(initial_state=bad)
+
+  def test_numpy_float64_without_x64_computes_in_float32_quietly(self):
+    """NumPy float64 inputs outside x64 mode: float32 results and states, and none of JAX's
+    "float64 not available" warnings."""
+    q, k, v, u = (np.asarray(x, np.float64) for x in self.args)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      o, state = vla_recurrence(q, k, v, u)
+      o_t, _ = vla_step(None, q[:, 0], k[:, 0], v[:, 0], u[:, 0])
+    chex.assert_type([o, state.S, state.A, o_t], jnp.float32)
 
   def test_state_dtype_is_float32_or_float64(self):
     """One rule for sequence ops and steps: a bfloat16 state is refused, not upcast."""

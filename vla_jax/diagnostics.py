@@ -12,6 +12,8 @@
 All take [B, T, H, D] inputs like the recurrences and return float32 (float64 in x64) arrays.
 """
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 
@@ -125,8 +127,9 @@ def vla_jacobian_product_norms(k, u, *, span, lam0=1.0):
   """
   khat, a = _khat_and_a(k, u, lam0)
   B, T, H, dk = khat.shape
-  if not isinstance(span, int) or span < 1 or span > T:
+  if not isinstance(span, numbers.Integral) or isinstance(span, bool) or not 1 <= span <= T:
     raise ValueError(f"span must be an int in [1, T={T}]; got {span!r}")
+  span = int(span)
   n = T // span
   J = jnp.eye(dk, dtype=khat.dtype) - einsum("bthi,bthj->bthij", khat, a)
   J = J[:, :n * span].reshape(B, n, span, H, dk, dk)

@@ -1,5 +1,6 @@
 """`SoftmaxAttention`: causal multi-head softmax attention."""
 
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -84,10 +85,10 @@ class SoftmaxAttention(nnx.Module):
   def init_cache(self, batch_size, max_len):
     """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`, the
     number of tokens written, `index` (memory grows with max_len, unlike the recurrences),
-    and the short convolutions' input tails (None without convolution)."""
-    if not isinstance(max_len, int) or max_len <= 0:
+    and the short convolutions' input tails (() without convolution)."""
+    if not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
-    shape = (batch_size, max_len, self.num_heads, self.head_dim)
+    shape = (batch_size, int(max_len), self.num_heads, self.head_dim)
     return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype),
                    jnp.zeros((), jnp.int32),
                    common.empty_prefixes(self.conv, batch_size, self.q_proj.out_features))
@@ -126,7 +127,7 @@ class SoftmaxAttention(nnx.Module):
 
 class KVCache(NamedTuple):
   """Softmax attention's streaming cache: k, v [B, max_len, H, d_h], index (int32 []) and
-  the short convolutions' tails (a tuple of [B, conv_size - 1, d_model], or None)."""
+  the short convolutions' tails (a tuple of [B, conv_size - 1, d_model], () without)."""
 
   k: jax.Array
   v: jax.Array

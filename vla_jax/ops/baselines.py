@@ -97,7 +97,7 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
   if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(initial_state).__name__}")
-  out_dtype = v.dtype
+  out_dtype = jax.dtypes.canonicalize_dtype(v.dtype)  # NumPy float64 without x64: float32
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if feature_map is not None:
     q, k = feature_map(q), feature_map(k)
@@ -150,7 +150,7 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
     checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
   dtype = checks.compute_dtype(q, k, v, beta, log_decay)
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
-  out_dtype = v.dtype
+  out_dtype = jax.dtypes.canonicalize_dtype(v.dtype)  # NumPy float64 without x64: float32
   q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
   if log_decay is not None:
     log_decay = log_decay.astype(dtype)

@@ -68,9 +68,10 @@ def check_positive(name, value):
 
 
 def compute_dtype(*arrays):
-  """float64 if any input is float64 (x64 mode), else float32: the state's dtype."""
+  """float64 if any input is float64 and x64 mode is on, else float32: the state's dtype
+  (NumPy float64 inputs without x64 compute in float32, as JAX would store them)."""
   if any(a is not None and a.dtype == jnp.float64 for a in arrays):
-    return jnp.float64
+    return jax.dtypes.canonicalize_dtype(jnp.float64)
   return jnp.float32
 
 

@@ -7,6 +7,7 @@ full forward pass. Work per token is O(dk (dk + dv)) per head; memory does not g
 context.
 """
 
+import jax
 import jax.numpy as jnp
 
 from vla_jax.ops import checks
@@ -51,7 +52,7 @@ def vla_step(state, q_t, k_t, v_t, u_t, *, lam0=1.0):
   elif not isinstance(state, VLAState):
     raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
   _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
-  dtype, out_dtype = state.S.dtype, v_t.dtype
+  dtype, out_dtype = state.S.dtype, jax.dtypes.canonicalize_dtype(v_t.dtype)
   q_t, k_t, v_t, u_t = (x.astype(dtype) for x in (q_t, k_t, v_t, u_t))
   khat = unit(k_t, KEY_EPS)
   w_t, A = penalty_step(state.A, khat, u_t)
@@ -63,7 +64,7 @@ def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, nor
                           eps=1e-6):
   """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
-  out_dtype = v_t.dtype
+  out_dtype = jax.dtypes.canonicalize_dtype(v_t.dtype)
   if state is not None and not isinstance(state, LinearAttentionState):
     raise TypeError(f"state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(state).__name__}")
@@ -98,7 +99,7 @@ def gated_deltanet_step(S, q_t, k_t, v_t, beta_t, log_decay_t):
   checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if log_decay_t is not None:
     checks.check_step_tokens("log_decay_t", log_decay_t, batch=B, heads=H, rank=2)
-  out_dtype = v_t.dtype
+  out_dtype = jax.dtypes.canonicalize_dtype(v_t.dtype)
   if S is None:
     S = jnp.zeros((B, H, dv, dk), checks.compute_dtype(q_t, k_t, v_t, beta_t, log_decay_t))
   _check_state_arrays("", (("state", S),), ((B, H, dv, dk),))
