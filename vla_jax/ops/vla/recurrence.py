@@ -76,8 +76,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     float32, or float64 when any input is float64 (x64 mode).
 
   Raises:
-    ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, lam0 <= 0,
-    a bad chunk_size, an unknown impl or an initial state of the wrong shape.
+    ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, lam0 <= 0
+    (when its value is known; a traced lam0 under jit is not checked), a bad chunk_size, an
+    unknown impl or an initial state of the wrong shape or dtype.
   """
   impl = parse_impl(impl)
   chunk_size = checks.check_chunk_size(chunk_size)
