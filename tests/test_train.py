@@ -148,9 +148,10 @@ def test_logged_row_reads_the_log_up_to_the_resumed_step(tmp_path):
   assert ckpt.logged_row(str(path), 3)["loss"] == 1.0
   assert ckpt.logged_row(str(path), 1) is None
   assert ckpt.logged_row(str(tmp_path / "none.jsonl"), 4) is None
-  assert ckpt.elapsed_before(str(path), 5) == 11.0 and ckpt.elapsed_before(str(path), 0) == 0.0
+  assert ckpt.elapsed_of(ckpt.logged_row(str(path), 5)) == 11.0
+  assert ckpt.elapsed_of(ckpt.logged_row(str(path), 0)) == 0.0
   path.write_text(json.dumps({"step": 2, "loss": 1.0}) + "\n")
-  assert ckpt.elapsed_before(str(path), 2) == 0.0
+  assert ckpt.elapsed_of(ckpt.logged_row(str(path), 2)) == 0.0
 
 
 def test_resume_refuses_a_different_config(tmp_path, tiny_run):
@@ -347,7 +348,8 @@ def test_evaluate_refuses_token_ids_outside_the_vocabulary(tiny_run):
   other = dict(tiny_config().task)
   other.pop("name")
   other["vocab_size"] = 64
-  with pytest.raises(ValueError, match=r"evaluation set mqar: token ids must lie in \[0, 16\)"):
+  with pytest.raises(ValueError, match=r"evaluation set mqar: token id \d+ does not fit "
+                                       r"vocab_size=16"):
     evaluate(str(tiny_run[1]), task=("mqar", other))
 
 

@@ -121,8 +121,7 @@ def logged_row(metrics_path, step, key="loss"):
   return last
 
 
-def elapsed_before(metrics_path, step):
-  """Seconds of wall time logged up to `step` by earlier segments of a run (0.0 at step 0,
-  or when the log predates `elapsed_s`)."""
-  row = logged_row(metrics_path, step, key="elapsed_s") if step else None
-  return 0.0 if row is None else float(row["elapsed_s"])
+def elapsed_of(row):
+  """Seconds of wall time that a `logged_row` says earlier segments of a run spent (0.0 for
+  no row, or a row logged before `elapsed_s` existed)."""
+  return 0.0 if row is None else float(row.get("elapsed_s", 0.0))

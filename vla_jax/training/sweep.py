@@ -175,12 +175,11 @@ def _prefetch(trainer, start, end, depth=4):
       yield step, batch
 
 
-def _logged_losses(metrics_path, step, size):
-  """Per-run losses [size] of the last metrics line at or before `step`, NaN for no step
-  done yet, None when steps were done but none was logged (unknown)."""
+def _logged_losses(last, step, size):
+  """Per-run losses [size] of `last`, the last metrics row at or before `step`: NaN for no
+  step done yet, None when steps were done but none was logged (unknown)."""
   if step == 0:
     return np.full(size, np.nan)
-  last = ckpt.logged_row(metrics_path, step)
   return None if last is None else np.asarray(last["loss"], np.float64)
 
 
@@ -226,8 +225,9 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   metrics_path = os.path.join(workdir, "metrics.jsonl")
   # Losses of the last logged step at or before `start`: a sweep stopped after its last
   # training step (during evaluation, say) resumes with no step left to log.
-  losses = _logged_losses(metrics_path, start, trainer.size)
-  before = ckpt.elapsed_before(metrics_path, start)
+  last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
+  losses = _logged_losses(last, start, trainer.size)
+  before = ckpt.elapsed_of(last)
   tick, tick_step = time.time(), start
   with preemption.StopSignal() as stop:
     for step, (inputs, labels) in _prefetch(trainer, start, end):

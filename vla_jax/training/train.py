@@ -14,6 +14,7 @@ from flax import nnx
 from vla_jax.models import LanguageModel
 from vla_jax.tasks import IGNORE
 from vla_jax.tasks import copy as copy_task
+from vla_jax.tasks.common import check_examples
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import jsonl
 from vla_jax.training import preemption
@@ -141,7 +142,8 @@ class Trainer:
     bs = self.config.train.eval_batch_size
     results = {}
     for name, (inputs, labels) in eval_sets.items():
-      check_tokens(inputs, labels, self.config.model.vocab_size, where=f"evaluation set {name}")
+      # Ids past the embedding would score as NaN logits, not fail.
+      check_examples(inputs, labels, self.config.model.vocab_size, where=f"evaluation set {name}")
       most = most_targets(labels)     # the head runs at target positions only
       counts = [np.asarray(self.eval_step(params, *sharding.shard_batch(self.mesh, x, y),
                                           most))[:n]
@@ -240,7 +242,6 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     state = checkpointer.restore(state)
     start = int(state["step"])
     log(f"resumed from step {start} in {checkpointer.directory}")
-  before = ckpt.elapsed_before(metrics_path, start)
   eval_sets = trainer.task.eval_sets(tc.seed, tc.eval_examples)
   end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
   log(f"task={trainer.task.name} mixer={config.model.mixer} devices={trainer.mesh.size} "
@@ -255,7 +256,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
            if "generated_exact_match" in v else "") for k, v in results.items()))
     return results
 
-  last = ckpt.logged_row(metrics_path, start) if start else None
+  last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
+  before = ckpt.elapsed_of(last)
   results, results_step, last_loss = None, None, (last["loss"] if last else None)
   tick, tick_step = time.time(), start
   with preemption.StopSignal() as stop:
@@ -309,18 +311,6 @@ def config_from_workdir(workdir):
   model = dict(saved["model"])
   model["options"] = {model["mixer"]: model.pop("mixer_options")}
   return from_config_dict({"task": saved["task"], "model": model, "train": saved["train"]})
-
-
-def check_tokens(inputs, labels, vocab_size, where):
-  """Token ids in [0, vocab_size) and labels there or IGNORE: an id outside the embedding
-  would score as NaN logits, not fail."""
-  bad = (inputs < 0) | (inputs >= vocab_size)
-  bad_labels = ((labels < 0) | (labels >= vocab_size)) & (labels != IGNORE)
-  if bad.any() or bad_labels.any():
-    values = np.concatenate([inputs[bad], labels[bad_labels]])
-    raise ValueError(f"{where}: token ids must lie in [0, {vocab_size}) (the model's "
-                     f"vocab_size; labels may also be {IGNORE}); found {values.min()} .. "
-                     f"{values.max()}")
 
 
 def evaluation_mesh(config, devices=None):
