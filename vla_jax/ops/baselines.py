@@ -70,8 +70,9 @@ def _initial_S(initial_S, shape, dtype):
   return initial_S.astype(dtype)
 
 
-def _check_features(q, k, lead):
-  """The width df of feature-mapped q and k, which must be alike and keep the leading dims."""
+def check_feature_map(q, k, lead):
+  """The width df of feature-mapped q and k, which must be alike and keep the leading dims
+  `lead` ((B, T, H) for a sequence, (B, H) for one token)."""
   if q.shape[:-1] != lead or k.shape != q.shape:
     raise ValueError(f"feature_map must map q and k to arrays of one shape {lead + ('df',)}; "
                      f"got {q.shape} and {k.shape}")
@@ -97,11 +98,11 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
   if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(initial_state).__name__}")
-  out_dtype = jax.dtypes.canonicalize_dtype(v.dtype)  # NumPy float64 without x64: float32
+  out_dtype = checks.output_dtype(v)
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if feature_map is not None:
     q, k = feature_map(q), feature_map(k)
-    dk = _check_features(q, k, (B, T, H))
+    dk = check_feature_map(q, k, (B, T, H))
   if initial_state is None:
     initial_state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype),
                                          jnp.zeros((B, H, dk), dtype))
@@ -150,7 +151,7 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
     checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
   dtype = checks.compute_dtype(q, k, v, beta, log_decay)
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
-  out_dtype = jax.dtypes.canonicalize_dtype(v.dtype)  # NumPy float64 without x64: float32
+  out_dtype = checks.output_dtype(v)
   q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
   if log_decay is not None:
     log_decay = log_decay.astype(dtype)

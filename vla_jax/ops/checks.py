@@ -75,6 +75,12 @@ def compute_dtype(*arrays):
   return jnp.float32
 
 
+def output_dtype(v):
+  """The dtype of an op's output o: v's, as JAX stores it (NumPy float64 without x64 mode is
+  float32)."""
+  return jax.dtypes.canonicalize_dtype(v.dtype)
+
+
 def check_step_tokens(name, x, *, batch=None, heads=None, dim=None, rank=3):
   """Checks one token's [B, H, D] (rank 3) or [B, H] (rank 2) float array for a step function."""
   shape = getattr(x, "shape", None)

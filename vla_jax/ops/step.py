@@ -7,12 +7,11 @@ full forward pass. Work per token is O(dk (dk + dv)) per head; memory does not g
 context.
 """
 
-import jax
 import jax.numpy as jnp
 
 from vla_jax.ops import checks
 from vla_jax.ops.baselines import KEY_EPS as BASELINE_KEY_EPS
-from vla_jax.ops.baselines import LinearAttentionState, elu_plus_one
+from vla_jax.ops.baselines import LinearAttentionState, check_feature_map, elu_plus_one
 from vla_jax.ops.delta_rule.naive import delta_rule_step
 from vla_jax.ops.utils import unit
 from vla_jax.ops.vla.penalty import penalty_step
@@ -52,7 +51,7 @@ def vla_step(state, q_t, k_t, v_t, u_t, *, lam0=1.0):
   elif not isinstance(state, VLAState):
     raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
   _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
-  dtype, out_dtype = state.S.dtype, jax.dtypes.canonicalize_dtype(v_t.dtype)
+  dtype, out_dtype = state.S.dtype, checks.output_dtype(v_t)
   q_t, k_t, v_t, u_t = (x.astype(dtype) for x in (q_t, k_t, v_t, u_t))
   khat = unit(k_t, KEY_EPS)
   w_t, A = penalty_step(state.A, khat, u_t)
@@ -64,7 +63,7 @@ def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, nor
                           eps=1e-6):
   """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
-  out_dtype = jax.dtypes.canonicalize_dtype(v_t.dtype)
+  out_dtype = checks.output_dtype(v_t)
   if state is not None and not isinstance(state, LinearAttentionState):
     raise TypeError(f"state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(state).__name__}")
@@ -72,10 +71,7 @@ def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, nor
   q_t, k_t, v_t = (x.astype(dtype) for x in (q_t, k_t, v_t))
   if feature_map is not None:   # may change the width dk -> df, as in `linear_attention`
     q_t, k_t = feature_map(q_t), feature_map(k_t)
-    if q_t.shape[:-1] != (B, H) or k_t.shape != q_t.shape:
-      raise ValueError(f"feature_map must map q_t and k_t to arrays of one shape "
-                       f"{(B, H, 'df')}; got {q_t.shape} and {k_t.shape}")
-    dk = q_t.shape[-1]
+    dk = check_feature_map(q_t, k_t, (B, H))
   if state is None:
     state = LinearAttentionState(jnp.zeros((B, H, dv, dk), dtype), jnp.zeros((B, H, dk), dtype))
   _check_state_arrays("state", (("S", state.S), ("z", state.z)), ((B, H, dv, dk), (B, H, dk)))
@@ -99,7 +95,7 @@ def gated_deltanet_step(S, q_t, k_t, v_t, beta_t, log_decay_t):
   checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if log_decay_t is not None:
     checks.check_step_tokens("log_decay_t", log_decay_t, batch=B, heads=H, rank=2)
-  out_dtype = jax.dtypes.canonicalize_dtype(v_t.dtype)
+  out_dtype = checks.output_dtype(v_t)
   if S is None:
     S = jnp.zeros((B, H, dv, dk), checks.compute_dtype(q_t, k_t, v_t, beta_t, log_decay_t))
   _check_state_arrays("", (("state", S),), ((B, H, dv, dk),))

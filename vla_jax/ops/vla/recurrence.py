@@ -108,7 +108,7 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size))
     return o, VLAState(S=S, A=A)
 
-  out_dtype = jax.dtypes.canonicalize_dtype(v.dtype)  # NumPy float64 without x64: float32
+  out_dtype = checks.output_dtype(v)
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)
