@@ -52,14 +52,15 @@ def first_set(scores):
 
 
 def best_rate(rows):
-  """rows of one (mixer, setting): {rate: [rows]} -> (rate, test accuracies over seeds)."""
+  """rows of one (mixer, setting) -> (the rate best on mean validation accuracy, its test
+  accuracies over seeds, the sorted rates tried)."""
   by_rate = collections.defaultdict(list)
   for r in rows:
     by_rate[r["learning_rate"]].append(r)
   rate = max(by_rate, key=lambda lr: np.mean([first_set(r["validation"])["accuracy"]
                                               for r in by_rate[lr]]))
   test = np.array([first_set(r["test"])["accuracy"] for r in by_rate[rate]])
-  return rate, test, len(by_rate)
+  return rate, test, sorted(by_rate)
 
 
 def cell(test):
@@ -74,7 +75,8 @@ def grid_table(rows, key, values, key_name):
   for r in rows:
     groups[(label(r), r[key])].append(r)
   mixers = [m for m in MIXER_ORDER if any(g[0] == m for g in groups)]
-  most = max((len({r["learning_rate"] for r in g}) for g in groups.values()), default=0)
+  counts = collections.Counter(len({r["learning_rate"] for r in g}) for g in groups.values())
+  usual = max(counts, key=lambda n: (counts[n], n), default=0)   # the grid's sweep: most cells
   summary = {}
   lines = [f"| mixer | " + " | ".join(f"{key_name} = {v}" for v in values) + " |",
            "| --- |" + " --- |" * len(values)]
@@ -84,11 +86,12 @@ def grid_table(rows, key, values, key_name):
       if (m, v) not in groups:
         cells.append("not run")
         continue
-      rate, test, n_rates = best_rate(groups[(m, v)])
-      summary[(m, v)] = {"rate": rate, "test": test, "rates_tried": n_rates}
+      rate, test, rates = best_rate(groups[(m, v)])
+      n_rates = len(rates)
+      summary[(m, v)] = {"rate": rate, "test": test, "rates_tried": n_rates, "rates": rates}
       plural = "s" if n_rates > 1 else ""
       cells.append(f"{cell(test)} @ {rate:g}" + (f" (of {n_rates} rate{plural})"
-                                                  if n_rates < most else ""))
+                                                  if n_rates != usual else ""))
     lines.append(f"| {MIXER_NAMES.get(m, m)} | " + " | ".join(cells) + " |")
   return "\n".join(lines), summary
 
@@ -388,6 +391,7 @@ def long_section(rows):
   text += pallas_note(rows, lambda r: r["seq_len"], lambda T: f"T = {T}")
   text += dtype_note(rows, lambda r: f"{name(label(r))} at T = {r['seq_len']}")
   text += partial_rates_note(rows, "seq_len", lambda T: f"T = {T}")
+  text += edge_rate_note(summary, lambda T: f"T = {T}")
   if ("softmax_conv", 1024) not in summary:
     text += (" At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "
              "step; both attempts so far ran out of memory while packed with other jobs on one "
@@ -425,6 +429,52 @@ def pallas_note(rows, key, where):
           "as the default XLA chunked form; `tests/test_grid.py` checks a training step of "
           "each against impl=\"scan\"): " + "; ".join(
               f"{where(k)}, {seeds(s)}" for k, s in sorted(by_key.items())) + ".")
+
+
+def edge_rate_note(summary, where, below=0.99):
+  """A sentence counting the cells below `below` whose chosen rate is the lowest or the highest
+  of two or more rates tried there (the best rate may lie outside the sweep), naming them; ""
+  when there are none."""
+  name = lambda m: MIXER_NAMES.get(m, m)
+  order = lambda kv: (kv[0][1], MIXER_ORDER.index(kv[0][0]) if kv[0][0] in MIXER_ORDER
+                      else len(MIXER_ORDER))
+  swept = [(k, c) for k, c in sorted(summary.items(), key=order) if len(c.get("rates", ())) > 1]
+  low = [(k, c) for k, c in swept if c["test"].mean() < below]
+  if not low:
+    return ""
+  edges = []
+  for side, pick in (("lowest", min), ("highest", max)):
+    cells = [(k, c) for k, c in low if c["rate"] == pick(c["rates"])]
+    if cells:
+      edges.append(f"at the {side} rate tried ({len(cells)}: " + ", ".join(
+          f"{name(m)} at {where(v)} @ {c['rate']:g}" for (m, v), c in cells) + ")")
+  inside = len(low) - sum(1 for _, c in low if c["rate"] in (min(c["rates"]), max(c["rates"])))
+  if not edges:
+    return f" Every cell below {below} ({len(low)}) chose a rate inside its sweep."
+  return (f" Rate sweep edges: of the {len(low)} cell{'s' if len(low) > 1 else ''} below "
+          f"{below}, " + "; ".join(edges)
+          + f"; {inside} inside the sweep. Where the chosen rate is an edge of the sweep, a "
+          "wider sweep (not run) may score higher.")
+
+
+def wider_sweep_note(summary, where):
+  """A sentence naming the cells whose rates tried go beyond the usual sweep (the rate set of
+  most cells), with the rates added and the rate chosen; "" when there are none."""
+  name = lambda m: MIXER_NAMES.get(m, m)
+  sets = collections.Counter(tuple(c["rates"]) for c in summary.values())
+  if not sets:
+    return ""
+  usual = set(max(sets, key=lambda k: (sets[k], len(k))))
+  wider = [(k, c) for k, c in summary.items() if set(c["rates"]) - usual]
+  if not wider:
+    return ""
+  wider.sort(key=lambda kv: (kv[0][1], MIXER_ORDER.index(kv[0][0]) if kv[0][0] in MIXER_ORDER
+                             else len(MIXER_ORDER)))
+  return (" Rates added to the usual sweep (" + ", ".join(f"{x:g}" for x in sorted(usual))
+          + ") at some cells: " + "; ".join(
+              f"{name(m)} at {where(v)}: "
+              + ", ".join(f"{x:g}" for x in sorted(set(c["rates"]) - usual))
+              + f" (chosen: {c['rate']:g})" for (m, v), c in wider) + ".")
 
 
 def partial_rates_note(rows, key, where):
@@ -526,6 +576,8 @@ def zoology_section(rows, plot_path=None, rel=lambda p: p):
     text += " Mixers not yet run at a setting: " + "; ".join(
         f"T = {T}, d_model {d}: " + " / ".join(name(m) for m in ms) for (T, d), ms in partial) + "."
   text += penalty_scale_note(summary)
+  text += wider_sweep_note(summary, lambda st: f"T = {st[0]} d_model {st[1]}")
+  text += edge_rate_note(summary, lambda st: f"T = {st[0]} d_model {st[1]}")
   text += pallas_note(rows, lambda r: r["setting"], lambda st: f"T = {st[0]}, d_model {st[1]}")
   lines.append(text + "\n")
   if plot_path:
@@ -976,6 +1028,9 @@ def main():
   if unstable:
     w("Seed sensitivity: at the chosen rate, some seeds solve the task and others stay near "
       "chance for " + ", ".join(f"{MIXER_NAMES[m]} n={n}" for m, n in unstable) + ".\n")
+  edges = edge_rate_note(cap, lambda n: f"n = {n}")
+  if edges:
+    w(edges.strip() + "\n")
   beyond = sorted({n for (_, n) in cap if n > 32})
   if beyond:
     parts = []

@@ -109,3 +109,40 @@ def test_settings_sentence_reads_the_rows():
   text = report_results.settings_sentence(rows)
   assert text == ("Settings of these 4 rows: batch 64; 3,000 steps; float32 (bfloat16 in 1 row); "
                   "d_model 128 (d_model 256 in 1 row); 2 layers; 1,000 test examples per set.")
+
+
+def test_edge_rate_note_counts_cells_below_at_an_edge_of_their_sweep():
+  """Cells below 0.99 are counted by where their chosen rate lies in the rates tried there;
+  single-rate cells and cells at or above 0.99 are left out."""
+  rows = [_row("vla", lr, s, acc, acc) for lr, acc in ((1e-3, 0.5), (3e-3, 0.9))
+          for s in range(3)]                                          # chose the highest
+  rows += [_row("deltanet", lr, s, acc, acc) for lr, acc in ((3e-4, 0.2), (1e-3, 0.8),
+                                                               (3e-3, 0.1)) for s in range(3)]
+  rows += [_row("linear", lr, s, acc, acc, T=128) for lr, acc in ((1e-3, 1.0), (3e-3, 0.9))
+           for s in range(3)]                                          # solved: left out
+  rows += [_row("softmax", 1e-3, s, 0.3, 0.3) for s in range(3)]         # one rate: left out
+  _, summary = report_results.grid_table(rows, "seq_len", [64, 128], "T")
+  assert summary[("deltanet", 64)]["rates"] == [3e-4, 1e-3, 3e-3]
+  note = report_results.edge_rate_note(summary, lambda T: f"T = {T}")
+  assert note == (" Rate sweep edges: of the 2 cells below 0.99, at the highest rate tried (1: "
+                  "VLA at T = 64 @ 0.003); 1 inside the sweep. Where the chosen rate is an edge "
+                  "of the sweep, a wider sweep (not run) may score higher."), note
+  solved = {k: c for k, c in summary.items() if k[0] == "linear"}
+  assert report_results.edge_rate_note(solved, str) == ""
+
+
+def test_wider_sweep_note_and_table_mark_cells_off_the_usual_sweep():
+  """The usual sweep is the rate set of most cells; a cell with a rate added is named with the
+  added rate and the rate chosen, and its table cell says how many rates it had."""
+  rows = [_row(m, lr, s, 1.0, 1.0, T=T) for m in ("linear", "deltanet") for T in (64, 128)
+          for lr in (1e-3, 3e-3) for s in range(3)]
+  rows += [_row("vla", lr, s, acc, acc, T=128) for lr, acc in ((3e-4, 0.7), (1e-3, 0.6),
+                                                                 (3e-3, 0.1)) for s in range(3)]
+  table, summary = report_results.grid_table(rows, "seq_len", [64, 128], "T")
+  assert "0.700 ± 0.000 (min 0.700) @ 0.0003 (of 3 rates)" in table
+  assert "(of 2 rates)" not in table                       # the usual sweep is not annotated
+  note = report_results.wider_sweep_note(summary, lambda T: f"T = {T}")
+  assert note == (" Rates added to the usual sweep (0.001, 0.003) at some cells: VLA at T = 128: "
+                  "0.0003 (chosen: 0.0003)."), note
+  plain = {k: c for k, c in summary.items() if k[0] != "vla"}
+  assert report_results.wider_sweep_note(plain, str) == ""
