@@ -47,6 +47,18 @@ def label(row):
   return row.get("label", row["mixer"])
 
 
+def cell_order(item):
+  """Sort key of a ((mixer, setting), value) item: by setting, then in MIXER_ORDER."""
+  (m, v), _ = item
+  return v, MIXER_ORDER.index(m) if m in MIXER_ORDER else len(MIXER_ORDER)
+
+
+def usual_rates(rate_sets):
+  """The rate set most cells were swept over (the larger one on a tie): a grid's own sweep."""
+  counts = collections.Counter(tuple(sorted(rates)) for rates in rate_sets)
+  return set(max(counts, key=lambda k: (counts[k], len(k)), default=()))
+
+
 def first_set(scores):
   return next(iter(scores.values()))
 
@@ -75,8 +87,7 @@ def grid_table(rows, key, values, key_name):
   for r in rows:
     groups[(label(r), r[key])].append(r)
   mixers = [m for m in MIXER_ORDER if any(g[0] == m for g in groups)]
-  counts = collections.Counter(len({r["learning_rate"] for r in g}) for g in groups.values())
-  usual = max(counts, key=lambda n: (counts[n], n), default=0)   # the grid's sweep: most cells
+  usual = len(usual_rates({r["learning_rate"] for r in g} for g in groups.values()))
   summary = {}
   lines = [f"| mixer | " + " | ".join(f"{key_name} = {v}" for v in values) + " |",
            "| --- |" + " --- |" * len(values)]
@@ -436,9 +447,7 @@ def edge_rate_note(summary, where, below=0.99):
   of two or more rates tried there (the best rate may lie outside the sweep), naming them; ""
   when there are none."""
   name = lambda m: MIXER_NAMES.get(m, m)
-  order = lambda kv: (kv[0][1], MIXER_ORDER.index(kv[0][0]) if kv[0][0] in MIXER_ORDER
-                      else len(MIXER_ORDER))
-  swept = [(k, c) for k, c in sorted(summary.items(), key=order) if len(c.get("rates", ())) > 1]
+  swept = [(k, c) for k, c in sorted(summary.items(), key=cell_order) if len(c["rates"]) > 1]
   low = [(k, c) for k, c in swept if c["test"].mean() < below]
   if not low:
     return ""
@@ -461,15 +470,10 @@ def wider_sweep_note(summary, where):
   """A sentence naming the cells whose rates tried go beyond the usual sweep (the rate set of
   most cells), with the rates added and the rate chosen; "" when there are none."""
   name = lambda m: MIXER_NAMES.get(m, m)
-  sets = collections.Counter(tuple(c["rates"]) for c in summary.values())
-  if not sets:
-    return ""
-  usual = set(max(sets, key=lambda k: (sets[k], len(k))))
-  wider = [(k, c) for k, c in summary.items() if set(c["rates"]) - usual]
+  usual = usual_rates(c["rates"] for c in summary.values())
+  wider = [(k, c) for k, c in sorted(summary.items(), key=cell_order) if set(c["rates"]) - usual]
   if not wider:
     return ""
-  wider.sort(key=lambda kv: (kv[0][1], MIXER_ORDER.index(kv[0][0]) if kv[0][0] in MIXER_ORDER
-                             else len(MIXER_ORDER)))
   return (" Rates added to the usual sweep (" + ", ".join(f"{x:g}" for x in sorted(usual))
           + ") at some cells: " + "; ".join(
               f"{name(m)} at {where(v)}: "
@@ -485,8 +489,7 @@ def partial_rates_note(rows, key, where):
   for r in rows:
     groups[(label(r), r[key])][r["learning_rate"]].append(r)
   parts = []
-  for (m, v), by_rate in sorted(groups.items(), key=lambda kv: (kv[0][1], MIXER_ORDER.index(
-      kv[0][0]) if kv[0][0] in MIXER_ORDER else len(MIXER_ORDER))):
+  for (m, v), by_rate in sorted(groups.items(), key=cell_order):
     most = max(len(rs) for rs in by_rate.values())
     for rate, rs in sorted(by_rate.items()):
       if len(rs) < most:
