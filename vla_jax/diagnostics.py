@@ -12,8 +12,6 @@
 All take [B, T, H, D] inputs like the recurrences and return float32 (float64 in x64) arrays.
 """
 
-import numbers
-
 import jax
 import jax.numpy as jnp
 
@@ -49,14 +47,13 @@ def state_norm_trace(mixer, q, k, v, *, u=None, beta=None, log_decay=None, lam0=
     raise ValueError(f"q must hold at least one token; got shape {tuple(q.shape)}")
   needs = {"vla": ("u",), "deltanet": ("beta",), "gated_deltanet": ("beta", "log_decay")}
   given = {"u": u, "beta": beta, "log_decay": log_decay}
-  for name, value in given.items():
-    if name in needs.get(mixer, ()):
-      if value is None:
-        raise ValueError(f"mixer={mixer!r} needs {name}")
-      if name == "u":
-        checks.check_tokens("u", value, batch=B, time=T, heads=H, dim=dk)
-      else:
-        checks.check_tokens(name, value, rank=3, batch=B, time=T, heads=H)
+  for name in needs.get(mixer, ()):
+    if given[name] is None:
+      raise ValueError(f"mixer={mixer!r} needs {name}")
+    if name == "u":
+      checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+    else:
+      checks.check_tokens(name, given[name], rank=3, batch=B, time=T, heads=H)
 
   if mixer == "vla":
     step = lambda s, q, k, v, u: vla_step(s, q, k, v, u, lam0=lam0)
@@ -127,7 +124,7 @@ def vla_jacobian_product_norms(k, u, *, span, lam0=1.0):
   """
   khat, a = _khat_and_a(k, u, lam0)
   B, T, H, dk = khat.shape
-  if not isinstance(span, numbers.Integral) or isinstance(span, bool) or not 1 <= span <= T:
+  if not checks.is_int(span) or not 1 <= span <= T:
     raise ValueError(f"span must be an int in [1, T={T}]; got {span!r}")
   span = int(span)
   n = T // span

@@ -1,6 +1,5 @@
 """`SoftmaxAttention`: causal multi-head softmax attention."""
 
-import numbers
 from typing import NamedTuple
 
 import jax
@@ -8,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vla_jax.layers import common
+from vla_jax.ops import checks
 
 IMPLEMENTATIONS = ("auto", "cudnn", "xla")
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
@@ -86,7 +86,7 @@ class SoftmaxAttention(nnx.Module):
     """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`, the
     number of tokens written, `index` (memory grows with max_len, unlike the recurrences),
     and the short convolutions' input tails (() without convolution)."""
-    if not isinstance(max_len, numbers.Integral) or isinstance(max_len, bool) or max_len <= 0:
+    if not checks.is_int(max_len) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
     shape = (batch_size, int(max_len), self.num_heads, self.head_dim)
     return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype),

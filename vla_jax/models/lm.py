@@ -3,7 +3,6 @@
 import dataclasses
 import functools
 import math
-import numbers
 from typing import NamedTuple
 
 import jax
@@ -12,6 +11,7 @@ from flax import nnx
 
 from vla_jax.layers import common
 from vla_jax.layers.registry import check_mixer_options, make_mixer, mixer_class
+from vla_jax.ops import checks
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -281,8 +281,7 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
   if low < 0 or high >= model.config.vocab_size:
     raise ValueError(f"prompt token ids must lie in [0, vocab_size={model.config.vocab_size}); "
                      f"got {low} .. {high}")
-  if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
-      or max_new_tokens < 1):
+  if not checks.is_int(max_new_tokens) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
   max_new_tokens = int(max_new_tokens)
   fed = prompt.shape[1] + max_new_tokens - 1  # the last new token is not fed back

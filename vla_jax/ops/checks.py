@@ -5,10 +5,10 @@ except static shape and dtype logic.
 """
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 MIN_CHUNK, MAX_CHUNK = 16, 256
 
@@ -43,12 +43,16 @@ def check_state(name, x, expected_shape):
   if shape is None or tuple(shape) != tuple(expected_shape):
     raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got "
                      f"{None if shape is None else tuple(shape)}")
-  check_state_dtype(name, x)
+  check_state_dtype(name, x.dtype)
+
+
+def is_int(value):
+  """Whether `value` is a Python or NumPy integer (not a bool)."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_chunk_size(chunk_size):
-  if (not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool)
-      or chunk_size < MIN_CHUNK or chunk_size > MAX_CHUNK
+  if (not is_int(chunk_size) or chunk_size < MIN_CHUNK or chunk_size > MAX_CHUNK
       or chunk_size & (chunk_size - 1)):
     raise ValueError(f"chunk_size must be a power of two in [{MIN_CHUNK}, {MAX_CHUNK}]; "
                      f"got {chunk_size!r}")
@@ -100,7 +104,9 @@ def check_step_tokens(name, x, *, batch=None, heads=None, dim=None, rank=3):
   return tuple(shape)
 
 
-def check_state_dtype(name, x):
-  """A recurrent state is kept in float32 or float64."""
-  if x.dtype not in (jnp.float32, jnp.float64):
-    raise TypeError(f"{name} must be float32 or float64 (the state's dtype); got {x.dtype}")
+def check_state_dtype(name, dtype):
+  """A recurrent state is kept in float32 or float64: `dtype` (a state array's, or the one
+  asked for) must be one of them."""
+  if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
+    raise TypeError(f"{name} must be float32 or float64 (the state's dtype); got "
+                    f"{jnp.dtype(dtype)}")

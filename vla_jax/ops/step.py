@@ -26,9 +26,8 @@ def _check_tokens(q_t, k_t, v_t):
 
 
 def _check_state_arrays(prefix, arrays, shapes):
-  for (name, x), shape in zip(arrays, shapes):
+  for (name, x), shape in zip(arrays, shapes):   # shape and dtype
     checks.check_state(f"{prefix}.{name}" if prefix else name, x, shape)
-    checks.check_state_dtype(f"{prefix}.{name}" if prefix else name, x)
 
 
 def vla_step(state, q_t, k_t, v_t, u_t, *, lam0=1.0):

@@ -82,16 +82,7 @@ def write_config(workdir, config_json):
       raise ValueError(f"{workdir} holds a run with different training settings ({diff}); "
                        "resuming would not reproduce it; use a new workdir")
   os.makedirs(workdir, exist_ok=True)
-  write_atomic(path, config_json)
-
-
-def write_atomic(path, text):
-  """Writes `text` to `path` through a temporary file and a rename, so that an interruption
-  leaves either the old file or the new one, never a truncated one."""
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  jsonl.write_atomic(path, config_json)
 
 
 def _without(section, keys):

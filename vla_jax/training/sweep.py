@@ -266,6 +266,5 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
                  "train_loss": float(losses[r]) if known and math.isfinite(losses[r]) else None,
                  "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
                  "validation": validation[r], "wall_s": wall})
-  ckpt.write_atomic(os.path.join(workdir, RESULTS_FILE),
-                    "".join(json.dumps(row) + "\n" for row in rows))
+  jsonl.write_rows(os.path.join(workdir, RESULTS_FILE), rows)
   return rows

@@ -27,9 +27,7 @@ class VLAState(NamedTuple):
 def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> VLAState:
   """S = 0, A = I / lam0, in `dtype` (float32 or float64)."""
   checks.check_positive("lam0", lam0)
-  if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
-    raise TypeError(f"dtype must be float32 or float64 (the state's dtype); got "
-                    f"{jnp.dtype(dtype)}")
+  checks.check_state_dtype("dtype", dtype)
   A = jnp.broadcast_to(jnp.eye(dk, dtype=dtype) / lam0, (batch, heads, dk, dk))
   return VLAState(S=jnp.zeros((batch, heads, dv, dk), dtype), A=A)
 
@@ -99,8 +97,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     # the gradient with respect to initial_state.A is the same symmetric matrix for all.
     A0 = initial_state.A
     initial_state = VLAState(S=initial_state.S, A=0.5 * (A0 + jnp.swapaxes(A0, -1, -2)))
+  out_dtype = checks.output_dtype(v)
   if T == 0:   # no tokens: the state passes through (a scan needs one element)
-    return (jnp.zeros((B, 0, H, dv), v.dtype),
+    return (jnp.zeros((B, 0, H, dv), out_dtype),
             VLAState(*(x.astype(dtype) for x in initial_state)))
   if impl is Impl.PALLAS:
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
@@ -108,7 +107,6 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size))
     return o, VLAState(S=S, A=A)
 
-  out_dtype = checks.output_dtype(v)
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)
