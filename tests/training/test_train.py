@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from configs import base  # noqa: E402  pylint: disable=wrong-import-position
@@ -186,7 +186,7 @@ _DATA_PARALLEL = r"""
 import json, sys
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, sys.argv[1] + "/tests")
+sys.path.insert(0, sys.argv[1] + "/tests/training")
 from test_train import tiny_config
 from vla_jax.training import from_config_dict, train
 from vla_jax.training.sharding import make_mesh, shard_batch

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(ROOT, "experiments", "benchmarks")
 sys.path.insert(0, BENCH)
 
