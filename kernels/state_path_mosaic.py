@@ -1,0 +1,278 @@
+"""State path of VLA as Pallas Mosaic GPU kernels (Hopper): the generalised delta rule without decay.
+
+Per head, with erase keys e_t (VLA: khat_t) and write keys w_t (VLA: a_t):
+
+    S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T,    o_t = S_t q_t.
+
+Chunkwise (chunks of C tokens, chunk-start state S_c, rows of Q, E, W, V stacked):
+
+    T  = (I + strictly_lower(E W^T))^-1                 [C, C]   unit lower triangular
+    U' = T V,  W' = T E,  P = tril(Q W^T)                [C, dv], [C, dk], [C, C]
+    M  = Q - P W'                                         [C, dk]
+    O  = Q S_c^T + P (U' - W' S_c^T) = M S_c^T + P U'     [C, dv]
+    S_next = S_c + (U' - W' S_c^T)^T W = S_c - (S_c W'^T) W + U'^T W
+
+Reverse. The chunk map is affine in S_c, so the state cotangent runs backwards through
+
+    dS_c = dS_next - (dS_next W^T) W' + dO^T M,
+
+and with every chunk's S_c and dS_next known, the cotangents of the chunk-local inputs are
+independent per chunk (written out in `_local_vjp`).
+
+Both sequential passes are one recurrence, X <- X - (X A^T) B + H over chunks (forward:
+A = W', B = W, H = U'^T W, chunks in order; reverse: A = W, B = W', H = dO^T M, chunks in
+reverse order), and one Mosaic GPU kernel runs it (`_chain`): a program per (batch * head,
+block of 64 state rows), the block [64, dk] carried in registers as a wgmma accumulator, per
+chunk two wgmma products ([64, dk] x [dk, C], then [64, C] x [C, dk]) with the operands in
+swizzled shared memory, TMA loads of the next chunks' A, B^T and H issued as soon as their
+buffers are consumed, and a TMA store of X at every chunk start (the forward's S_c, the
+reverse's dS_next). Everything that does not touch the carried state is parallel over chunks
+and runs in XLA: the factors above, the outputs O = M S_c^T + P U', the reverse terms
+dO^T M and the chunk-local cotangents.
+
+Products. wgmma multiplies float32 operands as TF32 (10-bit mantissa). With
+precision=HIGHEST every chain product is split into three TF32 products, a b ~ a_hi b_hi +
+a_lo b_hi + a_hi b_lo (a_hi: a with its 13 low mantissa bits cleared, exact in TF32;
+a_lo = a - a_hi), which is float32-accurate; the XLA parts run at `precision` as in jax.numpy.
+TF32 operands must be K-major, so B enters transposed ([dk, C] rows, made by XLA) and the
+carried block and the intermediate X A^T are stored row-major, as they are computed.
+
+Layout of the kernel's arrays: head-major chunks [B * H, N, rows, cols] in float32.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from vla_jax.ops.utils import from_chunks, to_chunks, tril_inverse
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+CHUNK_SIZES = (32, 64)
+VALUE_BLOCK = 64                # state rows per program: wgmma's M
+SMEM_LIMIT = 227 * 1024         # opt-in shared memory per block of an H100 / H200 SM
+_SMEM_RESERVED = 1024           # barriers and alignment (lowering measured: 56 bytes)
+_SWIZZLE = 128                  # bytes; 32 float32 per swizzled row
+_TRANSFORMS = (plgpu.TilingTransform((8, _SWIZZLE // 4)), plgpu.SwizzleTransform(_SWIZZLE))
+_TF32_MASK = -(1 << 13)         # int32 0xFFFFE000: keeps sign, exponent and 10 mantissa bits
+
+
+# ----------------------------------------------------------------------------- configuration
+
+def _precision(precision):
+  """The float32 product precision: DEFAULT (TF32) or HIGHEST (three TF32 products). None
+  follows `jax.default_matmul_precision`'s float32 setting; HIGH counts as DEFAULT."""
+  if precision is None:
+    precision = jax.config.jax_default_matmul_precision
+  if isinstance(precision, str):
+    precision = {"default": "DEFAULT", "bfloat16": "DEFAULT", "tensorfloat32": "DEFAULT",
+                 "float32": "HIGHEST", "fastest": "DEFAULT", "high": "DEFAULT",
+                 "highest": "HIGHEST"}.get(precision.lower(), precision.upper())
+    precision = lax.Precision[precision]
+  if isinstance(precision, tuple):
+    precision = max(precision, key=lambda p: p.value)
+  if not isinstance(precision, lax.Precision):
+    raise TypeError(f"precision must be a jax.lax.Precision or None; got {precision!r}")
+  return lax.Precision.HIGHEST if precision == lax.Precision.HIGHEST else lax.Precision.DEFAULT
+
+
+def smem_bytes(dk, chunk_size, split, stages):
+  """Shared memory of one `_chain` program. stages = (buffers of each product input: A
+  [C, dk] and B^T [dk, C], with `split` also their low parts; buffers of H [64, dk]); plus the
+  carried block X [64, dk] and Y [64, C] (with `split` their low parts and a full X for the
+  TMA store) and Mosaic's reserve."""
+  C, BV = chunk_size, VALUE_BLOCK
+  ab, h = stages
+  inputs = 2 * C * dk * (2 if split else 1) * ab + BV * dk * h
+  staged = BV * dk * (3 if split else 1) + BV * C * (2 if split else 1)
+  return 4 * (inputs + staged) + _SMEM_RESERVED
+
+
+def buffer_plan(dk, chunk_size, split):
+  """(buffers of A and B^T, buffers of H) of `_chain`: two where they fit (the next chunk's
+  loads overlap this chunk's products), H then A and B^T down to one; None if nothing fits."""
+  for stages in ((2, 2), (2, 1), (1, 1)):
+    if smem_bytes(dk, chunk_size, split, stages) <= SMEM_LIMIT:
+      return stages
+  return None
+
+
+def pick_chunk_size(dk, precision):
+  """Chunk size C of the state path: 64, or 32 where 64 does not fit an SM's shared memory
+  (precision=HIGHEST at dk = 128)."""
+  split = _precision(precision) == lax.Precision.HIGHEST
+  for C in CHUNK_SIZES[::-1]:
+    if buffer_plan(dk, C, split) is not None:
+      return C
+  raise ValueError(f"no chunk size fits dk={dk} in shared memory")
+
+
+# ----------------------------------------------------------------------------- TF32 splits
+
+def _tf32_hi(x):
+  """x with its 13 low mantissa bits cleared: exact in TF32, |x - hi| < 2^-10 |x|."""
+  bits = lax.bitcast_convert_type(x, jnp.int32)
+  return lax.bitcast_convert_type(bits & jnp.int32(_TF32_MASK), jnp.float32)
+
+
+def _tf32_split(x):
+  hi = _tf32_hi(x)
+  return hi, x - hi
+
+
+# ----------------------------------------------------------------------------- the chain kernel
+
+def _chain(A, Bt, H, X0, *, reverse, split, interpret):
+  """X <- X - (X A_n^T) B_n + H_n over chunks n = 0..N-1 (reverse: N-1..0), per row block.
+
+  Args:
+    A: [BH, N, C, dk]; Bt: [BH, N, dk, C] (B_n^T); H: [BH, N, dv, dk]; X0: [BH, dv, dk];
+      all float32.
+    reverse: run the chunks from last to first.
+    split: three TF32 products per product (float32 accuracy) instead of one.
+    interpret: run in Mosaic GPU interpret mode (CPU).
+
+  Returns:
+    Xs [BH, N, dv, dk]: X entering chunk n (before its update), and X_final [BH, dv, dk].
+  """
+  BH, N, C, dk = A.shape
+  dv = X0.shape[1]
+  BV = VALUE_BLOCK
+  plan = buffer_plan(dk, C, split)
+  if plan is None:
+    raise ValueError(f"chunk_size={C} at dk={dk} does not fit in shared memory")
+  ab, hb = plan
+  f32 = jnp.float32
+  smem = lambda *shape: plgpu.SMEM(shape, f32, transforms=_TRANSFORMS)
+  if split:
+    (A, A_lo), (Bt, Bt_lo) = _tf32_split(A), _tf32_split(Bt)
+    operands = (A, Bt, H, X0, A_lo, Bt_lo)
+  else:
+    operands = (A, Bt, H, X0)
+  chunk = (lambda i: N - 1 - i) if reverse else (lambda i: i)
+
+  def body(*refs):
+    a_g, bt_g, h_g, x0_g = refs[:4]
+    alo_g, btlo_g = refs[4:6] if split else (None, None)
+    xs_g, xf_g, s = refs[-3:]
+    a_s, bt_s, h_s, alo_s, btlo_s = (s[k] for k in ("a", "bt", "h", "alo", "btlo"))
+    x_s, xlo_s, y_s, ylo_s = s["x"], s["xlo"], s["y"], s["ylo"]
+    xout_s = s["xout"] if split else x_s   # the buffer the TMA stores read
+    a_bar, bt_bar, h_bar, alo_bar, btlo_bar, x0_bar = (
+        s[k] for k in ("a_bar", "bt_bar", "h_bar", "alo_bar", "btlo_bar", "x0_bar"))
+    bh, vb = lax.axis_index("bh"), lax.axis_index("vb")
+    rows = pl.ds(vb * BV, BV)
+    # (source, buffers, barriers, number of buffers, H's row block)
+    feeds = [(a_g, a_s, a_bar, ab, False), (bt_g, bt_s, bt_bar, ab, False),
+             (h_g, h_s, h_bar, hb, True)]
+    if split:
+      feeds += [(alo_g, alo_s, alo_bar, ab, False), (btlo_g, btlo_s, btlo_bar, ab, False)]
+
+    def fetch(k, i):
+      """TMA of input k for iteration i into its buffer i % (number of buffers)."""
+      src, dst, bar, n_buf, blocked = feeds[k]
+      slot = lax.rem(i, n_buf)
+      src = src.at[bh, chunk(i), rows] if blocked else src.at[bh, chunk(i)]
+      plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
+
+    def fetch_next(ks, i):
+      """Refills the buffers of inputs ks that iteration i has consumed."""
+      n_buf = feeds[ks[0]][3]
+      @pl.when(i + n_buf < N)
+      def _():
+        for k in ks:
+          fetch(k, i + n_buf)
+
+    def slot(k, i):
+      return lax.rem(i, feeds[k][3])
+
+    def stage(value, hi_ref, lo_ref, full_ref=None):
+      """Stores value [rows, cols] as a wgmma operand (with `split`: hi and lo parts)."""
+      if split:
+        hi = _tf32_hi(value)
+        hi_ref[...] = hi
+        lo_ref[...] = value - hi
+        if full_ref is not None:
+          full_ref[...] = value
+      else:
+        hi_ref[...] = value
+
+    for k in range(len(feeds)):
+      for i in range(min(feeds[k][3], N)):
+        fetch(k, i)
+    plgpu.copy_gmem_to_smem(x0_g.at[bh, rows], xout_s, x0_bar)
+    plgpu.barrier_wait(x0_bar)
+    X = plgpu.load(xout_s, (), layout=plgpu.Layout.WGMMA)
+    if split:
+      stage(X, x_s, xlo_s)
+      plgpu.commit_smem()
+
+    def step(i, X):
+      sab, sh = slot(0, i), slot(2, i)
+      plgpu.copy_smem_to_gmem(xout_s, xs_g.at[bh, chunk(i), rows])
+
+      # Y = X A^T  [BV, C]
+      plgpu.barrier_wait(a_bar.at[sab])
+      if split:
+        plgpu.barrier_wait(alo_bar.at[sab])
+
+      def x_at(acc):
+        plgpu.wgmma(acc, x_s, a_s.at[sab].T)
+        if split:
+          plgpu.wgmma(acc, xlo_s, a_s.at[sab].T)
+          plgpu.wgmma(acc, x_s, alo_s.at[sab].T)
+        return acc[...]
+
+      Y = pl.run_scoped(x_at, plgpu.ACC((BV, C), f32))
+      fetch_next([0, 3] if split else [0], i)
+      stage(-Y, y_s, ylo_s)
+      plgpu.commit_smem()
+
+      # X + H + (-Y) B  [BV, dk]
+      plgpu.barrier_wait(h_bar.at[sh])
+      X = X + h_s[sh]
+      fetch_next([2], i)
+      plgpu.barrier_wait(bt_bar.at[sab])
+      if split:
+        plgpu.barrier_wait(btlo_bar.at[sab])
+
+      def update(acc):   # (GPU interpret mode has no accumulator initialised from a value)
+        plgpu.wgmma(acc, y_s, bt_s.at[sab].T)
+        if split:
+          plgpu.wgmma(acc, ylo_s, bt_s.at[sab].T)
+          plgpu.wgmma(acc, y_s, btlo_s.at[sab].T)
+        return acc[...]
+
+      X = X + pl.run_scoped(update, plgpu.ACC((BV, dk), f32))
+      fetch_next([1, 4] if split else [1], i)
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the store of xout_s has read it
+      stage(X, x_s, xlo_s, xout_s)
+      plgpu.commit_smem()
+      return X
+
+    lax.fori_loop(0, N, step, X)
+    plgpu.copy_smem_to_gmem(xout_s, xf_g.at[bh, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  bars = lambda n: plgpu.Barrier(num_barriers=n)
+  maybe = lambda t: t if split else None
+  scratch = dict(
+      a=smem(ab, C, dk), bt=smem(ab, dk, C), h=smem(hb, BV, dk),
+      alo=maybe(smem(ab, C, dk)), btlo=maybe(smem(ab, dk, C)),
+      x=smem(BV, dk), xlo=maybe(smem(BV, dk)), xout=maybe(smem(BV, dk)),
+      y=smem(BV, C), ylo=maybe(smem(BV, C)),
+      a_bar=bars(ab), bt_bar=bars(ab), h_bar=bars(hb), alo_bar=maybe(bars(ab)),
+      btlo_bar=maybe(bars(ab)), x0_bar=plgpu.Barrier(),
+  )
+  return plgpu.kernel(
+      body,
+      out_type=(jax.ShapeDtypeStruct((BH, N, dv, dk), f32),
+                jax.ShapeDtypeStruct((BH, dv, dk), f32)),
+      scratch_types=(scratch,),
+      grid=(BH, dv // BV),
+      grid_names=("bh", "vb"),
+      interpret=plgpu.InterpretGPUParams() if interpret else None,
+  )(*operands)
