@@ -40,7 +40,7 @@ carried block and the intermediate X A^T are stored row-major, as they are compu
 Layout of the kernel's arrays: head-major chunks [B * H, N, rows, cols] in float32.
 """
 
-import math
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -276,3 +276,195 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
       grid_names=("bh", "vb"),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )(*operands)
+
+
+# ----------------------------------------------------------------------------- chunk algebra (XLA)
+
+def _heads(x):
+  """[B, H, ...] -> [B * H, ...]."""
+  return x.reshape((-1,) + x.shape[2:])
+
+
+def _factors(Q, E, W, V, precision):
+  """The chunk-local factors, all chunks at once. Q, E, W: [B, H, N, C, dk]; V: [..., C, dv].
+
+  Returns T (I + strictly_lower(E W^T))^-1 [..., C, C], U' = T V, W' = T E, P = tril(Q W^T)
+  and M = Q - P W'."""
+  C = Q.shape[-2]
+  mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=precision)
+  r = jnp.arange(C)
+  L = jnp.where(r[:, None] > r[None, :], mm("...ik,...jk->...ij", E, W), 0.0)
+  Tinv = tril_inverse(L + jnp.eye(C, dtype=L.dtype), unit_diagonal=True)
+  Up, Wp = mm("...ij,...jv->...iv", Tinv, V), mm("...ij,...jk->...ik", Tinv, E)
+  P = jnp.where(r[:, None] >= r[None, :], mm("...ik,...jk->...ij", Q, W), 0.0)
+  M = Q - mm("...ij,...jk->...ik", P, Wp)
+  return Tinv, Up, Wp, P, M
+
+
+def _forward(q, e, w, v, S0, C, precision, interpret):
+  """o [B, T, H, dv] (v's dtype), S_T [B, H, dv, dk] float32 and the residuals."""
+  B, T, H, dk = q.shape
+  dv = v.shape[-1]
+  f32 = jnp.float32
+  Q, E, W, V = (to_chunks(x.astype(f32), C) for x in (q, e, w, v))   # [B, H, N, C, d]
+  N = Q.shape[2]
+  Tinv, Up, Wp, P, M = _factors(Q, E, W, V, precision)
+  mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=precision)
+  Hf = mm("bhncv,bhnck->bhnvk", Up, W)                                 # U'^T W
+  S_c, S_T = _chain(_heads(Wp), _heads(jnp.swapaxes(W, -1, -2)), _heads(Hf),
+                    _heads(S0.astype(f32)), reverse=False,
+                    split=precision == lax.Precision.HIGHEST, interpret=interpret)
+  S_c = S_c.reshape(B, H, N, dv, dk)
+  O = mm("bhnck,bhnvk->bhncv", M, S_c) + mm("bhnij,bhnjv->bhniv", P, Up)
+  o = from_chunks(O, T).astype(v.dtype)
+  return o, S_T.reshape(B, H, dv, dk), (Q, E, W, V, Tinv, Up, Wp, P, M, S_c)
+
+
+def _local_vjp(Q, E, W, V, Tinv, Up, Wp, P, S_c, dO, dS_next, precision):
+  """Cotangents (dq, de, dw, dv) [B, H, N, C, d] of every chunk's map (S_c fixed) given the
+  output cotangents dO and the chunk-end state cotangents dS_next:
+
+      R = U' - W' S^T,  dR = P^T dO + W dS_next^T,  dP = tril(dO R^T),  dX = T^T dR,
+      dL = strictly_lower(-dX R^T),  dq = dO S + dP W,  dw = dP^T Q + R dS_next + dL^T E,
+      de = dL W - dX S,  dv = dX."""
+  C = Q.shape[-2]
+  mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=precision)
+  r = jnp.arange(C)
+  R = Up - mm("...ck,...vk->...cv", Wp, S_c)
+  dR = mm("...ij,...iv->...jv", P, dO) + mm("...ck,...vk->...cv", W, dS_next)
+  dP = jnp.where(r[:, None] >= r[None, :], mm("...iv,...jv->...ij", dO, R), 0.0)
+  dX = mm("...ij,...iv->...jv", Tinv, dR)
+  dL = jnp.where(r[:, None] > r[None, :], -mm("...iv,...jv->...ij", dX, R), 0.0)
+  dq = mm("...cv,...vk->...ck", dO, S_c) + mm("...ij,...jk->...ik", dP, W)
+  dw = (mm("...ij,...ik->...jk", dP, Q) + mm("...cv,...vk->...ck", R, dS_next)
+        + mm("...ij,...ik->...jk", dL, E))
+  de = mm("...ij,...jk->...ik", dL, W) - mm("...cv,...vk->...ck", dX, S_c)
+  return dq, de, dw, dX
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _state_path(q, e, w, v, S0, C, precision, interpret):
+  o, S_T, _ = _forward(q, e, w, v, S0, C, precision, interpret)
+  return o, S_T
+
+
+def _state_path_fwd(q, e, w, v, S0, C, precision, interpret):
+  o, S_T, res = _forward(q, e, w, v, S0, C, precision, interpret)
+  return (o, S_T), (res, (q, e, w, v, S0))
+
+
+def _state_path_bwd(C, precision, interpret, residuals, cts):
+  (Q, E, W, V, Tinv, Up, Wp, P, M, S_c), primals = residuals
+  dO, dS_T = cts
+  B, H, N, _, dk = Q.shape
+  dv = V.shape[-1]
+  T = primals[0].shape[1]
+  dO = to_chunks(dO.astype(jnp.float32), C)
+  G = jnp.einsum("bhncv,bhnck->bhnvk", dO, M, precision=precision)       # dO^T M
+  dS_next, dS0 = _chain(_heads(W), _heads(jnp.swapaxes(Wp, -1, -2)), _heads(G),
+                        _heads(dS_T.astype(jnp.float32)), reverse=True,
+                        split=precision == lax.Precision.HIGHEST, interpret=interpret)
+  dS_next = dS_next.reshape(B, H, N, dv, dk)
+  grads = _local_vjp(Q, E, W, V, Tinv, Up, Wp, P, S_c, dO, dS_next, precision)
+  grads = tuple(from_chunks(g, T).astype(x.dtype) for g, x in zip(grads, primals[:4]))
+  return (*grads, dS0.reshape(B, H, dv, dk).astype(primals[4].dtype))
+
+
+_state_path.defvjp(_state_path_fwd, _state_path_bwd)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+HOPPER_DEVICE_KINDS = ("H100", "H200", "H800", "H20", "GH200")
+
+
+def target_device():
+  """The device a compiled call targets: the abstract mesh's device while lowering for one
+  (`kernels/lowering.py`), else JAX's default device."""
+  abstract = jax.sharding.get_abstract_mesh().abstract_device
+  return abstract if abstract is not None else jax.devices()[0]
+
+
+def mosaic_supported(device=None):
+  """Whether the compiled kernels run on `device` (default `target_device()`): an NVIDIA GPU
+  of compute capability 9.0 (Hopper, sm_90a: wgmma and TMA as used here; Blackwell has
+  neither wgmma nor its shared-memory budget, and earlier GPUs have no TMA)."""
+  device = device or target_device()
+  if device.platform not in ("gpu", "cuda"):
+    return False
+  capability = getattr(device, "compute_capability", None)
+  if capability is not None:
+    return str(capability) == "9.0"
+  kind = device.device_kind.upper()   # an abstract device: judged by its name
+  return any(name in kind.split() or kind.endswith(" " + name)
+             for name in HOPPER_DEVICE_KINDS)
+
+
+def _check(q, e, w, v, S0, chunk_size):
+  for name, x in (("q", q), ("e", e), ("w", w), ("v", v), ("S0", S0)):
+    if not hasattr(x, "shape") or len(x.shape) != 4:
+      raise ValueError(f"{name} must be a rank-4 array; got "
+                       f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+      raise TypeError(f"{name} must be float32, bfloat16 or float16 (the Mosaic state path "
+                      f"computes in float32; use impl='chunked' for float64); got {x.dtype}")
+  B, T, H, dk = q.shape
+  if e.shape != q.shape or w.shape != q.shape:
+    raise ValueError(f"q, e and w must all be [B, T, H, dk]; got {q.shape}, {e.shape}, "
+                     f"{w.shape}")
+  dv = v.shape[-1]
+  if v.shape[:3] != (B, T, H):
+    raise ValueError(f"v must be [B, T, H, dv] = [{B}, {T}, {H}, dv]; got {v.shape}")
+  if S0.shape != (B, H, dv, dk):
+    raise ValueError(f"S0 must be [B, H, dv, dk] = {(B, H, dv, dk)}; got {S0.shape}")
+  if dk not in SUPPORTED_HEAD_DIMS or dv not in SUPPORTED_HEAD_DIMS:
+    raise ValueError(f"dk and dv must be in {SUPPORTED_HEAD_DIMS}; got dk={dk}, dv={dv}")
+  if T == 0:
+    raise ValueError("q must have at least one token (T >= 1)")
+  if chunk_size is not None and chunk_size not in CHUNK_SIZES:
+    raise ValueError(f"chunk_size must be None or one of {CHUNK_SIZES}; got {chunk_size!r}")
+
+
+def state_path_mosaic(q, e, w, v, S0, *, chunk_size=None, precision=None, interpret=None):
+  """Generalised delta rule S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T, o_t = S_t q_t, with
+  the sequential passes as Mosaic GPU kernels (Hopper).
+
+  Args:
+    q, e, w: [B, T, H, dk] queries, erase keys (VLA: unit keys khat) and write keys (VLA: the
+      unit write directions a); float32, bfloat16 or float16. dk in (64, 128).
+    v: [B, T, H, dv] values, dv in (64, 128).
+    S0: [B, H, dv, dk] initial state.
+    chunk_size: tokens per chunk C, 32 or 64, or None (default): `pick_chunk_size` (64; 32
+      for precision=HIGHEST at dk = 128, where 64 does not fit shared memory). Any T works
+      (the tail is padded with zero keys, which leave the state unchanged).
+    precision: float32 product precision as in jax.numpy: None (default:
+      `jax.default_matmul_precision`), DEFAULT (TF32 products) or HIGHEST (float32-accurate:
+      three TF32 products each in the kernels).
+    interpret: run the kernels in Mosaic GPU interpret mode (on the CPU); None (default):
+      when the default backend is not a GPU.
+
+  Returns:
+    o [B, T, H, dv] in v's dtype and S_T [B, H, dv, dk] float32. Differentiable in all five
+    inputs (custom VJP: the reverse chain as the same kernel run backwards over chunks, the
+    chunk-local cotangents in XLA).
+
+  Raises:
+    RuntimeError: compiled (interpret=False) for a device that is not a Hopper GPU
+      (`mosaic_supported`); the caller's fallback is `impl="chunked"` or the Triton kernels.
+  """
+  _check(q, e, w, v, S0, chunk_size)
+  precision = _precision(precision)
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  if not interpret and not mosaic_supported():
+    device = target_device()
+    raise RuntimeError(
+        "the Mosaic GPU state path needs an NVIDIA Hopper GPU (compute capability 9.0); "
+        f"the target is {device.device_kind!r} ({device.platform}). Use impl='chunked', "
+        "the Triton kernels, or interpret=True.")
+  C = chunk_size or pick_chunk_size(q.shape[-1], precision)
+  split = precision == lax.Precision.HIGHEST
+  if buffer_plan(q.shape[-1], C, split) is None:
+    raise ValueError(f"chunk_size={C} with precision={precision.name} at dk={q.shape[-1]} "
+                     f"does not fit in shared memory; use chunk_size=None")
+  return _state_path(q, e, w, v, S0, C, precision, bool(interpret))
