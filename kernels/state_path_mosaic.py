@@ -66,7 +66,7 @@ def _precision(precision):
   """The float32 product precision: DEFAULT (TF32) or HIGHEST (three TF32 products). None
   follows `jax.default_matmul_precision`'s float32 setting; HIGH counts as DEFAULT."""
   if precision is None:
-    precision = jax.config.jax_default_matmul_precision
+    precision = jax.config.jax_default_matmul_precision or "default"
   if isinstance(precision, str):
     precision = {"default": "DEFAULT", "bfloat16": "DEFAULT", "tensorfloat32": "DEFAULT",
                  "float32": "HIGHEST", "fastest": "DEFAULT", "high": "DEFAULT",
@@ -205,7 +205,7 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
         fetch(k, i)
     plgpu.copy_gmem_to_smem(x0_g.at[bh, rows], xout_s, x0_bar)
     plgpu.barrier_wait(x0_bar)
-    X = plgpu.load(xout_s, (), layout=plgpu.Layout.WGMMA)
+    X = plgpu.load(xout_s, layout=plgpu.Layout.WGMMA)
     if split:
       stage(X, x_s, xlo_s)
       plgpu.commit_smem()

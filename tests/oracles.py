@@ -67,3 +67,14 @@ def gated_deltanet(q, k, v, beta, log_decay=None):
         o[b, t, h] = s @ q[b, t, h]
       S[b, h] = s
   return o, S
+
+
+def delta_rule(q, e, w, v, S0):
+  """S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T, o_t = S_t q_t (erase and write keys as given)."""
+  q, e, w, v, S = (np.array(x, np.float64) for x in (q, e, w, v, S0))
+  o = np.zeros(v.shape)
+  for t in range(q.shape[1]):
+    r = v[:, t] - np.einsum("bhvk,bhk->bhv", S, e[:, t])
+    S = S + np.einsum("bhv,bhk->bhvk", r, w[:, t])
+    o[:, t] = np.einsum("bhvk,bhk->bhv", S, q[:, t])
+  return o, S
