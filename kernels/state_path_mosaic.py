@@ -174,7 +174,7 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
     def fetch(k, i):
       """TMA of input k for iteration i into its buffer i % (number of buffers)."""
       src, dst, bar, n_buf, blocked = feeds[k]
-      slot = lax.rem(i, n_buf)
+      slot = i % n_buf
       src = src.at[bh, chunk(i), rows] if blocked else src.at[bh, chunk(i)]
       plgpu.copy_gmem_to_smem(src, dst.at[slot], bar.at[slot])
 
@@ -187,7 +187,7 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
           fetch(k, i + n_buf)
 
     def slot(k, i):
-      return lax.rem(i, feeds[k][3])
+      return i % feeds[k][3]
 
     def stage(value, hi_ref, lo_ref, full_ref=None):
       """Stores value [rows, cols] as a wgmma operand (with `split`: hi and lo parts)."""
@@ -253,7 +253,7 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
       plgpu.commit_smem()
       return X
 
-    lax.fori_loop(0, N, step, X)
+    lax.fori_loop(jnp.int32(0), jnp.int32(N), step, X)   # int32 indices under x64 too
     plgpu.copy_smem_to_gmem(xout_s, xf_g.at[bh, rows])
     plgpu.wait_smem_to_gmem(0)
 
@@ -276,6 +276,25 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
       grid_names=("bh", "vb"),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )(*operands)
+
+
+def state_chain(A, Bt, H, X0, *, reverse=False, precision=None, interpret=None):
+  """The sequential pass alone: X <- X - (X A_n^T) B_n + H_n over chunks (`_chain`).
+
+  Args:
+    A: [BH, N, C, dk]; Bt: [BH, N, dk, C] (B_n transposed); H: [BH, N, dv, dk];
+      X0: [BH, dv, dk]; float32 (others are cast). C in (32, 64), dk and dv in (64, 128).
+    reverse: chunks from last to first. precision, interpret: as in `state_path_mosaic`.
+
+  Returns:
+    X entering every chunk [BH, N, dv, dk] and the final X [BH, dv, dk], float32.
+  """
+  split = _precision(precision) == lax.Precision.HIGHEST
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  f32 = jnp.float32
+  return _chain(A.astype(f32), Bt.astype(f32), H.astype(f32), X0.astype(f32),
+                reverse=reverse, split=split, interpret=bool(interpret))
 
 
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
