@@ -215,7 +215,7 @@ def fla_available():
     import torch  # pylint: disable=import-outside-toplevel
     if not torch.cuda.is_available():
       return "torch has no CUDA device"
-    from fla.ops.delta_rule import chunk_delta_rule  # pylint: disable=import-outside-toplevel,unused-import
+    from fla.ops.delta_rule import chunk_delta_rule  # noqa: F401  pylint: disable=all
   except Exception as err:  # pylint: disable=broad-except
     return f"{type(err).__name__}: {err}"
   return None
@@ -297,8 +297,8 @@ def timing_rows(rows, d, T, impls, have_fla):
         key = jax.random.split(jax.random.key(T), 4)
         chain_args = tuple(jax.random.normal(k, s, jnp.float32) / 32
                            for k, s in zip(key, shapes))
-        ms, ms_min, compile_s = time_jax(
-            lambda *a: state_chain(*a, interpret=_INTERPRET.value), chain_args, _REPS.value, _WARMUP.value)
+        chain = lambda *a: state_chain(*a, interpret=_INTERPRET.value)
+        ms, ms_min, compile_s = time_jax(chain, chain_args, _REPS.value, _WARMUP.value)
       elif pass_ == "fwd":
         ms, ms_min, compile_s = time_jax(fn, args, _REPS.value, _WARMUP.value)
       else:
@@ -318,7 +318,7 @@ def main(argv):
   def watchdog():
     rows.emit(status="watchdog", note=f"stopped at {_BUDGET.value + 40} s while running "
               f"{STATE['row']}")
-    os._exit(3)   # pylint: disable=protected-access
+    os._exit(3)
   timer = threading.Timer(_BUDGET.value + 40, watchdog)
   timer.daemon = True
   timer.start()

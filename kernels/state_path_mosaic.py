@@ -1,4 +1,4 @@
-"""State path of VLA as Pallas Mosaic GPU kernels (Hopper): the generalised delta rule without decay.
+"""State path of VLA as Pallas Mosaic GPU kernels (Hopper): the generalised delta rule, no decay.
 
 Per head, with erase keys e_t (VLA: khat_t) and write keys w_t (VLA: a_t):
 
@@ -22,8 +22,8 @@ independent per chunk (written out in `_local_vjp`).
 Both sequential passes are one recurrence, X <- X - (X A^T) B + H over chunks (forward:
 A = W', B = W, H = U'^T W, chunks in order; reverse: A = W, B = W', H = dO^T M, chunks in
 reverse order), and one Mosaic GPU kernel runs it (`_chain`): a program per (batch * head,
-block of 64 state rows), the block [64, dk] carried in registers as a wgmma accumulator, per
-chunk two wgmma products ([64, dk] x [dk, C], then [64, C] x [C, dk]) with the operands in
+block of 64 state rows), the block [64, dk] carried in registers (wgmma's accumulator layout),
+per chunk two wgmma products ([64, dk] x [dk, C], then [64, C] x [C, dk]) with the operands in
 swizzled shared memory, TMA loads of the next chunks' A, B^T and H issued as soon as their
 buffers are consumed, and a TMA store of X at every chunk start (the forward's S_c, the
 reverse's dS_next). Everything that does not touch the carried state is parallel over chunks
@@ -414,9 +414,8 @@ def mosaic_supported(device=None):
   capability = getattr(device, "compute_capability", None)
   if capability is not None:
     return str(capability) == "9.0"
-  kind = device.device_kind.upper()   # an abstract device: judged by its name
-  return any(name in kind.split() or kind.endswith(" " + name)
-             for name in HOPPER_DEVICE_KINDS)
+  words = device.device_kind.upper().split()   # an abstract device: judged by its name
+  return any(name in words for name in HOPPER_DEVICE_KINDS)
 
 
 def _check(q, e, w, v, S0, chunk_size):
