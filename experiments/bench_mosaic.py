@@ -13,17 +13,20 @@ default precision, TF32 (bound 1e-2); relative Frobenius errors of o, S_T and of
 of sum(o * do) + sum(S_T * dS) w.r.t. q, e, w, v, S0 (the largest is `err_grad`).
 
 Timings ("pass": "fwd" / "fwd_bwd" / "chain"): H = 16, dk = dv = d, bfloat16 inputs [B, T, H, d]
-(unit e; w = unit(e + noise / 2), VLA-like), S0 float32, B = max(1, 32768 // T). Every impl gets
-the same [B, T, H, d] arrays and returns o [B, T, H, d] and S_T: impl "mosaic"
-(`state_path_mosaic`, default precision); "triton" (the Triton-Pallas `state_path` with its
-default KernelConfig, e and w made head-major float32 inside the timed call as `vla_pallas`
-hands them, q and v read in place); "fla" (`fla.ops.delta_rule.chunk_delta_rule`, PyTorch,
-e as its keys, beta = 1, scale = 1: the DeltaNet rule, same cost class; skipped when torch or fla
-is missing); "mosaic" "chain" rows time the sequential Mosaic kernel alone on inputs of the
-forward's shapes (the rest of the forward is XLA). JAX rows: compiled ahead of time
-(`compile_s`), --warmup calls, then --reps rounds of back-to-back calls (at least 20 ms a
-round) each waited for once; `ms` is the median per call, `ms_min` the fastest round. fla rows:
-`triton.testing.do_bench(..., return_mode="median")`.
+(unit e; w = unit(e + n / 2) with n a random vector of norm about 1, VLA-like), S0 float32,
+B = max(1, 32768 // T). Every impl gets the same [B, T, H, d] arrays and returns o [B, T, H, d]
+and S_T. "mosaic": `state_path_mosaic`, default precision (TF32). "triton": the Triton-Pallas
+`state_path` with its default KernelConfig; e and w made head-major float32 inside the timed
+call (as `vla_pallas` hands them), q and v read in place. "triton_xla" (not in the default
+list): the same with KernelConfig(grad_prep="xla"), chunk factors from XLA as in the Mosaic
+path. "fla": `fla.ops.delta_rule.chunk_delta_rule` (PyTorch), e as its keys, beta = 1,
+scale = 1 (the DeltaNet rule: same algorithm family and cost); skipped when torch or fla is
+missing. "mosaic" "chain" rows time the sequential Mosaic kernel alone on inputs of the
+forward's shapes (the rest of the Mosaic forward is XLA). JAX rows are compiled ahead of time
+(`compile_s`), called --warmup times, then timed in --reps rounds of back-to-back calls (at
+least 20 ms a round) each waited for once: `ms` is the median per call, `ms_min` the fastest
+round. fla rows: `triton.testing.do_bench(..., return_mode="median")`. Rows run by T, both
+head dims per T.
 
 No row starts after --budget_s seconds (they are written as "skipped"), and a watchdog ends
 the process at --budget_s + 40 s, writing which row was running, so one run stays under six
@@ -52,7 +55,8 @@ from vla_jax.ops.delta_rule import delta_rule_chunked   # noqa: E402
 _OUT = flags.DEFINE_string("out", None, "Output folder for bench_mosaic.jsonl.", required=True)
 _TS = flags.DEFINE_list("Ts", ["1024", "4096", "16384", "131072"], "Sequence lengths timed.")
 _DS = flags.DEFINE_list("ds", ["64", "128"], "Head dims (dk = dv).")
-_IMPLS = flags.DEFINE_list("impls", ["mosaic", "triton", "fla"], "Implementations timed.")
+_IMPLS = flags.DEFINE_list("impls", ["mosaic", "triton", "fla"], "Implementations timed: "
+                           "mosaic, triton, fla, triton_xla.")
 _CHECK_T = flags.DEFINE_integer("check_T", 16384, "T of the float64 checks (0: no checks).")
 _HEADS = flags.DEFINE_integer("heads", 16, "Heads H of the timings.")
 _TOKENS = flags.DEFINE_integer("tokens", 32768, "B * T of the timings (B >= 1).")
@@ -188,12 +192,15 @@ def triton_state_path():
   return None
 
 
-def triton_call(B, T, H, d):
-  """[B, T, H, d] inputs -> (o [B, T, H, d], S_T [B, H, d, d]) through the Triton state path."""
+def triton_call(B, T, H, d, xla_prep=False):
+  """[B, T, H, d] inputs -> (o [B, T, H, d], S_T [B, H, d, d]) through the Triton state path
+  (xla_prep: with its chunk factors from XLA, as the Mosaic path's, where it has that option)."""
   found = triton_state_path()
   if found is None:
     raise ImportError("no Triton-Pallas state_path in vla_jax.kernels")
-  fn, config = found
+  fn, config_type = found
+  config = (lambda: config_type(grad_prep="xla")) if xla_prep else config_type
+  config()   # a TypeError here if the option is gone
   takes_heads = "heads" in inspect.signature(fn).parameters
 
   def call(q, e, w, v, S0):
@@ -264,9 +271,9 @@ def timing_rows(rows, d, T, impls, have_fla):
   for impl in impls:
     if impl == "mosaic":
       fn = lambda *a: state_path_mosaic(*a, interpret=_INTERPRET.value)
-    elif impl == "triton":
+    elif impl in ("triton", "triton_xla"):
       try:
-        fn = triton_call(B, T, H, d)
+        fn = triton_call(B, T, H, d, xla_prep=impl == "triton_xla")
       except Exception as err:  # pylint: disable=broad-except
         status, note = describe(err)
         rows.emit(impl=impl, **{"pass": "fwd"}, **base, status=status, note=note)
@@ -342,8 +349,8 @@ def main(argv):
           status, note = describe(err)
           rows.emit(impl="mosaic", **{"pass": "check"}, T=_CHECK_T.value, d=d,
                     dtype=jnp.dtype(dtype).name, status=status, note=note)
-  for d in ds:
-    for T in map(int, _TS.value):
+  for T in map(int, _TS.value):   # both head dims per T: a budget stop loses the longest T
+    for d in ds:
       timing_rows(rows, d, T, _IMPLS.value, have_fla)
   rows.emit(status="done")
   timer.cancel()

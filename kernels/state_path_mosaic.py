@@ -118,7 +118,9 @@ def _tf32_hi(x):
   return lax.bitcast_convert_type(bits & jnp.int32(_TF32_MASK), jnp.float32)
 
 
-def _tf32_split(x):
+def tf32_split(x):
+  """(hi, lo) with x = hi + lo exactly, hi exact in TF32: a b ~ a_hi b_hi + a_lo b_hi + a_hi b_lo
+  to float32 accuracy when each product reads its operands as TF32."""
   hi = _tf32_hi(x)
   return hi, x - hi
 
@@ -148,7 +150,7 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
   f32 = jnp.float32
   smem = lambda *shape: plgpu.SMEM(shape, f32, transforms=_TRANSFORMS)
   if split:
-    (A, A_lo), (Bt, Bt_lo) = _tf32_split(A), _tf32_split(Bt)
+    (A, A_lo), (Bt, Bt_lo) = tf32_split(A), tf32_split(Bt)
     operands = (A, Bt, H, X0, A_lo, Bt_lo)
   else:
     operands = (A, Bt, H, X0)

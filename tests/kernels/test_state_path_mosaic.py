@@ -17,8 +17,8 @@ import pytest
 
 import oracles
 from vla_jax.kernels.lowering import lower_for_h200
-from vla_jax.kernels.state_path_mosaic import (_tf32_split, buffer_plan, pick_chunk_size,
-                                              smem_bytes, state_path_mosaic)
+from vla_jax.kernels.state_path_mosaic import (buffer_plan, pick_chunk_size, smem_bytes,
+                                              state_path_mosaic, tf32_split)
 from vla_jax.ops.delta_rule import delta_rule_scan
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -107,7 +107,7 @@ def test_tf32_split_products_are_float32_accurate():
   a = rng.standard_normal((64, 128)).astype(np.float32)
   b = rng.standard_normal((128, 64)).astype(np.float32)
   tf32 = lambda x: (np.asarray(x).view(np.int32) & np.int32(-(1 << 13))).view(np.float32)
-  (a_hi, a_lo), (b_hi, b_lo) = (tuple(map(np.asarray, _tf32_split(jnp.asarray(x))))
+  (a_hi, a_lo), (b_hi, b_lo) = (tuple(map(np.asarray, tf32_split(jnp.asarray(x))))
                                 for x in (a, b))
   np.testing.assert_array_equal(a_hi + a_lo, a)
   np.testing.assert_array_equal(tf32(a_hi), a_hi)
