@@ -68,10 +68,13 @@ def _precision(precision):
   if precision is None:
     precision = jax.config.jax_default_matmul_precision or "default"
   if isinstance(precision, str):
-    precision = {"default": "DEFAULT", "bfloat16": "DEFAULT", "tensorfloat32": "DEFAULT",
-                 "float32": "HIGHEST", "fastest": "DEFAULT", "high": "DEFAULT",
-                 "highest": "HIGHEST"}.get(precision.lower(), precision.upper())
-    precision = lax.Precision[precision]
+    names = {"default": "DEFAULT", "bfloat16": "DEFAULT", "tensorfloat32": "DEFAULT",
+             "float32": "HIGHEST", "fastest": "DEFAULT", "high": "DEFAULT",
+             "highest": "HIGHEST"}
+    if precision.lower() not in names:
+      raise ValueError(f"precision must be one of {sorted(names)}, a jax.lax.Precision or "
+                       f"None; got {precision!r}")
+    precision = lax.Precision[names[precision.lower()]]
   if isinstance(precision, tuple):
     precision = max(precision, key=lambda p: p.value)
   if not isinstance(precision, lax.Precision):
