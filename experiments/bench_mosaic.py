@@ -99,16 +99,16 @@ def describe(err):
 # ----------------------------------------------------------------------------- inputs
 
 def make_inputs(seed, B, T, H, d, dtype):
-  """q, e, w, v [B, T, H, d] in dtype (e unit, w = unit(e + noise / 2)) and S0 float32."""
-  rng = np.random.default_rng(seed)
-  unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)
-  q = rng.standard_normal((B, T, H, d))
-  e = unit(rng.standard_normal((B, T, H, d)))
-  w = unit(e + 0.5 * rng.standard_normal((B, T, H, d)) / np.sqrt(d))
-  v = rng.standard_normal((B, T, H, d))
-  S0 = 0.1 * rng.standard_normal((B, H, d, d))
-  xs = tuple(jnp.asarray(x, dtype) for x in (q, e, w, v))
-  return xs + (jnp.asarray(S0, jnp.float32),)
+  """q, e, w, v [B, T, H, d] in dtype (e unit, w = unit(e + n / 2)) and S0 [B, H, d, d] float32,
+  drawn on the device."""
+  keys = jax.random.split(jax.random.key(seed), 5)
+  normal = lambda k, shape: jax.random.normal(k, shape, jnp.float32)
+  unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+  q, v = normal(keys[0], (B, T, H, d)), normal(keys[3], (B, T, H, d))
+  e = unit(normal(keys[1], (B, T, H, d)))
+  w = unit(e + 0.5 * normal(keys[2], (B, T, H, d)) / np.sqrt(d))
+  S0 = 0.1 * normal(keys[4], (B, H, d, d))
+  return tuple(x.astype(dtype) for x in (q, e, w, v)) + (S0,)
 
 
 def weighted_loss(fn, do, dS):
@@ -137,9 +137,9 @@ def rel(a, b):
 def check(rows, T, d, dtype, precision, tol):
   B, H = 1, 2
   args = make_inputs(T + d, B, T, H, d, dtype)
-  rng = np.random.default_rng(1)
-  do = jnp.asarray(rng.standard_normal((B, T, H, d)), dtype)   # o's cotangent, in o's dtype
-  dS = jnp.asarray(rng.standard_normal((B, H, d, d)), jnp.float32)
+  k_do, k_dS = jax.random.split(jax.random.key(1))
+  do = jax.random.normal(k_do, (B, T, H, d), jnp.float32).astype(dtype)   # in o's dtype
+  dS = jax.random.normal(k_dS, (B, H, d, d), jnp.float32)
   fn = lambda *a: state_path_mosaic(*a, precision=precision, interpret=_INTERPRET.value)
   got = [np.asarray(x, np.float64) for x in jax.jit(outputs_and_grads(fn))(do, dS, *args)]
   with jax.enable_x64(True):
@@ -233,8 +233,14 @@ def time_fla(args, backward):
   import torch  # pylint: disable=import-outside-toplevel
   import triton  # pylint: disable=import-outside-toplevel
   from fla.ops.delta_rule import chunk_delta_rule  # pylint: disable=import-outside-toplevel
-  q, e, _, v, S0 = (torch.from_numpy(np.asarray(x, np.float32)).cuda() for x in args)
+  def to_torch(x):
+    try:
+      return torch.from_dlpack(x)   # the same device buffer
+    except Exception:  # pylint: disable=broad-except
+      return torch.from_numpy(np.asarray(x, np.float32)).cuda()
+  q, e, _, v, S0 = (to_torch(x) for x in args)
   q, e, v = (x.to(torch.bfloat16).contiguous() for x in (q, e, v))
+  S0 = S0.float()
   beta = torch.ones(q.shape[:3], device="cuda", dtype=torch.bfloat16)
   h0 = S0.transpose(-1, -2).contiguous()   # fla's state is [B, H, dk, dv]
   kwargs = dict(scale=1.0, initial_state=h0, output_final_state=True)
@@ -264,9 +270,9 @@ def timing_rows(rows, d, T, impls, have_fla):
   B = max(1, _TOKENS.value // T)
   base = dict(T=T, B=B, H=H, d=d, dtype="bfloat16")
   args = make_inputs(T, B, T, H, d, jnp.bfloat16)
-  rng = np.random.default_rng(2)
-  do = jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.bfloat16)
-  dS = jnp.asarray(rng.standard_normal((B, H, d, d)), jnp.float32)
+  k_do, k_dS = jax.random.split(jax.random.key(2))
+  do = jax.random.normal(k_do, (B, T, H, d), jnp.float32).astype(jnp.bfloat16)
+  dS = jax.random.normal(k_dS, (B, H, d, d), jnp.float32)
   jobs = []
   for impl in impls:
     if impl == "mosaic":
