@@ -2,7 +2,7 @@
 Triton-Pallas state path and flash-linear-attention's chunk_delta_rule.
 
     python experiments/bench_mosaic.py --out DIR [--Ts 1024,4096,16384,131072] [--ds 64,128]
-        [--impls mosaic,triton,fla] [--check_T 16384] [--reps 10] [--budget_s 320]
+        [--impls mosaic,triton,fla] [--check_T 16384] [--reps 10] [--budget_s 300]
 
 Rows go to DIR/bench_mosaic.jsonl (one JSON object a line, written as soon as measured).
 
@@ -62,7 +62,7 @@ _HEADS = flags.DEFINE_integer("heads", 16, "Heads H of the timings.")
 _TOKENS = flags.DEFINE_integer("tokens", 32768, "B * T of the timings (B >= 1).")
 _REPS = flags.DEFINE_integer("reps", 10, "Timed rounds per row.")
 _WARMUP = flags.DEFINE_integer("warmup", 2, "Untimed calls per row after compilation.")
-_BUDGET = flags.DEFINE_integer("budget_s", 320, "No row starts after this many seconds.")
+_BUDGET = flags.DEFINE_integer("budget_s", 300, "No row starts after this many seconds.")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "Run the Mosaic kernels in GPU interpret "
                                "mode (a smoke test of this script on a CPU; times meaningless).")
 
