@@ -15,8 +15,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from vla_jax.training import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)
@@ -29,20 +31,21 @@ flags.mark_flags_as_required(["config"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:  # libraries' INFO logs only with --verbosity=0
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from vla_jax.training import from_config_dict, train_and_evaluate  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
-  config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
-  workdir = _WORKDIR.value
-  if not workdir:
-    name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
-    workdir = os.path.join("runs", f"{name}-{config.model.mixer}-{time.strftime('%Y%m%d-%H%M%S')}")
-  summary = train_and_evaluate(config, workdir, stop_after=_STOP_AFTER.value,
-                               log=lambda line: print(line, flush=True))
+  with cli.user_errors("train.py"):
+    config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
+    workdir = _WORKDIR.value
+    if not workdir:
+      name = os.path.splitext(os.path.basename(flags.FLAGS["config"].config_filename))[0]
+      workdir = os.path.join("runs",
+                             f"{name}-{config.model.mixer}-{time.strftime('%Y%m%d-%H%M%S')}")
+    summary = train_and_evaluate(config, workdir, stop_after=_STOP_AFTER.value,
+                                 log=lambda line: print(line, flush=True))
   print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -37,6 +37,7 @@ from vla_jax.models import LanguageModel
 from vla_jax.tasks import registry
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import jsonl
+from vla_jax.training import lock
 from vla_jax.training import preemption
 from vla_jax.training.config import ExperimentConfig
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
@@ -195,6 +196,9 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
       A SIGTERM stops the sweep the same way, after the step in flight.
     log: called with progress lines.
 
+  Raises:
+    lock.WorkdirInUseError: another process is running in `workdir` (see `lock`).
+
   Returns:
     [] when stopped before the last step; otherwise one dict per run: seed, learning_rate,
     mixer, task, steps, train_loss (None when diverged or unknown), diverged, test and
@@ -203,9 +207,15 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     `workdir/sweep_results.jsonl` when the sweep finishes.
   """
   start_time = time.time()
-  tc = config.train
   trainer = SweepTrainer(config, seeds, learning_rates)
-  os.makedirs(workdir, exist_ok=True)
+  with lock.WorkdirLock(workdir):
+    return _train_sweep(trainer, workdir, stop_after, log, start_time)
+
+
+def _train_sweep(trainer, workdir, stop_after, log, start_time):
+  """The body of `train_sweep`, run while it holds `workdir`."""
+  config = trainer.config
+  tc = config.train
   sweep = {"seeds": trainer.seeds, "learning_rates": trainer.rates}
   config_path = os.path.join(workdir, ckpt.CONFIG_FILE)
   if os.path.exists(config_path) and ckpt.read_config(workdir).get("sweep") != sweep:

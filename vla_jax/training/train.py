@@ -17,6 +17,7 @@ from vla_jax.tasks import copy as copy_task
 from vla_jax.tasks.common import check_examples
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import jsonl
+from vla_jax.training import lock
 from vla_jax.training import preemption
 from vla_jax.training import sharding
 from vla_jax.training.config import ExperimentConfig, TrainConfig
@@ -221,6 +222,9 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     mesh: a `jax.sharding.Mesh` with axis "data" (default: every visible device).
     log: called with each progress line.
 
+  Raises:
+    lock.WorkdirInUseError: another process is running in `workdir` (see `lock`).
+
   Returns:
     A summary dict: task, mixer, accuracy (first evaluation set), exact_match, evals (all
     sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
@@ -230,9 +234,15 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     JSON.
   """
   start_time = time.time()
-  tc = config.train
   trainer = Trainer(config, mesh)
-  os.makedirs(workdir, exist_ok=True)
+  with lock.WorkdirLock(workdir):
+    return _train(trainer, workdir, stop_after, log, start_time)
+
+
+def _train(trainer, workdir, stop_after, log, start_time):
+  """The body of `train_and_evaluate`, run while it holds `workdir`."""
+  config = trainer.config
+  tc = config.train
   ckpt.write_config(workdir, config.to_json())
   checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints)
   metrics_path = os.path.join(workdir, METRICS_FILE)
