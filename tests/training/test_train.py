@@ -321,9 +321,36 @@ def test_jsonl_rows_survive_a_cut_short_write(tmp_path):
     f.write('{"step": 3, "lo')        # a kill during a write
   assert jsonl.read_rows(str(path)) == [{"step": 1}, {"step": 2}]
   assert ckpt.logged_row(str(path), 5, key="step") == {"step": 2}
+  jsonl.append_rows(str(path), [{"step": 3}])   # the cut line is dropped, not glued onto
+  assert path.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
+  with open(path, "a") as f:
+    f.write('{"step": 4}')              # a whole row, cut before its newline: kept
+  jsonl.append_rows(str(path), [{"step": 5}])
+  assert jsonl.read_rows(str(path)) == [{"step": s} for s in (1, 2, 3, 4, 5)]
   path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
   with pytest.raises(ValueError, match="rows.jsonl:2"):
     jsonl.read_rows(str(path))
+
+
+def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, caplog):
+  """A run killed while it wrote the row of step 6, before its checkpoint there (checkpoints
+  every 4 steps), resumes from step 4; the cut line is dropped rather than glued to the next
+  row, so that a later resume still reads the log, and no step's row is missing: the curve
+  equals the uninterrupted run's."""
+  config = from_config_dict(tiny_config(checkpoint_every=4))
+  work = tmp_path / "run"
+  train_and_evaluate(config, str(work), stop_after=6, log=lambda s: None)
+  shutil.rmtree(work / "checkpoints" / "6")
+  path = work / "metrics.jsonl"
+  lines = path.read_text().splitlines(keepends=True)
+  assert '"eval"' in lines[-1] and json.loads(lines[-2])["step"] == 6
+  path.write_text("".join(lines[:-2]) + lines[-2][:len(lines[-2]) // 2])
+  with caplog.at_level("WARNING"):
+    train_and_evaluate(config, str(work), stop_after=10, log=lambda s: None)
+    train_and_evaluate(config, str(work), log=lambda s: None)
+  last = {r["step"]: r["loss"] for r in jsonl.read_rows(str(path)) if "loss" in r}
+  assert sorted(last.items()) == [(r["step"], r["loss"]) for r in _rows(tiny_run[1])[0]]
+  assert "dropping a last line cut short" in caplog.text
 
 
 def test_a_single_run_refuses_a_sweep_workdir(tmp_path):

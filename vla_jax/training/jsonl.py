@@ -1,15 +1,21 @@
 """JSON-lines files that processes append to and may be killed while writing.
 
 `append_rows` writes a batch of rows in one call with SIGTERM held back, so a stop signal lands
-between batches, not inside one; `read_rows` skips a truncated last line (what a SIGKILL during
-a write leaves) and names the file and line of any other malformed line. `write_rows` replaces a
-file's rows at once (through `write_atomic`, which any whole-file write can use).
+between batches, not inside one. A SIGKILL during a write can still leave a last line cut
+short: `read_rows` skips it, and the next `append_rows` first truncates it (or ends it with its
+newline when it is a whole row), so that the new rows start on a line of their own and the file
+stays readable. `read_rows` names the file and line of any other malformed line. `write_rows`
+replaces a file's rows at once (through `write_atomic`, which any whole-file write can use).
 """
 
+import fcntl
 import json
+import logging
 import os
 import signal
 import threading
+
+log = logging.getLogger(__name__)
 
 
 def _lines(rows, **dumps):
@@ -17,20 +23,55 @@ def _lines(rows, **dumps):
 
 
 def append_rows(path, rows, **dumps):
-  """Appends `rows` (dicts) to `path`, one JSON object per line, in a single write."""
-  text = _lines(rows, **dumps)
-  if not text:
+  """Appends `rows` (dicts) to `path`, one JSON object per line, in a single write, after
+  repairing a last line that a killed writer cut short (see the module docstring). Writers
+  of one file take turns (an advisory lock on it)."""
+  data = _lines(rows, **dumps).encode()
+  if not data:
     return
   block = threading.current_thread() is threading.main_thread()
   if block:
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
   try:
-    with open(path, "a") as f:
-      f.write(text)
-      f.flush()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX)
+      _end_last_line(fd, path)
+      while data:
+        data = data[os.write(fd, data):]
+    finally:
+      os.close(fd)
   finally:
     if block:
       signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _end_last_line(fd, path):
+  """Makes the file `fd` end with a newline: a last line without one is completed when it
+  holds a whole JSON row and truncated away otherwise (with a warning)."""
+  size = os.fstat(fd).st_size
+  if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+    return
+  start = size
+  while start > 0:   # back to the last newline, a block at a time
+    lo = max(0, start - 65536)
+    block = os.pread(fd, start - lo, lo)
+    cut = block.rfind(b"\n")
+    if cut >= 0:
+      start = lo + cut + 1
+      break
+    start = lo
+  tail = os.pread(fd, size - start, start)
+  try:
+    whole = isinstance(json.loads(tail), dict)
+  except ValueError:
+    whole = False
+  if whole:
+    os.write(fd, b"\n")
+  else:
+    log.warning("%s: dropping a last line cut short by an interrupted write (%d bytes: %.60r)",
+                path, size - start, tail)
+    os.ftruncate(fd, start)
 
 
 def write_rows(path, rows, **dumps):
