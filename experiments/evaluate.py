@@ -16,12 +16,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from vla_jax.training import cli  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's folder.")
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Optional: evaluate on this configuration's task instead of the run's "
     "(only its task section; --config.task.* overrides it).")
 _NPZ = flags.DEFINE_string("npz", None, "Optional: an .npz with `inputs` and `labels`.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest that "
+                             "verifies).")
 _EXAMPLES = flags.DEFINE_integer("eval_examples", None, "Examples per evaluation set.")
 flags.mark_flags_as_required(["workdir"])
 
@@ -29,6 +32,7 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from vla_jax.training import evaluate  # pylint: disable=g-import-not-at-top
 
   ignored = [a for a in sys.argv[1:] if a.startswith("--config.")
@@ -41,11 +45,12 @@ def main(argv):
   if _CONFIG.value is not None:
     fields = _CONFIG.value.task.to_dict()
     task = (fields.pop("name"), fields)
-  result = evaluate(_WORKDIR.value, task=task, npz_path=_NPZ.value, step=_STEP.value,
-                    eval_examples=_EXAMPLES.value)
+  with cli.user_errors("evaluate.py"):
+    result = evaluate(_WORKDIR.value, task=task, npz_path=_NPZ.value, step=_STEP.value,
+                      eval_examples=_EXAMPLES.value)
   first = next(iter(result["evals"].values()))
   print(json.dumps({"workdir": _WORKDIR.value, "accuracy": first["accuracy"], **result}))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

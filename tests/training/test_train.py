@@ -135,6 +135,33 @@ def test_a_stopped_run_never_reports_an_earlier_evaluation(tmp_path):
   assert [r["step"] for r in _rows(tmp_path / "b")[1]] == [4]
 
 
+def test_a_run_resumes_from_its_last_good_checkpoint_and_keeps_a_users_folders(
+    tmp_path, tiny_run, caplog):
+  """Stopped at step 8 (checkpoints 4 and 8), step 8 then truncated on disk and two
+  integer-named folders put under checkpoints/: the resumed run warns, restarts from step 4
+  and ends with the uninterrupted run's curve and score; the damaged step is moved aside
+  when step 8 is written again; the clean-up deletes only checkpoints the run wrote."""
+  config = from_config_dict(tiny_config(checkpoint_every=4))
+  work = tmp_path / "run"
+  train_and_evaluate(config, str(work), stop_after=8, log=lambda s: None)
+  data = [os.path.join(r, f) for r, _, fs in os.walk(work / "checkpoints" / "8" / "default")
+          for f in fs if os.sep + "d" + os.sep in os.path.join(r, f)]
+  os.truncate(max(data, key=os.path.getsize), 10)
+  for name in ("2", "100"):
+    (work / "checkpoints" / name).mkdir()
+    (work / "checkpoints" / name / "notes.txt").write_text("mine")
+  with caplog.at_level("WARNING"):
+    resumed = train_and_evaluate(config, str(work), log=lambda s: None)
+  last = {r["step"]: r["loss"] for r in jsonl.read_rows(str(work / "metrics.jsonl"))
+          if "loss" in r}
+  assert sorted(last.items()) == [(r["step"], r["loss"]) for r in _rows(tiny_run[1])[0]]
+  assert resumed["accuracy"] == tiny_run[0]["accuracy"]
+  assert "truncated?" in caplog.text and "restored step 4" in caplog.text
+  names = sorted(p.name for p in (work / "checkpoints").iterdir())
+  assert names[:4] == ["100", "2", "36", "40"] and names[4].startswith("8.replaced-")
+  assert len(names) == 5 and (work / "checkpoints" / "2" / "notes.txt").read_text() == "mine"
+
+
 def test_logged_row_reads_the_log_up_to_the_resumed_step(tmp_path):
   """A killed run logged steps 4 and 6 past its checkpoint at 2; resumed from 2 it logged 4
   again. Reading at step 4 gives the row written last; rows without `elapsed_s` (an older log)

@@ -1,61 +1,280 @@
-"""Orbax checkpoints of the train state {step, params, opt_state}.
+"""Orbax checkpoints of the train state {step, params, opt_state}, verified when restored.
 
 The data position needs no saving: batches are a pure function of (seed, step), so restoring
 the step restores the data stream. The experiment configuration is written next to the
 checkpoints (config.json) and a resumed run must match it.
+
+Layout: `<workdir>/checkpoints/<step>/default/` is the state as orbax writes it (the layout of
+orbax's CheckpointManager) and `<step>/checksums.json` records what was saved: the step, every
+file's size and CRC-32, and every array's path, shape, dtype, CRC-32 and count of non-finite
+values. A step is written under `<step>.partial` and renamed once complete, so a folder named
+by an integer and holding checksums.json is a whole checkpoint that this module wrote.
+
+Restoring checks the files before orbax reads them and the arrays after, against the record:
+a truncated or corrupted checkpoint is never restored silently, and orbax's own errors become
+one `CheckpointError` line. Without a step, the latest checkpoint that verifies is restored,
+with a warning for each later one that does not. Checkpoints written before checksums.json
+existed are restored with structure, shape, dtype (and, for a single run, finiteness) checks.
+Clean-up deletes only checkpoints with checksums.json: an integer-named folder that someone
+put under checkpoints/ is neither restored nor deleted.
 """
 
 import json
+import logging
 import os
+import shutil
+import time
+import zlib
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from vla_jax.training import jsonl
 
 CONFIG_FILE = "config.json"
+ITEM = "default"            # the orbax folder inside a step
+RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to check
+PARTIAL = ".partial"        # suffix of a step being written
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
-         "keep_checkpoints")
+         "keep_checkpoints", "tensorboard")
 # Per section, settings of the same kind (memory against compute only); a config.json written
 # before such a setting existed lacks it.
 _FREE_BY_SECTION = {"task": (), "model": ("remat",)}
 
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be restored as it was saved (damaged, or of another model)."""
+
+
+def _crc(data, value=0):
+  return zlib.crc32(data, value)
+
+
+def _leaf_records(tree):
+  """{path: {shape, dtype, crc32, nonfinite}} of every array of `tree` (read to the host)."""
+  records = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    array = np.asarray(jax.device_get(leaf))
+    nonfinite = (int(np.count_nonzero(~np.isfinite(array.astype(np.float64))))
+                 if jnp.issubdtype(array.dtype, jnp.inexact) else 0)
+    records[jax.tree_util.keystr(path)] = {
+        "shape": list(array.shape), "dtype": str(array.dtype),
+        "crc32": _crc(np.ascontiguousarray(array).tobytes()), "nonfinite": nonfinite}
+  return records
+
+
+def _file_crc(path):
+  value = 0
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 22), b""):
+      value = _crc(block, value)
+  return value
+
+
+def _file_records(directory):
+  """{relative path: [size, crc32]} of every file under `directory`."""
+  records = {}
+  for root, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(root, name)
+      records[os.path.relpath(path, directory)] = [os.path.getsize(path), _file_crc(path)]
+  return records
+
+
+def _first_line(error):
+  text = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {text[0][:300] if text else ''}"
+
 
 class Checkpointer:
-  """Saves and restores the train state under `<workdir>/checkpoints`."""
+  """Saves and restores the train state under `<workdir>/checkpoints` (see the module
+  docstring), keeping the newest `keep` checkpoints it wrote.
 
-  def __init__(self, workdir, keep=2):
+  Args:
+    workdir: the run's folder.
+    keep: checkpoints kept (>= 1).
+    finite: whether a checkpoint without checksums.json must hold only finite values (True
+      for a single run; a sweep's diverged runs legitimately hold NaN).
+  """
+
+  def __init__(self, workdir, keep=2, finite=True):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
-    self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+    self.keep = keep
+    self.finite = finite
+    self._orbax = ocp.StandardCheckpointer()
+    self._current = None   # the step this object restored or saved last
+
+  def steps(self):
+    """The steps that hold a checkpoint, ascending: folders named by an integer that hold
+    checksums.json or (written before it existed) an orbax `default/` folder."""
+    if not os.path.isdir(self.directory):
+      return []
+    found = []
+    for name in os.listdir(self.directory):
+      path = os.path.join(self.directory, name)
+      if name.isdigit() and (os.path.isfile(os.path.join(path, RECORD))
+                             or os.path.isdir(os.path.join(path, ITEM))):
+        found.append(int(name))
+    return sorted(found)
+
+  def _written(self):
+    """The steps whose checkpoint this module wrote (they hold checksums.json)."""
+    return [s for s in self.steps()
+            if os.path.isfile(os.path.join(self.directory, str(s), RECORD))]
 
   def latest_step(self):
-    return self.manager.latest_step()
+    steps = self.steps()
+    return steps[-1] if steps else None
 
   def save(self, step, state):
-    self.manager.save(int(step), args=ocp.args.StandardSave(state), force=True)
-    self.manager.wait_until_finished()
+    """Writes `state` as checkpoint `step` (under `<step>.partial`, renamed when complete),
+    then deletes the checkpoints it wrote that are older than the newest `keep`."""
+    step = int(step)
+    os.makedirs(self.directory, exist_ok=True)
+    final = os.path.join(self.directory, str(step))
+    partial = final + PARTIAL
+    shutil.rmtree(partial, ignore_errors=True)   # left by a save that was killed
+    leaves = _leaf_records(state)
+    self._orbax.save(os.path.join(partial, ITEM), state)
+    self._orbax.wait_until_finished()
+    record = {"step": step, "leaves": leaves, "files": _file_records(partial)}
+    jsonl.write_atomic(os.path.join(partial, RECORD), json.dumps(record))
+    if os.path.exists(final):   # a damaged checkpoint, or a folder someone put there
+      aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+      log.warning("%s: moving the folder already there to %s", final, aside)
+      os.rename(final, aside)
+    os.rename(partial, final)
+    self._current = step
+    kept = [s for s in self._written() if s <= step][-self.keep:]
+    for old in self._written():
+      if old < kept[0]:
+        shutil.rmtree(os.path.join(self.directory, str(old)))
 
   def restore(self, target, step=None):
-    """Restores the state at `step` (default latest) with the structure and shardings of
-    `target` (a state of the right shapes)."""
-    step = self.latest_step() if step is None else step
-    if step is None:
+    """Restores the state at `step` with the structure and shardings of `target` (a state
+    of the right shapes), verified against what was saved.
+
+    Without `step`, the latest checkpoint that verifies, with a warning for each later one
+    that does not.
+
+    Raises:
+      ValueError: no checkpoint (at `step`).
+      CheckpointError: the checkpoint at `step` (or, without `step`, every one) does not
+        verify; the message says why.
+    """
+    steps = self.steps()
+    where = f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
+    if step is not None:
+      if step not in steps:
+        raise ValueError(f"no checkpoint at step {step} in {where}")
+      return self._restore(step, target)
+    if not steps:
       raise ValueError(f"no checkpoint in {self.directory}")
+    failures = []
+    for candidate in reversed(steps):
+      try:
+        state = self._restore(candidate, target)
+      except CheckpointError as e:
+        log.warning("%s; trying the previous checkpoint", e)
+        failures.append(str(e))
+        continue
+      if failures:
+        log.warning("restored step %d of %s instead of the latest", candidate, where)
+      return state
+    raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
+                          + "; ".join(failures))
+
+  def _restore(self, step, target):
+    path = os.path.join(self.directory, str(step))
+    name = f"checkpoint {path}"
+    record = None
+    if os.path.isfile(os.path.join(path, RECORD)):
+      try:
+        with open(os.path.join(path, RECORD)) as f:
+          record = json.load(f)
+        files, saved_leaves = record["files"], record["leaves"]
+      except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{name}: unreadable {RECORD} ({_first_line(e)})") from None
+      if record.get("step") != step:
+        raise CheckpointError(f"{name}: {RECORD} is of step {record.get('step')}")
+      for rel, (size, crc) in sorted(files.items()):
+        file = os.path.join(path, rel)
+        if not os.path.isfile(file):
+          raise CheckpointError(f"{name}: file {rel} is missing")
+        if os.path.getsize(file) != size:
+          raise CheckpointError(f"{name}: file {rel} has {os.path.getsize(file)} bytes, not "
+                                f"the {size} written (truncated?)")
+        if _file_crc(file) != crc:
+          raise CheckpointError(f"{name}: file {rel} does not match its checksum (corrupted)")
+      expected = {k: (v["shape"], v["dtype"]) for k, v in _leaf_specs(target).items()}
+      saved = {k: (v["shape"], v["dtype"]) for k, v in saved_leaves.items()}
+      if saved != expected:
+        raise CheckpointError(f"{name} holds another state than this run's: "
+                              + _tree_difference(saved, expected))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    try:
+      state = self._orbax.restore(os.path.join(path, ITEM), abstract)
+    except Exception as e:   # pylint: disable=broad-except  (orbax raises many kinds)
+      raise CheckpointError(f"{name} cannot be read ({_first_line(e)})") from None
+    if jax.tree.structure(state) != jax.tree.structure(target):
+      raise CheckpointError(f"{name}: restored tree structure differs from this run's state")
+    restored = _leaf_records(state)
+    expected = _leaf_specs(target)
+    for key, got in restored.items():
+      if (got["shape"], got["dtype"]) != (expected[key]["shape"], expected[key]["dtype"]):
+        raise CheckpointError(f"{name}: {key} restored as {got['dtype']}{got['shape']}, not "
+                              f"{expected[key]['dtype']}{expected[key]['shape']}")
+      if record is not None:
+        if got["crc32"] != record["leaves"][key]["crc32"]:
+          raise CheckpointError(f"{name}: {key} does not match its checksum (corrupted)")
+        if got["nonfinite"] != record["leaves"][key]["nonfinite"]:
+          raise CheckpointError(f"{name}: {key} has {got['nonfinite']} non-finite values, "
+                                f"{record['leaves'][key]['nonfinite']} when saved")
+      elif self.finite and got["nonfinite"]:
+        raise CheckpointError(f"{name}: {key} has {got['nonfinite']} non-finite values")
+    if int(state["step"]) != step:
+      raise CheckpointError(f"{name} holds step {int(state['step'])}")
+    self._current = step
+    return state
 
   def finish(self, state):
-    """Saves `state` unless its step is already the latest checkpoint, then closes."""
+    """Saves `state` unless its step is the checkpoint restored or saved last, then
+    closes."""
     step = int(state["step"])
-    if self.latest_step() != step:
+    if self._current != step:
       self.save(step, state)
     self.close()
     return step
 
   def close(self):
-    self.manager.close()
+    self._orbax.close()
+
+
+def _leaf_specs(tree):
+  """{path: {shape, dtype}} of `tree`'s arrays (concrete or abstract)."""
+  return {jax.tree_util.keystr(path): {"shape": list(np.shape(leaf)),
+                                       "dtype": str(np.dtype(leaf.dtype))}
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _tree_difference(saved, expected):
+  """One line on how two {path: (shape, dtype)} maps differ."""
+  missing = sorted(set(expected) - set(saved))
+  extra = sorted(set(saved) - set(expected))
+  changed = sorted(k for k in set(saved) & set(expected) if saved[k] != expected[k])
+  parts = []
+  if missing:
+    parts.append(f"missing {', '.join(missing[:3])}" + (" ..." if len(missing) > 3 else ""))
+  if extra:
+    parts.append(f"unexpected {', '.join(extra[:3])}" + (" ..." if len(extra) > 3 else ""))
+  for k in changed[:3]:
+    parts.append(f"{k} is {saved[k][1]}{saved[k][0]}, not {expected[k][1]}{expected[k][0]}")
+  return "; ".join(parts)
 
 
 def write_config(workdir, config_json):

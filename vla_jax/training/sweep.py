@@ -223,7 +223,8 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
                      f"({ckpt.read_config(workdir).get('sweep')}); use a new workdir")
   ckpt.write_config(workdir, json.dumps({**json.loads(config.to_json()), "sweep": sweep},
                                         sort_keys=True))
-  checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints)
+  # A diverged run's parameters are NaN: its checkpoints may hold non-finite values.
+  checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints, finite=False)
   state, start = trainer.init_state, 0
   if checkpointer.latest_step() is not None:
     state = checkpointer.restore(state)

@@ -1,0 +1,176 @@
+"""Checkpoints (`vla_jax.training.checkpoint`): what is restored is what was saved, a damaged
+checkpoint is never restored silently, the clean-up deletes only what it wrote, and evaluate.py
+reports a missing or damaged step in one line."""
+
+import json
+import logging
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from vla_jax.training import checkpoint as ckpt
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _state(step, scale=1.0):
+  """A small train state of the usual form: {step, params, opt_state (a tuple)}."""
+  params = {"w": jnp.arange(12.0).reshape(3, 4) * scale, "b": jnp.full((5,), scale, jnp.bfloat16)}
+  return {"step": jnp.asarray(step, jnp.int32), "params": params,
+          "opt_state": (jnp.asarray(step, jnp.int32), {"mu": params["w"] + 1.0})}
+
+
+def _biggest_data_file(step_dir):
+  files = [os.path.join(r, f) for r, _, fs in os.walk(step_dir / ckpt.ITEM) for f in fs
+           if os.sep + "d" + os.sep in os.path.join(r, f)]
+  return max(files, key=os.path.getsize)
+
+
+def _truncate(step_dir):
+  path = _biggest_data_file(step_dir)
+  os.truncate(path, os.path.getsize(path) // 2)
+
+
+def _flip(step_dir):
+  path = _biggest_data_file(step_dir)
+  data = bytearray(open(path, "rb").read())
+  data[len(data) // 2] ^= 0x01
+  open(path, "wb").write(bytes(data))
+
+
+def _garble_record(step_dir):
+  (step_dir / ckpt.RECORD).write_text("{")
+
+
+def _restores_other_values(step_dir):
+  """As if orbax read back other values than were saved (files intact)."""
+  record = json.loads((step_dir / ckpt.RECORD).read_text())
+  record["leaves"]["['params']['w']"]["crc32"] += 1
+  (step_dir / ckpt.RECORD).write_text(json.dumps(record))
+
+
+@pytest.fixture
+def saved(tmp_path):
+  """Checkpoints of steps 1, 2, 3 (keep=2: 1 is deleted) beside a user's folders "7" and
+  "0"; returns (checkpointer, checkpoints folder)."""
+  directory = tmp_path / "checkpoints"
+  (directory / "7").mkdir(parents=True)
+  (directory / "7" / "notes.txt").write_text("mine")
+  (directory / "0").mkdir()
+  checkpointer = ckpt.Checkpointer(tmp_path, keep=2)
+  for step in (1, 2, 3):
+    checkpointer.save(step, _state(step, scale=step))
+  yield checkpointer, directory
+  checkpointer.close()
+
+
+def test_save_keeps_the_newest_and_never_touches_a_users_folders(saved):
+  checkpointer, directory = saved
+  assert checkpointer.steps() == [2, 3] and checkpointer.latest_step() == 3
+  assert sorted(p.name for p in directory.iterdir()) == ["0", "2", "3", "7"]
+  assert (directory / "7" / "notes.txt").read_text() == "mine"
+  record = json.loads((directory / "3" / ckpt.RECORD).read_text())
+  assert record["step"] == 3 and record["leaves"]["['params']['b']"]["dtype"] == "bfloat16"
+  restored = checkpointer.restore(_state(0))
+  chex.assert_trees_all_equal(restored, _state(3, scale=3))
+  chex.assert_trees_all_equal_dtypes(restored, _state(0))
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip, _garble_record, _restores_other_values,
+                                    lambda d: os.remove(_biggest_data_file(d))],
+                         ids=["truncated", "flipped-bit", "garbled-record", "other-values",
+                              "missing-file"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(saved, damage, caplog):
+  checkpointer, directory = saved
+  damage(directory / "3")
+  with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+    restored = checkpointer.restore(_state(0))
+  chex.assert_trees_all_equal(restored, _state(2, scale=2))
+  assert f"checkpoint {directory / '3'}" in caplog.text
+  assert "restored step 2" in caplog.text
+  with pytest.raises(ckpt.CheckpointError, match=f"checkpoint {directory / '3'}"):
+    checkpointer.restore(_state(0), step=3)   # asked for by step: no fallback
+
+
+def test_restore_errors_are_one_clear_line(saved):
+  checkpointer, directory = saved
+  with pytest.raises(ValueError, match=r"no checkpoint at step 7 in .*checkpoints "
+                                       r"\(checkpoints: 2, 3\)"):
+    checkpointer.restore(_state(0), step=7)
+  other = _state(0)
+  other["params"]["w"] = jnp.zeros((4, 4))
+  with pytest.raises(ckpt.CheckpointError,
+                     match=r"holds another state than this run's: \['params'\]\['w'\] is "
+                           r"float32\[3, 4\], not float32\[4, 4\]"):
+    checkpointer.restore(other, step=3)
+  _truncate(directory / "2")
+  _flip(directory / "3")
+  with pytest.raises(ckpt.CheckpointError, match="no checkpoint in .* can be restored: .*"
+                                                 "corrupted.*truncated"):
+    checkpointer.restore(_state(0))
+  empty = ckpt.Checkpointer(directory.parent / "none")
+  with pytest.raises(ValueError, match="no checkpoint in"):
+    empty.restore(_state(0))
+
+
+def test_a_checkpoint_from_orbaxs_checkpoint_manager_still_restores(tmp_path):
+  """Runs written before checksums.json (orbax's CheckpointManager, same layout) resume,
+  checked for structure, shapes and dtypes, and finiteness unless told otherwise."""
+  manager = ocp.CheckpointManager(tmp_path / "checkpoints",
+                                  options=ocp.CheckpointManagerOptions(create=True))
+  bad = _state(4)
+  bad["params"]["w"] = bad["params"]["w"].at[0, 0].set(jnp.nan)
+  manager.save(2, args=ocp.args.StandardSave(_state(2)))
+  manager.save(4, args=ocp.args.StandardSave(bad))
+  manager.wait_until_finished()
+  manager.close()
+  checkpointer = ckpt.Checkpointer(tmp_path)
+  chex.assert_trees_all_equal(checkpointer.restore(_state(0)), _state(2))   # 4 is not finite
+  with pytest.raises(ckpt.CheckpointError, match=r"\['params'\]\['w'\] has 1 non-finite"):
+    checkpointer.restore(_state(0), step=4)
+  restored = ckpt.Checkpointer(tmp_path, finite=False).restore(_state(0))
+  assert int(restored["step"]) == 4 and np.isnan(restored["params"]["w"][0, 0])
+  checkpointer.save(6, _state(6))             # the old checkpoints are kept
+  assert checkpointer.steps() == [2, 4, 6]
+
+
+def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_path):
+  """evaluate.py on a run with checkpoints 4 and 8: --step=7 is one line naming the steps
+  there are; with step 8 truncated it warns and scores step 4, without library INFO logs."""
+  sys.path.insert(0, str(ROOT))
+  from configs import base  # pylint: disable=import-outside-toplevel
+  from vla_jax.training import from_config_dict, train_and_evaluate  # pylint: disable=import-outside-toplevel
+  config = base.get_base_config()
+  config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
+  config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
+                       "impl": "scan"})
+  config.train.update({"batch_size": 8, "num_steps": 8, "warmup_steps": 2, "eval_every": 0,
+                       "checkpoint_every": 4, "eval_examples": 16, "eval_batch_size": 16})
+  workdir = tmp_path / "run"
+  train_and_evaluate(from_config_dict(config), str(workdir), log=lambda s: None)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  evaluate_py = [sys.executable, str(ROOT / "experiments" / "evaluate.py"),
+                 f"--workdir={workdir}"]
+  missing = subprocess.run(evaluate_py + ["--step=7"], capture_output=True, text=True,
+                           timeout=600, env=env, check=False)
+  assert missing.returncode == 1 and missing.stdout == ""
+  assert missing.stderr.strip().splitlines() == [
+      f"evaluate.py: error: no checkpoint at step 7 in {workdir / 'checkpoints'} "
+      "(checkpoints: 4, 8)"]
+  _truncate(workdir / "checkpoints" / "8")
+  fallback = subprocess.run(evaluate_py, capture_output=True, text=True, timeout=600, env=env,
+                            check=False)
+  assert fallback.returncode == 0, fallback.stderr[-3000:]
+  assert json.loads(fallback.stdout.strip().splitlines()[-1])["step"] == 4
+  lines = fallback.stderr.strip().splitlines()
+  assert len(lines) == 2, lines   # two warnings, no INFO lines
+  assert "has " in lines[0] and "truncated?" in lines[0] and "restored step 4" in lines[1]
