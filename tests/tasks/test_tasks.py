@@ -125,6 +125,26 @@ def test_npz_round_trip_and_errors(tmp_path):
     load_npz(tmp_path / "bad2.npz")
 
 
+def test_npz_files_that_are_not_what_they_claim(tmp_path):
+  """A file with no targets (every label ignored) would score exact_match 1.0 on nothing;
+  a text file, a truncated archive or a bare .npy are not archives: each is a ValueError
+  naming the file, not numpy's BadZipFile."""
+  inputs, labels = _mqar(MQARConfig(vocab_size=64, n_pairs=4, seq_len=32), n=4)
+  save_npz(tmp_path / "untargeted.npz", inputs, np.full_like(labels, IGNORE))
+  with pytest.raises(ValueError, match="untargeted.npz: labels hold no targets"):
+    load_npz(tmp_path / "untargeted.npz")
+  (tmp_path / "text.npz").write_text("inputs,labels\n1,2\n")
+  save_npz(tmp_path / "whole.npz", inputs, labels)
+  whole = (tmp_path / "whole.npz").read_bytes()
+  (tmp_path / "cut.npz").write_bytes(whole[:len(whole) // 2])
+  for name in ("text.npz", "cut.npz"):
+    with pytest.raises(ValueError, match=f"{name}: not an .npz archive"):
+      load_npz(tmp_path / name)
+  np.save(tmp_path / "array.npy", inputs)
+  with pytest.raises(ValueError, match="array.npy: not an .npz archive but a single .npy"):
+    load_npz(tmp_path / "array.npy")
+
+
 @pytest.mark.parametrize("num,low,high,size", [(64, 1, 4096, 4), (8, 4096, 8192, 64),
                                                 (5, 1, 21, 19), (5, 1, 21, 20), (3, 0, 10, 1)])
 def test_distinct_is_the_full_argsort_sample(num, low, high, size):

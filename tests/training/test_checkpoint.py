@@ -148,7 +148,8 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
   there are; with step 8 truncated it warns and scores step 4, without library INFO logs."""
   sys.path.insert(0, str(ROOT))
   from configs import base  # pylint: disable=import-outside-toplevel
-  from vla_jax.training import from_config_dict, train_and_evaluate  # pylint: disable=import-outside-toplevel
+  from vla_jax.training import (  # pylint: disable=import-outside-toplevel
+      from_config_dict, train_and_evaluate)
   config = base.get_base_config()
   config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
   config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,

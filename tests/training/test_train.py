@@ -162,6 +162,20 @@ def test_a_run_resumes_from_its_last_good_checkpoint_and_keeps_a_users_folders(
   assert len(names) == 5 and (work / "checkpoints" / "2" / "notes.txt").read_text() == "mine"
 
 
+def test_resume_without_config_json_is_refused(tmp_path, tiny_run):
+  """config.json deleted from a run with checkpoints: resuming with another learning rate
+  (or any settings) is refused, naming the missing file, and nothing is written."""
+  workdir = tmp_path / "run"
+  shutil.copytree(tiny_run[1], workdir)
+  os.remove(workdir / "config.json")
+  before = (workdir / "metrics.jsonl").read_text()
+  other = from_config_dict(tiny_config(learning_rate=3e-2, num_steps=60))
+  with pytest.raises(ValueError, match=r"holds checkpoints \(steps 40\) but no config.json"):
+    train_and_evaluate(other, str(workdir), log=lambda s: None)
+  assert not (workdir / "config.json").exists()
+  assert (workdir / "metrics.jsonl").read_text() == before
+
+
 def test_logged_row_reads_the_log_up_to_the_resumed_step(tmp_path):
   """A killed run logged steps 4 and 6 past its checkpoint at 2; resumed from 2 it logged 4
   again. Reading at step 4 gives the row written last; rows without `elapsed_s` (an older log)
@@ -283,6 +297,16 @@ def test_main_prints_json_and_rejects_bad_config(tmp_path):
   last = json.loads(proc.stdout.strip().splitlines()[-1])
   assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 3
   assert "steps/s" in proc.stdout
+  # A user's mistakes are one line each (exit 1), before anything is trained or written.
+  for flag, message in (
+      ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
+      ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
+                                   "'seq_len' (it has: form, n_pairs, name, vocab_size)")):
+    bad = subprocess.run(common + [flag, f"--workdir={tmp_path / 'bad'}"], capture_output=True,
+                         text=True, timeout=600, env=env, check=False)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(message), (
+        bad.stderr[-3000:])
+    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
   bad = subprocess.run(common + ["--config.model.mixer=transformer",
                                  f"--workdir={tmp_path / 'bad'}"],
                        capture_output=True, text=True, timeout=600, env=env, check=False)

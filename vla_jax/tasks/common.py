@@ -22,7 +22,7 @@ def check_int(name, value, minimum):
 
 def check_examples(inputs, labels, vocab_size=None, where="data"):
   """Checks a batch of `inputs` [N, T] and `labels` [N, T] int arrays (labels IGNORE or a
-  token id) and returns them as int32."""
+  token id, at least one target) and returns them as int32."""
   inputs, labels = np.asarray(inputs), np.asarray(labels)
   for name, arr in (("inputs", inputs), ("labels", labels)):
     if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.integer):
@@ -36,6 +36,9 @@ def check_examples(inputs, labels, vocab_size=None, where="data"):
   bad = (labels != IGNORE) & (labels < 0)
   if bad.any():
     raise ValueError(f"{where}: labels must be token ids or {IGNORE}; got {labels[bad][0]}")
+  if not (labels != IGNORE).any():   # nothing to score: every metric would be vacuous
+    raise ValueError(f"{where}: labels hold no targets (every label is {IGNORE}, or there are "
+                     f"no examples; shape {labels.shape})")
   if vocab_size is not None:
     top = max(int(inputs.max(initial=0)), int(labels.max(initial=0)))
     if top >= vocab_size:

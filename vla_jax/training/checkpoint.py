@@ -91,6 +91,22 @@ def _first_line(error):
   return f"{type(error).__name__}: {text[0][:300] if text else ''}"
 
 
+def checkpoint_steps(workdir):
+  """The steps that hold a checkpoint in `workdir`, ascending: folders of
+  `<workdir>/checkpoints` named by an integer that hold checksums.json or (written before it
+  existed) an orbax `default/` folder."""
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  found = []
+  for name in os.listdir(directory):
+    path = os.path.join(directory, name)
+    if name.isdigit() and (os.path.isfile(os.path.join(path, RECORD))
+                           or os.path.isdir(os.path.join(path, ITEM))):
+      found.append(int(name))
+  return sorted(found)
+
+
 class Checkpointer:
   """Saves and restores the train state under `<workdir>/checkpoints` (see the module
   docstring), keeping the newest `keep` checkpoints it wrote.
@@ -110,17 +126,8 @@ class Checkpointer:
     self._current = None   # the step this object restored or saved last
 
   def steps(self):
-    """The steps that hold a checkpoint, ascending: folders named by an integer that hold
-    checksums.json or (written before it existed) an orbax `default/` folder."""
-    if not os.path.isdir(self.directory):
-      return []
-    found = []
-    for name in os.listdir(self.directory):
-      path = os.path.join(self.directory, name)
-      if name.isdigit() and (os.path.isfile(os.path.join(path, RECORD))
-                             or os.path.isdir(os.path.join(path, ITEM))):
-        found.append(int(name))
-    return sorted(found)
+    """The steps that hold a checkpoint, ascending (see `checkpoint_steps`)."""
+    return checkpoint_steps(os.path.dirname(self.directory))
 
   def _written(self):
     """The steps whose checkpoint this module wrote (they hold checksums.json)."""
@@ -278,8 +285,17 @@ def _tree_difference(saved, expected):
 
 
 def write_config(workdir, config_json):
-  """Writes config.json, or checks that an existing one (a run being resumed) matches."""
+  """Writes config.json, or checks that an existing one (a run being resumed) matches.
+
+  Raises ValueError when the settings of a run to resume are unknown: checkpoints without
+  config.json (deleted, say) would otherwise be resumed with whatever settings are given."""
   path = os.path.join(workdir, CONFIG_FILE)
+  steps = checkpoint_steps(workdir)
+  if steps and not os.path.exists(path):
+    raise ValueError(
+        f"{workdir} holds checkpoints (steps {', '.join(map(str, steps))}) but no "
+        f"{CONFIG_FILE}: the settings of the run to resume are unknown, and resuming with "
+        f"other ones would mix two runs; put its {CONFIG_FILE} back, or use a new workdir")
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)

@@ -35,6 +35,7 @@ from flax import nnx
 
 from vla_jax.models import LanguageModel
 from vla_jax.tasks import registry
+from vla_jax.tasks.common import check_int
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import jsonl
 from vla_jax.training import lock
@@ -192,7 +193,8 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     config: the experiment; `config.train.seed` and `learning_rate` are replaced by the runs'.
     seeds, learning_rates: lists; the runs are their product.
     workdir: output folder (config.json, checkpoints/, metrics.jsonl, sweep_results.jsonl).
-    stop_after: stop with a checkpoint once this many steps are done (an interruption).
+    stop_after: stop with a checkpoint once this many steps (an int >= 1) are done (an
+      interruption).
       A SIGTERM stops the sweep the same way, after the step in flight.
     log: called with progress lines.
 
@@ -207,6 +209,8 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     `workdir/sweep_results.jsonl` when the sweep finishes.
   """
   start_time = time.time()
+  if stop_after is not None:
+    check_int("stop_after", stop_after, 1)
   trainer = SweepTrainer(config, seeds, learning_rates)
   with lock.WorkdirLock(workdir):
     return _train_sweep(trainer, workdir, stop_after, log, start_time)

@@ -14,7 +14,7 @@ from flax import nnx
 from vla_jax.models import LanguageModel
 from vla_jax.tasks import IGNORE
 from vla_jax.tasks import copy as copy_task
-from vla_jax.tasks.common import check_examples
+from vla_jax.tasks.common import check_examples, check_int
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import jsonl
 from vla_jax.training import lock
@@ -214,11 +214,12 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   Args:
     config: an `ExperimentConfig` (see `vla_jax.training.config.from_config_dict`).
     workdir: output folder.
-    stop_after: stop (with a checkpoint) once this many steps are done, as an interruption
-      would, and evaluate there; the schedule still follows `config.train.num_steps`. None
-      runs to the end. A SIGTERM stops the run too, after the step in flight, with a
-      checkpoint at that step and no evaluation (`evals` None unless a periodic one fell on
-      that step); rerunning with the same workdir resumes there.
+    stop_after: stop (with a checkpoint) once this many steps (an int >= 1) are done, as an
+      interruption would, and evaluate there; the schedule still follows
+      `config.train.num_steps`. None runs to the end. A SIGTERM stops the run too, after
+      the step in flight, with a checkpoint at that step and no evaluation (`evals` None
+      unless a periodic one fell on that step); rerunning with the same workdir resumes
+      there.
     mesh: a `jax.sharding.Mesh` with axis "data" (default: every visible device).
     log: called with each progress line.
 
@@ -234,6 +235,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     JSON.
   """
   start_time = time.time()
+  if stop_after is not None:
+    check_int("stop_after", stop_after, 1)
   trainer = Trainer(config, mesh)
   with lock.WorkdirLock(workdir):
     return _train(trainer, workdir, stop_after, log, start_time)
