@@ -60,5 +60,6 @@ def get_base_config():
       "log_every": 50,
       "checkpoint_every": 500,
       "keep_checkpoints": 2,
+      "tensorboard": False,  # True: TensorBoard scalars under <workdir>/tb (tensorboardX)
   })
   return config

@@ -327,7 +327,12 @@ def _without(section, keys):
 
 
 def read_config(workdir):
-  with open(os.path.join(workdir, CONFIG_FILE)) as f:
+  """The config.json of the run in `workdir`; ValueError when there is none."""
+  path = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise ValueError(f"{workdir} is not a training run's folder: it has no {CONFIG_FILE}"
+                     + ("" if os.path.isdir(workdir) else " (the folder does not exist)"))
+  with open(path) as f:
     return json.load(f)
 
 

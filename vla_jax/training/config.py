@@ -27,6 +27,8 @@ class TrainConfig:
     eval_every, eval_examples, eval_batch_size: periodic evaluation (0 = only at the end).
     log_every: steps between progress lines and JSONL rows.
     checkpoint_every: steps between checkpoints (0 = only at the end); keep_checkpoints kept.
+    tensorboard: also write the metrics rows as TensorBoard scalars under <workdir>/tb
+      (needs tensorboardX: pip install 'vla-jax[tensorboard]').
   """
 
   seed: int = 0
@@ -45,6 +47,7 @@ class TrainConfig:
   log_every: int = 50
   checkpoint_every: int = 0
   keep_checkpoints: int = 2
+  tensorboard: bool = False
 
   def validate(self, num_devices=1):
     for name in ("batch_size", "num_steps", "eval_examples", "eval_batch_size", "log_every",
@@ -67,6 +70,8 @@ class TrainConfig:
       if not ok:
         raise ValueError(f"train.{name} must be in [{lo}, {hi}{']' if closed else ')'}; "
                          f"got {value!r}")
+    if not isinstance(self.tensorboard, bool):
+      raise ValueError(f"train.tensorboard must be True or False; got {self.tensorboard!r}")
     for name in ("batch_size", "eval_batch_size"):
       if getattr(self, name) % num_devices:
         raise ValueError(f"train.{name}={getattr(self, name)} must be divisible by the "

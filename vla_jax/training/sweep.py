@@ -37,9 +37,12 @@ from vla_jax.models import LanguageModel
 from vla_jax.tasks import registry
 from vla_jax.tasks.common import check_int
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import curves
 from vla_jax.training import jsonl
 from vla_jax.training import lock
 from vla_jax.training import preemption
+from vla_jax.training import progress as progress_lib
+from vla_jax.training import provenance
 from vla_jax.training.config import ExperimentConfig
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
                                     generation_scores, model_loss, most_targets,
@@ -205,8 +208,8 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     [] when stopped before the last step; otherwise one dict per run: seed, learning_rate,
     mixer, task, steps, train_loss (None when diverged or unknown), diverged, test and
     validation scores ({set: {accuracy, exact_match, targets, ...}}), wall_s (the whole
-    sweep's, over every segment of a resumed one). The same rows are written to
-    `workdir/sweep_results.jsonl` when the sweep finishes.
+    sweep's, over every segment of a resumed one), git_commit (`provenance.git_commit`).
+    The same rows are written to `workdir/sweep_results.jsonl` when the sweep finishes.
   """
   start_time = time.time()
   if stop_after is not None:
@@ -237,36 +240,53 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
   end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
   log(f"sweep task={trainer.task.name} mixer={config.model.mixer} runs={trainer.size} "
       f"steps {start}->{end}")
-  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  metrics_path = os.path.join(workdir, curves.METRICS_FILE)
   # Losses of the last logged step at or before `start`: a sweep stopped after its last
   # training step (during evaluation, say) resumes with no step left to log.
   last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
   losses = _logged_losses(last, start, trainer.size)
   before = ckpt.elapsed_of(last)
-  tick, tick_step = time.time(), start
-  with preemption.StopSignal() as stop:
-    for step, (inputs, labels) in _prefetch(trainer, start, end):
-      state, metrics = trainer.train_step(state, inputs, labels)
-      done = step + 1
-      if done % tc.log_every == 0 or done == end or stop.requested:
-        metrics = jax.device_get(metrics)
-        losses = np.asarray(metrics["loss"], np.float64)
-        now = time.time()
-        rate = (done - tick_step) / max(now - tick, 1e-9)
-        tick, tick_step = now, done
-        jsonl.append_rows(metrics_path, [{
-            "step": done, "loss": losses.tolist(),
-            "accuracy": np.asarray(metrics["accuracy"]).tolist(), "steps_per_s": rate,
-            "elapsed_s": round(before + now - start_time, 2)}])
-        finite = losses[np.isfinite(losses)]
-        best = f"{finite.min():.4f}" if finite.size else "nan"
-        log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
-            f"diverged {trainer.size - finite.size}/{trainer.size} {rate:.2f} steps/s")
-      if stop.requested:
-        log(f"SIGTERM: stopping at step {done} with a checkpoint")
-        break
-      if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
-        checkpointer.save(done, state)
+  commit = provenance.git_commit()
+  writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR),
+                                     labels=curves.run_labels(workdir))
+            if tc.tensorboard else None)
+  progress = progress_lib.Progress(start, end)
+  segment = {}   # added to the segment's first row: its compile time and commit
+  try:
+    with preemption.StopSignal() as stop:
+      for step, (inputs, labels) in _prefetch(trainer, start, end):
+        state, metrics = trainer.train_step(state, inputs, labels)
+        done = step + 1
+        if done == start + 1:
+          jax.block_until_ready(metrics)
+          segment = {"compile_s": round(progress.first_step_done(), 2), "git_commit": commit}
+          log(f"step {done} took {segment['compile_s']:.1f} s with compilation; steps/s "
+              "figures leave it out")
+        if done % tc.log_every == 0 or done == end or stop.requested:
+          metrics = jax.device_get(metrics)
+          losses = np.asarray(metrics["loss"], np.float64)
+          rate, timing = progress.describe(done)
+          row = {"step": done, "loss": losses.tolist(),
+                 "accuracy": np.asarray(metrics["accuracy"]).tolist(),
+                 **({"steps_per_s": rate} if rate is not None else {}),
+                 "elapsed_s": round(before + time.time() - start_time, 2), **segment}
+          segment = {}
+          jsonl.append_rows(metrics_path, [row])
+          if writer is not None:
+            writer.write(row)
+          finite = losses[np.isfinite(losses)]
+          best = f"{finite.min():.4f}" if finite.size else "nan"
+          log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
+              f"diverged {trainer.size - finite.size}/{trainer.size}{timing}")
+        if stop.requested:
+          log(f"SIGTERM: stopping at step {done} with a checkpoint")
+          break
+        if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
+          with progress.paused():
+            checkpointer.save(done, state)
+  finally:
+    if writer is not None:
+      writer.close()
   final = checkpointer.finish(state)
   if final < tc.num_steps:
     return []
@@ -280,6 +300,6 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
                  "learning_rate": lr, "steps": final,
                  "train_loss": float(losses[r]) if known and math.isfinite(losses[r]) else None,
                  "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
-                 "validation": validation[r], "wall_s": wall})
+                 "validation": validation[r], "wall_s": wall, "git_commit": commit})
   jsonl.write_rows(os.path.join(workdir, RESULTS_FILE), rows)
   return rows

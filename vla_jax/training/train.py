@@ -16,13 +16,16 @@ from vla_jax.tasks import IGNORE
 from vla_jax.tasks import copy as copy_task
 from vla_jax.tasks.common import check_examples, check_int
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import curves
 from vla_jax.training import jsonl
 from vla_jax.training import lock
 from vla_jax.training import preemption
+from vla_jax.training import progress as progress_lib
+from vla_jax.training import provenance
 from vla_jax.training import sharding
 from vla_jax.training.config import ExperimentConfig, TrainConfig
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_FILE = curves.METRICS_FILE
 
 
 def make_optimizer(train: TrainConfig):
@@ -194,10 +197,6 @@ def generation_scores(model, inputs, batch_size):
           "generated_exact_match": float(hits.all(axis=1).mean())}
 
 
-def _log_row(path, row):
-  jsonl.append_rows(path, [row])
-
-
 def _headline(results, key):
   """`key` of the first evaluation set (for Copy, the first length); None with no evaluation
   (a run stopped before its final one), so that the summary stays strict JSON."""
@@ -209,7 +208,10 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
   Writes `workdir/config.json`, `workdir/metrics.jsonl` (one JSON row per log step and per
-  evaluation) and orbax checkpoints under `workdir/checkpoints`.
+  evaluation; the first training row of each segment adds `compile_s`, the time of its first
+  step, which compiles, and `git_commit`), orbax checkpoints under `workdir/checkpoints` and,
+  with `config.train.tensorboard`, TensorBoard scalars under `workdir/tb`. Progress lines give
+  steps/s without compilation, evaluations and checkpoints, and the time left.
 
   Args:
     config: an `ExperimentConfig` (see `vla_jax.training.config.from_config_dict`).
@@ -229,9 +231,10 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   Returns:
     A summary dict: task, mixer, accuracy (first evaluation set), exact_match, evals (all
     sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
-    as the metrics rows' `elapsed_s`), devices, workdir. The scores are always those of
-    step `steps`, never of an earlier periodic evaluation: a run stopped by SIGTERM has
-    accuracy, exact_match and evals None. No NaN appears, so the summary dumps as strict
+    as the metrics rows' `elapsed_s`), compile_s (this segment's first step; None when it
+    trained none), devices, workdir, git_commit (`provenance.git_commit`). The scores are
+    always those of step `steps`, never of an earlier periodic evaluation: a run stopped by
+    SIGTERM has accuracy, exact_match and evals None. No NaN appears, so the summary dumps as strict
     JSON.
   """
   start_time = time.time()
@@ -260,9 +263,20 @@ def _train(trainer, workdir, stop_after, log, start_time):
   log(f"task={trainer.task.name} mixer={config.model.mixer} devices={trainer.mesh.size} "
       f"params={sum(p.size for p in jax.tree.leaves(state['params']))} steps {start}->{end}")
 
+  commit = provenance.git_commit()
+  writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR))
+            if tc.tensorboard else None)
+  progress = progress_lib.Progress(start, end)
+
+  def log_row(row):
+    jsonl.append_rows(metrics_path, [row])
+    if writer is not None:
+      writer.write(row)
+
   def run_eval(step):
-    results = trainer.evaluate(state["params"], eval_sets)
-    _log_row(metrics_path, {"step": step, "eval": results})
+    with progress.paused():
+      results = trainer.evaluate(state["params"], eval_sets)
+      log_row({"step": step, "eval": results, "git_commit": commit})
     log(f"eval step {step}: " + " ".join(
         f"{k} acc={v['accuracy']:.4f} exact={v['exact_match']:.4f}"
         + (f" generated_exact={v['generated_exact_match']:.4f}"
@@ -272,36 +286,46 @@ def _train(trainer, workdir, stop_after, log, start_time):
   last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
   before = ckpt.elapsed_of(last)
   results, results_step, last_loss = None, None, (last["loss"] if last else None)
-  tick, tick_step = time.time(), start
-  with preemption.StopSignal() as stop:
-    for step in range(start, end):
-      inputs, labels = trainer.task.train_batch(tc.seed, step, tc.batch_size)
-      check_max_targets(labels, trainer.max_targets, where=f"train batch {step}")
-      state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
-                                                                       labels))
-      done = step + 1
-      if done % tc.log_every == 0 or done == end or stop.requested:
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        last_loss = metrics["loss"]
-        now = time.time()
-        rate = (done - tick_step) / max(now - tick, 1e-9)
-        tick, tick_step = now, done
-        _log_row(metrics_path, {"step": done, **metrics, "steps_per_s": rate,
-                                "elapsed_s": round(before + now - start_time, 2)})
-        log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} acc {metrics['accuracy']:.4f}"
-            f" lr {metrics['lr']:.2e} {rate:.2f} steps/s")
-        if not math.isfinite(metrics["loss"]):
-          raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
-      if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
-        results, results_step = run_eval(done), done
-      if stop.requested:
-        log(f"SIGTERM: stopping at step {done} with a checkpoint")
-        break
-      if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
-        checkpointer.save(done, state)
-  final = checkpointer.finish(state)
-  if results_step != final:   # the summary scores the final step only, never an earlier one
-    results = None if stop.requested else run_eval(final)
+  segment = {}   # added to the segment's first training row: its compile time and commit
+  try:
+    with preemption.StopSignal() as stop:
+      for step in range(start, end):
+        inputs, labels = trainer.task.train_batch(tc.seed, step, tc.batch_size)
+        check_max_targets(labels, trainer.max_targets, where=f"train batch {step}")
+        state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
+                                                                         labels))
+        done = step + 1
+        if done == start + 1:
+          jax.block_until_ready(metrics)
+          segment = {"compile_s": round(progress.first_step_done(), 2), "git_commit": commit}
+          log(f"step {done} took {segment['compile_s']:.1f} s with compilation; steps/s "
+              "figures leave it out")
+        if done % tc.log_every == 0 or done == end or stop.requested:
+          metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          last_loss = metrics["loss"]
+          rate, timing = progress.describe(done)
+          row = {"step": done, **metrics, **({"steps_per_s": rate} if rate is not None else {}),
+                 "elapsed_s": round(before + time.time() - start_time, 2), **segment}
+          segment = {}
+          log_row(row)
+          log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} "
+              f"acc {metrics['accuracy']:.4f} lr {metrics['lr']:.2e}{timing}")
+          if not math.isfinite(metrics["loss"]):
+            raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
+        if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
+          results, results_step = run_eval(done), done
+        if stop.requested:
+          log(f"SIGTERM: stopping at step {done} with a checkpoint")
+          break
+        if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
+          with progress.paused():
+            checkpointer.save(done, state)
+    final = checkpointer.finish(state)
+    if results_step != final:   # the summary scores the final step only, never an earlier one
+      results = None if stop.requested else run_eval(final)
+  finally:
+    if writer is not None:
+      writer.close()
   return {
       "task": trainer.task.name,
       "mixer": config.model.mixer,
@@ -311,8 +335,10 @@ def _train(trainer, workdir, stop_after, log, start_time):
       "steps": final,
       "train_loss": last_loss,
       "wall_s": round(before + time.time() - start_time, 2),
+      "compile_s": progress.compile_s and round(progress.compile_s, 2),
       "devices": trainer.mesh.size,
       "workdir": os.path.abspath(workdir),
+      "git_commit": commit,
   }
 
 
@@ -363,7 +389,12 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
       batch sizes.
 
   Returns:
-    {"step": ..., "evals": {name: {accuracy, exact_match, targets}}}.
+    {"step": ..., "evals": {name: {accuracy, exact_match, targets}}, "git_commit": ...}.
+
+  Raises:
+    ValueError: a user's mistake (no run in `workdir`, no checkpoint at `step`, a data file
+      with wrong keys, token ids outside the vocabulary, sequences longer than the learned
+      positions); `checkpoint.CheckpointError` (a ValueError) when no checkpoint verifies.
   """
   from vla_jax.tasks import load_npz  # pylint: disable=import-outside-toplevel
 
@@ -388,4 +419,5 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
   checkpointer = ckpt.Checkpointer(workdir)
   state = checkpointer.restore(trainer.init_state, step)
   checkpointer.close()
-  return {"step": int(state["step"]), "evals": trainer.evaluate(state["params"], eval_sets)}
+  return {"step": int(state["step"]), "evals": trainer.evaluate(state["params"], eval_sets),
+          "git_commit": provenance.git_commit()}

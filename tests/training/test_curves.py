@@ -1,0 +1,151 @@
+"""Curves and progress: step timing without compilation, TensorBoard scalars, the PNG plots
+of plot_run.py, and the git commit that result rows record."""
+
+import json
+import os
+import pathlib
+import re
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import vla_jax
+from vla_jax.training import curves, from_config_dict, progress, provenance, train_and_evaluate
+from vla_jax.training import jsonl
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import test_train  # noqa: E402  pylint: disable=wrong-import-position
+
+COMMIT = re.compile(r"^[0-9a-f]{40}(-dirty)?$")
+
+
+class Clock:
+  def __init__(self):
+    self.now = 100.0
+
+  def __call__(self):
+    return self.now
+
+
+def test_progress_leaves_compilation_and_pauses_out():
+  clock = Clock()
+  p = progress.Progress(start=10, end=110, clock=clock)
+  clock.now += 30.0                              # the first step compiles: 30 s
+  assert p.first_step_done() == 30.0 and p.compile_s == 30.0
+  assert p.rate(11) is None and p.eta(11) is None
+  clock.now += 9.0                               # steps 12..20: 9 s
+  with p.paused():
+    clock.now += 100.0                           # an evaluation
+  assert p.rate(20) == pytest.approx(1.0)        # 9 steps in 9 s of training
+  assert p.eta(20) == pytest.approx(90 * 109.0 / 9)   # wall per step since step 11
+  clock.now += 2.0
+  rate, text = p.describe(30)
+  left = progress.format_seconds(80 * 111.0 / 19)
+  assert rate == pytest.approx(5.0) and text == f" 5.00 steps/s, {left} left"
+  assert progress.format_seconds(3725.4) == "1:02:05"
+
+
+def _events(logdir):
+  """(tag, step, value) of every scalar in the TensorBoard event files under `logdir`."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=import-outside-toplevel
+  found = []
+  for name in sorted(os.listdir(logdir)):
+    data = (pathlib.Path(logdir) / name).read_bytes()
+    at = 0
+    while at < len(data):
+      length = struct.unpack("<Q", data[at:at + 8])[0]
+      event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+      at += 12 + length + 4
+      found += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+  return found
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A tiny 8-step run logging every 2 steps, evaluating at 4 and 8, with TensorBoard."""
+  workdir = tmp_path_factory.mktemp("curves") / "run"
+  lines = []
+  config = from_config_dict(test_train.tiny_config(num_steps=8, log_every=2, eval_every=4,
+                                                   tensorboard=True))
+  summary = train_and_evaluate(config, str(workdir), log=lines.append)
+  return workdir, summary, lines
+
+
+def test_progress_lines_report_compilation_once_then_rates_and_time_left(run):
+  workdir, summary, lines = run
+  compiled = [l for l in lines if "with compilation" in l]
+  assert compiled == [f"step 1 took {summary['compile_s']:.1f} s with compilation; steps/s "
+                      "figures leave it out"]
+  steps = [l for l in lines if l.startswith("step ") and "/8 " in l]
+  assert len(steps) == 4 and all(re.search(r"[\d.]+ steps/s, \d+:\d\d:\d\d left$", l)
+                                 for l in steps[:-1])
+  rows = [r for r in jsonl.read_rows(str(workdir / "metrics.jsonl")) if "loss" in r]
+  assert rows[0]["compile_s"] == summary["compile_s"] > 0
+  assert all("compile_s" not in r and r["steps_per_s"] > 0 for r in rows[1:])
+  assert COMMIT.match(rows[0]["git_commit"]) and summary["git_commit"] == rows[0]["git_commit"]
+
+
+def test_tensorboard_scalars_equal_the_metrics_rows(run):
+  workdir, _, _ = run
+  events = _events(workdir / curves.TENSORBOARD_DIR)
+  rows = jsonl.read_rows(str(workdir / "metrics.jsonl"))
+  loss = [(s, v) for t, s, v in events if t == "train/loss"]
+  assert loss == [(r["step"], pytest.approx(r["loss"], rel=1e-6)) for r in rows if "loss" in r]
+  evals = [(s, v) for t, s, v in events if t == "eval/mqar/accuracy"]
+  assert evals == [(r["step"], pytest.approx(r["eval"]["mqar"]["accuracy"], rel=1e-6))
+                   for r in rows if "eval" in r] and len(evals) == 2
+  assert {t for t, _, _ in events} >= {"train/lr", "train/steps_per_s", "train/compile_s",
+                                       "eval/mqar/exact_match"}
+
+
+def test_plot_run_py_draws_a_png_and_names_a_missing_log(run, tmp_path):
+  workdir, _, _ = run
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  plot_py = [sys.executable, str(ROOT / "experiments" / "plot_run.py")]
+  out = tmp_path / "plots" / "run.png"
+  proc = subprocess.run(plot_py + [f"--workdir={workdir}", f"--out={out}"],
+                        capture_output=True, text=True, timeout=600, env=env, check=False)
+  assert proc.returncode == 0 and proc.stdout.strip() == str(out), proc.stderr[-2000:]
+  assert proc.stderr == ""
+  png = out.read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n"
+  width, height = struct.unpack(">II", png[16:24])
+  assert (width, height) == (1210, 825)
+  missing = subprocess.run(plot_py + [f"--workdir={tmp_path / 'none'}"], capture_output=True,
+                           text=True, timeout=600, env=env, check=False)
+  assert missing.returncode == 1 and missing.stderr.strip() == (
+      f"plot_run.py: error: no metrics file {tmp_path / 'none' / 'metrics.jsonl'} (a run "
+      "writes it at its first logged step)")
+
+
+def test_curves_of_a_resumed_sweep(tmp_path):
+  """A sweep's rows (a list per run) give a line per run, labelled by seed and rate; a step
+  logged twice (a resume) counts once, the last row written."""
+  (tmp_path / "config.json").write_text(json.dumps({
+      "task": {"name": "mqar"}, "model": {"mixer": "vla"}, "train": {"num_steps": 4},
+      "sweep": {"seeds": [0, 1], "learning_rates": [1e-3]}}))
+  jsonl.append_rows(str(tmp_path / "metrics.jsonl"), [
+      {"step": 2, "loss": [2.0, 2.5], "accuracy": [0.1, 0.2], "compile_s": 3.0},
+      {"step": 4, "loss": [9.0, 9.0], "accuracy": [0.0, 0.0], "steps_per_s": 5.0},
+      {"step": 4, "loss": [1.0, float("nan")], "accuracy": [0.4, 0.0], "steps_per_s": 6.0}])
+  got = curves.read_curves(str(tmp_path / "metrics.jsonl"))
+  assert got["train"]["loss"][0] == (2, [2.0, 2.5]) and got["train"]["loss"][1][1][0] == 1.0
+  assert got["train"]["steps_per_s"] == [(4, 6.0)] and got["eval"] == {}
+  assert curves.run_labels(str(tmp_path)) == ["seed 0, lr 0.001", "seed 1, lr 0.001"]
+  assert [t for t, _ in curves.scalars({"step": 4, "loss": [1.0, 2.0]}, ["a", "b"])] == [
+      "train/loss/a", "train/loss/b"]
+  path = curves.plot_run(str(tmp_path))
+  assert path == str(tmp_path / "curves.png") and os.path.getsize(path) > 10_000
+
+
+def test_git_commit_is_the_checkouts_or_none(tmp_path, monkeypatch):
+  commit = provenance.git_commit()
+  head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                        text=True, check=True).stdout.strip()
+  assert COMMIT.match(commit) and commit.startswith(head)
+  monkeypatch.setattr(vla_jax, "__file__", str(tmp_path / "vla_jax" / "__init__.py"))
+  assert provenance.git_commit.__wrapped__() is None   # an installed copy, not a checkout
