@@ -253,14 +253,18 @@ class LanguageModel(nnx.Module):
       layers.append(layer_cache)
     return self._logits(x), ModelCache(cache.position + 1, tuple(layers))
 
-  def generate(self, prompt, max_new_tokens, *, temperature=0.0, rng=None):
+  def generate(self, prompt, max_new_tokens, *, temperature=0.0, top_k=None, eos_id=None,
+               rng=None):
     """Continues `prompt` [B, P] int by `max_new_tokens` tokens; see `generate`."""
-    return generate(self, prompt, max_new_tokens, temperature=temperature, rng=rng)
+    return generate(self, prompt, max_new_tokens, temperature=temperature, top_k=top_k,
+                    eos_id=eos_id, rng=rng)
 
 
-def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
+def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, eos_id=None,
+             rng=None):
   """Greedy (temperature 0) or sampled decoding: prefill the prompt, then one `step` per new
-  token inside a `lax.scan`, all compiled once per (prompt shape, max_new_tokens, temperature).
+  token inside a `lax.while_loop`, all compiled once per (prompt shape, max_new_tokens,
+  temperature, top_k, eos_id).
 
   Args:
     model: a `LanguageModel`.
@@ -268,6 +272,11 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
     max_new_tokens: N >= 1; P + N - 1 tokens are fed to the model and must fit
       model.max_len.
     temperature: 0 for argmax, > 0 to sample from softmax(logits / temperature).
+    top_k: None (default) samples from every token; an int k in [1, vocab_size] samples from
+      the k most likely ones only (top_k=1 is greedy). No effect when temperature is 0.
+    eos_id: None (default), or the end-of-sequence token id in [0, vocab_size): once a
+      sequence has generated it, every later position of that sequence holds eos_id, and
+      decoding stops as soon as all sequences have ended.
     rng: a `jax.random` key (needed when temperature > 0).
 
   Returns:
@@ -277,10 +286,11 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
   if prompt.ndim != 2 or prompt.shape[1] < 1 or not jnp.issubdtype(prompt.dtype, jnp.integer):
     raise ValueError(f"prompt must be int tokens of shape [B, P] with P >= 1; got "
                      f"{prompt.dtype} {prompt.shape}")
+  vocab = model.config.vocab_size
   low, high = int(prompt.min()), int(prompt.max())
-  if low < 0 or high >= model.config.vocab_size:
-    raise ValueError(f"prompt token ids must lie in [0, vocab_size={model.config.vocab_size}); "
-                     f"got {low} .. {high}")
+  if low < 0 or high >= vocab:
+    raise ValueError(f"prompt token ids must lie in [0, vocab_size={vocab}); got {low} .. "
+                     f"{high}")
   if not checks.is_int(max_new_tokens) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an int >= 1; got {max_new_tokens!r}")
   max_new_tokens = int(max_new_tokens)
@@ -294,28 +304,57 @@ def generate(model, prompt, max_new_tokens, *, temperature=0.0, rng=None):
     raise ValueError(f"temperature must be finite and >= 0; got {temperature}")
   if temperature > 0 and rng is None:
     raise ValueError("sampling with temperature > 0 needs rng (a jax.random key)")
+  if top_k is not None:
+    if not checks.is_int(top_k) or not 1 <= top_k <= vocab:
+      raise ValueError(f"top_k must be None or an int in [1, vocab_size={vocab}]; got "
+                       f"{top_k!r}")
+    top_k = None if int(top_k) == vocab else int(top_k)
+  if eos_id is not None:
+    if not checks.is_int(eos_id) or not 0 <= eos_id < vocab:
+      raise ValueError(f"eos_id must be None or a token id in [0, vocab_size={vocab}); got "
+                       f"{eos_id!r}")
+    eos_id = int(eos_id)
   rng = jax.random.key(0) if rng is None else rng
   return _generate(model, prompt.astype(jnp.int32), rng, max_new_tokens=max_new_tokens,
-                   temperature=temperature)
+                   temperature=temperature, top_k=top_k, eos_id=eos_id)
 
 
-@functools.partial(nnx.jit, static_argnames=("max_new_tokens", "temperature"))
-def _generate(model, prompt, rng, *, max_new_tokens, temperature):
-  cache = model.init_cache(prompt.shape[0], prompt.shape[1] + max_new_tokens - 1)
+@functools.partial(nnx.jit, static_argnames=("max_new_tokens", "temperature", "top_k",
+                                             "eos_id"))
+def _generate(model, prompt, rng, *, max_new_tokens, temperature, top_k, eos_id):
+  batch = prompt.shape[0]
+  cache = model.init_cache(batch, prompt.shape[1] + max_new_tokens - 1)
   logits, cache = model.prefill(prompt, cache)
 
   def pick(logits_t, key):
     if temperature == 0:
       return jnp.argmax(logits_t, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(key, logits_t / temperature, axis=-1).astype(jnp.int32)
+    scaled = logits_t / temperature
+    if top_k is None:
+      return jax.random.categorical(key, scaled, axis=-1).astype(jnp.int32)
+    values, ids = jax.lax.top_k(scaled, top_k)
+    choice = jax.random.categorical(key, values, axis=-1)
+    return jnp.take_along_axis(ids, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
-  def body(carry, key):
-    token, cache = carry
-    logits_t, cache = model.step(token, cache)
-    token = pick(logits_t, key)
-    return (token, cache), token
+  def ended(token):
+    return jnp.zeros(token.shape, bool) if eos_id is None else token == eos_id
 
   keys = jax.random.split(rng, max_new_tokens)
   first = pick(logits[:, -1], keys[0])
-  _, rest = jax.lax.scan(body, (first, cache), keys[1:])
-  return jnp.concatenate([prompt, first[:, None], rest.T], axis=1)
+  pad = 0 if eos_id is None else eos_id
+  out = jnp.full((batch, max_new_tokens), pad, jnp.int32).at[:, 0].set(first)
+
+  def cond(carry):
+    i, _, _, done, _ = carry
+    return (i < max_new_tokens) & ~jnp.all(done)
+
+  def body(carry):
+    i, token, cache, done, out = carry
+    logits_t, cache = model.step(token, cache)
+    token = jnp.where(done, pad, pick(logits_t, keys[i]))
+    out = jax.lax.dynamic_update_slice(out, token[:, None], (0, i))
+    return i + 1, token, cache, done | ended(token), out
+
+  carry = (jnp.asarray(1, jnp.int32), first, cache, ended(first), out)
+  out = jax.lax.while_loop(cond, body, carry)[-1]
+  return jnp.concatenate([prompt, out], axis=1)
