@@ -9,7 +9,7 @@ from flax import nnx
 from vla_jax.models import LanguageModel, ModelConfig
 
 CONFIG = ModelConfig(vocab_size=13, max_len=20, mixer="vla", d_model=16, num_heads=2,
-                     chunk_size=16)
+                     impl="scan")   # the cheapest form to compile
 PROMPT_LEN, NEW = 4, 10
 
 
@@ -26,7 +26,7 @@ def prompt():
 def test_top_k_samples_only_among_the_k_most_likely_tokens(model, prompt):
   key = jax.random.key(3)
   greedy = model.generate(prompt, NEW)
-  np.testing.assert_array_equal(model.generate(prompt, NEW, temperature=2.0, top_k=1, rng=key),
+  np.testing.assert_array_equal(model.generate(prompt, NEW, temperature=5.0, top_k=1, rng=key),
                                 greedy)
   out = model.generate(prompt, NEW, temperature=5.0, top_k=3, rng=key)
   np.testing.assert_array_equal(out, model.generate(prompt, NEW, temperature=5.0, top_k=3,

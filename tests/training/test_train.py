@@ -318,7 +318,7 @@ def test_main_prints_json_and_rejects_bad_config(tmp_path):
                  f"--workdir={tmp_path / 'run'}"]
   ok = subprocess.run(evaluate_py, capture_output=True, text=True, timeout=600, env=env,
                       check=False)
-  assert ok.returncode == 0, ok.stderr[-3000:]
+  assert ok.returncode == 0 and ok.stderr == "", ok.stderr[-3000:]   # no library INFO logs
   assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
   refused = subprocess.run(evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
                                           "--config.train.eval_examples=8"],
@@ -430,6 +430,28 @@ def test_evaluate_refuses_token_ids_outside_the_vocabulary(tiny_run):
   with pytest.raises(ValueError, match=r"evaluation set mqar: token id \d+ does not fit "
                                        r"vocab_size=16"):
     evaluate(str(tiny_run[1]), task=("mqar", other))
+
+
+def test_evaluate_reports_a_users_mistakes_in_one_line(tmp_path, tiny_run):
+  """evaluate.py with an .npz of the wrong keys: one line, exit 1; sequences longer than the
+  learned positions and token ids past the vocabulary are ValueErrors (the same one line)."""
+  np.savez(tmp_path / "keys.npz", x=np.zeros((2, 3), np.int32), y=np.zeros((2, 3), np.int32))
+  proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"),
+                         f"--workdir={tiny_run[1]}", f"--npz={tmp_path / 'keys.npz'}"],
+                        capture_output=True, text=True, timeout=600, check=False,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 1 and proc.stdout == ""
+  assert proc.stderr.strip().splitlines() == [
+      f"evaluate.py: error: {tmp_path / 'keys.npz'}: missing array(s) inputs, labels; an "
+      "external data file needs `inputs` and `labels` [N, T] int arrays, has x, y"]
+  inputs, labels = from_config_dict(tiny_config()).make_task().eval_sets(0, 4)["mqar"]
+  save_npz(tmp_path / "long.npz", np.tile(inputs, 2), np.tile(labels, 2))
+  with pytest.raises(ValueError, match=r"sequences of length \d+ exceed the model's learned "
+                                       r"positions \(max_len=\d+\)"):
+    evaluate(str(tiny_run[1]), npz_path=str(tmp_path / "long.npz"))
+  save_npz(tmp_path / "vocab.npz", inputs + 16, labels)
+  with pytest.raises(ValueError, match="token id .* does not fit vocab_size=16"):
+    evaluate(str(tiny_run[1]), npz_path=str(tmp_path / "vocab.npz"))
 
 
 def test_an_evaluation_mesh_splits_the_run_batches():

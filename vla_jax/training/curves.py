@@ -94,8 +94,9 @@ def plot_run(workdir, out=None):
             _lines(ax, metrics[metric], labels, f"{name} {metric.replace('_', ' ')}",
                    marker="o" if metric == "accuracy" else "s")
       ax.set_ylim(-0.02, 1.02)
-    if log_y and points and all(v > 0 for _, vs in points for v in _values(vs)):
-      ax.set_yscale("log")
+    values = [v for _, vs in points for v in _values(vs) if v == v]   # NaN left out
+    if log_y and values and min(values) > 0 and max(values) > 20 * min(values):
+      ax.set_yscale("log")   # only for a range of more than a decade
     if not points and key != "accuracy":
       ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
     ax.set_title(title)
