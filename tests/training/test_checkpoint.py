@@ -66,6 +66,7 @@ def saved(tmp_path):
   (directory / "7").mkdir(parents=True)
   (directory / "7" / "notes.txt").write_text("mine")
   (directory / "0").mkdir()
+  (directory / "5.partial" / ckpt.ITEM).mkdir(parents=True)   # a save that was killed
   checkpointer = ckpt.Checkpointer(tmp_path, keep=2)
   for step in (1, 2, 3):
     checkpointer.save(step, _state(step, scale=step))
@@ -74,6 +75,8 @@ def saved(tmp_path):
 
 
 def test_save_keeps_the_newest_and_never_touches_a_users_folders(saved):
+  """keep=2 of steps 1, 2, 3; the user's "7" and "0" stay, a killed save's "5.partial"
+  goes; the latest restores bit for bit with its dtypes."""
   checkpointer, directory = saved
   assert checkpointer.steps() == [2, 3] and checkpointer.latest_step() == 3
   assert sorted(p.name for p in directory.iterdir()) == ["0", "2", "3", "7"]

@@ -145,7 +145,9 @@ class Checkpointer:
     os.makedirs(self.directory, exist_ok=True)
     final = os.path.join(self.directory, str(step))
     partial = final + PARTIAL
-    shutil.rmtree(partial, ignore_errors=True)   # left by a save that was killed
+    for name in os.listdir(self.directory):   # left by saves that were killed
+      if name.endswith(PARTIAL) and name[:-len(PARTIAL)].isdigit():
+        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     leaves = _leaf_records(state)
     self._orbax.save(os.path.join(partial, ITEM), state)
     self._orbax.wait_until_finished()
