@@ -302,6 +302,344 @@ def state_chain(A, Bt, H, X0, *, reverse=False, precision=None, interpret=None):
                 reverse=reverse, split=split, interpret=bool(interpret))
 
 
+# ----------------------------------------------------------------------------- bfloat16 kernels
+
+# The kernels below take bfloat16 q, e, w, v in place ([B, T, H, d], read with TMA) and run
+# every product on bfloat16 wgmma operands with float32 accumulation. Values computed inside
+# (the factors, the carried state, ...) are float32 and enter a product as `pieces` bfloat16
+# terms, x ~ x_0 + x_1 + ... (x_0 the bfloat16 rounding of x, x_1 that of the rest, ...): a
+# product a b is the sum of a_i b_j over i + j < pieces (an input has one piece, itself), 3
+# products with 2 pieces (~16 bits, finer than TF32) and 6 with 3 (float32 accuracy).
+# One piece (plain bfloat16 factors) is not enough: chunks whose keys are nearly parallel
+# give (I + strictly_lower(E W^T))^-1 whose application cancels to a few bits (offline
+# emulation, keys near a 4-dim subspace: 18% error in o with one piece, 0.4% with two).
+
+BF16_CHUNK = 64                 # tokens per chunk of the bfloat16 kernels (wgmma's M)
+PIECES = 2                      # bfloat16 pieces of computed operands (precision=DEFAULT)
+
+
+def bf16_pieces(x, n):
+  """x (float32) as n bfloat16 arrays with x ~ sum of them (each the bfloat16 rounding of
+  what the earlier ones leave; relative error ~2^-(8n+1))."""
+  parts = []
+  for _ in range(n):
+    hi = x.astype(jnp.bfloat16)
+    parts.append(hi)
+    x = x - hi.astype(jnp.float32)
+  return parts
+
+
+def _smem(shape, dtype):
+  """A swizzled shared-memory buffer of wgmma operand tiles (rows of 128 bytes)."""
+  per_row = _SWIZZLE // jnp.dtype(dtype).itemsize
+  return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, per_row)),
+                                              plgpu.SwizzleTransform(_SWIZZLE)))
+
+
+def _iota(n):
+  layout = plgpu.Layout.WGMMA
+  return (plgpu.broadcasted_iota(jnp.int32, (n, n), 0, layout=layout),
+          plgpu.broadcasted_iota(jnp.int32, (n, n), 1, layout=layout))
+
+
+class _Products:
+  """wgmma products on bfloat16 pieces for one warpgroup.
+
+  stage: None when compiled (left operands computed in the kernel are register arrays), or, in
+  GPU interpret mode (which takes left operands from shared memory only), a dict of
+  [pieces, rows, cols] buffers the left operands are staged through."""
+
+  def __init__(self, pieces, stage):
+    self.pieces = pieces
+    self.stage = stage
+
+  def lhs(self, x, name):
+    """The pieces of x (float32 [64 or 128, K], a value) as left wgmma operands."""
+    parts = bf16_pieces(x, self.pieces)
+    if self.stage is None:
+      return parts
+    buf = self.stage[name]
+    for k, part in enumerate(parts):
+      buf.at[k][...] = part
+    plgpu.commit_smem()
+    return [buf.at[k] for k in range(len(parts))]
+
+  def dot(self, shape, *pairs):
+    """Sum over (a pieces, b pieces) pairs of a b, float32 [M, N] (one accumulator)."""
+    def body(acc):
+      for a_parts, b_parts in pairs:
+        for i, a in enumerate(a_parts):
+          for j, b in enumerate(b_parts):
+            if i + j < self.pieces:
+              plgpu.wgmma(acc, a, b)
+      return acc[...]
+    return pl.run_scoped(body, plgpu.ACC(shape, jnp.float32))
+
+
+def _store_pieces(ref, x, n):
+  """The n bfloat16 pieces of x into ref [n, rows, cols] (then `plgpu.commit_smem`)."""
+  for k, part in enumerate(bf16_pieces(x, n)):
+    ref.at[k][...] = part
+
+
+def _parts(ref, n, transpose=False):
+  return [ref.at[k].T if transpose else ref.at[k] for k in range(n)]
+
+
+def _interpret_params(interpret):
+  return plgpu.InterpretGPUParams() if interpret else None
+
+
+def prep_smem_bytes(dk, dv, pieces):
+  """Shared memory of one `_prep` program: e, w, v tiles, N and T (B operands), W' and U'^T
+  (outputs), in bfloat16."""
+  C = BF16_CHUNK
+  return 2 * (C * (2 * dk + dv) + 2 * pieces * C * C + pieces * C * (dk + dv)) + _SMEM_RESERVED
+
+
+def chain_smem_bytes(dk, pieces, slots):
+  """Shared memory of one `_chain_bf16` program: `slots` buffers of W' (pieces), W and U'^T
+  rows (pieces), the chunk-start state (pieces) and the float32 start / final state."""
+  C, BV = BF16_CHUNK, VALUE_BLOCK
+  staged = slots * 2 * (pieces * C * dk + C * dk + pieces * BV * C)
+  return staged + 2 * pieces * BV * dk + 4 * BV * dk + _SMEM_RESERVED
+
+
+def chain_slots(dk, pieces):
+  """Buffers per input of `_chain_bf16`: 2 (the next chunk's loads overlap this chunk's
+  products) where they fit, else 1 (precision=HIGHEST at dk = 128)."""
+  return 2 if chain_smem_bytes(dk, pieces, 2) <= SMEM_LIMIT else 1
+
+
+def out_smem_bytes(dk, pieces, out_bytes):
+  """Shared memory of one `_outputs` program (one block of 64 value columns)."""
+  C, BV = BF16_CHUNK, VALUE_BLOCK
+  return (2 * (2 * C * dk + pieces * C * dk + pieces * BV * C + pieces * BV * dk)
+          + out_bytes * C * BV + _SMEM_RESERVED)
+
+
+def _prep(e, w, v, *, pieces, with_inverse, interpret):
+  """Chunk factors of the bfloat16 path, one program per (batch * head, chunk):
+
+      L = E W^T,  T = (I + strictly_lower(L))^-1,  W' = T E,  U'^T = V^T T^T.
+
+  T by block doubling on the whole [C, C] matrix (`vla_jax.ops.utils.tril_inverse`'s merge,
+  with masks): from the 2 x 2 blocks' inverse, log2(C) - 1 merges inv <- inv - inv N_s inv,
+  N_s the part of N = strictly_lower(L) coupling the halves of each 2s-block; inv N_s is
+  inv N masked to those entries (inv is block diagonal), so N is staged once.
+
+  Args:
+    e, w: [B, T, H, dk], v: [B, T, H, dv] bfloat16, T a multiple of 64.
+    pieces: bfloat16 pieces of the computed operands and outputs (2 or 3).
+    with_inverse: also return T.
+
+  Returns:
+    W' [B * H, N, pieces, C, dk] and U'^T [B * H, N, pieces, dv, C] as bfloat16 pieces
+    (and T [B * H, N, pieces, C, C]).
+  """
+  B, T, H, dk = e.shape
+  dv = v.shape[-1]
+  C = BF16_CHUNK
+  N = T // C
+  bf16 = jnp.bfloat16
+
+  def body(e_g, w_g, v_g, *refs):
+    outs, s = refs[:-1], refs[-1]
+    wp_g, ut_g = outs[:2]
+    bh, n = lax.axis_index("bh"), lax.axis_index("n")
+    b, h = bh // H, bh % H
+    tok = pl.ds(n * C, C)
+    for k, (src, dst) in enumerate(((e_g, s["e"]), (w_g, s["w"]), (v_g, s["v"]))):
+      plgpu.copy_gmem_to_smem(src.at[b, tok, h], dst, s["bar"].at[k])
+    mm = _Products(pieces, s["stage"])
+    plgpu.barrier_wait(s["bar"].at[0])
+    plgpu.barrier_wait(s["bar"].at[1])
+    L = mm.dot((C, C), ([s["e"]], [s["w"].T]))
+    r, c = _iota(C)
+    _store_pieces(s["n"], jnp.where(r > c, L, 0.0), pieces)
+    inv = jnp.where(r == c, 1.0, 0.0) - jnp.where((r == c + 1) & ((r & 1) == 1), L, 0.0)
+    half = 2
+    while half < C:
+      shift = jnp.int32((2 * half).bit_length() - 1)
+      merged = ((lax.shift_right_logical(r, shift) == lax.shift_right_logical(c, shift))
+                & ((r & (2 * half - 1)) >= half) & ((c & (2 * half - 1)) < half))
+      _store_pieces(s["t"], inv, pieces)
+      plgpu.commit_smem()
+      inv_N = jnp.where(merged, mm.dot((C, C), (mm.lhs(inv, "cc"), _parts(s["n"], pieces))), 0.0)
+      inv = inv - mm.dot((C, C), (mm.lhs(inv_N, "cc"), _parts(s["t"], pieces)))
+      half *= 2
+    _store_pieces(s["t"], inv, pieces)
+    plgpu.commit_smem()
+    Wp = mm.dot((C, dk), (mm.lhs(inv, "cc"), [s["e"]]))
+    plgpu.barrier_wait(s["bar"].at[2])
+    Ut = mm.dot((dv, C), ([s["v"].T], _parts(s["t"], pieces, transpose=True)))
+    _store_pieces(s["wp"], Wp, pieces)
+    _store_pieces(s["ut"], Ut, pieces)
+    plgpu.commit_smem()
+    for k in range(pieces):
+      plgpu.copy_smem_to_gmem(s["wp"].at[k], wp_g.at[bh, n, k])
+      plgpu.copy_smem_to_gmem(s["ut"].at[k], ut_g.at[bh, n, k])
+      if with_inverse:
+        plgpu.copy_smem_to_gmem(s["t"].at[k], outs[2].at[bh, n, k])
+    plgpu.wait_smem_to_gmem(0)
+
+  scratch = dict(
+      e=_smem((C, dk), bf16), w=_smem((C, dk), bf16), v=_smem((C, dv), bf16),
+      n=_smem((pieces, C, C), bf16), t=_smem((pieces, C, C), bf16),
+      wp=_smem((pieces, C, dk), bf16), ut=_smem((pieces, dv, C), bf16),
+      bar=plgpu.Barrier(num_barriers=3),
+      stage=dict(cc=_smem((pieces, C, C), bf16)) if interpret else None)
+  out_type = [jax.ShapeDtypeStruct((B * H, N, pieces, C, dk), bf16),
+              jax.ShapeDtypeStruct((B * H, N, pieces, dv, C), bf16)]
+  if with_inverse:
+    out_type.append(jax.ShapeDtypeStruct((B * H, N, pieces, C, C), bf16))
+  return plgpu.kernel(body, out_type=tuple(out_type), scratch_types=(scratch,),
+                      grid=(B * H, N), grid_names=("bh", "n"),
+                      interpret=_interpret_params(interpret))(e, w, v)
+
+
+def _chain_bf16(Wp, w, Ut, S0, *, pieces, interpret):
+  """The forward state chain of the bfloat16 path, a program per (batch * head, block of 64
+  state rows), the block X [64, dk] carried in registers (float32):
+
+      Z = U'^T - X W'^T  (= R^T, [64, C]),   X <- X + Z W.
+
+  Args:
+    Wp: [B * H, N, pieces, C, dk], Ut: [B * H, N, pieces, dv, C] (`_prep`);
+    w: [B, T, H, dk] bfloat16 (read in place); S0: [B * H, dv, dk] float32.
+
+  Returns:
+    the chunk-start states S_c [B * H, N, pieces, dv, dk] as bfloat16 pieces and the final
+    state [B * H, dv, dk] float32.
+  """
+  BH, N, _, C, dk = Wp.shape
+  H = w.shape[2]
+  dv = Ut.shape[3]
+  BV = VALUE_BLOCK
+  slots = chain_slots(dk, pieces)
+  bf16, f32 = jnp.bfloat16, jnp.float32
+
+  def body(wp_g, w_g, ut_g, s0_g, sc_g, st_g, s):
+    bh, vb = lax.axis_index("bh"), lax.axis_index("vb")
+    b, h = bh // H, bh % H
+    rows = pl.ds(vb * BV, BV)
+    mm = _Products(pieces, s["stage"])
+
+    def fetch(i, slot):
+      for k in range(pieces):
+        plgpu.copy_gmem_to_smem(wp_g.at[bh, i, k], s["wp"].at[slot, k], s["wp_bar"].at[slot])
+        plgpu.copy_gmem_to_smem(ut_g.at[bh, i, k, rows], s["ut"].at[slot, k],
+                                s["ut_bar"].at[slot])
+      plgpu.copy_gmem_to_smem(w_g.at[b, pl.ds(i * C, C), h], s["w"].at[slot],
+                              s["w_bar"].at[slot])
+
+    for i in range(min(slots, N)):
+      fetch(i, i)
+    plgpu.copy_gmem_to_smem(s0_g.at[bh, rows], s["x"], s["x_bar"])
+    plgpu.barrier_wait(s["x_bar"])
+    X = plgpu.load(s["x"], layout=plgpu.Layout.WGMMA)
+
+    def step(i, X):
+      slot = i % slots
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last chunk start is read
+      _store_pieces(s["sc"], X, pieces)
+      plgpu.commit_smem()
+      for k in range(pieces):
+        plgpu.copy_smem_to_gmem(s["sc"].at[k], sc_g.at[bh, i, k, rows])
+      plgpu.barrier_wait(s["wp_bar"].at[slot])
+      Y = mm.dot((BV, C), (mm.lhs(X, "x"), _parts(s["wp"].at[slot], pieces, transpose=True)))
+      plgpu.barrier_wait(s["ut_bar"].at[slot])
+      Z = sum(plgpu.load(s["ut"].at[slot, k], layout=plgpu.Layout.WGMMA).astype(f32)
+              for k in range(pieces)) - Y
+      plgpu.barrier_wait(s["w_bar"].at[slot])
+      X = X + mm.dot((BV, dk), (mm.lhs(Z, "z"), [s["w"].at[slot]]))
+
+      @pl.when(i + slots < N)
+      def _():
+        fetch(i + slots, slot)
+      return X
+
+    X = lax.fori_loop(jnp.int32(0), jnp.int32(N), step, X)
+    s["x"][...] = X
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(s["x"], st_g.at[bh, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+  bars = lambda arrivals: plgpu.Barrier(num_arrivals=arrivals, num_barriers=slots)
+  scratch = dict(
+      wp=_smem((slots, pieces, C, dk), bf16), w=_smem((slots, C, dk), bf16),
+      ut=_smem((slots, pieces, BV, C), bf16), sc=_smem((pieces, BV, dk), bf16),
+      x=_smem((BV, dk), f32),
+      wp_bar=bars(pieces), ut_bar=bars(pieces), w_bar=bars(1), x_bar=plgpu.Barrier(),
+      stage=(dict(x=_smem((pieces, BV, dk), bf16), z=_smem((pieces, BV, C), bf16))
+             if interpret else None))
+  return plgpu.kernel(
+      body,
+      out_type=(jax.ShapeDtypeStruct((BH, N, pieces, dv, dk), bf16),
+                jax.ShapeDtypeStruct((BH, dv, dk), f32)),
+      scratch_types=(scratch,), grid=(BH, dv // BV), grid_names=("bh", "vb"),
+      interpret=_interpret_params(interpret))(Wp, w, Ut, S0)
+
+
+def _outputs(q, w, Wp, Ut, S_c, *, out_dtype, interpret):
+  """Outputs of the bfloat16 path, one program per (batch * head, chunk, block of 64 value
+  columns), as the Triton path's split output form (`vla_state_out`):
+
+      R^T = U'^T - S_c W'^T,  P = tril(Q W^T),  O = Q S_c^T + P R.
+
+  Args:
+    q, w: [B, T, H, dk] bfloat16 (read in place); Wp, Ut, S_c: bfloat16 pieces as `_prep`
+    and `_chain_bf16` return them.
+
+  Returns:
+    o [B, T, H, dv] in out_dtype (written in place of the token-major layout).
+  """
+  B, T, H, dk = q.shape
+  BH, N, pieces, dv, C = Ut.shape
+  BV = VALUE_BLOCK
+  bf16, f32 = jnp.bfloat16, jnp.float32
+
+  def body(q_g, w_g, wp_g, ut_g, sc_g, o_g, s):
+    bh, n, vb = lax.axis_index("bh"), lax.axis_index("n"), lax.axis_index("vb")
+    b, h = bh // H, bh % H
+    tok, cols = pl.ds(n * C, C), pl.ds(vb * BV, BV)
+    plgpu.copy_gmem_to_smem(q_g.at[b, tok, h], s["q"], s["bar"][0])
+    plgpu.copy_gmem_to_smem(w_g.at[b, tok, h], s["w"], s["bar"][1])
+    for k in range(pieces):
+      plgpu.copy_gmem_to_smem(wp_g.at[bh, n, k], s["wp"].at[k], s["bar"][2])
+      plgpu.copy_gmem_to_smem(ut_g.at[bh, n, k, cols], s["rt"].at[k], s["bar"][3])
+      plgpu.copy_gmem_to_smem(sc_g.at[bh, n, k, cols], s["s"].at[k], s["bar"][4])
+    mm = _Products(pieces, s["stage"])
+    for bar in s["bar"]:
+      plgpu.barrier_wait(bar)
+    S_parts = _parts(s["s"], pieces)
+    Rt = (sum(plgpu.load(s["rt"].at[k], layout=plgpu.Layout.WGMMA).astype(f32)
+              for k in range(pieces))
+          - mm.dot((BV, C), (S_parts, _parts(s["wp"], pieces, transpose=True))))
+    _store_pieces(s["rt"], Rt, pieces)
+    plgpu.commit_smem()
+    r, c = _iota(C)
+    P = jnp.where(r >= c, mm.dot((C, C), ([s["q"]], [s["w"].T])), 0.0)
+    O = mm.dot((C, BV), ([s["q"]], _parts(s["s"], pieces, transpose=True)),
+               (mm.lhs(P, "p"), _parts(s["rt"], pieces, transpose=True)))
+    s["o"][...] = O.astype(out_dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(s["o"], o_g.at[b, tok, h, cols])
+    plgpu.wait_smem_to_gmem(0)
+
+  arrivals = (1, 1, pieces, pieces, pieces)
+  scratch = dict(
+      q=_smem((C, dk), bf16), w=_smem((C, dk), bf16), wp=_smem((pieces, C, dk), bf16),
+      rt=_smem((pieces, BV, C), bf16), s=_smem((pieces, BV, dk), bf16),
+      o=_smem((C, BV), out_dtype),
+      bar=[plgpu.Barrier(num_arrivals=a) for a in arrivals],
+      stage=dict(p=_smem((pieces, C, C), bf16)) if interpret else None)
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((B, T, H, dv), out_dtype),
+      scratch_types=(scratch,), grid=(BH, N, dv // BV), grid_names=("bh", "n", "vb"),
+      interpret=_interpret_params(interpret))(q, w, Wp, Ut, S_c)
+
+
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
 
 def _heads(x):
@@ -325,8 +663,9 @@ def _factors(Q, E, W, V, precision):
   return Tinv, Up, Wp, P, M
 
 
-def _forward(q, e, w, v, S0, C, precision, interpret):
-  """o [B, T, H, dv] (v's dtype), S_T [B, H, dv, dk] float32 and the residuals."""
+def _forward_f32(q, e, w, v, S0, C, precision, interpret):
+  """The float32 path: o [B, T, H, dv] (v's dtype), S_T [B, H, dv, dk] float32 and the
+  residuals (chunk-local factors from XLA, the chain kernel, outputs from XLA)."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   f32 = jnp.float32
@@ -342,6 +681,44 @@ def _forward(q, e, w, v, S0, C, precision, interpret):
   O = mm("bhnck,bhnvk->bhncv", M, S_c) + mm("bhnij,bhnjv->bhniv", P, Up)
   o = from_chunks(O, T).astype(v.dtype)
   return o, S_T.reshape(B, H, dv, dk), (Q, E, W, V, Tinv, Up, Wp, P, M, S_c)
+
+
+def _forward_bf16(q, e, w, v, S0, interpret, with_inverse):
+  """The bfloat16 path (`_prep`, `_chain_bf16`, `_outputs`): o [B, T, H, dv] bfloat16,
+  S_T [B, H, dv, dk] float32 and the kernels' pieces (W', U'^T[, T]) and S_c."""
+  B, T, H, dk = q.shape
+  dv = v.shape[-1]
+  pad = -T % BF16_CHUNK
+  if pad:   # zero keys and values leave the state unchanged
+    q, e, w, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, e, w, v))
+  factors = _prep(e, w, v, pieces=PIECES, with_inverse=with_inverse, interpret=interpret)
+  S_c, S_T = _chain_bf16(factors[0], w, factors[1], S0.reshape(B * H, dv, dk).astype(jnp.float32),
+                         pieces=PIECES, interpret=interpret)
+  o = _outputs(q, w, factors[0], factors[1], S_c, out_dtype=v.dtype, interpret=interpret)
+  return o[:, :T], S_T.reshape(B, H, dv, dk), (factors, S_c)
+
+
+def _bf16_residuals(q, e, w, v, factors, S_c, precision):
+  """The float32 residuals of the backward (as `_forward_f32` returns them) from the bfloat16
+  path's pieces."""
+  B, T, H, dk = q.shape
+  f32 = jnp.float32
+  Q, E, W, V = (to_chunks(x.astype(f32), BF16_CHUNK) for x in (q, e, w, v))
+  N = Q.shape[2]
+  whole = lambda x: jnp.sum(x.astype(f32), axis=2).reshape((B, H, N) + x.shape[3:])
+  Wp, Ut, Tinv = (whole(x) for x in factors)
+  Up, S_c = jnp.swapaxes(Ut, -1, -2), whole(S_c)
+  mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=precision)
+  r = jnp.arange(BF16_CHUNK)
+  P = jnp.where(r[:, None] >= r[None, :], mm("...ik,...jk->...ij", Q, W), 0.0)
+  M = Q - mm("...ij,...jk->...ik", P, Wp)
+  return Q, E, W, V, Tinv, Up, Wp, P, M, S_c
+
+
+def _bf16_path(q, e, w, v, precision):
+  """Whether the bfloat16 kernels run: bfloat16 q, e, w, v and precision=DEFAULT."""
+  return (precision == lax.Precision.DEFAULT
+          and all(x.dtype == jnp.bfloat16 for x in (q, e, w, v)))
 
 
 def _local_vjp(Q, E, W, V, Tinv, Up, Wp, P, S_c, dO, dS_next, precision):
@@ -368,17 +745,27 @@ def _local_vjp(Q, E, W, V, Tinv, Up, Wp, P, S_c, dO, dS_next, precision):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def _state_path(q, e, w, v, S0, C, precision, interpret):
-  o, S_T, _ = _forward(q, e, w, v, S0, C, precision, interpret)
+  if _bf16_path(q, e, w, v, precision):
+    o, S_T, _ = _forward_bf16(q, e, w, v, S0, interpret, with_inverse=False)
+  else:
+    o, S_T, _ = _forward_f32(q, e, w, v, S0, C, precision, interpret)
   return o, S_T
 
 
 def _state_path_fwd(q, e, w, v, S0, C, precision, interpret):
-  o, S_T, res = _forward(q, e, w, v, S0, C, precision, interpret)
+  if _bf16_path(q, e, w, v, precision):
+    o, S_T, (factors, S_c) = _forward_bf16(q, e, w, v, S0, interpret, with_inverse=True)
+    return (o, S_T), ((factors, S_c), (q, e, w, v, S0))
+  o, S_T, res = _forward_f32(q, e, w, v, S0, C, precision, interpret)
   return (o, S_T), (res, (q, e, w, v, S0))
 
 
 def _state_path_bwd(C, precision, interpret, residuals, cts):
-  (Q, E, W, V, Tinv, Up, Wp, P, M, S_c), primals = residuals
+  res, primals = residuals
+  if _bf16_path(*primals[:4], precision):
+    C = BF16_CHUNK
+    res = _bf16_residuals(*primals[:4], *res, precision)
+  Q, E, W, V, Tinv, Up, Wp, P, M, S_c = res
   dO, dS_T = cts
   B, H, N, _, dk = Q.shape
   dv = V.shape[-1]
@@ -485,6 +872,11 @@ def state_path_mosaic(q, e, w, v, S0, *, chunk_size=None, precision=None, interp
         "the Mosaic GPU state path needs an NVIDIA Hopper GPU (compute capability 9.0); "
         f"the target is {device.device_kind!r} ({device.platform}). Use impl='chunked', "
         "the Triton kernels, or interpret=True.")
+  if _bf16_path(q, e, w, v, precision):
+    if chunk_size not in (None, BF16_CHUNK):
+      raise ValueError(f"chunk_size must be None or {BF16_CHUNK} for bfloat16 inputs at the "
+                       f"default precision; got {chunk_size!r}")
+    return _state_path(q, e, w, v, S0, BF16_CHUNK, precision, bool(interpret))
   C = chunk_size or pick_chunk_size(q.shape[-1], precision)
   split = precision == lax.Precision.HIGHEST
   if buffer_plan(q.shape[-1], C, split) is None:
