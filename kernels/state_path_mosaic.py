@@ -541,16 +541,25 @@ def _chain_bf16(Wp, w, Ut, S0, *, pieces, interpret):
 
     def step(i, X):
       slot = i % slots
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last chunk start is read
-      _store_pieces(s["sc"], X, pieces)
-      plgpu.commit_smem()
-      for k in range(pieces):
-        plgpu.copy_smem_to_gmem(s["sc"].at[k], sc_g.at[bh, i, k, rows])
+      x_parts = mm.lhs(X, "x")
       plgpu.barrier_wait(s["wp_bar"].at[slot])
-      Y = mm.dot((BV, C), (mm.lhs(X, "x"), _parts(s["wp"].at[slot], pieces, transpose=True)))
-      plgpu.barrier_wait(s["ut_bar"].at[slot])
-      Z = sum(plgpu.load(s["ut"].at[slot, k], layout=plgpu.Layout.WGMMA).astype(f32)
-              for k in range(pieces)) - Y
+
+      def y_and_stores(acc):   # Y = X W'^T, and while it runs: S_c out, U'^T rows in
+        for i_, a in enumerate(x_parts):
+          for j, b in enumerate(_parts(s["wp"].at[slot], pieces, transpose=True)):
+            if i_ + j < pieces:
+              plgpu.wgmma(acc, a, b)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last chunk start is read
+        _store_pieces(s["sc"], X, pieces)
+        plgpu.commit_smem()
+        for k in range(pieces):
+          plgpu.copy_smem_to_gmem(s["sc"].at[k], sc_g.at[bh, i, k, rows])
+        plgpu.barrier_wait(s["ut_bar"].at[slot])
+        U = sum(plgpu.load(s["ut"].at[slot, k], layout=plgpu.Layout.WGMMA).astype(f32)
+                for k in range(pieces))
+        return U - acc[...]
+
+      Z = pl.run_scoped(y_and_stores, plgpu.ACC((BV, C), f32))
       plgpu.barrier_wait(s["w_bar"].at[slot])
       X = X + mm.dot((BV, dk), (mm.lhs(Z, "z"), [s["w"].at[slot]]))
 
