@@ -1,32 +1,36 @@
 """The Mosaic GPU state path on one Hopper GPU: accuracy against float64, then timings against the
 Triton-Pallas state path and flash-linear-attention's chunk_delta_rule.
 
-    python experiments/bench_mosaic.py --out DIR [--Ts 1024,4096,16384,131072] [--ds 64,128]
-        [--impls mosaic,triton,fla] [--check_T 16384] [--reps 10] [--budget_s 300]
+    python experiments/bench_mosaic.py --out DIR [--Ts 4096,32768,1024,16384,131072]
+        [--ds 64,128] [--impls mosaic,triton,fla] [--fla_Ts 4096,32768] [--fla_ds 64]
+        [--check_T 16384] [--checks bfloat16] [--reps 10] [--budget_s 300]
 
 Rows go to DIR/bench_mosaic.jsonl (one JSON object a line, written as soon as measured).
 
 Checks ("pass": "check"): `state_path_mosaic` on B = 1, H = 2, T = --check_T, d in --ds, against
 the float64 chunked delta rule (`delta_rule_chunked` under x64, on the same inputs rounded to the
-tested dtype): float32 inputs with precision=HIGHEST (bound 1e-5) and bfloat16 inputs with the
-default precision, TF32 (bound 1e-2); relative Frobenius errors of o, S_T and of the gradients
-of sum(o * do) + sum(S_T * dS) w.r.t. q, e, w, v, S0 (the largest is `err_grad`).
+tested dtype): bfloat16 inputs with the default precision (the bfloat16 kernels; bound 1e-2) and,
+with --checks float32, float32 inputs with precision=HIGHEST (the float32 path; bound 1e-5);
+relative Frobenius errors of o, S_T and of the gradients of sum(o * do) + sum(S_T * dS) w.r.t.
+q, e, w, v, S0 (the largest is `err_grad`).
 
-Timings ("pass": "fwd" / "fwd_bwd" / "chain"): H = 16, dk = dv = d, bfloat16 inputs [B, T, H, d]
-(unit e; w = unit(e + n / 2) with n a random vector of norm about 1, VLA-like), S0 float32,
-B = max(1, 32768 // T). Every impl gets the same [B, T, H, d] arrays and returns o [B, T, H, d]
-and S_T. "mosaic": `state_path_mosaic`, default precision (TF32). "triton": the Triton-Pallas
-`state_path` with its default KernelConfig; e and w made head-major float32 inside the timed
-call (as `vla_pallas` hands them), q and v read in place. "triton_xla" (not in the default
-list): the same with KernelConfig(grad_prep="xla"), chunk factors from XLA as in the Mosaic
-path. "fla": `fla.ops.delta_rule.chunk_delta_rule` (PyTorch), e as its keys, beta = 1,
-scale = 1 (the DeltaNet rule: same algorithm family and cost); skipped when torch or fla is
-missing. "mosaic" "chain" rows time the sequential Mosaic kernel alone on inputs of the
-forward's shapes (the rest of the Mosaic forward is XLA). JAX rows are compiled ahead of time
-(`compile_s`), called --warmup times, then timed in --reps rounds of back-to-back calls (at
-least 20 ms a round) each waited for once: `ms` is the median per call, `ms_min` the fastest
-round. fla rows: `triton.testing.do_bench(..., return_mode="median")`. Rows run by T, both
-head dims per T.
+Timings ("pass": "fwd" / "fwd_bwd" / "prep" / "chain"): H = 16, dk = dv = d, bfloat16 inputs
+[B, T, H, d] (unit e; w = unit(e + n / 2) with n a random vector of norm about 1, VLA-like), S0
+float32, B = max(1, 32768 // T). Every impl gets the same [B, T, H, d] arrays and returns
+o [B, T, H, d] and S_T. "mosaic": `state_path_mosaic`, default precision (the bfloat16 kernels);
+its "prep" rows time the chunk-factor kernel alone (`chunk_factors`) and its "chain" rows the
+sequential kernel alone (`forward_chain`, on the forward's own factors); the output kernel is
+the rest of "fwd". "triton": the Triton-Pallas `state_path` with its default KernelConfig; e and
+w made head-major float32 inside the timed call (as `vla_pallas` hands them), q and v read in
+place. "triton_xla" (not in the default list): the same with KernelConfig(grad_prep="xla").
+"fla": `fla.ops.delta_rule.chunk_delta_rule` (PyTorch), e as its keys, beta = 1, scale = 1 (the
+DeltaNet rule: same algorithm family and cost), at --fla_Ts x --fla_ds only and after every other
+row (its first call at a shape autotunes for ~45 s): all fwd rows, then the fwd_bwd rows; skipped
+when torch or fla is missing. JAX rows are compiled ahead of time (`compile_s`), called --warmup
+times, then timed in --reps rounds of back-to-back calls (at least 20 ms a round) each waited
+for once: `ms` is the median per call, `ms_min` the fastest round. fla rows:
+`triton.testing.do_bench(..., return_mode="median")`. Rows run by T in --Ts order (the decision's
+T = 4k and 32k first), both head dims per T, mosaic then triton.
 
 No row starts after --budget_s seconds (they are written as "skipped"), and a watchdog ends
 the process at --budget_s + 40 s, writing which row was running, so one run stays under six
@@ -49,15 +53,21 @@ import jax.numpy as jnp   # noqa: E402
 import numpy as np   # noqa: E402
 from absl import app, flags   # noqa: E402
 
-from vla_jax.kernels.state_path_mosaic import state_chain, state_path_mosaic   # noqa: E402
+from vla_jax.kernels.state_path_mosaic import (chunk_factors, forward_chain,   # noqa: E402
+                                              state_path_mosaic)
 from vla_jax.ops.delta_rule import delta_rule_chunked   # noqa: E402
 
 _OUT = flags.DEFINE_string("out", None, "Output folder for bench_mosaic.jsonl.", required=True)
-_TS = flags.DEFINE_list("Ts", ["1024", "4096", "16384", "131072"], "Sequence lengths timed.")
+_TS = flags.DEFINE_list("Ts", ["4096", "32768", "1024", "16384", "131072"],
+                        "Sequence lengths of the mosaic and triton rows, in this order.")
+_FLA_TS = flags.DEFINE_list("fla_Ts", ["4096", "32768"], "Sequence lengths of the fla rows.")
+_FLA_DS = flags.DEFINE_list("fla_ds", ["64"], "Head dims of the fla rows.")
 _DS = flags.DEFINE_list("ds", ["64", "128"], "Head dims (dk = dv).")
 _IMPLS = flags.DEFINE_list("impls", ["mosaic", "triton", "fla"], "Implementations timed: "
                            "mosaic, triton, fla, triton_xla.")
 _CHECK_T = flags.DEFINE_integer("check_T", 16384, "T of the float64 checks (0: no checks).")
+_CHECKS = flags.DEFINE_list("checks", ["bfloat16"], "Input dtypes checked: bfloat16 (the "
+                            "bfloat16 kernels), float32 (the float32 path at HIGHEST).")
 _HEADS = flags.DEFINE_integer("heads", 16, "Heads H of the timings.")
 _TOKENS = flags.DEFINE_integer("tokens", 32768, "B * T of the timings (B >= 1).")
 _REPS = flags.DEFINE_integer("reps", 10, "Timed rounds per row.")
@@ -265,7 +275,7 @@ def time_fla(args, backward):
   return triton.testing.do_bench(call, return_mode="median"), first_s
 
 
-def timing_rows(rows, d, T, impls, have_fla):
+def timing_rows(rows, d, T, impls, have_fla, passes):
   H = _HEADS.value
   B = max(1, _TOKENS.value // T)
   base = dict(T=T, B=B, H=H, d=d, dtype="bfloat16")
@@ -286,10 +296,10 @@ def timing_rows(rows, d, T, impls, have_fla):
         continue
     else:
       fn = None
-    for pass_ in ("fwd", "fwd_bwd"):
+    for pass_ in passes:
       jobs.append((impl, pass_, fn))
     if impl == "mosaic":
-      jobs.append((impl, "chain", None))
+      jobs += [(impl, "prep", None), (impl, "chain", None)]
   for impl, pass_, fn in jobs:
     STATE["row"] = f"{impl} {pass_} d={d} T={T} B={B}"
     if elapsed() > _BUDGET.value:
@@ -304,13 +314,14 @@ def timing_rows(rows, d, T, impls, have_fla):
         rows.emit(impl=impl, **{"pass": pass_}, **base, ms=ms, first_call_s=first_s,
                   status="ok")
         continue
-      if pass_ == "chain":
-        N = -(-T // 64)
-        shapes = ((B * H, N, 64, d), (B * H, N, d, 64), (B * H, N, d, d), (B * H, d, d))
-        key = jax.random.split(jax.random.key(T), 4)
-        chain_args = tuple(jax.random.normal(k, s, jnp.float32) / 32
-                           for k, s in zip(key, shapes))
-        chain = lambda *a: state_chain(*a, interpret=_INTERPRET.value)
+      if pass_ == "prep":
+        prep = lambda q, e, w, v, S0: chunk_factors(e, w, v, interpret=_INTERPRET.value)
+        ms, ms_min, compile_s = time_jax(prep, args, _REPS.value, _WARMUP.value)
+      elif pass_ == "chain":   # on the forward's own factors
+        Wp, Ut = jax.jit(lambda e, w, v: chunk_factors(e, w, v, interpret=_INTERPRET.value))(
+            *args[1:4])
+        chain_args = (Wp, args[2], Ut, args[4].reshape(B * H, d, d))
+        chain = lambda *a: forward_chain(*a, interpret=_INTERPRET.value)
         ms, ms_min, compile_s = time_jax(chain, chain_args, _REPS.value, _WARMUP.value)
       elif pass_ == "fwd":
         ms, ms_min, compile_s = time_jax(fn, args, _REPS.value, _WARMUP.value)
@@ -344,8 +355,10 @@ def main(argv):
   ds = [int(d) for d in _DS.value]
   if _CHECK_T.value:
     for d in ds:
-      for dtype, precision, tol in ((jnp.float32, "highest", 1e-5),
-                                    (jnp.bfloat16, "default", 1e-2)):
+      for dtype, precision, tol in ((jnp.bfloat16, "default", 1e-2),
+                                    (jnp.float32, "highest", 1e-5)):
+        if jnp.dtype(dtype).name not in _CHECKS.value:
+          continue
         STATE["row"] = f"check d={d} {jnp.dtype(dtype).name}"
         if elapsed() > _BUDGET.value:
           continue
@@ -355,9 +368,15 @@ def main(argv):
           status, note = describe(err)
           rows.emit(impl="mosaic", **{"pass": "check"}, T=_CHECK_T.value, d=d,
                     dtype=jnp.dtype(dtype).name, status=status, note=note)
-  for T in map(int, _TS.value):   # both head dims per T: a budget stop loses the longest T
+  impls = [impl for impl in _IMPLS.value if impl != "fla"]
+  for T in map(int, _TS.value):   # both head dims per T: a budget stop loses the last Ts
     for d in ds:
-      timing_rows(rows, d, T, _IMPLS.value, have_fla)
+      timing_rows(rows, d, T, impls, have_fla, ("fwd", "fwd_bwd"))
+  if "fla" in _IMPLS.value:       # last: its first call at a shape autotunes (~45 s)
+    for pass_ in ("fwd", "fwd_bwd"):
+      for T in map(int, _FLA_TS.value):
+        for d in map(int, _FLA_DS.value):
+          timing_rows(rows, d, T, ["fla"], have_fla, (pass_,))
   rows.emit(status="done")
   timer.cancel()
 

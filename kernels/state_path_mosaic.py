@@ -283,25 +283,6 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
   )(*operands)
 
 
-def state_chain(A, Bt, H, X0, *, reverse=False, precision=None, interpret=None):
-  """The sequential pass alone: X <- X - (X A_n^T) B_n + H_n over chunks (`_chain`).
-
-  Args:
-    A: [BH, N, C, dk]; Bt: [BH, N, dk, C] (B_n transposed); H: [BH, N, dv, dk];
-      X0: [BH, dv, dk]; float32 (others are cast). C in (32, 64), dk and dv in (64, 128).
-    reverse: chunks from last to first. precision, interpret: as in `state_path_mosaic`.
-
-  Returns:
-    X entering every chunk [BH, N, dv, dk] and the final X [BH, dv, dk], float32.
-  """
-  split = _precision(precision) == lax.Precision.HIGHEST
-  if interpret is None:
-    interpret = jax.default_backend() != "gpu"
-  f32 = jnp.float32
-  return _chain(A.astype(f32), Bt.astype(f32), H.astype(f32), X0.astype(f32),
-                reverse=reverse, split=split, interpret=bool(interpret))
-
-
 # ----------------------------------------------------------------------------- bfloat16 kernels
 
 # The kernels below take bfloat16 q, e, w, v in place ([B, T, H, d], read with TMA) and run
@@ -386,19 +367,23 @@ def _parts(ref, n, transpose=False):
   return [ref.at[k].T if transpose else ref.at[k] for k in range(n)]
 
 
+def _interpret_default(interpret):
+  return jax.default_backend() != "gpu" if interpret is None else bool(interpret)
+
+
 def _interpret_params(interpret):
   return plgpu.InterpretGPUParams() if interpret else None
 
 
 def prep_smem_bytes(dk, dv, pieces):
-  """Shared memory of one `_prep` program: e, w, v tiles, N and T (B operands), W' and U'^T
+  """Shared memory of one `chunk_factors` program: e, w, v tiles, N and T (B operands), W' and U'^T
   (outputs), in bfloat16."""
   C = BF16_CHUNK
   return 2 * (C * (2 * dk + dv) + 2 * pieces * C * C + pieces * C * (dk + dv)) + _SMEM_RESERVED
 
 
 def chain_smem_bytes(dk, pieces, slots):
-  """Shared memory of one `_chain_bf16` program: `slots` buffers of W' (pieces), W and U'^T
+  """Shared memory of one `forward_chain` program: `slots` buffers of W' (pieces), W and U'^T
   rows (pieces), the chunk-start state (pieces) and the float32 start / final state."""
   C, BV = BF16_CHUNK, VALUE_BLOCK
   staged = slots * 2 * (pieces * C * dk + C * dk + pieces * BV * C)
@@ -406,7 +391,7 @@ def chain_smem_bytes(dk, pieces, slots):
 
 
 def chain_slots(dk, pieces):
-  """Buffers per input of `_chain_bf16`: 2 (the next chunk's loads overlap this chunk's
+  """Buffers per input of `forward_chain`: 2 (the next chunk's loads overlap this chunk's
   products) where they fit, else 1 (precision=HIGHEST at dk = 128)."""
   return 2 if chain_smem_bytes(dk, pieces, 2) <= SMEM_LIMIT else 1
 
@@ -418,7 +403,7 @@ def out_smem_bytes(dk, pieces, out_bytes):
           + out_bytes * C * BV + _SMEM_RESERVED)
 
 
-def _prep(e, w, v, *, pieces, with_inverse, interpret):
+def chunk_factors(e, w, v, *, with_inverse=False, interpret=None):
   """Chunk factors of the bfloat16 path, one program per (batch * head, chunk):
 
       L = E W^T,  T = (I + strictly_lower(L))^-1,  W' = T E,  U'^T = V^T T^T.
@@ -430,13 +415,15 @@ def _prep(e, w, v, *, pieces, with_inverse, interpret):
 
   Args:
     e, w: [B, T, H, dk], v: [B, T, H, dv] bfloat16, T a multiple of 64.
-    pieces: bfloat16 pieces of the computed operands and outputs (2 or 3).
     with_inverse: also return T.
+    interpret: GPU interpret mode; None (default): when the default backend is not a GPU.
 
   Returns:
-    W' [B * H, N, pieces, C, dk] and U'^T [B * H, N, pieces, dv, C] as bfloat16 pieces
-    (and T [B * H, N, pieces, C, C]).
+    W' [B * H, N, PIECES, C, dk] and U'^T [B * H, N, PIECES, dv, C] as bfloat16 pieces
+    (and T [B * H, N, PIECES, C, C]).
   """
+  interpret = _interpret_default(interpret)
+  pieces = PIECES
   B, T, H, dk = e.shape
   dv = v.shape[-1]
   C = BF16_CHUNK
@@ -498,21 +485,23 @@ def _prep(e, w, v, *, pieces, with_inverse, interpret):
                       interpret=_interpret_params(interpret))(e, w, v)
 
 
-def _chain_bf16(Wp, w, Ut, S0, *, pieces, interpret):
+def forward_chain(Wp, w, Ut, S0, *, interpret=None):
   """The forward state chain of the bfloat16 path, a program per (batch * head, block of 64
   state rows), the block X [64, dk] carried in registers (float32):
 
       Z = U'^T - X W'^T  (= R^T, [64, C]),   X <- X + Z W.
 
   Args:
-    Wp: [B * H, N, pieces, C, dk], Ut: [B * H, N, pieces, dv, C] (`_prep`);
+    Wp: [B * H, N, PIECES, C, dk], Ut: [B * H, N, PIECES, dv, C] (`chunk_factors`);
     w: [B, T, H, dk] bfloat16 (read in place); S0: [B * H, dv, dk] float32.
+    interpret: as in `chunk_factors`.
 
   Returns:
-    the chunk-start states S_c [B * H, N, pieces, dv, dk] as bfloat16 pieces and the final
+    the chunk-start states S_c [B * H, N, PIECES, dv, dk] as bfloat16 pieces and the final
     state [B * H, dv, dk] float32.
   """
-  BH, N, _, C, dk = Wp.shape
+  interpret = _interpret_default(interpret)
+  BH, N, pieces, C, dk = Wp.shape
   H = w.shape[2]
   dv = Ut.shape[3]
   BV = VALUE_BLOCK
@@ -597,8 +586,8 @@ def _outputs(q, w, Wp, Ut, S_c, *, out_dtype, interpret):
       R^T = U'^T - S_c W'^T,  P = tril(Q W^T),  O = Q S_c^T + P R.
 
   Args:
-    q, w: [B, T, H, dk] bfloat16 (read in place); Wp, Ut, S_c: bfloat16 pieces as `_prep`
-    and `_chain_bf16` return them.
+    q, w: [B, T, H, dk] bfloat16 (read in place); Wp, Ut, S_c: bfloat16 pieces as `chunk_factors`
+    and `forward_chain` return them.
 
   Returns:
     o [B, T, H, dv] in out_dtype (written in place of the token-major layout).
@@ -693,16 +682,16 @@ def _forward_f32(q, e, w, v, S0, C, precision, interpret):
 
 
 def _forward_bf16(q, e, w, v, S0, interpret, with_inverse):
-  """The bfloat16 path (`_prep`, `_chain_bf16`, `_outputs`): o [B, T, H, dv] bfloat16,
+  """The bfloat16 path (`chunk_factors`, `forward_chain`, `_outputs`): o [B, T, H, dv] bfloat16,
   S_T [B, H, dv, dk] float32 and the kernels' pieces (W', U'^T[, T]) and S_c."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   pad = -T % BF16_CHUNK
   if pad:   # zero keys and values leave the state unchanged
     q, e, w, v = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (q, e, w, v))
-  factors = _prep(e, w, v, pieces=PIECES, with_inverse=with_inverse, interpret=interpret)
-  S_c, S_T = _chain_bf16(factors[0], w, factors[1], S0.reshape(B * H, dv, dk).astype(jnp.float32),
-                         pieces=PIECES, interpret=interpret)
+  factors = chunk_factors(e, w, v, with_inverse=with_inverse, interpret=interpret)
+  S_c, S_T = forward_chain(factors[0], w, factors[1],
+                           S0.reshape(B * H, dv, dk).astype(jnp.float32), interpret=interpret)
   o = _outputs(q, w, factors[0], factors[1], S_c, out_dtype=v.dtype, interpret=interpret)
   return o[:, :T], S_T.reshape(B, H, dv, dk), (factors, S_c)
 
