@@ -376,18 +376,19 @@ def _interpret_params(interpret):
 
 
 def prep_smem_bytes(dk, dv, pieces):
-  """Shared memory of one `chunk_factors` program: e, w, v tiles, N and T (B operands), W' and U'^T
-  (outputs), in bfloat16."""
+  """Shared memory of one `chunk_factors` program, bfloat16: T (pieces), W and N (pieces) or
+  then W' (pieces), E and V or then U'^T (pieces)."""
   C = BF16_CHUNK
-  return 2 * (C * (2 * dk + dv) + 2 * pieces * C * C + pieces * C * (dk + dv)) + _SMEM_RESERVED
+  return 2 * (pieces * C * C + max(C * dk + pieces * C * C, pieces * C * dk)
+              + max(C * (dk + dv), pieces * dv * C)) + _SMEM_RESERVED
 
 
 def chain_smem_bytes(dk, pieces, slots):
   """Shared memory of one `forward_chain` program: `slots` buffers of W' (pieces), W and U'^T
-  rows (pieces), the chunk-start state (pieces) and the float32 start / final state."""
+  rows (pieces), and the chunk-start state (pieces) or the float32 start / final state."""
   C, BV = BF16_CHUNK, VALUE_BLOCK
   staged = slots * 2 * (pieces * C * dk + C * dk + pieces * BV * C)
-  return staged + 2 * pieces * BV * dk + 4 * BV * dk + _SMEM_RESERVED
+  return staged + max(2 * pieces, 4) * BV * dk + _SMEM_RESERVED
 
 
 def chain_slots(dk, pieces):
@@ -396,11 +397,12 @@ def chain_slots(dk, pieces):
   return 2 if chain_smem_bytes(dk, pieces, 2) <= SMEM_LIMIT else 1
 
 
-def out_smem_bytes(dk, pieces, out_bytes):
-  """Shared memory of one `_outputs` program (one block of 64 value columns)."""
-  C, BV = BF16_CHUNK, VALUE_BLOCK
-  return (2 * (2 * C * dk + pieces * C * dk + pieces * BV * C + pieces * BV * dk)
-          + out_bytes * C * BV + _SMEM_RESERVED)
+def out_smem_bytes(dk, dv, pieces, out_bytes):
+  """Shared memory of one `_outputs` program: Q, W and W' (pieces) or then O, U'^T and S_c
+  (pieces)."""
+  C = BF16_CHUNK
+  return (2 * (C * dk + pieces * dv * C + pieces * dv * dk)
+          + max(2 * (1 + pieces) * C * dk, out_bytes * C * dv) + _SMEM_RESERVED)
 
 
 def chunk_factors(e, w, v, *, with_inverse=False, interpret=None):
@@ -433,17 +435,19 @@ def chunk_factors(e, w, v, *, with_inverse=False, interpret=None):
   def body(e_g, w_g, v_g, *refs):
     outs, s = refs[:-1], refs[-1]
     wp_g, ut_g = outs[:2]
+    (w_s, n_s), (wp_s,) = s["w_n|wp"]       # shared memory reused once its values are dead
+    (e_s, v_s), (ut_s,) = s["e_v|ut"]
     bh, n = lax.axis_index("bh"), lax.axis_index("n")
     b, h = bh // H, bh % H
     tok = pl.ds(n * C, C)
-    for k, (src, dst) in enumerate(((e_g, s["e"]), (w_g, s["w"]), (v_g, s["v"]))):
+    for k, (src, dst) in enumerate(((e_g, e_s), (w_g, w_s), (v_g, v_s))):
       plgpu.copy_gmem_to_smem(src.at[b, tok, h], dst, s["bar"].at[k])
     mm = _Products(pieces, s["stage"])
     plgpu.barrier_wait(s["bar"].at[0])
     plgpu.barrier_wait(s["bar"].at[1])
-    L = mm.dot((C, C), ([s["e"]], [s["w"].T]))
+    L = mm.dot((C, C), ([e_s], [w_s.T]))
     r, c = _iota(C)
-    _store_pieces(s["n"], jnp.where(r > c, L, 0.0), pieces)
+    _store_pieces(n_s, jnp.where(r > c, L, 0.0), pieces)
     inv = jnp.where(r == c, 1.0, 0.0) - jnp.where((r == c + 1) & ((r & 1) == 1), L, 0.0)
     half = 2
     while half < C:
@@ -452,30 +456,35 @@ def chunk_factors(e, w, v, *, with_inverse=False, interpret=None):
                 & ((r & (2 * half - 1)) >= half) & ((c & (2 * half - 1)) < half))
       _store_pieces(s["t"], inv, pieces)
       plgpu.commit_smem()
-      inv_N = jnp.where(merged, mm.dot((C, C), (mm.lhs(inv, "cc"), _parts(s["n"], pieces))), 0.0)
+      inv_N = jnp.where(merged, mm.dot((C, C), (mm.lhs(inv, "cc"), _parts(n_s, pieces))), 0.0)
       inv = inv - mm.dot((C, C), (mm.lhs(inv_N, "cc"), _parts(s["t"], pieces)))
       half *= 2
     _store_pieces(s["t"], inv, pieces)
     plgpu.commit_smem()
-    Wp = mm.dot((C, dk), (mm.lhs(inv, "cc"), [s["e"]]))
-    plgpu.barrier_wait(s["bar"].at[2])
-    Ut = mm.dot((dv, C), ([s["v"].T], _parts(s["t"], pieces, transpose=True)))
-    _store_pieces(s["wp"], Wp, pieces)
-    _store_pieces(s["ut"], Ut, pieces)
+    if with_inverse:
+      for k in range(pieces):
+        plgpu.copy_smem_to_gmem(s["t"].at[k], outs[2].at[bh, n, k])
+    Wp = mm.dot((C, dk), (mm.lhs(inv, "cc"), [e_s]))
+    _store_pieces(wp_s, Wp, pieces)             # over W and N
     plgpu.commit_smem()
     for k in range(pieces):
-      plgpu.copy_smem_to_gmem(s["wp"].at[k], wp_g.at[bh, n, k])
-      plgpu.copy_smem_to_gmem(s["ut"].at[k], ut_g.at[bh, n, k])
-      if with_inverse:
-        plgpu.copy_smem_to_gmem(s["t"].at[k], outs[2].at[bh, n, k])
+      plgpu.copy_smem_to_gmem(wp_s.at[k], wp_g.at[bh, n, k])
+    plgpu.barrier_wait(s["bar"].at[2])
+    Ut = mm.dot((dv, C), ([v_s.T], _parts(s["t"], pieces, transpose=True)))
+    _store_pieces(ut_s, Ut, pieces)             # over E and V
+    plgpu.commit_smem()
+    for k in range(pieces):
+      plgpu.copy_smem_to_gmem(ut_s.at[k], ut_g.at[bh, n, k])
     plgpu.wait_smem_to_gmem(0)
 
-  scratch = dict(
-      e=_smem((C, dk), bf16), w=_smem((C, dk), bf16), v=_smem((C, dv), bf16),
-      n=_smem((pieces, C, C), bf16), t=_smem((pieces, C, C), bf16),
-      wp=_smem((pieces, C, dk), bf16), ut=_smem((pieces, dv, C), bf16),
-      bar=plgpu.Barrier(num_barriers=3),
-      stage=dict(cc=_smem((pieces, C, C), bf16)) if interpret else None)
+  scratch = {
+      "w_n|wp": plgpu.RefUnion((_smem((C, dk), bf16), _smem((pieces, C, C), bf16)),
+                               (_smem((pieces, C, dk), bf16),)),
+      "e_v|ut": plgpu.RefUnion((_smem((C, dk), bf16), _smem((C, dv), bf16)),
+                               (_smem((pieces, dv, C), bf16),)),
+      "t": _smem((pieces, C, C), bf16),
+      "bar": plgpu.Barrier(num_barriers=3),
+      "stage": dict(cc=_smem((pieces, C, C), bf16)) if interpret else None}
   out_type = [jax.ShapeDtypeStruct((B * H, N, pieces, C, dk), bf16),
               jax.ShapeDtypeStruct((B * H, N, pieces, dv, C), bf16)]
   if with_inverse:
@@ -509,6 +518,7 @@ def forward_chain(Wp, w, Ut, S0, *, interpret=None):
   bf16, f32 = jnp.bfloat16, jnp.float32
 
   def body(wp_g, w_g, ut_g, s0_g, sc_g, st_g, s):
+    (x_s,), (sc_s,) = s["x|sc"]     # the start / final state, or the chunk-start state
     bh, vb = lax.axis_index("bh"), lax.axis_index("vb")
     b, h = bh // H, bh % H
     rows = pl.ds(vb * BV, BV)
@@ -524,9 +534,9 @@ def forward_chain(Wp, w, Ut, S0, *, interpret=None):
 
     for i in range(min(slots, N)):
       fetch(i, i)
-    plgpu.copy_gmem_to_smem(s0_g.at[bh, rows], s["x"], s["x_bar"])
+    plgpu.copy_gmem_to_smem(s0_g.at[bh, rows], x_s, s["x_bar"])
     plgpu.barrier_wait(s["x_bar"])
-    X = plgpu.load(s["x"], layout=plgpu.Layout.WGMMA)
+    X = plgpu.load(x_s, layout=plgpu.Layout.WGMMA)
 
     def step(i, X):
       slot = i % slots
@@ -539,10 +549,10 @@ def forward_chain(Wp, w, Ut, S0, *, interpret=None):
             if i_ + j < pieces:
               plgpu.wgmma(acc, a, b)
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)   # the last chunk start is read
-        _store_pieces(s["sc"], X, pieces)
+        _store_pieces(sc_s, X, pieces)
         plgpu.commit_smem()
         for k in range(pieces):
-          plgpu.copy_smem_to_gmem(s["sc"].at[k], sc_g.at[bh, i, k, rows])
+          plgpu.copy_smem_to_gmem(sc_s.at[k], sc_g.at[bh, i, k, rows])
         plgpu.barrier_wait(s["ut_bar"].at[slot])
         U = sum(plgpu.load(s["ut"].at[slot, k], layout=plgpu.Layout.WGMMA).astype(f32)
                 for k in range(pieces))
@@ -558,19 +568,21 @@ def forward_chain(Wp, w, Ut, S0, *, interpret=None):
       return X
 
     X = lax.fori_loop(jnp.int32(0), jnp.int32(N), step, X)
-    s["x"][...] = X
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)     # x shares memory with S_c's pieces
+    x_s[...] = X
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(s["x"], st_g.at[bh, rows])
+    plgpu.copy_smem_to_gmem(x_s, st_g.at[bh, rows])
     plgpu.wait_smem_to_gmem(0)
 
   bars = lambda arrivals: plgpu.Barrier(num_arrivals=arrivals, num_barriers=slots)
-  scratch = dict(
-      wp=_smem((slots, pieces, C, dk), bf16), w=_smem((slots, C, dk), bf16),
-      ut=_smem((slots, pieces, BV, C), bf16), sc=_smem((pieces, BV, dk), bf16),
-      x=_smem((BV, dk), f32),
-      wp_bar=bars(pieces), ut_bar=bars(pieces), w_bar=bars(1), x_bar=plgpu.Barrier(),
-      stage=(dict(x=_smem((pieces, BV, dk), bf16), z=_smem((pieces, BV, C), bf16))
-             if interpret else None))
+  scratch = {
+      "wp": _smem((slots, pieces, C, dk), bf16), "w": _smem((slots, C, dk), bf16),
+      "ut": _smem((slots, pieces, BV, C), bf16),
+      "x|sc": plgpu.RefUnion((_smem((BV, dk), f32),), (_smem((pieces, BV, dk), bf16),)),
+      "wp_bar": bars(pieces), "ut_bar": bars(pieces), "w_bar": bars(1),
+      "x_bar": plgpu.Barrier(),
+      "stage": (dict(x=_smem((pieces, BV, dk), bf16), z=_smem((pieces, BV, C), bf16))
+                if interpret else None)}
   return plgpu.kernel(
       body,
       out_type=(jax.ShapeDtypeStruct((BH, N, pieces, dv, dk), bf16),
@@ -580,61 +592,64 @@ def forward_chain(Wp, w, Ut, S0, *, interpret=None):
 
 
 def _outputs(q, w, Wp, Ut, S_c, *, out_dtype, interpret):
-  """Outputs of the bfloat16 path, one program per (batch * head, chunk, block of 64 value
-  columns), as the Triton path's split output form (`vla_state_out`):
+  """Outputs of the bfloat16 path, one program per (batch * head, chunk), parallel over chunks
+  as the Triton path's split output form (`vla_state_out`):
 
-      R^T = U'^T - S_c W'^T,  P = tril(Q W^T),  O = Q S_c^T + P R.
+      P = tril(Q W^T),  M = Q - P W',  O = M S_c^T + P U'   (= Q S_c^T + P (U' - W' S_c^T)).
 
   Args:
-    q, w: [B, T, H, dk] bfloat16 (read in place); Wp, Ut, S_c: bfloat16 pieces as `chunk_factors`
-    and `forward_chain` return them.
+    q, w: [B, T, H, dk] bfloat16 (read in place); Wp, Ut, S_c: bfloat16 pieces as
+      `chunk_factors` and `forward_chain` return them.
 
   Returns:
     o [B, T, H, dv] in out_dtype (written in place of the token-major layout).
   """
   B, T, H, dk = q.shape
   BH, N, pieces, dv, C = Ut.shape
-  BV = VALUE_BLOCK
   bf16, f32 = jnp.bfloat16, jnp.float32
 
   def body(q_g, w_g, wp_g, ut_g, sc_g, o_g, s):
-    bh, n, vb = lax.axis_index("bh"), lax.axis_index("n"), lax.axis_index("vb")
+    (w_s, wp_s), (o_s,) = s["w_wp|o"]   # O is written once W and W' are dead
+    bh, n = lax.axis_index("bh"), lax.axis_index("n")
     b, h = bh // H, bh % H
-    tok, cols = pl.ds(n * C, C), pl.ds(vb * BV, BV)
-    plgpu.copy_gmem_to_smem(q_g.at[b, tok, h], s["q"], s["bar"][0])
-    plgpu.copy_gmem_to_smem(w_g.at[b, tok, h], s["w"], s["bar"][1])
+    tok = pl.ds(n * C, C)
+    bar = s["bar"]
+    plgpu.copy_gmem_to_smem(q_g.at[b, tok, h], s["q"], bar[0])
+    plgpu.copy_gmem_to_smem(w_g.at[b, tok, h], w_s, bar[1])
     for k in range(pieces):
-      plgpu.copy_gmem_to_smem(wp_g.at[bh, n, k], s["wp"].at[k], s["bar"][2])
-      plgpu.copy_gmem_to_smem(ut_g.at[bh, n, k, cols], s["rt"].at[k], s["bar"][3])
-      plgpu.copy_gmem_to_smem(sc_g.at[bh, n, k, cols], s["s"].at[k], s["bar"][4])
+      plgpu.copy_gmem_to_smem(wp_g.at[bh, n, k], wp_s.at[k], bar[2])
+      plgpu.copy_gmem_to_smem(ut_g.at[bh, n, k], s["ut"].at[k], bar[3])
+      plgpu.copy_gmem_to_smem(sc_g.at[bh, n, k], s["s"].at[k], bar[4])
     mm = _Products(pieces, s["stage"])
-    for bar in s["bar"]:
-      plgpu.barrier_wait(bar)
-    S_parts = _parts(s["s"], pieces)
-    Rt = (sum(plgpu.load(s["rt"].at[k], layout=plgpu.Layout.WGMMA).astype(f32)
-              for k in range(pieces))
-          - mm.dot((BV, C), (S_parts, _parts(s["wp"], pieces, transpose=True))))
-    _store_pieces(s["rt"], Rt, pieces)
-    plgpu.commit_smem()
+    plgpu.barrier_wait(bar[0])
+    plgpu.barrier_wait(bar[1])
     r, c = _iota(C)
-    P = jnp.where(r >= c, mm.dot((C, C), ([s["q"]], [s["w"].T])), 0.0)
-    O = mm.dot((C, BV), ([s["q"]], _parts(s["s"], pieces, transpose=True)),
-               (mm.lhs(P, "p"), _parts(s["rt"], pieces, transpose=True)))
-    s["o"][...] = O.astype(out_dtype)
+    P = mm.lhs(jnp.where(r >= c, mm.dot((C, C), ([s["q"]], [w_s.T])), 0.0), "p")
+    plgpu.barrier_wait(bar[2])
+    M = (plgpu.load(s["q"], layout=plgpu.Layout.WGMMA).astype(f32)
+         - mm.dot((C, dk), (P, _parts(wp_s, pieces))))
+    M = mm.lhs(M, "m")
+    plgpu.barrier_wait(bar[3])
+    plgpu.barrier_wait(bar[4])
+    O = mm.dot((C, dv), (M, _parts(s["s"], pieces, transpose=True)),
+               (P, _parts(s["ut"], pieces, transpose=True)))
+    o_s[...] = O.astype(out_dtype)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(s["o"], o_g.at[b, tok, h, cols])
+    plgpu.copy_smem_to_gmem(o_s, o_g.at[b, tok, h])
     plgpu.wait_smem_to_gmem(0)
 
   arrivals = (1, 1, pieces, pieces, pieces)
-  scratch = dict(
-      q=_smem((C, dk), bf16), w=_smem((C, dk), bf16), wp=_smem((pieces, C, dk), bf16),
-      rt=_smem((pieces, BV, C), bf16), s=_smem((pieces, BV, dk), bf16),
-      o=_smem((C, BV), out_dtype),
-      bar=[plgpu.Barrier(num_arrivals=a) for a in arrivals],
-      stage=dict(p=_smem((pieces, C, C), bf16)) if interpret else None)
+  scratch = {
+      "q": _smem((C, dk), bf16),
+      "w_wp|o": plgpu.RefUnion((_smem((C, dk), bf16), _smem((pieces, C, dk), bf16)),
+                               (_smem((C, dv), out_dtype),)),
+      "ut": _smem((pieces, dv, C), bf16), "s": _smem((pieces, dv, dk), bf16),
+      "bar": [plgpu.Barrier(num_arrivals=a) for a in arrivals],
+      "stage": (dict(p=_smem((pieces, C, C), bf16), m=_smem((pieces, C, dk), bf16))
+                if interpret else None)}
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((B, T, H, dv), out_dtype),
-      scratch_types=(scratch,), grid=(BH, N, dv // BV), grid_names=("bh", "n", "vb"),
+      scratch_types=(scratch,), grid=(BH, N), grid_names=("bh", "n"),
       interpret=_interpret_params(interpret))(q, w, Wp, Ut, S_c)
 
 

@@ -149,9 +149,9 @@ def test_shared_memory_plan():
       assert split or plan[0] == 2
     assert chain_slots(dk, PIECES) == 2
     assert chain_smem_bytes(dk, PIECES, 2) <= SMEM_LIMIT
-    assert out_smem_bytes(dk, PIECES, 2) <= SMEM_LIMIT
     for dv in (64, 128):
       assert prep_smem_bytes(dk, dv, PIECES) <= SMEM_LIMIT
+      assert out_smem_bytes(dk, dv, PIECES, 2) <= SMEM_LIMIT
 
 
 @pytest.mark.parametrize("d,dtype,precision,kernels", [
