@@ -19,25 +19,37 @@ Reverse. The chunk map is affine in S_c, so the state cotangent runs backwards t
 and with every chunk's S_c and dS_next known, the cotangents of the chunk-local inputs are
 independent per chunk (written out in `_local_vjp`).
 
-Both sequential passes are one recurrence, X <- X - (X A^T) B + H over chunks (forward:
-A = W', B = W, H = U'^T W, chunks in order; reverse: A = W, B = W', H = dO^T M, chunks in
-reverse order), and one Mosaic GPU kernel runs it (`_chain`): a program per (batch * head,
-block of 64 state rows), the block [64, dk] carried in registers (wgmma's accumulator layout),
-per chunk two wgmma products ([64, dk] x [dk, C], then [64, C] x [C, dk]) with the operands in
-swizzled shared memory, TMA loads of the next chunks' A, B^T and H issued as soon as their
-buffers are consumed, and a TMA store of X at every chunk start (the forward's S_c, the
-reverse's dS_next). Everything that does not touch the carried state is parallel over chunks
-and runs in XLA: the factors above, the outputs O = M S_c^T + P U', the reverse terms
-dO^T M and the chunk-local cotangents.
+Two paths, by input dtype:
 
-Products. wgmma multiplies float32 operands as TF32 (10-bit mantissa). With
+bfloat16 inputs (precision=DEFAULT): the forward is three Mosaic GPU kernels that read q, e,
+w, v in place ([B, T, H, d], TMA) and multiply bfloat16 wgmma operands with float32
+accumulation. Values computed in the kernels enter products as two bfloat16 pieces, x ~ x_0 +
+x_1 (x_0 = bf16(x), x_1 = bf16(x - x_0)), and a product as the three terms a_0 b_0 + a_0 b_1 +
+a_1 b_0 (~16 bits, finer than TF32; one piece is not enough for ill-conditioned chunks);
+intermediate arrays are stored as pieces too (the bytes of float32).
+  `chunk_factors`, a program per (batch * head, chunk): L = E W^T, T by block doubling with
+    masks, W' = T E, U'^T = V^T T^T.
+  `forward_chain`, a program per (batch * head, 64 state rows), the rows X [64, dk] of the state
+    carried in registers (float32): Z = U'^T - X W'^T, X <- X + Z W, with double-buffered TMA
+    loads of the next chunks' W', W, U'^T and a TMA store of every chunk-start state.
+  `_outputs`, a program per (batch * head, chunk): P = tril(Q W^T), M = Q - P W',
+    O = M S_c^T + P U', written in place.
+Its backward: the chunk-local residuals rebuilt in XLA from the kernels' pieces (T, W', U',
+S_c; P and M from two products), then the float32 path's reverse chain and XLA cotangents.
+
+Other inputs (float32, float16; or precision=HIGHEST): the factors, the outputs, the reverse
+terms dO^T M and the chunk-local cotangents run in XLA, both sequential passes in one Mosaic GPU
+kernel (`_chain`): X <- X - (X A^T) B + H over chunks (forward: A = W', B = W, H = U'^T W,
+chunks in order; reverse: A = W, B = W', H = dO^T M, chunks in reverse order), a program per
+(batch * head, block of 64 state rows), the block [64, dk] carried in registers, per chunk two
+wgmma products with the operands in swizzled shared memory, TMA loads of the next chunks' A,
+B^T and H, and a TMA store of X at every chunk start (the forward's S_c, the reverse's
+dS_next). wgmma multiplies float32 operands as TF32 (10-bit mantissa); with
 precision=HIGHEST every chain product is split into three TF32 products, a b ~ a_hi b_hi +
 a_lo b_hi + a_hi b_lo (a_hi: a with its 13 low mantissa bits cleared, exact in TF32;
 a_lo = a - a_hi), which is float32-accurate; the XLA parts run at `precision` as in jax.numpy.
-TF32 operands must be K-major, so B enters transposed ([dk, C] rows, made by XLA) and the
-carried block and the intermediate X A^T are stored row-major, as they are computed.
-
-Layout of the kernel's arrays: head-major chunks [B * H, N, rows, cols] in float32.
+TF32 operands must be K-major (no transposed operands), so B enters transposed ([dk, C] rows,
+made by XLA). Layout of `_chain`'s arrays: head-major chunks [B * H, N, rows, cols] in float32.
 """
 
 import functools
@@ -285,15 +297,11 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
 
 # ----------------------------------------------------------------------------- bfloat16 kernels
 
-# The kernels below take bfloat16 q, e, w, v in place ([B, T, H, d], read with TMA) and run
-# every product on bfloat16 wgmma operands with float32 accumulation. Values computed inside
-# (the factors, the carried state, ...) are float32 and enter a product as `pieces` bfloat16
-# terms, x ~ x_0 + x_1 + ... (x_0 the bfloat16 rounding of x, x_1 that of the rest, ...): a
-# product a b is the sum of a_i b_j over i + j < pieces (an input has one piece, itself), 3
-# products with 2 pieces (~16 bits, finer than TF32) and 6 with 3 (float32 accuracy).
-# One piece (plain bfloat16 factors) is not enough: chunks whose keys are nearly parallel
-# give (I + strictly_lower(E W^T))^-1 whose application cancels to a few bits (offline
-# emulation, keys near a 4-dim subspace: 18% error in o with one piece, 0.4% with two).
+# Products on pieces: a b is the sum of a_i b_j over i + j < PIECES (an input is its one
+# piece), 3 wgmmas with 2 pieces. One piece (plain bfloat16 factors) is not enough: chunks
+# whose keys are nearly parallel give (I + strictly_lower(E W^T))^-1 whose application cancels
+# to a few bits (offline emulation of the kernels, keys near a 4-dim subspace, T = 256: 18% error
+# in o with one piece, 0.4% (o's own bfloat16 rounding) with two; isotropic keys: 0.5% / 0.3%).
 
 BF16_CHUNK = 64                 # tokens per chunk of the bfloat16 kernels (wgmma's M)
 PIECES = 2                      # bfloat16 pieces of computed operands (precision=DEFAULT)
