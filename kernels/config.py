@@ -18,13 +18,14 @@ SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
 
-# Tokens per Sherman-Morrison block of the penalty scan: 16 x 16 factorisations on small
-# values (32- and 64-token blocks were slower: more elimination steps per block, spills).
+# Tokens per Sherman-Morrison block of the penalty scan (32: forward 5.20 against 4.16 ms at
+# T = 4096, B = 8, d = 64; its longer eliminations cost more than the products saved).
 SCAN_BLOCK = 16
 # Programs resident on an H200 at 4 warps (two per SM); the penalty scan cuts each sequence
 # into as many segments as fill one wave (a second, partial wave cost 11% at T = 4096, B = 8).
 RESIDENT_AT_4_WARPS = 264
-# The state loops: 4 warps, 2 pipeline stages (measured against 8 warps and 1 or 3 stages).
+# The state loops' warps and pipeline stages: the first kernel's, never re-tuned (at dk = 128
+# one stage would halve their shared memory; not measured).
 STATE_WARPS, STATE_STAGES = 4, 2
 # Value rows per program of the state loops: 32 (64 was 15% slower at B = 1 and needs 240 KB
 # of shared memory at dk = 128), or 16 where 32 leaves at most this many programs (d = 64,

@@ -47,7 +47,6 @@ def _du_kernel(u_ref, w_ref, z_ref, e0_ref, du_ref, *, C, L, precision, acc):
   def body(i, E):
     rows = pl.ds(pl.multiple_of((L - 1 - i) * C, C), C)
     U, W, Z = (ref[rows, :].astype(acc) for ref in (u_ref, w_ref, z_ref))    # [C, dk]
-    W, Z = finite(W), finite(Z)
     UW = jnp.where(r <= c, mm(U, W, tb=True), 0.0)                         # [s, t], t >= s
     UZ = jnp.where(r <= c, mm(U, Z, tb=True), 0.0)
     # E enters after the masked products: its tile stays out of their shared memory (80 KB a
@@ -126,7 +125,7 @@ def _bwd(plan, res, cts):
   U = u.astype(acc)
   ends = tuple(finite(x.astype(acc)) for x in (A_T, dA_T)) + (A0.astype(acc),)
   L = du_segment_chunks(N)
-  E_last, dA0 = segment_suffix_starts(finite(W), finite(Z), *ends, L, precision=plan.precision)
+  E_last, dA0 = segment_suffix_starts(W, Z, *ends, L, precision=plan.precision)
   du = u_cotangents(U, W, Z, E_last, plan=plan, warps=plan.du_warps)
   return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
 

@@ -63,11 +63,16 @@ def _scan_kernel(*refs, L, b, role, unit_keys, precision, acc):
       E = unit_rows_vjp(w_ref[rows, :].astype(acc), E, WRITE_EPS)
     elif unit_keys:
       E = unit_rows(E, KEY_EPS)
-    X = mm(U, A)                                          # [b, dk]
+    # The adjoint scan reads A, the rows and Y through `finite`: its keys are zero where the
+    # loss has no cotangent, and a NaN left by a later token must not turn 0 into NaN.
+    Au = finite(A) if cot else A
+    X = mm(U, Au)                                         # [b, dk]
     Y = mm(chol_inv(one + mm(X, U, tb=True)), finite(X))  # L^-1 X
-    W = mm(E, A) - mm(jnp.where(r >= c, mm(E, Y, tb=True), 0.0), finite(Y))
-    if wr_ref is not None:
-      wr_ref[rows, :] = W.astype(wr_ref.dtype)
+    Yf = finite(Y)
+    K = jnp.where(r >= c, mm(E, Yf if cot else Y, tb=True), 0.0)      # tril(E Y^T) [b, b]
+    W = mm(E, Au) - mm(K, Yf)
+    if wr_ref is not None:   # the rows kept for the adjoint scan, non-finite rows as zeros
+      wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
     if not cot:
       W = unit_rows(W, WRITE_EPS)
     ah_ref[rows, :] = W.astype(ah_ref.dtype)

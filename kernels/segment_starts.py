@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from vla_jax.kernels.common import chol_inv, compiler_params, dot, eye, rows_spec
 from vla_jax.ops.utils import spd_inverse
 
-WARPS = 4     # both kernels: small programs, one per matrix or segment
+WARPS = 4     # both kernels (not tuned)
 
 
 # ----------------------------------------------------------------------------- kernels

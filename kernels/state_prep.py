@@ -24,7 +24,7 @@ from vla_jax.kernels.common import (causal_dot, compiler_params, dot, iota, rows
                                     unit_rows, unit_tril_inv)
 from vla_jax.ops.vla.recurrence import KEY_EPS
 
-WARPS = 4
+WARPS = 4     # not tuned
 
 
 # ----------------------------------------------------------------------------- kernel

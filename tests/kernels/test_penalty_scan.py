@@ -38,7 +38,8 @@ def test_head_major_float64(x64, T, segment_chunks):
   plan = plan_for(KernelConfig(chunk_size=C), np.float64, dk, dk, B * H, N,
                   segment_chunks=segment_chunks, segments=-(-N // segment_chunks))
   T_pad = N * C
-  head = lambda x: jnp.pad(jnp.asarray(np.swapaxes(x, 1, 2)), [(0, 0)] * 2 + [(0, T_pad - T), (0, 0)])
+  head = lambda x: jnp.pad(jnp.asarray(np.swapaxes(x, 1, 2)),
+                           [(0, 0), (0, 0), (0, T_pad - T), (0, 0)])
   khat = head(unit_np(k, 1e-6))
   a, W, A_T, A_start = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
       khat, head(u), jnp.asarray(A0))

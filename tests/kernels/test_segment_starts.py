@@ -21,8 +21,9 @@ def _spd(rng, n, dk):
 @pytest.mark.parametrize("tile,newton", [(None, True), (32, False)])
 def test_inverse_kernel_float64(x64, tile, newton):
   M = _spd(np.random.default_rng(0), 3, 64)[None]
-  A = jax.jit(lambda m: spd_inverse_kernel(m, newton_step=newton, precision=jax.lax.Precision.HIGHEST,
-                                           tile=tile, interpret=INTERPRET))(jnp.asarray(M))
+  A = jax.jit(lambda m: spd_inverse_kernel(m, newton_step=newton,
+                                           precision=jax.lax.Precision.HIGHEST, tile=tile,
+                                           interpret=INTERPRET))(jnp.asarray(M))
   assert_close(A, np.linalg.inv(M), jnp.float64, "A")
   np.testing.assert_array_equal(A, np.swapaxes(A, -1, -2))
 
