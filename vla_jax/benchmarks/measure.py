@@ -46,9 +46,23 @@ def _memory_stats():
     return {}
 
 
+def median_seconds(fn, args, *, repeats, warmup=1):
+  """Median wall time of fn(*args) over `repeats` runs after `warmup` untimed calls (the first
+  compiles); every call is waited for with `jax.block_until_ready`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
 def compile_jax(fn, abstract_args):
   """(executable, seconds): `jit(fn)` compiled ahead of time for these shapes. Safe to call
-  from worker threads (XLA compiles outside the GIL), so `run.py` compiles a row family's
+  from worker threads (XLA compiles outside the GIL), so the suite compiles a row family's
   lengths in parallel before timing them one by one."""
   import jax  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()

@@ -1,23 +1,18 @@
-"""Writes BENCHMARKS.md (tables and verdicts computed from the rows) and log-log plots from the
-JSONL files `run.py` wrote.
+"""BENCHMARKS.md (tables and verdicts computed from the rows) and log-log plots, from the
+JSON lines of `experiments/bench.py` and `experiments/check_kernels.py` (results/bench/).
 
-    python3 experiments/benchmarks/report.py --jsonl OUT/bench.jsonl [MORE.jsonl ...]
-        --out BENCHMARKS.md --plots DIR
-
-Later files (and later lines) win when a row (op, impl, pass, T, B, H, d, dtype) repeats, except
-that a skipped row never replaces a measured one.
+Files are read oldest run first (by their header's time): a later file's row replaces an
+earlier one with the same key, except that a skipped row never replaces a measured one.
 Needs only the standard library, plus matplotlib for the plots.
 """
 
-import argparse
+import glob
 import json
 import math
 import os
-import sys
 from collections import OrderedDict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import floor  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.benchmarks import floor
 
 OP_NAMES = {"vla": "VLA", "softmax_attention": "softmax", "deltanet": "DeltaNet",
             "gated_deltanet": "Gated DeltaNet", "linear_attention": "linear attn"}
@@ -31,8 +26,26 @@ def label(row):
   return f"{OP_NAMES.get(row['op'], row['op'])} {row['impl']}"
 
 
+KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u")
+
+
+def header_time(path):
+  """The `time` of a JSON-lines file's header line ("" when it has none)."""
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        obj = json.loads(line)
+        return obj.get("time", "") if obj.get("kind") == "header" else ""
+  return ""
+
+
+def bench_files(folder):
+  """The *.jsonl files of `folder`, oldest run first."""
+  return sorted(glob.glob(os.path.join(folder, "*.jsonl")), key=lambda p: (header_time(p), p))
+
+
 def load(paths):
-  """(headers, rows) of the JSON-lines files `paths`, oldest run first: a later file's row
+  """(headers, rows) of the JSON-lines files `paths` (oldest run first): a later file's row
   replaces an earlier one with the same key, and each row keeps the index of its file
   (`_order`) so that `Data` can tell which rows an older run left behind."""
   headers, rows = [], OrderedDict()
@@ -46,7 +59,7 @@ def load(paths):
         if obj.get("kind") == "header":
           headers.append((path, obj))
           continue
-        key = tuple(obj.get(k) for k in ("op", "impl", "pass", "T", "B", "H", "d", "dtype"))
+        key = tuple(obj.get(k) for k in KEY)
         if obj.get("status") == "skipped" and rows.get(key, {}).get("status") not in (
             None, "skipped"):
           continue   # a later run that skipped a row does not erase an earlier measurement
@@ -316,27 +329,24 @@ def plots(data, plot_dir, title):
 # -- the document -------------------------------------------------------------------------------
 
 def provenance(headers):
+  """Lines: each file's run (time, device, versions, settings) and its command."""
   out = []
   for path, h in headers:
-    s = h.get("settings", {})
+    st = h.get("settings", {})
     versions = ", ".join(f"{k} {h[k]}" for k in ("jax", "jaxlib", "jax-cuda13-plugin",
                                                   "jax-cuda12-plugin", "torch", "triton",
-                                                  "fla-core", "jax-triton", "python")
-                         if h.get(k))
-    out.append(f"- `{os.path.basename(path)}` ({h.get('time', '?')}): device "
-               f"**{h.get('device', '?')}** (backend {h.get('jax_backend', '?')}"
-               + (f", torch sees {h['torch_device']}" if h.get("torch_device") else "")
-               + f"); {versions}; H = {s.get('heads')}, B * T = {s.get('tokens')}, "
-               f"dtype {s.get('dtype')}, chunk {s.get('chunk')}"
-               + (", **smoke run (CPU, tiny shapes: not a benchmark)**" if s.get("smoke") else ""))
+                                                  "fla-core", "python") if h.get(k))
+    out.append(f"- `{os.path.basename(path)}` ({h.get('time', '?')}): **{h.get('device', '?')}**"
+               f" (backend {h.get('jax_backend', '?')}); {versions}; H = {st.get('heads')}, "
+               f"B * T = {st.get('tokens')}, dtype {st.get('dtype')}, chunk {st.get('chunk')}"
+               + (", **smoke run (CPU, tiny shapes: not a benchmark)**" if st.get("smoke")
+                  else ""))
     argv = list(h.get("argv") or [])
-    for i, a in enumerate(argv[:-1]):  # the output folder is the machine's; show a placeholder
+    for i, a in enumerate(argv[:-1]):   # an output folder is the machine's: a placeholder
       if a == "--out":
         argv[i + 1] = "OUT"
     if argv:
-      out.append(f"  - command: `python3 {' '.join(argv)}` (with the wheels of fla-core, einops "
-                 "and jax-triton installed), then `python3 experiments/benchmarks/report.py "
-                 f"--jsonl {os.path.basename(path)} --out BENCHMARKS.md --plots results/plots`")
+      out.append(f"  - command: `python3 {' '.join(argv)}`")
   return out
 
 
@@ -467,91 +477,20 @@ def why_section(data, tokens=32768):
     lines.append(line)
   if not lines:
     return []
-  return (["## Why VLA pallas loses", "",
+  return (["## Where VLA pallas's time goes", "",
            "Computed from the rows above: forward time at a fixed number of tokens, from the "
            "shortest to the longest T, and the cost of the backward:", ""]
-          + lines + ["",
-          "The cause, as traced in `kernels/NOTES.md` (not computed here): VLA's penalty "
-          "inverse A_t is carried through 16-token Sherman-Morrison blocks one after another "
-          "(one Pallas program per segment of chunks), a chain of small dependent products "
-          "that runs at the GPU's latency rather than its throughput, and the backward walks "
-          "the same chain in reverse. DeltaNet has no such chain: fla's WY form is parallel "
-          "over chunks apart from the d x d state pass. Measured at d = 64 (H200, "
-          "`experiments/profile_forward.py`, at the defaults of the sixth session: 1-warp "
-          "penalty programs, segment-start inverses in one kernel, state_output=\"auto\"): "
-          "at T = 4,096 (B = 8) the penalty path takes ~1.3 ms and the state path ~1.1 ms of "
-          "a ~2.4-2.7 ms forward; at T = 32,768 (B = 1) the state path, split into a "
-          "sequential chain of only 32 programs and a parallel output kernel, takes ~1.8 ms "
-          "and the penalty path ~1.3 ms. In the backward at T = 4,096 "
-          "(`experiments/profile_backward.py`, the written-out chunk-local and segment-start "
-          "VJPs) the penalty path's forward+backward is ~5.1 ms and the state path's ~3.8 ms, "
-          "of which its sequential reverse pass is ~0.7 ms. At d = 128 every state and "
-          "penalty program fills an SM's register file by itself (255 registers x 8 warps; "
-          "`experiments/kernel_resources.py`), so one program runs per SM and the penalty "
-          "scan gets one segment per sequence at T = 4,096, B = 8 (seventh session: the "
-          "forward 7.4 -> 6.4 ms); its state reverse pass takes ~4.3 ms against ~0.7 at "
-          "d = 64. Inside one block (Nsight Compute, eighth session, the 1-warp forward "
-          "penalty kernel at d = 64, T = 4,096, B = 8, TF32 products: `results/ncu_vla_h200.txt`): "
-          "~5.7k instructions per 16-token block issued every ~5.2 cycles, with two warps per "
-          "scheduler (255 registers a thread); tensor-core instructions are 4.4% of them, the "
-          "16 masked elimination steps of the block's 16 x 16 factorisation 43%, and most of "
-          "the rest the TF32 rounding of product operands (four integer instructions an "
-          "element) and operand layout shuffles. bfloat16 product operands (the default for "
-          "bfloat16 inputs since then) remove that rounding: 7-10% off the forward. Hence the "
-          "distance to the floor above and a crossover with attention only at long T. "
-          "Per kernel (`experiments/profile_kernels.py`, a JAX profiler trace, tenth session, "
-          "d = 64, T = 4,096, B = 8, `results/profile_kernels_grad_warps_h200.json`): the "
-          "forward keeps the device busy 1.23 ms (penalty scan 0.40, state kernel 0.25, "
-          "segment-start inverses 0.24, state prep 0.19, XLA 0.15), so its wall time of "
-          "1.5-1.9 ms is 0.3-0.6 ms of launch gaps and host time, which moved between runs; "
-          "the gradient keeps it busy 8.2 ms: Pallas kernels 4.1 (the reverse penalty kernel "
-          "alone 2.6), XLA's matrix products 1.6 (the state path's written-out chunk-local "
-          "VJP, float32) and other XLA fusions 2.5, of which one, the write directions' norm "
-          "VJP given a transposed layout by XLA, took 0.9 ms. Since then (eleventh session, "
-          "`results/profile_kernels_options_h200.json`, `profile_kernels_state_forms_h200.json`"
-          "): the norms on row views (that fusion 0.07 ms), the penalty backward as a second "
-          "forward scan on the rows' cotangents instead of the reverse kernel "
-          "(`penalty_grad=\"adjoint\"`) and bfloat16 operands for the chunk-local VJP products "
-          "take the gradient's device time at the same shape to 5.65 ms: Pallas 2.07 (two "
-          "penalty scans of 0.39 each), XLA matrix products 1.55, other XLA fusions 2.03. "
-          "The fwd+bwd rows up to run 2026-12-01 time the gradient alone, which lets XLA drop "
-          "forward work only the output needs: where the state path's forward is split (d = "
-          "64 at T >= 16k) its output kernel, ~0.15 ms; the benchmarks now return the output "
-          "too. Twelfth session (`results/profile_kernels_fused_defaults_h200.json`): the "
-          "chunk-local state VJP in one kernel (`state_local_vjp=\"fused\"`, 0.79 ms), the "
-          "adjoint's chunk-local du in one kernel (0.32 ms) and the segment Grams in one "
-          "kernel take the gradient's device time to 4.42 ms at T = 4,096 (Pallas 3.20, XLA "
-          "matrix products 0.11, other XLA fusions 1.12) and 5.92 ms at T = 32,768, B = 1; the "
-          "two sequential passes (penalty scans 0.39 + 0.39, state forward 0.34, state reverse "
-          "chain 0.18) are now ~1.3 ms of it. Thirteenth session "
-          "(`results/profile_kernels_direct_carried_h200.json`, `..._split_d128_h200.json`): "
-          "the state kernels reading q, v and the output cotangent in place and the adjoint's "
-          "suffix sums carried inside the du kernel take it to 4.03 ms at T = 4,096 and 5.24 "
-          "at T = 32,768 (the forward 1.14 and 1.67); the remaining XLA passes, ~0.9 ms at "
-          "4,096, are casts, the key and write-direction normalisations and their VJPs, and "
-          "head-major copies of the keys, u and du. At d = 128 both sequential state loops now "
-          "split into a chain and a parallel per-chunk kernel (the fused reverse loop took "
-          "2.80 ms against 1.00 split): gradient 15.6 -> 12.5 ms at T = 4,096, B = 8, of which "
-          "the two penalty scans take 1.85 ms each, the spilling chunk-local VJP 2.51 and the "
-          "carried du kernel 2.06. Fourteenth session "
-          "(`results/profile_kernels_s14_defaults_h200.json`): the penalty scan writing the "
-          "unit write directions and their VJP on load (`write_norm=\"kernel\"`) and, for "
-          "bf16 inputs, the segment-start inverses on 32 x 32 tiles without the Newton step "
-          "(0.20 -> 0.12 ms) take the d = 64 device time to 1.04 ms forward and 3.66 ms "
-          "gradient at T = 4,096 (1.57 and 4.85 at 32,768): Pallas 3.14 of the 3.66 (fused "
-          "chunk-local VJP 0.74, the two penalty scans 0.40 + 0.51, carried du 0.33, state "
-          "forward 0.33), XLA 0.44. At d = 128: gradient 11.6 ms, forward 2.91, of which the "
-          "penalty scan, one program per sequence, takes 1.81.", ""])
+          + lines + ["", "Per kernel (a profiler trace, `experiments/profile.py`) and why: "
+                     "`kernels/NOTES.md`, \"Profile\".", ""])
 
 
 def render(headers, rows, plot_paths, out_path, command=None):
   """The markdown text. `command`: the report command that regenerates it, shown at the top."""
   data = Data(rows)
   md = ["# Benchmarks", "",
-        "Generated by `experiments/benchmarks/report.py` from the JSON lines of "
-        "`experiments/benchmarks/run.py`; every number and every sentence below is computed "
-        "from those rows, except the paragraph on the cause in \"Why VLA pallas loses\", "
-        "which cites `kernels/NOTES.md`.", ""]
+        "Generated by `experiments/report_benchmarks.py` from the JSON lines in `results/bench/` "
+        "(written by `experiments/bench.py` and `experiments/check_kernels.py`); every number "
+        "and every sentence below is computed from those rows.", ""]
   if command:
     md += [f"Regenerate (files oldest run first; a later file's row replaces an earlier "
            f"one's): `{command}`", ""]
@@ -601,7 +540,7 @@ def render(headers, rows, plot_paths, out_path, command=None):
     md += ["## VLA pallas against the hardware floor", "",
            "floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s) with bytes = inputs read and "
            "outputs written once and flops = the chunked algorithm's matrix products "
-           "(`experiments/benchmarks/floor.py`).", ""]
+           "(`vla_jax/benchmarks/floor.py`).", ""]
     body = []
     for d in data.dims:
       for pass_ in PASSES:
@@ -633,19 +572,7 @@ def render(headers, rows, plot_paths, out_path, command=None):
       md += [f"### {pass_}: peak device memory (MiB)", "",
              metric_table(data, d, pass_, lambda r: r.get("peak_mib")), ""]
 
-  checks = [r for r in rows if r.get("pass") == "check"]
-  if checks:
-    md += ["## Seed-design Triton kernel: correctness check", "",
-           table(["d", "impl", "status", "file", "note"],
-                 [[r["d"], r["impl"], r["status"], f"`{r.get('_file', '?')}`",
-                   (r.get("note") or "").replace("|", "/")] for r in checks]), ""]
-    launched = [r for r in checks if "jax_triton" in r["impl"] and r["status"] == "ok"]
-    if launched:
-      md += ["A note of an earlier file on the jax_triton launch is superseded by the later "
-             "`triton_sequential(jax_triton)` rows of " + ", ".join(
-                 dict.fromkeys(f"`{r.get('_file', '?')}`" for r in launched))
-             + ": the same kernel, launched through `jax_triton.triton_call`, checked against "
-             "impl=\"chunked\" and timed.", ""]
+  md += correctness_section(rows)
   if plot_paths:
     md += ["## Plots", ""]
     base = os.path.dirname(os.path.abspath(out_path))
@@ -658,23 +585,41 @@ def render(headers, rows, plot_paths, out_path, command=None):
   return "\n".join(md)
 
 
-def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--jsonl", nargs="+", required=True)
-  p.add_argument("--out", default="BENCHMARKS.md")
-  p.add_argument("--plots", default=None, help="folder for the PNG plots (none if omitted)")
-  args = p.parse_args(argv)
-  headers, rows = load(args.jsonl)
+def correctness_section(rows):
+  """Lines of "Correctness against float64": the check rows (`experiments/check_kernels.py`)
+  as a table of relative errors against a float64 reference."""
+  checks = [r for r in rows if r.get("pass") == "check"]
+  if not checks:
+    return []
+  body = []
+  for r in sorted(checks, key=lambda r: (r.get("d") or 0, str(r.get("dtype")),
+                                         str(r.get("precision")), str(r.get("u")),
+                                         r.get("T") or 0)):
+    errs = r.get("errors") or {}
+    fwd = [errs[k] for k in ("o", "S", "A") if errs.get(k) is not None]
+    grad = [v for k, v in errs.items() if k.startswith("d") and v is not None]
+    worst = lambda xs: fmt(max(xs)) if xs else fmt(r.get("rel_err"))
+    body.append([r.get("d"), r.get("impl"), r.get("dtype"), r.get("precision") or "-",
+                 r.get("u") or "-", f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
+                 worst(fwd), worst(grad) if grad else "-", fmt(r.get("bound")),
+                 r.get("status"), (r.get("note") or "").replace("|", "/")[:120]])
+  return ["## Correctness against float64", "",
+          "Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
+          "A_T forward; the gradients of a weighted sum of them), on the GPU at the rows' "
+          "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
+          "rows normalised, the scale a trained layer gives).", "",
+          table(["d", "impl", "dtype", "precision", "u", "T", "B", "worst forward",
+                 "worst gradient", "bound", "status", "note"], body), ""]
+
+
+def write_report(paths, out_path, plot_dir=None, command=None):
+  """Reads `paths` (oldest run first), writes `out_path` and the plots (under plot_dir, if
+  given); returns (number of rows, plot paths)."""
+  headers, rows = load(paths)
   data = Data(rows)
   device = ", ".join(dict.fromkeys(h.get("device", "?") for _, h in headers)) or "?"
-  plot_paths = plots(data, args.plots, f"{device}; log-log") if args.plots else []
-  command = ("python3 experiments/benchmarks/report.py --jsonl " + " ".join(args.jsonl)
-             + f" --out {args.out}" + (f" --plots {args.plots}" if args.plots else ""))
-  text = render(headers, rows, plot_paths, args.out, command=command)
-  with open(args.out, "w") as f:
+  plot_paths = plots(data, plot_dir, f"{device}; log-log") if plot_dir else []
+  text = render(headers, rows, plot_paths, out_path, command=command)
+  with open(out_path, "w") as f:
     f.write(text)
-  print(f"wrote {args.out} ({len(rows)} rows) and {len(plot_paths)} plots")
-
-
-if __name__ == "__main__":
-  main()
+  return len(rows), plot_paths

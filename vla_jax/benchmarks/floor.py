@@ -1,11 +1,10 @@
 """Hardware floor of one VLA call: max(bytes / bandwidth, flops / matmul rate).
 
-The same model as `experiments/bench_kernels.py::floor_ms` (which fixes H = 16, d = 64),
-with H and d as arguments: bytes = inputs read once and outputs written once (bf16: q, k, v, u in,
+bytes = inputs read once and outputs written once (bf16: q, k, v, u in,
 o out; x3 for forward + backward), flops = the matrix products of the chunked algorithm
 (penalty path + state path per chunk of C tokens, x3 for forward + backward).
 `delta_rule_floor_ms` is the same model for DeltaNet (the state path alone, no u), the measure
-that BENCHMARKS.md applies to fla's `chunk_delta_rule`.
+that BENCHMARKS.md applies to fla's `chunk_delta_rule`. Both assume an H200.
 """
 
 BANDWIDTH = 4.2e12     # B/s, H200 device copy (ANCHORS.md)

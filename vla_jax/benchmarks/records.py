@@ -1,5 +1,5 @@
-"""JSONL output: one header line (versions, device, settings), then one line per measured row,
-appended and flushed as soon as it is measured."""
+"""JSONL rows of the benchmark and check scripts: one header line (versions, device,
+settings), then one line per measured row, appended and flushed as soon as it is measured."""
 
 import datetime
 import importlib.metadata
@@ -47,11 +47,11 @@ def environment():
 
 
 class Recorder:
-  """Appends JSON lines to DIR/bench.jsonl and echoes them to stdout."""
+  """Appends JSON lines to `path` (its folder made if needed) and echoes them to stdout."""
 
-  def __init__(self, out_dir, name="bench.jsonl"):
-    os.makedirs(out_dir, exist_ok=True)
-    self.path = os.path.join(out_dir, name)
+  def __init__(self, path):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    self.path = path
     self.count = 0
 
   def _write(self, obj):
@@ -62,6 +62,7 @@ class Recorder:
     print(line, flush=True)
 
   def header(self, settings):
+    """The file's first line: the time, the command line, `settings` and `environment()`."""
     self._write({"kind": "header",
                  "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "argv": sys.argv, "settings": settings, **environment()})
