@@ -1,10 +1,11 @@
 r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) and gradients of
-`vla_pallas` against impl="chunked" in float64 on the same device, float32 at HIGHEST (u
-isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT, T up to --max_T; then a
-long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
+`vla_pallas` against impl="chunked" in float64 on the same device: float32 at HIGHEST (u
+isotropic and anisotropic) at T = 4096, 16384, 65536, 131072 up to --max_T, HIGH and DEFAULT
+at 4096, bfloat16 at DEFAULT at 4096 and 16384 (`vla_jax.benchmarks.check.default_cases`);
+then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
-    python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --long_T=0
+    python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
 
 Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
 where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its

@@ -69,8 +69,7 @@ def _scan_kernel(*refs, L, b, role, unit_keys, precision, acc):
     X = mm(U, Au)                                         # [b, dk]
     Y = mm(chol_inv(one + mm(X, U, tb=True)), finite(X))  # L^-1 X
     Yf = finite(Y)
-    K = jnp.where(r >= c, mm(E, Yf if cot else Y, tb=True), 0.0)      # tril(E Y^T) [b, b]
-    W = mm(E, Au) - mm(K, Yf)
+    W = mm(E, Au) - mm(jnp.where(r >= c, mm(E, Yf if cot else Y, tb=True), 0.0), Yf)
     if wr_ref is not None:   # the rows kept for the adjoint scan, non-finite rows as zeros
       wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
     if not cot:

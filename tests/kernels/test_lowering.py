@@ -67,3 +67,47 @@ def test_precisions_lower(precision):
   """Three-pass TF32 and IEEE float32 products lower in every kernel, forward and gradient."""
   names = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), getattr(jax.lax.Precision, precision))
   assert names == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+
+
+def _products(fn, args):
+  """{(where, precision)} of every matrix product in fn's jaxpr: where is the Pallas kernel's
+  name or "xla"."""
+  from jax.extend import core as jcore   # pylint: disable=import-outside-toplevel
+  found = set()
+
+  def walk(jaxpr, where):
+    for e in jaxpr.eqns:
+      if e.primitive.name == "pallas_call":
+        walk(e.params["jaxpr"], str(e.params.get("name")))
+        continue
+      if e.primitive.name == "dot_general":
+        found.add((where, str(e.params["precision"])))
+      for v in e.params.values():
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+          if isinstance(x, jcore.ClosedJaxpr):
+            walk(x.jaxpr, where)
+          elif isinstance(x, jcore.Jaxpr):
+            walk(x, where)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr, "xla")
+  return found
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_highest_leaves_no_tf32_or_bf16_product(dtype):
+  """precision=HIGHEST: every product of every kernel and XLA part of the forward and the
+  gradient is HIGHEST (Triton: IEEE float32), at d = 64 and at d = 128 (XLA segment starts,
+  XLA chunk-local VJP for float32)."""
+  for d in (64, 128):
+    cfg = KernelConfig(chunk_size=32, precision=jax.lax.Precision.HIGHEST)
+    fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+    loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a))
+    spec = lambda *s: jax.ShapeDtypeStruct(s, dtype)
+    args = (spec(1, 96, 2, d), spec(1, 96, 2, d), spec(1, 96, 2, d), spec(1, 96, 2, d),
+            jax.ShapeDtypeStruct((1, 2, d, d), jnp.float32),
+            jax.ShapeDtypeStruct((1, 2, d, d), jnp.float32))
+    products = _products(jax.grad(loss, argnums=range(6)), args)
+    kernels = {w for w, _ in products if w != "xla"}
+    assert "vla_penalty_scan" in kernels and "vla_state_prep" in kernels, kernels
+    highest = str((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST))
+    assert all(p == highest for _, p in products), sorted(products)

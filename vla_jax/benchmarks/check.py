@@ -10,6 +10,7 @@ at B = 1, H = 16) must finish, finite, without running out of memory.
 """
 
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -38,9 +39,9 @@ class Case:
 
 def default_cases(dims=(64,), max_T=16384):
   """The check behind BENCHMARKS.md's correctness table: float32 at HIGHEST (isotropic and
-  anisotropic u) at T = 1024, 4096, 16384, ... up to max_T; HIGH and DEFAULT (one-pass TF32)
-  at 4096; bfloat16 at DEFAULT at 4096 and 16384."""
-  Ts = [T for T in (1024, 4096, 16384, 65536, 131072) if T <= max_T] or [max_T]
+  anisotropic u) at T = 4096, 16384, ... up to max_T; HIGH and DEFAULT (one-pass TF32) at
+  4096; bfloat16 at DEFAULT at 4096 and 16384."""
+  Ts = [T for T in (4096, 16384, 65536, 131072) if T <= max_T] or [max_T]
   mid = min(4096, max_T)
   cases = []
   for d in dims:
@@ -94,11 +95,12 @@ def inputs(case, seed=0):
   return [x.astype(dtype) for x in (q, k, v, u)], S0, wo
 
 
-def _loss(run, wo):
+def _loss(run):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   def loss(*args):
-    o, S, A = run(*args)
+    *xs, wo = args
+    o, S, A = run(*xs)
     return jnp.sum(wo.astype(S.dtype) * o.astype(S.dtype)) + jnp.sum(S) + jnp.sum(A)
   return loss
 
@@ -108,41 +110,55 @@ def rel(a, b):
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
+@functools.cache
+def _reference_fns(chunk):
+  """Jitted float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"
+  (compiled once per shape)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
+
+  def run(q, k, v, u, S0):
+    d = q.shape[-1]
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=S0.dtype), S0.shape[:2] + (d, d))
+    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
+                           chunk_size=chunk)
+    return o, st.S, st.A
+  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
+
+
+@functools.cache
+def _pallas_fns(precision, chunk, interpret):
+  """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
+
+  def run(q, k, v, u, S0):
+    d = q.shape[-1]
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), S0.shape[:2] + (d, d))
+    return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
+  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
+
+
 def reference(qkvu, S0, wo, chunk):
   """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
   with jax.enable_x64(True):
-    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0)]
-    wo64 = jnp.asarray(np.asarray(wo, np.float64))
-
-    def run(q, k, v, u, S0):
-      d = q.shape[-1]
-      A0 = jnp.broadcast_to(jnp.eye(d), S0.shape[:2] + (d, d))
-      o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
-                             chunk_size=chunk)
-      return o, st.S, st.A
-
-    out = jax.jit(run)(*args)
-    grads = jax.jit(jax.grad(_loss(run, wo64), argnums=range(5)))(*args)
-    return [np.asarray(x) for x in out], [np.asarray(g) for g in grads]
+    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0, wo)]
+    fwd, grad = _reference_fns(chunk)
+    return [np.asarray(x) for x in fwd(*args[:5])], [np.asarray(g) for g in grad(*args)]
 
 
 def check(case, interpret=None):
   """One row: the case, its errors against float64, bound, status ("ok" or "fail")."""
-  import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
-  cfg = KernelConfig(chunk_size=case.chunk,
-                     precision=getattr(jax.lax.Precision, case.precision))
-  d, B, H = case.d, case.B, case.H
-  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
-  run = lambda q, k, v, u, S0: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
-  out = jax.jit(run)(*qkvu, S0)
-  grads = jax.jit(jax.grad(_loss(run, wo), argnums=range(5)))(*qkvu, S0)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
+  out, grads = fwd(*qkvu, S0), grad(*qkvu, S0, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
@@ -165,11 +181,11 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None):
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
   cfg = KernelConfig(chunk_size=chunk)
   run = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
-  step = jax.jit(jax.value_and_grad(_loss(run, wo), argnums=range(4)))
+  step = jax.jit(jax.value_and_grad(_loss(run), argnums=range(4)))
   times = []
   for _ in range(2):
     t0 = time.perf_counter()
-    val, grads = step(*qkvu)
+    val, grads = step(*qkvu, wo)
     jax.block_until_ready(grads)
     times.append(time.perf_counter() - t0)
   stats = jax.devices()[0].memory_stats() or {}

@@ -12,21 +12,22 @@ import dataclasses
 import gc
 import time
 
-from vla_jax.benchmarks import floor, measure, rows
+from vla_jax.benchmarks import floor, measure
+from vla_jax.benchmarks import rows as families
 
 
 @dataclasses.dataclass
 class Settings:
   """What one run measures (the defaults are the suite behind BENCHMARKS.md)."""
 
-  rows: tuple = tuple(spec.key for spec in rows.CATALOGUE)
-  dims: tuple = rows.DIMS
-  Ts: tuple = rows.TS
-  passes: tuple = rows.PASSES
-  tokens: int = rows.TOKENS
-  heads: int = rows.HEADS
+  rows: tuple = tuple(spec.key for spec in families.CATALOGUE)
+  dims: tuple = families.DIMS
+  Ts: tuple = families.TS
+  passes: tuple = families.PASSES
+  tokens: int = families.TOKENS
+  heads: int = families.HEADS
   dtype: str = "bfloat16"
-  chunk: int = rows.CHUNK
+  chunk: int = families.CHUNK
   sets: int = 2                 # input sets rotated between calls
   cap_s: float = 10.0
   budget_s: float = 420.0
@@ -57,7 +58,7 @@ class Suite:
     return time.perf_counter() - self.start
 
   def run(self):
-    for spec in (rows.BY_KEY[k] for k in self.s.rows):
+    for spec in (families.BY_KEY[k] for k in self.s.rows):
       for d in self.s.dims:
         try:
           self.run_family(spec, d)
@@ -72,7 +73,7 @@ class Suite:
   def unavailable(self, spec):
     import jax  # pylint: disable=import-outside-toplevel
     if spec.framework == "torch":
-      return rows.fla_unavailable()
+      return families.fla_unavailable()
     if spec.impl == "cudnn" and jax.default_backend() != "gpu":
       return "no GPU"
     return None
@@ -81,7 +82,7 @@ class Suite:
     s = self.s
     print(f"# {spec.key} d={d} (t = {self.elapsed():.0f} s)", flush=True)
     reason = self.unavailable(spec)
-    plan = [(T, rows.batch_for(T, s.tokens), p, reason) for T in s.Ts for p in s.passes]
+    plan = [(T, families.batch_for(T, s.tokens), p, reason) for T in s.Ts for p in s.passes]
     t0 = time.perf_counter()
     jobs = self.submit_compiles(spec, d, plan)
     if not s.smoke:   # timing starts once the family is compiled (tracing holds the GIL)
@@ -122,10 +123,10 @@ class Suite:
     for T, B, pass_, skip in plan:
       if skip is not None:
         continue
-      fn = rows.jax_function(spec.op, spec.impl, pass_, self.s.chunk)
+      fn = families.jax_function(spec.op, spec.impl, pass_, self.s.chunk)
 
       def job(fn=fn, B=B, T=T, backward=pass_ != "fwd"):
-        args = rows.abstract_inputs(spec.op, B, T, self.s.heads, d, self.s.dtype, backward)
+        args = families.abstract_inputs(spec.op, B, T, self.s.heads, d, self.s.dtype, backward)
         return measure.compile_jax(fn, args)
       jobs[(T, pass_)] = self.pool.submit(job)
     return jobs
@@ -137,15 +138,15 @@ class Suite:
     try:
       if spec.framework == "jax":
         import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-        fn = rows.jax_function(spec.op, spec.impl, pass_, s.chunk)
-        sets = rows.jax_input_sets(spec.op, B, T, s.heads, d, jnp.dtype(s.dtype), s.sets,
+        fn = families.jax_function(spec.op, spec.impl, pass_, s.chunk)
+        sets = families.jax_input_sets(spec.op, B, T, s.heads, d, jnp.dtype(s.dtype), s.sets,
                                    pass_ != "fwd")
         res = measure.time_jax(fn, sets, warmup=s.warmup, target_s=s.target_s,
                                min_reps=s.min_reps, max_reps=s.max_reps, cap_s=s.cap_s,
                                compiled=job.result() if job is not None else None)
       else:
-        sets = rows.fla_input_sets(B, T, s.heads, d, s.dtype, s.sets, pass_ != "fwd")
-        res = measure.time_torch(rows.fla_call(pass_), sets, cap_s=s.cap_s)
+        sets = families.fla_input_sets(B, T, s.heads, d, s.dtype, s.sets, pass_ != "fwd")
+        res = measure.time_torch(families.fla_call(pass_), sets, cap_s=s.cap_s)
       res.update(status="ok", note=None)
       if res["over_cap"]:
         res["note"] = f"one call over the {s.cap_s} s cap: 1 run timed, larger T skipped"
