@@ -1,14 +1,17 @@
 """Shared pieces of the kernel tests: the tolerance table, inputs, float64 references.
 
 Every kernel test runs its kernel in Pallas interpret mode (`INTERPRET`) on small awkward
-shapes and compares with an independent float64 NumPy computation; `test_lowering.py` lowers
-the same kernels for an abstract H200, and `experiments/check_kernels.py` is the GPU twin.
+shapes and compares with the float64 NumPy oracles of tests/oracles.py; `test_lowering.py`
+lowers the same kernels for an abstract H200, and `experiments/check_kernels.py` is the GPU
+twin.
 """
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+import oracles
 
 INTERPRET = True
 
@@ -51,26 +54,19 @@ def unit_np(x, eps):
 
 
 def penalty_rows_np(khat, u, A0):
-  """Rows A_t khat_t [BH, T, dk] and A_T [BH, dk, dk] by Sherman-Morrison in float64.
-  khat, u: [BH, T, dk]; A0: [BH, dk, dk]."""
-  khat, u, A = (np.array(x, np.float64) for x in (khat, u, A0))
-  W = np.zeros_like(khat)
-  for b in range(khat.shape[0]):
-    for t in range(khat.shape[1]):
-      z = A[b] @ u[b, t]
-      A[b] = A[b] - np.outer(z, z) / (1.0 + u[b, t] @ z)
-      W[b, t] = A[b] @ khat[b, t]
-  return W, A
+  """`oracles.penalty` on head-major rows: khat, u [BH, T, dk], A0 [BH, dk, dk] -> (rows
+  A_t khat_t [BH, T, dk], A_T [BH, dk, dk]) in float64."""
+  W, A = oracles.penalty(*(np.asarray(x)[:, :, None] for x in (khat, u)),
+                         np.asarray(A0)[:, None])
+  return W[:, :, 0], A[:, 0]
 
 
 def state_path_np(q, e, w, v, S0):
-  """o [BH, T, dv] and S_T of S_t = S + (v_t - S e_t) w_t^T, o_t = S_t q_t, in float64."""
-  q, e, w, v, S = (np.array(x, np.float64) for x in (q, e, w, v, S0))
-  o = np.zeros(v.shape)
-  for t in range(q.shape[1]):
-    S = S + np.einsum("bv,bk->bvk", v[:, t] - np.einsum("bvk,bk->bv", S, e[:, t]), w[:, t])
-    o[:, t] = np.einsum("bvk,bk->bv", S, q[:, t])
-  return o, S
+  """`oracles.delta_rule` on head-major rows: q, e, w [BH, T, dk], v [BH, T, dv], S0
+  [BH, dv, dk] -> (o [BH, T, dv], S_T) in float64."""
+  o, S = oracles.delta_rule(*(np.asarray(x)[:, :, None] for x in (q, e, w, v)),
+                            np.asarray(S0)[:, None])
+  return o[:, :, 0], S[:, 0]
 
 
 def state_path_loop(q, e, w, v, S0):
