@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 from flax import nnx
-from timing import median_seconds
 
+from vla_jax.benchmarks.measure import median_seconds
 from vla_jax.layers import SoftmaxAttention, VLAAttention
 
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "4096", "16384", "65536", "131072"],

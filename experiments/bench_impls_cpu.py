@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
-from timing import median_seconds
 
+from vla_jax.benchmarks.measure import median_seconds
 from vla_jax import vla_recurrence
 
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths T.")

@@ -24,7 +24,6 @@ import argparse
 import collections
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -316,14 +315,13 @@ BENCH_FILES = ("bench_h200_2026-11-29.jsonl", "bench_h200_library_xla.jsonl",
 
 def kernel_claim_row(results_dir):
   """The claims-table row on the seed's kernel, computed from the benchmark files (the same
-  files and merge rule as BENCHMARKS.md, `experiments/benchmarks/report.py`)."""
-  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmarks"))
-  import report as bench   # pylint: disable=import-outside-toplevel
-  paths = [os.path.join(results_dir, f) for f in BENCH_FILES
-           if os.path.exists(os.path.join(results_dir, f))]
+  files and merge rule as BENCHMARKS.md, `vla_jax.benchmarks.report`)."""
+  from vla_jax.benchmarks import report as bench   # pylint: disable=import-outside-toplevel
+  paths = [os.path.join(results_dir, "bench", f) for f in BENCH_FILES
+           if os.path.exists(os.path.join(results_dir, "bench", f))]
   claim = "| Triton kernel crosses below softmax latency at about 43,000 tokens | "
   if not paths:
-    return claim + "not measured yet (`experiments/benchmarks/run.py` on a GPU) | open |"
+    return claim + "not measured yet (`experiments/bench.py` on a GPU) | open |"
   data = bench.Data(bench.load(paths)[1])
 
   def cross(d, pass_):
@@ -347,8 +345,8 @@ def kernel_claim_row(results_dir):
           f"131k: {ms(bench.PALLAS, 4096)} / {ms(bench.PALLAS, 32768)} / "
           f"{ms(bench.PALLAS, 131072)} ms, cuDNN {ms(bench.CUDNN, 4096)} / "
           f"{ms(bench.CUDNN, 32768)} / {ms(bench.CUDNN, 131072)} ms). The seed's own design "
-          "(one program per sequence and head, a token loop; reimplemented in Triton, "
-          f"`experiments/benchmarks/triton_vla.py`) takes {ms(seq, 4096)} / {ms(seq, 32768)} / "
+          "(one program per sequence and head, a token loop; reimplemented in Triton, last "
+          f"run at commit 49b2b53) takes {ms(seq, 4096)} / {ms(seq, 32768)} / "
           f"{ms(seq, 131072)} ms | "
           + ("the sequential design does not cross cuDNN attention on an H200 up to "
              f"T = {max(data.Ts):,}" if not seq_wins else

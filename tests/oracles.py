@@ -78,3 +78,16 @@ def delta_rule(q, e, w, v, S0):
     S = S + np.einsum("bhv,bhk->bhvk", r, w[:, t])
     o[:, t] = np.einsum("bhvk,bhk->bhv", S, q[:, t])
   return o, S
+
+
+def penalty(khat, u, A0):
+  """Rows A_t khat_t and A_T of the penalty path by Sherman-Morrison: khat, u [B, T, H, dk]
+  (keys as given), A0 [B, H, dk, dk] -> (W [B, T, H, dk], A_T [B, H, dk, dk])."""
+  khat, u, A = (np.array(x, np.float64) for x in (khat, u, A0))
+  W = np.zeros(khat.shape)
+  for t in range(khat.shape[1]):
+    z = np.einsum("bhij,bhj->bhi", A, u[:, t])
+    A = A - np.einsum("bhi,bhj->bhij", z, z) / (1.0 + np.einsum("bhi,bhi->bh", u[:, t], z))[
+        ..., None, None]
+    W[:, t] = np.einsum("bhij,bhj->bhi", A, khat[:, t])
+  return W, A

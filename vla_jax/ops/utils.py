@@ -67,3 +67,26 @@ def tril_inverse(M, *, unit_diagonal=False):
     inv = jnp.concatenate([top, bottom], axis=-2)
     s *= 2
   return inv[..., 0, :, :]
+
+
+def spd_inverse(M, *, newton_step=False, solve=False):
+  """Inverse of symmetric positive definite matrices M [..., d, d] at full float32 precision.
+
+  M = L L^T (Cholesky of its symmetric part); L^-1 by block doubling (`tril_inverse`, batched
+  products: fast for many small matrices on a GPU; d a power of two) or, with solve=True, by a
+  triangular solve; A = L^-T L^-1, symmetrised. newton_step: one Newton step
+  A <- A + A (I - M A), symmetrised. (The Pallas kernels' XLA segment-start inverses.)
+  """
+  sym = lambda x: 0.5 * (x + jnp.swapaxes(x, -1, -2))
+  mm = lambda a, b: jnp.matmul(a, b, precision=HIGHEST)
+  eye = jnp.eye(M.shape[-1], dtype=M.dtype)
+  L = jnp.linalg.cholesky(sym(M))
+  if solve:
+    Linv = jax.lax.linalg.triangular_solve(L, jnp.broadcast_to(eye, L.shape), left_side=True,
+                                           lower=True)
+  else:
+    Linv = tril_inverse(L)
+  A = sym(mm(jnp.swapaxes(Linv, -1, -2), Linv))
+  if newton_step:
+    A = sym(A + mm(A, eye - mm(M, A)))
+  return A

@@ -23,7 +23,7 @@ is symmetric, so for cotangents dW_t of the rows and dA_T of A_T,
 (`penalty_u_cotangents`: the sums over t >= s chunk by chunk, like a reverse linear
 attention). A backward is one more forward pass and a few batched products; no Cholesky
 factor is differentiated. The Pallas kernels use the same formulas
-(`KernelConfig(penalty_grad="adjoint")`).
+(`kernels/penalty_backward.py`).
 """
 
 import functools
@@ -110,7 +110,7 @@ def segment_suffix_starts(W, Z, A_T, dA_T, A0, segment_chunks,
   """`suffix_matrices(symmetrize=False)` at segment granularity: with the N chunks grouped
   into segments of `segment_chunks` (dividing N), (E of each segment's last chunk
   [B, H, N / segment_chunks, dk, dk], dA0). One product per segment instead of per chunk; the
-  kernel that consumes them (`kernels/adjoint_du.carried_u_cotangents`) carries the sums
+  kernel that consumes them (`kernels/penalty_backward.u_cotangents`) carries the sums
   through the segment's chunks itself."""
   B, H, N, C, dk = W.shape
   seg = lambda x: x.reshape(B, H, N // segment_chunks, segment_chunks * C, dk)

@@ -1,0 +1,59 @@
+r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) and gradients of
+`vla_pallas` against impl="chunked" in float64 on the same device: float32 at HIGHEST (u
+isotropic and anisotropic) at T = 4096, 16384, 65536, 131072 up to --max_T, HIGH and DEFAULT
+at 4096, bfloat16 at DEFAULT at 4096 and 16384 (`vla_jax.benchmarks.check.default_cases`);
+then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
+
+    python experiments/check_kernels.py --name=check_h200_d64 --dims=64
+    python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
+
+Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
+where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
+bound (`vla_jax.benchmarks.check.BOUNDS`) or is not finite. --smoke: one tiny case on the
+CPU in interpret mode.
+"""
+
+import dataclasses
+import os
+
+from absl import app, flags
+
+_NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
+_OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
+_DIMS = flags.DEFINE_list("dims", ["64"], "Head dims (dk = dv) of the checked cases.")
+_MAX_T = flags.DEFINE_integer("max_T", 16384, "Longest checked T (1024, 4096, ... up to it).")
+_LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
+_SMOKE = flags.DEFINE_bool("smoke", False, "One tiny case on the CPU (interpret mode).")
+flags.mark_flag_as_required("name")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _SMOKE.value:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import jax  # pylint: disable=import-outside-toplevel
+  from vla_jax.benchmarks import check, records  # pylint: disable=import-outside-toplevel
+  cases = (check.smoke_cases() if _SMOKE.value
+           else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value))
+  print(jax.devices(), flush=True)
+  rec = records.Recorder(os.path.join(_OUT_DIR.value, _NAME.value + ".jsonl"))
+  rec.header({"suite": "check", "cases": [dataclasses.asdict(c) for c in cases],
+              "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
+  failed = []
+  for case in cases:
+    row = rec.row(**check.check(case))
+    if row["status"] != "ok":
+      failed.append(row)
+  if _LONG_T.value and not _SMOKE.value:
+    row = rec.row(**check.long_run(_LONG_T.value))
+    if row["status"] != "ok":
+      failed.append(row)
+  print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),
+        flush=True)
+  if failed:
+    raise SystemExit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,192 @@
+"""Helpers shared by the VLA kernels: products, masks, small factorisations, block specs.
+
+Everything here runs inside a Pallas (Triton) kernel body (and on any backend in interpret
+mode): values are whole 2-D tiles, never sliced, and masks are built from iotas.
+
+Non-finite inputs. A NaN or Inf at token t must reach outputs at tokens >= t only. Products
+inside a chunk mix its tokens, and a masked product formed by multiplication lets a later row
+into an earlier one (0 * NaN = NaN). Every product whose right operand holds rows of later
+tokens therefore takes that operand through `finite` (non-finite entries enter as zeros);
+`causal_dot` also marks the rows from the first non-finite one on as NaN, so what is later
+stays non-finite. For finite inputs both are the identity (bit for bit).
+"""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+BF16 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32
+
+
+# ----------------------------------------------------------------------------- products
+
+def dot(a, b, *, ta=False, tb=False, precision):
+  """(a or a^T) @ (b or b^T) of 2-D tiles, in a's dtype. `precision` is a `jax.lax.Precision`
+  or a `DotAlgorithmPreset` (`dot_precision`); with `BF16` the operands are rounded to bfloat16
+  here, so that interpret mode computes what the GPU computes, and the sums stay float32."""
+  dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
+  out = a.dtype
+  if precision == BF16:
+    a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=out)
+
+
+def dot_precision(kind, acc, interpret):
+  """The `precision` argument of `dot` for products of kind "bf16" (bfloat16 operands, float32
+  sums), "tf32" (one TF32 pass), "tf32x3" (three TF32 passes, about float32 accuracy) or "ieee"
+  (float32 on CUDA cores). Float64 and "ieee" are `Precision.HIGHEST` everywhere; interpret
+  mode runs the TF32 kinds at HIGHEST too (the CPU has no TF32) and emulates "bf16"."""
+  if acc == jnp.float64 or kind == "ieee":
+    return jax.lax.Precision.HIGHEST
+  if kind == "bf16":
+    return BF16
+  if interpret:
+    return jax.lax.Precision.HIGHEST
+  if kind == "tf32x3":
+    return jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+  if kind == "tf32":
+    return jax.lax.DotAlgorithmPreset.TF32_TF32_F32
+  raise ValueError(f"unknown product kind {kind!r}")
+
+
+def compiler_params(num_warps, num_stages=1):
+  return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+# ----------------------------------------------------------------------------- masks
+
+def iota(n):
+  """(row index [n, n], column index [n, n], index [n]) as int32."""
+  return (jax.lax.broadcasted_iota(jnp.int32, (n, n), 0),
+          jax.lax.broadcasted_iota(jnp.int32, (n, n), 1),
+          jax.lax.broadcasted_iota(jnp.int32, (n,), 0))
+
+
+def eye(n, dtype):
+  r, c, _ = iota(n)
+  return jnp.where(r == c, 1.0, 0.0).astype(dtype)
+
+
+def finite(x):
+  """x with its non-finite entries replaced by zeros (a select, not a product)."""
+  return jnp.where(jnp.abs(x) < jnp.inf, x, 0.0)
+
+
+def causal_dot(m, x, precision):
+  """m @ x for m [n, n] zero above its diagonal (set by a select) and rows x [n, d], where a
+  non-finite row j of x reaches rows >= j only: x enters through `finite`, and the rows from
+  x's first non-finite row on are NaN (as a sequential pass would leave them)."""
+  ok = jnp.abs(x) < jnp.inf
+  y = dot(m, jnp.where(ok, x, 0.0), precision=precision)
+  n = x.shape[0]
+  row_ok = jnp.min(jnp.where(ok, 1.0, 0.0), axis=1)                      # [n]
+  first = jnp.min(jnp.where(row_ok > 0, n, iota(n)[2]))                   # first bad row, or n
+  return jnp.where(iota(n)[2][:, None] >= first, jnp.nan, y)
+
+
+# ----------------------------------------------------------------------------- rows
+
+def unit_rows(x, eps):
+  """Rows of x [n, d] divided by max(their norm, eps): `vla_jax.ops.utils.unit` in a kernel."""
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=1), eps ** 2))[:, None]
+
+
+def unit_rows_vjp(w, da, eps):
+  """Cotangent of w [n, d] under a = unit_rows(w, eps) given da, the cotangent of a: with
+  r = 1 / max(|w|, eps), dw = r (da - [|w| > eps] a (a . da)), a = r w."""
+  sq = jnp.sum(w * w, axis=1)
+  inv = jax.lax.rsqrt(jnp.maximum(sq, eps ** 2))
+  a = w * inv[:, None]
+  along = jnp.where(sq > eps ** 2, jnp.sum(a * da, axis=1), 0.0)
+  return inv[:, None] * (da - along[:, None] * a)
+
+
+# ----------------------------------------------------------------------------- factorisations
+
+def chol_inv(g):
+  """L^-1 for g = L L^T (g [n, n] symmetric positive definite), by n elimination steps on the
+  whole matrix: step j takes column j of the Schur complement, l = col / sqrt(pivot) (column j
+  of L), removes l l^T, and applies the elementary inverse to Z (from I): row j of Z is divided
+  by l_j, then rows i > j lose l_i times it. Carries two [n, n] values. Row i of L^-1 depends on
+  rows <= i of g only: the new row j enters the update through `finite`."""
+  n = g.shape[0]
+  r, c, v = iota(n)
+
+  def body(j, carry):
+    g, z_mat = carry
+    col = jnp.sum(jnp.where(c == j, g, 0.0), axis=1)               # g[:, j]
+    inv_piv = jax.lax.rsqrt(jnp.sum(jnp.where(v == j, col, 0.0)))  # 1 / sqrt(g[j, j])
+    l = jnp.where(v > j, col * inv_piv, 0.0)                       # L[i, j], i > j
+    z = jnp.sum(jnp.where(r == j, z_mat, 0.0), axis=0) * inv_piv   # new row j of Z
+    g = g - l[:, None] * l[None, :]
+    z_mat = jnp.where(r == j, z[None, :], z_mat - l[:, None] * finite(z)[None, :])
+    return g, z_mat
+
+  return jax.lax.fori_loop(0, n, body, (g, eye(n, g.dtype)))[1]
+
+
+def unit_tril_inv(nm, precision):
+  """(I + nm)^-1 for strictly lower nm [n, n] (n a power of two), by block doubling: with inv
+  block diagonal in s x s blocks (the inverse restricted to them), the 2s x 2s blocks' inverse
+  is inv - inv N_s inv, N_s = nm on the (lower, upper) halves of each 2s-block (the merge of
+  `vla_jax.ops.utils.tril_inverse`, with masks instead of slices). Row i depends on rows <= i
+  of nm: nm enters through `finite`, and rows from its first non-finite row on are NaN."""
+  n = nm.shape[0]
+  r, c, v = iota(n)
+  ok = jnp.abs(nm) < jnp.inf
+  first = jnp.min(jnp.where(jnp.min(jnp.where(ok, 1.0, 0.0), axis=1) > 0, n, v))
+  nm = jnp.where(ok, nm, 0.0)
+  inv = (jnp.where(r == c, 1.0, 0.0).astype(nm.dtype)                  # 2 x 2 blocks
+         + jnp.where((r == c + 1) & (r % 2 == 1), -nm, 0.0))
+  s = 2
+  while s < n:
+    m = 2 * s
+    mask = (r // m == c // m) & (r % m >= s) & (c % m < s)
+    inv = inv - dot(dot(inv, jnp.where(mask, nm, 0.0), precision=precision), inv,
+                    precision=precision)
+    s = m
+  return jnp.where(v[:, None] >= first, jnp.nan, inv)
+
+
+# ----------------------------------------------------------------------------- block specs
+
+def rows_spec(rows, d, heads=None, time=lambda i, j: j, feature=lambda i, j: 0):
+  """BlockSpec of `rows` consecutive tokens of sequence i (grid point (i, j)) and `d` features.
+
+  A per-token array is head-major [B * H, T, d] (heads=None) or the caller's token-major
+  [B, T, H, d] read in place (heads=H: a block of one head's rows has stride H * d); inside
+  the kernel both are the same [rows, d] ref. time(i, j), feature(i, j): the block indices
+  along T and along the features."""
+  if heads is None:
+    return pl.BlockSpec((None, rows, d), lambda i, j: (i, time(i, j), feature(i, j)))
+  return pl.BlockSpec((None, rows, None, d),
+                      lambda i, j: (i // heads, time(i, j), i % heads, feature(i, j)))
+
+
+def head_rows(x, heads):
+  """A token-major [B, T, H, d] array as head-major rows [B * H, T, d] (heads=H; an XLA
+  transpose), or x itself (heads=None)."""
+  if heads is None:
+    return x
+  B, T, H, d = x.shape
+  return jnp.swapaxes(x, 1, 2).reshape(B * H, T, d)
+
+
+def token_rows(x, heads):
+  """The inverse of `head_rows`: [B * H, T, d] -> [B, T, H, d] (heads=H), or x."""
+  if heads is None:
+    return x
+  BH, T, d = x.shape
+  return jnp.swapaxes(x.reshape(BH // heads, heads, T, d), 1, 2)
+
+
+def split_chunks(x, C):
+  """[BH, N * C, d] -> [BH, N, C, d]."""
+  return x.reshape(x.shape[0], -1, C, x.shape[-1])
+
+
+def merge_chunks(x):
+  """[BH, N, C, d] -> [BH, N * C, d]."""
+  return x.reshape(x.shape[0], -1, x.shape[-1])
+

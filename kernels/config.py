@@ -1,0 +1,219 @@
+"""What a user sets (`KernelConfig`) and what the kernels derive from it for one call (`Plan`).
+
+`KernelConfig` holds the three choices a user may reasonably make: the chunk size, the
+precision of the matrix products (JAX's meaning) and the value rows per program of the
+sequential state loops. Everything else is decided per call by `KernelConfig.plan` from the
+input dtype, the head dims and the number of programs, each rule with the measurement behind
+it (H200, H = 16, B * T = 32,768 unless said otherwise; kernels/NOTES.md has the profile).
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from vla_jax.kernels.common import dot_precision
+
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+MIN_CHUNK, MAX_CHUNK = 16, 128
+PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
+
+# Tokens per Sherman-Morrison block of the penalty scan (32: forward 5.20 against 4.16 ms at
+# T = 4096, B = 8, d = 64; its longer eliminations cost more than the products saved).
+SCAN_BLOCK = 16
+# Programs resident on an H200 at 4 warps (two per SM); the penalty scan cuts each sequence
+# into as many segments as fill one wave (a second, partial wave cost 11% at T = 4096, B = 8).
+RESIDENT_AT_4_WARPS = 264
+# The state loops' warps and pipeline stages: the first kernel's, never re-tuned (at dk = 128
+# one stage would halve their shared memory; not measured).
+STATE_WARPS, STATE_STAGES = 4, 2
+# Value rows per program of the state loops: 32 (64 was 15% slower at B = 1 and needs 240 KB
+# of shared memory at dk = 128), or 16 where 32 leaves at most this many programs (d = 64,
+# T = 32768, B = 1: forward 1.90 -> 1.77 ms; at 256 programs 16 rows were slower).
+SMALL_VALUE_BLOCK_AT = 32
+# The state forward as a chain kernel plus a parallel output kernel below this many programs
+# of the loop (an H200 has 132 SMs; d = 64: 1.88 against 2.43 ms at 32 programs, fused 1.20
+# against 1.27 at 256) and at dk >= 128 (d = 128, 512 programs: 0.82 against 0.99 ms).
+SPLIT_OUTPUT_BELOW = 132
+SPLIT_OUTPUT_FROM_DK = 128
+# The reverse state pass as a per-chunk terms kernel plus a chain up to this many programs
+# (d = 64: 1.13 against 1.96 ms at 32 programs, 0.37 against 0.40 at 256, 0.32 against 0.40
+# at 512; not measured above) and at dk >= 128 (1.00 against 2.80 ms at 512 programs).
+SPLIT_BWD_UP_TO = 512
+SPLIT_BWD_FROM_DK = 128
+# The chunk-local VJP of the state path in one kernel (4.81 against 5.45 ms of gradient device
+# time as XLA products, d = 64, T = 4096) up to this head dim with float32 operands: at 128
+# the program needs 352 KB of shared memory (an SM has 227 KB), so XLA products there.
+FUSED_VJP_F32_UP_TO = 64
+# Segment-start inverses in one Pallas program each up to this dk (penalty path 1.34 against
+# 1.49 ms in XLA at T = 4096, B = 8); at dk = 128 the program spills and needs 256 KB.
+INVERSE_KERNEL_UP_TO = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+  """Options of the Pallas VLA kernels (hashable).
+
+  Attributes:
+    chunk_size: tokens per chunk C, a power of two in [16, 128]. Default 64.
+    precision: `jax.lax.Precision` of the matrix products of every kernel and of the XLA parts:
+      DEFAULT (the default) computes products at the inputs' precision: bfloat16 operands for
+      bfloat16 inputs (float32 sums, float32 states), one-pass TF32 for float32 inputs on a
+      GPU (relative error ~1e-3 against float64); HIGH runs every product as three TF32
+      passes (~1e-6); HIGHEST runs every product in float32 (IEEE, ~1e-6 and slower).
+      Float64 inputs always compute in float64; interpret mode has no TF32 and runs DEFAULT
+      and HIGH float32 products in float32 (bfloat16 operands it emulates).
+    block_v: value rows BV of the state per program of the sequential state loops (a power of
+      two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
+      32 programs (`Plan.block_v`).
+  """
+
+  chunk_size: int = 64
+  precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
+  block_v: int | None = None
+
+  def __post_init__(self):
+    p = self.precision
+    if p is None:
+      p = jax.lax.Precision.DEFAULT
+    elif isinstance(p, str):
+      try:
+        p = jax.lax.Precision(p)
+      except ValueError:
+        pass
+    object.__setattr__(self, "precision", p)
+
+  def validate(self, dk, dv):
+    """Raises ValueError for shapes or options the kernels do not support."""
+    C = self.chunk_size
+    if (not isinstance(C, int) or isinstance(C, bool) or C < MIN_CHUNK or C > MAX_CHUNK
+        or C & (C - 1)):
+      raise ValueError(f"chunk_size must be a power of two in [{MIN_CHUNK}, {MAX_CHUNK}] for "
+                       f"the Pallas kernels; got {C!r}")
+    for name, d in (("dk (key/query head dim)", dk), ("dv (value head dim)", dv)):
+      if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"{name} must be one of {SUPPORTED_HEAD_DIMS} for the Pallas "
+                         f"kernels; got {d}")
+    if self.precision not in PRECISIONS:
+      raise ValueError("precision must be a jax.lax.Precision (DEFAULT, HIGH or HIGHEST); got "
+                       f"{self.precision!r}")
+    bv = self.block_v
+    if bv is not None and (not isinstance(bv, int) or isinstance(bv, bool) or bv < 16
+                           or bv & (bv - 1) or dv % bv):
+      raise ValueError(f"block_v must be None or a power of two >= 16 that divides dv={dv}; "
+                       f"got {bv!r}")
+
+  def plan(self, *, low, acc, dk, dv, BH, N, interpret):
+    """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
+    at precision DEFAULT products, factors between kernels and the inference forward's layout
+    follow them); acc: the accumulation dtype (float32 or float64); BH = B * H sequences of N
+    chunks; interpret: Pallas interpret mode."""
+    P = jax.lax.Precision
+    low = bool(low) and self.precision == P.DEFAULT
+    if self.precision == P.HIGHEST:
+      kind = "ieee"
+    elif self.precision == P.HIGH:
+      kind = "tf32x3"
+    else:
+      kind = "bf16" if low else "tf32"
+    accurate = "tf32x3" if kind in ("bf16", "tf32") else kind   # products that must be ~f32
+    prec = lambda k: dot_precision(k, acc, interpret)
+    # The state kernels and the chunk-local VJP: `precision` itself at DEFAULT and HIGHEST
+    # (Triton: TF32 and IEEE), three TF32 passes at HIGH (Triton runs Precision.HIGH as TF32).
+    state_dot = prec("tf32x3") if self.precision == P.HIGH else self.precision
+    # Penalty-scan warps: one warp for one-pass TF32 or bfloat16 products at dk <= 64 (d = 64:
+    # penalty path 1.38 against 1.83 ms at 4 warps, T = 4096, B = 8, with 4x the segments;
+    # with three-pass products one warp spills), else 4, and 8 at dk = 128 (the carried
+    # [128, 128] A spills 0.9 KB a thread at 8 warps against 2.5 KB at 4).
+    scan_warps = 8 if dk >= 128 else (1 if dk <= 64 and kind in ("bf16", "tf32") else 4)
+    seg = segments_for(BH, N, RESIDENT_AT_4_WARPS * 4 // scan_warps)
+    bv = self.block_v
+    if bv is None:
+      bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
+    programs = BH * (dv // bv)
+    # The Newton step on the segment-start inverses is dropped for bfloat16 inputs at DEFAULT
+    # (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225 against
+    # 0.123 ms at d = 64, T = 4096, B = 8); without it the inverse runs on 32 x 32 tiles
+    # (0.123 against 0.200 ms whole-matrix).
+    newton = not low
+    return Plan(
+        chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
+        precision=self.precision, low=low,
+        factor_dot=prec(kind), scan_warps=scan_warps, segment_chunks=seg,
+        segments=-(-N // seg),
+        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO, inverse_dot=prec(accurate),
+        gram_dot=prec("bf16" if low else accurate), newton_step=newton,
+        inverse_tile=32 if not newton and dk % 32 == 0 else None,
+        state_factor_dot=prec("bf16" if low else kind),
+        state_apply_dot=prec("bf16") if low and acc != jnp.float64 else state_dot,
+        state_dot=state_dot,
+        block_v=bv,
+        split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
+        split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
+        fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
+        du_warps=8 if dk >= 128 else 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The kernels' internal choices for one call, from `KernelConfig.plan` (hashable: the
+  static argument of the custom VJPs). Products are `common.dot` precisions.
+
+  Attributes:
+    chunk_size, interpret, precision: from the config and the call; acc: accumulation dtype.
+    low: bfloat16 inputs at precision DEFAULT: bfloat16 product operands in the penalty and
+      state-prep kernels and the chunk-local VJP, factors passed between the inference
+      forward's kernels in bfloat16 (half the bytes; d = 64, T = 4096: forward 2.12 -> 1.61
+      ms with the in-place layout below), and the inference kernels reading the caller's
+      [B, T, H, d] arrays in place (no XLA transposes; the kernels make the unit keys).
+    factor_dot: the penalty scan's products (forward and adjoint scans).
+    scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
+      (one wave of programs); segments: segments per sequence.
+    inverse_kernel: segment-start inverses in the Pallas kernel (else XLA); inverse_dot: its
+      products; gram_dot: the per-segment Gram kernel's products; newton_step: one Newton
+      step on each segment-start inverse; inverse_tile: None or 32 (block Cholesky on tiles).
+    state_factor_dot, state_apply_dot: the state-prep kernel's block-doubling products and
+      those that apply its inverse; state_dot: the state loops', the reverse pass's and the
+      u-cotangent kernel's products.
+    block_v: value rows per program of the state loops.
+    split_output, split_backward: the state forward and reverse pass as a chain plus a
+      parallel per-chunk kernel (else one fused loop).
+    fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
+    du_warps: warps of the u-cotangent kernel (4, 8 at dk = 128: 175 registers, no spills).
+  """
+
+  chunk_size: int
+  interpret: bool
+  acc: str
+  precision: jax.lax.Precision
+  low: bool
+  factor_dot: object
+  scan_warps: int
+  segment_chunks: int
+  segments: int
+  inverse_kernel: bool
+  inverse_dot: object
+  gram_dot: object
+  newton_step: bool
+  inverse_tile: int | None
+  state_factor_dot: object
+  state_apply_dot: object
+  state_dot: object
+  block_v: int
+  split_output: bool
+  split_backward: bool
+  fused_vjp: bool
+  du_warps: int
+
+  @property
+  def store(self):
+    """dtype of the per-token factors between the inference forward's kernels."""
+    return jnp.dtype(jnp.bfloat16 if self.low and self.acc == "float32" else self.acc)
+
+
+def segments_for(BH, N, resident=RESIDENT_AT_4_WARPS):
+  """Chunks per segment of the penalty scan: as many segments as fit in one wave of `resident`
+  programs, at least one, never fewer than one chunk per segment (one wave against two:
+  11% faster at T = 4096, B = 8 and 16% at T = 32768, B = 1)."""
+  S = min(N, max(1, resident // BH))
+  return -(-N // S)

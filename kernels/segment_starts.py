@@ -1,0 +1,175 @@
+"""Segment-start inverses of the penalty scan: A_s = M_s^-1 at the start of segments 1..S-1.
+
+The penalty scan (`penalty_scan.py`) cuts each sequence into S segments of L tokens and
+carries A through each from its start. Its starts are
+
+    M_s = A_0^-1 + sum_{t < s L} u_t u_t^T,     A_s = M_s^-1,
+
+the prefix sums of per-segment Grams G_j = sum of u_t u_t^T over segment j, inverted
+directly. Two forms, by key head dim (`Plan.inverse_kernel`):
+  - dk <= 64: the Grams in `vla_segment_grams` (one program per (sequence, segment), C tokens
+    a step, reading u in place), prefix sums in XLA, and each inverse in one program of
+    `vla_spd_inverse`: a Cholesky by dk elimination steps on the whole [dk, dk] matrix, or a
+    block Cholesky on 32 x 32 tiles (`Plan.inverse_tile`), then A = L^-T L^-1 and, with
+    `Plan.newton_step`, A <- A + A (I - M A). A_0^-1 takes a second launch of the same kernel.
+  - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, prefix sums
+    of float32 Grams and batched Cholesky inverses (`vla_jax.ops.utils.spd_inverse`).
+A float32 direct inverse has relative error ~eps * cond(M_s) (the carried A inside a segment
+does not); kernels/NOTES.md, open questions.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from vla_jax.kernels.common import chol_inv, compiler_params, dot, eye, rows_spec
+from vla_jax.ops.utils import spd_inverse
+
+WARPS = 4     # both kernels (not tuned)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+def _gram_kernel(u_ref, g_ref, *, L, C, precision, acc):
+  # One program = one (batch * head, segment): u_ref [L, dk] (the segment's tokens, read in
+  # place when token-major), g_ref [dk, dk] = the sum of u u^T over them, C tokens a step.
+  def body(n, G):
+    U = u_ref[pl.ds(pl.multiple_of(n * C, C), C), :].astype(acc)        # [C, dk]
+    return G + dot(U, U, ta=True, precision=precision)
+
+  dk = g_ref.shape[-1]
+  g_ref[...] = jax.lax.fori_loop(0, L // C, body, jnp.zeros((dk, dk), acc)).astype(g_ref.dtype)
+
+
+def _inverse_kernel(m_ref, a_ref, *, newton_step, precision, acc):
+  # m_ref, a_ref: [dk, dk], one matrix M and its inverse A.
+  Li = chol_inv(m_ref[...].astype(acc))
+  A = dot(Li, Li, ta=True, precision=precision)
+  if newton_step:
+    A = A + dot(A, eye(A.shape[0], acc) - dot(m_ref[...].astype(acc), A, precision=precision),
+                precision=precision)
+  a_ref[...] = (0.5 * (A + A.T)).astype(a_ref.dtype)
+
+
+def _tiled_inverse_kernel(m_ref, a_ref, *, t, newton_step, precision, acc):
+  # m_ref, a_ref: [dk, dk], handled as n x n tiles of t x t (ref slices; the values are tiles
+  # only). Block Cholesky M = L L^T: per tile column k, Linv_kk = L_kk^-1 by t elimination
+  # steps on the tile (`chol_inv`), L_ik = G_ik Linv_kk^T below it, the Schur complement
+  # G_ij -= L_ik L_jk^T; then X = L^-1 by block forward substitution and A = X^T X, with the
+  # Newton step A <- A + A (I - M A) when asked. The function of `_inverse_kernel`, with n
+  # elimination loops of t steps on [t, t] values instead of dk steps on [dk, dk].
+  mm = functools.partial(dot, precision=precision)
+  n = m_ref.shape[0] // t
+  blk = [pl.ds(i * t, t) for i in range(n)]
+  load = lambda i, j: m_ref[blk[i], blk[j]].astype(acc)
+  G = {(i, j): load(i, j) for i in range(n) for j in range(i + 1)}
+  Ld, L = {}, {}
+  for k in range(n):
+    Ld[k] = chol_inv(G[k, k])                                          # L_kk^-1
+    for i in range(k + 1, n):
+      L[i, k] = mm(G[i, k], Ld[k], tb=True)                            # G_ik L_kk^-T
+    for i in range(k + 1, n):
+      for j in range(k + 1, i + 1):
+        G[i, j] = G[i, j] - mm(L[i, k], L[j, k], tb=True)
+  X = {}
+  for k in range(n):                                                   # X = L^-1, lower
+    X[k, k] = Ld[k]
+    for i in range(k + 1, n):
+      X[i, k] = -mm(Ld[i], sum(mm(L[i, m], X[m, k]) for m in range(k, i)))
+  A = {(i, j): sum(mm(X[m, i], X[m, j], ta=True) for m in range(max(i, j), n))
+       for i in range(n) for j in range(i, n)}                         # X^T X, upper tiles
+  At = lambda i, j: A[i, j] if i <= j else A[j, i].T
+  Mt = lambda i, m: load(i, m) if m <= i else load(m, i).T
+  for j in range(n):
+    if newton_step:   # column j of A + A (I - M A), tile by tile
+      MA = [sum(mm(Mt(m, l), At(l, j)) for l in range(n)) for m in range(n)]
+      col = [2.0 * At(i, j) - sum(mm(At(i, m), MA[m]) for m in range(n)) for i in range(j + 1)]
+    else:
+      col = [At(i, j) for i in range(j + 1)]
+    for i in range(j + 1):      # the upper tiles, mirrored (diagonal tiles symmetrised)
+      T = 0.5 * (col[i] + col[i].T) if i == j else col[i]
+      a_ref[blk[i], blk[j]] = T.astype(a_ref.dtype)
+      if i < j:
+        a_ref[blk[j], blk[i]] = T.T.astype(a_ref.dtype)
+
+
+# ----------------------------------------------------------------------------- wrappers
+
+def segment_grams(u, S, L, *, plan, heads=None):
+  """The Grams G_s = sum of u_t u_t^T over the L tokens of segment s, for s = 0..S-2 (the
+  last segment's is never needed): [BH, S - 1, dk, dk] in the accumulation dtype. u:
+  head-major [BH, >= S * L, dk], or with heads=H the caller's token-major [B, >= S * L, H, dk]
+  read in place. Grid (B * H, S - 1), chunk_size tokens a step."""
+  dk = u.shape[-1]
+  BH = u.shape[0] * (heads or 1)
+  acc = jnp.dtype(plan.acc)
+  return pl.pallas_call(
+      functools.partial(_gram_kernel, L=L, C=plan.chunk_size, precision=plan.gram_dot,
+                        acc=acc),
+      grid=(BH, S - 1),
+      in_specs=[rows_spec(L, dk, heads)],
+      out_specs=pl.BlockSpec((None, None, dk, dk), lambda i, j: (i, j, 0, 0)),
+      out_shape=jax.ShapeDtypeStruct((BH, S - 1, dk, dk), acc),
+      compiler_params=compiler_params(WARPS),
+      interpret=plan.interpret, name="vla_segment_grams",
+  )(u)
+
+
+def spd_inverse_kernel(M, *, newton_step, precision, tile=None, interpret=False):
+  """A = M^-1 for M [BH, N, dk, dk] symmetric positive definite, one program per matrix
+  (grid (BH, N)). tile: None (dk elimination steps on the whole matrix) or 32 (a block
+  Cholesky on 32 x 32 tiles; the same function)."""
+  BH, N, dk, _ = M.shape
+  spec = pl.BlockSpec((None, None, dk, dk), lambda b, n: (b, n, 0, 0))
+  if tile is None:
+    kernel = functools.partial(_inverse_kernel, newton_step=newton_step, precision=precision,
+                               acc=M.dtype)
+  else:
+    kernel = functools.partial(_tiled_inverse_kernel, t=tile, newton_step=newton_step,
+                               precision=precision, acc=M.dtype)
+  return pl.pallas_call(
+      kernel,
+      grid=(BH, N), in_specs=[spec], out_specs=spec,
+      out_shape=jax.ShapeDtypeStruct(M.shape, M.dtype),
+      compiler_params=compiler_params(WARPS), interpret=interpret, name="vla_spd_inverse",
+  )(M)
+
+
+def segment_start_inverses(u, A0, S, L, *, plan, token_major=False):
+  """The inverses at the starts of segments 1..S-1, [B, H, S - 1, dk, dk] in A0's dtype.
+
+  u: [B, H, T_pad, dk] head-major (zero-padded to S * L here), or with token_major the
+  caller's [B, S * L, H, dk] (any float dtype, read in place). A0: [B, H, dk, dk]."""
+  B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
+  acc = A0.dtype
+  if not plan.inverse_kernel:
+    M0 = spd_inverse(A0, solve=True)
+    return spd_inverse(M0[:, :, None] + _gram_prefix_xla(u, S, L, token_major).astype(acc),
+                       newton_step=plan.newton_step)
+  if not token_major:
+    pad = S * L - u.shape[2]
+    u = jnp.pad(u, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B * H, S * L, dk)
+  grams = segment_grams(u, S, L, plan=plan, heads=H if token_major else None)
+  grams = jnp.cumsum(grams, axis=1).reshape(B, H, S - 1, dk, dk)
+  inverse = lambda M, newton: spd_inverse_kernel(
+      M.reshape(B * H, -1, dk, dk), newton_step=newton, precision=plan.inverse_dot,
+      tile=plan.inverse_tile, interpret=plan.interpret)
+  M = inverse(A0, False).reshape(B, H, 1, dk, dk) + grams
+  return inverse(M, plan.newton_step).reshape(B, H, S - 1, dk, dk)
+
+
+def _gram_prefix_xla(u, S, L, token_major):
+  """The sum of u u^T before each of segments 1..S-1 in XLA (HIGHEST products):
+  [B, H, S - 1, dk, dk]. u as in `segment_start_inverses`."""
+  if token_major:
+    B, _, H, dk = u.shape
+    U = u.reshape(B, S, L, H, dk)
+    gram = jnp.einsum("bslhi,bslhj->bhsij", U, U, precision=jax.lax.Precision.HIGHEST,
+                      preferred_element_type=jnp.promote_types(u.dtype, jnp.float32))
+    return jnp.cumsum(gram, axis=2)[:, :, :-1]
+  B, H, T_pad, dk = u.shape
+  U = jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)]).reshape(B, H, S, L, dk)
+  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=jax.lax.Precision.HIGHEST)
+  return jnp.cumsum(gram, axis=2)[:, :, :-1]

@@ -1,0 +1,81 @@
+"""State-path factors of every chunk, one Pallas (Triton) program per (batch * head, chunk).
+
+The state path is the generalised delta rule S_t = S_{t-1} + (v_t - S_{t-1} e_t) w_t^T with
+erase keys e_t (VLA: khat_t) and write keys w_t (VLA: a_t). Per chunk of C tokens (rows E, W,
+Q, V), the factors that do not depend on the chunk-start state:
+
+    N  = strictly_lower(E W^T),   T = (I + N)^-1               [C, C] unit lower triangular
+    U' = T V,   W' = T E,   P = tril(Q W^T)                      [C, dv], [C, dk], [C, C]
+
+T comes from block doubling on the whole [C, C] matrix (`common.unit_tril_inv`: log2 C rounds
+of inv <- inv - inv N_s inv); the state loops (`state_path.py`) then need only products.
+Products: the doubling at `Plan.state_factor_dot`, those that apply T and P at
+`Plan.state_apply_dot` (bfloat16 operands for bfloat16 inputs at precision DEFAULT; the
+state-prep kernel 0.24 ms faster at d = 64, T = 4096).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from vla_jax.kernels.common import (causal_dot, compiler_params, dot, iota, rows_spec,
+                                    unit_rows, unit_tril_inv)
+from vla_jax.ops.vla.recurrence import KEY_EPS
+
+WARPS = 4     # not tuned
+
+
+# ----------------------------------------------------------------------------- kernel
+
+def _state_prep_kernel(e_ref, w_ref, q_ref, v_ref, up_ref, wp_ref, p_ref, *t_ref, C,
+                       factor_dot, apply_dot, acc, unit_keys):
+  # e_ref, w_ref, q_ref, wp_ref: [C, dk]; v_ref, up_ref: [C, dv]; p_ref, t_ref: [C, C].
+  r, c, _ = iota(C)
+  E = e_ref[...].astype(acc)
+  if unit_keys:   # raw keys read in place
+    E = unit_rows(E, KEY_EPS)
+  W = w_ref[...].astype(acc)
+  T = unit_tril_inv(jnp.where(r > c, dot(E, W, tb=True, precision=apply_dot), 0.0), factor_dot)
+  up_ref[...] = causal_dot(T, v_ref[...].astype(acc), apply_dot).astype(up_ref.dtype)
+  wp_ref[...] = causal_dot(T, E, apply_dot).astype(wp_ref.dtype)
+  p_ref[...] = jnp.where(r >= c, dot(q_ref[...].astype(acc), W, tb=True, precision=apply_dot),
+                         0.0).astype(p_ref.dtype)
+  if t_ref:   # T itself, for the state path's chunk-local VJP
+    t_ref[0][...] = T.astype(t_ref[0].dtype)
+
+
+# ----------------------------------------------------------------------------- wrapper
+
+def state_prep(e, w, q, v, *, plan, with_inverse=False, out_dtype=None, inverse_dtype=None,
+               heads=None, qv_heads=None):
+  """U' [BH, N*C, dv], W' [BH, N*C, dk], P [BH, N*C, C] (grid (B * H, N)).
+
+  Args:
+    e, w, q: [BH, N*C, dk] erase keys, write keys, queries; v: [BH, N*C, dv] (any float
+      dtype; computed in the plan's accumulation dtype).
+    plan: the `Plan`; out_dtype: of the outputs (default the accumulation dtype).
+    with_inverse: also T of every chunk, [BH, N*C, C], in inverse_dtype (default out_dtype).
+    heads: None, or H when e, q, v are the caller's token-major [B, >= N*C, H, d] (read in
+      place; e then holds raw keys, made unit here); w and the outputs stay head-major.
+    qv_heads: None, or H when only q and v are token-major (e holds unit keys, head-major).
+  """
+  BH, NC, dk = w.shape
+  C, dv, acc = plan.chunk_size, v.shape[-1], jnp.dtype(plan.acc)
+  out = out_dtype or acc
+  rows = lambda d, h=None: rows_spec(C, d, h)
+  n_out = 4 if with_inverse else 3
+  return pl.pallas_call(
+      functools.partial(_state_prep_kernel, C=C, factor_dot=plan.state_factor_dot,
+                        apply_dot=plan.state_apply_dot, acc=acc, unit_keys=heads is not None),
+      grid=(BH, NC // C),
+      in_specs=[rows(dk, heads), rows(dk), rows(dk, heads or qv_heads),
+                rows(dv, heads or qv_heads)],
+      out_specs=[rows(dv), rows(dk), rows(C), rows(C)][:n_out],
+      out_shape=[jax.ShapeDtypeStruct((BH, NC, dv), out),
+                 jax.ShapeDtypeStruct((BH, NC, dk), out),
+                 jax.ShapeDtypeStruct((BH, NC, C), out),
+                 jax.ShapeDtypeStruct((BH, NC, C), inverse_dtype or out)][:n_out],
+      compiler_params=compiler_params(WARPS), interpret=plan.interpret, name="vla_state_prep",
+  )(e, w, q, v)

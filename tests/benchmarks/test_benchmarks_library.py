@@ -1,0 +1,151 @@
+"""`vla_jax.benchmarks`: the report computed from rows, timing, the floor, the profile's sums
+and the correctness check's inputs (no GPU needed)."""
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vla_jax.benchmarks import check, floor, measure, profile, report, rows
+
+
+def _row(impl, op, pass_, T, ms, d=64):
+  B = max(1, 32768 // T)
+  return {"impl": impl, "op": op, "pass": pass_, "T": T, "B": B, "H": 16, "d": d,
+          "dtype": "bfloat16", "ms": ms, "peak_mib": 100.0, "status": "ok", "note": None,
+          "floor_ms": 0.1 if impl == "pallas" else None}
+
+
+def _write(path, rows_, time="2026-12-02T00:00:00"):
+  header = {"kind": "header", "time": time, "device": "NVIDIA H200", "jax": "0.11.2",
+            "settings": {"heads": 16, "tokens": 32768}}
+  path.write_text("\n".join(json.dumps(r) for r in [header] + rows_) + "\n")
+
+
+def test_report_verdicts_from_data(tmp_path):
+  rows_ = []
+  for T in (1024, 2048, 4096, 8192, 16384):
+    rows_.append(_row("pallas", "vla", "fwd", T, 10.0))
+    rows_.append(_row("cudnn", "softmax_attention", "fwd", T, 10.0 * T / 4096))  # crosses 4k
+    rows_.append(_row("fla_chunk_delta_rule", "deltanet", "fwd", T, 1.0))
+    rows_.append(_row("pallas", "vla", "fwd+bwd", T, 30.0))
+    rows_.append(_row("cudnn", "softmax_attention", "fwd+bwd", T, 1.0))          # never
+  rows_.append(dict(_row("cudnn", "softmax_attention", "fwd", 32768, None), status="OOM",
+                    note="RESOURCE_EXHAUSTED"))
+  _write(tmp_path / "a.jsonl", rows_)
+  md = tmp_path / "B.md"
+  report.write_report(report.bench_files(str(tmp_path)), str(md))
+  text = md.read_text()
+  assert "NVIDIA H200" in text
+  assert "faster from there" in text and "T ~ 4,096" in text
+  assert "VLA pallas is slower than cuDNN causal attention at every measured T" in text
+  assert "VLA pallas is slower than fla's chunk_delta_rule (DeltaNet) at every measured T" in text
+  assert "OOM" in text and "VLA pallas 10 -> 10 ms (x1)" in text and "3x at 16,384" in text
+  data = report.Data(report.load([str(tmp_path / "a.jsonl")])[1])
+  kind, value = report.crossover(report.ratio_series(data, 64, "fwd", report.PALLAS,
+                                                     report.CUDNN))
+  assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
+
+
+def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
+  """Files are read by their header time; a later file's row wins, a later skipped row does
+  not erase a measurement, and a family's rows that a later file left behind are marked and
+  not computed with."""
+  old, new = tmp_path / "z_old.jsonl", tmp_path / "a_new.jsonl"
+  _write(old, [_row("pallas", "vla", "fwd", T, 5.0) for T in (1024, 2048)]
+         + [_row("cudnn", "softmax_attention", "fwd", T, 1.0) for T in (1024, 2048, 4096)],
+         time="2026-11-01T00:00:00")
+  _write(new, [_row("pallas", "vla", "fwd", T, 2.0) for T in (1024, 4096)]
+         + [dict(_row("cudnn", "softmax_attention", "fwd", 4096, None), status="skipped")],
+         time="2026-12-01T00:00:00")
+  paths = report.bench_files(str(tmp_path))
+  assert [p.split("/")[-1] for p in paths] == ["z_old.jsonl", "a_new.jsonl"]
+  data = report.Data(report.load(paths)[1])
+  assert data.ms(64, "fwd", report.CUDNN, 4096) == 1.0
+  assert data.ms(64, "fwd", report.PALLAS, 1024) == 2.0
+  assert data.ms(64, "fwd", report.PALLAS, 2048) is None
+  assert data.get(64, "fwd", report.PALLAS, 2048, stale=True)["ms"] == 5.0
+  assert report.ratio_series(data, 64, "fwd", report.PALLAS, report.CUDNN) == [
+      (1024, 2.0), (4096, 2.0)]
+
+
+def test_correctness_section_from_check_rows():
+  row = {**check.Case("float32", "HIGHEST", "anisotropic", 4096).__dict__, "op": "vla",
+         "impl": "pallas", "pass": "check", "errors": {"o": 1e-6, "S": 2e-6, "A": 3e-6,
+                                                        "dq": 4e-6}, "bound": 1e-3,
+         "status": "ok"}
+  text = "\n".join(report.correctness_section([row]))
+  assert "## Correctness against float64" in text
+  assert "| 64 | pallas | float32 | HIGHEST | anisotropic | 4,096 | 1 | 3e-06 | 4e-06 |" in text
+
+
+def test_time_jax_and_median_seconds():
+  fn = lambda x: jnp.tanh(x @ x.T)
+  sets = [(jnp.full((64, 64), 0.01 * (i + 1)),) for i in range(2)]
+  res = measure.time_jax(fn, sets, warmup=1, target_s=0.02, min_reps=3, max_reps=5,
+                         rounds=3, round_s=0.01, max_per_round=7)
+  assert res["ms"] > 0 and res["ms_sync"] > 0 and 3 <= res["reps"] <= 5
+  assert 2 <= res["per_round"] <= 7 and not res["over_cap"]
+  assert measure.median_seconds(jax.jit(fn), sets[0], repeats=2) > 0
+  assert measure.classify(RuntimeError("RESOURCE_EXHAUSTED: out of memory"))[0] == "OOM"
+
+
+def test_backward_rows_return_the_output_and_its_pullback():
+  fn = rows.jax_function("softmax_attention", "xla", "fwd+bwd")
+  *xs, cot = rows.jax_inputs("softmax_attention", 1, 32, 2, 16, jnp.float32, 1, True)
+  o, grads = jax.jit(fn)(*xs, cot)
+  fwd = rows.jax_function("softmax_attention", "xla", "fwd")
+  chex.assert_trees_all_close(o, fwd(*xs), rtol=1e-6)
+  want = jax.grad(lambda *a: jnp.sum(fwd(*a) * cot), argnums=(0, 1, 2))(*xs)
+  chex.assert_trees_all_close(grads, want, rtol=1e-5, atol=1e-6)
+
+
+def test_floor():
+  fl = floor.delta_rule_floor_ms(1, 32768, 16, 64)
+  assert fl == pytest.approx(max(4 * 32768 * 16 * 64 * 2 / 4.2e12,
+                                 2 * (5 * 64 * 64 * 64 + 3 * 64 * 64 * 64) * 32768 * 16 / 64
+                                 / 8e14) * 1e3)
+  assert fl < floor.floor_ms(1, 32768, 16, 64) < floor.floor_ms(1, 32768, 16, 64, backward=True)
+
+
+def test_profile_sums_classes_and_gaps():
+  assert profile.kernel_class("vla_penalty_scan") == "pallas"
+  assert profile.kernel_class("loop_transpose_fusion_3") == "xla"
+  assert profile.kernel_class("sm90_xmma_gemm_bf16bf16_f32") == "gemm"
+  assert profile.kernel_class("Memcpy DtoD") == "copy"
+  events = [("vla_state_bwd", 3e6), ("fusion_1", 1e6), ("vla_state_bwd", 1e6), ("fusion_2", 2e6)]
+  kernels, classes = profile.summarise(events, calls=2)
+  assert kernels["vla_state_bwd"] == ("pallas", 2.0, 1.0)
+  assert classes == {"pallas": 2.0, "xla": 1.5}
+  events = [("a", 10, 0), ("b", 5, 15), ("c", 2, 16),
+            ("a", 10, 120), ("b", 5, 135), ("c", 2, 136)]
+  idle, top = profile.idle_gaps(events, calls=2)
+  assert idle == 5 / 1e6 and top == [(5 / 1e6, "a", "b")]
+
+
+def test_profile_launch_params_are_the_plans():
+  """The warps and stages each kernel launches with (read from the jaxpr, as the resource
+  report compiles them): 1-warp penalty scans for bf16 at d = 64, 4 for the state loops."""
+  fwd, grad, xs = profile.vla_calls(1, 128, 2, 64, interpret=False)
+  params = profile.launch_params(grad, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs])
+  assert params["vla_penalty_scan"] == (1, 1) and params["vla_state_chain"] == (4, 2)
+  assert params["vla_state_local_vjp"] == (8, 1) and params["vla_adjoint_du"] == (4, 1)
+  del fwd
+
+
+def test_anisotropic_u_is_ill_conditioned():
+  """Anisotropic u: rows of norm 1 / sqrt(d) (a trained layer's scale) that make
+  M = I + sum u u^T far worse conditioned (4 dominant directions) than isotropic rows of the
+  same norm."""
+  key, d = jax.random.PRNGKey(0), 32
+  u = np.asarray(check.penalty_directions(key, 1, 2048, 2, d, "anisotropic"))[0, :, 0]
+  np.testing.assert_allclose(np.linalg.norm(u, axis=-1), 1 / np.sqrt(d), rtol=1e-4)
+  iso = np.asarray(check.penalty_directions(key, 1, 2048, 2, d, "isotropic"))[0, :, 0]
+  iso = iso / np.linalg.norm(iso, axis=-1, keepdims=True) / np.sqrt(d)
+  cond = lambda x: np.linalg.cond(np.eye(d) + x.T @ x)
+  assert cond(u) > 5 * cond(iso), (cond(u), cond(iso))
+  assert check.bound(check.Case("float32", "HIGHEST", "anisotropic", 4096)) == 1e-3
+  assert check.bound(check.Case("bfloat16", "DEFAULT", "isotropic", 4096)) == 3e-2

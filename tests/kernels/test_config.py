@@ -1,0 +1,122 @@
+"""`KernelConfig` validation and the planning rules of `KernelConfig.plan` (no kernels run)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from vla_jax.kernels import KernelConfig
+from vla_jax.kernels.common import BF16
+from vla_jax.kernels.config import segments_for
+
+P = jax.lax.Precision
+TF32 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32
+TF32X3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+
+
+def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=128, N=64,
+          interpret=False):
+  return config.plan(low=low, acc=acc, dk=dk, dv=dv, BH=BH, N=N, interpret=interpret)
+
+
+@pytest.mark.parametrize("kw,dk,dv,match", [
+    (dict(chunk_size=8), 16, 16, "chunk_size"), (dict(chunk_size=256), 16, 16, "chunk_size"),
+    (dict(chunk_size=48), 16, 16, "chunk_size"), (dict(chunk_size=True), 16, 16, "chunk_size"),
+    ({}, 24, 16, "dk"), ({}, 16, 48, "dv"), (dict(block_v=8), 16, 32, "block_v"),
+    (dict(block_v=64), 16, 32, "block_v"), (dict(precision="fast"), 16, 16, "precision"),
+    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision")])
+def test_bad_options_raise(kw, dk, dv, match):
+  with pytest.raises(ValueError, match=match):
+    KernelConfig(**kw).validate(dk, dv)
+
+
+def test_precision_takes_jax_names():
+  assert KernelConfig().precision == P.DEFAULT
+  assert KernelConfig(precision=None).precision == P.DEFAULT
+  assert KernelConfig(precision="highest").precision == P.HIGHEST
+  assert KernelConfig(precision=P.HIGH).precision == P.HIGH
+  assert hash(KernelConfig(precision="highest")) == hash(KernelConfig(precision=P.HIGHEST))
+
+
+def test_default_products_follow_the_inputs():
+  """DEFAULT: bfloat16 operands for bfloat16 inputs, one-pass TF32 for float32; the segment
+  starts' inverses and Grams stay about float32 accurate (tf32x3), bf16 Grams of bf16 u."""
+  bf = _plan(low=True)
+  assert (bf.factor_dot, bf.state_factor_dot, bf.state_apply_dot, bf.gram_dot) == (BF16,) * 4
+  assert bf.inverse_dot == TF32X3 and bf.state_dot == P.DEFAULT and bf.low
+  assert bf.store == jnp.bfloat16
+  f32 = _plan()
+  assert (f32.factor_dot, f32.state_factor_dot) == (TF32, TF32)
+  assert f32.state_apply_dot == P.DEFAULT and f32.state_dot == P.DEFAULT
+  assert (f32.inverse_dot, f32.gram_dot) == (TF32X3, TF32X3) and not f32.low
+  assert f32.store == jnp.float32
+
+
+@pytest.mark.parametrize("low", [False, True])
+def test_highest_makes_every_product_float32(low):
+  """HIGHEST: no TF32 and no bfloat16 anywhere, and nothing stored narrower."""
+  plan = _plan(KernelConfig(precision=P.HIGHEST), low=low)
+  products = (plan.factor_dot, plan.inverse_dot, plan.gram_dot, plan.state_factor_dot,
+              plan.state_apply_dot, plan.state_dot)
+  assert all(p == P.HIGHEST for p in products), products
+  assert not plan.low and plan.store == jnp.float32 and plan.newton_step
+
+
+def test_high_is_three_tf32_passes():
+  plan = _plan(KernelConfig(precision=P.HIGH), low=True)
+  products = (plan.factor_dot, plan.inverse_dot, plan.gram_dot, plan.state_factor_dot,
+              plan.state_apply_dot, plan.state_dot)
+  assert all(p == TF32X3 for p in products), products
+  assert plan.scan_warps == 4   # three-pass products at one warp spill
+
+
+def test_interpret_and_float64_products():
+  """Interpret mode has no TF32 (HIGHEST) but emulates bfloat16; float64 is HIGHEST."""
+  assert _plan(interpret=True).factor_dot == P.HIGHEST
+  assert _plan(interpret=True, low=True).factor_dot == BF16
+  f64 = _plan(acc=jnp.float64, low=True)
+  assert f64.factor_dot == P.HIGHEST and f64.inverse_dot == P.HIGHEST and f64.store == jnp.float64
+
+
+def test_scan_warps_and_segments():
+  """1 warp at dk <= 64 for one-pass products, 4 for three-pass, 8 at dk = 128; segments fill
+  one wave of 264 * 4 / warps programs."""
+  assert _plan(low=True).scan_warps == 1 and _plan().scan_warps == 1
+  assert _plan(KernelConfig(precision=P.HIGHEST)).scan_warps == 4
+  assert _plan(dk=128, dv=128).scan_warps == 8
+  plan = _plan(BH=128, N=64)                  # T = 4096, B = 8, H = 16: 1056 programs / 128
+  assert (plan.segment_chunks, plan.segments) == (8, 8)
+  plan = _plan(BH=16, N=512)                  # T = 32768, B = 1
+  assert (plan.segment_chunks, plan.segments) == (8, 64)
+  assert segments_for(128, 64) == 32 and segments_for(16, 512) == 32
+  assert segments_for(300, 5) == 5 and segments_for(2, 3) == 1
+
+
+def test_segment_start_inverses():
+  """The Pallas inverse at dk <= 64, XLA at 128; the Newton step and 32 x 32 tiles follow
+  the bfloat16 default."""
+  assert _plan().inverse_kernel and not _plan(dk=128, dv=128).inverse_kernel
+  f32, bf = _plan(), _plan(low=True)
+  assert f32.newton_step and f32.inverse_tile is None
+  assert not bf.newton_step and bf.inverse_tile == 32
+  assert _plan(low=True, dk=16, dv=16).inverse_tile is None
+
+
+def test_value_block_and_state_forms():
+  """block_v: 16 rows where 32 leaves <= 32 programs; the split forward below 132 programs
+  and at dk = 128, the split reverse pass up to 512 programs and at dk = 128."""
+  assert _plan(BH=16).block_v == 16          # T = 32768, B = 1, H = 16
+  assert _plan(BH=32).block_v == 32 and _plan(BH=128).block_v == 32
+  assert _plan(BH=16, dk=128, dv=128).block_v == 32
+  assert _plan(KernelConfig(block_v=64), BH=16).block_v == 64
+  assert _plan(BH=128).split_output is False and _plan(BH=16).split_output is True
+  assert _plan(BH=64, dk=128, dv=128).split_output is True
+  assert _plan(BH=128).split_backward and _plan(BH=256).split_backward
+  assert not _plan(BH=512).split_backward
+  assert _plan(BH=512, dk=128, dv=128).split_backward
+
+
+def test_chunk_local_vjp_form():
+  """One kernel unless float32 operands at head dim 128 (352 KB of shared memory)."""
+  assert _plan().fused_vjp and _plan(low=True, dk=128, dv=128).fused_vjp
+  assert not _plan(dk=128, dv=128).fused_vjp and not _plan(dk=64, dv=128).fused_vjp
+  assert _plan(dk=128, dv=128).du_warps == 8 and _plan().du_warps == 4

@@ -1,0 +1,113 @@
+"""Lowering for an abstract NVIDIA H200 (no GPU needed): the Triton IR of every kernel the
+defaults select is built, forward and gradient, so code that only runs in interpret mode
+cannot land; and the kernels each call runs are the ones the plan says."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from vla_jax.kernels import KernelConfig, vla_pallas
+from vla_jax.kernels.lowering import lower_for_h200
+
+
+def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True):
+  """Sorted names of the Pallas kernels in the lowered forward (or gradient)."""
+  B, T, H, dk, dv, C = shape
+  cfg = KernelConfig(chunk_size=C, precision=precision)
+  fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+  fn = fwd
+  if grad:
+    loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a))
+    fn = jax.grad(loss, argnums=range(6))
+  spec = lambda *s: jax.ShapeDtypeStruct(s, dtype)
+  args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
+          jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
+          jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
+  text = lower_for_h200(fn, *args).as_text()
+  names = sorted(re.findall(r'name = "(vla_[a-z_0-9]+)"', text))
+  assert text.count("__gpu$xla.gpu.triton") == len(names)
+  return names
+
+
+SCAN_FWD = ["vla_penalty_scan", "vla_segment_grams", "vla_spd_inverse", "vla_spd_inverse"]
+SPLIT_FWD = ["vla_state_chain", "vla_state_out", "vla_state_prep"]
+SPLIT_BWD = ["vla_adjoint_du", "vla_penalty_scan", "vla_state_bwd_chain", "vla_state_bwd_terms"]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_default_kernels_d64(dtype):
+  """Few programs (the split state loops), segment starts in Pallas, the chunk-local VJP in
+  one kernel; forward and gradient."""
+  shape = (1, 100, 2, 64, 64, 32)
+  assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + SPLIT_FWD)
+  assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD
+                                          + ["vla_state_local_vjp"])
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_default_kernels_d128(dtype):
+  """dk = 128: segment starts in XLA; float32 operands take the chunk-local VJP as XLA
+  products (the kernel would need 352 KB of shared memory)."""
+  fused = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
+  assert _kernels(dtype, (1, 64, 1, 128, 128, 64)) == sorted(
+      ["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD + fused)
+
+
+def test_fused_loops_at_many_programs():
+  """B * H * dv / 32 > 512 programs: one forward loop, one reverse loop."""
+  names = _kernels(jnp.bfloat16, (64, 32, 16, 32, 32, 16))
+  assert "vla_state_fwd" in names and "vla_state_bwd" in names
+  assert "vla_state_chain" not in names and "vla_state_bwd_chain" not in names
+
+
+@pytest.mark.parametrize("precision", ["HIGH", "HIGHEST"])
+def test_precisions_lower(precision):
+  """Three-pass TF32 and IEEE float32 products lower in every kernel, forward and gradient."""
+  names = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), getattr(jax.lax.Precision, precision))
+  assert names == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+
+
+def _products(fn, args):
+  """{(where, precision)} of every matrix product in fn's jaxpr: where is the Pallas kernel's
+  name or "xla"."""
+  from jax.extend import core as jcore   # pylint: disable=import-outside-toplevel
+  found = set()
+
+  def walk(jaxpr, where):
+    for e in jaxpr.eqns:
+      if e.primitive.name == "pallas_call":
+        walk(e.params["jaxpr"], str(e.params.get("name")))
+        continue
+      if e.primitive.name == "dot_general":
+        found.add((where, str(e.params["precision"])))
+      for v in e.params.values():
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+          if isinstance(x, jcore.ClosedJaxpr):
+            walk(x.jaxpr, where)
+          elif isinstance(x, jcore.Jaxpr):
+            walk(x, where)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr, "xla")
+  return found
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_highest_leaves_no_tf32_or_bf16_product(dtype):
+  """precision=HIGHEST: every product of every kernel and XLA part of the forward and the
+  gradient is HIGHEST (Triton: IEEE float32), at d = 64 and at d = 128 (XLA segment starts,
+  XLA chunk-local VJP for float32)."""
+  for d in (64, 128):
+    cfg = KernelConfig(chunk_size=32, precision=jax.lax.Precision.HIGHEST)
+    fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+    loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a))
+    spec = lambda *s: jax.ShapeDtypeStruct(s, dtype)
+    args = (spec(1, 96, 2, d), spec(1, 96, 2, d), spec(1, 96, 2, d), spec(1, 96, 2, d),
+            jax.ShapeDtypeStruct((1, 2, d, d), jnp.float32),
+            jax.ShapeDtypeStruct((1, 2, d, d), jnp.float32))
+    products = _products(jax.grad(loss, argnums=range(6)), args)
+    kernels = {w for w, _ in products if w != "xla"}
+    assert "vla_penalty_scan" in kernels and "vla_state_prep" in kernels, kernels
+    highest = str((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST))
+    assert all(p == highest for _, p in products), sorted(products)

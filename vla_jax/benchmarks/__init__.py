@@ -1,0 +1,12 @@
+"""Library code of the kernel scripts (experiments/bench.py, report_benchmarks.py,
+check_kernels.py, profile.py): one module per job.
+
+  rows      the row families timed (VLA pallas, cuDNN attention, fla's chunk_delta_rule)
+  suite     the measurement loop behind BENCHMARKS.md
+  measure   timing and peak memory (JAX and torch), error classification
+  floor     the hardware floor of one VLA (and DeltaNet) call
+  records   the JSON-lines writer (header with versions and device, one line per row)
+  report    BENCHMARKS.md and its plots from the rows
+  check     correctness of vla_pallas against float64 on the device
+  profile   per-kernel device time from a profiler trace; offline register/spill report
+"""

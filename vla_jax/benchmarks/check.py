@@ -1,0 +1,197 @@
+"""Correctness of `vla_pallas` against a float64 reference, on the device it runs on.
+
+Each case: fresh inputs (u isotropic, or anisotropic: a few dominant directions plus noise,
+rows normalised to 1 / sqrt(d), the scale a trained layer gives, which makes M_t
+ill-conditioned), the forward (o, S_T, A_T) and the gradients of a weighted sum of them with
+respect to q, k, v, u, S0, compared with impl="chunked" in float64 on the same inputs (for
+bfloat16 inputs, on their bfloat16 values). Relative Frobenius errors, against a bound per
+(dtype, precision). One row per case (pass "check"); a long run (bfloat16 forward + backward
+at B = 1, H = 16) must finish, finite, without running out of memory.
+"""
+
+import dataclasses
+import functools
+import time
+
+import numpy as np
+
+# Relative-error bounds by (dtype, precision): float32 products at HIGHEST ~1e-6 (the bound
+# leaves room for eps * cond(M) at long T with anisotropic u), three-pass TF32 likewise, one-
+# pass TF32 ~1e-3, bfloat16 inputs (bfloat16 product operands) ~1e-2.
+BOUNDS = {("float32", "HIGHEST"): 1e-4, ("float32", "HIGH"): 1e-4,
+          ("float32", "DEFAULT"): 5e-3, ("bfloat16", "DEFAULT"): 3e-2,
+          ("bfloat16", "HIGHEST"): 1e-4}
+ANISOTROPIC_BOUND = 1e-3     # float32 at HIGH / HIGHEST: segment starts ~ eps * cond(M)
+NAMES = ("o", "S", "A", "dq", "dk", "dv", "du", "dS0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  dtype: str
+  precision: str
+  u: str          # "isotropic" or "anisotropic"
+  T: int
+  d: int = 64
+  B: int = 1
+  H: int = 4
+  chunk: int = 64
+
+
+def default_cases(dims=(64,), max_T=16384):
+  """The check behind BENCHMARKS.md's correctness table: float32 at HIGHEST (isotropic and
+  anisotropic u) at T = 4096, 16384, ... up to max_T; HIGH and DEFAULT (one-pass TF32) at
+  4096; bfloat16 at DEFAULT at 4096 and 16384."""
+  Ts = [T for T in (4096, 16384, 65536, 131072) if T <= max_T] or [max_T]
+  mid = min(4096, max_T)
+  cases = []
+  for d in dims:
+    cases += [Case("float32", "HIGHEST", u, T, d) for u in ("isotropic", "anisotropic")
+              for T in Ts]
+    cases += [Case("float32", "HIGH", "isotropic", mid, d),
+              Case("float32", "DEFAULT", "isotropic", mid, d)]
+    cases += [Case("bfloat16", "DEFAULT", "isotropic", T, d) for T in Ts if T in (4096, 16384)]
+  return cases
+
+
+def smoke_cases():
+  """Tiny CPU cases (interpret mode)."""
+  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16)]
+
+
+def bound(case):
+  b = BOUNDS.get((case.dtype, case.precision), 3e-2)
+  if case.u == "anisotropic" and case.dtype == "float32" and case.precision != "DEFAULT":
+    b = max(b, ANISOTROPIC_BOUND)
+  return b
+
+
+def penalty_directions(key, B, T, H, d, kind, rank=4, noise=0.01):
+  """u [B, T, H, d] in float32: isotropic normal / sqrt(d), or anisotropic: per head `rank`
+  fixed directions with normal weights plus `noise` times isotropic noise, rows normalised to
+  1 / sqrt(d)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  k1, k2, k3 = jax.random.split(key, 3)
+  if kind == "isotropic":
+    return jax.random.normal(k1, (B, T, H, d), jnp.float32) / np.sqrt(d)
+  basis = jax.random.normal(k1, (H, rank, d), jnp.float32)
+  weights = jax.random.normal(k2, (B, T, H, rank), jnp.float32)
+  u = (jnp.einsum("bthr,hrd->bthd", weights, basis, precision="highest")
+       + noise * jax.random.normal(k3, (B, T, H, d), jnp.float32))
+  return u / jnp.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(d)
+
+
+def inputs(case, seed=0):
+  """(q, k, v, u) in the case's dtype, S0 [B, H, d, d] float32, the output weights wo."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  B, T, H, d = case.B, case.T, case.H, case.d
+  ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+  q, k, v = (jax.random.normal(x, (B, T, H, d), jnp.float32) for x in ks[:3])
+  u = penalty_directions(ks[3], B, T, H, d, case.u)
+  S0 = jax.random.normal(ks[4], (B, H, d, d), jnp.float32) / 8
+  wo = jax.random.normal(ks[5], (B, T, H, d), jnp.float32)
+  dtype = jnp.dtype(case.dtype)
+  return [x.astype(dtype) for x in (q, k, v, u)], S0, wo
+
+
+def _loss(run):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  def loss(*args):
+    *xs, wo = args
+    o, S, A = run(*xs)
+    return jnp.sum(wo.astype(S.dtype) * o.astype(S.dtype)) + jnp.sum(S) + jnp.sum(A)
+  return loss
+
+
+def rel(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
+
+
+@functools.cache
+def _reference_fns(chunk):
+  """Jitted float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"
+  (compiled once per shape)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
+
+  def run(q, k, v, u, S0):
+    d = q.shape[-1]
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=S0.dtype), S0.shape[:2] + (d, d))
+    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
+                           chunk_size=chunk)
+    return o, st.S, st.A
+  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
+
+
+@functools.cache
+def _pallas_fns(precision, chunk, interpret):
+  """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
+
+  def run(q, k, v, u, S0):
+    d = q.shape[-1]
+    A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), S0.shape[:2] + (d, d))
+    return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
+  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
+
+
+def reference(qkvu, S0, wo, chunk):
+  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  with jax.enable_x64(True):
+    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0, wo)]
+    fwd, grad = _reference_fns(chunk)
+    return [np.asarray(x) for x in fwd(*args[:5])], [np.asarray(g) for g in grad(*args)]
+
+
+def check(case, interpret=None):
+  """One row: the case, its errors against float64, bound, status ("ok" or "fail")."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  t0 = time.perf_counter()
+  qkvu, S0, wo = inputs(case)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
+  out, grads = fwd(*qkvu, S0), grad(*qkvu, S0, wo)
+  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
+  errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
+  finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
+  b = bound(case)
+  ok = finite and max(errors.values()) <= b
+  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
+          "errors": errors, "bound": b, "status": "ok" if ok else "fail",
+          "note": None if finite else "non-finite output or gradient",
+          "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None):
+  """A bfloat16 forward + backward at length T: seconds of the first (compiling) and second
+  call, peak device memory, finiteness (a row with pass "long")."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+  case = Case("bfloat16", "DEFAULT", "isotropic", T, d, B, H, chunk)
+  qkvu, S0, wo = inputs(case, seed=7)
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  cfg = KernelConfig(chunk_size=chunk)
+  run = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
+  step = jax.jit(jax.value_and_grad(_loss(run), argnums=range(4)))
+  times = []
+  for _ in range(2):
+    t0 = time.perf_counter()
+    val, grads = step(*qkvu, wo)
+    jax.block_until_ready(grads)
+    times.append(time.perf_counter() - t0)
+  stats = jax.devices()[0].memory_stats() or {}
+  finite = bool(jnp.isfinite(val)) and all(bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+                                           for g in grads)
+  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "long",
+          "first_s": round(times[0], 2), "ms": 1e3 * times[1], "finite": finite,
+          "peak_gib": stats.get("peak_bytes_in_use", 0) / 2 ** 30,
+          "status": "ok" if finite else "fail"}

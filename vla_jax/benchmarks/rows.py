@@ -1,0 +1,148 @@
+"""The row families the benchmark suite times, their inputs and the functions timed.
+
+  vla_pallas      `vla_recurrence(impl="pallas")` (JAX)
+  attn_cudnn      `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")`
+  fla_delta_rule  flash-linear-attention's `chunk_delta_rule` (PyTorch + Triton): keys
+                  l2-normalised when the inputs are made, beta = 1, scale = 1 (o_t = S_t q_t)
+
+Forward (`fwd`) returns o; forward + backward (`fwd+bwd`) returns o and the cotangent of
+sum(o * c) pulled back to every input, c a fixed random cotangent (as in training, where o
+feeds the next layer: a gradient alone would let XLA drop forward work only o needs).
+"""
+
+import dataclasses
+import importlib
+
+import numpy as np
+
+TOKENS = 32768            # B * T per call (B = 1 once T > TOKENS)
+HEADS = 16
+DIMS = (64, 128)
+TS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+CHUNK = 64
+PASSES = ("fwd", "fwd+bwd")
+
+
+@dataclasses.dataclass(frozen=True)
+class RowSpec:
+  """One benchmarked function family; `key` is what --rows selects."""
+
+  key: str
+  op: str                 # what is computed: vla, softmax_attention, deltanet
+  impl: str               # how: pallas, cudnn, fla_chunk_delta_rule
+  framework: str          # jax or torch
+
+
+CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
+             RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
+             RowSpec("fla_delta_rule", "deltanet", "fla_chunk_delta_rule", "torch"))
+BY_KEY = {spec.key: spec for spec in CATALOGUE}
+
+
+def batch_for(T, tokens=TOKENS):
+  return max(1, tokens // T)
+
+
+# ----------------------------------------------------------------------------- JAX rows
+
+def jax_inputs(op, B, T, H, d, dtype, seed, backward):
+  """Inputs of one call ([B, T, H, d]; u scaled by 1 / sqrt(d)), plus the cotangent for
+  forward + backward."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  ks = jax.random.split(jax.random.PRNGKey(seed), 5)
+  shape = (B, T, H, d)
+  xs = tuple(jax.random.normal(x, shape, jnp.float32).astype(dtype) for x in ks[:3])
+  if op == "vla":
+    xs += ((jax.random.normal(ks[3], shape, jnp.float32) / np.sqrt(d)).astype(dtype),)
+  if backward:
+    xs += (jax.random.normal(ks[4], shape, jnp.float32).astype(dtype),)
+  return xs
+
+
+def jax_input_sets(op, B, T, H, d, dtype, n_sets, backward):
+  return [jax_inputs(op, B, T, H, d, dtype, 100 * s + 1, backward) for s in range(n_sets)]
+
+
+def abstract_inputs(op, B, T, H, d, dtype, backward):
+  """Shapes and dtypes of one input set (no device memory)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.eval_shape(lambda: jax_inputs(op, B, T, H, d, dtype, 1, backward))
+
+
+def jax_function(op, impl, pass_, chunk=CHUNK):
+  """The function one JAX row times: fn(*inputs) -> o, or (o, cotangents)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from vla_jax import vla_recurrence  # pylint: disable=import-outside-toplevel
+  if op == "vla":
+    fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
+  elif op == "softmax_attention":
+    fwd, n = (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                                           implementation=impl)), 3
+  else:
+    raise ValueError(f"no JAX row for op {op!r}")
+  if pass_ == "fwd":
+    return fwd
+
+  def call(*args):
+    o, pullback = jax.vjp(fwd, *args[:n])
+    return o, pullback(args[n].astype(o.dtype))
+  return call
+
+
+# ----------------------------------------------------------------------------- torch rows
+
+def fla_unavailable():
+  """None when fla and a CUDA device are usable, else the reason they are not."""
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError as err:
+    return f"no torch ({err})"
+  if not torch.cuda.is_available():
+    return "no GPU"
+  try:
+    importlib.import_module("fla.ops.delta_rule")
+  except Exception as err:  # pylint: disable=broad-except
+    return f"fla import failed: {type(err).__name__}: {err}"
+  return None
+
+
+def fla_input_sets(B, T, H, d, dtype, n_sets, backward):
+  import torch  # pylint: disable=import-outside-toplevel
+  import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
+  dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+  sets = []
+  for s in range(n_sets):
+    g = torch.Generator(device="cuda").manual_seed(100 * s + 1)
+    rnd = lambda: torch.randn(B, T, H, d, device="cuda", dtype=torch.float32, generator=g)
+    q, v = rnd().to(dt), rnd().to(dt)
+    k = F.normalize(rnd(), p=2, dim=-1).to(dt)
+    xs = [q, k, v, torch.ones(B, T, H, device="cuda", dtype=dt)]
+    if backward:
+      for x in xs:
+        x.requires_grad_(True)
+      xs.append(rnd().to(dt))
+    sets.append(tuple(xs))
+  return sets
+
+
+def fla_call(pass_):
+  """inputs -> zero-argument callable running one forward (or forward + backward)."""
+  import torch  # pylint: disable=import-outside-toplevel
+  from fla.ops.delta_rule import chunk_delta_rule  # pylint: disable=import-outside-toplevel
+
+  def make(inputs):
+    if pass_ == "fwd":
+      q, k, v, beta = inputs
+
+      def call():
+        with torch.no_grad():
+          return chunk_delta_rule(q, k, v, beta, scale=1.0)[0]
+      return call
+    q, k, v, beta, cot = inputs
+
+    def call_bwd():
+      o = chunk_delta_rule(q, k, v, beta, scale=1.0)[0]
+      return o, torch.autograd.grad((o.float() * cot.float()).sum(), (q, k, v, beta))
+    return call_bwd
+  return make
