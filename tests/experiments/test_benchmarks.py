@@ -26,7 +26,7 @@ def _rows(path):
 
 
 @pytest.mark.parametrize("script", ["bench.py", "report_benchmarks.py", "check_kernels.py",
-                                    "profile.py"])
+                                    "profile_kernels.py"])
 def test_help(script):
   proc = _run(script, "--help", timeout=120)   # absl prints the flags and exits with 1
   assert proc.returncode in (0, 1) and not proc.stderr.strip(), proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""CPU smoke run of experiments/profile.py: a trace of the forward and the gradient in Pallas
+"""CPU smoke run of experiments/profile_kernels.py: a trace of the forward and the gradient in Pallas
 interpret mode is read back end to end (on the CPU the host plane stands in for the GPU's)."""
 
 import json
@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_profile_smoke(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "profile.py"),
+  proc = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "profile_kernels.py"),
                          "--interpret", "--plane=/host:CPU", "--Ts=32", "--tokens=32",
                          "--dims=16", "--heads=2", "--reps=1", f"--out_dir={tmp_path}",
                          "--name=p"], cwd=ROOT, env=env, capture_output=True, text=True,

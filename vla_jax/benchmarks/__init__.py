@@ -1,5 +1,5 @@
 """Library code of the kernel scripts (experiments/bench.py, report_benchmarks.py,
-check_kernels.py, profile.py): one module per job.
+check_kernels.py, profile_kernels.py): one module per job.
 
   rows      the row families timed (VLA pallas, cuDNN attention, fla's chunk_delta_rule)
   suite     the measurement loop behind BENCHMARKS.md

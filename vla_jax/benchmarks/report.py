@@ -480,7 +480,7 @@ def why_section(data, tokens=32768):
   return (["## Where VLA pallas's time goes", "",
            "Computed from the rows above: forward time at a fixed number of tokens, from the "
            "shortest to the longest T, and the cost of the backward:", ""]
-          + lines + ["", "Per kernel (a profiler trace, `experiments/profile.py`) and why: "
+          + lines + ["", "Per kernel (a profiler trace, `experiments/profile_kernels.py`) and why: "
                      "`kernels/NOTES.md`, \"Profile\".", ""])
 
 

@@ -2,8 +2,8 @@ r"""Where the Pallas VLA kernels' time goes: per-kernel device time of the forwa
 gradient from a JAX profiler trace (`vla_jax.benchmarks.profile`), at the kernels' defaults,
 H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
 
-    python experiments/profile.py --name=profile_h200 --Ts=4096,32768 --dims=64,128
-    python experiments/profile.py --resources --dims=64,128    # offline, no GPU: registers,
+    python experiments/profile_kernels.py --name=profile_h200 --Ts=4096,32768 --dims=64,128
+    python experiments/profile_kernels.py --resources --dims=64,128    # offline, no GPU: registers,
                                                                # spills, shared memory, SASS
 
 Prints per call the busy time of each kernel class (pallas, gemm, copy, xla), the idle time
