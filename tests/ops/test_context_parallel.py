@@ -1,0 +1,209 @@
+"""Sequence-sharded ops (`vla_jax.parallel`) against the single-device ops: outputs, final
+state and every gradient, on 2, 4 and 8 simulated CPU devices.
+
+The multi-device checks run in one subprocess (`XLA_FLAGS=--xla_force_host_platform_device_
+count=8`; this process has one CPU device) that prints a JSON table of relative errors; the
+tests read their rows from it."""
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import rel_err
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEVICES = (2, 4, 8)
+TOL = {"float64": 1e-10, "float32": 1e-5}
+# (op, impl, dtype, device counts): every op in float64 at a small shape; float32 is checked
+# on VLA at T = 16,384 (test_float32_long_anisotropic) and on the Pallas op (interpret mode,
+# a tiny shape, whose kernels take float32 or bfloat16 products).
+CASES = [("vla_recurrence", "chunked", "float64", DEVICES),
+         ("vla_recurrence", "pallas", "float32", (2, 4)),
+         ("deltanet", "chunked", "float64", DEVICES),
+         ("gated_deltanet", "chunked", "float64", DEVICES),
+         ("linear_attention", "chunked", "float64", DEVICES)]
+LONG_T = 16384
+
+
+# ------------------------------------------------------------------------------------------
+# The subprocess: every case at every device count, one JSON table.
+
+def _inputs(name, impl, dtype, seed, T=None):
+  """(args, initial_state, static kwargs) of one case; float64 NumPy draws cast to dtype."""
+  from vla_jax import LinearAttentionState, VLAState   # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  if impl == "pallas":
+    B, T, H, dk, dv, C = 1, 64, 1, 16, 16, 16
+  else:
+    B, T, H, dk, dv, C = 2, T or 160, 2, 8, 6, 16
+  cast = lambda x: jnp.asarray(x, dtype)
+  q, k = (cast(rng.standard_normal((B, T, H, dk))) for _ in range(2))
+  v = cast(rng.standard_normal((B, T, H, dv)))
+  S0 = cast(rng.standard_normal((B, H, dv, dk)) / 4)
+  kw = dict(impl=impl, chunk_size=C)
+  if name == "vla_recurrence":
+    u = cast(rng.standard_normal((B, T, H, dk)) / np.sqrt(dk))
+    R = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
+    A0 = cast(np.linalg.inv(np.eye(dk) + R @ np.swapaxes(R, -1, -2)))
+    return (q, k, v, u), VLAState(S0, A0), kw
+  beta = cast(rng.uniform(0.05, 1.0, (B, T, H)))
+  if name == "deltanet":
+    return (q, k, v, beta), S0, kw
+  if name == "gated_deltanet":
+    return (q, k, v, beta, cast(-rng.uniform(0.0, 0.3, (B, T, H)))), S0, kw
+  z0 = cast(rng.uniform(0.0, 1.0, (B, H, dk)))
+  return (q, k, v), LinearAttentionState(S0, z0), dict(kw, normalize=True)
+
+
+def _anisotropic_u(rng, B, T, H, d):
+  """Rank 4 + 1% noise, rows normalised / sqrt(d): cond(M) grows to about 1e3 at 16k."""
+  basis = rng.standard_normal((H, 4, d))
+  u = np.einsum("bthr,hrd->bthd", rng.standard_normal((B, T, H, 4)), basis)
+  u = u + 0.01 * rng.standard_normal((B, T, H, d))
+  return u / np.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(d)
+
+
+def _results(fn, args, state, seed):
+  """Outputs, final state and the gradients of a random linear function of both."""
+  out_shape = jax.eval_shape(lambda a, s: fn(*a, initial_state=s), args, state)
+  rng = np.random.default_rng(seed)
+  cts = jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype), out_shape)
+
+  @jax.jit
+  def run(args, state, cts):
+    out, pull = jax.vjp(lambda a, s: fn(*a, initial_state=s), args, state)
+    return out, pull(cts)
+  (o, final), (d_args, d_state) = run(args, state, cts)
+  named = {"o": o}
+  named.update({f"state.{i}": x for i, x in enumerate(jax.tree.leaves(final))})
+  named.update({f"d_arg{i}": x for i, x in enumerate(d_args) if x is not None})
+  named.update({f"d_state.{i}": x for i, x in enumerate(jax.tree.leaves(d_state))})
+  return named
+
+
+def _errors(got, ref):
+  return {name: rel_err(got[name], ref[name]) for name in ref}
+
+
+def main():
+  """Prints one JSON list of rows {op, impl, dtype, devices, errors} (run with 8 devices)."""
+  jax.config.update("jax_enable_x64", True)
+  # Small shapes: compiling is most of the time, and XLA's optimisations only slow it.
+  jax.config.update("jax_disable_most_optimizations", True)
+  import vla_jax   # pylint: disable=import-outside-toplevel
+  from vla_jax.parallel import shard_sequence   # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh   # pylint: disable=import-outside-toplevel
+  assert jax.device_count() == 8, jax.devices()
+  meshes = {n: Mesh(np.array(jax.devices()[:n]), ("seq",)) for n in DEVICES}
+  rows = []
+  for seed, (name, impl, dtype, devices) in enumerate(CASES):
+    op = getattr(vla_jax, name)
+    args, state, kw = _inputs(name, impl, dtype, seed)
+    ref = _results(functools.partial(op, **kw), args, state, seed)
+    for n in devices:
+      got = _results(functools.partial(shard_sequence(op, mesh=meshes[n]), **kw), args, state,
+                     seed)
+      rows.append(dict(op=name, impl=impl, dtype=dtype, devices=n, errors=_errors(got, ref)))
+  # Long and ill-conditioned: float32 at T = 16,384 with rank-4 u, against the float32 op and
+  # against the float64 op (the sharded op must be about as accurate as the op itself).
+  rng = np.random.default_rng(99)
+  B, T, H, d = 1, LONG_T, 1, 16
+  q, k, v = (rng.standard_normal((B, T, H, d)) for _ in range(3))
+  u = _anisotropic_u(rng, B, T, H, d)
+  state = vla_jax.initial_vla_state(B, H, d, d, dtype=np.float64)
+  for dtype in ("float32", "float64"):
+    args = tuple(jnp.asarray(x, dtype) for x in (q, k, v, u))
+    st = jax.tree.map(lambda x, dt=dtype: x.astype(dt), state)
+    results = _results(vla_jax.vla_recurrence, args, st, 7)
+    if dtype == "float32":
+      ref32, args32, st32 = results, args, st
+    else:
+      ref64 = results
+  rows.append(dict(op="vla_recurrence", impl="chunked", dtype="float32", devices=1,
+                   long=True, errors=_errors(ref32, ref64)))
+  for n in DEVICES:
+    got = _results(shard_sequence(vla_jax.vla_recurrence, mesh=meshes[n]), args32, st32, 7)
+    rows.append(dict(op="vla_recurrence", impl="chunked", dtype="float32", devices=n,
+                     long=True, errors=_errors(got, ref32), errors64=_errors(got, ref64)))
+  print(json.dumps(rows))
+
+
+@pytest.fixture(scope="module")
+def table():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  code = ("import sys; sys.path[:0] = sys.argv[1:]; import test_context_parallel as t; "
+          "t.main()")
+  proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests" / "ops"),
+                         str(ROOT / "tests")], env=env, capture_output=True, text=True,
+                        timeout=1200, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _row(table, **key):
+  rows = [r for r in table if all(r.get(k) == v for k, v in key.items())]
+  assert len(rows) == 1, key
+  return rows[0]
+
+
+@pytest.mark.parametrize("name,impl,dtype,devices",
+                         [(n, i, d, p) for n, i, d, ps in CASES for p in ps],
+                         ids=lambda x: str(x))
+def test_sharded_equals_one_device(table, name, impl, dtype, devices):
+  errors = _row(table, op=name, impl=impl, dtype=dtype, devices=devices, long=None)["errors"]
+  bad = {k: e for k, e in errors.items() if not e < TOL[dtype]}
+  assert not bad, bad
+
+
+@pytest.mark.parametrize("devices", DEVICES)
+def test_float32_long_anisotropic(table, devices):
+  """T = 16,384, rank-4 u, float32: the sharded op equals the float32 op to 1e-5, except
+  where the float32 op itself is further than 5e-6 from the float64 op (du: 2e-5 here); and
+  it is at least about as close to the float64 op as the float32 op is, everywhere."""
+  op_error = _row(table, devices=1, long=True)["errors"]
+  row = _row(table, devices=devices, long=True)
+  bad = {k: (e, op_error[k]) for k, e in row["errors"].items()
+         if not e < max(1e-5, 2 * op_error[k])}
+  assert not bad, bad
+  worse = {k: (e, op_error[k]) for k, e in row["errors64"].items()
+           if not e < 1.5 * op_error[k] + 1e-6}
+  assert not worse, worse
+
+
+# ------------------------------------------------------------------------------------------
+# One device (this process): the API's checks.
+
+class TestErrors:
+
+  def test_unknown_op(self):
+    from vla_jax.parallel import shard_sequence   # pylint: disable=import-outside-toplevel
+    with pytest.raises(TypeError, match="op must be one of"):
+      shard_sequence(jnp.sum)
+
+  def test_no_mesh(self):
+    from vla_jax import deltanet   # pylint: disable=import-outside-toplevel
+    from vla_jax.parallel import shard_sequence   # pylint: disable=import-outside-toplevel
+    x = jnp.zeros((1, 4, 1, 4))
+    with pytest.raises(ValueError, match="needs a mesh"):
+      shard_sequence(deltanet)(x, x, x, x[..., 0])
+
+  def test_missing_axis_and_indivisible_length(self):
+    from jax.sharding import Mesh   # pylint: disable=import-outside-toplevel
+    from vla_jax import deltanet   # pylint: disable=import-outside-toplevel
+    from vla_jax.parallel import shard_sequence   # pylint: disable=import-outside-toplevel
+    mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+    x = jnp.zeros((1, 4, 1, 4))
+    with pytest.raises(ValueError, match="no axis 'seq'"):
+      shard_sequence(deltanet, mesh=mesh)(x, x, x, x[..., 0])
+    with pytest.raises(ValueError, match="T=4 must be divisible"):
+      shard_sequence(deltanet, mesh=jax.sharding.AbstractMesh((3,), ("seq",)))(
+          x, x, x, x[..., 0])
