@@ -61,5 +61,6 @@ def get_base_config():
       "checkpoint_every": 500,
       "keep_checkpoints": 2,
       "tensorboard": False,  # True: TensorBoard scalars under <workdir>/tb (tensorboardX)
+      "seq_devices": 1,  # devices along each sequence (vla_jax.parallel)
   })
   return config

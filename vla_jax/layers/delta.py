@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from vla_jax import parallel
 from vla_jax.layers import common
 from vla_jax.ops.baselines import BASELINE_IMPLS, gated_deltanet
 from vla_jax.ops.step import gated_deltanet_step
@@ -78,8 +79,9 @@ class DeltaNet(nnx.Module):
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
     q, k, v, beta, log_decay, tails = self._features(x, cache.conv)
-    o, S = gated_deltanet(q, k, v, beta, log_decay, initial_state=cache.state, impl=self.impl,
-                          chunk_size=self.chunk_size)
+    o, S = parallel.sequence_op(gated_deltanet)(q, k, v, beta, log_decay,
+                                                initial_state=cache.state, impl=self.impl,
+                                                chunk_size=self.chunk_size)
     return self.out(o), common.RecurrentCache(S, tails)
 
   def step(self, x_t, cache):

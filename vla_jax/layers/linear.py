@@ -3,6 +3,7 @@
 import jax.numpy as jnp
 from flax import nnx
 
+from vla_jax import parallel
 from vla_jax.layers import common
 from vla_jax.ops.baselines import (BASELINE_IMPLS, LinearAttentionState, elu_plus_one,
                                    linear_attention)
@@ -66,9 +67,9 @@ class LinearAttention(nnx.Module):
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
     q, k, v, tails = self._features(x, cache.conv)
-    o, state = linear_attention(q, k, v, feature_map=elu_plus_one, normalize=self.normalize,
-                                initial_state=cache.state, impl=self.impl,
-                                chunk_size=self.chunk_size)
+    o, state = parallel.sequence_op(linear_attention)(
+        q, k, v, feature_map=elu_plus_one, normalize=self.normalize, initial_state=cache.state,
+        impl=self.impl, chunk_size=self.chunk_size)
     return self.out(o), common.RecurrentCache(state, tails)
 
   def step(self, x_t, cache):

@@ -5,6 +5,7 @@ import math
 import jax.numpy as jnp
 from flax import nnx
 
+from vla_jax import parallel
 from vla_jax.layers import common
 from vla_jax.ops.baselines import elu_plus_one
 from vla_jax.ops.impl import Impl
@@ -131,8 +132,8 @@ class VLAAttention(nnx.Module):
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
     q, k, v, u, tails = self._features(x, cache.conv)
-    o, state = vla_recurrence(q, k, v, u, initial_state=cache.state, impl=self.impl,
-                              chunk_size=self.chunk_size)
+    o, state = parallel.sequence_op(vla_recurrence)(q, k, v, u, initial_state=cache.state,
+                                                    impl=self.impl, chunk_size=self.chunk_size)
     y, z = self._readout(o, q, k, cache.norm)
     return y, common.RecurrentCache(state, tails, z)
 

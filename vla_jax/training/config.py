@@ -29,6 +29,9 @@ class TrainConfig:
     checkpoint_every: steps between checkpoints (0 = only at the end); keep_checkpoints kept.
     tensorboard: also write the metrics rows as TensorBoard scalars under <workdir>/tb
       (needs tensorboardX: pip install 'vla-jax[tensorboard]').
+    seq_devices: devices along each sequence (default 1): the devices form a (data, seq) mesh
+      and the recurrent mixers run sequence-sharded (`vla_jax.parallel`); the same function,
+      up to float rounding.
   """
 
   seed: int = 0
@@ -48,10 +51,13 @@ class TrainConfig:
   checkpoint_every: int = 0
   keep_checkpoints: int = 2
   tensorboard: bool = False
+  seq_devices: int = 1
 
-  def validate(self, num_devices=1):
+  def validate(self, num_devices=1, seq_devices=None):
+    """Checks the settings for `num_devices` devices, `seq_devices` of them (default
+    self.seq_devices) along each sequence."""
     for name in ("batch_size", "num_steps", "eval_examples", "eval_batch_size", "log_every",
-                 "keep_checkpoints"):
+                 "keep_checkpoints", "seq_devices"):
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"train.{name} must be a positive int; got {value!r}")
@@ -72,10 +78,16 @@ class TrainConfig:
                          f"got {value!r}")
     if not isinstance(self.tensorboard, bool):
       raise ValueError(f"train.tensorboard must be True or False; got {self.tensorboard!r}")
+    seq_devices = self.seq_devices if seq_devices is None else seq_devices
+    if num_devices % seq_devices:
+      raise ValueError(f"train.seq_devices={seq_devices} must divide the number of devices "
+                       f"({num_devices})")
+    data_devices = num_devices // seq_devices
     for name in ("batch_size", "eval_batch_size"):
-      if getattr(self, name) % num_devices:
+      if getattr(self, name) % data_devices:
         raise ValueError(f"train.{name}={getattr(self, name)} must be divisible by the "
-                         f"number of devices ({num_devices}) for data parallelism")
+                         f"number of data-parallel devices ({data_devices}) for data "
+                         "parallelism")
 
 
 @dataclasses.dataclass(frozen=True)

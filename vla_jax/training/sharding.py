@@ -1,17 +1,25 @@
-"""Data parallelism over every visible device with `jax.sharding`: one mesh axis "data"; the
-batch is split along it and parameters and optimizer state are replicated."""
+"""Data and sequence parallelism with `jax.sharding`: a 2-D mesh ("data", "seq"). The batch is
+split along "data"; each sequence along "seq" (the recurrent mixers then run their ops
+sequence-sharded, `vla_jax.parallel`; everything else is left to XLA); parameters and
+optimizer state are replicated."""
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from vla_jax.parallel import SEQ_AXIS
+
 DATA_AXIS = "data"
 
 
-def make_mesh(devices=None) -> Mesh:
-  """A 1-D mesh over `devices` (default: all of `jax.devices()`)."""
-  devices = jax.devices() if devices is None else devices
-  return Mesh(np.asarray(devices), (DATA_AXIS,))
+def make_mesh(devices=None, seq_devices=1) -> Mesh:
+  """A (data, seq) mesh over `devices` (default: all of `jax.devices()`) with `seq_devices`
+  devices along the sequence (consecutive devices share a sequence)."""
+  devices = np.asarray(jax.devices() if devices is None else devices)
+  if seq_devices < 1 or devices.size % seq_devices:
+    raise ValueError(f"seq_devices={seq_devices} must be >= 1 and divide the {devices.size} "
+                     "devices")
+  return Mesh(devices.reshape(-1, seq_devices), (DATA_AXIS, SEQ_AXIS))
 
 
 def replicated(mesh):
@@ -19,12 +27,23 @@ def replicated(mesh):
 
 
 def batch_sharding(mesh):
+  """Per-example arrays [N, ...]: split along N over "data"."""
   return NamedSharding(mesh, P(DATA_AXIS))
 
 
+def token_sharding(mesh):
+  """Token arrays [N, T]: N over "data", T over "seq"."""
+  return NamedSharding(mesh, P(DATA_AXIS, SEQ_AXIS))
+
+
 def shard_batch(mesh, *arrays):
-  """Places host arrays [N, ...] on the mesh, split along N."""
-  sharding = batch_sharding(mesh)
+  """Places host token arrays [N, T] on the mesh, N split over "data" and T over "seq"."""
+  seq = mesh.shape[SEQ_AXIS]
+  for a in arrays:
+    if a.shape[1] % seq:
+      raise ValueError(f"sequences of length {a.shape[1]} do not split over the {seq} devices "
+                       f"of the mesh's {SEQ_AXIS!r} axis (train.seq_devices)")
+  sharding = token_sharding(mesh)
   return tuple(jax.device_put(a, sharding) for a in arrays)
 
 

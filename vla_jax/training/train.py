@@ -99,8 +99,8 @@ class Trainer:
 
   def __init__(self, config: ExperimentConfig, mesh=None):
     self.config = config
-    self.mesh = mesh or sharding.make_mesh()
-    config.train.validate(self.mesh.size)
+    self.mesh = mesh or sharding.make_mesh(seq_devices=config.train.seq_devices)
+    config.train.validate(self.mesh.size, self.mesh.shape[sharding.SEQ_AXIS])
     self.task = config.make_task()
     self.max_targets = getattr(self.task, "max_targets", None)
     model = LanguageModel(config.model, rngs=nnx.Rngs(config.train.seed))
@@ -113,10 +113,19 @@ class Trainer:
     })
     repl = sharding.replicated(self.mesh)
     data = sharding.batch_sharding(self.mesh)
-    self.train_step = jax.jit(self._train_step, in_shardings=(repl, data, data),
+    tokens = sharding.token_sharding(self.mesh)
+    self.train_step = jax.jit(self._on_mesh(self._train_step),
+                              in_shardings=(repl, tokens, tokens),
                               out_shardings=(repl, repl), donate_argnums=0)
-    self.eval_step = jax.jit(self._eval_step, in_shardings=(repl, data, data),
+    self.eval_step = jax.jit(self._on_mesh(self._eval_step), in_shardings=(repl, tokens, tokens),
                              out_shardings=data, static_argnums=3)
+
+  def _on_mesh(self, step):
+    """`step` traced with the mesh as the ambient one: the mixers see its "seq" axis."""
+    def traced(*args):
+      with jax.sharding.use_abstract_mesh(self.mesh.abstract_mesh):
+        return step(*args)
+    return traced
 
   def model(self, params):
     return nnx.merge(self.graphdef, params, self.rest)
@@ -222,7 +231,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
       the step in flight, with a checkpoint at that step and no evaluation (`evals` None
       unless a periodic one fell on that step); rerunning with the same workdir resumes
       there.
-    mesh: a `jax.sharding.Mesh` with axis "data" (default: every visible device).
+    mesh: a `jax.sharding.Mesh` with axes "data" and "seq" (`sharding.make_mesh`; default:
+      every visible device, train.seq_devices of them along each sequence).
     log: called with each progress line.
 
   Raises:

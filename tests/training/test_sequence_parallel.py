@@ -1,0 +1,82 @@
+"""Training on a (data, seq) mesh: 2 x 2 simulated CPU devices follow the 1-device loss
+curve (the recurrent mixers run sequence-sharded, the short convolutions cross the device
+boundary through XLA)."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+_SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/training"]
+from test_train import tiny_config
+from vla_jax.training import from_config_dict, train
+from vla_jax.training.sharding import make_mesh, shard_batch
+assert jax.device_count() == 4, jax.devices()
+out = {}
+for mixer in ("vla", "gated_deltanet"):
+  config = tiny_config(seq_devices=2)
+  config.model.update({"mixer": mixer, "impl": "chunked", "chunk_size": 16})
+  config = from_config_dict(config, num_devices=4)
+  for name, mesh in (("one", make_mesh(jax.devices()[:1])),
+                     ("two_by_two", make_mesh(jax.devices(), seq_devices=2))):
+    trainer = train.Trainer(config, mesh)
+    state, losses = trainer.init_state, []
+    batch = shard_batch(trainer.mesh, *trainer.task.train_batch(0, 0, 16))
+    sharded = "shard_map" in str(trainer.train_step.trace(state, *batch).jaxpr)
+    for step in range(4):
+      x, y = trainer.task.train_batch(0, step, 16)
+      state, m = trainer.train_step(state, *shard_batch(trainer.mesh, x, y))
+      losses.append(float(m["loss"]))
+    out[f"{mixer}/{name}"] = {"losses": losses, "mesh": dict(trainer.mesh.shape),
+                              "seq_len": int(x.shape[1]), "shard_map": sharded,
+                              "params": [np.asarray(p).ravel()[:50].tolist()
+                                         for p in jax.tree.leaves(state["params"])]}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT)], env=env,
+                        capture_output=True, text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mixer", ["vla", "gated_deltanet"])
+def test_two_by_two_mesh_follows_one_device(runs, mixer):
+  one, mesh = runs[f"{mixer}/one"], runs[f"{mixer}/two_by_two"]
+  assert mesh["mesh"] == {"data": 2, "seq": 2} and one["mesh"] == {"data": 1, "seq": 1}
+  assert mesh["shard_map"] and not one["shard_map"]   # the mixers' ops ran sequence-sharded
+  assert mesh["seq_len"] % 32 != 0    # each device's segment ends inside a chunk
+  np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5)
+  assert mesh["losses"][-1] < mesh["losses"][0]
+  for a, b in zip(mesh["params"], one["params"]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_seq_devices_must_divide_devices_and_sequences():
+  sys.path.insert(0, str(ROOT / "tests" / "training"))
+  from test_train import tiny_config   # pylint: disable=import-outside-toplevel
+  from vla_jax.training import from_config_dict   # pylint: disable=import-outside-toplevel
+  from vla_jax.training.sharding import make_mesh, shard_batch   # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="seq_devices=3 must divide"):
+    from_config_dict(tiny_config(seq_devices=3), num_devices=4)
+  with pytest.raises(ValueError, match="data-parallel devices"):
+    from_config_dict(tiny_config(seq_devices=2, batch_size=6), num_devices=8)
+  with pytest.raises(ValueError, match="seq_devices=2 must be >= 1 and divide"):
+    make_mesh(np.zeros(3), seq_devices=2)
+  mesh = make_mesh()
+  with pytest.raises(ValueError, match="do not split"):
+    shard_batch(mesh.abstract_mesh.update(axis_sizes=(1, 3)), np.zeros((2, 8)))
