@@ -73,7 +73,7 @@ def test_seq_devices_must_divide_devices_and_sequences():
   from vla_jax.training.sharding import make_mesh, shard_batch   # pylint: disable=import-outside-toplevel
   with pytest.raises(ValueError, match="seq_devices=3 must divide"):
     from_config_dict(tiny_config(seq_devices=3), num_devices=4)
-  with pytest.raises(ValueError, match="data-parallel devices"):
+  with pytest.raises(ValueError, match=r"devices \(4\) along the data axis"):
     from_config_dict(tiny_config(seq_devices=2, batch_size=6), num_devices=8)
   with pytest.raises(ValueError, match="seq_devices=2 must be >= 1 and divide"):
     make_mesh(np.zeros(3), seq_devices=2)

@@ -86,7 +86,7 @@ class TrainConfig:
     for name in ("batch_size", "eval_batch_size"):
       if getattr(self, name) % data_devices:
         raise ValueError(f"train.{name}={getattr(self, name)} must be divisible by the "
-                         f"number of data-parallel devices ({data_devices}) for data "
+                         f"number of devices ({data_devices}) along the data axis for data "
                          "parallelism")
 
 
