@@ -20,6 +20,8 @@ class LinearAttention(nnx.Module):
   Attributes:
     d_model, num_heads, head_dim: widths (inner width num_heads * head_dim).
     impl, chunk_size: passed straight to `linear_attention`.
+      Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
+      the op runs with T split over it (`vla_jax.parallel.sequence_op`).
     normalize: divide by the additive normaliser (default True, the original form).
     conv_size: 0 (default) or the width of a causal depthwise convolution on q, k, v.
     out_norm: LayerNorm over the merged heads before W_o (default True).

@@ -40,6 +40,8 @@ class VLAAttention(nnx.Module):
     d_model, num_heads, head_dim: widths; the projections map d_model -> num_heads * head_dim,
       which need not equal d_model.
     impl, chunk_size: passed straight to `vla_recurrence`.
+      Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
+      the op runs with T split over it (`vla_jax.parallel.sequence_op`).
     lam0: ridge strength of the initial penalty (A_0 = I / lam0).
     penalty_scale: norm of u per head (default 1 / sqrt(head_dim), the authors' choice).
     readout: "none" | "additive" | "delta" (default `DEFAULT_READOUT`).
