@@ -9,4 +9,6 @@ check_kernels.py, profile_kernels.py): one module per job.
   report    BENCHMARKS.md and its plots from the rows
   check     correctness of vla_pallas against float64 on the device
   profile   per-kernel device time from a profiler trace; offline register/spill report
+  context_parallel  the sequence-sharded op on one device against the plain op
+                    (experiments/bench_context_parallel.py)
 """

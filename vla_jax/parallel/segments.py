@@ -31,11 +31,6 @@ from vla_jax.ops.impl import Impl, parse_impl
 from vla_jax.ops.utils import HIGHEST, einsum
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
-# Head dims the Pallas kernels take (vla_jax.kernels.KernelConfig.validate); a wider [v, 0]
-# runs as two calls.
-PALLAS_HEAD_DIMS = (16, 32, 64, 128)
-
-
 def _symmetrize(A):
   return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
@@ -219,11 +214,13 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
     M0 = _symmetrize(jnp.linalg.inv(A0))
   impl = _impl_of(vla_recurrence, op_kwargs)
   pallas = impl is Impl.PALLAS
+  if pallas:   # a [v, 0] wider than the kernels' head dims runs as two calls
+    from vla_jax.kernels.config import SUPPORTED_HEAD_DIMS  # pylint: disable=import-outside-toplevel
   op = functools.partial(vla_recurrence, **op_kwargs)
   stop = jax.lax.stop_gradient
 
   def chain(A):   # the op's penalty path alone: values of the narrowest width it takes
-    width = PALLAS_HEAD_DIMS[0] if pallas else 1
+    width = min(SUPPORTED_HEAD_DIMS) if pallas else 1
     zeros = jnp.zeros((B, T, H, width), v.dtype)
     return op(stop(q), stop(k), zeros, stop(u),
               initial_state=VLAState(jnp.zeros((B, H, width, dk), dtype),
@@ -240,7 +237,7 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   # The XLA impls compute in the state dtype whatever v's dtype: values in that dtype keep
   # o0 and x unrounded. The Pallas kernels choose their products by the inputs' dtypes.
   values = v if pallas else v.astype(dtype)
-  split = pallas and dv + dk not in PALLAS_HEAD_DIMS
+  split = pallas and dv + dk not in SUPPORTED_HEAD_DIMS
   o0, x, Psi, Phi, A_end = transition_run(run, values, dk, dtype, split)
   S_in, S_end = fold_states(Psi, Phi, S0, axis_name)
   o = correct_outputs(o0, x, S_in, checks.output_dtype(v))
