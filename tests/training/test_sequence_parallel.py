@@ -80,3 +80,12 @@ def test_seq_devices_must_divide_devices_and_sequences():
   mesh = make_mesh()
   with pytest.raises(ValueError, match="do not split"):
     shard_batch(mesh.abstract_mesh.update(axis_sizes=(1, 3)), np.zeros((2, 8)))
+
+
+def test_a_sweep_refuses_seq_devices():
+  sys.path.insert(0, str(ROOT / "tests" / "training"))
+  from test_train import tiny_config   # pylint: disable=import-outside-toplevel
+  from vla_jax.training import from_config_dict   # pylint: disable=import-outside-toplevel
+  from vla_jax.training.sweep import SweepTrainer   # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="train.seq_devices must be 1"):
+    SweepTrainer(from_config_dict(tiny_config(seq_devices=2), num_devices=2), [0], [1e-3])

@@ -75,6 +75,9 @@ class SweepTrainer:
     bad = [r for r in rates if not (r > 0 and math.isfinite(r))]
     if bad:
       raise ValueError(f"learning rates must be positive and finite; got {bad}")
+    if config.train.seq_devices != 1:   # the stacked runs share one device
+      raise ValueError(f"a sweep runs on one device; train.seq_devices must be 1, got "
+                       f"{config.train.seq_devices}")
     self.config = config
     self.seeds, self.rates = seeds, rates
     self.runs = [(s, r) for s in seeds for r in rates]
