@@ -13,6 +13,8 @@ import os
 
 from absl import app, flags
 
+from vla_jax.benchmarks import context_parallel, records
+
 _OUT = flags.DEFINE_string("out", None, "JSONL file for the rows (appended as they come).")
 _TS = flags.DEFINE_list("Ts", ["16384", "131072"], "Sequence lengths.")
 _DIMS = flags.DEFINE_list("dims", ["64", "128"], "Head dims (dk = dv).")
@@ -32,7 +34,6 @@ flags.mark_flag_as_required("out")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from vla_jax.benchmarks import context_parallel, records  # pylint: disable=import-outside-toplevel
   settings = dict(Ts=[int(t) for t in _TS.value], dims=[int(d) for d in _DIMS.value],
                   impls=_IMPLS.value, passes=_PASSES.value, heads=_HEADS.value,
                   batch=_BATCH.value, dtype=_DTYPE.value, chunk_size=_CHUNK.value,

@@ -70,7 +70,8 @@ def test_seq_devices_must_divide_devices_and_sequences():
   sys.path.insert(0, str(ROOT / "tests" / "training"))
   from test_train import tiny_config   # pylint: disable=import-outside-toplevel
   from vla_jax.training import from_config_dict   # pylint: disable=import-outside-toplevel
-  from vla_jax.training.sharding import make_mesh, shard_batch   # pylint: disable=import-outside-toplevel
+  from vla_jax.training.sharding import (  # pylint: disable=import-outside-toplevel
+      make_mesh, shard_batch)
   with pytest.raises(ValueError, match="seq_devices=3 must divide"):
     from_config_dict(tiny_config(seq_devices=3), num_devices=4)
   with pytest.raises(ValueError, match=r"devices \(4\) along the data axis"):

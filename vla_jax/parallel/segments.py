@@ -1,5 +1,6 @@
 """The recurrences over a sequence split into contiguous segments, one per device of a named
-axis (inside `jax.shard_map`, or any context that binds the axis name for collectives).
+axis, called inside `jax.shard_map(..., check_vma=False)` (what `shard.shard_sequence`
+builds; the Pallas kernels' outputs carry no manual-axis types).
 
 Every state path here is affine in the state a segment starts from: S_out = S_in Phi + Psi.
 Each device runs the public op on its segment once, with values [v, 0] and the initial state
@@ -14,8 +15,8 @@ about eps cond(M) along the write directions; a first-order carry of that error 
 segment boundaries (README.md) brings it back to the single-device op's accuracy.
 
 Gradients are JAX's autodiff through the ops' own backward passes, the all-gathers (whose
-transposes are reduce-scatters) and the folds; the one custom rule is the VJP of A_j, which is
-the exact derivative of the inverse, -A_j (.) A_j, taken at the corrected A_j.
+transposes are reduce-scatters) and the folds, except for A_j: it enters the op without
+gradient, and probe tokens at the segment's start carry dL/dM_j (`_probe_rows`).
 """
 
 import functools
@@ -28,8 +29,9 @@ from vla_jax.ops import checks
 from vla_jax.ops.baselines import (LinearAttentionState, deltanet, elu_plus_one,
                                    gated_deltanet, linear_attention)
 from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import HIGHEST, einsum
+from vla_jax.ops.utils import einsum
 from vla_jax.ops.vla import VLAState, vla_recurrence
+
 
 def _symmetrize(A):
   return 0.5 * (A + jnp.swapaxes(A, -1, -2))
@@ -98,9 +100,10 @@ def _impl_of(op, kwargs):
 # ------------------------------------------------------------------------------------------
 # VLA's penalty path: the inverse at each segment start.
 
-# Probe tokens: u = PROBE e_i (i < dk) with k = q = v = 0 write nothing and move A by PROBE^2,
-# below rounding in float32 and float64 (for lam0 > 1e-12); the op's du for them is
-# -PROBE (D + D^T) e_i with D the segment's whole adjoint sum, which is dL/dM at its start.
+# Probe tokens: u = PROBE e_i (i < dk) with k = q = v = 0 write nothing and change A by
+# -PROBE^2 A^2, relative 3e-21 ||A||: below rounding while ||A|| <= 1 / lambda_min(M) stays
+# under 1e4 (float64) or 1e13 (float32). The op's du for them is -PROBE (D + D^T) e_i with D
+# the segment's whole adjoint sum, which is dL/dM at its start.
 PROBE = 2.0 ** -34
 
 
@@ -215,7 +218,8 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   impl = _impl_of(vla_recurrence, op_kwargs)
   pallas = impl is Impl.PALLAS
   if pallas:   # a [v, 0] wider than the kernels' head dims runs as two calls
-    from vla_jax.kernels.config import SUPPORTED_HEAD_DIMS  # pylint: disable=import-outside-toplevel
+    from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
+        SUPPORTED_HEAD_DIMS)
   op = functools.partial(vla_recurrence, **op_kwargs)
   stop = jax.lax.stop_gradient
 
