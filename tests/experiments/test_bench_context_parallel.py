@@ -21,6 +21,6 @@ def test_bench_context_parallel_smoke(tmp_path):
   header, *rows = [json.loads(line) for line in out.read_text().splitlines()]
   assert header["kind"] == "header" and header["settings"]["Ts"] == [64]
   assert [(r["impl"], r["d"], r["T"], r["pass"], r["path"]) for r in rows] == [
-      ("chunked", 16, 64, p, path) for p in ("fwd", "fwd+bwd") for path in ("plain", "sharded")]
+      ("chunked", 16, 64, p, path) for p in ("fwd", "fwd+bwd") for path in ("plain", "sharded", "segment")]
   for r in rows:
     assert r["status"] == "ok" and r["ms"] > 0 and r["peak_mib"] > 0, r

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from conftest import rel_err
+from vla_jax import vla_recurrence
+from vla_jax.parallel import shard_sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEVICES = (2, 4, 8)
@@ -207,3 +209,18 @@ class TestErrors:
     with pytest.raises(ValueError, match="T=4 must be divisible"):
       shard_sequence(deltanet, mesh=jax.sharding.AbstractMesh((3,), ("seq",)))(
           x, x, x, x[..., 0])
+
+
+def test_one_device_axis_runs_the_op_itself():
+  """On a sequence axis of one device `shard_sequence` is the op: the same jaxpr ops, no
+  collectives and no augmented value channels."""
+  rng = np.random.default_rng(0)
+  q, k, v, u = (rng.standard_normal((1, 32, 2, 16)).astype(np.float32) for _ in range(4))
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("seq",))
+  sharded = shard_sequence(vla_recurrence, mesh=mesh)
+  text = str(jax.make_jaxpr(lambda *a: sharded(*a, chunk_size=16))(q, k, v, u))
+  assert "all_gather" not in text and "psum" not in text
+  o, state = sharded(q, k, v, u, chunk_size=16)
+  o_ref, state_ref = vla_recurrence(q, k, v, u, chunk_size=16)
+  np.testing.assert_array_equal(np.asarray(o), np.asarray(o_ref))
+  np.testing.assert_array_equal(np.asarray(state.A), np.asarray(state_ref.A))

@@ -1,7 +1,9 @@
 """The sequence-sharded VLA op (`vla_jax.parallel.shard_sequence`) on a mesh of one device
-against the plain op: time and memory per (impl, d, T, pass), one row for each of the two.
+against the plain op: time and memory per (impl, d, T, pass), one row for each of three paths:
+"plain" (the op), "sharded" (`shard_sequence` on a one-device mesh, which runs the op itself)
+and "segment" (the per-device segment algorithm, `segment_op`, forced on one device).
 
-On one device the sharded op does what every device of a larger mesh does for its segment:
+The "segment" path does what every device of a larger mesh does for its segment:
 the op on [v, 0] from [0; I] (dv + dk value channels; two calls for Pallas where dv + dk is not
 a kernel head dim, d = 128), dk probe tokens, the segment's Gram and the fold; the exchange is
 an all-gather over one device. The float32 carry of the penalty's boundary error runs only
@@ -21,10 +23,10 @@ from jax.sharding import Mesh
 
 from vla_jax.benchmarks import measure
 from vla_jax.ops.vla import vla_recurrence
-from vla_jax.parallel import SEQ_AXIS, shard_sequence
+from vla_jax.parallel import SEQ_AXIS, segment_op, shard_sequence
 
 PASSES = ("fwd", "fwd+bwd")
-PATHS = ("plain", "sharded")
+PATHS = ("plain", "sharded", "segment")
 
 
 def vla_inputs(B, T, H, d, dtype, seed):
@@ -33,6 +35,19 @@ def vla_inputs(B, T, H, d, dtype, seed):
   q, k, v, u = (jax.random.normal(key, (B, T, H, d), jnp.float32) for key in keys)
   u = u / jnp.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(d)
   return tuple(x.astype(dtype) for x in (q, k, v, u))
+
+
+def segment_on_one_device(mesh):
+  """The per-device segment algorithm of `vla_recurrence` on a one-device mesh (what
+  `shard_sequence` skips there), taking and returning what the op does."""
+  per_device = segment_op(vla_recurrence)
+
+  def op(q, k, v, u, **kwargs):
+    body = lambda *a: per_device(*a, axis_name=SEQ_AXIS, **kwargs)
+    spec = jax.sharding.PartitionSpec(None, SEQ_AXIS)
+    return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, check_vma=False,
+                         out_specs=(spec, jax.sharding.PartitionSpec()))(q, k, v, u)
+  return op
 
 
 def vla_function(op, impl, pass_, chunk_size):
@@ -50,9 +65,9 @@ def run(recorder, *, Ts, dims, impls, passes=PASSES, heads=16, batch=1, dtype="b
   `recorder` (`records.Recorder`): path, ms, ms_sync, peak_mib (compiled), runtime_peak_mib,
   compile_s, status. Rows not started within `budget_s` seconds are recorded as skipped."""
   start = time.perf_counter()
-  ops = {"plain": vla_recurrence,
-         "sharded": shard_sequence(vla_recurrence, mesh=Mesh(np.array(jax.devices()[:1]),
-                                                              (SEQ_AXIS,)))}
+  mesh = Mesh(np.array(jax.devices()[:1]), (SEQ_AXIS,))
+  ops = {"plain": vla_recurrence, "sharded": shard_sequence(vla_recurrence, mesh=mesh),
+         "segment": segment_on_one_device(mesh)}
   pool = concurrent.futures.ThreadPoolExecutor(max(1, compile_workers))
   for impl in impls:
     for d in dims:

@@ -32,7 +32,8 @@ def shard_sequence(op, *, axis=SEQ_AXIS, mesh=None):
   up to float rounding, gradients included: token arrays [B, T, ...] are split along T over
   `axis` and along B over the mesh's other axes (so B must be divisible by their sizes'
   product, and T by the size of `axis`); the initial and final states are split along B only
-  (the same on every device of `axis`). Other array arguments (a traced lam0, say) are
+  (the same on every device of `axis`). On an axis of one device the op runs as it is (no
+  summaries, no extra work). Other array arguments (a traced lam0, say) are
   replicated; everything else goes to the op unchanged.
 
   Args:
@@ -70,6 +71,8 @@ def shard_sequence(op, *, axis=SEQ_AXIS, mesh=None):
     def body(token_args, state, arrays):
       it = iter(token_args)
       full = [next(it) if t else None for t in tokens]
+      if n == 1:   # one device holds the whole sequence: the op itself, no summaries
+        return op(*full, initial_state=state, **arrays, **static)
       return per_device(*full, axis_name=axis, initial_state=state, **arrays, **static)
 
     in_specs = ([P(batch, axis)] * len(token_args), P(batch), {k: P() for k in arrays})
