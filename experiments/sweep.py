@@ -1,9 +1,9 @@
 r"""Trains every (seed, learning rate) pair of one experiment at once (vmapped) and appends one
-JSON row per run to --results.
+JSON row per run to --out.
 
     python experiments/sweep.py --config=configs/mqar_paper.py:24 \
         --config.model.mixer=deltanet --seeds=0,1,2 --learning_rates=3e-4,1e-3,3e-3 \
-        --workdir=runs/paper24-deltanet --results=results.jsonl --tag='{"grid": "capacity"}'
+        --workdir=runs/paper24-deltanet --out=rows.jsonl --tag='{"grid": "capacity"}'
 
 Each run equals `experiments/train.py` with that seed and `--config.train.learning_rate`
 (`vla_jax.training.sweep`). Re-running with the same --workdir resumes from its checkpoint.
@@ -12,20 +12,17 @@ settings and the --tag fields.
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags, logging
+from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (parameters and data).")
 _LRS = flags.DEFINE_list("learning_rates", ["1e-3"], "Peak learning rates.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (resumes from checkpoints).")
-_RESULTS = flags.DEFINE_string("results", None, "JSONL file the rows are appended to.")
+_OUT = flags.DEFINE_string("out", None, "JSONL file the rows are appended to.")
 _TAG = flags.DEFINE_string("tag", "{}", "JSON object of fields added to every row.")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Stop after this many steps.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -59,8 +56,8 @@ def main(argv):
            "batch_size": config.train.batch_size} for row in rows]
   for row in rows:
     print(json.dumps(row, sort_keys=True), flush=True)
-  if _RESULTS.value:   # all of the job's rows in one write, so that none is left half-written
-    jsonl.append_rows(_RESULTS.value, rows, sort_keys=True)
+  if _OUT.value:   # all of the job's rows in one write, so that none is left half-written
+    jsonl.append_rows(_OUT.value, rows, sort_keys=True)
 
 
 def _parse_list(name, values, kind, what):
