@@ -31,8 +31,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  import jax  # pylint: disable=g-import-not-at-top
-  from vla_jax.training import from_config_dict, jsonl, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from vla_jax.training import from_config_dict, jsonl, train_and_evaluate
+  # pylint: enable=g-import-not-at-top
 
   runs = []
   for mixer in _MIXERS.value:  # build and validate every config before training any

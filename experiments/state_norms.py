@@ -29,8 +29,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  from vla_jax.reporting import diagnostics, plots  # pylint: disable=g-import-not-at-top
-  from vla_jax.training import config_from_workdir, jsonl, load_model  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from vla_jax.reporting import diagnostics, plots
+  from vla_jax.training import config_from_workdir, jsonl, load_model
+  # pylint: enable=g-import-not-at-top
 
   rows, traces = diagnostics.random_input_rows(_MAX_T.value, _HEADS.value, _HEAD_DIM.value,
                                                _SEED.value)

@@ -33,11 +33,12 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vla_jax.reporting import diagnostics  # pylint: disable=g-import-not-at-top
-  from vla_jax.tasks import make_task  # pylint: disable=g-import-not-at-top
-  from vla_jax.training import (from_config_dict, jsonl, load_model,  # pylint: disable=g-import-not-at-top
-                                train_and_evaluate)
+  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp
+  from vla_jax.reporting import diagnostics
+  from vla_jax.tasks import make_task
+  from vla_jax.training import from_config_dict, jsonl, load_model, train_and_evaluate
+  # pylint: enable=g-import-not-at-top
 
   def emit(rows):
     for row in rows:

@@ -117,7 +117,8 @@ def claims_section(kinds, cap, long_summary, smoke_rows):
     longest = max(list(vla_long) + list(dn_long))
     verdict = ("DeltaNet's low scores are not reproduced where run" if dn_long and not dn_low
                else "DeltaNet fails at some T, as claimed" if dn_low else "open for DeltaNet")
-    fewer = [f"{'VLA' if m == 'vla' else 'DeltaNet'} at T = {T}: {markdown.plural(len(c['test']), 'seed')}"
+    fewer = [f"{'VLA' if m == 'vla' else 'DeltaNet'} at T = {T}: "
+             f"{markdown.plural(len(c['test']), 'seed')}"
              for (m, T), c in sorted(long_summary.items())
              if m in ("vla", "deltanet") and len(c["test"]) < 3]
     seeds = "3 seeds" + (f", except {', '.join(fewer)}" if fewer else "")

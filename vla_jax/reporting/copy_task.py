@@ -51,8 +51,8 @@ def copy_finding(summary):
               + " / ".join(f"{exact(best, n):.3f}" for n in LENGTHS[1:]) + " exact at L = "
               + " / ".join(map(str, LENGTHS[1:])) + ")")
   elif beyond:
-    first += ("; " + markdown.listed(prose_name(m) for m in beyond) + " copy strings longer than any "
-              "they were trained on (" + "; ".join(
+    first += ("; " + markdown.listed(prose_name(m) for m in beyond) + " copy strings longer "
+              "than any they were trained on (" + "; ".join(
                   f"{prose_name(m)} " + " / ".join(f"{exact(m, n):.3f}" for n in LENGTHS[1:])
                   for m in beyond) + " exact at L = " + " / ".join(map(str, LENGTHS[1:])) + ")")
   else:

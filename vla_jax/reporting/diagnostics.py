@@ -15,6 +15,19 @@ from vla_jax import diagnostics
 RANDOM_MIXERS = ("linear_attention", "deltanet", "gated_deltanet", "vla")
 PRODUCT_SPANS = (16, 256, 1024)   # spans of the Jacobian products inside trained models
 
+# The diagnostics, compiled whole (op by op they would compile every operation on its own).
+_state_norm_trace = jax.jit(diagnostics.state_norm_trace, static_argnums=0,
+                            static_argnames="lam0")
+_jacobian_norms = jax.jit(diagnostics.vla_jacobian_norms, static_argnames="lam0")
+_product_norms = jax.jit(diagnostics.vla_jacobian_product_norms, static_argnames=("span", "lam0"))
+_layer_inputs = jax.jit(diagnostics.vla_layer_inputs)
+_layer_state_norms = jax.jit(diagnostics.layer_state_norms)
+
+
+def layer_inputs(model, tokens):
+  """`diagnostics.vla_layer_inputs`, compiled; lam0 as a Python float."""
+  return [dict(f, lam0=float(f["lam0"])) for f in _layer_inputs(model, tokens)]
+
 
 def marks(T):
   """t = 1, 10, 100, ... up to T, and T."""
@@ -38,7 +51,7 @@ def jacobian_summary(k, u, lam0):
   """Statistics of the spectral norm of I - khat_t a_t^T over every token of k, u
   ([B, T, H, d]): tokens, mean, p50, p99, max, share above 1, the largest gap to the closed
   form, and the median cosine a_t . khat_t."""
-  out = diagnostics.vla_jacobian_norms(k, u, lam0=lam0)
+  out = _jacobian_norms(k, u, lam0=float(lam0))
   m = np.asarray(out["measured"]).ravel()
   return {"tokens": int(m.size), "mean": float(m.mean()), "p50": float(np.median(m)),
           "p99": float(np.quantile(m, 0.99)), "max": float(m.max()),
@@ -53,9 +66,8 @@ def random_input_rows(max_T, heads, head_dim, seed, jacobian_T=4096):
   max_T tokens (median over heads) at `marks(max_T)`, and the Jacobian statistics of VLA on
   its first `jacobian_T` tokens; traces {mixer: [max_T] median norm} for the plot."""
   q, k, v, u, beta, log_decay = random_inputs(max_T, heads, head_dim, seed)
-  trace_fn = jax.jit(diagnostics.state_norm_trace, static_argnums=0)
-  traces = {m: np.median(np.asarray(trace_fn(m, q, k, v, u=u, beta=beta,
-                                              log_decay=log_decay)[0]), axis=-1)
+  traces = {m: np.median(np.asarray(_state_norm_trace(m, q, k, v, u=u, beta=beta,
+                                                      log_decay=log_decay)[0]), axis=-1)
             for m in RANDOM_MIXERS}
   rows = [{"kind": "state_norm_random", "t": t, "H": heads, "d_h": head_dim,
            **{m: float(traces[m][t - 1]) for m in RANDOM_MIXERS}} for t in marks(max_T)]
@@ -69,10 +81,10 @@ def trained_run_rows(model, inputs, run_name):
   Jacobian statistics, the state norms and the largest product norm over spans 4, 8 and T."""
   rows = []
   T = inputs.shape[1]
-  for layer, feats in enumerate(diagnostics.vla_layer_inputs(model, jnp.asarray(inputs))):
-    norms = diagnostics.state_norm_trace("vla", feats["q"], feats["k"], feats["v"],
-                                         u=feats["u"], lam0=feats["lam0"])
-    products = {f"product_span_{s}_max": float(jnp.max(diagnostics.vla_jacobian_product_norms(
+  for layer, feats in enumerate(layer_inputs(model, jnp.asarray(inputs))):
+    norms = _state_norm_trace("vla", feats["q"], feats["k"], feats["v"], u=feats["u"],
+                              lam0=feats["lam0"])
+    products = {f"product_span_{s}_max": float(jnp.max(_product_norms(
         feats["k"], feats["u"], span=s, lam0=feats["lam0"]))) for s in (4, 8, T) if s <= T}
     rows.append({"kind": "trained", "workdir": run_name, "layer": layer, "T": int(T),
                  "state_norm_final_median": float(jnp.median(norms[:, -1])),
@@ -89,7 +101,7 @@ def long_sequence_rows(model, mixer, tokens):
   T = tokens.shape[1]
   rows = []
   trace_t = np.unique(np.geomspace(1, T, 200).astype(int))
-  for layer, trace in enumerate(jax.jit(diagnostics.layer_state_norms)(model, tokens)):
+  for layer, trace in enumerate(_layer_state_norms(model, tokens)):
     trace = np.asarray(trace)                                  # [B, T, H]
     median = np.median(trace, axis=(0, 2))
     rows.append({"kind": "trained_state_norm", "mixer": mixer, "layer": layer, "T": T,
@@ -98,8 +110,8 @@ def long_sequence_rows(model, mixer, tokens):
                  "trace_median": [float(x) for x in median[trace_t - 1]],
                  "trace_t": [int(x) for x in trace_t]})
   if mixer == "vla":
-    for layer, feats in enumerate(diagnostics.vla_layer_inputs(model, tokens)):
-      jac = diagnostics.vla_jacobian_norms(feats["k"], feats["u"], lam0=feats["lam0"])
+    for layer, feats in enumerate(layer_inputs(model, tokens)):
+      jac = _jacobian_norms(feats["k"], feats["u"], lam0=feats["lam0"])
       m = np.asarray(jac["measured"]).ravel()
       row = {"kind": "trained_jacobian", "layer": layer, "T": T, "tokens": int(m.size),
              "p50": float(np.median(m)), "p99": float(np.quantile(m, 0.99)),
@@ -110,8 +122,7 @@ def long_sequence_rows(model, mixer, tokens):
              "histogram": np.histogram(m, bins=40, range=(1.0, 1.2))[0].tolist()}
       for span in PRODUCT_SPANS:
         if span <= T:
-          p = diagnostics.vla_jacobian_product_norms(feats["k"], feats["u"], span=span,
-                                                     lam0=feats["lam0"])
+          p = _product_norms(feats["k"], feats["u"], span=span, lam0=feats["lam0"])
           row[f"product_span_{span}_max"] = float(jnp.max(p))
           row[f"product_span_{span}_p50"] = float(jnp.median(p))
       rows.append(row)

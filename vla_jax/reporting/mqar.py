@@ -417,8 +417,8 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
         "on average; the earlier one-seed measurement behind that default is in "
         "`vla_jax/layers/README.md`."]))
   if one_seed_rows:
-    blocks.append("Earlier, one seed (configs/mqar_demo.py, 500 steps; `python experiments/train.py "
-                  "--config=configs/mqar_demo.py --config.train.num_steps=500 "
+    blocks.append("Earlier, one seed (configs/mqar_demo.py, 500 steps; `python "
+                  "experiments/train.py --config=configs/mqar_demo.py --config.train.num_steps=500 "
                   "--config.model.options.vla.<field>=<value>`, "
                   "`results/training/vla_penalty_ablation_cpu.jsonl`); the 3-seed rows above are "
                   "the ones to read:")
