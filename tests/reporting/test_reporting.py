@@ -209,4 +209,5 @@ def test_decode_section_reads_both_mixers():
 
 def test_listed_and_table():
   assert [markdown.listed(x) for x in ([], ["a"], ["a", "b", "c"])] == ["", "a", "a, b and c"]
-  assert markdown.table(["a", "b"], [[1, "x"]]) == "| a | b |\n| --- | --- |\n| 1 | x |"
+  assert markdown.table(["a", "b"], [[1, "||S||"]]) == (
+      "| a | b |\n| --- | --- |\n| 1 | \\|\\|S\\|\\| |")     # a "|" in a cell is escaped

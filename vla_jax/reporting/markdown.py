@@ -2,9 +2,11 @@
 
 
 def table(header, body):
-  """A markdown table: `header` (cell strings) and `body` (rows of cells, str() each)."""
-  lines = ["| " + " | ".join(header) + " |", "| --- |" + " --- |" * (len(header) - 1)]
-  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+  """A markdown table: `header` (cell strings) and `body` (rows of cells, str() each); a "|"
+  inside a cell (as in ||S||) is escaped so that it does not split the cell."""
+  cells = lambda row: " | ".join(str(c).replace("|", "\\|") for c in row)
+  lines = ["| " + cells(header) + " |", "| --- |" + " --- |" * (len(header) - 1)]
+  lines += ["| " + cells(row) + " |" for row in body]
   return "\n".join(lines)
 
 
