@@ -12,6 +12,8 @@ import json
 
 from absl import app, flags
 
+from vla_jax.training import cli
+
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "4096", "16384", "65536", "131072"],
                               "Context lengths L before decoding.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Sequences decoded together.")
@@ -26,6 +28,7 @@ _OUT = flags.DEFINE_string("out", None, "JSONL file the rows are written to.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   import jax  # pylint: disable=g-import-not-at-top
   from vla_jax.reporting import speed  # pylint: disable=g-import-not-at-top
   from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
@@ -36,13 +39,14 @@ def main(argv):
         f"{'cache MiB/seq':>13}")
   log = lambda r: print(f"{r['mixer']:>8} | {r['context']:>8} | {r['ms_per_token']:9.3f} | "
                         f"{r['tokens_per_s']:10.0f} | {r['cache_mib_per_seq']:13.2f}", flush=True)
-  rows = speed.decode_rows([int(c) for c in _CONTEXTS.value], batch=_BATCH.value,
-                           steps=_STEPS.value, repeats=_REPEATS.value, heads=_HEADS.value,
-                           head_dim=_HEAD_DIM.value, impl=_IMPL.value, log=log)
+  with cli.user_errors("bench_decode.py"):
+    rows = speed.decode_rows([int(c) for c in _CONTEXTS.value], batch=_BATCH.value,
+                             steps=_STEPS.value, repeats=_REPEATS.value, heads=_HEADS.value,
+                             head_dim=_HEAD_DIM.value, impl=_IMPL.value, log=log)
   if _OUT.value:
     jsonl.write_rows(_OUT.value, rows)
     print(json.dumps({"rows": len(rows), "out": _OUT.value}))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

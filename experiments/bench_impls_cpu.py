@@ -9,6 +9,8 @@ BENCHMARKS.md's, not this script's.
 
 from absl import app, flags
 
+from vla_jax.training import cli
+
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths T.")
 _IMPLS = flags.DEFINE_list("impls", ["chunked", "associative_scan", "scan"], "Impls to time.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Heads H.")
@@ -19,12 +21,14 @@ _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per cell (median repo
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   import jax  # pylint: disable=g-import-not-at-top
   from vla_jax.reporting import speed  # pylint: disable=g-import-not-at-top
 
   lengths, impls = [int(t) for t in _LENGTHS.value], _IMPLS.value
-  ms = speed.impl_times(lengths, impls, heads=_HEADS.value, dim=_DIM.value,
-                        repeats=_REPEATS.value)
+  with cli.user_errors("bench_impls_cpu.py"):
+    ms = speed.impl_times(lengths, impls, heads=_HEADS.value, dim=_DIM.value,
+                          repeats=_REPEATS.value)
   print(f"vla_recurrence forward on {jax.devices()[0].platform.upper()}, B=1, H={_HEADS.value}, "
         f"dk=dv={_DIM.value}, float32, median of {_REPEATS.value} (ms)")
   print(f"{'T':>6} | " + " | ".join(f"{impl:>16}" for impl in impls))
@@ -33,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -12,6 +12,8 @@ import os
 
 from absl import app, flags
 
+from vla_jax.training import cli
+
 _GRIDS = flags.DEFINE_list("grids", ["capacity"], "Grids to run: capacity, long, copy, zoology, "
                            "ablation, ablation_demo.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the rows (<grid>.jsonl), runs, logs.")
@@ -40,25 +42,27 @@ flags.mark_flags_as_required(["workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from vla_jax.training import grid  # pylint: disable=g-import-not-at-top
 
   if any("=" not in o for o in _OVERRIDE.value):
     raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")
   overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
-  jobs = grid.select_jobs(_GRIDS.value, rates=_RATES.value, vla_impl=_VLA_IMPL.value,
-                          only=_ONLY.value,
-                          long_Ts=[int(t) for t in _LONG_TS.value or grid.LONG_TS],
-                          zoology_steps=_ZOOLOGY_STEPS.value, demo_steps=_DEMO_STEPS.value)
-  here = os.path.dirname(os.path.abspath(__file__))
-  summary = grid.run_grid(
-      jobs, sweep_script=os.path.join(here, "sweep.py"), root=os.path.dirname(here),
-      workdir=os.path.abspath(_WORKDIR.value), seeds=[int(s) for s in _SEEDS.value],
-      overrides=overrides, gpus=_GPUS.value, per_gpu=_PER_GPU.value, budget_s=_BUDGET.value,
-      grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
+  with cli.user_errors("grid.py"):
+    jobs = grid.select_jobs(_GRIDS.value, rates=_RATES.value, vla_impl=_VLA_IMPL.value,
+                            only=_ONLY.value,
+                            long_Ts=[int(t) for t in _LONG_TS.value or grid.LONG_TS],
+                            zoology_steps=_ZOOLOGY_STEPS.value, demo_steps=_DEMO_STEPS.value)
+    here = os.path.dirname(os.path.abspath(__file__))
+    summary = grid.run_grid(
+        jobs, sweep_script=os.path.join(here, "sweep.py"), root=os.path.dirname(here),
+        workdir=os.path.abspath(_WORKDIR.value), seeds=[int(s) for s in _SEEDS.value],
+        overrides=overrides, gpus=_GPUS.value, per_gpu=_PER_GPU.value, budget_s=_BUDGET.value,
+        grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
   failed = [f for f in summary["finished"] if f[1] != 0]
   print(f"finished {len(summary['finished'])} (failed {len(failed)}: {failed}), unfinished "
         f"{len(summary['unfinished'])}: {summary['unfinished']}", flush=True)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

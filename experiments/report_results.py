@@ -8,6 +8,8 @@ results/plots/*.png (`vla_jax.reporting`). Every number in RESULTS.md comes from
 
 from absl import app, flags
 
+from vla_jax.training import cli
+
 _RESULTS = flags.DEFINE_string("results", "results", "Folder with training/ (the rows) and "
                                "plots/ (written).")
 _OUT = flags.DEFINE_string("out", "RESULTS.md", "The report written.")
@@ -16,10 +18,12 @@ _OUT = flags.DEFINE_string("out", "RESULTS.md", "The report written.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from vla_jax import reporting  # pylint: disable=g-import-not-at-top
-  reporting.write_results_md(_RESULTS.value, _OUT.value)
+  with cli.user_errors("report_results.py"):
+    reporting.write_results_md(_RESULTS.value, _OUT.value)
   print(f"wrote {_OUT.value}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -12,7 +12,9 @@ statistics on the run's evaluation inputs. Rows: `vla_jax.reporting.diagnostics`
 import json
 import os
 
-from absl import app, flags, logging
+from absl import app, flags
+
+from vla_jax.training import cli
 
 _MAX_T = flags.DEFINE_integer("max_T", 65536, "Longest sequence of the random-input traces.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Heads H (random inputs).")
@@ -27,21 +29,21 @@ _PLOT = flags.DEFINE_string("plot", None, "PNG of the random-input traces.")
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   # pylint: disable=g-import-not-at-top
   from vla_jax.reporting import diagnostics, plots
   from vla_jax.training import config_from_workdir, jsonl, load_model
   # pylint: enable=g-import-not-at-top
 
-  rows, traces = diagnostics.random_input_rows(_MAX_T.value, _HEADS.value, _HEAD_DIM.value,
-                                               _SEED.value)
-  if _WORKDIR.value:
-    config = config_from_workdir(_WORKDIR.value)
-    inputs, _ = next(iter(config.make_task().eval_sets(config.train.seed + 1,
-                                                       _EXAMPLES.value).values()))
-    rows += diagnostics.trained_run_rows(load_model(_WORKDIR.value), inputs,
-                                         os.path.basename(os.path.normpath(_WORKDIR.value)))
+  with cli.user_errors("state_norms.py"):
+    rows, traces = diagnostics.random_input_rows(_MAX_T.value, _HEADS.value, _HEAD_DIM.value,
+                                                 _SEED.value)
+    if _WORKDIR.value:
+      config = config_from_workdir(_WORKDIR.value)
+      inputs, _ = next(iter(config.make_task().eval_sets(config.train.seed + 1,
+                                                         _EXAMPLES.value).values()))
+      rows += diagnostics.trained_run_rows(load_model(_WORKDIR.value), inputs,
+                                           os.path.basename(os.path.normpath(_WORKDIR.value)))
   for row in rows:
     print(json.dumps(row), flush=True)
   if _OUT.value:
@@ -51,4 +53,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

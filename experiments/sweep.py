@@ -14,8 +14,10 @@ settings and the --tag fields.
 import json
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
+
+from vla_jax.training import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)
@@ -31,8 +33,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from vla_jax.training import from_config_dict, jsonl  # pylint: disable=g-import-not-at-top
   from vla_jax.training.sweep import train_sweep  # pylint: disable=g-import-not-at-top
 
@@ -44,9 +45,10 @@ def main(argv):
     raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r}")
   seeds = _parse_list("seeds", _SEEDS.value, int, "integers")
   rates = _parse_list("learning_rates", _LRS.value, float, "numbers")
-  config = from_config_dict(_CONFIG.value)
-  rows = train_sweep(config, seeds, rates, _WORKDIR.value, stop_after=_STOP_AFTER.value,
-                     log=lambda line: print(line, file=sys.stderr, flush=True))
+  with cli.user_errors("sweep.py"):
+    config = from_config_dict(_CONFIG.value)
+    rows = train_sweep(config, seeds, rates, _WORKDIR.value, stop_after=_STOP_AFTER.value,
+                       log=lambda line: print(line, file=sys.stderr, flush=True))
   model = config.model
   rows = [{**tag, **row, "task_fields": dict(config.task_fields),
            "model": {"d_model": model.d_model, "num_layers": model.num_layers,
@@ -68,4 +70,4 @@ def _parse_list(name, values, kind, what):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -14,8 +14,10 @@ import json
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
+
+from vla_jax.training import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file "
                                           "(MQAR).", lock_config=True)
@@ -31,8 +33,7 @@ flags.mark_flags_as_required(["config", "out"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
   from vla_jax.reporting import diagnostics
@@ -45,24 +46,25 @@ def main(argv):
       print(json.dumps(row), flush=True)
     jsonl.append_rows(_OUT.value, rows)
 
-  for mixer in _MIXERS.value:
-    config = _CONFIG.value.copy_and_resolve_references()
-    config.model.mixer = mixer
-    config.model.pos_emb = "none"
-    exp = from_config_dict(config)
-    workdir = os.path.join(_WORKDIR.value, mixer)
-    summary = train_and_evaluate(exp, workdir, log=lambda s: print(s, file=sys.stderr))
-    if summary["evals"] is None:  # stopped by SIGTERM before its evaluation: nothing to report
-      sys.exit(f"{workdir}: stopped at step {summary['steps']}; run again to resume")
-    emit([{"kind": "trained_model", "mixer": mixer, "train_T": dict(exp.task_fields)["seq_len"],
-           "d_model": exp.model.d_model, "accuracy": summary["accuracy"],
-           "steps": summary["steps"], "learning_rate": exp.train.learning_rate}])
-    model = load_model(workdir)
-    for T in (int(t) for t in _TS.value):
-      task = make_task(exp.task_name, {**dict(exp.task_fields), "seq_len": T})
-      tokens = jnp.asarray(next(iter(task.eval_sets(7, _EXAMPLES.value).values()))[0])
-      emit(diagnostics.long_sequence_rows(model, mixer, tokens))
+  with cli.user_errors("trained_diagnostics.py"):
+    for mixer in _MIXERS.value:
+      config = _CONFIG.value.copy_and_resolve_references()
+      config.model.mixer = mixer
+      config.model.pos_emb = "none"
+      exp = from_config_dict(config)
+      workdir = os.path.join(_WORKDIR.value, mixer)
+      summary = train_and_evaluate(exp, workdir, log=lambda s: print(s, file=sys.stderr))
+      if summary["evals"] is None:  # stopped by SIGTERM before its evaluation: nothing to report
+        sys.exit(f"{workdir}: stopped at step {summary['steps']}; run again to resume")
+      emit([{"kind": "trained_model", "mixer": mixer, "train_T": dict(exp.task_fields)["seq_len"],
+             "d_model": exp.model.d_model, "accuracy": summary["accuracy"],
+             "steps": summary["steps"], "learning_rate": exp.train.learning_rate}])
+      model = load_model(workdir)
+      for T in (int(t) for t in _TS.value):
+        task = make_task(exp.task_name, {**dict(exp.task_fields), "seq_len": T})
+        tokens = jnp.asarray(next(iter(task.eval_sets(7, _EXAMPLES.value).values()))[0])
+        emit(diagnostics.long_sequence_rows(model, mixer, tokens))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -32,12 +32,13 @@ def config_flags(*overrides):
 
 
 def test_the_scripts_are_absl_mains_over_the_installed_package():
-  """No sys.path edits, no script imported by another, absl flags."""
+  """No sys.path edits, no script imported by another, absl flags parsed by
+  `vla_jax.training.cli` (one-line errors)."""
   names = {p.stem for p in (ROOT / "experiments").glob("*.py")}
   for script in SCRIPTS + ("train", "evaluate"):
     text = (ROOT / "experiments" / f"{script}.py").read_text()
     assert "sys.path" not in text and "argparse" not in text, script
-    assert "from absl import app" in text and "app.run(main)" in text, script
+    assert "app.run(main, flags_parser=cli.parse_flags)" in text, script
     imported = {line.split()[1].split(".")[0] for line in text.splitlines()
                 if line.lstrip().startswith(("import ", "from "))}
     assert not imported & names, (script, imported & names)
@@ -50,6 +51,15 @@ def test_help(script):
   usage = out.stdout + out.stderr
   first_line = (ROOT / "experiments" / f"{script}.py").read_text().split('"""')[1].split("\n")[0]
   assert first_line.strip() in usage and f"experiments/{script}.py:" in usage, usage[-2000:]
+
+
+def test_a_mistake_is_one_line():
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "grid.py"), "--workdir=x",
+                        "--grids=capcity"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and out.stdout == ""
+  assert out.stderr.strip().splitlines() == [
+      "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "
+      "'ablation_demo'); got 'capcity'"]
 
 
 def test_grid_runs_a_tiny_job_then_skips_it(tmp_path):
