@@ -2,16 +2,17 @@ r"""Regenerates RESULTS.md and its plots from the rows under results/training/.
 
     python experiments/report_results.py [--results=results] [--out=RESULTS.md]
 
-Reads results/training/*.jsonl (what each file holds: results/README.md), writes RESULTS.md and
-results/plots/*.png (`vla_jax.reporting`). Every number in RESULTS.md comes from those files.
+Reads results/training/*.jsonl (and results/bench/*.jsonl for the kernel claim; what each file
+holds: results/README.md), writes RESULTS.md and results/plots/*.png (`vla_jax.reporting`).
+Every number in RESULTS.md comes from those files.
 """
 
 from absl import app, flags
 
 from vla_jax.training import cli
 
-_RESULTS = flags.DEFINE_string("results", "results", "Folder with training/ (the rows) and "
-                               "plots/ (written).")
+_RESULTS = flags.DEFINE_string("results", "results", "Folder with training/ and bench/ (the "
+                               "rows) and plots/ (written).")
 _OUT = flags.DEFINE_string("out", "RESULTS.md", "The report written.")
 
 

@@ -22,10 +22,12 @@ def _text(blocks):
 
 
 def test_committed_results_md_is_what_the_rows_make(tmp_path):
-  """RESULTS.md equals the report regenerated from results/training (plots not drawn)."""
+  """RESULTS.md equals the report regenerated from results/training and results/bench (plots
+  not drawn)."""
   shutil.copytree(ROOT / "results" / "training", tmp_path / "results" / "training")
   text = results_markdown(str(tmp_path / "results" / "training"),
-                          str(tmp_path / "results" / "plots"), str(tmp_path), draw=False)
+                          str(tmp_path / "results" / "plots"), str(tmp_path), draw=False,
+                          bench_dir=str(ROOT / "results" / "bench"))
   committed = (ROOT / "RESULTS.md").read_text()
   assert text == committed
   sections = [line for line in text.splitlines() if line.startswith("## ")]
