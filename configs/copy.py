@@ -7,7 +7,7 @@ No position embedding by default (`pos_emb="none"`): a learned table has nothing
 lengths, and the recurrent mixers' short convolutions give them relative position.
 """
 
-from configs import base
+from vla_jax.configs import base
 
 
 def get_config():

@@ -8,7 +8,7 @@ Measured on a 2-core CPU: 145 s wall clock including start-up and compilation, p
 accuracy 0.9998 (exact match 0.998) on 1000 held-out examples.
 """
 
-from configs import base
+from vla_jax.configs import base
 
 
 def get_config():

@@ -7,7 +7,7 @@ n_pairs = 8; the argument is the sequence length T (default 512). Same model as
 configs/mqar_paper.py: 2 layers, d_model 128, 4 heads of d_h = 32.
 """
 
-from configs import base
+from vla_jax.configs import base
 
 
 def get_config(seq_len="512"):

@@ -8,7 +8,7 @@ A sweep (`experiments/sweep.py`) also needs --config.task.valid_path, a validati
 from the test file, to choose its learning rate on.
 """
 
-from configs import base
+from vla_jax.configs import base
 
 
 def get_config():

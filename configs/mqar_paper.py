@@ -7,7 +7,7 @@ n_pairs in {4, 8, 12, 16, 24, 32, 48, 64} (the argument after the colon; default
 Vocabulary: 256 tokens (keys from [1, 128), values from [128, 256)).
 """
 
-from configs import base
+from vla_jax.configs import base
 
 PAPER_N_PAIRS = (4, 8, 12, 16, 24, 32, 48, 64)
 

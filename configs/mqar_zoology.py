@@ -7,7 +7,7 @@ The argument is the sequence length T in {64, 128, 256, 512} (default 256); n_pa
 to T / 16 (zoology's 64/4, 128/8, 256/16, 512/32 settings) and may be overridden up to T / 4.
 """
 
-from configs import base
+from vla_jax.configs import base
 
 
 def get_config(seq_len="256"):

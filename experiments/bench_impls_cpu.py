@@ -1,48 +1,40 @@
-"""CPU timings of vla_recurrence's pure-JAX forms: chunked vs associative_scan vs scan.
+r"""CPU timings of vla_recurrence's pure-JAX forms: chunked vs associative_scan vs scan.
 
     python experiments/bench_impls_cpu.py [--lengths=256,1024,4096] [--heads=4] [--dim=64]
 
-Forward only, float32, B = 1; each time is the median of --repeats runs after one warm-up
-(compile) call. Speed claims for the GPU are made by the GPU benchmarks, not here.
+Forward only, float32, B = 1; each time is the median of --repeats calls after one warm-up
+(compile) call (`vla_jax.reporting.speed.impl_times`). Speed claims for the GPU are
+BENCHMARKS.md's, not this script's.
 """
 
-import functools
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 
-from vla_jax.benchmarks.measure import median_seconds
-from vla_jax import vla_recurrence
+from vla_jax.training import cli
 
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths T.")
 _IMPLS = flags.DEFINE_list("impls", ["chunked", "associative_scan", "scan"], "Impls to time.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Heads H.")
 _DIM = flags.DEFINE_integer("dim", 64, "Head dim dk = dv.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per cell (median reported).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per cell (median reported).")
 
 
 def main(argv):
-  del argv
-  H, d = _HEADS.value, _DIM.value
-  print(f"vla_recurrence forward on {jax.devices()[0].platform.upper()}, "
-        f"B=1, H={H}, dk=dv={d}, float32, median of {_REPEATS.value} (ms)")
-  header = f"{'T':>6} | " + " | ".join(f"{impl:>16}" for impl in _IMPLS.value)
-  print(header + f" | {'scan / chunked':>14}")
-  print("-" * len(header + " | scan / chunked"))
-  for T in map(int, _LENGTHS.value):
-    key = jax.random.split(jax.random.key(T), 4)
-    q, k, v = (jax.random.normal(key[i], (1, T, H, d), jnp.float32) for i in range(3))
-    u = jax.random.normal(key[3], (1, T, H, d), jnp.float32) / np.sqrt(d)
-    ms = {}
-    for impl in _IMPLS.value:
-      fn = jax.jit(functools.partial(vla_recurrence, impl=impl))
-      ms[impl] = 1e3 * median_seconds(fn, (q, k, v, u), repeats=_REPEATS.value)
-    ratio = (f"{ms['scan'] / ms['chunked']:14.1f}" if {"scan", "chunked"} <= ms.keys()
-             else " " * 14)
-    print(f"{T:>6} | " + " | ".join(f"{ms[i]:16.2f}" for i in _IMPLS.value) + f" | {ratio}")
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
+  import jax  # pylint: disable=g-import-not-at-top
+  from vla_jax.reporting import speed  # pylint: disable=g-import-not-at-top
+
+  lengths, impls = [int(t) for t in _LENGTHS.value], _IMPLS.value
+  with cli.user_errors("bench_impls_cpu.py"):
+    ms = speed.impl_times(lengths, impls, heads=_HEADS.value, dim=_DIM.value,
+                          repeats=_REPEATS.value)
+  print(f"vla_recurrence forward on {jax.devices()[0].platform.upper()}, B=1, H={_HEADS.value}, "
+        f"dk=dv={_DIM.value}, float32, median of {_REPEATS.value} (ms)")
+  print(f"{'T':>6} | " + " | ".join(f"{impl:>16}" for impl in impls))
+  for T in lengths:
+    print(f"{T:>6} | " + " | ".join(f"{ms[(T, impl)]:16.2f}" for impl in impls))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -8,10 +8,7 @@ external `.npz` file, and prints one JSON line.
 """
 
 import json
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -1,61 +1,63 @@
-r"""Trains every mixer on one MQAR setting, one after another in a single process, and prints
-one JSON line per (mixer, learning rate).
+r"""Trains each mixer of --mixers at each rate of --learning_rates, one run after another in a
+single process, and prints (and with --out appends) one JSON row per run.
 
-    python experiments/mixer_sweep.py --n_pairs=24 --num_steps=3000 --workdir=runs/sweep
+    python experiments/mixer_sweep.py --config=configs/mqar_paper.py:24 \
+        --learning_rates=1e-3,3e-3 --workdir=runs/mixer_sweep --out=rows.jsonl
 
-Default: the paper's setting (configs/mqar_paper.py: d_model 128, 4 heads, d_h 32, short form
-T = 3 n + 1) with n_pairs = 24. Each run has its own workdir, so an interrupted sweep resumes.
+One seed (the config's train.seed) and no validation set: a quick look across mixers; the grids
+behind RESULTS.md use experiments/sweep.py. Each run has its own folder under --workdir, so an
+interrupted sweep resumes.
 """
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+from ml_collections import config_flags
 
-from absl import app, flags  # noqa: E402
+from vla_jax.training import cli
 
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
+                                          lock_config=True)
 _MIXERS = flags.DEFINE_list("mixers", ["vla", "softmax", "linear", "deltanet",
                                        "gated_deltanet"], "Mixers to train, in order.")
-_N_PAIRS = flags.DEFINE_integer("n_pairs", 24, "Key-value pairs per example.")
-_STEPS = flags.DEFINE_integer("num_steps", 3000, "Training steps per run.")
 _LRS = flags.DEFINE_list("learning_rates", ["1e-3"], "Peak learning rates to try per mixer.")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Global batch size.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of parameters and data.")
-_IMPL = flags.DEFINE_string("impl", "chunked", "Recurrence form of the recurrent mixers.")
-_DTYPE = flags.DEFINE_string("dtype", "float32", "Activation dtype (float32 | bfloat16).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/mixer_sweep", "Parent folder of the runs.")
+_OUT = flags.DEFINE_string("out", None, "JSONL file the rows are appended to.")
+flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  import jax  # pylint: disable=g-import-not-at-top
-  from configs import mqar_paper  # pylint: disable=g-import-not-at-top
-  from vla_jax.training import from_config_dict, train_and_evaluate  # pylint: disable=g-import-not-at-top
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from vla_jax.training import from_config_dict, jsonl, train_and_evaluate
+  # pylint: enable=g-import-not-at-top
 
-  configs = []
-  for mixer in _MIXERS.value:  # build and validate every config before training any
-    for lr in _LRS.value:
-      config = mqar_paper.get_config(str(_N_PAIRS.value))
-      config.model.mixer = mixer
-      config.model.dtype = _DTYPE.value
-      config.model.impl = _IMPL.value
-      config.train.update({"num_steps": _STEPS.value, "learning_rate": float(lr),
-                           "batch_size": _BATCH.value, "seed": _SEED.value,
-                           "eval_every": 0, "log_every": 100})
-      configs.append((mixer, lr, from_config_dict(config, num_devices=jax.device_count())))
-  for mixer, lr, config in configs:
-    workdir = os.path.join(_WORKDIR.value, f"n{_N_PAIRS.value}-{mixer}-lr{lr}-s{_SEED.value}")
-    summary = train_and_evaluate(config, workdir, log=lambda line: print(line, file=sys.stderr,
-                                                                         flush=True))
-    if summary["evals"] is None:  # stopped by SIGTERM before its evaluation: nothing to report
-      sys.exit(f"{workdir}: stopped at step {summary['steps']}; run again to resume")
-    print(json.dumps({"mixer": mixer, "n_pairs": _N_PAIRS.value, "learning_rate": float(lr),
-                      "accuracy": summary["accuracy"], "exact_match": summary["exact_match"],
-                      "steps": summary["steps"], "train_loss": summary["train_loss"],
-                      "wall_s": summary["wall_s"], "devices": summary["devices"]}), flush=True)
+  with cli.user_errors("mixer_sweep.py"):
+    runs = []
+    for mixer in _MIXERS.value:  # build and validate every config before training any
+      for lr in _LRS.value:
+        config = _CONFIG.value.copy_and_resolve_references()
+        config.model.mixer = mixer
+        config.train.learning_rate = float(lr)
+        runs.append((mixer, lr, from_config_dict(config, num_devices=jax.device_count())))
+    for mixer, lr, exp in runs:
+      workdir = os.path.join(_WORKDIR.value, f"{mixer}-lr{lr}-s{exp.train.seed}")
+      summary = train_and_evaluate(exp, workdir, log=lambda line: print(line, file=sys.stderr,
+                                                                        flush=True))
+      if summary["evals"] is None:  # stopped by SIGTERM before its evaluation: nothing to report
+        sys.exit(f"{workdir}: stopped at step {summary['steps']}; run again to resume")
+      row = {"mixer": mixer, "learning_rate": float(lr), "task_fields": dict(exp.task_fields),
+             **{k: summary[k] for k in ("accuracy", "exact_match", "steps", "train_loss",
+                                        "wall_s", "devices")}}
+      print(json.dumps(row), flush=True)
+      if _OUT.value:
+        jsonl.append_rows(_OUT.value, [row])
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,9 +1,9 @@
 r"""Trains every (seed, learning rate) pair of one experiment at once (vmapped) and appends one
-JSON row per run to --results.
+JSON row per run to --out.
 
     python experiments/sweep.py --config=configs/mqar_paper.py:24 \
         --config.model.mixer=deltanet --seeds=0,1,2 --learning_rates=3e-4,1e-3,3e-3 \
-        --workdir=runs/paper24-deltanet --results=results.jsonl --tag='{"grid": "capacity"}'
+        --workdir=runs/paper24-deltanet --out=rows.jsonl --tag='{"grid": "capacity"}'
 
 Each run equals `experiments/train.py` with that seed and `--config.train.learning_rate`
 (`vla_jax.training.sweep`). Re-running with the same --workdir resumes from its checkpoint.
@@ -12,20 +12,19 @@ settings and the --tag fields.
 """
 
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from vla_jax.training import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (parameters and data).")
 _LRS = flags.DEFINE_list("learning_rates", ["1e-3"], "Peak learning rates.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (resumes from checkpoints).")
-_RESULTS = flags.DEFINE_string("results", None, "JSONL file the rows are appended to.")
+_OUT = flags.DEFINE_string("out", None, "JSONL file the rows are appended to.")
 _TAG = flags.DEFINE_string("tag", "{}", "JSON object of fields added to every row.")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Stop after this many steps.")
 flags.mark_flags_as_required(["config", "workdir"])
@@ -34,8 +33,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if not flags.FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from vla_jax.training import from_config_dict, jsonl  # pylint: disable=g-import-not-at-top
   from vla_jax.training.sweep import train_sweep  # pylint: disable=g-import-not-at-top
 
@@ -47,9 +45,10 @@ def main(argv):
     raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r}")
   seeds = _parse_list("seeds", _SEEDS.value, int, "integers")
   rates = _parse_list("learning_rates", _LRS.value, float, "numbers")
-  config = from_config_dict(_CONFIG.value)
-  rows = train_sweep(config, seeds, rates, _WORKDIR.value, stop_after=_STOP_AFTER.value,
-                     log=lambda line: print(line, file=sys.stderr, flush=True))
+  with cli.user_errors("sweep.py"):
+    config = from_config_dict(_CONFIG.value)
+    rows = train_sweep(config, seeds, rates, _WORKDIR.value, stop_after=_STOP_AFTER.value,
+                       log=lambda line: print(line, file=sys.stderr, flush=True))
   model = config.model
   rows = [{**tag, **row, "task_fields": dict(config.task_fields),
            "model": {"d_model": model.d_model, "num_layers": model.num_layers,
@@ -59,8 +58,8 @@ def main(argv):
            "batch_size": config.train.batch_size} for row in rows]
   for row in rows:
     print(json.dumps(row, sort_keys=True), flush=True)
-  if _RESULTS.value:   # all of the job's rows in one write, so that none is left half-written
-    jsonl.append_rows(_RESULTS.value, rows, sort_keys=True)
+  if _OUT.value:   # all of the job's rows in one write, so that none is left half-written
+    jsonl.append_rows(_OUT.value, rows, sort_keys=True)
 
 
 def _parse_list(name, values, kind, what):
@@ -71,4 +70,4 @@ def _parse_list(name, values, kind, what):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -10,10 +10,7 @@ new folder runs/<config>-<mixer>-<time> is used.
 
 import json
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

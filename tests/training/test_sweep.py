@@ -9,6 +9,7 @@ import signal
 import sys
 
 import chex
+import jax
 import numpy as np
 import pytest
 
@@ -20,10 +21,17 @@ from vla_jax.training import from_config_dict, train_and_evaluate  # noqa: E402
 from vla_jax.training.sweep import train_sweep  # noqa: E402
 
 
+def tiny_config_dict(**train):
+  """test_train's tiny MQAR model, with fewer and smaller steps. A sweep stacks any model
+  alike, so one layer of softmax attention (the quickest to compile) stands for all."""
+  config = test_train.tiny_config(
+      **{"batch_size": 8, "num_steps": 6, "warmup_steps": 2, "eval_examples": 24, **train})
+  config.model.update({"num_layers": 1, "mixer": "softmax"})
+  return config
+
+
 def tiny_config(**train):
-  """test_train's tiny MQAR model, with fewer and smaller steps."""
-  return from_config_dict(test_train.tiny_config(
-      **{"batch_size": 8, "num_steps": 6, "warmup_steps": 2, "eval_examples": 24, **train}))
+  return from_config_dict(tiny_config_dict(**train))
 
 
 def _losses(workdir):
@@ -32,6 +40,20 @@ def _losses(workdir):
 
 
 SEEDS, RATES = [0, 3], [1e-2, 3e-3]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compilation_cache(tmp_path_factory):
+  """A persistent compilation cache while this module runs: every sweep builds its own jitted
+  steps, and those of one config (most tests here) then compile once."""
+  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+           "jax_persistent_cache_min_entry_size_bytes")
+  old = [getattr(jax.config, name) for name in names]
+  for name, value in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
+    jax.config.update(name, value)
+  yield
+  for name, value in zip(names, old):
+    jax.config.update(name, value)
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +144,7 @@ def test_an_npz_sweep_chooses_its_rate_on_a_validation_file(tmp_path):
   mqar = tiny_config().make_task()
   for name, seed, n in (("train", 0, 48), ("test", 1, 16), ("valid", 2, 8)):
     save_npz(tmp_path / f"{name}.npz", *mqar.eval_sets(seed, n)["mqar"])
-  config = test_train.tiny_config(batch_size=8, num_steps=2, warmup_steps=1, eval_examples=16)
+  config = tiny_config_dict(num_steps=2, warmup_steps=1, eval_examples=16)
   config.task = type(config.task)({"name": "npz", "vocab_size": 16,
                                    "train_path": str(tmp_path / "train.npz"),
                                    "eval_path": str(tmp_path / "test.npz"), "valid_path": ""})

@@ -1,0 +1,140 @@
+"""Smoke runs of the experiment scripts, as a user runs them (`python experiments/X.py`, against
+the installed package): each prints its help, and a tiny run of each writes what it says."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPTS = ("grid", "sweep", "mixer_sweep", "report_results", "state_norms",
+           "trained_diagnostics", "bench_decode", "bench_impls_cpu")
+# The smallest model the configs take: one head of 8, scan form (the cheapest to compile).
+TINY_MODEL = ["model.d_model=8", "model.num_heads=1", "model.head_dim=8", "model.mlp_ratio=1",
+              "model.impl=scan"]
+TINY_TRAIN = ["train.num_steps=2", "train.batch_size=4", "train.warmup_steps=1",
+              "train.eval_examples=4", "train.eval_batch_size=4", "train.eval_every=0",
+              "train.checkpoint_every=0"]
+
+
+def run(script, *args, cwd=ROOT):
+  """Runs experiments/<script>.py; returns its stdout (fails the test on a non-zero exit)."""
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{script}.py"), *args],
+                       cwd=cwd, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+  return out.stdout
+
+
+def config_flags(*overrides):
+  return [f"--config.{o}" for o in TINY_MODEL + TINY_TRAIN + list(overrides)]
+
+
+def test_the_scripts_are_absl_mains_over_the_installed_package():
+  """No sys.path edits, no script imported by another, absl flags parsed by
+  `vla_jax.training.cli` (one-line errors)."""
+  names = {p.stem for p in (ROOT / "experiments").glob("*.py")}
+  for script in SCRIPTS + ("train", "evaluate"):
+    text = (ROOT / "experiments" / f"{script}.py").read_text()
+    assert "sys.path" not in text and "argparse" not in text, script
+    assert "app.run(main, flags_parser=cli.parse_flags)" in text, script
+    imported = {line.split()[1].split(".")[0] for line in text.splitlines()
+                if line.lstrip().startswith(("import ", "from "))}
+    assert not imported & names, (script, imported & names)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(script):
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{script}.py"), "--help"],
+                       capture_output=True, text=True, timeout=300)
+  usage = out.stdout + out.stderr
+  first_line = (ROOT / "experiments" / f"{script}.py").read_text().split('"""')[1].split("\n")[0]
+  assert first_line.strip() in usage and f"experiments/{script}.py:" in usage, usage[-2000:]
+
+
+def test_a_mistake_is_one_line():
+  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "grid.py"), "--workdir=x",
+                        "--grids=capcity"], capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and out.stdout == ""
+  assert out.stderr.strip().splitlines() == [
+      "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "
+      "'ablation_demo'); got 'capcity'"]
+
+
+def test_grid_runs_a_tiny_job_then_skips_it(tmp_path):
+  """grid.py runs sweep.py for one job (its rows land in <workdir>/<grid>.jsonl, with the
+  result-changing overrides); a second call finds it done and starts nothing."""
+  args = ["--grids=capacity", "--only=capacity-n4-softmax_conv", "--seeds=0", "--rates=3e-3",
+          f"--workdir={tmp_path}", "--per_gpu=1", "--budget_s=300"]
+  args += [f"--override={o}" for o in TINY_MODEL + TINY_TRAIN]
+  out = run("grid", *args)
+  assert "1 jobs on 1 slots" in out and "finished 1 (failed 0" in out, out
+  rows = [json.loads(line) for line in open(tmp_path / "capacity.jsonl")]
+  assert [(r["job"], r["seed"], r["learning_rate"], r["steps"]) for r in rows] == [
+      ("capacity-n4-softmax_conv", 0, 3e-3, 2)]
+  assert rows[0]["label"] == "softmax_conv" and rows[0]["n_pairs"] == 4
+  assert rows[0]["model"]["mixer_options"]["conv_size"] == 4
+  assert rows[0]["overrides"]["model.d_model"] == "8"
+  assert "train.eval_every" not in rows[0]["overrides"]       # does not change results
+  assert "0 jobs on 1 slots" in run("grid", *args)
+
+
+def test_mixer_sweep_writes_a_row_per_run(tmp_path):
+  run("mixer_sweep", "--config=configs/mqar_demo.py", *config_flags(), "--mixers=softmax",
+      "--learning_rates=1e-2", f"--workdir={tmp_path}", f"--out={tmp_path / 'rows.jsonl'}")
+  rows = [json.loads(line) for line in open(tmp_path / "rows.jsonl")]
+  assert [(r["mixer"], r["learning_rate"], r["steps"]) for r in rows] == [("softmax", 1e-2, 2)]
+  assert all(0 <= r["accuracy"] <= 1 for r in rows) and rows[0]["task_fields"]["n_pairs"] == 8
+
+
+def test_diagnostics_then_report(tmp_path):
+  """trained_diagnostics.py trains a tiny VLA model and measures it at a longer T;
+  state_norms.py measures random inputs and that run; report_results.py writes sections 1
+  and 2 of a report from these rows (and says the grids are not run)."""
+  rows_dir = tmp_path / "results" / "training"
+  rows_dir.mkdir(parents=True)
+  trained = rows_dir / "trained_diagnostics_cpu.jsonl"
+  run("trained_diagnostics", "--config=configs/mqar_long.py:32",
+      *config_flags("task.n_pairs=2", "train.learning_rate=1e-2", "model.num_layers=1"),
+      "--mixers=vla", "--Ts=40", "--examples=1", f"--workdir={tmp_path / 'runs'}",
+      f"--out={trained}")
+  kinds = [json.loads(line)["kind"] for line in open(trained)]
+  assert kinds == ["trained_model", "trained_state_norm", "trained_jacobian"]
+
+  norms = rows_dir / "state_norms_cpu.jsonl"
+  plot = tmp_path / "results" / "plots" / "state_norms_random.png"
+  plot.parent.mkdir()
+  run("state_norms", "--max_T=64", "--heads=1", "--head_dim=8", "--examples=2",
+      f"--workdir={tmp_path / 'runs' / 'vla'}", f"--out={norms}", f"--plot={plot}")
+  rows = [json.loads(line) for line in open(norms)]
+  assert [r["t"] for r in rows if r["kind"] == "state_norm_random"] == [1, 10, 64]
+  assert [r["kind"] for r in rows[3:]] == ["jacobian_random", "trained"]
+  assert plot.stat().st_size > 0
+
+  out = tmp_path / "RESULTS.md"
+  run("report_results", f"--results={tmp_path / 'results'}", f"--out={out}")
+  text = out.read_text()
+  assert "| vla | 0 | 40 |" in text and "| trained MQAR model, T 40, layer 0 |" in text
+  assert "![random inputs](results/plots/state_norms_random.png)" in text
+  assert "## 3. MQAR capacity (the seed's setting)\n\nNot run yet" in text
+  assert (tmp_path / "results" / "plots" / "trained_state_norms.png").exists()
+
+
+def test_bench_decode_writes_a_row_per_mixer_and_context(tmp_path):
+  """VLA's cache has one size at every context; softmax's KV cache grows with it."""
+  run("bench_decode", "--contexts=16,48", "--steps=2", "--repeats=1", "--heads=1",
+      "--head_dim=8", "--impl=scan", f"--out={tmp_path / 'decode.jsonl'}")
+  rows = {(r["mixer"], r["context"]): r for r in map(json.loads, open(tmp_path / "decode.jsonl"))}
+  assert sorted(rows) == [("softmax", 16), ("softmax", 48), ("vla", 16), ("vla", 48)]
+  assert all(r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
+  mib = lambda m, L: rows[(m, L)]["cache_mib_per_seq"] * 2 ** 20
+  assert mib("vla", 16) == mib("vla", 48)
+  assert mib("softmax", 48) - mib("softmax", 16) == 2 * 32 * 8 * 2     # K and V, bfloat16
+
+
+def test_bench_impls_cpu_times_each_impl():
+  out = run("bench_impls_cpu", "--lengths=32", "--impls=scan,chunked", "--repeats=1",
+            "--heads=1", "--dim=16")
+  line = out.strip().splitlines()[-1].split("|")
+  assert line[0].strip() == "32" and all(float(x) > 0 for x in line[1:])

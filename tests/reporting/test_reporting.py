@@ -1,0 +1,215 @@
+"""RESULTS.md is computed from its rows (`vla_jax.reporting`): best rate on validation, test
+mean over seeds, the notes under each table, the findings, and the committed report itself."""
+
+import pathlib
+import shutil
+
+import numpy as np
+
+from vla_jax.reporting import copy_task, markdown, memory, mqar, notes, results_markdown, rows
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _row(mixer, lr, seed, test, val, T=64, d_model=128):
+  return {"label": mixer, "mixer": mixer, "learning_rate": lr, "seed": seed, "steps": 4000,
+          "seq_len": T, "d_model": d_model, "test": {"mqar": {"accuracy": test}},
+          "validation": {"mqar": {"accuracy": val}}}
+
+
+def _text(blocks):
+  return "\n\n".join(b for b in blocks if b)
+
+
+def test_committed_results_md_is_what_the_rows_make(tmp_path):
+  """RESULTS.md equals the report regenerated from results/training and results/bench (plots
+  not drawn)."""
+  shutil.copytree(ROOT / "results" / "training", tmp_path / "results" / "training")
+  text = results_markdown(str(tmp_path / "results" / "training"),
+                          str(tmp_path / "results" / "plots"), str(tmp_path), draw=False,
+                          bench_dir=str(ROOT / "results" / "bench"))
+  committed = (ROOT / "RESULTS.md").read_text()
+  assert text == committed
+  sections = [line for line in text.splitlines() if line.startswith("## ")]
+  assert len(sections) == 9
+  for section in text.split("\n## ")[1:]:   # each section opens with its finding
+    assert section.split("\n\n")[1].startswith("**Finding.**"), section[:80]
+
+
+def test_best_rate_is_chosen_on_validation():
+  group = [_row("vla", lr, s, test, val) for lr, test, val in ((1e-3, 0.9, 0.5),
+                                                                (3e-3, 0.4, 0.6))
+           for s in range(2)]
+  rate, test, rates = rows.best_rate(group)
+  assert rate == 3e-3 and rates == [1e-3, 3e-3]
+  np.testing.assert_array_equal(test, [0.4, 0.4])
+
+
+def test_state_floats():
+  assert rows.state_floats("deltanet", 128, 64) == 4 * 32 * 32
+  assert rows.state_floats("vla", 128, 64) == 2 * 4 * 32 * 32       # S and A
+  assert rows.state_floats("softmax_conv", 64, 512) == 2 * 512 * 64  # KV cache
+
+
+def test_zoology_section_from_rows():
+  data = [_row("deltanet", lr, s, 1.0 if lr == 1e-3 else 0.5, 1.0 if lr == 1e-3 else 0.4)
+          for lr in (1e-3, 3e-3) for s in range(3)]
+  data += [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
+  blocks, summary = mqar.zoology_section(data)
+  text = _text(blocks)
+  assert "| setting | DeltaNet | VLA |" in text
+  assert ("| T = 64, d_model = 128 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.490 ± 0.339 "
+          "(min 0.250) @ 0.003 (of 1 rate) |") in text       # the validated rate; fewer rates
+  assert "| 128 | 4,096 | 8,192 | 16,384 |" in text          # state per layer
+  assert "Of the 1 settings, DeltaNet reaches 0.99 at all 1 and VLA at 0." in text
+  assert "| T = 64 d_model 128 | VLA | 0.250, 0.970, 0.250 |" in text   # seeds split
+  assert "Not run yet (device time): T = 64 d_model 64, " in text
+  assert "Mixers not yet run at a setting: T = 64, d_model 128: softmax / " in text
+  assert summary[("vla", (64, 128))]["rate"] == 3e-3
+
+
+def test_penalty_scale_note_compares_the_two_vla_rows():
+  only_vla = {("vla", (64, 128)): {"test": np.array([0.25, 0.97, 0.25])}}
+  assert notes.penalty_scale_note(only_vla, str) == ""          # nothing to compare
+  data = [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
+  data += [_row("vla_p1", 3e-3, s, acc, acc) for s, acc in enumerate((1.0, 0.99, 0.98))]
+  text = _text(mqar.zoology_section(data)[0])
+  assert ("penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at 1 of 1 "
+          "settings (T = 64 d_model 128 (0.990 against 0.490)), behind at none.") in text
+
+
+def test_pallas_note_groups_settings_by_seeds():
+  data = [dict(_row("vla", 3e-3, s, 1.0, 1.0, T=T), model={"impl": impl})
+          for s, T, impl in ((0, 128, "pallas"), (1, 128, "pallas"), (2, 128, "chunked"),
+                             (0, 256, "pallas"), (1, 256, "pallas"), (0, 512, "pallas"))]
+  note = notes.pallas_note(data, lambda r: r["seq_len"], lambda T: f"T = {T}")
+  assert note.endswith("seeds 0, 1 at T = 128, T = 256; seed 0 at T = 512."), note
+  assert notes.pallas_note(data[2:3], lambda r: r["seq_len"], str) == ""
+
+
+def test_long_section_names_single_rate_settings_and_finds_the_first_failure():
+  data = [_row("deltanet", lr, s, 1.0, 1.0, T=1024) for lr in (1e-3, 3e-3) for s in range(3)]
+  data += [_row("deltanet", 1e-3, s, 1.0, 1.0, T=2048) for s in range(3)]
+  data += [_row("vla", 3e-3, s, 0.5, 0.5, T=2048) for s in range(3)]
+  blocks, summary = mqar.long_section(data)
+  text = _text(blocks)
+  assert len(summary[("deltanet", 2048)]["rates"]) == 1
+  assert "Trained at one rate only" in text and "T = 2048: DeltaNet 0.001, VLA 0.003" in text
+  assert "T = 1024: DeltaNet" not in text.split("Trained at one rate only")[1]
+  assert ("Every mixer run reaches 0.99 at every T up to 1,024 (8 pairs). At T = 2,048 VLA "
+          "falls to 0.500, the other 1 stay at or above 0.99.") in text
+
+
+def test_dtype_note_names_runs_not_in_float32():
+  data = [dict(_row("softmax", 1e-3, s, 1.0, 1.0, T=4096), model={"dtype": "bfloat16"})
+          for s in range(3)]
+  data += [dict(_row("deltanet", 1e-3, s, 1.0, 1.0, T=4096), model={"dtype": "float32"})
+           for s in range(3)]
+  data += [_row("linear", 1e-3, 0, 1.0, 1.0, T=4096)]          # older rows: no dtype recorded
+  text = _text(mqar.long_section(data)[0])
+  assert "Trained with bfloat16 activations" in text
+  assert "do not fit in memory there): softmax at T = 4096." in text, text
+  assert notes.dtype_note(data[3:], str) == ""
+
+
+def test_long_section_lists_rates_tried_on_fewer_seeds():
+  """A rate run on fewer seeds than the cell's other rate is listed with its per-seed test
+  accuracies; the table keeps the better rate by mean validation accuracy; a softmax + conv
+  run (mixer "softmax", label "softmax_conv") is named by its label."""
+  data = [_row("vla", 3e-3, s, acc, acc, T=4096) for s, acc in enumerate((1.0, 0.13, 0.14))]
+  data += [_row("vla", 1e-3, s, acc, acc, T=4096) for s, acc in ((1, 0.128), (2, 0.129))]
+  data += [dict(_row("softmax", 1e-3, 0, 1.0, 1.0, T=4096), label="softmax_conv",
+                model={"dtype": "bfloat16"})]
+  blocks, summary = mqar.long_section(data)
+  text = _text(blocks)
+  assert summary[("vla", 4096)]["rate"] == 3e-3
+  assert "VLA at T = 4096, rate 0.001, seeds 1, 2: 0.128, 0.129." in text, text
+  assert "rate 0.003, seed" not in text
+  assert "softmax + conv at T = 4096." in text
+  assert notes.partial_rates_note(data[:3], "seq_len", str) == ""
+
+
+def test_settings_sentence_reads_the_rows():
+  """The settings a section states come from its rows: the common value, then the others with
+  their row counts; MQAR test examples are targets / n_pairs."""
+  def row(batch, dtype, d_model, targets):
+    return {"task": "mqar", "batch_size": batch, "steps": 3000, "task_fields": {"n_pairs": 8},
+            "model": {"d_model": d_model, "num_layers": 2, **({"dtype": dtype} if dtype else {})},
+            "test": {"mqar": {"accuracy": 1.0, "targets": targets}}}
+  data = [row(64, None, 128, 8000)] * 3 + [row(64, "bfloat16", 256, 8000)]
+  assert rows.settings_sentence(data) == (
+      "Settings of these 4 rows: batch 64; 3,000 steps; float32 (bfloat16 in 1 row); "
+      "d_model 128 (d_model 256 in 1 row); 2 layers; 1,000 test examples per set.")
+
+
+def test_edge_rate_note_counts_cells_below_at_an_edge_of_their_sweep():
+  """Cells below 0.99 are counted by where their chosen rate lies in the rates tried there;
+  single-rate cells and cells at or above 0.99 are left out."""
+  data = [_row("vla", lr, s, acc, acc) for lr, acc in ((1e-3, 0.5), (3e-3, 0.9))
+          for s in range(3)]                                          # chose the highest
+  data += [_row("deltanet", lr, s, acc, acc) for lr, acc in ((3e-4, 0.2), (1e-3, 0.8),
+                                                               (3e-3, 0.1)) for s in range(3)]
+  data += [_row("linear", lr, s, acc, acc, T=128) for lr, acc in ((1e-3, 1.0), (3e-3, 0.9))
+           for s in range(3)]                                          # solved: left out
+  data += [_row("softmax", 1e-3, s, 0.3, 0.3) for s in range(3)]         # one rate: left out
+  summary = rows.grid_summary(data, "seq_len")
+  assert summary[("deltanet", 64)]["rates"] == [3e-4, 1e-3, 3e-3]
+  note = notes.edge_rate_note(summary, lambda T: f"T = {T}")
+  assert note.startswith("Rate sweep edges: of the 2 cells below 0.99, 0 chose the lowest rate "
+                         "tried, 1 the highest and 1 one inside the sweep"), note
+  assert note.endswith("| VLA | - | T = 64 @ 0.003 |"), note
+  solved = {k: c for k, c in summary.items() if k[0] == "linear"}
+  assert notes.edge_rate_note(solved, str) == ""
+
+
+def test_wider_sweep_note_and_table_mark_cells_off_the_usual_sweep():
+  """The usual sweep is the rate set of most cells; a cell with a rate added is named with the
+  added rate and the rate chosen, and its table cell says how many rates it had."""
+  data = [_row(m, lr, s, 1.0, 1.0, T=T) for m in ("linear", "deltanet") for T in (64, 128)
+          for lr in (1e-3, 3e-3) for s in range(3)]
+  data += [_row("vla", lr, s, acc, acc, T=128) for lr, acc in ((3e-4, 0.7), (1e-3, 0.6),
+                                                                 (3e-3, 0.1)) for s in range(3)]
+  summary = rows.grid_summary(data, "seq_len")
+  table = mqar.accuracy_table(summary, [64, 128], lambda T: f"T = {T}")
+  assert "| VLA | not run | 0.700 ± 0.000 (min 0.700) @ 0.0003 (of 3 rates) |" in table
+  assert "(of 2 rates)" not in table                       # the usual sweep is not annotated
+  note = notes.wider_sweep_note(summary, lambda T: f"T = {T}")
+  assert note == ("Rates added to the usual sweep (0.001, 0.003) at some cells: VLA at T = 128: "
+                  "0.0003 (chosen: 0.0003)."), note
+  plain = {k: c for k, c in summary.items() if k[0] != "vla"}
+  assert notes.wider_sweep_note(plain, str) == ""
+
+
+def test_copy_section_chooses_the_rate_at_the_training_length():
+  def row(m, lr, seed, exact, val):
+    scores = lambda e: {f"copy_L{n}": {"generated_exact_match": e if n == 64 else 0.0,
+                                       "generated_accuracy": e, "accuracy": 1.0}
+                        for n in copy_task.LENGTHS}
+    return {"label": m, "mixer": m, "learning_rate": lr, "seed": seed, "steps": 10,
+            "test": scores(exact), "validation": {"copy_L64": {"generated_accuracy": val}},
+            "diverged": None if m == "deltanet" else False}
+  data = [row("deltanet", lr, s, e, e) for lr, e in ((1e-3, 0.9), (3e-3, 0.2)) for s in (0, 1)]
+  data += [row("vla", 3e-3, s, 0.1 + 0.7 * s, 0.5) for s in (0, 1)]
+  text = _text(copy_task.copy_section(data))
+  assert "| DeltaNet | 0.001 | 0.900 ± 0.000 | 0.900 ± 0.000 | 0.000 ± 0.000 |" in text
+  assert "**Finding.** DeltaNet copies strings of the training length best (0.900 exact)" in text
+  assert "VLA depends on the seed at L = 64 (exact per seed: 0.100, 0.800)." in text
+  assert "The rows of DeltaNet record no training loss" in text
+
+
+def test_decode_section_reads_both_mixers():
+  data = [{"mixer": m, "context": L, "batch": 1, "ms_per_token": ms, "tokens_per_s": 1e3 / ms,
+           "cache_mib_per_seq": mib}
+          for m, L, ms, mib in (("vla", 1024, 0.034, 0.5), ("softmax", 1024, 0.034, 5.0),
+                                ("vla", 4096, 0.034, 0.5), ("softmax", 4096, 0.068, 17.0))]
+  text = _text(memory.decode_section(data))
+  assert "VLA decodes at a flat 0.034 ms per token with 0.5 MiB" in text
+  assert "1.00x VLA's time per token at 1,024 tokens of context and 2.0x at 4,096" in text
+  assert "| 4,096 | 0.034 | 29,412 | 0.5 | 0.068 | 14,706 | 17 |" in text
+  assert "Not measured yet" in _text(memory.decode_section([]))
+
+
+def test_listed_and_table():
+  assert [markdown.listed(x) for x in ([], ["a"], ["a", "b", "c"])] == ["", "a", "a, b and c"]
+  assert markdown.table(["a", "b"], [[1, "||S||"]]) == (
+      "| a | b |\n| --- | --- |\n| 1 | \\|\\|S\\|\\| |")     # a "|" in a cell is escaped

@@ -1,0 +1,93 @@
+"""The report's PNG plots (matplotlib, Agg backend; imported when a plot is drawn)."""
+
+import numpy as np
+
+from vla_jax.reporting.rows import MIXER_ORDER, name, state_floats
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  return plt
+
+
+def _save(fig, path):
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  _pyplot().close(fig)
+
+
+def plot_capacity(summary, ns, path):
+  """Test accuracy (mean ± std over seeds, chosen rate) against n_pairs, one line per mixer.
+  summary: {(label, n_pairs): cell summary}; ns: the x ticks."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for m in MIXER_ORDER:
+    pts = sorted((n, s["test"]) for (mm, n), s in summary.items() if mm == m)
+    if pts:
+      ax.errorbar([p[0] for p in pts], [p[1].mean() for p in pts],
+                  yerr=[p[1].std() for p in pts], marker="o", capsize=3, label=name(m))
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(ns, [str(n) for n in ns])
+  ax.set_xlabel("key-value pairs n (T = 3n + 1)")
+  ax.set_ylabel("test accuracy (best rate, mean ± std over seeds)")
+  ax.set_title("MQAR capacity: 2 layers, d_model 128, 4 heads of d_h 32")
+  ax.legend(fontsize=8)
+  _save(fig, path)
+
+
+def plot_zoology(summary, n_pairs, path):
+  """Test accuracy against recurrent state size, one panel per T. summary: {(label, (T,
+  d_model)): cell summary}; n_pairs: {T: n_pairs} for the panel titles."""
+  plt = _pyplot()
+  Ts = sorted({st[0] for (_, st) in summary})
+  fig, axes = plt.subplots(1, len(Ts), figsize=(4.2 * len(Ts), 3.8), squeeze=False,
+                           sharey=True)
+  handles = {}
+  for ax, T in zip(axes[0], Ts):
+    for m in MIXER_ORDER:
+      pts = sorted((state_floats(m, st[1], T), s["test"]) for (mm, st), s in summary.items()
+                   if mm == m and st[0] == T)
+      if pts:
+        handles[m] = ax.errorbar([p[0] for p in pts], [p[1].mean() for p in pts],
+                                 yerr=[p[1].std() for p in pts], marker="o", capsize=3,
+                                 color=f"C{MIXER_ORDER.index(m)}", label=name(m))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("recurrent state per layer (floats)")
+    ax.set_title(f"T = {T}, n_pairs = {n_pairs[T]}")
+  axes[0][0].set_ylabel("test accuracy (best rate, mean ± std)")
+  axes[0][0].set_ylim(0, 1.05)
+  shown = [m for m in MIXER_ORDER if m in handles]
+  axes[0][0].legend([handles[m] for m in shown], [name(m) for m in shown], fontsize=7,
+                    loc="lower right")
+  _save(fig, path)
+
+
+def plot_trained_norms(rows, path):
+  """||S_t|| traces inside trained models at the longest T measured (rows of kind
+  trained_state_norm)."""
+  plt = _pyplot()
+  longest = max((r["T"] for r in rows), default=0)
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for r in rows:
+    if r["T"] == longest:
+      ax.loglog(r["trace_t"], r["trace_median"], label=f"{r['mixer']} layer {r['layer']}")
+  ax.set_xlabel("token t")
+  ax.set_ylabel("||S_t||_F (median over sequences, heads)")
+  ax.set_title(f"Memory norm inside trained models, MQAR inputs, T = {longest}")
+  ax.legend(fontsize=7, ncol=2)
+  _save(fig, path)
+
+
+def plot_state_norms(traces, head_dim, path):
+  """||S_t|| on random inputs, one line per mixer. traces: {mixer: [T] median over heads}."""
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for mixer, trace in traces.items():
+    ax.loglog(np.arange(1, len(trace) + 1), trace, label=mixer)
+  ax.set_xlabel("token t")
+  ax.set_ylabel("||S_t||_F (median over heads)")
+  ax.set_title(f"Memory norm, random inputs, d_h = {head_dim}")
+  ax.legend()
+  _save(fig, path)

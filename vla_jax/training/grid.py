@@ -1,0 +1,237 @@
+"""The grids behind RESULTS.md: their jobs, which of them are done, and a scheduler.
+
+A job is one `experiments/sweep.py` call: one mixer at one task setting, its seeds and learning
+rates trained together (vmapped, `vla_jax.training.sweep`), its rows appended to
+`<workdir>/<grid>.jsonl`. `run_grid` starts jobs in order, several processes per GPU, none after
+`budget_s`; jobs still running at `budget_s + grace_s` get SIGTERM (a sweep checkpoints the step
+it reached and exits) and SIGKILL `stop_s` later. A job whose rows already cover every seed and
+rate (made with the same result-changing overrides) is skipped, and a stopped one resumes from
+its checkpoint, so calling it again continues the grid.
+
+Grids (the settings of RESULTS.md):
+  capacity: configs/mqar_paper.py, n_pairs 4..64, rates 3e-4, 1e-3, 3e-3.
+  long:     configs/mqar_long.py, 8 pairs, T = 64..4096, rates 1e-3, 3e-3.
+  copy:     configs/copy.py, rates 1e-3, 3e-3; scored at lengths 64, 128, 256.
+  zoology:  configs/mqar_zoology.py at T / n_pairs = 64/4, 128/8, 256/16, 512/64, d_model
+            64 / 128 / 256, rates 1e-3, 3e-3.
+  ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale, readout or the
+            convolution changed, rates 1e-3, 3e-3.
+  ablation_demo: the same variants on configs/mqar_demo.py at rate 3e-3 (CPU-sized).
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from vla_jax.training import jsonl
+
+GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo")
+# (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
+# mixers' short convolution, the like-for-like backbone; vla_p1 is VLA with penalty_scale 1
+# instead of the authors' 1 / sqrt(d_h).
+MIXERS = (("softmax", "softmax", {}),
+          ("softmax_conv", "softmax", {"model.options.softmax.conv_size": 4}),
+          ("linear", "linear", {}), ("deltanet", "deltanet", {}),
+          ("gated_deltanet", "gated_deltanet", {}), ("vla", "vla", {}),
+          ("vla_p1", "vla", {"model.options.vla.penalty_scale": 1.0}))
+PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
+LONG_TS = (64, 128, 256, 512, 1024, 2048, 4096)
+ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))        # (T, n_pairs)
+ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))              # (d_model, heads of d_h 32)
+ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
+                     ("lam0-10", {"model.options.vla.lam0": 10.0}),
+                     ("penalty-0", {"model.options.vla.penalty_scale": 0.0}),
+                     ("penalty-1", {"model.options.vla.penalty_scale": 1.0}),
+                     ("readout-additive", {"model.options.vla.readout": "additive"}),
+                     ("readout-delta", {"model.options.vla.readout": "delta"}),
+                     ("no-conv", {"model.options.vla.conv_size": 0}))
+# Overrides that do not change a job's results (as `training.checkpoint` lets them change on
+# resume): not recorded in its rows, and they do not make a finished job run again.
+FREE_OVERRIDES = ("train.log_every", "train.eval_every", "train.eval_batch_size",
+                  "train.checkpoint_every", "train.keep_checkpoints", "model.remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One sweep call.
+
+  Attributes:
+    grid: the grid it belongs to; its rows go to `<workdir>/<grid>.jsonl`.
+    name: unique job name, e.g. "capacity-n24-vla" (its run folder and log are named so).
+    config: config file argument relative to the checkout, e.g. "configs/mqar_paper.py:24".
+    overrides: {config field: value}, passed as --config.FIELD=VALUE.
+    rates: learning rates as strings, e.g. ("1e-3", "3e-3").
+    tag: fields added to every row (grid, label, the setting).
+  """
+  grid: str
+  name: str
+  config: str
+  overrides: dict
+  rates: tuple
+  tag: dict
+
+
+def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500):
+  """The jobs of one grid, in the order they start: list of `Job`.
+
+  long_Ts: the long grid's lengths; zoology_steps: training steps of the zoology jobs;
+  demo_steps: training steps of the ablation_demo jobs.
+  """
+  out = []
+  if grid == "capacity":
+    for n in PAPER_N:
+      for label, mixer, extra in MIXERS:
+        out.append((f"capacity-n{n}-{label}", f"configs/mqar_paper.py:{n}",
+                    {"model.mixer": mixer, **extra}, ("3e-4", "1e-3", "3e-3"),
+                    {"n_pairs": n, "label": label}))
+  elif grid == "long":
+    for T in long_Ts:
+      for label, mixer, extra in MIXERS:
+        out.append((f"long-T{T}-{label}", f"configs/mqar_long.py:{T}",
+                    {"model.mixer": mixer, **extra}, ("1e-3", "3e-3"),
+                    {"seq_len": T, "label": label}))
+  elif grid == "copy":
+    for label, mixer, extra in MIXERS:
+      out.append((f"copy-{label}", "configs/copy.py", {"model.mixer": mixer, **extra},
+                  ("1e-3", "3e-3"), {"label": label}))
+  elif grid == "zoology":
+    for T, n in ZOOLOGY:
+      for d_model, heads in ZOOLOGY_WIDTHS:
+        for label, mixer, extra in MIXERS:
+          out.append((f"zoology-T{T}-d{d_model}-{label}", f"configs/mqar_zoology.py:{T}",
+                      {"model.mixer": mixer, "task.n_pairs": n, "model.d_model": d_model,
+                       "model.num_heads": heads, "train.num_steps": zoology_steps, **extra},
+                      ("1e-3", "3e-3"),
+                      {"seq_len": T, "n_pairs": n, "d_model": d_model, "label": label}))
+  elif grid == "ablation":
+    for variant, extra in ABLATION_VARIANTS:
+      out.append((f"ablation-{variant}", "configs/mqar_paper.py:24",
+                  {"model.mixer": "vla", **extra}, ("1e-3", "3e-3"),
+                  {"variant": variant, "n_pairs": 24}))
+  elif grid == "ablation_demo":
+    for variant, extra in ABLATION_VARIANTS:
+      out.append((f"ablation_demo-{variant}", "configs/mqar_demo.py",
+                  {"model.mixer": "vla", "train.num_steps": demo_steps, **extra}, ("3e-3",),
+                  {"variant": variant, "n_pairs": 8}))
+  else:
+    raise ValueError(f"grid must be one of {GRIDS}; got {grid!r}")
+  return [Job(grid, name, config, overrides, rates, {"grid": grid, **tag})
+          for name, config, overrides, rates, tag in out]
+
+
+def select_jobs(grids, *, rates=None, vla_impl=None, only=None, **grid_options):
+  """The jobs of `grids` (names in GRIDS), in start order.
+
+  rates: learning rates (strings) replacing every job's own; vla_impl: model.impl of the VLA
+  jobs (the other mixers have no Pallas form); only: name patterns, keeping the jobs whose
+  name contains one, ordered by the first pattern each matches (then grid order);
+  grid_options: passed to `grid_jobs`.
+  """
+  jobs = [job for grid in grids for job in grid_jobs(grid, **grid_options)]
+  if rates:
+    jobs = [dataclasses.replace(job, rates=tuple(rates)) for job in jobs]
+  if vla_impl:
+    jobs = [dataclasses.replace(job, overrides={**job.overrides, "model.impl": vla_impl})
+            if job.overrides.get("model.mixer") == "vla" else job for job in jobs]
+  if only:
+    rank = lambda job: next((i for i, p in enumerate(only) if p in job.name), None)
+    jobs = sorted((job for job in jobs if rank(job) is not None), key=rank)
+  return jobs
+
+
+def result_overrides(overrides):
+  """{field: value} of `overrides` (pairs of strings) that change results: recorded in rows."""
+  return {k: v for k, v in overrides if k not in FREE_OVERRIDES}
+
+
+def is_done(job, rows, seeds, overrides=()):
+  """Whether `rows` hold every (seed, rate) run of `job` made with `overrides` (the
+  result-changing ones among them; pairs of strings)."""
+  wanted = result_overrides(overrides)
+  have = {(r.get("seed"), r.get("learning_rate")) for r in rows
+          if r.get("job") == job.name and r.get("overrides", {}) == wanted}
+  return all((int(s), float(lr)) in have for s in seeds for lr in job.rates)
+
+
+def sweep_command(job, *, sweep_script, root, workdir, seeds, overrides=()):
+  """The argv of `job`'s sweep: `sweep_script` (experiments/sweep.py) with the job's config
+  under `root` (the checkout), its run folder under `workdir`/runs and its rows appended to
+  `workdir`/<grid>.jsonl; `overrides` (pairs of strings) apply on top of the job's."""
+  tag = {**job.tag, "job": job.name, "overrides": result_overrides(overrides)}
+  return ([sys.executable, sweep_script, f"--config={os.path.join(root, job.config)}",
+           f"--seeds={','.join(map(str, seeds))}", f"--learning_rates={','.join(job.rates)}",
+           f"--workdir={os.path.join(workdir, 'runs', job.name)}",
+           f"--out={os.path.join(workdir, job.grid + '.jsonl')}", f"--tag={json.dumps(tag)}"]
+          + [f"--config.{k}={v}" for k, v in job.overrides.items()]
+          + [f"--config.{k}={v}" for k, v in overrides])
+
+
+def stop(procs, wait_s):
+  """SIGTERM to each process (a sweep checkpoints the step it reached and exits), SIGKILL to
+  those still running `wait_s` seconds later."""
+  for proc in procs:
+    proc.terminate()
+  deadline = time.time() + wait_s
+  for proc in procs:
+    try:
+      proc.wait(timeout=max(deadline - time.time(), 0.1))
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+
+
+def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(), per_gpu=4,
+             budget_s=540.0, grace_s=30.0, stop_s=60.0, log=print):
+  """Runs the jobs that are not done yet and returns {finished: [(name, rc, seconds)],
+  unfinished: [name], wall_s}, also appended to `workdir`/grid_summary.json.
+
+  gpus: GPU ids (strings) to pin jobs to (CUDA_VISIBLE_DEVICES), `per_gpu` processes each; empty:
+  `per_gpu` processes, no pinning. Each job's output goes to `workdir`/logs/<name>.log
+  (appended). Other arguments as in `sweep_command` and the module docstring.
+  """
+  os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+  rows = {g: jsonl.read_rows(os.path.join(workdir, g + ".jsonl")) for g in {j.grid for j in jobs}}
+  todo = [j for j in jobs if not is_done(j, rows[j.grid], seeds, overrides)]
+  # Slots alternate between GPUs, so that the first jobs (started first) spread over all.
+  slots = [g for _ in range(per_gpu) for g in (gpus or [""])]
+  start = time.time()
+  running = {}  # slot -> (job, process, started)
+  finished, unfinished = [], []
+  log(f"{len(todo)} jobs on {len(slots)} slots")
+  while todo or running:
+    overdue = []
+    for slot, (job, proc, t0) in list(running.items()):
+      if proc.poll() is not None:
+        del running[slot]
+        finished.append((job.name, proc.returncode, round(time.time() - t0, 1)))
+        log(f"[{time.time() - start:6.0f}s] done {job.name} rc={proc.returncode} "
+            f"{time.time() - t0:.0f}s")
+      elif time.time() - start > budget_s + grace_s:
+        overdue.append(proc)
+        del running[slot]
+        unfinished.append(job.name)
+    stop(overdue, stop_s)
+    if time.time() - start > budget_s:
+      unfinished += [j.name for j in todo]
+      todo = []
+    for slot, gpu in enumerate(slots):
+      if slot not in running and todo:
+        job = todo.pop(0)
+        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
+        # Appended: a resumed job's log keeps the earlier attempts (an out-of-memory trace).
+        with open(os.path.join(workdir, "logs", job.name + ".log"), "a") as f:
+          f.write(f"=== {time.strftime('%Y-%m-%dT%H:%M:%S')} start, GPU {gpu or '-'}\n")
+          f.flush()
+          proc = subprocess.Popen(
+              sweep_command(job, sweep_script=sweep_script, root=root, workdir=workdir,
+                            seeds=seeds, overrides=overrides),
+              env=env, stdout=f, stderr=subprocess.STDOUT, cwd=root)
+        running[slot] = (job, proc, time.time())
+    time.sleep(0.5)
+  summary = {"finished": finished, "unfinished": unfinished,
+             "wall_s": round(time.time() - start, 1)}
+  jsonl.append_rows(os.path.join(workdir, "grid_summary.json"), [summary])
+  return summary
