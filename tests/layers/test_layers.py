@@ -12,12 +12,12 @@ from vla_jax.layers import (MIXERS, DeltaNet, GatedDeltaNet, LinearAttention,
 from vla_jax.layers.softmax import resolve_implementation
 
 B, T, D, H = 2, 37, 24, 2  # awkward T (not a multiple of the chunk), d_h = 12
-CASES = [("vla", {}), ("vla", {"readout": "additive"}), ("vla", {"readout": "delta"}),
-         ("vla", {"conv_size": 4}), ("softmax", {}), ("softmax", {"conv_size": 4}),
-         ("linear", {}),
-         ("linear", {"normalize": False, "conv_size": 3}), ("deltanet", {}),
-         ("deltanet", {"conv_size": 4}), ("gated_deltanet", {}),
-         ("gated_deltanet", {"conv_size": 4})]
+# Recurrent mixers default to conv_size=4; {"conv_size": 0} is the layer without convolution.
+CASES = [("vla", {"conv_size": 0}), ("vla", {"readout": "additive"}),
+         ("vla", {"readout": "delta", "conv_size": 0}), ("vla", {}), ("softmax", {}),
+         ("softmax", {"conv_size": 4}), ("linear", {"conv_size": 0}),
+         ("linear", {"normalize": False, "conv_size": 3}), ("deltanet", {"conv_size": 0}),
+         ("deltanet", {}), ("gated_deltanet", {"conv_size": 0}), ("gated_deltanet", {})]
 IDS = [n + "".join(f"-{k}={v}" for k, v in o.items()) for n, o in CASES]
 
 

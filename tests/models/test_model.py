@@ -94,3 +94,35 @@ def test_remat_keeps_the_gradients_and_saves_activation_memory(mixer):
 def test_remat_must_be_a_bool():
   with pytest.raises(ValueError, match="model.remat must be True or False"):
     ModelConfig(remat="yes", **SMALL)
+
+
+@nnx.jit
+def _padded_run(model, tokens, mask, following):
+  """The full pass, and prefill + one step per token of `following` [B, N]."""
+  full = model(tokens, mask)
+  prompt, cache = model.prefill(tokens, model.init_cache(tokens.shape[0], 20), mask)
+  steps = []
+  for t in range(following.shape[1]):
+    logits, cache = model.step(following[:, t], cache)
+    steps.append(logits)
+  return full, prompt, jnp.stack(steps, 1), cache.position
+
+
+@pytest.mark.parametrize("mixer", ["vla", "softmax"])
+def test_padding_mask_gives_the_unpadded_logits(mixer):
+  """Left- and right-padded prompts (learned positions count real tokens only): the logits at
+  the real tokens, and the steps after a padded prefill, equal those of the unpadded batch."""
+  model = LanguageModel(ModelConfig(mixer=mixer, mixer_options={"conv_size": 4}, **SMALL),
+                        rngs=nnx.Rngs(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 9), 0, 32)
+  following = jax.random.randint(jax.random.key(2), (2, 3), 0, 32)
+  mask = np.ones((2, 13), bool)
+  mask[0, :4] = mask[1, 9:] = False                 # row 0 left-, row 1 right-padded
+  padded = np.full((2, 13), 31)
+  padded[mask] = np.asarray(tokens).reshape(-1)
+  got, want = (_padded_run(model, t, m, following)
+               for t, m in ((jnp.asarray(padded), jnp.asarray(mask)), (tokens, None)))
+  np.testing.assert_allclose(got[0][mask], want[0].reshape(18, 32), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(got[1][mask], want[1].reshape(18, 32), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(got[2], want[2], rtol=2e-5, atol=2e-5)
+  np.testing.assert_array_equal(got[3], [12, 12])  # 9 real prompt tokens + 3 steps

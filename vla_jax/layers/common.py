@@ -3,6 +3,13 @@
 Every mixer maps x [B, T, d_model] -> y [B, T, d_model] and is causal. Parameters are stored in
 `param_dtype`, activations computed in `dtype`; recurrences keep their state in float32
 (float64 under x64) whatever `dtype` is, and return outputs in `dtype`.
+
+Padding: every mixer's `__call__` and `prefill` take `attention_mask` ([B, T] bool, True = a
+real token). A mixer computes at the real tokens, and leaves in its cache, exactly what it would
+for the sequence with the padded positions deleted, wherever the pads are (left, right or
+between tokens); its outputs at padded positions are 0. Pads are removed by selection
+(`jnp.where`), never by multiplying with the mask, so a NaN or Inf at a padded position reaches
+neither the outputs nor the gradients.
 """
 
 from typing import Any, NamedTuple
@@ -60,6 +67,65 @@ def resolve_head_dim(name, d_model, num_heads, head_dim):
   if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
     raise ValueError(f"{name}: head_dim must be a positive int or None; got {head_dim!r}")
   return head_dim
+
+
+def check_attention_mask(name, attention_mask, batch, length):
+  """None, or `attention_mask` as a bool [B, T] array (True = a real token). Integer masks
+  count non-zero entries as real tokens; other dtypes and shapes raise naming the argument."""
+  if attention_mask is None:
+    return None
+  mask = jnp.asarray(attention_mask)
+  if mask.shape != (batch, length):
+    raise ValueError(f"{name}: attention_mask must have shape [B, T] = ({batch}, {length}) "
+                     f"like the input; got {mask.shape}")
+  if mask.dtype == jnp.bool_:
+    return mask
+  if jnp.issubdtype(mask.dtype, jnp.integer):
+    return mask != 0
+  raise TypeError(f"{name}: attention_mask must be bool (True = a real token) or integer; got "
+                  f"{mask.dtype}")
+
+
+def mask_tokens(mask, *arrays):
+  """Each of `arrays` ([B, T, ...]) with its padded positions (mask [B, T] False) set to 0 by
+  selection; `mask` None returns them unchanged. Returns one array for one argument."""
+  if mask is not None:
+    arrays = tuple(jnp.where(mask.reshape(mask.shape + (1,) * (a.ndim - 2)), a,
+                             jnp.zeros((), a.dtype)) for a in arrays)
+  return arrays[0] if len(arrays) == 1 else arrays
+
+
+class Compaction(NamedTuple):
+  """Where the real tokens of each row go when the pads are deleted (see `compaction`).
+
+  Attributes:
+    order: [B, T] int, the positions of the real tokens in order, then those of the pads.
+    rank: [B, T] int, each real token's index among the real tokens of its row (0 at pads).
+    count: [B] int, the number of real tokens per row.
+  """
+
+  order: jax.Array
+  rank: jax.Array
+  count: jax.Array
+
+
+def compaction(mask):
+  """The `Compaction` of a [B, T] bool mask."""
+  order = jnp.argsort(jnp.logical_not(mask), axis=1, stable=True)
+  rank = jnp.where(mask, jnp.cumsum(mask, axis=1) - 1, 0)
+  return Compaction(order, rank, jnp.sum(mask, axis=1))
+
+
+def compact(x, plan):
+  """x [B, T, F] -> the real tokens of each row first, in order, then zeros."""
+  xc = jnp.take_along_axis(x, plan.order[..., None], axis=1)
+  keep = jnp.arange(x.shape[1])[None, :] < plan.count[:, None]
+  return mask_tokens(keep, xc)
+
+
+def expand(xc, plan, mask):
+  """Inverse of `compact`: xc [B, T, F] back at the real tokens' positions, 0 at the pads."""
+  return mask_tokens(mask, jnp.take_along_axis(xc, plan.rank[..., None], axis=1))
 
 
 def check_choice(name, arg, value, choices):
@@ -120,15 +186,36 @@ class ShortConv(nnx.Module):
     y = sum(xp[:, i:i + T] * w[i] for i in range(K))
     return jax.nn.silu(y)
 
-  def tail(self, x, prefix=None):
-    """The last K-1 inputs of `prefix` followed by x: the next call's prefix, [B, K-1, F]."""
+  def tail(self, x, prefix=None, length=None):
+    """The last K-1 inputs of `prefix` followed by x[:, :length] (length [B] int, default all
+    of x): the next call's prefix, [B, K-1, F]."""
     K = self.kernel_size
     if prefix is None:
       prefix = jnp.zeros((x.shape[0], K - 1, x.shape[2]), x.dtype)
-    return jnp.concatenate([prefix.astype(x.dtype), x], axis=1)[:, x.shape[1]:]
+    xp = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
+    if length is None:
+      return xp[:, x.shape[1]:]
+    index = length[:, None] + jnp.arange(K - 1)[None, :]
+    return jnp.take_along_axis(xp, index[..., None], axis=1)
 
   def empty_prefix(self, batch_size, features):
     return jnp.zeros((batch_size, self.kernel_size - 1, features), self.dtype)
+
+
+# The recurrent mixers' default short convolution, the width every config uses: without it VLA
+# stays at chance on the README's MQAR demo (measurements in vla_jax/layers/README.md).
+DEFAULT_CONV_SIZE = 4
+
+
+def short_convs(name, features, conv_size, *, dtype, param_dtype, rngs):
+  """Three `ShortConv`s of width `conv_size` (for q, k and v), or None for `conv_size` 0."""
+  if not checks.is_int(conv_size) or conv_size < 0:
+    raise ValueError(f"{name}: conv_size must be an int >= 0 (0: no convolution); got "
+                     f"{conv_size!r}")
+  if not conv_size:
+    return None
+  return nnx.List([ShortConv(features, int(conv_size), dtype=dtype, param_dtype=param_dtype,
+                             rngs=rngs) for _ in range(3)])
 
 
 def empty_prefixes(convs, batch_size, features):
@@ -136,15 +223,27 @@ def empty_prefixes(convs, batch_size, features):
   return tuple(c.empty_prefix(batch_size, features) for c in convs) if convs else ()
 
 
-def convolve(convs, tensors, prefixes=None):
+def convolve(convs, tensors, prefixes=None, mask=None):
   """Applies each `ShortConv` of `convs` to its tensor, continuing from `prefixes` (a tuple, or
   None for zeros). Returns (outputs, new prefixes); with no convolutions, returns the tensors
-  and ()."""
+  and ().
+
+  With `mask` ([B, T] bool), the convolutions run over the real tokens only: each real token's
+  window holds the real tokens before it (then the prefix), as if the pads were deleted, the
+  outputs at pads are 0, and the new prefixes end at the last real token.
+  """
   if convs is None:
     return tuple(tensors), ()
   prefixes = prefixes or (None,) * len(tensors)
-  outputs = tuple(conv(t, p) for conv, t, p in zip(convs, tensors, prefixes))
-  tails = tuple(conv.tail(t, p) for conv, t, p in zip(convs, tensors, prefixes))
+  if mask is None:
+    outputs = tuple(conv(t, p) for conv, t, p in zip(convs, tensors, prefixes))
+    tails = tuple(conv.tail(t, p) for conv, t, p in zip(convs, tensors, prefixes))
+    return outputs, tails
+  plan = compaction(mask)
+  compacted = tuple(compact(t, plan) for t in tensors)
+  outputs = tuple(expand(conv(t, p), plan, mask)
+                  for conv, t, p in zip(convs, compacted, prefixes))
+  tails = tuple(conv.tail(t, p, plan.count) for conv, t, p in zip(convs, compacted, prefixes))
   return outputs, tails
 
 

@@ -5,10 +5,12 @@ import math
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
 from vla_jax.ops.baselines import BASELINE_IMPLS, gated_deltanet
+from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import gated_deltanet_step
 
 
@@ -25,7 +27,8 @@ class DeltaNet(nnx.Module):
     impl, chunk_size: passed straight to the recurrence.
       Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
       the op runs with T split over it (`vla_jax.parallel.sequence_op`).
-    conv_size: 0 (default) or the width of a causal depthwise convolution on q, k, v.
+    conv_size: the width of a causal depthwise convolution with SiLU on q, k, v (default 4;
+      0 for none, then q and k go through SiLU alone).
     out_norm: LayerNorm over the merged heads before W_o (default True).
     dtype, param_dtype: activation and parameter dtypes (default float32); state in float32.
   """
@@ -33,8 +36,10 @@ class DeltaNet(nnx.Module):
   RECURRENT = True
   GATED = False
 
-  def __init__(self, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
-               conv_size=0, out_norm=True, dtype=jnp.float32, param_dtype=jnp.float32,
+  def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
+               impl: str | Impl = "chunked", chunk_size: int = 64,
+               conv_size: int = common.DEFAULT_CONV_SIZE, out_norm: bool = True,
+               dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
@@ -48,27 +53,32 @@ class DeltaNet(nnx.Module):
     self.k_proj = common.dense(d_model, inner, use_bias=False, **kw)
     self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
     self.beta_proj = common.dense(d_model, num_heads, use_bias=True, **kw)
-    self.conv = (nnx.List([common.ShortConv(inner, conv_size, **kw) for _ in range(3)])
-                 if conv_size else None)
+    self.conv = common.short_convs(name, inner, conv_size, **kw)
     if self.GATED:
       self._init_gate(d_model, num_heads, rngs, dtype, param_dtype)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _features(self, x, conv_prefix):
-    """x [B, T, d_model] -> per-head q, k, v, beta [B, T, H], log decay (or None), conv tails."""
+  def _features(self, x, conv_prefix, mask=None):
+    """x [B, T, d_model] -> per-head q, k, v, beta [B, T, H], log decay (or None), conv tails;
+    with `mask`, k, v, beta and the log decay are 0 at the pads (no write, no decay)."""
+    x = common.mask_tokens(mask, x)
     (q, k, v), tails = common.convolve(
-        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix)
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask)
     if self.conv is None:
       q, k = jax.nn.silu(q), jax.nn.silu(k)
     H = self.num_heads
     q, k, v = (common.split_heads(t, H) for t in (q, k, v))
     beta = jax.nn.sigmoid(self.beta_proj(x).astype(common.state_dtype(self.dtype)))
-    return common.l2_normalize(q), k, v, beta, self._log_decay(x), tails
+    log_decay = self._log_decay(x)
+    k, v, beta = common.mask_tokens(mask, k, v, beta)
+    if log_decay is not None:
+      log_decay = common.mask_tokens(mask, log_decay)
+    return common.l2_normalize(q), k, v, beta, log_decay, tails
 
   def _log_decay(self, x):
     return None
 
-  def init_cache(self, batch_size, max_len=None):
+  def init_cache(self, batch_size: int, max_len: int | None = None) -> common.RecurrentCache:
     """The empty streaming cache (S = 0); the state has a fixed size."""
     del max_len
     H, D = self.num_heads, self.head_dim
@@ -76,17 +86,22 @@ class DeltaNet(nnx.Module):
         state=jnp.zeros((batch_size, H, D, D), common.state_dtype(self.dtype)),
         conv=common.empty_prefixes(self.conv, batch_size, H * D))
 
-  def prefill(self, x, cache=None):
-    """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache)."""
+  def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
+              attention_mask: jax.Array | None = None
+              ) -> tuple[jax.Array, common.RecurrentCache]:
+    """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache);
+    `attention_mask` ([B, T] bool, True = a real token) deletes the padded positions."""
+    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
-    q, k, v, beta, log_decay, tails = self._features(x, cache.conv)
+    q, k, v, beta, log_decay, tails = self._features(x, cache.conv, mask)
     o, S = parallel.sequence_op(gated_deltanet)(q, k, v, beta, log_decay,
                                                 initial_state=cache.state, impl=self.impl,
                                                 chunk_size=self.chunk_size)
-    return self.out(o), common.RecurrentCache(S, tails)
+    return common.mask_tokens(mask, self.out(o)), common.RecurrentCache(S, tails)
 
-  def step(self, x_t, cache):
+  def step(self, x_t: jax.Array, cache: common.RecurrentCache
+           ) -> tuple[jax.Array, common.RecurrentCache]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache)."""
     common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
     q, k, v, beta, log_decay, tails = self._features(x_t[:, None].astype(self.dtype),
@@ -95,9 +110,9 @@ class DeltaNet(nnx.Module):
                                  None if log_decay is None else log_decay[:, 0])
     return self.out(o_t[:, None])[:, 0], common.RecurrentCache(S, tails)
 
-  def __call__(self, x):
-    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
-    return self.prefill(x)[0]
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`; `attention_mask` as in `prefill`."""
+    return self.prefill(x, attention_mask=attention_mask)[0]
 
 
 class GatedDeltaNet(DeltaNet):

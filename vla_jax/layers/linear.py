@@ -1,12 +1,15 @@
 """`LinearAttention`: causal linear attention with the ELU + 1 feature map."""
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
 from vla_jax.ops.baselines import (BASELINE_IMPLS, LinearAttentionState, elu_plus_one,
                                    linear_attention)
+from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import linear_attention_step
 
 
@@ -23,16 +26,19 @@ class LinearAttention(nnx.Module):
       Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
       the op runs with T split over it (`vla_jax.parallel.sequence_op`).
     normalize: divide by the additive normaliser (default True, the original form).
-    conv_size: 0 (default) or the width of a causal depthwise convolution on q, k, v.
+    conv_size: the width of a causal depthwise convolution with SiLU on q, k, v (default 4;
+      0 for none).
     out_norm: LayerNorm over the merged heads before W_o (default True).
     dtype, param_dtype: activation and parameter dtypes (default float32); state in float32.
   """
 
   RECURRENT = True
 
-  def __init__(self, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
-               normalize=True, conv_size=0, out_norm=True, dtype=jnp.float32,
-               param_dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
+               impl: str | Impl = "chunked", chunk_size: int = 64, normalize: bool = True,
+               conv_size: int = common.DEFAULT_CONV_SIZE, out_norm: bool = True,
+               dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
+               rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
@@ -45,17 +51,22 @@ class LinearAttention(nnx.Module):
     self.q_proj = common.dense(d_model, inner, use_bias=True, **kw)
     self.k_proj = common.dense(d_model, inner, use_bias=True, **kw)
     self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
-    self.conv = (nnx.List([common.ShortConv(inner, conv_size, **kw) for _ in range(3)])
-                 if conv_size else None)
+    self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _features(self, x, conv_prefix):
+  def _features(self, x, conv_prefix, mask=None):
+    """x [B, T, d_model] -> per-head phi(q), phi(k) (in the state dtype), v and conv tails;
+    with `mask`, phi(k) and v are 0 at the pads (no write to S or z)."""
+    x = common.mask_tokens(mask, x)
     (q, k, v), tails = common.convolve(
-        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix)
-    H = self.num_heads
-    return tuple(common.split_heads(t, H) for t in (q, k, v)) + (tails,)
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask)
+    H, f = self.num_heads, common.state_dtype(self.dtype)
+    q, k, v = (common.split_heads(t, H) for t in (q, k, v))
+    q, k = elu_plus_one(q.astype(f)), elu_plus_one(k.astype(f))
+    k, v = common.mask_tokens(mask, k, v)
+    return q, k, v, tails
 
-  def init_cache(self, batch_size, max_len=None):
+  def init_cache(self, batch_size: int, max_len: int | None = None) -> common.RecurrentCache:
     """The empty streaming cache (S = 0, z = 0); the state has a fixed size."""
     del max_len
     H, D, f = self.num_heads, self.head_dim, common.state_dtype(self.dtype)
@@ -64,24 +75,29 @@ class LinearAttention(nnx.Module):
                                    jnp.zeros((batch_size, H, D), f)),
         conv=common.empty_prefixes(self.conv, batch_size, H * D))
 
-  def prefill(self, x, cache=None):
-    """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache)."""
+  def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
+              attention_mask: jax.Array | None = None
+              ) -> tuple[jax.Array, common.RecurrentCache]:
+    """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache);
+    `attention_mask` ([B, T] bool, True = a real token) deletes the padded positions."""
+    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
-    q, k, v, tails = self._features(x, cache.conv)
+    q, k, v, tails = self._features(x, cache.conv, mask)
     o, state = parallel.sequence_op(linear_attention)(
-        q, k, v, feature_map=elu_plus_one, normalize=self.normalize, initial_state=cache.state,
+        q, k, v, feature_map=None, normalize=self.normalize, initial_state=cache.state,
         impl=self.impl, chunk_size=self.chunk_size)
-    return self.out(o), common.RecurrentCache(state, tails)
+    return common.mask_tokens(mask, self.out(o)), common.RecurrentCache(state, tails)
 
-  def step(self, x_t, cache):
+  def step(self, x_t: jax.Array, cache: common.RecurrentCache
+           ) -> tuple[jax.Array, common.RecurrentCache]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache)."""
     common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
     q, k, v, tails = self._features(x_t[:, None].astype(self.dtype), cache.conv)
     o_t, state = linear_attention_step(cache.state, q[:, 0], k[:, 0], v[:, 0],
-                                       feature_map=elu_plus_one, normalize=self.normalize)
+                                       feature_map=None, normalize=self.normalize)
     return self.out(o_t[:, None])[:, 0], common.RecurrentCache(state, tails)
 
-  def __call__(self, x):
-    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
-    return self.prefill(x)[0]
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`; `attention_mask` as in `prefill`."""
+    return self.prefill(x, attention_mask=attention_mask)[0]

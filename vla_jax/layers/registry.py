@@ -5,11 +5,13 @@ from collections.abc import Mapping
 
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from vla_jax.layers.delta import DeltaNet, GatedDeltaNet
 from vla_jax.layers.linear import LinearAttention
 from vla_jax.layers.softmax import SoftmaxAttention
 from vla_jax.layers.vla import VLAAttention
+from vla_jax.ops.impl import Impl
 
 MIXERS = {
     "vla": VLAAttention,
@@ -22,7 +24,7 @@ _COMMON = ("self", "d_model", "num_heads", "head_dim", "impl", "chunk_size", "dt
            "param_dtype", "rngs")
 
 
-def mixer_options(name):
+def mixer_options(name: str) -> dict:
   """The mixer-specific keyword options of mixer `name` and their defaults."""
   cls = mixer_class(name)
   params = inspect.signature(cls.__init__).parameters
@@ -44,9 +46,10 @@ def check_mixer_options(name, options):
                      f"options are {', '.join(sorted(allowed)) or '(none)'}")
 
 
-def make_mixer(name, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
-               options: Mapping | None = None, dtype=jnp.float32, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+def make_mixer(name: str, d_model: int, num_heads: int, head_dim: int | None = None, *,
+               impl: str | Impl = "chunked", chunk_size: int = 64,
+               options: Mapping | None = None, dtype: DTypeLike = jnp.float32,
+               param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
   """Builds mixer `name` ("vla", "softmax", "linear", "deltanet", "gated_deltanet").
 
   `impl` and `chunk_size` go to the recurrent mixers' ops unchanged; softmax attention has no

@@ -5,6 +5,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from vla_jax.layers import common
 from vla_jax.ops import checks
@@ -44,8 +45,10 @@ class SoftmaxAttention(nnx.Module):
 
   RECURRENT = False
 
-  def __init__(self, d_model, num_heads, head_dim=None, *, implementation="auto",
-               conv_size=0, dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+  def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
+               implementation: str = "auto", conv_size: int = 0,
+               dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
+               rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     if num_heads * self.head_dim != d_model:
@@ -63,62 +66,73 @@ class SoftmaxAttention(nnx.Module):
     self.q_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.k_proj = common.dense(d_model, d_model, use_bias=True, **kw)
     self.v_proj = common.dense(d_model, d_model, use_bias=True, **kw)
-    self.conv = (nnx.List([common.ShortConv(d_model, conv_size, **kw) for _ in range(3)])
-                 if conv_size else None)
+    self.conv = common.short_convs(name, d_model, conv_size, **kw)
     self.out = common.OutputProjection(d_model, d_model, out_norm=False, **kw)
 
-  def _qkv(self, x, conv_prefix=None):
-    """Heads of q, k, v [B, T, H, d_h] and the convolutions' new tails."""
+  def _qkv(self, x, conv_prefix=None, mask=None):
+    """Heads of q, k, v [B, T, H, d_h] and the convolutions' new tails (x 0 at the pads)."""
     H = self.num_heads
+    x = common.mask_tokens(mask, x)
     qkv, tails = common.convolve(self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)),
-                                 conv_prefix)
+                                 conv_prefix, mask)
     return tuple(common.split_heads(t, H) for t in qkv) + (tails,)
 
-  def __call__(self, x):
-    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`."""
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`. `attention_mask` ([B, T] bool,
+    True = a real token; None: all real): padded keys are masked out, outputs at the pads
+    are 0."""
+    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
     x = x.astype(self.dtype)
-    q, k, v, _ = self._qkv(x)
-    o = jax.nn.dot_product_attention(q, k, v, is_causal=True,
-                                     implementation=self.implementation)
-    return self.out(o)
+    q, k, v, _ = self._qkv(x, None, mask)
+    o = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, mask=None if mask is None else mask[:, None, None, :],
+        implementation=self.implementation)
+    return common.mask_tokens(mask, self.out(o))
 
-  def init_cache(self, batch_size, max_len):
-    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`, the
-    number of tokens written, `index` (memory grows with max_len, unlike the recurrences),
-    and the short convolutions' input tails (() without convolution)."""
+  def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
+    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`,
+    which slots hold real tokens, the number of slots written, `index` (memory grows with
+    max_len, unlike the recurrences), and the short convolutions' input tails (() without
+    convolution)."""
     if not checks.is_int(max_len) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
     shape = (batch_size, int(max_len), self.num_heads, self.head_dim)
     return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype),
-                   jnp.zeros((), jnp.int32),
+                   jnp.zeros(shape[:2], jnp.bool_), jnp.zeros((), jnp.int32),
                    common.empty_prefixes(self.conv, batch_size, self.q_proj.out_features))
 
-  def _attend_cache(self, x, cache):
-    """Writes x's keys and values at cache.index and attends over everything written."""
-    T, L = x.shape[1], cache.k.shape[1]
+  def _attend_cache(self, x, cache, mask=None):
+    """Writes x's keys and values at cache.index and attends over the real tokens written."""
+    B, T, L = x.shape[0], x.shape[1], cache.k.shape[1]
     index = common.concrete_int(cache.index)
     if T > L or (index is not None and index + T > L):
       raise ValueError(f"{type(self).__name__}: {T} more tokens after the {index or 0} written "
                        f"do not fit a KV cache of max_len={L}")
-    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv)
+    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv, mask)
     zero = jnp.zeros((), cache.index.dtype)  # all indices one integer type (also under x64)
     at = (zero, cache.index, zero, zero)
     keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), at)
     values = jax.lax.dynamic_update_slice(cache.v, v.astype(cache.v.dtype), at)
+    real = jnp.ones((B, T), jnp.bool_) if mask is None else mask
+    written = jax.lax.dynamic_update_slice(cache.mask, real, at[:2])
     query_pos = cache.index + jnp.arange(T)
-    mask = jnp.arange(L)[None, :] <= query_pos[:, None]  # [T, L]: causal over the cache
-    o = jax.nn.dot_product_attention(q, keys, values, mask=mask[None, None],
-                                     implementation="xla")
-    return self.out(o), KVCache(keys, values, cache.index + T, tails)
+    causal = jnp.arange(L)[None, :] <= query_pos[:, None]  # [T, L]: causal over the cache
+    allowed = causal[None, None] & written[:, None, None, :]  # [B, 1, T, L]
+    o = jax.nn.dot_product_attention(q, keys, values, mask=allowed, implementation="xla")
+    return (common.mask_tokens(mask, self.out(o)),
+            KVCache(keys, values, written, cache.index + T, tails))
 
-  def prefill(self, x, cache):
+  def prefill(self, x: jax.Array, cache: "KVCache", *,
+              attention_mask: jax.Array | None = None) -> tuple[jax.Array, "KVCache"]:
     """x [B, T, d_model] appended to `cache` -> (y [B, T, d_model], cache). index + T must
     stay <= max_len: checked (ValueError) when the index is concrete; under jit the caller
     keeps it (beyond it, `dynamic_update_slice` would clamp the write). Costs O(T max_len) per
-    head: the masked XLA path, whatever `implementation` is."""
-    return self._attend_cache(x, cache)
+    head: the masked XLA path, whatever `implementation` is. `attention_mask` ([B, T] bool,
+    True = a real token): padded tokens take cache slots but are never attended to."""
+    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
+    return self._attend_cache(x, cache, mask)
 
-  def step(self, x_t, cache):
+  def step(self, x_t: jax.Array, cache: "KVCache") -> tuple[jax.Array, "KVCache"]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(max_len d_h) per head."""
     common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
     y, cache = self._attend_cache(x_t[:, None], cache)
@@ -126,10 +140,13 @@ class SoftmaxAttention(nnx.Module):
 
 
 class KVCache(NamedTuple):
-  """Softmax attention's streaming cache: k, v [B, max_len, H, d_h], index (int32 []) and
-  the short convolutions' tails (a tuple of [B, conv_size - 1, d_model], () without)."""
+  """Softmax attention's streaming cache: k, v [B, max_len, H, d_h]; mask [B, max_len] bool,
+  True where a slot holds a real token (padded tokens take slots that are never attended to);
+  index (int32 [], the slots written) and the short convolutions' tails (a tuple of
+  [B, conv_size - 1, d_model], () without)."""
 
   k: jax.Array
   v: jax.Array
+  mask: jax.Array
   index: jax.Array
-  conv: tuple | None = None
+  conv: tuple = ()

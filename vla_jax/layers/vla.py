@@ -2,8 +2,10 @@
 
 import math
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
@@ -46,8 +48,10 @@ class VLAAttention(nnx.Module):
     penalty_scale: norm of u per head (default 1 / sqrt(head_dim), the authors' choice).
     readout: "none" | "additive" | "delta" (default `DEFAULT_READOUT`).
     readout_eps: the floor of the readout's denominator (default 1e-6).
-    conv_size: 0 (default, the authors' layer) or the width of a causal depthwise convolution
-      with SiLU applied to the projected q, k and v before the feature map.
+    conv_size: the width of a causal depthwise convolution with SiLU applied to the projected
+      q, k and v before the feature map (default 4, the setting every experiment uses: without
+      it the layer does not learn MQAR, see vla_jax/layers/README.md); 0 for none, the
+      authors' layer.
     out_norm: LayerNorm over the merged heads before W_o (default True, as the authors).
     dtype, param_dtype: activation and parameter dtypes (default float32); the recurrence state
       is float32 (float64 under x64) and its output is cast back to `dtype`.
@@ -55,10 +59,12 @@ class VLAAttention(nnx.Module):
 
   RECURRENT = True
 
-  def __init__(self, d_model, num_heads, head_dim=None, *, impl="chunked", chunk_size=64,
-               lam0=1.0, penalty_scale=None, readout=DEFAULT_READOUT, readout_eps=1e-6,
-               conv_size=0, out_norm=True, dtype=jnp.float32, param_dtype=jnp.float32,
-               rngs: nnx.Rngs):
+  def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
+               impl: str | Impl = "chunked", chunk_size: int = 64, lam0: float = 1.0,
+               penalty_scale: float | None = None, readout: str = DEFAULT_READOUT,
+               readout_eps: float = 1e-6, conv_size: int = common.DEFAULT_CONV_SIZE,
+               out_norm: bool = True, dtype: DTypeLike = jnp.float32,
+               param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
@@ -85,14 +91,15 @@ class VLAAttention(nnx.Module):
     self.k_proj = common.dense(d_model, inner, use_bias=True, **kw)
     self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
     self.u_proj = common.dense(inner, inner, use_bias=False, **kw)
-    self.conv = (nnx.List([common.ShortConv(inner, conv_size, **kw) for _ in range(3)])
-                 if conv_size else None)
+    self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _features(self, x, conv_prefix):
-    """x [B, T, d_model] -> per-head q, k, v (+1 channel for "delta"), u and conv tails."""
+  def _features(self, x, conv_prefix, mask=None):
+    """x [B, T, d_model] -> per-head q, k, v (+1 channel for "delta"), u and conv tails; with
+    `mask`, k, v and u are 0 at the pads (a step that leaves the state unchanged)."""
+    x = common.mask_tokens(mask, x)
     (q, k_raw, v), tails = common.convolve(
-        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix)
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask)
     H = self.num_heads
     u = self.penalty_scale * common.l2_normalize(common.split_heads(self.u_proj(k_raw), H))
     q = elu_plus_one(common.split_heads(q, H))
@@ -100,6 +107,7 @@ class VLAAttention(nnx.Module):
     v = common.split_heads(v, H)
     if self.readout == "delta":
       v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    k, v, u = common.mask_tokens(mask, k, v, u)
     return q, k, v, u, tails
 
   def _readout(self, o, q, k, z0):
@@ -117,7 +125,7 @@ class VLAAttention(nnx.Module):
       z = zs[:, -1]
     return self.out(o.astype(self.dtype)), z
 
-  def init_cache(self, batch_size, max_len=None):
+  def init_cache(self, batch_size: int, max_len: int | None = None) -> common.RecurrentCache:
     """The empty streaming cache: S = 0, A = I / lam0 (`max_len` is not needed: the state has a
     fixed size)."""
     del max_len
@@ -128,18 +136,23 @@ class VLAAttention(nnx.Module):
         conv=common.empty_prefixes(self.conv, batch_size, H * D),
         norm=jnp.zeros((batch_size, H, D), f) if self.readout == "additive" else ())
 
-  def prefill(self, x, cache=None):
+  def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
+              attention_mask: jax.Array | None = None
+              ) -> tuple[jax.Array, common.RecurrentCache]:
     """Runs x [B, T, d_model] from `cache` (None: the empty cache) with `impl`; returns
-    (y [B, T, d_model], the cache after x)."""
+    (y [B, T, d_model], the cache after x). `attention_mask` ([B, T] bool, True = a real
+    token; None: all real) deletes the padded positions (see `vla_jax.layers`)."""
+    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
-    q, k, v, u, tails = self._features(x, cache.conv)
+    q, k, v, u, tails = self._features(x, cache.conv, mask)
     o, state = parallel.sequence_op(vla_recurrence)(q, k, v, u, initial_state=cache.state,
                                                     impl=self.impl, chunk_size=self.chunk_size)
     y, z = self._readout(o, q, k, cache.norm)
-    return y, common.RecurrentCache(state, tails, z)
+    return common.mask_tokens(mask, y), common.RecurrentCache(state, tails, z)
 
-  def step(self, x_t, cache):
+  def step(self, x_t: jax.Array, cache: common.RecurrentCache
+           ) -> tuple[jax.Array, common.RecurrentCache]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(H d_h^2) work and memory."""
     common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
     q, k, v, u, tails = self._features(x_t[:, None].astype(self.dtype), cache.conv)
@@ -147,6 +160,7 @@ class VLAAttention(nnx.Module):
     y, z = self._readout(o_t[:, None], q, k, cache.norm)
     return y[:, 0], common.RecurrentCache(state, tails, z)
 
-  def __call__(self, x):
-    """x: [B, T, d_model] in any float dtype -> [B, T, d_model] in `dtype`."""
-    return self.prefill(x)[0]
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, d_model] in any float dtype -> [B, T, d_model] in `dtype`; `attention_mask`
+    as in `prefill`."""
+    return self.prefill(x, attention_mask=attention_mask)[0]

@@ -86,15 +86,15 @@ class ModelConfig:
       raise ValueError(f"model.remat must be True or False; got {self.remat!r}")
 
 
-def sinusoidal_positions(length, d_model, offset=0):
-  """[length, d_model] sin/cos position codes (Vaswani et al., 2017) of positions
-  offset, ..., offset + length - 1."""
-  pos = (offset + jnp.arange(length)).astype(jnp.float32)[:, None]
+def sinusoidal_positions(positions, d_model):
+  """sin/cos position codes (Vaswani et al., 2017): int positions [...] -> [..., d_model]
+  float32."""
+  pos = jnp.asarray(positions).astype(jnp.float32)[..., None]
   half = d_model // 2
   freq = jnp.exp(-math.log(10000.0) * jnp.arange(half, dtype=jnp.float32) / max(half, 1))
   angles = pos * freq
   table = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
-  return jnp.pad(table, ((0, 0), (0, d_model - 2 * half)))
+  return jnp.pad(table, ((0, 0),) * (table.ndim - 1) + ((0, d_model - 2 * half),))
 
 
 class MLP(nnx.Module):
@@ -122,12 +122,12 @@ class Block(nnx.Module):
     self.norm2 = nnx.LayerNorm(config.d_model, **kw)
     self.mlp = MLP(config.d_model, config.mlp_ratio * config.d_model, **kw)
 
-  def __call__(self, x):
-    x = x + self.mixer(self.norm1(x))
+  def __call__(self, x, attention_mask=None):
+    x = x + self.mixer(self.norm1(x), attention_mask=attention_mask)
     return x + self.mlp(self.norm2(x))
 
-  def prefill(self, x, cache):
-    y, cache = self.mixer.prefill(self.norm1(x), cache)
+  def prefill(self, x, cache, attention_mask=None):
+    y, cache = self.mixer.prefill(self.norm1(x), cache, attention_mask=attention_mask)
     x = x + y
     return x + self.mlp(self.norm2(x)), cache
 
@@ -137,13 +137,14 @@ class Block(nnx.Module):
     return x_t + self.mlp(self.norm2(x_t)), cache
 
 
-def _apply_block(block, x):
-  return block(x)
+def _apply_block(block, x, attention_mask):
+  return block(x, attention_mask)
 
 
 class ModelCache(NamedTuple):
-  """Streaming cache of a `LanguageModel`: the next token's position and one cache per layer
-  (`RecurrentCache` for recurrent mixers, `KVCache` for softmax attention)."""
+  """Streaming cache of a `LanguageModel`: each sequence's next position (int32 [B]: the
+  number of real tokens it has seen) and one cache per layer (`RecurrentCache` for recurrent
+  mixers, `KVCache` for softmax attention)."""
 
   position: jax.Array
   layers: tuple
@@ -173,74 +174,99 @@ class LanguageModel(nnx.Module):
     self.head = (None if config.tie_embeddings else
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
-  def _embed(self, tokens, offset):
-    """tokens [B, T] at positions offset.. -> [B, T, d_model]."""
+  def _embed(self, tokens, offset, mask=None):
+    """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model].
+    With `mask` ([B, T] bool) a token's position counts the real tokens before it only, so a
+    padded sequence embeds its real tokens as the unpadded one does."""
     T = tokens.shape[1]
     x = self.embed(tokens)
+    if self.config.pos_emb == "none":
+      return x
+    offset = jnp.asarray(offset, jnp.int32).reshape(-1, 1)  # [1, 1] or [B, 1]
+    if mask is None:
+      positions = offset + jnp.arange(T, dtype=jnp.int32)[None]
+    else:  # pads get position 0 (any valid row of the table; their outputs are not used)
+      positions = jnp.where(mask, offset + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
     if self.config.pos_emb == "learned":
-      x = x + self.pos_embed(offset + jnp.arange(T))[None]
-    elif self.config.pos_emb == "sinusoidal":
-      x = x + sinusoidal_positions(T, self.config.d_model, offset).astype(x.dtype)[None]
-    return x
+      return x + self.pos_embed(positions)
+    return x + sinusoidal_positions(positions, self.config.d_model).astype(x.dtype)
 
   def _logits(self, x):
     x = self.final_norm(x)
     logits = self.embed.attend(x) if self.head is None else self.head(x)
     return logits.astype(jnp.float32)
 
-  def features(self, tokens):
+  def _mask(self, tokens, attention_mask):
+    return common.check_attention_mask("LanguageModel", attention_mask, *tokens.shape[:2])
+
+  def features(self, tokens: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
     """tokens: [B, T] int, T <= max_len -> the last block's output [B, T, d_model] (before
-    the final LayerNorm and the head; `head_logits` maps it to logits)."""
+    the final LayerNorm and the head; `head_logits` maps it to logits). `attention_mask` as
+    in `__call__`."""
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
-    x = self._embed(tokens, 0)
+    mask = self._mask(tokens, attention_mask)
+    x = self._embed(tokens, 0, mask)
     for block in self.blocks:
-      x = nnx.remat(_apply_block)(block, x) if self.config.remat else block(x)
+      x = nnx.remat(_apply_block)(block, x, mask) if self.config.remat else block(x, mask)
     return x
 
-  def head_logits(self, x):
+  def head_logits(self, x: jax.Array) -> jax.Array:
     """Features [..., d_model] -> logits [..., vocab_size] float32 (final LayerNorm, head)."""
     return self._logits(x)
 
-  def __call__(self, tokens):
-    """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32."""
-    return self._logits(self.features(tokens))
+  def __call__(self, tokens: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+    """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32.
 
-  def init_cache(self, batch_size, max_len=None):
+    `attention_mask` ([B, T] bool, True = a real token; None: all real) marks padding, left,
+    right or anywhere: the logits at the real tokens equal those of the unpadded sequences
+    (positions count real tokens only); those at the pads mean nothing.
+    """
+    return self._logits(self.features(tokens, attention_mask))
+
+  def init_cache(self, batch_size: int, max_len: int | None = None) -> ModelCache:
     """An empty streaming cache for sequences of up to `max_len` tokens (default
-    model.max_len; softmax layers preallocate their KV cache to it)."""
+    model.max_len; softmax layers preallocate their KV cache to it, and padded tokens take
+    room there too)."""
     max_len = self.config.max_len if max_len is None else max_len
     if not 0 < max_len <= self.config.max_len:
       raise ValueError(f"cache max_len must be in [1, model.max_len={self.config.max_len}]; "
                        f"got {max_len}")
-    return ModelCache(jnp.zeros((), jnp.int32),
+    return ModelCache(jnp.zeros((batch_size,), jnp.int32),
                       tuple(b.mixer.init_cache(batch_size, max_len) for b in self.blocks))
 
   def _check_room(self, cache, T):
     """With learned positions, the next T tokens must stay within model.max_len (a position
-    past the table would embed as NaN). Checked when the position is concrete; softmax
+    past the table would embed as NaN). Checked when the positions are concrete; softmax
     layers check their KV caches the same way."""
-    position = common.concrete_int(cache.position)
-    if (position is not None and self.config.pos_emb == "learned"
-        and position + T > self.config.max_len):
+    try:
+      position = int(jnp.max(cache.position))
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+      return
+    if self.config.pos_emb == "learned" and position + T > self.config.max_len:
       raise ValueError(f"{T} more tokens after position {position} pass model.max_len="
                        f"{self.config.max_len} (learned position embeddings)")
 
-  def prefill(self, tokens, cache):
+  def prefill(self, tokens: jax.Array, cache: ModelCache,
+              attention_mask: jax.Array | None = None) -> tuple[jax.Array, ModelCache]:
     """Runs a prompt tokens [B, T] through the model from `cache` with the mixers' sequence
     ops (any impl) -> (logits [B, T, vocab_size] float32, the cache after the prompt).
-    Raises ValueError when the tokens do not fit (see `_check_room`; KV caches are checked by
-    their layers)."""
+    `attention_mask` ([B, T] bool, True = a real token) marks padding as in `__call__` (a
+    batch of prompts of different lengths, left-padded, continues with `step` as each prompt
+    alone would). Raises ValueError when the tokens do not fit (see `_check_room`; KV caches
+    are checked by their layers)."""
     self._check_room(cache, tokens.shape[1])
-    x = self._embed(tokens, cache.position)
+    mask = self._mask(tokens, attention_mask)
+    x = self._embed(tokens, cache.position, mask)
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
-      x, layer_cache = block.prefill(x, layer_cache)
+      x, layer_cache = block.prefill(x, layer_cache, mask)
       layers.append(layer_cache)
-    return self._logits(x), ModelCache(cache.position + tokens.shape[1], tuple(layers))
+    seen = tokens.shape[1] if mask is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
+    return self._logits(x), ModelCache(cache.position + seen, tuple(layers))
 
-  def step(self, token, cache):
+  def step(self, token: jax.Array, cache: ModelCache) -> tuple[jax.Array, ModelCache]:
     """One token per sequence, token [B] int -> (logits [B, vocab_size] float32, cache)."""
     if getattr(token, "ndim", None) != 1:
       raise ValueError(f"step takes one token per sequence, shape [B]; got shape "

@@ -36,7 +36,7 @@ def decode_rows(contexts, *, batch=1, steps=256, repeats=10, heads=16, head_dim=
   (max_len L + steps) is filled with random keys and values up to L."""
   d_model = heads * head_dim
   kw = dict(dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-  mixers = {"vla": VLAAttention(d_model, heads, head_dim, impl=impl, **kw),
+  mixers = {"vla": VLAAttention(d_model, heads, head_dim, impl=impl, conv_size=0, **kw),
             "softmax": SoftmaxAttention(d_model, heads, head_dim, implementation="xla", **kw)}
   key = jax.random.key(0)
   xs = jax.random.normal(key, (steps, batch, d_model), jnp.bfloat16)
@@ -54,6 +54,8 @@ def decode_rows(contexts, *, batch=1, steps=256, repeats=10, heads=16, head_dim=
         kk, kv = jax.random.split(jax.random.fold_in(key, L))
         cache = cache._replace(k=jax.random.normal(kk, cache.k.shape, cache.k.dtype),
                                v=jax.random.normal(kv, cache.v.shape, cache.v.dtype),
+                               mask=jnp.broadcast_to(jnp.arange(L + steps) < L,
+                                                     cache.mask.shape),
                                index=jnp.asarray(L, jnp.int32))
       seconds = median_seconds(_decode_fn(graphdef), (state, cache, xs), repeats=repeats)
       cache_bytes = sum(x.nbytes for x in jax.tree.leaves(cache)) / batch
