@@ -1,4 +1,9 @@
-"""Sequence mixers (Flax NNX): VLA and its baselines, one constructor style, and a registry."""
+"""Sequence mixers (Flax NNX): VLA and its baselines, one constructor style, and a registry.
+
+Every mixer maps x [B, T, d_model] -> [B, T, d_model], causally; `__call__(x, attention_mask=)`
+and `prefill(x, cache, attention_mask=)` take an optional [B, T] bool padding mask (True = a
+real token) under which padded positions are deleted (see `vla_jax.layers.common`).
+"""
 
 from vla_jax.layers.common import RecurrentCache
 from vla_jax.layers.delta import DeltaNet, GatedDeltaNet
