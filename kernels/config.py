@@ -1,10 +1,11 @@
 """What a user sets (`KernelConfig`) and what the kernels derive from it for one call (`Plan`).
 
-`KernelConfig` holds the three choices a user may reasonably make: the chunk size, the
-precision of the matrix products (JAX's meaning) and the value rows per program of the
-sequential state loops. Everything else is decided per call by `KernelConfig.plan` from the
-input dtype, the head dims and the number of programs, each rule with the measurement behind
-it (H200, H = 16, B * T = 32,768 unless said otherwise; kernels/NOTES.md has the profile).
+`KernelConfig` holds the four choices a user may reasonably make: the chunk size, the
+precision of the matrix products (JAX's meaning), the value rows per program of the
+sequential state loops and the state path's backend. Everything else is decided per call by
+`KernelConfig.plan` from the input dtype, the head dims, the number of programs and the GPU
+compiled for (`Target`), each rule with the measurement behind it (H200, H = 16,
+B * T = 32,768 unless said otherwise; kernels/NOTES.md has the profile).
 """
 
 import dataclasses
@@ -13,10 +14,27 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.kernels.common import dot_precision
+from vla_jax.kernels.state_path_mosaic import SUPPORTED_HEAD_DIMS as MOSAIC_HEAD_DIMS
+from vla_jax.kernels.state_path_mosaic import compute_capability, target_device
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
+BACKENDS = ("auto", "triton", "mosaic")
+
+# GPUs the kernels compile for, by compute capability (major, minor): the Triton kernels need
+# 8.0 or later (bfloat16 and TF32 tensor cores), the Mosaic GPU state path 9.x (Hopper: wgmma
+# and TMA as `state_path_mosaic.py` uses them).
+TRITON_MIN_CAPABILITY = (8, 0)
+MOSAIC_CAPABILITY_MAJOR = 9
+# Where backend "auto" runs the state path as Mosaic GPU kernels: on Hopper, for bfloat16
+# inputs at precision DEFAULT with dk and dv in MOSAIC_HEAD_DIMS. The forward: the state path
+# alone 0.614 against 1.034 ms at d = 64, T = 4096 (1.68x), 1.251 / 1.596 at 32768 (1.28x);
+# d = 128 1.112 / 2.329 (2.09x) and 1.852 / 2.905 (1.57x). Under differentiation only from
+# this head dim: forward + backward 6.51 against 7.76 ms at d = 128, T = 4096 and 7.67 / 9.32
+# at 32768, but 3.32 / 2.96 and 4.40 / 3.97 at d = 64 (its chunk-local cotangents are XLA
+# products, and the chain has 16 programs at B = 1).
+MOSAIC_GRAD_FROM_HEAD_DIM = 128
 
 # Tokens per Sherman-Morrison block of the penalty scan (32: forward 5.20 against 4.16 ms at
 # T = 4096, B = 8, d = 64; its longer eliminations cost more than the products saved).
@@ -66,11 +84,21 @@ class KernelConfig:
     block_v: value rows BV of the state per program of the sequential state loops (a power of
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).
+    backend: the kernels of the state path (the pass over chunk states and its reverse):
+      "auto" (default) the faster where measured: the Mosaic GPU kernels of
+      `state_path_mosaic.py` on Hopper GPUs (compute capability 9.x) for bfloat16 inputs at
+      precision DEFAULT with head dims 64 or 128, forward only at d = 64, forward and backward
+      at 128; the Triton kernels otherwise (`Plan.state_backend`). "triton": always the Triton
+      kernels (compute capability >= 8.0). "mosaic": always the Mosaic kernels (Hopper; head
+      dims 64 or 128, float32 or bfloat16 inputs; its own chunks of 64 tokens, or 32 for
+      float32 products at dk = 128; HIGH runs as HIGHEST there). The penalty path is Triton
+      kernels with every backend.
   """
 
   chunk_size: int = 64
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   block_v: int | None = None
+  backend: str = "auto"
 
   def __post_init__(self):
     p = self.precision
@@ -102,14 +130,22 @@ class KernelConfig:
                            or bv & (bv - 1) or dv % bv):
       raise ValueError(f"block_v must be None or a power of two >= 16 that divides dv={dv}; "
                        f"got {bv!r}")
+    if self.backend not in BACKENDS:
+      raise ValueError(f"backend must be one of {BACKENDS}; got {self.backend!r}")
 
-  def plan(self, *, low, acc, dk, dv, BH, N, interpret):
+  def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
     at precision DEFAULT products, factors between kernels and the inference forward's layout
     follow them); acc: the accumulation dtype (float32 or float64); BH = B * H sequences of N
-    chunks; interpret: Pallas interpret mode."""
+    chunks; interpret: Pallas interpret mode; target: the GPU compiled for (`Target`, from
+    `compile_target`), None in interpret mode or where unknown.
+
+    Raises ValueError for a backend that does not take these inputs, and RuntimeError for a
+    compiled call whose kernels cannot run on `target` (naming it and the alternatives)."""
     P = jax.lax.Precision
     low = bool(low) and self.precision == P.DEFAULT
+    state_backend, grad_state_backend = self._state_backends(low, acc, dk, dv, interpret,
+                                                             target)
     if self.precision == P.HIGHEST:
       kind = "ieee"
     elif self.precision == P.HIGH:
@@ -151,7 +187,41 @@ class KernelConfig:
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
-        du_warps=8 if dk >= 128 else 4)
+        du_warps=8 if dk >= 128 else 4,
+        state_backend=state_backend, grad_state_backend=grad_state_backend)
+
+  def _state_backends(self, low, acc, dk, dv, interpret, target):
+    """(state path of the inference forward, of the differentiated forward): "triton" or
+    "mosaic", by `backend` and the rules at MOSAIC_GRAD_FROM_HEAD_DIM; checks that the chosen
+    kernels run on `target`."""
+    capability = None if interpret or target is None else target.capability
+    where = "" if target is None else f"{target.kind!r} (compute capability " + (
+        "unknown" if target.capability is None else "%d.%d" % target.capability) + ")"
+    if capability is not None and capability < TRITON_MIN_CAPABILITY:
+      raise RuntimeError(
+          f"the Pallas VLA kernels (Triton) need an NVIDIA GPU of compute capability "
+          f">= {'%d.%d' % TRITON_MIN_CAPABILITY}; the target is {where}. Use impl='chunked' "
+          "(XLA, any device) or interpret=True (slow).")
+    mosaic_inputs = (dk in MOSAIC_HEAD_DIMS and dv in MOSAIC_HEAD_DIMS
+                     and jnp.dtype(acc) == jnp.float32)
+    if self.backend == "mosaic":
+      if not mosaic_inputs:
+        raise ValueError(
+            f"backend='mosaic' takes dk and dv in {MOSAIC_HEAD_DIMS} and float32 or bfloat16 "
+            f"inputs (float32 states); got dk={dk}, dv={dv}, accumulation "
+            f"{jnp.dtype(acc).name}. Use backend='auto' or 'triton'.")
+      if not interpret and (capability is None or capability[0] != MOSAIC_CAPABILITY_MAJOR):
+        raise RuntimeError(
+            "backend='mosaic' runs the state path as Mosaic GPU kernels, which need a Hopper "
+            f"GPU (compute capability {MOSAIC_CAPABILITY_MAJOR}.x); the target is "
+            f"{where or 'unknown'}. Use backend='auto' or 'triton', impl='chunked', or "
+            "interpret=True.")
+      return "mosaic", "mosaic"
+    if self.backend == "triton" or interpret or capability is None:
+      return "triton", "triton"
+    hopper = capability[0] == MOSAIC_CAPABILITY_MAJOR and low and mosaic_inputs
+    grad = hopper and min(dk, dv) >= MOSAIC_GRAD_FROM_HEAD_DIM
+    return "mosaic" if hopper else "triton", "mosaic" if grad else "triton"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +250,9 @@ class Plan:
       parallel per-chunk kernel (else one fused loop).
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     du_warps: warps of the u-cotangent kernel (4, 8 at dk = 128: 175 registers, no spills).
+    state_backend, grad_state_backend: "triton" (`state_prep.py`, `state_path.py`) or
+      "mosaic" (`state_path_mosaic.py`): the state path of the inference forward and of the
+      differentiated forward (and so its backward).
   """
 
   chunk_size: int
@@ -204,11 +277,38 @@ class Plan:
   split_backward: bool
   fused_vjp: bool
   du_warps: int
+  state_backend: str
+  grad_state_backend: str
 
   @property
   def store(self):
     """dtype of the per-token factors between the inference forward's kernels."""
     return jnp.dtype(jnp.bfloat16 if self.low and self.acc == "float32" else self.acc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """The GPU a compiled call is for: `kind` (its device_kind, for messages) and `capability`
+  (compute capability (major, minor); None where unknown: a ROCm GPU, an abstract device of
+  unknown kind)."""
+
+  kind: str
+  capability: tuple[int, int] | None
+
+
+def compile_target(interpret):
+  """The `Target` of a call: None in interpret mode, else the device it compiles for
+  (`state_path_mosaic.target_device`: the abstract mesh's while lowering for one, else JAX's
+  default device). RuntimeError when that device is not a GPU."""
+  if interpret:
+    return None
+  device = target_device()
+  if device.platform not in ("gpu", "cuda", "rocm"):
+    raise RuntimeError(
+        "the Pallas VLA kernels compile for a GPU; the target device is "
+        f"{device.device_kind!r} ({device.platform}). Use impl='chunked' (XLA, any device) "
+        "or interpret=True (the same kernels in Pallas interpret mode, slow).")
+  return Target(device.device_kind, compute_capability(device))
 
 
 def segments_for(BH, N, resident=RESIDENT_AT_4_WARPS):

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import causal_dot, compiler_params, dot, rows_spec, split_chunks
-from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS, KernelConfig
+from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS, KernelConfig, compile_target
 from vla_jax.kernels.state_backward import local_vjp, reverse_pass
 from vla_jax.kernels.state_prep import state_prep
 from vla_jax.ops.checks import compute_dtype
@@ -192,10 +192,17 @@ def state_path(q, e, w, v, S0, *, config=KernelConfig(), heads=None, interpret=N
     o [BH, T, dv] (with heads: [B, T, H, dv]) in v's dtype and S_T [BH, dv, dk] in the
     accumulation dtype (float32, or float64 when any input is float64). Differentiable
     (custom VJP: `state_backward.py`).
+
+  Raises:
+    ValueError for config.backend="mosaic" (this is the Triton state path; the Mosaic one is
+    `state_path_mosaic.state_path_mosaic`), and as `vla_pallas` for shapes and devices.
   """
   BH, T, dk = e.shape
   dv = v.shape[-1]
   config.validate(dk, dv)
+  if config.backend == "mosaic":
+    raise ValueError("state_path runs the Triton kernels; for the Mosaic GPU state path call "
+                     "vla_jax.kernels.state_path_mosaic.state_path_mosaic")
   C = config.chunk_size
   if T % C:
     raise ValueError(f"T={T} must be a multiple of chunk_size={C} here; pad with zero keys "
@@ -209,5 +216,5 @@ def state_path(q, e, w, v, S0, *, config=KernelConfig(), heads=None, interpret=N
     interpret = jax.default_backend() != "gpu"
   plan = config.plan(low=all(x.dtype == jnp.bfloat16 for x in (q, e, w, v)),
                      acc=compute_dtype(q, e, w, v), dk=dk, dv=dv, BH=BH, N=T // C,
-                     interpret=interpret)
+                     interpret=interpret, target=compile_target(interpret))
   return planned_state_path(plan, q, e, w, v, S0, heads)

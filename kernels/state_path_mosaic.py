@@ -292,6 +292,7 @@ def _chain(A, Bt, H, X0, *, reverse, split, interpret):
       grid=(BH, dv // BV),
       grid_names=("bh", "vb"),
       interpret=plgpu.InterpretGPUParams() if interpret else None,
+      kernel_name="vla_mosaic_chain_f32",
   )(*operands)
 
 
@@ -499,7 +500,8 @@ def chunk_factors(e, w, v, *, with_inverse=False, interpret=None):
     out_type.append(jax.ShapeDtypeStruct((B * H, N, pieces, C, C), bf16))
   return plgpu.kernel(body, out_type=tuple(out_type), scratch_types=(scratch,),
                       grid=(B * H, N), grid_names=("bh", "n"),
-                      interpret=_interpret_params(interpret))(e, w, v)
+                      interpret=_interpret_params(interpret),
+                      kernel_name="vla_mosaic_factors")(e, w, v)
 
 
 def forward_chain(Wp, w, Ut, S0, *, interpret=None):
@@ -596,7 +598,7 @@ def forward_chain(Wp, w, Ut, S0, *, interpret=None):
       out_type=(jax.ShapeDtypeStruct((BH, N, pieces, dv, dk), bf16),
                 jax.ShapeDtypeStruct((BH, dv, dk), f32)),
       scratch_types=(scratch,), grid=(BH, dv // BV), grid_names=("bh", "vb"),
-      interpret=_interpret_params(interpret))(Wp, w, Ut, S0)
+      interpret=_interpret_params(interpret), kernel_name="vla_mosaic_chain")(Wp, w, Ut, S0)
 
 
 def _outputs(q, w, Wp, Ut, S_c, *, out_dtype, interpret):
@@ -658,7 +660,7 @@ def _outputs(q, w, Wp, Ut, S_c, *, out_dtype, interpret):
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((B, T, H, dv), out_dtype),
       scratch_types=(scratch,), grid=(BH, N), grid_names=("bh", "n"),
-      interpret=_interpret_params(interpret))(q, w, Wp, Ut, S_c)
+      interpret=_interpret_params(interpret), kernel_name="vla_mosaic_out")(q, w, Wp, Ut, S_c)
 
 
 # ----------------------------------------------------------------------------- chunk algebra (XLA)
@@ -817,18 +819,29 @@ def target_device():
   return abstract if abstract is not None else jax.devices()[0]
 
 
+def compute_capability(device):
+  """(major, minor) of a GPU `device`'s compute capability, or None where unknown (a ROCm GPU;
+  an abstract device, judged by its name, of a kind other than HOPPER_DEVICE_KINDS)."""
+  capability = getattr(device, "compute_capability", None)
+  if capability is not None:
+    try:
+      major, minor = str(capability).split(".")
+      return int(major), int(minor)
+    except ValueError:
+      return None
+  words = device.device_kind.upper().split()
+  return (9, 0) if any(name in words for name in HOPPER_DEVICE_KINDS) else None
+
+
 def mosaic_supported(device=None):
   """Whether the compiled kernels run on `device` (default `target_device()`): an NVIDIA GPU
-  of compute capability 9.0 (Hopper, sm_90a: wgmma and TMA as used here; Blackwell has
+  of compute capability 9.x (Hopper, sm_90a: wgmma and TMA as used here; Blackwell has
   neither wgmma nor its shared-memory budget, and earlier GPUs have no TMA)."""
   device = device or target_device()
   if device.platform not in ("gpu", "cuda"):
     return False
-  capability = getattr(device, "compute_capability", None)
-  if capability is not None:
-    return str(capability) == "9.0"
-  words = device.device_kind.upper().split()   # an abstract device: judged by its name
-  return any(name in words for name in HOPPER_DEVICE_KINDS)
+  capability = compute_capability(device)
+  return capability is not None and capability[0] == 9
 
 
 def _check(q, e, w, v, S0, chunk_size):

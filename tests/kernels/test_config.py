@@ -6,7 +6,7 @@ import pytest
 
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.common import BF16
-from vla_jax.kernels.config import segments_for
+from vla_jax.kernels.config import Target, segments_for
 
 P = jax.lax.Precision
 TF32 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32
@@ -14,8 +14,9 @@ TF32X3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
 
 
 def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=128, N=64,
-          interpret=False):
-  return config.plan(low=low, acc=acc, dk=dk, dv=dv, BH=BH, N=N, interpret=interpret)
+          interpret=False, target=None):
+  return config.plan(low=low, acc=acc, dk=dk, dv=dv, BH=BH, N=N, interpret=interpret,
+                     target=target)
 
 
 @pytest.mark.parametrize("kw,dk,dv,match", [
@@ -23,7 +24,8 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(chunk_size=48), 16, 16, "chunk_size"), (dict(chunk_size=True), 16, 16, "chunk_size"),
     ({}, 24, 16, "dk"), ({}, 16, 48, "dv"), (dict(block_v=8), 16, 32, "block_v"),
     (dict(block_v=64), 16, 32, "block_v"), (dict(precision="fast"), 16, 16, "precision"),
-    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision")])
+    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
+    (dict(backend="pallas"), 16, 16, "backend")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -120,3 +122,57 @@ def test_chunk_local_vjp_form():
   assert _plan().fused_vjp and _plan(low=True, dk=128, dv=128).fused_vjp
   assert not _plan(dk=128, dv=128).fused_vjp and not _plan(dk=64, dv=128).fused_vjp
   assert _plan(dk=128, dv=128).du_warps == 8 and _plan().du_warps == 4
+
+
+H200, A100, B200 = Target("NVIDIA H200", (9, 0)), Target("NVIDIA A100", (8, 0)), Target(
+    "NVIDIA B200", (10, 0))
+
+
+def _backends(config=KernelConfig(), **kw):
+  plan = _plan(config, **kw)
+  return plan.state_backend, plan.grad_state_backend
+
+
+def test_auto_backend_is_the_measured_winner():
+  """On Hopper, bfloat16 inputs at DEFAULT: the Mosaic state path forward at d = 64 and 128,
+  under differentiation at 128 only; Triton for float32 or float64 inputs, HIGHEST, other head
+  dims, other GPUs, an unknown GPU and interpret mode."""
+  assert _backends(low=True, target=H200) == ("mosaic", "triton")
+  assert _backends(low=True, dk=128, dv=128, target=H200) == ("mosaic", "mosaic")
+  assert _backends(low=True, dk=64, dv=128, target=H200) == ("mosaic", "triton")
+  triton = ("triton", "triton")
+  assert _backends(target=H200) == triton                                  # float32 inputs
+  assert _backends(low=True, acc=jnp.float64, dk=128, dv=128, target=H200) == triton
+  assert _backends(KernelConfig(precision=P.HIGHEST), low=True, target=H200) == triton
+  assert _backends(low=True, dk=32, dv=32, target=H200) == triton
+  for target in (A100, B200, Target("AMD gfx90a", None), None):
+    assert _backends(low=True, dk=128, dv=128, target=target) == triton, target
+  assert _backends(low=True, dk=128, dv=128, target=H200, interpret=True) == triton
+
+
+def test_forced_backends():
+  """"triton" everywhere it runs; "mosaic" for float32 and bfloat16 inputs at head dims 64
+  and 128, on Hopper or in interpret mode."""
+  triton = KernelConfig(backend="triton")
+  assert _backends(triton, low=True, dk=128, dv=128, target=H200) == ("triton", "triton")
+  mosaic = KernelConfig(backend="mosaic")
+  assert _backends(mosaic, target=H200) == ("mosaic", "mosaic")
+  assert _backends(mosaic, low=True, interpret=True) == ("mosaic", "mosaic")
+  with pytest.raises(ValueError, match="dk and dv in"):
+    _plan(mosaic, dk=32, dv=32, target=H200)
+  with pytest.raises(ValueError, match="float64"):
+    _plan(mosaic, acc=jnp.float64, target=H200)
+
+
+@pytest.mark.parametrize("backend,target,match", [
+    ("mosaic", A100, "Hopper"), ("mosaic", B200, "Hopper"), ("mosaic", None, "Hopper"),
+    ("auto", Target("Tesla T4", (7, 5)), ">= 8.0"),
+    ("triton", Target("Tesla T4", (7, 5)), ">= 8.0")])
+def test_kernels_that_cannot_run_raise(backend, target, match):
+  """A compiled call whose kernels cannot run on the target GPU: a RuntimeError naming the
+  device and the alternatives, before any kernel is lowered."""
+  with pytest.raises(RuntimeError, match=match) as err:
+    _plan(KernelConfig(backend=backend), low=True, target=target)
+  assert "impl='chunked'" in str(err.value)
+  if target is not None:
+    assert target.kind in str(err.value)

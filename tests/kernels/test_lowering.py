@@ -1,21 +1,23 @@
-"""Lowering for an abstract NVIDIA H200 (no GPU needed): the Triton IR of every kernel the
-defaults select is built, forward and gradient, so code that only runs in interpret mode
-cannot land; and the kernels each call runs are the ones the plan says."""
+"""Lowering for an abstract NVIDIA H200 (no GPU needed): the Triton and Mosaic GPU IR of every
+kernel the defaults select is built, forward and gradient, so code that only runs in interpret
+mode cannot land; and the kernels each call runs are the ones the plan says."""
 
 import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
 from vla_jax.kernels import KernelConfig, vla_pallas
-from vla_jax.kernels.lowering import lower_for_h200
+from vla_jax.kernels.lowering import abstract_h200, lower_for_h200
 
 
-def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True):
-  """Sorted names of the Pallas kernels in the lowered forward (or gradient)."""
+def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backend="auto"):
+  """Sorted names of the Pallas kernels (Triton and Mosaic GPU) in the lowered forward (or
+  gradient)."""
   B, T, H, dk, dv, C = shape
-  cfg = KernelConfig(chunk_size=C, precision=precision)
+  cfg = KernelConfig(chunk_size=C, precision=precision, backend=backend)
   fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
   fn = fwd
   if grad:
@@ -26,33 +28,65 @@ def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True):
           jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
           jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
   text = lower_for_h200(fn, *args).as_text()
-  names = sorted(re.findall(r'name = "(vla_[a-z_0-9]+)"', text))
+  names = re.findall(r'name = "(vla_[a-z_0-9]+)"', text)
   assert text.count("__gpu$xla.gpu.triton") == len(names)
-  return names
+  mosaic = re.findall(r"(vla_mosaic_[a-z_0-9]+?)_mosaic_gpu\b", text)
+  assert text.count("@mosaic_gpu_v2(") == len(mosaic)
+  return sorted(names + mosaic)
 
 
 SCAN_FWD = ["vla_penalty_scan", "vla_segment_grams", "vla_spd_inverse", "vla_spd_inverse"]
 SPLIT_FWD = ["vla_state_chain", "vla_state_out", "vla_state_prep"]
 SPLIT_BWD = ["vla_adjoint_du", "vla_penalty_scan", "vla_state_bwd_chain", "vla_state_bwd_terms"]
+PENALTY_BWD = ["vla_adjoint_du", "vla_penalty_scan"]
+MOSAIC_FWD = ["vla_mosaic_chain", "vla_mosaic_factors", "vla_mosaic_out"]
+# Under differentiation o is not needed to form the gradient (the loss is linear in it): no
+# output kernel; the reverse chain is the float32 chain kernel run backwards.
+MOSAIC_GRAD = ["vla_mosaic_chain", "vla_mosaic_chain_f32", "vla_mosaic_factors"]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d64(dtype):
   """Few programs (the split state loops), segment starts in Pallas, the chunk-local VJP in
-  one kernel; forward and gradient."""
+  one kernel; forward and gradient. On the H200, bfloat16 inputs take the Mosaic state path
+  forward, the Triton one under differentiation."""
   shape = (1, 100, 2, 64, 64, 32)
-  assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + SPLIT_FWD)
+  state_fwd = MOSAIC_FWD if dtype == jnp.bfloat16 else SPLIT_FWD
+  assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + state_fwd)
   assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD
                                           + ["vla_state_local_vjp"])
+  assert _kernels(dtype, shape, grad=False, backend="triton") == sorted(SCAN_FWD + SPLIT_FWD)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d128(dtype):
   """dk = 128: segment starts in XLA; float32 operands take the chunk-local VJP as XLA
-  products (the kernel would need 352 KB of shared memory)."""
-  fused = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
-  assert _kernels(dtype, (1, 64, 1, 128, 128, 64)) == sorted(
-      ["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD + fused)
+  products (the kernel would need 352 KB of shared memory); bfloat16 inputs take the Mosaic
+  state path under differentiation too."""
+  shape = (1, 64, 1, 128, 128, 64)
+  if dtype == jnp.bfloat16:
+    assert _kernels(dtype, shape, grad=False) == sorted(["vla_penalty_scan"] + MOSAIC_FWD)
+    assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + PENALTY_BWD + MOSAIC_GRAD)
+  else:
+    assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD)
+
+
+def test_forced_mosaic_float32_lowers():
+  """backend="mosaic" with float32 inputs: the Mosaic float32 path (XLA factors, the float32
+  chain kernel forward and backwards) beside the Triton penalty path."""
+  assert _kernels(jnp.float32, (1, 64, 1, 64, 64, 32), backend="mosaic") == sorted(
+      SCAN_FWD + PENALTY_BWD + ["vla_mosaic_chain_f32"] * 2)
+
+
+def test_compiling_for_a_cpu_raises_a_clear_error():
+  """interpret=False where the target device is a CPU: an error that names it and the
+  alternatives at trace time, not a crash inside lowering."""
+  x = jax.ShapeDtypeStruct((1, 64, 1, 64), jnp.bfloat16)
+  S = jax.ShapeDtypeStruct((1, 1, 64, 64), jnp.float32)
+  cpu = AbstractDevice(device_kind="cpu", num_cores=1, platform="cpu")
+  with (use_abstract_mesh(AbstractMesh((1,), ("x",), (AxisType.Explicit,), abstract_device=cpu)),
+        pytest.raises(RuntimeError, match=r"'cpu'.*impl='chunked'.*interpret=True")):
+    jax.jit(lambda *a: vla_pallas(*a, interpret=False)).trace(x, x, x, x, S, S)
 
 
 def test_fused_loops_at_many_programs():
@@ -89,7 +123,8 @@ def _products(fn, args):
           elif isinstance(x, jcore.Jaxpr):
             walk(x, where)
 
-  walk(jax.make_jaxpr(fn)(*args).jaxpr, "xla")
+  with abstract_h200():
+    walk(jax.make_jaxpr(fn)(*args).jaxpr, "xla")
   return found
 
 
