@@ -6,6 +6,8 @@ then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay f
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
     python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
+    python experiments/check_kernels.py --name=check_h200_mosaic --dims=64,128 --long_T=0 \
+        --backends=mosaic          # the Mosaic state path (Hopper) at both head dims
 
 Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
 where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
@@ -23,6 +25,8 @@ _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Out
 _DIMS = flags.DEFINE_list("dims", ["64"], "Head dims (dk = dv) of the checked cases.")
 _MAX_T = flags.DEFINE_integer("max_T", 16384, "Longest checked T (1024, 4096, ... up to it).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
+_BACKENDS = flags.DEFINE_list("backends", ["auto"], "KernelConfig.backend of the checked cases "
+                              "(auto, triton, mosaic; mosaic needs a Hopper GPU).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "One tiny case on the CPU (interpret mode).")
 flags.mark_flag_as_required("name")
 
@@ -35,7 +39,8 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from vla_jax.benchmarks import check, records  # pylint: disable=import-outside-toplevel
   cases = (check.smoke_cases() if _SMOKE.value
-           else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value))
+           else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value,
+                                    _BACKENDS.value))
   print(jax.devices(), flush=True)
   rec = records.Recorder(os.path.join(_OUT_DIR.value, _NAME.value + ".jsonl"))
   rec.header({"suite": "check", "cases": [dataclasses.asdict(c) for c in cases],

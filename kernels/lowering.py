@@ -1,7 +1,8 @@
 """Lowering for an abstract NVIDIA H200: builds the kernels' IR without a GPU.
 
 Tests use it so that code which only runs in Pallas interpret mode cannot land, and
-`experiments/kernel_resources.py` uses it to read the kernels' Triton IR for a resource report.
+`vla_jax.benchmarks.profile.kernel_resources` uses it to read the Triton IR for a resource
+report.
 """
 
 import contextlib

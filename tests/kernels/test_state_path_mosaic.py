@@ -10,7 +10,7 @@ mode takes wgmma's left operands from shared memory only, so there the bfloat16 
 the operands they compute through shared memory (compiled, they pass them in registers). The
 same code is lowered for an abstract NVIDIA H200, which runs Mosaic GPU's own passes (layout
 inference, wgmma and TMA lowering, the shared-memory check) but not ptxas: that needs a GPU
-(experiments/bench_mosaic.py).
+(experiments/check_kernels.py --backends=mosaic).
 """
 
 import chex

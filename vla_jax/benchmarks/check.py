@@ -35,21 +35,29 @@ class Case:
   B: int = 1
   H: int = 4
   chunk: int = 64
+  backend: str = "auto"   # KernelConfig.backend
+
+  @property
+  def impl(self):
+    """The row's impl: "pallas" (backend "auto"), else "pallas_<backend>" (as the bench rows)."""
+    return "pallas" if self.backend == "auto" else f"pallas_{self.backend}"
 
 
-def default_cases(dims=(64,), max_T=16384):
-  """The check behind BENCHMARKS.md's correctness table: float32 at HIGHEST (isotropic and
-  anisotropic u) at T = 4096, 16384, ... up to max_T; HIGH and DEFAULT (one-pass TF32) at
-  4096; bfloat16 at DEFAULT at 4096 and 16384."""
+def default_cases(dims=(64,), max_T=16384, backends=("auto",)):
+  """The check behind BENCHMARKS.md's correctness table, for each state-path backend: float32
+  at HIGHEST (isotropic and anisotropic u) at T = 4096, 16384, ... up to max_T; HIGH and
+  DEFAULT (one-pass TF32) at 4096; bfloat16 at DEFAULT at 4096 and 16384."""
   Ts = [T for T in (4096, 16384, 65536, 131072) if T <= max_T] or [max_T]
   mid = min(4096, max_T)
   cases = []
-  for d in dims:
-    cases += [Case("float32", "HIGHEST", u, T, d) for u in ("isotropic", "anisotropic")
-              for T in Ts]
-    cases += [Case("float32", "HIGH", "isotropic", mid, d),
-              Case("float32", "DEFAULT", "isotropic", mid, d)]
-    cases += [Case("bfloat16", "DEFAULT", "isotropic", T, d) for T in Ts if T in (4096, 16384)]
+  for backend in backends:
+    for d in dims:
+      case = lambda *a: Case(*a, d=d, backend=backend)
+      cases += [case("float32", "HIGHEST", u, T) for u in ("isotropic", "anisotropic")
+                for T in Ts]
+      cases += [case("float32", "HIGH", "isotropic", mid), case("float32", "DEFAULT",
+                                                                  "isotropic", mid)]
+      cases += [case("bfloat16", "DEFAULT", "isotropic", T) for T in Ts if T in (4096, 16384)]
   return cases
 
 
@@ -128,12 +136,13 @@ def _reference_fns(chunk):
 
 
 @functools.cache
-def _pallas_fns(precision, chunk, interpret):
+def _pallas_fns(precision, chunk, interpret, backend="auto"):
   """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
+                     backend=backend)
 
   def run(q, k, v, u, S0):
     d = q.shape[-1]
@@ -157,14 +166,14 @@ def check(case, interpret=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
-  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, case.backend)
   out, grads = fwd(*qkvu, S0), grad(*qkvu, S0, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
   b = bound(case)
   ok = finite and max(errors.values()) <= b
-  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
+  return {**dataclasses.asdict(case), "op": "vla", "impl": case.impl, "pass": "check",
           "errors": errors, "bound": b, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}

@@ -3,9 +3,10 @@
 Device time (`trace_calls`, `summarise`, `idle_gaps`): a JAX profiler trace of a few calls,
 read back with `jax.profiler.ProfileData`. Every device event is one kernel launch; events are
 grouped by name, summed and divided by the number of calls, and each kernel sorted into a
-class: pallas (the library's Triton kernels, named vla_*), gemm (library matrix products),
-copy (memcpy / memset) and xla (every other XLA fusion). The device's idle time inside a call
-(gaps between kernels: launch overhead, host work) comes with its largest gaps.
+class: pallas (the library's Triton and Mosaic GPU kernels, named vla_*), gemm (library
+matrix products), copy (memcpy / memset) and xla (every other XLA fusion). The device's idle
+time inside a call (gaps between kernels: launch overhead, host work) comes with its largest
+gaps.
 
 Resources (`kernel_resources`, offline, no GPU): every kernel of a call lowered for an abstract
 H200, its Triton IR compiled with the `triton` package for sm_90a at the warps and stages the
@@ -146,9 +147,11 @@ def profile_row(fn, args, reps, plane_prefix="/device:GPU:", top=12):
 # ----------------------------------------------------------------------------- resources
 
 def launch_params(fn, args):
-  """{kernel name: (num_warps, num_stages)} of every pallas_call in fn's jaxpr on args."""
+  """{kernel name: (num_warps, num_stages)} of every Triton pallas_call in fn's jaxpr on args,
+  traced for an abstract H200 (the device the resource report compiles for)."""
   import jax  # pylint: disable=import-outside-toplevel
   from jax.extend import core as jcore  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels.lowering import abstract_h200  # pylint: disable=import-outside-toplevel
   found = {}
 
   def walk(jaxpr):
@@ -156,8 +159,9 @@ def launch_params(fn, args):
       if e.primitive.name == "pallas_call":
         cp = e.params["compiler_params"]
         cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
-        name = e.params.get("name") or e.params["name_and_src_info"].name
-        found[str(name)] = (cp.num_warps, cp.num_stages)
+        if hasattr(cp, "num_warps"):   # not a Mosaic GPU kernel
+          name = e.params.get("name") or e.params["name_and_src_info"].name
+          found[str(name)] = (cp.num_warps, cp.num_stages)
         continue
       for v in e.params.values():
         for x in v if isinstance(v, (list, tuple)) else [v]:
@@ -166,7 +170,8 @@ def launch_params(fn, args):
           elif isinstance(x, jcore.Jaxpr):
             walk(x)
 
-  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  with abstract_h200():
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
   return found
 
 

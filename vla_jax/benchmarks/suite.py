@@ -3,8 +3,10 @@
 Every row is one JSON line appended to the output file as soon as it is measured (after a
 header line with versions and the device). A failing row is recorded (status OOM or error)
 and the suite goes on; once one call of a row takes longer than `cap_s`, its larger T are
-skipped; rows not started within `budget_s` seconds are recorded as skipped. A JAX row family
-is compiled ahead of its timing on worker threads (XLA compiles outside the GIL).
+skipped; rows not started within `budget_s` seconds are recorded as skipped. Every JAX row of
+the run is compiled before the first timing, on worker threads (XLA compiles outside the GIL;
+compiles of all families overlap, and no tracing, which holds the GIL, runs while a row is
+timed).
 """
 
 import concurrent.futures
@@ -20,7 +22,7 @@ from vla_jax.benchmarks import rows as families
 class Settings:
   """What one run measures (the defaults are the suite behind BENCHMARKS.md)."""
 
-  rows: tuple = tuple(spec.key for spec in families.CATALOGUE)
+  rows: tuple = families.DEFAULT_ROWS
   dims: tuple = families.DIMS
   Ts: tuple = families.TS
   passes: tuple = families.PASSES
@@ -58,15 +60,26 @@ class Suite:
     return time.perf_counter() - self.start
 
   def run(self):
-    for spec in (families.BY_KEY[k] for k in self.s.rows):
-      for d in self.s.dims:
-        try:
-          self.run_family(spec, d)
-        except Exception as err:  # pylint: disable=broad-except
-          status, note = measure.classify(err)
-          self.rec.row(impl=spec.impl, op=spec.op, T=None, B=None, H=self.s.heads, d=d,
-                       dtype=self.s.dtype, status=status, note=f"family failed: {note}",
-                       **{"pass": None})
+    runs = [(families.BY_KEY[k], d) for k in self.s.rows for d in self.s.dims]
+    plans, jobs = {}, {}
+    t0 = time.perf_counter()
+    for spec, d in runs:
+      reason = self.unavailable(spec)
+      plans[spec.key, d] = [(T, families.batch_for(T, self.s.tokens), p, reason)
+                            for T in self.s.Ts for p in self.s.passes]
+      jobs[spec.key, d] = self.submit_compiles(spec, d, plans[spec.key, d])
+    pending = [job for family_jobs in jobs.values() for job in family_jobs.values()]
+    if pending and not self.s.smoke:
+      concurrent.futures.wait(pending)
+      print(f"# {len(pending)} compiles in {time.perf_counter() - t0:.1f} s", flush=True)
+    for spec, d in runs:
+      try:
+        self.run_family(spec, d, plans[spec.key, d], jobs[spec.key, d])
+      except Exception as err:  # pylint: disable=broad-except
+        status, note = measure.classify(err)
+        self.rec.row(impl=spec.impl, op=spec.op, T=None, B=None, H=self.s.heads, d=d,
+                     dtype=self.s.dtype, status=status, note=f"family failed: {note}",
+                     **{"pass": None})
     if self.pool is not None:
       self.pool.shutdown(wait=False, cancel_futures=True)
 
@@ -76,20 +89,18 @@ class Suite:
       return families.fla_unavailable()
     if spec.impl == "cudnn" and jax.default_backend() != "gpu":
       return "no GPU"
+    if "mosaic" in spec.impl and jax.default_backend() == "gpu":
+      from vla_jax.kernels.state_path_mosaic import (  # pylint: disable=import-outside-toplevel
+          mosaic_supported)
+      if not mosaic_supported():
+        return "the Mosaic GPU kernels need a Hopper GPU (compute capability 9.x)"
     return None
 
-  def run_family(self, spec, d):
+  def run_family(self, spec, d, plan, jobs):
+    """Times the rows of `plan` [(T, B, pass, reason to skip or None)] with their compile
+    jobs {(T, pass): future}."""
     s = self.s
     print(f"# {spec.key} d={d} (t = {self.elapsed():.0f} s)", flush=True)
-    reason = self.unavailable(spec)
-    plan = [(T, families.batch_for(T, s.tokens), p, reason) for T in s.Ts for p in s.passes]
-    t0 = time.perf_counter()
-    jobs = self.submit_compiles(spec, d, plan)
-    if not s.smoke:   # timing starts once the family is compiled (tracing holds the GIL)
-      concurrent.futures.wait(list(jobs.values()))
-    if jobs:
-      print(f"# {spec.key} d={d}: {len(jobs)} compiles in {time.perf_counter() - t0:.1f} s",
-            flush=True)
     stopped = {}   # pass -> why larger T are skipped
     for T, B, pass_, skip in plan:
       base = dict(impl=spec.impl, op=spec.op, T=T, B=B, H=s.heads, d=d, dtype=s.dtype,
