@@ -51,6 +51,17 @@ def test_report_verdicts_from_data(tmp_path):
   assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
 
 
+def test_a_part_of_a_model_is_never_the_fastest_row():
+  """State-path rows (a part of VLA) sit in the tables but not in "fastest row per T"."""
+  rows_ = [_row("pallas", "vla", "fwd", 4096, 2.0), _row("cudnn", "softmax_attention", "fwd",
+                                                          4096, 1.0),
+           _row("fla_chunk_delta_rule", "deltanet", "fwd", 4096, 3.0),
+           _row("mosaic", "state_path", "fwd", 4096, 0.5)]
+  data = report.Data([dict(r, _order=0) for r in rows_])
+  assert "state path mosaic" in data.labels_for(64, "fwd")
+  assert [line[1] for line in report.fastest_summary(data, 64, "fwd")] == [report.CUDNN]
+
+
 def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
   """Files are read by their header time; a later file's row wins, a later skipped row does
   not erase a measurement, and a family's rows that a later file left behind are marked and
