@@ -195,12 +195,10 @@ class KernelConfig:
     "mosaic", by `backend` and the rules at MOSAIC_GRAD_FROM_HEAD_DIM; checks that the chosen
     kernels run on `target`."""
     capability = None if interpret or target is None else target.capability
-    where = "" if target is None else f"{target.kind!r} (compute capability " + (
-        "unknown" if target.capability is None else "%d.%d" % target.capability) + ")"
     if capability is not None and capability < TRITON_MIN_CAPABILITY:
       raise RuntimeError(
-          f"the Pallas VLA kernels (Triton) need an NVIDIA GPU of compute capability "
-          f">= {'%d.%d' % TRITON_MIN_CAPABILITY}; the target is {where}. Use impl='chunked' "
+          "the Pallas VLA kernels (Triton) need an NVIDIA GPU of compute capability >= "
+          f"{'%d.%d' % TRITON_MIN_CAPABILITY}; the target is {target}. Use impl='chunked' "
           "(XLA, any device) or interpret=True (slow).")
     mosaic_inputs = (dk in MOSAIC_HEAD_DIMS and dv in MOSAIC_HEAD_DIMS
                      and jnp.dtype(acc) == jnp.float32)
@@ -214,7 +212,7 @@ class KernelConfig:
         raise RuntimeError(
             "backend='mosaic' runs the state path as Mosaic GPU kernels, which need a Hopper "
             f"GPU (compute capability {MOSAIC_CAPABILITY_MAJOR}.x); the target is "
-            f"{where or 'unknown'}. Use backend='auto' or 'triton', impl='chunked', or "
+            f"{target or 'unknown'}. Use backend='auto' or 'triton', impl='chunked', or "
             "interpret=True.")
       return "mosaic", "mosaic"
     if self.backend == "triton" or interpret or capability is None:
@@ -294,6 +292,11 @@ class Target:
 
   kind: str
   capability: tuple[int, int] | None
+
+  def __str__(self):
+    known = self.capability is not None
+    return (f"{self.kind!r} (compute capability "
+            f"{'%d.%d' % self.capability if known else 'unknown'})")
 
 
 def compile_target(interpret):
