@@ -130,7 +130,8 @@ def test_bench_decode_writes_a_row_per_mixer_and_context(tmp_path):
   assert all(r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
   mib = lambda m, L: rows[(m, L)]["cache_mib_per_seq"] * 2 ** 20
   assert mib("vla", 16) == mib("vla", 48)
-  assert mib("softmax", 48) - mib("softmax", 16) == 2 * 32 * 8 * 2     # K and V, bfloat16
+  # K and V (bfloat16) and the padding mask (one byte a position)
+  assert mib("softmax", 48) - mib("softmax", 16) == 2 * 32 * 8 * 2 + 32
 
 
 def test_bench_impls_cpu_times_each_impl():
