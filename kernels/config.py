@@ -167,16 +167,22 @@ class KernelConfig:
     if bv is None:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
     programs = BH * (dv // bv)
-    # The Newton step on the segment-start inverses is dropped for bfloat16 inputs at DEFAULT
-    # (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225 against
-    # 0.123 ms at d = 64, T = 4096, B = 8); without it the inverse runs on 32 x 32 tiles
-    # (0.123 against 0.200 ms whole-matrix).
-    newton = not low
+    # Exact segment starts (float64 Grams, prefix sums and Newton steps; segment_starts.py)
+    # where products are about float32 accurate and states float32: direct float32 starts
+    # err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU), against
+    # 1.1e-6 exact. Not for bfloat16 or one-pass TF32 products, whose own error dominates.
+    exact = jnp.dtype(acc) == jnp.float32 and kind in ("ieee", "tf32x3")
+    # The float32 Newton step on direct segment-start inverses is dropped for bfloat16 inputs
+    # at DEFAULT (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225
+    # against 0.123 ms at d = 64, T = 4096, B = 8) and for exact starts (float64 steps
+    # follow); without it the inverse runs on 32 x 32 tiles (0.123 against 0.200 ms
+    # whole-matrix).
+    newton = not low and not exact
     return Plan(
         chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
         precision=self.precision, low=low,
         factor_dot=prec(kind), scan_warps=scan_warps, segment_chunks=seg,
-        segments=-(-N // seg),
+        segments=-(-N // seg), exact_starts=exact,
         inverse_kernel=dk <= INVERSE_KERNEL_UP_TO, inverse_dot=prec(accurate),
         gram_dot=prec("bf16" if low else accurate), newton_step=newton,
         inverse_tile=32 if not newton and dk % 32 == 0 else None,
@@ -237,9 +243,12 @@ class Plan:
     factor_dot: the penalty scan's products (forward and adjoint scans).
     scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
       (one wave of programs); segments: segments per sequence.
+    exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
+      ~eps at any T), else direct (float32 sums and inverses, error ~eps * cond(M)).
     inverse_kernel: segment-start inverses in the Pallas kernel (else XLA); inverse_dot: its
-      products; gram_dot: the per-segment Gram kernel's products; newton_step: one Newton
-      step on each segment-start inverse; inverse_tile: None or 32 (block Cholesky on tiles).
+      products; gram_dot: the per-segment Gram kernel's products (direct starts);
+      newton_step: one Newton step on each direct segment-start inverse in its own dtype;
+      inverse_tile: None or 32 (block Cholesky on tiles).
     state_factor_dot, state_apply_dot: the state-prep kernel's block-doubling products and
       those that apply its inverse; state_dot: the state loops', the reverse pass's and the
       u-cotangent kernel's products.
@@ -262,6 +271,7 @@ class Plan:
   scan_warps: int
   segment_chunks: int
   segments: int
+  exact_starts: bool
   inverse_kernel: bool
   inverse_dot: object
   gram_dot: object

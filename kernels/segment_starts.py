@@ -6,16 +6,28 @@ carries A through each from its start. Its starts are
     M_s = A_0^-1 + sum_{t < s L} u_t u_t^T,     A_s = M_s^-1,
 
 the prefix sums of per-segment Grams G_j = sum of u_t u_t^T over segment j, inverted
-directly. Two forms, by key head dim (`Plan.inverse_kernel`):
-  - dk <= 64: the Grams in `vla_segment_grams` (one program per (sequence, segment), C tokens
-    a step, reading u in place), prefix sums in XLA, and each inverse in one program of
+directly. A float32 direct inverse has relative error ~eps * cond(M_s): the float32 sums round
+M_s by ~eps ||M_s|| in every direction, and the Cholesky adds as much (the carried A inside a
+segment rounds relative to ||A|| and does not). cond(M_s) grows with T when u is anisotropic,
+so two forms, by `Plan.exact_starts`:
+
+  - exact (float32 states at precision HIGH or HIGHEST): the Grams and their prefix sums in
+    float64 (XLA; each product of two float32 numbers is exact in float64), M_0 = A_0^-1 and
+    every M_s^-1 first as a float32 direct inverse X (the kernel below, or XLA at dk = 128),
+    then `REFINE_STEPS` Newton steps X <- X + X (I - M X) in float64 (the residual I - M X is
+    ~eps * cond and cancels: only float64 forms it). Error ~eps, independent of T.
+  - direct (bfloat16 inputs at DEFAULT, one-pass TF32, float64 states): today's float32 (or
+    float64) Grams, prefix sums and inverses; for bfloat16 and TF32 the products' own error
+    dominates, float64 has eps * cond ~1e-12.
+
+Kernels, by key head dim (`Plan.inverse_kernel`):
+  - dk <= 64: the Grams in `vla_segment_grams` (direct form; one program per (sequence,
+    segment), C tokens a step, reading u in place), and each inverse in one program of
     `vla_spd_inverse`: a Cholesky by dk elimination steps on the whole [dk, dk] matrix, or a
     block Cholesky on 32 x 32 tiles (`Plan.inverse_tile`), then A = L^-T L^-1 and, with
-    `Plan.newton_step`, A <- A + A (I - M A). A_0^-1 takes a second launch of the same kernel.
-  - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, prefix sums
-    of float32 Grams and batched Cholesky inverses (`vla_jax.ops.utils.spd_inverse`).
-A float32 direct inverse has relative error ~eps * cond(M_s) (the carried A inside a segment
-does not); kernels/NOTES.md, open questions.
+    `Plan.newton_step`, a float32 step A <- A + A (I - M A). A_0^-1 takes a second launch.
+  - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, batched
+    Cholesky inverses (`vla_jax.ops.utils.spd_inverse`).
 """
 
 import functools
@@ -28,6 +40,11 @@ from vla_jax.kernels.common import chol_inv, compiler_params, dot, eye, rows_spe
 from vla_jax.ops.utils import spd_inverse
 
 WARPS = 4     # both kernels (not tuned)
+# Float64 Newton steps on each exact start (d = 64, T = 131,072, anisotropic u, CPU: one step
+# leaves 3.0e-7 relative error at cond(M) = 5.3e4 and 2e-8 at 600; two leave 2.7e-8, the
+# float32 rounding of A; kernels/NOTES.md, variants).
+REFINE_STEPS = 2
+HIGHEST = jax.lax.Precision.HIGHEST
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -138,26 +155,70 @@ def spd_inverse_kernel(M, *, newton_step, precision, tile=None, interpret=False)
 
 
 def segment_start_inverses(u, A0, S, L, *, plan, token_major=False):
-  """The inverses at the starts of segments 1..S-1, [B, H, S - 1, dk, dk] in A0's dtype.
+  """The inverses at the starts of segments 1..S-1, [B, H, S - 1, dk, dk] in A0's dtype
+  (module docstring: exact or direct, by `plan.exact_starts`).
 
   u: [B, H, T_pad, dk] head-major (zero-padded to S * L here), or with token_major the
-  caller's [B, S * L, H, dk] (any float dtype, read in place). A0: [B, H, dk, dk]."""
+  caller's [B, S * L, H, dk] (any float dtype, read in place; direct form only). A0:
+  [B, H, dk, dk]."""
   B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
-  acc = A0.dtype
+  inverse = functools.partial(_direct_inverses, plan=plan)
+  if plan.exact_starts:
+    return _exact_start_inverses(u, A0, S, L, inverse)
   if not plan.inverse_kernel:
     M0 = spd_inverse(A0, solve=True)
-    return spd_inverse(M0[:, :, None] + _gram_prefix_xla(u, S, L, token_major).astype(acc),
-                       newton_step=plan.newton_step)
+    return inverse(M0[:, :, None] + _gram_prefix_xla(u, S, L, token_major).astype(A0.dtype),
+                   newton=plan.newton_step)
   if not token_major:
     pad = S * L - u.shape[2]
     u = jnp.pad(u, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B * H, S * L, dk)
   grams = segment_grams(u, S, L, plan=plan, heads=H if token_major else None)
   grams = jnp.cumsum(grams, axis=1).reshape(B, H, S - 1, dk, dk)
-  inverse = lambda M, newton: spd_inverse_kernel(
-      M.reshape(B * H, -1, dk, dk), newton_step=newton, precision=plan.inverse_dot,
-      tile=plan.inverse_tile, interpret=plan.interpret)
-  M = inverse(A0, False).reshape(B, H, 1, dk, dk) + grams
-  return inverse(M, plan.newton_step).reshape(B, H, S - 1, dk, dk)
+  M = inverse(A0[:, :, None], newton=False) + grams
+  return inverse(M, newton=plan.newton_step)
+
+
+def _direct_inverses(M, *, plan, newton):
+  """M^-1 of M [B, H, n, dk, dk] by a direct Cholesky inverse in M's dtype: the
+  `vla_spd_inverse` kernel at dk <= 64, XLA at dk = 128 (`spd_inverse`); newton: one Newton
+  step in the same dtype."""
+  if not plan.inverse_kernel:
+    return spd_inverse(M, newton_step=newton)
+  B, H, n, dk, _ = M.shape
+  return spd_inverse_kernel(M.reshape(B * H, n, dk, dk), newton_step=newton,
+                            precision=plan.inverse_dot, tile=plan.inverse_tile,
+                            interpret=plan.interpret).reshape(M.shape)
+
+
+def _exact_start_inverses(u, A0, S, L, inverse):
+  """The exact form (module docstring) for float32 u [B, H, T_pad, dk] (T_pad > (S - 1) L)
+  and A0 [B, H, dk, dk]: float64 Grams and prefix sums, float32 direct inverses, float64
+  Newton steps. The float64 parts are XLA products, sums and casts traced under
+  `jax.enable_x64` (no float64 enters a Pallas kernel, none leaves this function)."""
+  f32 = A0.dtype
+  X0 = inverse(A0[:, :, None], newton=False)                 # ~A0^-1, float32
+  with jax.enable_x64(True):
+    M0 = _newton_float64(X0, A0[:, :, None])                 # A0^-1 to ~eps (float64)
+    U = u[:, :, :(S - 1) * L].astype(jnp.float64)
+    U = U.reshape(U.shape[0], U.shape[1], S - 1, L, U.shape[-1])
+    grams = jnp.einsum("bhsli,bhslj->bhsij", U, U, precision=HIGHEST)
+    M = M0 + jnp.cumsum(grams, axis=2)                       # [B, H, S - 1, dk, dk]
+    M_f32 = M.astype(f32)
+  X = inverse(M_f32, newton=False)
+  with jax.enable_x64(True):
+    return _newton_float64(X, M).astype(f32)
+
+
+def _newton_float64(X, M, steps=REFINE_STEPS):
+  """`steps` Newton steps X <- X + X (I - M X) towards M^-1 in float64, symmetrised; X, M:
+  [..., dk, dk] (float32 or float64; run under `jax.enable_x64`). Each step squares the
+  relative error of X, down to float64 rounding."""
+  X, M = X.astype(jnp.float64), M.astype(jnp.float64)
+  mm = functools.partial(jnp.matmul, precision=HIGHEST)
+  eye = jnp.eye(X.shape[-1], dtype=jnp.float64)
+  for _ in range(steps):
+    X = X + mm(X, eye - mm(M, X))
+  return 0.5 * (X + jnp.swapaxes(X, -1, -2))
 
 
 def _gram_prefix_xla(u, S, L, token_major):
@@ -166,10 +227,10 @@ def _gram_prefix_xla(u, S, L, token_major):
   if token_major:
     B, _, H, dk = u.shape
     U = u.reshape(B, S, L, H, dk)
-    gram = jnp.einsum("bslhi,bslhj->bhsij", U, U, precision=jax.lax.Precision.HIGHEST,
+    gram = jnp.einsum("bslhi,bslhj->bhsij", U, U, precision=HIGHEST,
                       preferred_element_type=jnp.promote_types(u.dtype, jnp.float32))
     return jnp.cumsum(gram, axis=2)[:, :, :-1]
   B, H, T_pad, dk = u.shape
   U = jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)]).reshape(B, H, S, L, dk)
-  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=jax.lax.Precision.HIGHEST)
+  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=HIGHEST)
   return jnp.cumsum(gram, axis=2)[:, :, :-1]

@@ -49,6 +49,16 @@ def vla_inputs(seed, B, T, H, dk, dv, dtype=np.float64):
           + [jnp.asarray(x, state) for x in (S0, A0)])
 
 
+def anisotropic_u(rng, B, H, T, d, rank=4, noise=0.01):
+  """Penalty directions [B, H, T, d] that make M_t ill-conditioned, as a trained layer's do:
+  per head `rank` fixed directions with normal weights plus `noise` times isotropic noise,
+  rows normalised to 1 / sqrt(d) (cond(M_T) grows like T / (d lam0))."""
+  basis = rng.standard_normal((H, rank, d))
+  u = (np.einsum("bhtr,hrd->bhtd", rng.standard_normal((B, H, T, rank)), basis)
+       + noise * rng.standard_normal((B, H, T, d)))
+  return u / np.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(d)
+
+
 def unit_np(x, eps):
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
 

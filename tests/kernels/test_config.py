@@ -60,7 +60,7 @@ def test_highest_makes_every_product_float32(low):
   products = (plan.factor_dot, plan.inverse_dot, plan.gram_dot, plan.state_factor_dot,
               plan.state_apply_dot, plan.state_dot)
   assert all(p == P.HIGHEST for p in products), products
-  assert not plan.low and plan.store == jnp.float32 and plan.newton_step
+  assert not plan.low and plan.store == jnp.float32 and plan.exact_starts
 
 
 def test_high_is_three_tf32_passes():
@@ -94,13 +94,21 @@ def test_scan_warps_and_segments():
 
 
 def test_segment_start_inverses():
-  """The Pallas inverse at dk <= 64, XLA at 128; the Newton step and 32 x 32 tiles follow
-  the bfloat16 default."""
+  """The Pallas inverse at dk <= 64, XLA at 128. Exact starts for float32 states at HIGH and
+  HIGHEST (bfloat16 inputs there too), not for bfloat16 or one-pass TF32 products or float64;
+  the float32 Newton step only on direct starts of float32 DEFAULT and float64, 32 x 32 tiles
+  without it."""
   assert _plan().inverse_kernel and not _plan(dk=128, dv=128).inverse_kernel
-  f32, bf = _plan(), _plan(low=True)
-  assert f32.newton_step and f32.inverse_tile is None
+  f32, bf, f64 = _plan(), _plan(low=True), _plan(acc=jnp.float64)
+  assert not (f32.exact_starts or bf.exact_starts or f64.exact_starts)
+  assert f32.newton_step and f32.inverse_tile is None and f64.newton_step
   assert not bf.newton_step and bf.inverse_tile == 32
   assert _plan(low=True, dk=16, dv=16).inverse_tile is None
+  for p in (P.HIGH, P.HIGHEST):
+    for low in (False, True):
+      exact = _plan(KernelConfig(precision=p), low=low)
+      assert exact.exact_starts and not exact.newton_step and exact.inverse_tile == 32
+    assert not _plan(KernelConfig(precision=p), acc=jnp.float64).exact_starts
 
 
 def test_value_block_and_state_forms():

@@ -13,9 +13,10 @@ from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import abstract_h200, lower_for_h200
 
 
-def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backend="auto"):
+def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backend="auto",
+             text=False):
   """Sorted names of the Pallas kernels (Triton and Mosaic GPU) in the lowered forward (or
-  gradient)."""
+  gradient); with text, also the StableHLO."""
   B, T, H, dk, dv, C = shape
   cfg = KernelConfig(chunk_size=C, precision=precision, backend=backend)
   fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
@@ -27,15 +28,17 @@ def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backe
   args = (spec(B, T, H, dk), spec(B, T, H, dk), spec(B, T, H, dv), spec(B, T, H, dk),
           jax.ShapeDtypeStruct((B, H, dv, dk), jnp.float32),
           jax.ShapeDtypeStruct((B, H, dk, dk), jnp.float32))
-  text = lower_for_h200(fn, *args).as_text()
-  names = re.findall(r'name = "(vla_[a-z_0-9]+)"', text)
-  assert text.count("__gpu$xla.gpu.triton") == len(names)
-  mosaic = re.findall(r"(vla_mosaic_[a-z_0-9]+?)_mosaic_gpu\b", text)
-  assert text.count("@mosaic_gpu_v2(") == len(mosaic)
-  return sorted(names + mosaic)
+  hlo = lower_for_h200(fn, *args).as_text()
+  names = re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo)
+  assert hlo.count("__gpu$xla.gpu.triton") == len(names)
+  mosaic = re.findall(r"(vla_mosaic_[a-z_0-9]+?)_mosaic_gpu\b", hlo)
+  assert hlo.count("@mosaic_gpu_v2(") == len(mosaic)
+  names = sorted(names + mosaic)
+  return (names, hlo) if text else names
 
 
 SCAN_FWD = ["vla_penalty_scan", "vla_segment_grams", "vla_spd_inverse", "vla_spd_inverse"]
+EXACT_FWD = ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"]   # float64 Grams in XLA
 SPLIT_FWD = ["vla_state_chain", "vla_state_out", "vla_state_prep"]
 SPLIT_BWD = ["vla_adjoint_du", "vla_penalty_scan", "vla_state_bwd_chain", "vla_state_bwd_terms"]
 PENALTY_BWD = ["vla_adjoint_du", "vla_penalty_scan"]
@@ -98,9 +101,15 @@ def test_fused_loops_at_many_programs():
 
 @pytest.mark.parametrize("precision", ["HIGH", "HIGHEST"])
 def test_precisions_lower(precision):
-  """Three-pass TF32 and IEEE float32 products lower in every kernel, forward and gradient."""
-  names = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), getattr(jax.lax.Precision, precision))
-  assert names == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+  """Three-pass TF32 and IEEE float32 products lower in every kernel, forward and gradient;
+  the exact segment starts' float64 Grams, prefix sums and Newton steps lower as XLA (no
+  float64 in a kernel; one-pass TF32 has none)."""
+  names, hlo = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32),
+                        getattr(jax.lax.Precision, precision), text=True)
+  assert names == sorted(EXACT_FWD + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+  assert "xf64>" in hlo
+  _, hlo = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), grad=False, text=True)
+  assert "xf64>" not in hlo
 
 
 def _products(fn, args):

@@ -1,13 +1,14 @@
 """The penalty path under differentiation (`penalty_backward.py`): its adjoint VJP (a second
 penalty scan on the rows' cotangents, the u-cotangent kernel) against `jax.grad` of the
-token-by-token Sherman-Morrison scan in float64."""
+token-by-token Sherman-Morrison scan in float64; in float32 at long T with anisotropic u (exact
+segment starts in the forward and the adjoint scan)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_checks import assert_close, plan_for, unit_np
+from kernel_checks import anisotropic_u, assert_close, plan_for, rel, unit_np
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.penalty_backward import du_segment_chunks, penalty_path
 from vla_jax.ops.utils import unit
@@ -77,3 +78,44 @@ def test_zero_cotangents_meet_nan_cleanly():
   np.testing.assert_array_equal(bad[0][:, :, :t], clean[0][:, :, :t])
   np.testing.assert_array_equal(bad[1][:, :, :t], clean[1][:, :, :t])
   np.testing.assert_array_equal(bad[2], clean[2])
+
+
+def test_float32_exact_at_long_T_anisotropic():
+  """float32 at HIGHEST, anisotropic u, T = 4096 in 128 segments (cond(M_T) ~ 1e4): unit rows,
+  A_T and the cotangents of khat and A0 within 1e-6 of float64, du within 1e-4 (its own
+  conditioning: the XLA chunked form gives 2e-5). With direct float32 segment starts: 1e-4
+  (rows, dkhat), 3e-4 (dA0), 6e-3 (du)."""
+  B, H, dk, T, lam0 = 1, 2, 16, 4096, 0.01
+  N = T // C
+  rng = np.random.default_rng(4)
+  khat = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
+  u = anisotropic_u(rng, B, H, T, dk)
+  X = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
+  A0 = np.linalg.inv(lam0 * (0.5 * np.eye(dk) + X @ np.swapaxes(X, -1, -2)))
+  wa, wA = rng.standard_normal((B, H, T, dk)), rng.standard_normal((B, H, dk, dk))
+  khat, u, A0 = (np.asarray(jnp.asarray(x, jnp.float32), np.float64) for x in (khat, u, A0))
+  plan = plan_for(KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST), np.float32,
+                  dk, dk, B * H, N, segment_chunks=2, segments=N // 2)
+  chunks = lambda x: x.reshape(B, H, N, C, dk)
+
+  def kernel(khat, u, A0):
+    out, pull = jax.vjp(lambda *x: penalty_path(*x, plan), chunks(khat), chunks(u), A0)
+    return out, pull((jnp.asarray(wa, jnp.float32).reshape(B, H, N, C, dk),
+                      jnp.asarray(wA, jnp.float32)))
+
+  (a, A_T), (dkhat, du, dA0) = jax.jit(kernel)(*(jnp.asarray(x, jnp.float32)
+                                                 for x in (khat, u, A0)))
+  with jax.enable_x64(True):
+    def scan(khat, u, A0):
+      tok = lambda x: jnp.swapaxes(x, 1, 2)
+      W, A_T = penalty_scan(tok(khat), tok(u), A0)
+      return tok(unit(W, 1e-12)), A_T
+
+    (a_ref, A_ref), pull = jax.vjp(scan, *(jnp.asarray(x) for x in (khat, u, A0)))
+    grads = pull((jnp.asarray(wa), jnp.asarray(wA)))
+  sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
+  errors = {"a": rel(a.reshape(B, H, T, dk), a_ref), "A_T": rel(A_T, A_ref),
+            "dkhat": rel(dkhat.reshape(B, H, T, dk), grads[0]),
+            "dA0": rel(sym(dA0), sym(grads[2])), "du": rel(du.reshape(B, H, T, dk), grads[1])}
+  bounds = {"a": 1e-6, "A_T": 1e-6, "dkhat": 1e-6, "dA0": 1e-6, "du": 1e-4}
+  assert all(errors[k] < bounds[k] for k in bounds), errors

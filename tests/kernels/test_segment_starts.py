@@ -1,13 +1,14 @@
 """Segment-start inverses of the penalty scan (`segment_starts.py`): the Gram kernel, the
-inverse kernel (whole matrix and 32 x 32 tiles, with and without the Newton step) and the XLA
-form at dk = 128, against float64 NumPy."""
+inverse kernel (whole matrix and 32 x 32 tiles, with and without the Newton step), the XLA
+form at dk = 128 and the exact float32 starts at long T with anisotropic u, against float64
+NumPy."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_checks import INTERPRET, assert_close, plan_for
+from kernel_checks import INTERPRET, anisotropic_u, assert_close, plan_for, rel
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.segment_starts import (segment_grams, segment_start_inverses,
                                             spd_inverse_kernel)
@@ -56,3 +57,28 @@ def test_segment_start_inverses_float64(x64, dk):
   want = [np.linalg.inv(np.linalg.inv(A0) + np.einsum("bhti,bhtj->bhij", u[:, :, :s * L],
                                                       u[:, :, :s * L])) for s in (1, 2)]
   assert_close(A, np.stack(want, axis=2), jnp.float64, "A_s")
+
+
+@pytest.mark.parametrize("inverse_kernel", [True, False], ids=["kernel", "xla"])
+def test_exact_starts_anisotropic_long_T(inverse_kernel):
+  """float32 at HIGHEST, anisotropic u, T = 16384 (cond(M) > 1e3 at the last start): every
+  start within 1e-6 of the float64 inverse (float64 Grams, prefix sums and Newton steps
+  after the kernel's float32 inverse, or XLA's as at dk = 128). Direct float32 starts err by
+  ~eps * cond(M): 1.8e-5 here."""
+  B, H, S, T, dk, lam0 = 1, 1, 16, 16384, 32, 0.1
+  L = T // S
+  rng = np.random.default_rng(3)
+  u = anisotropic_u(rng, B, H, T, dk)
+  A0 = np.linalg.inv(lam0 * _spd(rng, B * H, dk) + lam0 * np.eye(dk)).reshape(B, H, dk, dk)
+  plan = plan_for(KernelConfig(chunk_size=16, precision=jax.lax.Precision.HIGHEST), np.float32,
+                  dk, dk, B * H, T // 16, inverse_kernel=inverse_kernel)
+  A = jax.jit(lambda u, A0: segment_start_inverses(u, A0, S, L, plan=plan))(
+      jnp.asarray(u, jnp.float32), jnp.asarray(A0, jnp.float32))
+  assert A.dtype == jnp.float32
+  u32 = np.asarray(jnp.asarray(u, jnp.float32), np.float64)[0, 0]
+  M0 = np.linalg.inv(np.asarray(jnp.asarray(A0, jnp.float32), np.float64)[0, 0])
+  for s in range(1, S):
+    M = M0 + u32[:s * L].T @ u32[:s * L]
+    err = rel(A[0, 0, s - 1], np.linalg.inv(M))
+    assert err < 1e-6, (s, err)
+  assert np.linalg.cond(M) > 1e3
