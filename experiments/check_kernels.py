@@ -1,18 +1,21 @@
 r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) and gradients of
-`vla_pallas` against impl="chunked" in float64 on the same device: float32 at HIGHEST (u
-isotropic and anisotropic) at T = 4096, 16384, 65536, 131072 up to --max_T, HIGH and DEFAULT
-at 4096, bfloat16 at DEFAULT at 4096 and 16384 (`vla_jax.benchmarks.check.default_cases`);
+`vla_pallas` against impl="chunked" in float64 on the same device, each error reported
+(`vla_jax.benchmarks.check.default_cases`, B = 1, H = 4): at T = 4096 float32 at HIGHEST (u
+isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T anisotropic u in
+float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
 then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
+    python experiments/check_kernels.py --name=check_h200_d64_long --dims=64 --cases=long \
+        --long_T=0
     python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
     python experiments/check_kernels.py --name=check_h200_mosaic --dims=64,128 --long_T=0 \
         --backends=mosaic          # the Mosaic state path (Hopper) at both head dims
 
 Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
 where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
-bound (`vla_jax.benchmarks.check.BOUNDS`) or is not finite. --smoke: one tiny case on the
-CPU in interpret mode.
+bounds (`vla_jax.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`) or is not finite. --smoke: one
+tiny case on the CPU in interpret mode.
 """
 
 import dataclasses
@@ -23,7 +26,11 @@ from absl import app, flags
 _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
 _DIMS = flags.DEFINE_list("dims", ["64"], "Head dims (dk = dv) of the checked cases.")
-_MAX_T = flags.DEFINE_integer("max_T", 16384, "Longest checked T (1024, 4096, ... up to it).")
+_MAX_T = flags.DEFINE_integer("max_T", 131072, "T of the long anisotropic cases (none when "
+                              "<= 4096; the other cases then run at max_T).")
+_CASES = flags.DEFINE_enum("cases", "all", ["all", "long"],
+                           "all: every precision at T = 4096 and the long cases; long: only "
+                           "the long anisotropic cases at --max_T.")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _BACKENDS = flags.DEFINE_list("backends", ["auto"], "KernelConfig.backend of the checked cases "
                               "(auto, triton, mosaic; mosaic needs a Hopper GPU).")
@@ -40,7 +47,9 @@ def main(argv):
   from vla_jax.benchmarks import check, records  # pylint: disable=import-outside-toplevel
   cases = (check.smoke_cases() if _SMOKE.value
            else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value,
-                                    _BACKENDS.value))
+                                    _BACKENDS.value, _CASES.value))
+  if not cases:
+    raise app.UsageError("no cases: --cases=long needs --max_T > 4096")
   print(jax.devices(), flush=True)
   rec = records.Recorder(os.path.join(_OUT_DIR.value, _NAME.value + ".jsonl"))
   rec.header({"suite": "check", "cases": [dataclasses.asdict(c) for c in cases],

@@ -4,9 +4,11 @@ Each case: fresh inputs (u isotropic, or anisotropic: a few dominant directions 
 rows normalised to 1 / sqrt(d), the scale a trained layer gives, which makes M_t
 ill-conditioned), the forward (o, S_T, A_T) and the gradients of a weighted sum of them with
 respect to q, k, v, u, S0, compared with impl="chunked" in float64 on the same inputs (for
-bfloat16 inputs, on their bfloat16 values). Relative Frobenius errors, against a bound per
-(dtype, precision). One row per case (pass "check"); a long run (bfloat16 forward + backward
-at B = 1, H = 16) must finish, finite, without running out of memory.
+bfloat16 inputs, on their bfloat16 values). Relative Frobenius errors, each reported, against
+a bound per (dtype, precision) on all of them and, for float32 at HIGHEST, a bound on the
+forward's (o, S_T, A_T) that does not grow with T. One row per case (pass "check"); a long run
+(bfloat16 forward + backward at B = 1, H = 16) must finish, finite, without running out of
+memory.
 """
 
 import dataclasses
@@ -15,14 +17,21 @@ import time
 
 import numpy as np
 
-# Relative-error bounds by (dtype, precision): float32 products at HIGHEST ~1e-6 (the bound
-# leaves room for eps * cond(M) at long T with anisotropic u), three-pass TF32 likewise, one-
-# pass TF32 ~1e-3, bfloat16 inputs (bfloat16 product operands) ~1e-2.
+# Relative-error bounds by (dtype, precision) on every error: float32 products at HIGHEST
+# ~1e-6, three-pass TF32 likewise, one-pass TF32 ~1e-3, bfloat16 inputs (bfloat16 product
+# operands) ~1e-2 (1.1e-2 / 1.3e-2 in o / S at T = 131072 with anisotropic u, CPU).
 BOUNDS = {("float32", "HIGHEST"): 1e-4, ("float32", "HIGH"): 1e-4,
           ("float32", "DEFAULT"): 5e-3, ("bfloat16", "DEFAULT"): 3e-2,
           ("bfloat16", "HIGHEST"): 1e-4}
-ANISOTROPIC_BOUND = 1e-3     # float32 at HIGH / HIGHEST: segment starts ~ eps * cond(M)
+# float32 at HIGH / HIGHEST with anisotropic u: du has its own conditioning (the XLA chunked
+# form's du errs by 5.4e-5 at T = 131072, d = 64, CPU), the other errors stay ~1e-6.
+ANISOTROPIC_BOUND = 1e-3
+# The forward (o, S_T, A_T) in float32 at HIGHEST at any T, anisotropic u included (exact
+# segment starts; the XLA chunked form's level: 1.3e-6 / 1.9e-6 / 7.4e-7 at T = 131072,
+# d = 64, CPU).
+FORWARD_BOUNDS = {("float32", "HIGHEST"): 2e-6}
 NAMES = ("o", "S", "A", "dq", "dk", "dv", "du", "dS0")
+FORWARD = ("o", "S", "A")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,21 +52,28 @@ class Case:
     return "pallas" if self.backend == "auto" else f"pallas_{self.backend}"
 
 
-def default_cases(dims=(64,), max_T=16384, backends=("auto",)):
-  """The check behind BENCHMARKS.md's correctness table, for each state-path backend: float32
-  at HIGHEST (isotropic and anisotropic u) at T = 4096, 16384, ... up to max_T; HIGH and
-  DEFAULT (one-pass TF32) at 4096; bfloat16 at DEFAULT at 4096 and 16384."""
-  Ts = [T for T in (4096, 16384, 65536, 131072) if T <= max_T] or [max_T]
+def default_cases(dims=(64,), max_T=16384, backends=("auto",), which="all"):
+  """The check behind BENCHMARKS.md's correctness table, for each state-path backend and head
+  dim (B = 1, H = 4). which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST
+  with isotropic and anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u,
+  bfloat16 at DEFAULT), then the "long" cases; "long": only those, at max_T (when longer than
+  4096): anisotropic u in float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not
+  grow with T)."""
+  if which not in ("all", "long"):
+    raise ValueError(f"which must be 'all' or 'long'; got {which!r}")
   mid = min(4096, max_T)
   cases = []
   for backend in backends:
     for d in dims:
       case = lambda *a: Case(*a, d=d, backend=backend)
-      cases += [case("float32", "HIGHEST", u, T) for u in ("isotropic", "anisotropic")
-                for T in Ts]
-      cases += [case("float32", "HIGH", "isotropic", mid), case("float32", "DEFAULT",
-                                                                  "isotropic", mid)]
-      cases += [case("bfloat16", "DEFAULT", "isotropic", T) for T in Ts if T in (4096, 16384)]
+      if which == "all":
+        cases += [case("float32", "HIGHEST", u, mid) for u in ("isotropic", "anisotropic")]
+        cases += [case("float32", "HIGH", "isotropic", mid),
+                  case("float32", "DEFAULT", "isotropic", mid),
+                  case("bfloat16", "DEFAULT", "isotropic", mid)]
+      if max_T > mid:
+        cases += [case("float32", "HIGHEST", "anisotropic", max_T),
+                  case("bfloat16", "DEFAULT", "anisotropic", max_T)]
   return cases
 
 
@@ -67,10 +83,16 @@ def smoke_cases():
 
 
 def bound(case):
+  """The bound on every error of the case."""
   b = BOUNDS.get((case.dtype, case.precision), 3e-2)
   if case.u == "anisotropic" and case.dtype == "float32" and case.precision != "DEFAULT":
     b = max(b, ANISOTROPIC_BOUND)
   return b
+
+
+def forward_bound(case):
+  """The bound on the forward's errors (o, S_T, A_T), or None."""
+  return FORWARD_BOUNDS.get((case.dtype, case.precision))
 
 
 def penalty_directions(key, B, T, H, d, kind, rank=4, noise=0.01):
@@ -171,10 +193,11 @@ def check(case, interpret=None):
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
-  b = bound(case)
-  ok = finite and max(errors.values()) <= b
+  b, fb = bound(case), forward_bound(case)
+  ok = (finite and max(errors.values()) <= b
+        and (fb is None or max(errors[n] for n in FORWARD) <= fb))
   return {**dataclasses.asdict(case), "op": "vla", "impl": case.impl, "pass": "check",
-          "errors": errors, "bound": b, "status": "ok" if ok else "fail",
+          "errors": errors, "bound": b, "forward_bound": fb, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}
 
