@@ -16,9 +16,9 @@ so two forms, by `Plan.exact_starts`:
     every M_s^-1 first as a float32 direct inverse X (the kernel below, or XLA at dk = 128),
     then `REFINE_STEPS` Newton steps X <- X + X (I - M X) in float64 (the residual I - M X is
     ~eps * cond and cancels: only float64 forms it). Error ~eps, independent of T.
-  - direct (bfloat16 inputs at DEFAULT, one-pass TF32, float64 states): today's float32 (or
-    float64) Grams, prefix sums and inverses; for bfloat16 and TF32 the products' own error
-    dominates, float64 has eps * cond ~1e-12.
+  - direct (bfloat16 inputs at DEFAULT, one-pass TF32, float64 states): Grams, prefix sums
+    and inverses in the states' dtype; for bfloat16 and TF32 the products' own error
+    dominates, and float64's eps * cond is ~1e-12.
 
 Kernels, by key head dim (`Plan.inverse_kernel`):
   - dk <= 64: the Grams in `vla_segment_grams` (direct form; one program per (sequence,
@@ -215,9 +215,9 @@ def _newton_float64(X, M, steps=REFINE_STEPS):
   relative error of X, down to float64 rounding."""
   X, M = X.astype(jnp.float64), M.astype(jnp.float64)
   mm = functools.partial(jnp.matmul, precision=HIGHEST)
-  eye = jnp.eye(X.shape[-1], dtype=jnp.float64)
+  identity = jnp.eye(X.shape[-1], dtype=jnp.float64)
   for _ in range(steps):
-    X = X + mm(X, eye - mm(M, X))
+    X = X + mm(X, identity - mm(M, X))
   return 0.5 * (X + jnp.swapaxes(X, -1, -2))
 
 
