@@ -5,8 +5,9 @@ rows normalised to 1 / sqrt(d), the scale a trained layer gives, which makes M_t
 ill-conditioned), the forward (o, S_T, A_T) and the gradients of a weighted sum of them with
 respect to q, k, v, u, S0, compared with impl="chunked" in float64 on the same inputs (for
 bfloat16 inputs, on their bfloat16 values). Relative Frobenius errors, each reported, against
-a bound per (dtype, precision) on all of them and, for float32 at HIGHEST, a bound on the
-forward's (o, S_T, A_T) that does not grow with T. One row per case (pass "check"); a long run
+a bound per (dtype, precision) on all of them (du, ill-conditioned with anisotropic u, up to
+10x that) and, for float32 at HIGHEST, a bound on the forward's (o, S_T, A_T) that does not
+grow with T. One row per case (pass "check"); a long run
 (bfloat16 forward + backward at B = 1, H = 16) must finish, finite, without running out of
 memory.
 """
@@ -26,6 +27,10 @@ BOUNDS = {("float32", "HIGHEST"): 1e-4, ("float32", "HIGH"): 1e-4,
 # float32 at HIGH / HIGHEST with anisotropic u: du has its own conditioning (the XLA chunked
 # form's du errs by 5.4e-5 at T = 131072, d = 64, CPU), the other errors stay ~1e-6.
 ANISOTROPIC_BOUND = 1e-3
+# du with anisotropic u, any dtype: up to this many times the dtype's bound (T = 131072,
+# d = 64, CPU: float32 HIGHEST du 5.4e-5 against o 1.3e-6 (XLA chunked); bfloat16 du 0.117
+# against o 1.1e-2, dk 1.2e-2).
+ANISOTROPIC_DU_FACTOR = 10
 # The forward (o, S_T, A_T) in float32 at HIGHEST at any T, anisotropic u included (exact
 # segment starts; the XLA chunked form's level: 1.3e-6 / 1.9e-6 / 7.4e-7 at T = 131072,
 # d = 64, CPU).
@@ -83,11 +88,18 @@ def smoke_cases():
 
 
 def bound(case):
-  """The bound on every error of the case."""
+  """The bound on every error of the case (du with anisotropic u: `du_bound`)."""
   b = BOUNDS.get((case.dtype, case.precision), 3e-2)
   if case.u == "anisotropic" and case.dtype == "float32" and case.precision != "DEFAULT":
     b = max(b, ANISOTROPIC_BOUND)
   return b
+
+
+def du_bound(case):
+  """The bound on du's error."""
+  if case.u != "anisotropic":
+    return bound(case)
+  return max(bound(case), ANISOTROPIC_DU_FACTOR * BOUNDS.get((case.dtype, case.precision), 3e-2))
 
 
 def forward_bound(case):
@@ -193,11 +205,12 @@ def check(case, interpret=None):
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
-  b, fb = bound(case), forward_bound(case)
-  ok = (finite and max(errors.values()) <= b
+  b, fb, db = bound(case), forward_bound(case), du_bound(case)
+  ok = (finite and max(e for n, e in errors.items() if n != "du") <= b and errors["du"] <= db
         and (fb is None or max(errors[n] for n in FORWARD) <= fb))
   return {**dataclasses.asdict(case), "op": "vla", "impl": case.impl, "pass": "check",
-          "errors": errors, "bound": b, "forward_bound": fb, "status": "ok" if ok else "fail",
+          "errors": errors, "bound": b, "du_bound": db, "forward_bound": fb,
+          "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}
 
