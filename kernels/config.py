@@ -27,14 +27,14 @@ BACKENDS = ("auto", "triton", "mosaic")
 # and TMA as `state_path_mosaic.py` uses them).
 TRITON_MIN_CAPABILITY = (8, 0)
 MOSAIC_CAPABILITY_MAJOR = 9
-# Where backend "auto" runs the state path as Mosaic GPU kernels: on Hopper, for bfloat16
-# inputs at precision DEFAULT with dk and dv in MOSAIC_HEAD_DIMS. The forward: the state path
-# alone 0.614 against 1.034 ms at d = 64, T = 4096 (1.68x), 1.251 / 1.596 at 32768 (1.28x);
-# d = 128 1.112 / 2.329 (2.09x) and 1.852 / 2.905 (1.57x). Under differentiation only from
-# this head dim: forward + backward 6.51 against 7.76 ms at d = 128, T = 4096 and 7.67 / 9.32
-# at 32768, but 3.32 / 2.96 and 4.40 / 3.97 at d = 64 (its chunk-local cotangents are XLA
-# products, and the chain has 16 programs at B = 1).
-MOSAIC_GRAD_FROM_HEAD_DIM = 128
+# Backend "auto" runs the Triton state path everywhere. The Mosaic state path alone is faster
+# on the H200 (bf16 forward 0.614 against 1.034 ms at d = 64, T = 4096; 1.112 / 2.329 at
+# d = 128), but inside vla_pallas it loses every measured case (whole op, bf16, H = 16,
+# B * T = 32768: forward 1.287 against 1.142 ms at d = 64, T = 4096, 1.911 / 1.678 at 32768,
+# 3.146 / 3.120 at d = 128, T = 4096; forward + backward 5.52 / 3.98 and 13.64 / 12.07 ms;
+# results/bench/backends_h200.jsonl): the token-major bf16 copies it needs of the unit keys
+# and write directions, its own prep instead of the Triton state-prep kernel that shares the
+# penalty scan's rows, and its XLA chunk-local cotangents cost more than the chain saves.
 
 # Tokens per Sherman-Morrison block of the penalty scan (32: forward 5.20 against 4.16 ms at
 # T = 4096, B = 8, d = 64; its longer eliminations cost more than the products saved).
@@ -85,11 +85,10 @@ class KernelConfig:
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).
     backend: the kernels of the state path (the pass over chunk states and its reverse):
-      "auto" (default) the faster where measured: the Mosaic GPU kernels of
-      `state_path_mosaic.py` on Hopper GPUs (compute capability 9.x) for bfloat16 inputs at
-      precision DEFAULT with head dims 64 or 128, forward only at d = 64, forward and backward
-      at 128; the Triton kernels otherwise (`Plan.state_backend`). "triton": always the Triton
-      kernels (compute capability >= 8.0). "mosaic": always the Mosaic kernels (Hopper; head
+      "auto" (default) the faster as measured inside `vla_pallas`: today the Triton kernels
+      everywhere (`Plan.state_backend`; the measurement is at the top of this file).
+      "triton": the Triton kernels (compute capability >= 8.0). "mosaic": the Mosaic GPU
+      kernels of `state_path_mosaic.py`, the port to JAX's successor backend (Hopper; head
       dims 64 or 128, float32 or bfloat16 inputs; its own chunks of 64 tokens, or 32 for
       float32 products at dk = 128; HIGH runs as HIGHEST there). The penalty path is Triton
       kernels with every backend.
@@ -144,7 +143,7 @@ class KernelConfig:
     compiled call whose kernels cannot run on `target` (naming it and the alternatives)."""
     P = jax.lax.Precision
     low = bool(low) and self.precision == P.DEFAULT
-    state_backend, grad_state_backend = self._state_backends(low, acc, dk, dv, interpret,
+    state_backend, grad_state_backend = self._state_backends(acc, dk, dv, interpret,
                                                              target)
     if self.precision == P.HIGHEST:
       kind = "ieee"
@@ -196,10 +195,10 @@ class KernelConfig:
         du_warps=8 if dk >= 128 else 4,
         state_backend=state_backend, grad_state_backend=grad_state_backend)
 
-  def _state_backends(self, low, acc, dk, dv, interpret, target):
+  def _state_backends(self, acc, dk, dv, interpret, target):
     """(state path of the inference forward, of the differentiated forward): "triton" or
-    "mosaic", by `backend` and the rules at MOSAIC_GRAD_FROM_HEAD_DIM; checks that the chosen
-    kernels run on `target`."""
+    "mosaic", by `backend` ("auto": Triton, as measured); checks that the chosen kernels run
+    on `target`."""
     capability = None if interpret or target is None else target.capability
     if capability is not None and capability < TRITON_MIN_CAPABILITY:
       raise RuntimeError(
@@ -221,11 +220,7 @@ class KernelConfig:
             f"{target or 'unknown'}. Use backend='auto' or 'triton', impl='chunked', or "
             "interpret=True.")
       return "mosaic", "mosaic"
-    if self.backend == "triton" or interpret or capability is None:
-      return "triton", "triton"
-    hopper = capability[0] == MOSAIC_CAPABILITY_MAJOR and low and mosaic_inputs
-    grad = hopper and min(dk, dv) >= MOSAIC_GRAD_FROM_HEAD_DIM
-    return "mosaic" if hopper else "triton", "mosaic" if grad else "triton"
+    return "triton", "triton"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,11 +51,11 @@ MOSAIC_GRAD = ["vla_mosaic_chain", "vla_mosaic_chain_f32", "vla_mosaic_factors"]
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d64(dtype):
   """Few programs (the split state loops), segment starts in Pallas, the chunk-local VJP in
-  one kernel; forward and gradient. On the H200, bfloat16 inputs take the Mosaic state path
-  forward, the Triton one under differentiation."""
+  one kernel; forward and gradient (the Triton state path: backend "auto")."""
   shape = (1, 100, 2, 64, 64, 32)
-  state_fwd = MOSAIC_FWD if dtype == jnp.bfloat16 else SPLIT_FWD
-  assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + state_fwd)
+  assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + SPLIT_FWD)
+  if dtype == jnp.bfloat16:
+    assert _kernels(dtype, shape, grad=False, backend="mosaic") == sorted(SCAN_FWD + MOSAIC_FWD)
   assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD
                                           + ["vla_state_local_vjp"])
   assert _kernels(dtype, shape, grad=False, backend="triton") == sorted(SCAN_FWD + SPLIT_FWD)
@@ -64,14 +64,14 @@ def test_default_kernels_d64(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d128(dtype):
   """dk = 128: segment starts in XLA; float32 operands take the chunk-local VJP as XLA
-  products (the kernel would need 352 KB of shared memory); bfloat16 inputs take the Mosaic
-  state path under differentiation too."""
+  products (the kernel would need 352 KB of shared memory), bfloat16 ones the kernel."""
   shape = (1, 64, 1, 128, 128, 64)
   if dtype == jnp.bfloat16:
-    assert _kernels(dtype, shape, grad=False) == sorted(["vla_penalty_scan"] + MOSAIC_FWD)
-    assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + PENALTY_BWD + MOSAIC_GRAD)
-  else:
-    assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD)
+    assert _kernels(dtype, shape, backend="mosaic") == sorted(
+        ["vla_penalty_scan"] + PENALTY_BWD + MOSAIC_GRAD)
+  local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
+  assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD
+                                          + local_vjp)
 
 
 def test_forced_mosaic_float32_lowers():
