@@ -10,6 +10,8 @@ time per step since the first one (evaluations and checkpoints included, as they
 import contextlib
 import time
 
+import jax
+
 
 def format_seconds(seconds):
   """Seconds as H:MM:SS."""
@@ -44,6 +46,18 @@ class Progress:
     self._tick_step = self.start + 1
     self._paused = 0.0
     return self.compile_s
+
+  def segment_start(self, done, metrics, commit, log):
+    """At the segment's first step (`done == start + 1`): waits for `metrics`, logs the
+    compile time once and returns the fields of the segment's first metrics row (compile_s,
+    git_commit); at later steps returns None."""
+    if done != self.start + 1:
+      return None
+    jax.block_until_ready(metrics)
+    segment = {"compile_s": round(self.first_step_done(), 2), "git_commit": commit}
+    log(f"step {done} took {segment['compile_s']:.1f} s with compilation; steps/s figures "
+        "leave it out")
+    return segment
 
   @contextlib.contextmanager
   def paused(self):

@@ -260,11 +260,7 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
       for step, (inputs, labels) in _prefetch(trainer, start, end):
         state, metrics = trainer.train_step(state, inputs, labels)
         done = step + 1
-        if done == start + 1:
-          jax.block_until_ready(metrics)
-          segment = {"compile_s": round(progress.first_step_done(), 2), "git_commit": commit}
-          log(f"step {done} took {segment['compile_s']:.1f} s with compilation; steps/s "
-              "figures leave it out")
+        segment = progress.segment_start(done, metrics, commit, log) or segment
         if done % tc.log_every == 0 or done == end or stop.requested:
           metrics = jax.device_get(metrics)
           losses = np.asarray(metrics["loss"], np.float64)

@@ -305,11 +305,7 @@ def _train(trainer, workdir, stop_after, log, start_time):
         state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
                                                                          labels))
         done = step + 1
-        if done == start + 1:
-          jax.block_until_ready(metrics)
-          segment = {"compile_s": round(progress.first_step_done(), 2), "git_commit": commit}
-          log(f"step {done} took {segment['compile_s']:.1f} s with compilation; steps/s "
-              "figures leave it out")
+        segment = progress.segment_start(done, metrics, commit, log) or segment
         if done % tc.log_every == 0 or done == end or stop.requested:
           metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
           last_loss = metrics["loss"]
