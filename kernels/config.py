@@ -42,8 +42,8 @@ SCAN_BLOCK = 16
 # Programs resident on an H200 at 4 warps (two per SM); the penalty scan cuts each sequence
 # into as many segments as fill one wave (a second, partial wave cost 11% at T = 4096, B = 8).
 RESIDENT_AT_4_WARPS = 264
-# The state loops' warps and pipeline stages: the first kernel's, never re-tuned (at dk = 128
-# one stage would halve their shared memory; not measured).
+# The state loops' warps and pipeline stages (whole op, bf16: 8 warps, 1 or 3 stages all within
+# 3% of these at d = 64 and 128, T = 4096 and 32768; NOTES.md, "Plan knobs re-tuned").
 STATE_WARPS, STATE_STAGES = 4, 2
 # Value rows per program of the state loops: 32 (64 was 15% slower at B = 1 and needs 240 KB
 # of shared memory at dk = 128), or 16 where 32 leaves at most this many programs (d = 64,
