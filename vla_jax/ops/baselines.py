@@ -2,7 +2,10 @@
 
 Each takes [B, T, H, D] inputs, an optional initial state and `impl` in {"scan",
 "associative_scan", "chunked"}, and returns (o [B, T, H, dv] in v's dtype, final state) with
-the state in float32 (float64 when an input is float64).
+the state in float32 (float64 when an input is float64). Each takes `segment_ids` ([B, T] int
+document ids, or None) for packed rows: the state restarts at 0 (by selection) at every token
+whose id differs from the previous token's, the row's first document continues from the
+initial state, and the final state is the last document's (see `vla_recurrence`).
 
 - `linear_attention`: S_t = S_{t-1} + v_t phi(k_t)^T, o_t = S_t phi(q_t) [/ z_t . phi(q_t)]
   with z_t = sum_s phi(k_s) (Katharopoulos et al., 2020, arXiv 2006.16236).
@@ -21,7 +24,7 @@ from vla_jax.ops import checks
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
 from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import unit
+from vla_jax.ops.utils import document_starts, unit
 
 KEY_EPS = 1e-6
 BASELINE_IMPLS = (Impl.SCAN, Impl.ASSOCIATIVE_SCAN, Impl.CHUNKED)
@@ -45,12 +48,14 @@ def _core(impl, chunk_size):
   elif impl is Impl.ASSOCIATIVE_SCAN:
     core = delta_rule_associative_scan
   else:
-    core = lambda *args: delta_rule_chunked(*args, chunk_size)
+    core = lambda *args: delta_rule_chunked(*args[:6], chunk_size, *args[6:])
 
-  def run(q, e, w, v, log_decay, S0):
+  def run(q, e, w, v, log_decay, S0, segment_ids=None):
     if q.shape[1] == 0:   # no tokens: the state passes through (a scan needs one element)
       return jnp.zeros(q.shape[:3] + v.shape[-1:], v.dtype), S0
-    return core(q, e, w, v, log_decay, S0)
+    if segment_ids is None:
+      return core(q, e, w, v, log_decay, S0)
+    return core(q, e, w, v, log_decay, S0, document_starts(segment_ids))
   return run
 
 
@@ -80,7 +85,7 @@ def check_feature_map(q, k, lead):
 
 
 def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=1e-6,
-                     initial_state=None, impl="chunked", chunk_size=64):
+                     initial_state=None, impl="chunked", chunk_size=64, segment_ids=None):
   """Causal linear attention.
 
   Args:
@@ -89,11 +94,13 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
       the last dim, dk -> df, and the state is then [.., dv, df].
     normalize: divide by the additive normaliser max(z_t . phi(q_t), eps).
     initial_state: `LinearAttentionState` or None (zeros).
+    segment_ids: [B, T] int document ids or None (module docstring); S and z restart.
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final `LinearAttentionState`.
   """
   impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
+  segment_ids = checks.check_segment_ids(segment_ids, B, T)
   dtype = checks.compute_dtype(q, k, v)
   if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
@@ -111,29 +118,31 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
   # The normaliser z is one more value channel of constant 1: row dv of the state.
   v1 = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), dtype)], axis=-1)
   S0 = jnp.concatenate([initial_state.S, initial_state.z[:, :, None].astype(dtype)], axis=2)
-  o, S = _core(impl, chunk_size)(q, None, k, v1, None, S0.astype(dtype))
+  o, S = _core(impl, chunk_size)(q, None, k, v1, None, S0.astype(dtype), segment_ids)
   num, den = o[..., :dv], o[..., dv]
   if normalize:
     num = num / jnp.maximum(den, eps)[..., None]
   return num.astype(out_dtype), LinearAttentionState(S[:, :, :dv], S[:, :, dv])
 
 
-def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64):
+def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64,
+             segment_ids=None):
   """DeltaNet with unit keys khat = k / max(||k||, 1e-6) and per-token beta.
 
   Args:
     q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta: [B, T, H] write strengths (usually in (0, 1)).
     initial_state: S [B, H, dv, dk] or None (zeros).
+    segment_ids: [B, T] int document ids or None (module docstring).
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
   """
   return gated_deltanet(q, k, v, beta, None, initial_state=initial_state, impl=impl,
-                        chunk_size=chunk_size)
+                        chunk_size=chunk_size, segment_ids=segment_ids)
 
 
 def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunked",
-                   chunk_size=64):
+                   chunk_size=64, segment_ids=None):
   """Gated DeltaNet: a DeltaNet whose state decays by gamma_t = exp(log_decay_t) per token.
 
   Args:
@@ -141,11 +150,13 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
       -inf is a hard reset), or None for no decay (DeltaNet). impl="chunked" floors each
       token's log decay at 2 log(eps) of the compute dtype (a reset to working precision).
     initial_state: S [B, H, dv, dk] or None (zeros).
+    segment_ids: [B, T] int document ids or None (module docstring).
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
   """
   impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
+  segment_ids = checks.check_segment_ids(segment_ids, B, T)
   checks.check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
   if log_decay is not None:
     checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
@@ -156,5 +167,6 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
   if log_decay is not None:
     log_decay = log_decay.astype(dtype)
   khat = unit(k, KEY_EPS)
-  o, S = _core(impl, chunk_size)(q, khat, beta[..., None] * khat, v, log_decay, S0)
+  o, S = _core(impl, chunk_size)(q, khat, beta[..., None] * khat, v, log_decay, S0,
+                                 segment_ids)
   return o.astype(out_dtype), S

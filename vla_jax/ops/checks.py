@@ -110,3 +110,22 @@ def check_state_dtype(name, dtype):
   if jnp.dtype(dtype) not in (jnp.float32, jnp.float64):
     raise TypeError(f"{name} must be float32 or float64 (the state's dtype); got "
                     f"{jnp.dtype(dtype)}")
+
+
+def check_segment_ids(segment_ids, batch, time):
+  """None, or `segment_ids` as an int32 [B, T] array: tokens with equal ids belong to one
+  document, documents are contiguous and a document starts where the id changes. Raises naming
+  the argument for a wrong shape or a non-integer dtype."""
+  if segment_ids is None:
+    return None
+  shape = getattr(segment_ids, "shape", None)
+  dtype = getattr(segment_ids, "dtype", None)
+  if shape is None or dtype is None:
+    raise TypeError(f"segment_ids must be an int array of shape [B, T] = ({batch}, {time}); "
+                    f"got {type(segment_ids).__name__}")
+  if tuple(shape) != (batch, time):
+    raise ValueError(f"segment_ids must have shape [B, T] = ({batch}, {time}) like the "
+                     f"inputs; got {tuple(shape)}")
+  if not jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
+    raise TypeError(f"segment_ids must have an integer dtype (document ids); got {dtype}")
+  return jnp.asarray(segment_ids).astype(jnp.int32)

@@ -90,3 +90,30 @@ def spd_inverse(M, *, newton_step=False, solve=False):
   if newton_step:
     A = sym(A + mm(A, eye - mm(M, A)))
   return A
+
+
+def document_starts(segment_ids):
+  """segment_ids [B, T] int -> [B, T] bool, True at the first token of every document but the
+  row's first (where the id differs from the previous token's): where a state restarts."""
+  change = segment_ids[:, 1:] != segment_ids[:, :-1]
+  return jnp.concatenate([jnp.zeros_like(segment_ids[:, :1], bool), change], axis=1)
+
+
+def _segmented_add(earlier, later):
+  f1, x1 = earlier
+  f2, x2 = later
+  flag = f2.reshape(f2.shape + (1,) * (x2.ndim - f2.ndim))
+  return f1 | f2, jnp.where(flag, x2, x1 + x2)
+
+
+def segment_cumsum(x, starts, axis=1):
+  """Inclusive prefix sums of x [B, T, ...] along `axis` (the time axis, 1) that restart at the
+  tokens where `starts` [B, T] bool is True (`document_starts`): a segmented
+  `lax.associative_scan`, exact (no differences of running sums)."""
+  return jax.lax.associative_scan(_segmented_add, (starts, x), axis=axis)[1]
+
+
+def in_first_document(starts):
+  """[B, T] bool: no document start at or before the token (it continues the row's first
+  document, and with it any state carried in)."""
+  return jnp.cumsum(starts, axis=1) == 0

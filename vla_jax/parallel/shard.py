@@ -43,13 +43,17 @@ def shard_sequence(op, *, axis=SEQ_AXIS, mesh=None):
       when the function is called.
 
   Raises:
-    TypeError for another op; ValueError when there is no mesh, the mesh has no axis `axis`
-    or T is not divisible by its size.
+    TypeError for another op; ValueError when there is no mesh, the mesh has no axis `axis`,
+    T is not divisible by its size, or `segment_ids` (packed documents) is given.
   """
   per_device = segment_op(op)
 
   @functools.wraps(op)
   def sharded(*args, **kwargs):
+    if kwargs.get("segment_ids") is not None:
+      raise ValueError("segment_ids (packed documents) are not supported with the sequence "
+                       "sharded over devices (context parallelism); run the op unsharded "
+                       "with impl='chunked', or do not pack")
     m = _mesh(mesh)
     if axis not in m.axis_names:
       raise ValueError(f"the mesh has no axis {axis!r} for the sequence; its axes are "

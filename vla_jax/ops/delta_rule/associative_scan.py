@@ -19,8 +19,9 @@ def _compose(earlier, later):
   return einsum("...ij,...jk->...ik", F1, F2), einsum("...ij,...jk->...ik", G1, F2) + G2
 
 
-def delta_rule_associative_scan(q, e, w, v, log_decay, S0):
-  """Same contract as `delta_rule_scan`: returns (o [B, T, H, dv], S_T [B, H, dv, dk])."""
+def delta_rule_associative_scan(q, e, w, v, log_decay, S0, starts=None):
+  """Same contract as `delta_rule_scan`: returns (o [B, T, H, dv], S_T [B, H, dv, dk]). At a
+  document start (`starts` [B, T] True) F_t is selected to 0: S_t = G_t forgets S_{t-1}."""
   dk = q.shape[-1]
   eye = jnp.eye(dk, dtype=q.dtype)
   F = jnp.broadcast_to(eye, w.shape + (dk,))
@@ -28,6 +29,8 @@ def delta_rule_associative_scan(q, e, w, v, log_decay, S0):
     F = F - einsum("bthi,bthj->bthij", e, w)
   if log_decay is not None:
     F = jnp.exp(log_decay)[..., None, None] * F
+  if starts is not None:
+    F = jnp.where(starts[:, :, None, None, None], jnp.zeros((), F.dtype), F)
   G = einsum("bthv,bthk->bthvk", v, w)
   F, G = jax.lax.associative_scan(_compose, (F, G), axis=1)
   S = einsum("bhvi,bthik->bthvk", S0, F) + G  # [B, T, H, dv, dk]: every S_t

@@ -23,12 +23,14 @@ def delta_rule_step(S, q_t, e_t, w_t, v_t, g_t):
   return einsum("bhvk,bhk->bhv", S, q_t), S
 
 
-def delta_rule_scan(q, e, w, v, log_decay, S0):
+def delta_rule_scan(q, e, w, v, log_decay, S0, starts=None):
   """Runs S_t = gamma_t S_{t-1} + (v_t - gamma_t S_{t-1} e_t) w_t^T token by token.
 
   Args:
     q, w: [B, T, H, dk]; e: [B, T, H, dk] or None (no erase); v: [B, T, H, dv];
     log_decay: [B, T, H] or None (gamma = 1); S0: [B, H, dv, dk]. All in one float dtype.
+    starts: [B, T] bool or None: S_{t-1} is replaced by 0 (selected, not multiplied) at the
+      tokens where it is True, the first token of a packed document (`document_starts`).
 
   Returns:
     o: [B, T, H, dv] with o_t = S_t q_t, and S_T: [B, H, dv, dk].
@@ -36,9 +38,13 @@ def delta_rule_scan(q, e, w, v, log_decay, S0):
   Each step is rematerialised in the backward (`jax.checkpoint`): a gradient keeps S per
   token, not every intermediate of the step.
   """
-  xs = [jnp.moveaxis(x, 1, 0) if x is not None else None for x in (q, e, w, v, log_decay)]
+  xs = [jnp.moveaxis(x, 1, 0) if x is not None else None
+        for x in (q, e, w, v, log_decay, starts)]
 
   def step(S, x):
+    *x, start = x
+    if start is not None:
+      S = jnp.where(start[:, None, None, None], jnp.zeros((), S.dtype), S)
     o_t, S = jax.checkpoint(delta_rule_step)(S, *x)
     return S, o_t
 

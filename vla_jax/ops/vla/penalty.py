@@ -31,7 +31,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops.utils import einsum, from_chunks, to_chunks, tril_inverse
+from vla_jax.ops.utils import (einsum, from_chunks, in_first_document, segment_cumsum,
+                               to_chunks, tril_inverse)
 
 
 def _symmetrize(A):
@@ -49,25 +50,38 @@ def penalty_step(A, khat_t, u_t):
   return einsum("bhij,bhj->bhi", A, khat_t), A
 
 
-def penalty_scan(khat, u, A0):
-  """Sherman-Morrison token by token. khat, u: [B, T, H, dk]; A0: [B, H, dk, dk].
+def penalty_scan(khat, u, A0, starts=None, A_reset=None):
+  """Sherman-Morrison token by token. khat, u: [B, T, H, dk]; A0: [B, H, dk, dk]. With
+  `starts` ([B, T] bool, packed documents) A_{t-1} is replaced by `A_reset` ([dk, dk]) at the
+  tokens where it is True.
 
   Each step is rematerialised in the backward (`jax.checkpoint`): a gradient keeps A per token,
   not every intermediate of the step (2.4x less temporary memory with the state scan)."""
 
   def step(A, x):
+    *x, start = x
+    if start is not None:
+      A = jnp.where(start[:, None, None, None], A_reset, A)
     w_t, A = jax.checkpoint(penalty_step)(A, *x)
     return A, w_t
 
-  A, W = jax.lax.scan(step, A0, (jnp.moveaxis(khat, 1, 0), jnp.moveaxis(u, 1, 0)))
+  xs = (jnp.moveaxis(khat, 1, 0), jnp.moveaxis(u, 1, 0),
+        None if starts is None else jnp.moveaxis(starts, 1, 0))
+  A, W = jax.lax.scan(step, A0, xs)
   return jnp.moveaxis(W, 0, 1), A
 
 
-def penalty_prefix_solve(khat, u, A0):
-  """M_t = A0^-1 + prefix-sum(u u^T) via `lax.associative_scan`, then solve M_t w_t = khat_t."""
+def penalty_prefix_solve(khat, u, A0, starts=None, A_reset=None):
+  """M_t = A0^-1 + prefix-sum(u u^T) via `lax.associative_scan`, then solve M_t w_t = khat_t.
+  With `starts` the sums restart at each document (`segment_cumsum`) and M = A_reset^-1 there."""
   M0 = _symmetrize(jnp.linalg.inv(A0))
-  M = jax.lax.associative_scan(jnp.add, einsum("bthi,bthj->bthij", u, u), axis=1)
-  M = M + M0[:, None]
+  uu = einsum("bthi,bthj->bthij", u, u)
+  if starts is None:
+    M = jax.lax.associative_scan(jnp.add, uu, axis=1) + M0[:, None]
+  else:
+    first = in_first_document(starts)[:, :, None, None, None]
+    M_reset = _symmetrize(jnp.linalg.inv(A_reset))
+    M = segment_cumsum(uu, starts) + jnp.where(first, M0[:, None], M_reset)
   W = jnp.linalg.solve(M, khat[..., None])[..., 0]
   return W, _symmetrize(jnp.linalg.inv(M[:, -1]))
 
@@ -187,5 +201,39 @@ def _penalty_chunked(khat, u, A0, chunk_size):
     return _symmetrize(A - einsum("bhck,bhcj->bhkj", Y, Y)), W
 
   xs = tuple(jnp.moveaxis(to_chunks(x, C), 2, 0) for x in (khat, u))
+  A, W = jax.lax.scan(step, A0, xs)
+  return from_chunks(jnp.moveaxis(W, 0, 2), length), A
+
+
+def penalty_chunked_documents(khat, u, A0, chunk_size, starts, A_reset):
+  """`penalty_chunked` with packed documents: A restarts at `A_reset` ([dk, dk]) at the tokens
+  where `starts` ([B, T] bool) is True. Per chunk the Gram matrix I + U A_start U^T is block
+  diagonal over the chunk's documents (A_start: A_c for the chunk's first document, A_reset
+  for those that start inside it), so one Cholesky factor serves them all; the rows' products
+  are masked to their own document by selection and the outgoing A is A_start of the chunk's
+  last document minus its own downdates. Differentiated by autodiff (no adjoint backward)."""
+  A0 = _symmetrize(A0)
+  length, C = khat.shape[1], chunk_size
+  eye = jnp.eye(C, dtype=khat.dtype)
+  doc = jnp.cumsum(to_chunks(starts[:, :, None], C), axis=-1)  # [B, 1, N, C] within chunk
+  A_reset = A_reset.astype(khat.dtype)
+
+  def step(A, xs):
+    K, U, d = xs  # [B, H, C, dk], [B, 1, C]
+    same = d[..., :, None] == d[..., None, :]
+    carried = (d == 0)[..., None]
+    UA = jnp.where(carried, einsum("bhck,bhkj->bhcj", U, A), einsum("bhck,kj->bhcj", U, A_reset))
+    gram = _symmetrize(eye + jnp.where(same, einsum("bhcj,bhdj->bhcd", UA, U), 0.0))
+    L = jnp.linalg.cholesky(gram)
+    Y = einsum("bhij,bhjk->bhik", tril_inverse(L), UA)
+    KY = jnp.where(same, jnp.tril(einsum("bhik,bhjk->bhij", K, Y)), 0.0)
+    KA = jnp.where(carried, einsum("bhck,bhkj->bhcj", K, A), einsum("bhck,kj->bhcj", K, A_reset))
+    W = KA - einsum("bhij,bhjk->bhik", KY, Y)
+    last = (d == d[..., -1:])[..., None]
+    A_start = jnp.where(d[..., -1:, None] == 0, A, A_reset)
+    Y_last = jnp.where(last, Y, 0.0)
+    return _symmetrize(A_start - einsum("bhck,bhcj->bhkj", Y_last, Y_last)), W
+
+  xs = tuple(jnp.moveaxis(to_chunks(x, C), 2, 0) for x in (khat, u)) + (jnp.moveaxis(doc, 2, 0),)
   A, W = jax.lax.scan(step, A0, xs)
   return from_chunks(jnp.moveaxis(W, 0, 2), length), A

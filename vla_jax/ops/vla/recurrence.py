@@ -9,8 +9,9 @@ from vla_jax.ops import checks
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
 from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import unit
-from vla_jax.ops.vla.penalty import penalty_chunked, penalty_prefix_solve, penalty_scan
+from vla_jax.ops.utils import document_starts, unit
+from vla_jax.ops.vla.penalty import (penalty_chunked, penalty_chunked_documents,
+                                     penalty_prefix_solve, penalty_scan)
 
 KEY_EPS = 1e-6
 WRITE_EPS = 1e-12
@@ -33,7 +34,7 @@ def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> V
 
 
 def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
-                   chunk_size=64):
+                   chunk_size=64, segment_ids=None):
   """Variational Linear Attention recurrence (Pandey & Singh, 2026), per head:
 
       khat_t = k_t / max(||k_t||, eps)
@@ -48,12 +49,18 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   Padding is exact: a step whose k and u are both zero leaves (S, A) unchanged (khat = 0 and
   u = 0 make z = 0 and a = 0), whatever q and v are. Pad with zero keys and zero u.
 
+  Packing: with `segment_ids` several documents share a row and each runs as if alone. The
+  state restarts (S = 0, A = I / lam0, by selection) at every token whose id differs from the
+  previous token's; the row's first document continues from `initial_state`, and the final
+  state is that of the row's last document.
+
   Args:
     q: [B, T, H, dk] queries (already feature-mapped).
     k: [B, T, H, dk] keys (feature-mapped; unit-normalised here with eps = 1e-6).
     v: [B, T, H, dv] values.
     u: [B, T, H, dk] penalty directions.
-    lam0: ridge strength (> 0) of the initial penalty; used only when `initial_state` is None.
+    lam0: ridge strength (> 0) of the initial penalty; used when `initial_state` is None and
+      at every document start of `segment_ids`.
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
@@ -63,6 +70,11 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
       than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
+    segment_ids: None, or [B, T] int document ids (equal ids = one document; documents are
+      contiguous; a new document starts where the id changes). impl "scan",
+      "associative_scan" and "chunked" (documents may start anywhere inside a chunk);
+      "pallas" raises ValueError. With "chunked", gradients through a row with several
+      documents come from autodiff of the penalty path (not its adjoint backward).
 
   Differentiation: every impl supports reverse mode (`jax.grad`, `jax.vjp`). "chunked" and
   "pallas" define their own backward (`jax.custom_vjp`), so forward mode (`jax.jvp`,
@@ -84,6 +96,12 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
   dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
   checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+  segment_ids = checks.check_segment_ids(segment_ids, B, T)
+  if segment_ids is not None:
+    checks.check_positive("lam0", lam0)
+  if segment_ids is not None and impl is Impl.PALLAS:
+    raise ValueError("segment_ids (packed documents) are not supported by impl='pallas'; use "
+                     "impl='chunked' (or 'scan', 'associative_scan')")
   if initial_state is not None and not isinstance(initial_state, VLAState):
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
                     f"{type(initial_state).__name__}")
@@ -110,14 +128,22 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)
+  if segment_ids is None:
+    starts = docs = None
+  else:
+    starts = document_starts(segment_ids)
+    docs = (starts, jnp.eye(dk, dtype=dtype) / jnp.asarray(lam0, dtype))  # (starts, A_reset)
   if impl is Impl.SCAN:
-    W, A = penalty_scan(khat, u, A0)
+    W, A = penalty_scan(khat, u, A0, *(docs or ()))
     core = delta_rule_scan
   elif impl is Impl.ASSOCIATIVE_SCAN:
-    W, A = penalty_prefix_solve(khat, u, A0)
+    W, A = penalty_prefix_solve(khat, u, A0, *(docs or ()))
     core = delta_rule_associative_scan
   else:
-    W, A = penalty_chunked(khat, u, A0, chunk_size)
-    core = lambda *args: delta_rule_chunked(*args, chunk_size)
-  o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0)
+    if docs is None:
+      W, A = penalty_chunked(khat, u, A0, chunk_size)
+    else:
+      W, A = penalty_chunked_documents(khat, u, A0, chunk_size, *docs)
+    core = lambda *args: delta_rule_chunked(*args[:6], chunk_size, args[6])
+  o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0, starts)
   return o.astype(out_dtype), VLAState(S=S, A=A)
