@@ -10,6 +10,15 @@ for the sequence with the padded positions deleted, wherever the pads are (left,
 between tokens); its outputs at padded positions are 0. Pads are removed by selection
 (`jnp.where`), never by multiplying with the mask, so a NaN or Inf at a padded position reaches
 neither the outputs nor the gradients.
+
+Packing: `__call__` and `prefill` also take `segment_ids` ([B, T] int; equal ids = one
+document, documents contiguous, a new document wherever the id changes), with or without
+`attention_mask`. Each document is computed as if it were alone: the recurrent state restarts
+at its first token (S = 0; VLA's A = I / lam0), a short convolution's window never reaches into
+the previous document, and softmax attention attends within the document only. Boundaries are
+read among the real tokens (a pad between two tokens of one id splits nothing). The row's first
+document continues from the cache passed to `prefill`, and the returned cache is that of the
+row's last document (so a stream continues the last document).
 """
 
 from typing import Any, NamedTuple
@@ -20,7 +29,7 @@ from flax import nnx
 
 from vla_jax.ops import checks
 from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import unit
+from vla_jax.ops.utils import document_starts, unit
 
 
 class RecurrentCache(NamedTuple):
@@ -84,6 +93,27 @@ def check_attention_mask(name, attention_mask, batch, length):
     return mask != 0
   raise TypeError(f"{name}: attention_mask must be bool (True = a real token) or integer; got "
                   f"{mask.dtype}")
+
+
+def document_ids(name, segment_ids, batch, length, mask=None):
+  """None, or `segment_ids` ([B, T] int) checked and renumbered: [B, T] int32 counting the
+  document starts among the real tokens up to each token (0 for the row's first document).
+  With `mask`, a document starts at a real token whose id differs from the previous real
+  token's; a pad takes the document of the real token before it (leading pads the first)."""
+  try:
+    ids = checks.check_segment_ids(segment_ids, batch, length)
+  except (TypeError, ValueError) as e:
+    raise type(e)(f"{name}: {e}") from None
+  if ids is None:
+    return None
+  if mask is None:
+    starts = document_starts(ids)
+  else:
+    plan = compaction(mask)
+    real = jnp.arange(length)[None, :] < plan.count[:, None]
+    starts_c = document_starts(jnp.take_along_axis(ids, plan.order, axis=1)) & real
+    starts = mask & jnp.take_along_axis(starts_c, plan.rank, axis=1)
+  return jnp.cumsum(starts, axis=1, dtype=jnp.int32)
 
 
 def mask_tokens(mask, *arrays):
@@ -170,11 +200,13 @@ class ShortConv(nnx.Module):
                                                 out_axis=())
     self.kernel = nnx.Param(init(rngs.params(), (kernel_size, features), param_dtype))
 
-  def __call__(self, x, prefix=None):
+  def __call__(self, x, prefix=None, docs=None):
     """x: [B, T, F] -> [B, T, F].
 
     `prefix` ([B, K-1, F], default zeros) holds the K-1 inputs before x: with the tail a
-    previous call returned it continues a sequence (streaming); see `tail`.
+    previous call returned it continues a sequence (streaming); see `tail`. `docs` ([B, T]
+    int, `document_ids`, or None): a token's window holds the inputs of its own document only
+    (selected, the others count as 0); the prefix belongs to document 0.
     """
     K = self.kernel_size
     w = self.kernel[...].astype(self.dtype)
@@ -183,20 +215,36 @@ class ShortConv(nnx.Module):
     else:
       xp = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
     T = x.shape[1]
-    y = sum(xp[:, i:i + T] * w[i] for i in range(K))
+    if docs is None:
+      window = lambda i: xp[:, i:i + T]
+    else:
+      dp = jnp.pad(docs, ((0, 0), (K - 1, 0)))        # the prefix is document 0's
+      window = lambda i: jnp.where((dp[:, i:i + T] == docs)[..., None], xp[:, i:i + T],
+                                   jnp.zeros((), xp.dtype))
+    y = sum(window(i) * w[i] for i in range(K))
     return jax.nn.silu(y)
 
-  def tail(self, x, prefix=None, length=None):
+  def tail(self, x, prefix=None, length=None, docs=None):
     """The last K-1 inputs of `prefix` followed by x[:, :length] (length [B] int, default all
-    of x): the next call's prefix, [B, K-1, F]."""
+    of x): the next call's prefix, [B, K-1, F]. With `docs` (as in `__call__`) the inputs of
+    documents before the last one (x[:, length - 1]'s) are 0."""
     K = self.kernel_size
+    B, T = x.shape[:2]
     if prefix is None:
-      prefix = jnp.zeros((x.shape[0], K - 1, x.shape[2]), x.dtype)
+      prefix = jnp.zeros((B, K - 1, x.shape[2]), x.dtype)
     xp = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
     if length is None:
-      return xp[:, x.shape[1]:]
+      if docs is None or K == 1:
+        return xp[:, T:]
+      length = jnp.full((B,), T)
     index = length[:, None] + jnp.arange(K - 1)[None, :]
-    return jnp.take_along_axis(xp, index[..., None], axis=1)
+    tail = jnp.take_along_axis(xp, index[..., None], axis=1)
+    if docs is None or K == 1:
+      return tail
+    dp = jnp.pad(docs, ((0, 0), (K - 1, 0)))
+    last = jnp.take_along_axis(dp, index[:, -1:], axis=1)   # the last token's document
+    same = jnp.take_along_axis(dp, index, axis=1) == last
+    return jnp.where(same[..., None], tail, jnp.zeros((), tail.dtype))
 
   def empty_prefix(self, batch_size, features):
     return jnp.zeros((batch_size, self.kernel_size - 1, features), self.dtype)
@@ -223,27 +271,31 @@ def empty_prefixes(convs, batch_size, features):
   return tuple(c.empty_prefix(batch_size, features) for c in convs) if convs else ()
 
 
-def convolve(convs, tensors, prefixes=None, mask=None):
+def convolve(convs, tensors, prefixes=None, mask=None, docs=None):
   """Applies each `ShortConv` of `convs` to its tensor, continuing from `prefixes` (a tuple, or
   None for zeros). Returns (outputs, new prefixes); with no convolutions, returns the tensors
   and ().
 
   With `mask` ([B, T] bool), the convolutions run over the real tokens only: each real token's
   window holds the real tokens before it (then the prefix), as if the pads were deleted, the
-  outputs at pads are 0, and the new prefixes end at the last real token.
+  outputs at pads are 0, and the new prefixes end at the last real token. With `docs`
+  ([B, T] int, `document_ids`), windows and prefixes stay inside their document.
   """
   if convs is None:
     return tuple(tensors), ()
   prefixes = prefixes or (None,) * len(tensors)
   if mask is None:
-    outputs = tuple(conv(t, p) for conv, t, p in zip(convs, tensors, prefixes))
-    tails = tuple(conv.tail(t, p) for conv, t, p in zip(convs, tensors, prefixes))
+    outputs = tuple(conv(t, p, docs) for conv, t, p in zip(convs, tensors, prefixes))
+    tails = tuple(conv.tail(t, p, docs=docs) for conv, t, p in zip(convs, tensors, prefixes))
     return outputs, tails
   plan = compaction(mask)
   compacted = tuple(compact(t, plan) for t in tensors)
-  outputs = tuple(expand(conv(t, p), plan, mask)
+  if docs is not None:
+    docs = jnp.take_along_axis(docs, plan.order, axis=1)
+  outputs = tuple(expand(conv(t, p, docs), plan, mask)
                   for conv, t, p in zip(convs, compacted, prefixes))
-  tails = tuple(conv.tail(t, p, plan.count) for conv, t, p in zip(convs, compacted, prefixes))
+  tails = tuple(conv.tail(t, p, plan.count, docs)
+                for conv, t, p in zip(convs, compacted, prefixes))
   return outputs, tails
 
 

@@ -58,12 +58,12 @@ class DeltaNet(nnx.Module):
       self._init_gate(d_model, num_heads, rngs, dtype, param_dtype)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _features(self, x, conv_prefix, mask=None):
+  def _features(self, x, conv_prefix, mask=None, docs=None):
     """x [B, T, d_model] -> per-head q, k, v, beta [B, T, H], log decay (or None), conv tails;
     with `mask`, k, v, beta and the log decay are 0 at the pads (no write, no decay)."""
     x = common.mask_tokens(mask, x)
     (q, k, v), tails = common.convolve(
-        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask)
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask, docs)
     if self.conv is None:
       q, k = jax.nn.silu(q), jax.nn.silu(k)
     H = self.num_heads
@@ -87,17 +87,20 @@ class DeltaNet(nnx.Module):
         conv=common.empty_prefixes(self.conv, batch_size, H * D))
 
   def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
-              attention_mask: jax.Array | None = None
+              attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None
               ) -> tuple[jax.Array, common.RecurrentCache]:
     """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache);
-    `attention_mask` ([B, T] bool, True = a real token) deletes the padded positions."""
-    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
+    `attention_mask` ([B, T] bool, True = a real token) deletes the padded positions;
+    `segment_ids` ([B, T] int) packs documents, each computed alone (`vla_jax.layers.common`)."""
+    name = type(self).__name__
+    mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
+    docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
-    q, k, v, beta, log_decay, tails = self._features(x, cache.conv, mask)
+    q, k, v, beta, log_decay, tails = self._features(x, cache.conv, mask, docs)
     o, S = parallel.sequence_op(gated_deltanet)(q, k, v, beta, log_decay,
                                                 initial_state=cache.state, impl=self.impl,
-                                                chunk_size=self.chunk_size)
+                                                chunk_size=self.chunk_size, segment_ids=docs)
     return common.mask_tokens(mask, self.out(o)), common.RecurrentCache(S, tails)
 
   def step(self, x_t: jax.Array, cache: common.RecurrentCache
@@ -110,9 +113,11 @@ class DeltaNet(nnx.Module):
                                  None if log_decay is None else log_decay[:, 0])
     return self.out(o_t[:, None])[:, 0], common.RecurrentCache(S, tails)
 
-  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
-    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`; `attention_mask` as in `prefill`."""
-    return self.prefill(x, attention_mask=attention_mask)[0]
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`; `attention_mask` and `segment_ids`
+    as in `prefill`."""
+    return self.prefill(x, attention_mask=attention_mask, segment_ids=segment_ids)[0]
 
 
 class GatedDeltaNet(DeltaNet):

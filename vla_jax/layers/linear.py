@@ -54,12 +54,12 @@ class LinearAttention(nnx.Module):
     self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _features(self, x, conv_prefix, mask=None):
+  def _features(self, x, conv_prefix, mask=None, docs=None):
     """x [B, T, d_model] -> per-head phi(q), phi(k) (in the state dtype), v and conv tails;
     with `mask`, phi(k) and v are 0 at the pads (no write to S or z)."""
     x = common.mask_tokens(mask, x)
     (q, k, v), tails = common.convolve(
-        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask)
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask, docs)
     H, f = self.num_heads, common.state_dtype(self.dtype)
     q, k, v = (common.split_heads(t, H) for t in (q, k, v))
     q, k = elu_plus_one(q.astype(f)), elu_plus_one(k.astype(f))
@@ -76,17 +76,20 @@ class LinearAttention(nnx.Module):
         conv=common.empty_prefixes(self.conv, batch_size, H * D))
 
   def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
-              attention_mask: jax.Array | None = None
+              attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None
               ) -> tuple[jax.Array, common.RecurrentCache]:
     """x [B, T, d_model] from `cache` (None: empty) -> (y [B, T, d_model], cache);
-    `attention_mask` ([B, T] bool, True = a real token) deletes the padded positions."""
-    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
+    `attention_mask` ([B, T] bool, True = a real token) deletes the padded positions;
+    `segment_ids` ([B, T] int) packs documents, each computed alone (`vla_jax.layers.common`)."""
+    name = type(self).__name__
+    mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
+    docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
-    q, k, v, tails = self._features(x, cache.conv, mask)
+    q, k, v, tails = self._features(x, cache.conv, mask, docs)
     o, state = parallel.sequence_op(linear_attention)(
         q, k, v, feature_map=None, normalize=self.normalize, initial_state=cache.state,
-        impl=self.impl, chunk_size=self.chunk_size)
+        impl=self.impl, chunk_size=self.chunk_size, segment_ids=docs)
     return common.mask_tokens(mask, self.out(o)), common.RecurrentCache(state, tails)
 
   def step(self, x_t: jax.Array, cache: common.RecurrentCache
@@ -98,6 +101,8 @@ class LinearAttention(nnx.Module):
                                        feature_map=None, normalize=self.normalize)
     return self.out(o_t[:, None])[:, 0], common.RecurrentCache(state, tails)
 
-  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
-    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`; `attention_mask` as in `prefill`."""
-    return self.prefill(x, attention_mask=attention_mask)[0]
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
+    """x: [B, T, d_model] -> [B, T, d_model] in `dtype`; `attention_mask` and `segment_ids`
+    as in `prefill`."""
+    return self.prefill(x, attention_mask=attention_mask, segment_ids=segment_ids)[0]

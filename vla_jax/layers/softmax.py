@@ -69,24 +69,31 @@ class SoftmaxAttention(nnx.Module):
     self.conv = common.short_convs(name, d_model, conv_size, **kw)
     self.out = common.OutputProjection(d_model, d_model, out_norm=False, **kw)
 
-  def _qkv(self, x, conv_prefix=None, mask=None):
+  def _qkv(self, x, conv_prefix=None, mask=None, docs=None):
     """Heads of q, k, v [B, T, H, d_h] and the convolutions' new tails (x 0 at the pads)."""
     H = self.num_heads
     x = common.mask_tokens(mask, x)
     qkv, tails = common.convolve(self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)),
-                                 conv_prefix, mask)
+                                 conv_prefix, mask, docs)
     return tuple(common.split_heads(t, H) for t in qkv) + (tails,)
 
-  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
     """x: [B, T, d_model] -> [B, T, d_model] in `dtype`. `attention_mask` ([B, T] bool,
     True = a real token; None: all real): padded keys are masked out, outputs at the pads
-    are 0."""
-    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
+    are 0. `segment_ids` ([B, T] int): packed documents; a query attends to the keys of its
+    own document only (causal AND same document; `vla_jax.layers.common`)."""
+    name = type(self).__name__
+    mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
+    docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
-    q, k, v, _ = self._qkv(x, None, mask)
-    o = jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, mask=None if mask is None else mask[:, None, None, :],
-        implementation=self.implementation)
+    q, k, v, _ = self._qkv(x, None, mask, docs)
+    allowed = None if mask is None else mask[:, None, None, :]
+    if docs is not None:
+      same = docs[:, None, :, None] == docs[:, None, None, :]    # [B, 1, T, T]
+      allowed = same if allowed is None else same & allowed
+    o = jax.nn.dot_product_attention(q, k, v, is_causal=True, mask=allowed,
+                                     implementation=self.implementation)
     return common.mask_tokens(mask, self.out(o))
 
   def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
@@ -101,14 +108,16 @@ class SoftmaxAttention(nnx.Module):
                    jnp.zeros(shape[:2], jnp.bool_), jnp.zeros((), jnp.int32),
                    common.empty_prefixes(self.conv, batch_size, self.q_proj.out_features))
 
-  def _attend_cache(self, x, cache, mask=None):
-    """Writes x's keys and values at cache.index and attends over the real tokens written."""
+  def _attend_cache(self, x, cache, mask=None, docs=None):
+    """Writes x's keys and values at cache.index and attends over the real tokens written;
+    with `docs`, the slots written before x only from x's first document, x's own keys only
+    from the same document."""
     B, T, L = x.shape[0], x.shape[1], cache.k.shape[1]
     index = common.concrete_int(cache.index)
     if T > L or (index is not None and index + T > L):
       raise ValueError(f"{type(self).__name__}: {T} more tokens after the {index or 0} written "
                        f"do not fit a KV cache of max_len={L}")
-    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv, mask)
+    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv, mask, docs)
     zero = jnp.zeros((), cache.index.dtype)  # all indices one integer type (also under x64)
     at = (zero, cache.index, zero, zero)
     keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), at)
@@ -118,19 +127,34 @@ class SoftmaxAttention(nnx.Module):
     query_pos = cache.index + jnp.arange(T)
     causal = jnp.arange(L)[None, :] <= query_pos[:, None]  # [T, L]: causal over the cache
     allowed = causal[None, None] & written[:, None, None, :]  # [B, 1, T, L]
+    if docs is not None:   # slots before index: the cache, which only document 0 continues
+      slot_docs = jax.lax.dynamic_update_slice(jnp.full((B, L), -1, docs.dtype), docs, at[:2])
+      earlier = (jnp.arange(L) < cache.index)[None, None, :]
+      same = jnp.where(earlier, (docs == 0)[:, :, None],
+                       slot_docs[:, None, :] == docs[:, :, None])   # [B, T, L]
+      allowed = allowed & same[:, None]
     o = jax.nn.dot_product_attention(q, keys, values, mask=allowed, implementation="xla")
+    if docs is not None:   # the cache keeps the last document only, as the recurrent mixers'
+      last = docs[:, -1:]
+      written = jnp.where(earlier[0], written & (last == 0), written & (slot_docs == last))
     return (common.mask_tokens(mask, self.out(o)),
             KVCache(keys, values, written, cache.index + T, tails))
 
   def prefill(self, x: jax.Array, cache: "KVCache", *,
-              attention_mask: jax.Array | None = None) -> tuple[jax.Array, "KVCache"]:
+              attention_mask: jax.Array | None = None,
+              segment_ids: jax.Array | None = None) -> tuple[jax.Array, "KVCache"]:
     """x [B, T, d_model] appended to `cache` -> (y [B, T, d_model], cache). index + T must
     stay <= max_len: checked (ValueError) when the index is concrete; under jit the caller
     keeps it (beyond it, `dynamic_update_slice` would clamp the write). Costs O(T max_len) per
     head: the masked XLA path, whatever `implementation` is. `attention_mask` ([B, T] bool,
-    True = a real token): padded tokens take cache slots but are never attended to."""
-    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
-    return self._attend_cache(x, cache, mask)
+    True = a real token): padded tokens take cache slots but are never attended to.
+    `segment_ids` ([B, T] int): packed documents as in `__call__`; the cache's earlier tokens
+    are attended to by x's first document only, and the returned cache marks the slots of
+    every document but the last as not real (a later `step` continues the last document)."""
+    name = type(self).__name__
+    mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
+    docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
+    return self._attend_cache(x, cache, mask, docs)
 
   def step(self, x_t: jax.Array, cache: "KVCache") -> tuple[jax.Array, "KVCache"]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(max_len d_h) per head."""

@@ -12,6 +12,7 @@ from vla_jax.layers import common
 from vla_jax.ops.baselines import elu_plus_one
 from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import vla_step
+from vla_jax.ops.utils import document_starts, segment_cumsum
 from vla_jax.ops.vla import initial_vla_state, vla_recurrence
 
 READOUTS = ("none", "additive", "delta")
@@ -94,12 +95,13 @@ class VLAAttention(nnx.Module):
     self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 
-  def _features(self, x, conv_prefix, mask=None):
+  def _features(self, x, conv_prefix, mask=None, docs=None):
     """x [B, T, d_model] -> per-head q, k, v (+1 channel for "delta"), u and conv tails; with
-    `mask`, k, v and u are 0 at the pads (a step that leaves the state unchanged)."""
+    `mask`, k, v and u are 0 at the pads (a step that leaves the state unchanged); `docs`
+    (`common.document_ids`) keeps the convolutions inside each document."""
     x = common.mask_tokens(mask, x)
     (q, k_raw, v), tails = common.convolve(
-        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask)
+        self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)), conv_prefix, mask, docs)
     H = self.num_heads
     u = self.penalty_scale * common.l2_normalize(common.split_heads(self.u_proj(k_raw), H))
     q = elu_plus_one(common.split_heads(q, H))
@@ -110,8 +112,9 @@ class VLAAttention(nnx.Module):
     k, v, u = common.mask_tokens(mask, k, v, u)
     return q, k, v, u, tails
 
-  def _readout(self, o, q, k, z0):
-    """o [B, T, H, dv(+1)] -> (y [B, T, d_model], the additive readout's running sum z)."""
+  def _readout(self, o, q, k, z0, docs=None):
+    """o [B, T, H, dv(+1)] -> (y [B, T, d_model], the additive readout's running sum z, which
+    restarts at each document of `docs`)."""
     f = jnp.promote_types(o.dtype, jnp.float32)
     z = z0
     if self.readout == "delta":
@@ -119,7 +122,12 @@ class VLAAttention(nnx.Module):
       sign = jnp.where(den < 0, -1.0, 1.0)
       o = num / (sign * jnp.maximum(jnp.abs(den), self.readout_eps))
     elif self.readout == "additive":
-      zs = z0[:, None].astype(f) + jnp.cumsum(k.astype(f), axis=1)
+      if docs is None:
+        zs = z0[:, None].astype(f) + jnp.cumsum(k.astype(f), axis=1)
+      else:
+        first = (docs == 0)[:, :, None, None]
+        zs = (segment_cumsum(k.astype(f), document_starts(docs))
+              + jnp.where(first, z0[:, None].astype(f), jnp.zeros((), f)))
       den = jnp.sum(zs * q.astype(f), axis=-1, keepdims=True)
       o = o.astype(f) / jnp.maximum(den, self.readout_eps)
       z = zs[:, -1]
@@ -137,18 +145,23 @@ class VLAAttention(nnx.Module):
         norm=jnp.zeros((batch_size, H, D), f) if self.readout == "additive" else ())
 
   def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
-              attention_mask: jax.Array | None = None
+              attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None
               ) -> tuple[jax.Array, common.RecurrentCache]:
     """Runs x [B, T, d_model] from `cache` (None: the empty cache) with `impl`; returns
     (y [B, T, d_model], the cache after x). `attention_mask` ([B, T] bool, True = a real
-    token; None: all real) deletes the padded positions (see `vla_jax.layers`)."""
-    mask = common.check_attention_mask(type(self).__name__, attention_mask, *x.shape[:2])
+    token; None: all real) deletes the padded positions; `segment_ids` ([B, T] int, None: one
+    document) packs documents, each computed alone (S, A, the convolutions and the additive
+    readout's sum restart; see `vla_jax.layers.common`; impl "pallas" raises)."""
+    name = type(self).__name__
+    mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
+    docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
-    q, k, v, u, tails = self._features(x, cache.conv, mask)
+    q, k, v, u, tails = self._features(x, cache.conv, mask, docs)
     o, state = parallel.sequence_op(vla_recurrence)(q, k, v, u, initial_state=cache.state,
-                                                    impl=self.impl, chunk_size=self.chunk_size)
-    y, z = self._readout(o, q, k, cache.norm)
+                                                    impl=self.impl, chunk_size=self.chunk_size,
+                                                    lam0=self.lam0, segment_ids=docs)
+    y, z = self._readout(o, q, k, cache.norm, docs)
     return common.mask_tokens(mask, y), common.RecurrentCache(state, tails, z)
 
   def step(self, x_t: jax.Array, cache: common.RecurrentCache
@@ -160,7 +173,8 @@ class VLAAttention(nnx.Module):
     y, z = self._readout(o_t[:, None], q, k, cache.norm)
     return y[:, 0], common.RecurrentCache(state, tails, z)
 
-  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None) -> jax.Array:
+  def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
     """x: [B, T, d_model] in any float dtype -> [B, T, d_model] in `dtype`; `attention_mask`
-    as in `prefill`."""
-    return self.prefill(x, attention_mask=attention_mask)[0]
+    and `segment_ids` as in `prefill`."""
+    return self.prefill(x, attention_mask=attention_mask, segment_ids=segment_ids)[0]

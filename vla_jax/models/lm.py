@@ -12,6 +12,7 @@ from flax import nnx
 from vla_jax.layers import common
 from vla_jax.layers.registry import check_mixer_options, make_mixer, mixer_class
 from vla_jax.ops import checks
+from vla_jax.ops.utils import document_starts
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -122,12 +123,13 @@ class Block(nnx.Module):
     self.norm2 = nnx.LayerNorm(config.d_model, **kw)
     self.mlp = MLP(config.d_model, config.mlp_ratio * config.d_model, **kw)
 
-  def __call__(self, x, attention_mask=None):
-    x = x + self.mixer(self.norm1(x), attention_mask=attention_mask)
+  def __call__(self, x, attention_mask=None, segment_ids=None):
+    x = x + self.mixer(self.norm1(x), attention_mask=attention_mask, segment_ids=segment_ids)
     return x + self.mlp(self.norm2(x))
 
-  def prefill(self, x, cache, attention_mask=None):
-    y, cache = self.mixer.prefill(self.norm1(x), cache, attention_mask=attention_mask)
+  def prefill(self, x, cache, attention_mask=None, segment_ids=None):
+    y, cache = self.mixer.prefill(self.norm1(x), cache, attention_mask=attention_mask,
+                                  segment_ids=segment_ids)
     x = x + y
     return x + self.mlp(self.norm2(x)), cache
 
@@ -137,8 +139,8 @@ class Block(nnx.Module):
     return x_t + self.mlp(self.norm2(x_t)), cache
 
 
-def _apply_block(block, x, attention_mask):
-  return block(x, attention_mask)
+def _apply_block(block, x, attention_mask, segment_ids):
+  return block(x, attention_mask, segment_ids)
 
 
 class ModelCache(NamedTuple):
@@ -174,56 +176,81 @@ class LanguageModel(nnx.Module):
     self.head = (None if config.tie_embeddings else
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
-  def _embed(self, tokens, offset, mask=None):
+  def _embed(self, tokens, offset, mask=None, docs=None):
     """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model].
     With `mask` ([B, T] bool) a token's position counts the real tokens before it only, so a
-    padded sequence embeds its real tokens as the unpadded one does."""
-    T = tokens.shape[1]
+    padded sequence embeds its real tokens as the unpadded one does; with `docs`
+    (`common.document_ids`) positions restart at 0 at each document start (`offset` counts
+    for the row's first document only)."""
     x = self.embed(tokens)
     if self.config.pos_emb == "none":
       return x
-    offset = jnp.asarray(offset, jnp.int32).reshape(-1, 1)  # [1, 1] or [B, 1]
-    if mask is None:
-      positions = offset + jnp.arange(T, dtype=jnp.int32)[None]
-    else:  # pads get position 0 (any valid row of the table; their outputs are not used)
-      positions = jnp.where(mask, offset + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+    positions = self._positions(tokens.shape, offset, mask, docs)[0]
     if self.config.pos_emb == "learned":
       return x + self.pos_embed(positions)
     return x + sinusoidal_positions(positions, self.config.d_model).astype(x.dtype)
+
+  def _positions(self, shape, offset, mask, docs):
+    """(positions [B, T] int32, the next position [B] int32) of tokens of `shape` [B, T] after
+    `offset` (int or [B]); see `_embed`. Pads get position 0 (any valid row of the table;
+    their outputs are not used)."""
+    real = jnp.ones(shape, jnp.bool_) if mask is None else mask
+    offset = jnp.broadcast_to(jnp.asarray(offset, jnp.int32).reshape(-1), shape[:1])
+    rank = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1          # index among real tokens
+    count = rank[:, -1] + 1 if shape[1] else jnp.zeros(shape[:1], jnp.int32)
+    if docs is None:
+      positions, following = offset[:, None] + rank, offset + count
+    else:
+      start = jax.lax.cummax(jnp.where(document_starts(docs), rank, 0), axis=1)
+      first = docs == 0
+      positions = jnp.where(first, offset[:, None] + rank, rank - start)
+      following = jnp.where(first[:, -1], offset + count, count - start[:, -1])
+    return jnp.where(real, positions, 0), following
 
   def _logits(self, x):
     x = self.final_norm(x)
     logits = self.embed.attend(x) if self.head is None else self.head(x)
     return logits.astype(jnp.float32)
 
-  def _mask(self, tokens, attention_mask):
-    return common.check_attention_mask("LanguageModel", attention_mask, *tokens.shape[:2])
+  def _mask(self, tokens, attention_mask, segment_ids=None):
+    """The checked mask and `common.document_ids` of `segment_ids`."""
+    mask = common.check_attention_mask("LanguageModel", attention_mask, *tokens.shape[:2])
+    return mask, common.document_ids("LanguageModel", segment_ids, *tokens.shape[:2], mask)
 
-  def features(self, tokens: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+  def features(self, tokens: jax.Array, attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
     """tokens: [B, T] int, T <= max_len -> the last block's output [B, T, d_model] (before
-    the final LayerNorm and the head; `head_logits` maps it to logits). `attention_mask` as
-    in `__call__`."""
+    the final LayerNorm and the head; `head_logits` maps it to logits). `attention_mask` and
+    `segment_ids` as in `__call__`."""
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
-    mask = self._mask(tokens, attention_mask)
-    x = self._embed(tokens, 0, mask)
+    mask, docs = self._mask(tokens, attention_mask, segment_ids)
+    x = self._embed(tokens, 0, mask, docs)
     for block in self.blocks:
-      x = nnx.remat(_apply_block)(block, x, mask) if self.config.remat else block(x, mask)
+      x = (nnx.remat(_apply_block)(block, x, mask, docs) if self.config.remat
+           else block(x, mask, docs))
     return x
 
   def head_logits(self, x: jax.Array) -> jax.Array:
     """Features [..., d_model] -> logits [..., vocab_size] float32 (final LayerNorm, head)."""
     return self._logits(x)
 
-  def __call__(self, tokens: jax.Array, attention_mask: jax.Array | None = None) -> jax.Array:
+  def __call__(self, tokens: jax.Array, attention_mask: jax.Array | None = None,
+               segment_ids: jax.Array | None = None) -> jax.Array:
     """tokens: [B, T] int, T <= max_len -> logits [B, T, vocab_size] float32.
 
     `attention_mask` ([B, T] bool, True = a real token; None: all real) marks padding, left,
     right or anywhere: the logits at the real tokens equal those of the unpadded sequences
     (positions count real tokens only); those at the pads mean nothing.
+
+    `segment_ids` ([B, T] int; None: one document per row) packs several documents into a
+    row: equal ids form one document, documents are contiguous, and a document starts where
+    the id changes. Each document's logits equal those of the document alone: positions
+    restart at 0, and every mixer restarts its state, convolution and attention there
+    (`vla_jax.layers.common`). Both arguments may be given.
     """
-    return self._logits(self.features(tokens, attention_mask))
+    return self._logits(self.features(tokens, attention_mask, segment_ids))
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> ModelCache:
     """An empty streaming cache for sequences of up to `max_len` tokens (default
@@ -249,22 +276,24 @@ class LanguageModel(nnx.Module):
                        f"{self.config.max_len} (learned position embeddings)")
 
   def prefill(self, tokens: jax.Array, cache: ModelCache,
-              attention_mask: jax.Array | None = None) -> tuple[jax.Array, ModelCache]:
+              attention_mask: jax.Array | None = None,
+              segment_ids: jax.Array | None = None) -> tuple[jax.Array, ModelCache]:
     """Runs a prompt tokens [B, T] through the model from `cache` with the mixers' sequence
     ops (any impl) -> (logits [B, T, vocab_size] float32, the cache after the prompt).
     `attention_mask` ([B, T] bool, True = a real token) marks padding as in `__call__` (a
     batch of prompts of different lengths, left-padded, continues with `step` as each prompt
-    alone would). Raises ValueError when the tokens do not fit (see `_check_room`; KV caches
-    are checked by their layers)."""
+    alone would). `segment_ids` packs documents as in `__call__`: the first continues the
+    cache, and the returned cache (positions included) continues the last. Raises ValueError
+    when the tokens do not fit (see `_check_room`; KV caches are checked by their layers)."""
     self._check_room(cache, tokens.shape[1])
-    mask = self._mask(tokens, attention_mask)
-    x = self._embed(tokens, cache.position, mask)
+    mask, docs = self._mask(tokens, attention_mask, segment_ids)
+    x = self._embed(tokens, cache.position, mask, docs)
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
-      x, layer_cache = block.prefill(x, layer_cache, mask)
+      x, layer_cache = block.prefill(x, layer_cache, mask, docs)
       layers.append(layer_cache)
-    seen = tokens.shape[1] if mask is None else jnp.sum(mask, axis=1, dtype=jnp.int32)
-    return self._logits(x), ModelCache(cache.position + seen, tuple(layers))
+    position = self._positions(tokens.shape, cache.position, mask, docs)[1]
+    return self._logits(x), ModelCache(position, tuple(layers))
 
   def step(self, token: jax.Array, cache: ModelCache) -> tuple[jax.Array, ModelCache]:
     """One token per sequence, token [B] int -> (logits [B, vocab_size] float32, cache)."""

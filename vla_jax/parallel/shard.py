@@ -50,7 +50,7 @@ def shard_sequence(op, *, axis=SEQ_AXIS, mesh=None):
 
   @functools.wraps(op)
   def sharded(*args, **kwargs):
-    if kwargs.get("segment_ids") is not None:
+    if kwargs.pop("segment_ids", None) is not None:
       raise ValueError("segment_ids (packed documents) are not supported with the sequence "
                        "sharded over devices (context parallelism); run the op unsharded "
                        "with impl='chunked', or do not pack")
