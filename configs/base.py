@@ -25,7 +25,10 @@ def mixer_options():
 
 def get_base_config():
   config = ml_collections.ConfigDict()
-  config.task = ml_collections.ConfigDict({"name": "mqar"})
+  # pack: examples per training row (1: off). pack > 1 concatenates that many examples into
+  # each row with segment ids, so every example is still computed alone (positions, states,
+  # convolutions and attention restart; vla_jax.tasks.packing); evaluation is unpacked.
+  config.task = ml_collections.ConfigDict({"name": "mqar", "pack": 1})
   config.model = ml_collections.ConfigDict({
       "mixer": "vla",
       "d_model": 128,

@@ -14,6 +14,7 @@ from vla_jax.configs import base
 def get_config():
   config = base.get_base_config()
   config.task = base.ml_collections.ConfigDict({
-      "name": "npz", "vocab_size": 8192, "train_path": "", "eval_path": "", "valid_path": ""})
+      "name": "npz", "vocab_size": 8192, "train_path": "", "eval_path": "", "valid_path": "",
+      "pack": 1})
   config.model.update({"d_model": 128, "num_heads": 4, "head_dim": 32})
   return config

@@ -5,6 +5,7 @@ from vla_jax.tasks import copy as copy_task
 from vla_jax.tasks import mqar
 from vla_jax.tasks.common import rng_for
 from vla_jax.tasks.npz import load_npz
+from vla_jax.tasks.packing import PackedTask
 
 TRAIN, EVAL = 1, 2
 # Validation sets of generated tasks are drawn like the test sets, from seed + this offset.
@@ -95,8 +96,18 @@ class NpzTask:
 
 
 def make_task(name, fields):
-  """Builds task `name` ("mqar", "copy" or "npz") from a dict of its fields."""
+  """Builds task `name` ("mqar", "copy" or "npz") from a dict of its fields. The field `pack`
+  (default 1: off) packs that many examples into each training row (`PackedTask`)."""
   fields = dict(fields)
+  pack = fields.pop("pack", 1)
+  if not isinstance(pack, int) or isinstance(pack, bool) or pack < 1:
+    raise ValueError(f"task.pack must be an int >= 1 (examples per training row; 1: no "
+                     f"packing); got {pack!r}")
+  task = _make_task(name, fields)
+  return PackedTask(task, pack) if pack > 1 else task
+
+
+def _make_task(name, fields):
   try:
     if name == "mqar":
       return MQARTask(mqar.MQARConfig(**fields))

@@ -110,9 +110,9 @@ class SweepTrainer:
   def run_params(self, params, index):
     return jax.tree.map(lambda x: x[index], params)
 
-  def _train_one(self, params, opt_state, lr, inputs, labels):
+  def _train_one(self, params, opt_state, lr, inputs, labels, segment_ids=None):
     def loss_fn(p):
-      return model_loss(self.model(p), inputs, labels, self.max_targets)
+      return model_loss(self.model(p), inputs, labels, self.max_targets, segment_ids)
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = self.tx.update(grads, opt_state, params)
@@ -121,10 +121,11 @@ class SweepTrainer:
     acc = aux["correct"].sum() / jnp.maximum(aux["targets"].sum(), 1)
     return params, opt_state, loss, acc
 
-  def _train_step(self, state, inputs, labels):
-    """inputs, labels: [R, B, T]. Returns the new state and per-run loss and accuracy [R]."""
+  def _train_step(self, state, inputs, labels, segment_ids=None):
+    """inputs, labels (segment_ids of packed rows, or None): [R, B, T]. Returns the new state
+    and per-run loss and accuracy [R]."""
     params, opt_state, loss, acc = jax.vmap(self._train_one)(
-        state["params"], state["opt_state"], self.lrs, inputs, labels)
+        state["params"], state["opt_state"], self.lrs, inputs, labels, segment_ids)
     return ({"step": state["step"] + 1, "params": params, "opt_state": opt_state},
             {"loss": loss, "accuracy": acc})
 
@@ -133,14 +134,14 @@ class SweepTrainer:
     return jnp.stack([aux["correct"], aux["targets"]], axis=1)
 
   def batch(self, step):
-    """Host batches of every run at `step`: inputs, labels [R, B, T] (runs of one seed share
-    their data)."""
+    """Host batches of every run at `step`: inputs, labels [R, B, T], and segment ids
+    [R, B, T] for a packed task (runs of one seed share their data)."""
     bs = self.config.train.batch_size
     data = {s: self.task.train_batch(s, step, bs) for s in self.seeds}
     for s in self.seeds:
       check_max_targets(data[s][1], self.max_targets, where=f"seed {s} train batch {step}")
-    return (np.stack([data[s][0] for s, _ in self.runs]),
-            np.stack([data[s][1] for s, _ in self.runs]))
+    return tuple(np.stack([data[s][i] for s, _ in self.runs])
+                 for i in range(len(data[self.seeds[0]])))
 
   def eval_sets(self, validation=False):
     """{name: (inputs, labels) [R, N, T]}: each run scored on its own seed's test sets, or
@@ -257,8 +258,8 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
   segment = {}   # added to the segment's first row: its compile time and commit
   try:
     with preemption.StopSignal() as stop:
-      for step, (inputs, labels) in _prefetch(trainer, start, end):
-        state, metrics = trainer.train_step(state, inputs, labels)
+      for step, batch in _prefetch(trainer, start, end):
+        state, metrics = trainer.train_step(state, *batch)
         done = step + 1
         segment = progress.segment_start(done, metrics, commit, log) or segment
         if done % tc.log_every == 0 or done == end or stop.requested:

@@ -62,8 +62,9 @@ def lm_loss(logits, labels):
   return loss, {"correct": correct, "targets": targets, "loss_sum": nll.sum()}
 
 
-def model_loss(model, inputs, labels, max_targets=None):
-  """`lm_loss` of `model` on inputs, labels [B, T].
+def model_loss(model, inputs, labels, max_targets=None, segment_ids=None):
+  """`lm_loss` of `model` on inputs, labels [B, T] (packed rows: with `segment_ids` [B, T],
+  `vla_jax.tasks.packing`).
 
   With `max_targets` (an int, at least every row's number of targets) the output head runs
   only at each row's first `max_targets` target positions (gathered in order; rows with fewer
@@ -73,9 +74,10 @@ def model_loss(model, inputs, labels, max_targets=None):
   `check_max_targets` guards the host batches.
   """
   if max_targets is None or max_targets >= labels.shape[1]:
-    return lm_loss(model(inputs), labels)
+    return lm_loss(model(inputs, segment_ids=segment_ids), labels)
   order = jnp.argsort(labels == IGNORE, axis=1, stable=True)[:, :max_targets]   # targets first
-  x = jnp.take_along_axis(model.features(inputs), order[..., None], axis=1)
+  x = jnp.take_along_axis(model.features(inputs, segment_ids=segment_ids), order[..., None],
+                          axis=1)
   return lm_loss(model.head_logits(x), jnp.take_along_axis(labels, order, axis=1))
 
 
@@ -114,9 +116,9 @@ class Trainer:
     repl = sharding.replicated(self.mesh)
     data = sharding.batch_sharding(self.mesh)
     tokens = sharding.token_sharding(self.mesh)
-    self.train_step = jax.jit(self._on_mesh(self._train_step),
-                              in_shardings=(repl, tokens, tokens),
-                              out_shardings=(repl, repl), donate_argnums=0)
+    self._jit_train_step = jax.jit(self._on_mesh(self._train_step),
+                                   in_shardings=(repl, tokens, tokens, tokens),
+                                   out_shardings=(repl, repl), donate_argnums=0)
     self.eval_step = jax.jit(self._on_mesh(self._eval_step), in_shardings=(repl, tokens, tokens),
                              out_shardings=data, static_argnums=3)
 
@@ -130,9 +132,14 @@ class Trainer:
   def model(self, params):
     return nnx.merge(self.graphdef, params, self.rest)
 
-  def _train_step(self, state, inputs, labels):
+  def train_step(self, state, inputs, labels, segment_ids=None):
+    """One optimizer step on inputs, labels [B, T] (and the segment ids [B, T] of packed
+    rows, `vla_jax.tasks.packing`); returns (state, metrics)."""
+    return self._jit_train_step(state, inputs, labels, segment_ids)
+
+  def _train_step(self, state, inputs, labels, segment_ids=None):
     def loss_fn(params):
-      loss, aux = model_loss(self.model(params), inputs, labels, self.max_targets)
+      loss, aux = model_loss(self.model(params), inputs, labels, self.max_targets, segment_ids)
       return loss, aux
 
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
@@ -300,10 +307,9 @@ def _train(trainer, workdir, stop_after, log, start_time):
   try:
     with preemption.StopSignal() as stop:
       for step in range(start, end):
-        inputs, labels = trainer.task.train_batch(tc.seed, step, tc.batch_size)
-        check_max_targets(labels, trainer.max_targets, where=f"train batch {step}")
-        state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, inputs,
-                                                                         labels))
+        batch = trainer.task.train_batch(tc.seed, step, tc.batch_size)  # (+ segment_ids packed)
+        check_max_targets(batch[1], trainer.max_targets, where=f"train batch {step}")
+        state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, *batch))
         done = step + 1
         segment = progress.segment_start(done, metrics, commit, log) or segment
         if done % tc.log_every == 0 or done == end or stop.requested:
