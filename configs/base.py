@@ -62,5 +62,6 @@ def get_base_config():
       "keep_checkpoints": 2,
       "tensorboard": False,  # True: TensorBoard scalars under <workdir>/tb (tensorboardX)
       "seq_devices": 1,  # devices along each sequence (vla_jax.parallel)
+      "diagnostics_every": 0,  # N > 0: probe the layers every N steps (vla_jax.training.probe)
   })
   return config

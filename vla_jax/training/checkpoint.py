@@ -39,7 +39,7 @@ RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to c
 PARTIAL = ".partial"        # suffix of a step being written
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
-         "keep_checkpoints", "tensorboard", "seq_devices")
+         "keep_checkpoints", "tensorboard", "seq_devices", "diagnostics_every")
 # Per section, settings of the same kind (memory against compute only); a config.json written
 # before such a setting existed lacks it.
 _FREE_BY_SECTION = {"task": (), "model": ("remat",)}
