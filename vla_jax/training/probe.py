@@ -32,9 +32,9 @@ import numpy as np
 
 from vla_jax import diagnostics
 from vla_jax.layers.vla import VLAAttention
+from vla_jax.training import curves
 
 PROBE_STEP = 2**31 - 1   # the probe batch's index in the training stream: no run reaches it
-ROW_KEY = "diagnostics"
 
 
 def probe_inputs(task, seed: int, batch_size: int):
@@ -129,5 +129,5 @@ def row(step: int, metrics: dict) -> dict:
   for name, value in jax.device_get(metrics).items():
     value = np.asarray(value, np.float64)
     values[name] = value.tolist() if value.ndim else float(value)
-  return {"step": int(step), ROW_KEY: values}
+  return {"step": int(step), curves.DIAGNOSTICS_KEY: values}
 
