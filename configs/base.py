@@ -14,7 +14,8 @@ def mixer_options():
       "vla": {"readout": "none", "lam0": 1.0,
               "penalty_scale": ml_collections.FieldReference(None, field_type=float),
               "conv_size": 4,
-              "out_norm": True},
+              "out_norm": True,
+              "u_init": "random"},
       # conv_size 0: standard attention; 4 gives it the recurrent mixers' short convolution.
       "softmax": {"implementation": "auto", "conv_size": 0},
       "linear": {"normalize": True, "conv_size": 4, "out_norm": True},
@@ -65,5 +66,6 @@ def get_base_config():
       "keep_checkpoints": 2,
       "tensorboard": False,  # True: TensorBoard scalars under <workdir>/tb (tensorboardX)
       "seq_devices": 1,  # devices along each sequence (vla_jax.parallel)
+      "diagnostics_every": 0,  # N > 0: probe the layers every N steps (vla_jax.training.probe)
   })
   return config

@@ -1,12 +1,16 @@
 r"""Draws a run's curves (loss, accuracy, learning rate, steps/s) from its metrics.jsonl into
-one PNG and prints its path.
+one PNG and prints its path; a run trained with train.diagnostics_every > 0 also gets
+diagnostics.png, its runs compared by outcome (solved in blue, failed in red).
 
     python experiments/plot_run.py --workdir=runs/demo            # runs/demo/curves.png
     python experiments/plot_run.py --workdir=runs/sweep --out=plots/sweep.png
+    python experiments/plot_run.py --workdir=runs/seed0 --compare=runs/seed1,runs/seed2
 
-A sweep's workdir gives one line per (seed, learning rate) run. Needs matplotlib
-(pip install 'vla-jax[plot]').
+A sweep's workdir gives one line per (seed, learning rate) run. --compare adds other runs (or
+sweeps) to the diagnostics figure. Needs matplotlib (pip install 'vla-jax[plot]').
 """
+
+import os
 
 from absl import app, flags
 
@@ -14,6 +18,11 @@ from vla_jax.training import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's (or sweep's) folder.")
 _OUT = flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/curves.png).")
+_COMPARE = flags.DEFINE_list("compare", [], "More runs' folders for the diagnostics figure.")
+_DIAGNOSTICS_OUT = flags.DEFINE_string("diagnostics_out", None, "Diagnostics PNG (default: "
+                                       "<workdir>/diagnostics.png).")
+_SOLVED = flags.DEFINE_float("solved", 0.9, "Final test accuracy from which a run counts as "
+                             "solved in the diagnostics figure.")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -25,6 +34,10 @@ def main(argv):
 
   with cli.user_errors("plot_run.py"):
     print(curves.plot_run(_WORKDIR.value, _OUT.value))
+    workdirs = [_WORKDIR.value] + _COMPARE.value
+    if any(curves.has_diagnostics(w) for w in workdirs):
+      out = _DIAGNOSTICS_OUT.value or os.path.join(_WORKDIR.value, "diagnostics.png")
+      print(curves.plot_diagnostics(workdirs, out, solved=_SOLVED.value))
 
 
 if __name__ == "__main__":

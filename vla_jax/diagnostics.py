@@ -8,6 +8,10 @@
   Prop. 2 claims 1 always).
 - `vla_jacobian_product_norms`: the spectral norm of products of those Jacobians over spans of
   tokens, which is what bounds how a perturbation of the memory grows over a long context.
+- `khat_and_write_directions`, `penalty_conditioning`: VLA's unit keys and write directions
+  a_t (their cosine a_t . khat_t), and cond(A_t) of the penalty inverse at chosen tokens.
+- `vla_layer_inputs`, `layer_state_norms`: the inputs of each VLA layer of a `LanguageModel`,
+  and ||S_t||_F inside each of its recurrent layers.
 
 All take [B, T, H, D] inputs like the recurrences and return float32 (float64 in x64) arrays.
 """
@@ -75,7 +79,17 @@ def state_norm_trace(mixer, q, k, v, *, u=None, beta=None, log_decay=None, lam0=
   return jnp.moveaxis(jnp.concatenate([first, norms], axis=0), 0, 1)
 
 
-def _khat_and_a(k, u, lam0):
+def khat_and_write_directions(k, u, lam0=1.0):
+  """VLA's unit keys and unit write directions.
+
+  Args:
+    k, u: [B, T, H, dk] keys (feature-mapped) and penalty directions, as given to
+      `vla_recurrence`; lam0: initial ridge (A_0 = I / lam0).
+
+  Returns:
+    (khat, a), each [B, T, H, dk]: khat_t = k_t / ||k_t|| and a_t = A_t khat_t / ||A_t khat_t||
+    (0 at a padding token, k = u = 0).
+  """
   B, T, H, dk = checks.check_tokens("k", k)
   checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
   dtype = checks.compute_dtype(k, u)
@@ -84,6 +98,34 @@ def _khat_and_a(k, u, lam0):
   A0 = initial_vla_state(B, H, dk, 1, lam0=lam0, dtype=dtype).A
   W, _ = penalty_scan(khat, u, A0)
   return khat, unit(W, WRITE_EPS)
+
+
+def penalty_conditioning(u, positions, *, lam0=1.0):
+  """Condition numbers of VLA's penalty inverse A_t at the given token counts.
+
+  cond(A_t) = cond(M_t) = lambda_max(M_t) / lambda_min(M_t) with M_t = A_t^-1 =
+  lam0 I + sum_{s<=t} u_s u_s^T; M_t is summed directly (every eigenvalue is >= lam0, so the
+  symmetric eigensolver is accurate to the dtype's precision), never inverted.
+
+  Args:
+    u: [B, T, H, dk] penalty directions; positions: token counts t in [1, T] (ints, static);
+      lam0: initial ridge (> 0).
+
+  Returns:
+    [B, len(positions), H] condition numbers (1 for u = 0).
+  """
+  B, T, H, dk = checks.check_tokens("u", u)
+  checks.check_positive("lam0", lam0)
+  positions = [int(t) for t in positions]
+  if not positions or any(not 1 <= t <= T for t in positions):
+    raise ValueError(f"positions must be token counts in [1, T={T}]; got {positions}")
+  dtype = checks.compute_dtype(u)
+  u = u.astype(dtype)
+  eye = lam0 * jnp.eye(dk, dtype=dtype)
+  M = jnp.stack([eye + einsum("bshi,bshj->bhij", u[:, :t], u[:, :t]) for t in positions],
+                axis=1)
+  eig = jnp.linalg.eigvalsh(M)                  # ascending, [B, P, H, dk]
+  return eig[..., -1] / eig[..., 0]
 
 
 def jacobian_norm_closed_form(c):
@@ -103,7 +145,7 @@ def vla_jacobian_norms(k, u, *, lam0=1.0):
     sqrt((3 - 2c + sqrt(5 - 4c)) / 2); 1 at a padding token, k = u = 0, where khat = a = 0
     and J_t = I) and "cosine" ([B, T, H], c = a_t . khat_t; 0 at padding).
   """
-  khat, a = _khat_and_a(k, u, lam0)
+  khat, a = khat_and_write_directions(k, u, lam0)
   dk = khat.shape[-1]
   J = jnp.eye(dk, dtype=khat.dtype) - einsum("bthi,bthj->bthij", khat, a)
   c = jnp.sum(khat * a, axis=-1)
@@ -122,7 +164,7 @@ def vla_jacobian_product_norms(k, u, *, span, lam0=1.0):
   Returns:
     [B, T // span, H] spectral norms.
   """
-  khat, a = _khat_and_a(k, u, lam0)
+  khat, a = khat_and_write_directions(k, u, lam0)
   B, T, H, dk = khat.shape
   if not checks.is_int(span) or not 1 <= span <= T:
     raise ValueError(f"span must be an int in [1, T={T}]; got {span!r}")

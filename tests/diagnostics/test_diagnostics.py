@@ -139,3 +139,23 @@ def test_layer_state_norms_follow_the_layers_memory(x64, mixer):
     want = diagnostics.state_norm_trace("vla", first["q"], first["k"], first["v"],
                                         u=first["u"], lam0=first["lam0"])
     np.testing.assert_allclose(traces[0], want, rtol=1e-5)
+
+
+def test_penalty_conditioning_and_write_directions_match_oracle(x64):
+  q, k, v, u = random_inputs(35, 2, 9, 2, 5, 3)
+  u = 3.0 * u      # ||u|| ~ 3: cond(A_t) reaches ~10 within 9 tokens
+  positions = (1, 4, 9)
+  cond = diagnostics.penalty_conditioning(u, positions, lam0=0.5)
+  khat, a = diagnostics.khat_and_write_directions(k, u, lam0=0.5)
+  assert cond.shape == (2, 3, 2) and khat.shape == a.shape == (2, 9, 2, 5)
+  for p, t in enumerate(positions):
+    A = oracles.vla(*(x[:, :t] for x in (q, k, v, u)), lam0=0.5)[2]     # A_t [B, H, dk, dk]
+    eig = np.linalg.eigvalsh(A)
+    np.testing.assert_allclose(cond[:, p], eig[..., -1] / eig[..., 0], rtol=1e-10)
+    w = np.einsum("bhij,bhj->bhi", A, khat[:, t - 1])
+    np.testing.assert_allclose(a[:, t - 1], w / np.linalg.norm(w, axis=-1, keepdims=True),
+                               rtol=1e-10)
+  assert cond.max() > 5.0     # the inputs test a spread spectrum, not A ~ I
+  np.testing.assert_allclose(diagnostics.penalty_conditioning(0 * u, (9,)), 1.0)
+  with pytest.raises(ValueError, match=r"positions must be token counts in \[1, T=9\]"):
+    diagnostics.penalty_conditioning(u, (0, 9))

@@ -222,10 +222,22 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: SoftmaxAttention(16, 2, 4, rngs=nnx.Rngs(0)), "must equal d_model"),
     (lambda: VLAAttention(16, 2, readout="ratio", rngs=nnx.Rngs(0)), "readout must be one of"),
     (lambda: VLAAttention(16, 2, lam0=0.0, rngs=nnx.Rngs(0)), "lam0"),
-], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0"])
+    (lambda: VLAAttention(16, 2, u_init="zeros", rngs=nnx.Rngs(0)), "u_init must be one of"),
+], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
+        "u_init"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
     call()
+
+
+def test_u_init_identity_sets_w_u_only():
+  default = VLAAttention(D, H, rngs=nnx.Rngs(0))
+  identity = VLAAttention(D, H, u_init="identity", rngs=nnx.Rngs(0))
+  np.testing.assert_array_equal(identity.u_proj.kernel[...], np.eye(D))
+  assert not np.allclose(default.u_proj.kernel[...], np.eye(D), atol=0.1)
+  for name in ("q_proj", "k_proj", "v_proj"):   # the other draws are unchanged
+    np.testing.assert_array_equal(getattr(identity, name).kernel[...],
+                                  getattr(default, name).kernel[...])
 
 
 def test_registry_covers_all_mixers():

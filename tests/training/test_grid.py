@@ -83,10 +83,11 @@ def test_stop_sends_sigterm_then_kills_what_is_left(tmp_path):
 
 def test_a_job_is_done_with_every_run_at_the_same_overrides():
   """Done once its rows cover every seed and rate made with the call's result-changing
-  overrides (train.checkpoint_every is not one); the sweep command records them in its tag."""
+  overrides (train.checkpoint_every and train.diagnostics_every are not); the sweep command
+  records them in its tag."""
   jobs = grid.select_jobs(["zoology"], rates=["1e-3"])
   job, seeds = jobs[0], [0, 1]
-  free = [("train.checkpoint_every", "500")]
+  free = [("train.checkpoint_every", "500"), ("train.diagnostics_every", "50")]
   rows = [{"job": job.name, "seed": s, "learning_rate": 1e-3} for s in seeds]
   assert grid.is_done(job, rows, seeds, free) and not grid.is_done(job, rows[:1], seeds, free)
   assert not grid.is_done(jobs[1], rows, seeds, free)
@@ -99,4 +100,5 @@ def test_a_job_is_done_with_every_run_at_the_same_overrides():
   tag = json.loads(next(c for c in cmd if c.startswith("--tag=")).split("=", 1)[1])
   assert tag["overrides"] == {"train.num_steps": "10"} and tag["job"] == job.name
   assert "--out=/out/zoology.jsonl" in cmd and "--config=/repo/configs/mqar_zoology.py:64" in cmd
-  assert cmd[-2:] == ["--config.train.num_steps=10", "--config.train.checkpoint_every=500"]
+  assert cmd[-3:] == ["--config.train.num_steps=10", "--config.train.checkpoint_every=500",
+                      "--config.train.diagnostics_every=50"]

@@ -16,6 +16,7 @@ from vla_jax.ops.utils import document_starts, segment_cumsum
 from vla_jax.ops.vla import initial_vla_state, vla_recurrence
 
 READOUTS = ("none", "additive", "delta")
+U_INITS = ("random", "identity")
 # Chosen by measurement on MQAR (it learns fastest; see vla_jax/layers/README.md).
 DEFAULT_READOUT = "none"
 
@@ -49,6 +50,9 @@ class VLAAttention(nnx.Module):
     penalty_scale: norm of u per head (default 1 / sqrt(head_dim), the authors' choice).
     readout: "none" | "additive" | "delta" (default `DEFAULT_READOUT`).
     readout_eps: the floor of the readout's denominator (default 1e-6).
+    u_init: W_u's initialisation: "random" (default; flax's LeCun normal, as every projection)
+      or "identity" (W_u = I: each u_t starts along its raw key k_raw_t). u is normalised, so
+      W_u's scale sets only how fast training turns u, not u itself.
     conv_size: the width of a causal depthwise convolution with SiLU applied to the projected
       q, k and v before the feature map (default 4, the setting every experiment uses: without
       it the layer does not learn MQAR, see vla_jax/layers/README.md); 0 for none, the
@@ -63,13 +67,15 @@ class VLAAttention(nnx.Module):
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
                impl: str | Impl = "chunked", chunk_size: int = 64, lam0: float = 1.0,
                penalty_scale: float | None = None, readout: str = DEFAULT_READOUT,
-               readout_eps: float = 1e-6, conv_size: int = common.DEFAULT_CONV_SIZE,
+               readout_eps: float = 1e-6, u_init: str = "random",
+               conv_size: int = common.DEFAULT_CONV_SIZE,
                out_norm: bool = True, dtype: DTypeLike = jnp.float32,
                param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
     self.readout = common.check_choice(name, "readout", readout, READOUTS)
+    self.u_init = common.check_choice(name, "u_init", u_init, U_INITS)
     if not lam0 > 0:
       raise ValueError(f"{name}: lam0 must be > 0; got {lam0!r}")
     self.lam0 = float(lam0)
@@ -92,6 +98,8 @@ class VLAAttention(nnx.Module):
     self.k_proj = common.dense(d_model, inner, use_bias=True, **kw)
     self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
     self.u_proj = common.dense(inner, inner, use_bias=False, **kw)
+    if self.u_init == "identity":
+      self.u_proj.kernel[...] = jnp.eye(inner, dtype=self.u_proj.kernel[...].dtype)
     self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
 

@@ -39,10 +39,13 @@ RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to c
 PARTIAL = ".partial"        # suffix of a step being written
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
-         "keep_checkpoints", "tensorboard", "seq_devices")
+         "keep_checkpoints", "tensorboard", "seq_devices", "diagnostics_every")
 # Per section, settings of the same kind (memory against compute only); a config.json written
 # before such a setting existed lacks it.
 _FREE_BY_SECTION = {"task": (), "model": ("remat",)}
+# Mixer options added after runs were made, at the value that reproduces those runs: a
+# config.json written before the option existed lacks it, which is the same run.
+_ADDED_OPTIONS = {"u_init": "random"}
 
 log = logging.getLogger(__name__)
 
@@ -325,7 +328,12 @@ def write_config(workdir, config_json):
 def _without(section, keys):
   if not isinstance(section, dict):
     return section
-  return {k: v for k, v in section.items() if k not in keys}
+  out = {k: v for k, v in section.items() if k not in keys}
+  if isinstance(out.get("mixer_options"), list):     # [[name, value], ...]
+    out["mixer_options"] = [o for o in out["mixer_options"]
+                            if not (len(o) == 2 and o[0] in _ADDED_OPTIONS
+                                    and _ADDED_OPTIONS[o[0]] == o[1])]
+  return out
 
 
 def read_config(workdir):

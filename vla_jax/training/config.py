@@ -32,6 +32,10 @@ class TrainConfig:
     seq_devices: devices along each sequence (default 1): the devices form a (data, seq) mesh
       and the recurrent mixers run sequence-sharded (`vla_jax.parallel`); the same function,
       up to float rounding.
+    diagnostics_every: steps between measurements of the layers on a fixed probe batch
+      (`vla_jax.training.probe`: gradient and parameter norms per layer and projection, state
+      norms, and VLA's cond(A_t) and write-direction alignment), logged as "diagnostics" rows
+      of metrics.jsonl; 0 (default) measures nothing. The training itself is unchanged.
   """
 
   seed: int = 0
@@ -52,6 +56,7 @@ class TrainConfig:
   keep_checkpoints: int = 2
   tensorboard: bool = False
   seq_devices: int = 1
+  diagnostics_every: int = 0
 
   def validate(self, num_devices=1, seq_devices=None):
     """Checks the settings for `num_devices` devices, `seq_devices` of them (default
@@ -61,7 +66,7 @@ class TrainConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"train.{name} must be a positive int; got {value!r}")
-    for name in ("warmup_steps", "eval_every", "checkpoint_every"):
+    for name in ("warmup_steps", "eval_every", "checkpoint_every", "diagnostics_every"):
       if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
         raise ValueError(f"train.{name} must be an int >= 0; got {getattr(self, name)!r}")
     if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):

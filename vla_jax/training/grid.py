@@ -51,7 +51,8 @@ ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0
 # Overrides that do not change a job's results (as `training.checkpoint` lets them change on
 # resume): not recorded in its rows, and they do not make a finished job run again.
 FREE_OVERRIDES = ("train.log_every", "train.eval_every", "train.eval_batch_size",
-                  "train.checkpoint_every", "train.keep_checkpoints", "model.remat")
+                  "train.checkpoint_every", "train.keep_checkpoints", "train.diagnostics_every",
+                  "model.remat")
 
 
 @dataclasses.dataclass(frozen=True)

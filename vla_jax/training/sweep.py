@@ -22,6 +22,7 @@ after the step in flight, with a checkpoint at that step (`preemption.StopSignal
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -41,6 +42,7 @@ from vla_jax.training import curves
 from vla_jax.training import jsonl
 from vla_jax.training import lock
 from vla_jax.training import preemption
+from vla_jax.training import probe as probe_lib
 from vla_jax.training import progress as progress_lib
 from vla_jax.training import provenance
 from vla_jax.training.config import ExperimentConfig
@@ -98,6 +100,8 @@ class SweepTrainer:
     self.train_step = jax.jit(self._train_step, donate_argnums=0)
     self.eval_step = jax.jit(jax.vmap(self._eval_one, in_axes=(0, 0, 0, None)),
                              static_argnums=3)
+    # params, probe inputs [R, B, T] -> {name: [R]} (`probe`).
+    self.probe_step = jax.jit(jax.vmap(functools.partial(probe_lib.probe_metrics, self.model)))
 
   @property
   def size(self):
@@ -119,15 +123,18 @@ class SweepTrainer:
     updates = jax.tree.map(lambda x: lr * x, updates)
     params = optax.apply_updates(params, updates)
     acc = aux["correct"].sum() / jnp.maximum(aux["targets"].sum(), 1)
-    return params, opt_state, loss, acc
+    metrics = {"loss": loss, "accuracy": acc, "grad_norm": optax.tree.norm(grads)}
+    if self.config.train.diagnostics_every:
+      metrics.update(probe_lib.group_norms(grads, "grad"))
+    return params, opt_state, metrics
 
   def _train_step(self, state, inputs, labels, segment_ids=None):
     """inputs, labels (segment_ids of packed rows, or None): [R, B, T]. Returns the new state
-    and per-run loss and accuracy [R]."""
-    params, opt_state, loss, acc = jax.vmap(self._train_one)(
+    and per-run metrics [R]: loss, accuracy, grad_norm (and with train.diagnostics_every the
+    gradient norms by group)."""
+    params, opt_state, metrics = jax.vmap(self._train_one)(
         state["params"], state["opt_state"], self.lrs, inputs, labels, segment_ids)
-    return ({"step": state["step"] + 1, "params": params, "opt_state": opt_state},
-            {"loss": loss, "accuracy": acc})
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
   def _eval_one(self, params, inputs, labels, max_targets=None):
     _, aux = model_loss(self.model(params), inputs, labels, max_targets)
@@ -142,6 +149,12 @@ class SweepTrainer:
       check_max_targets(data[s][1], self.max_targets, where=f"seed {s} train batch {step}")
     return tuple(np.stack([data[s][i] for s, _ in self.runs])
                  for i in range(len(data[self.seeds[0]])))
+
+  def probe_inputs(self):
+    """Every run's probe batch (`probe.probe_inputs` of its seed): inputs [R, B, T]."""
+    bs = self.config.train.batch_size
+    data = {s: probe_lib.probe_inputs(self.task, s, bs) for s in self.seeds}
+    return np.stack([data[s] for s, _ in self.runs])
 
   def eval_sets(self, validation=False):
     """{name: (inputs, labels) [R, N, T]}: each run scored on its own seed's test sets, or
@@ -199,7 +212,9 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   Args:
     config: the experiment; `config.train.seed` and `learning_rate` are replaced by the runs'.
     seeds, learning_rates: lists; the runs are their product.
-    workdir: output folder (config.json, checkpoints/, metrics.jsonl, sweep_results.jsonl).
+    workdir: output folder (config.json, checkpoints/, metrics.jsonl, sweep_results.jsonl);
+      with train.diagnostics_every = N > 0 metrics.jsonl has a "diagnostics" row at step 0
+      and every N steps, each value a list over the runs (`probe`).
     stop_after: stop with a checkpoint once this many steps (an int >= 1) are done (an
       interruption).
       A SIGTERM stops the sweep the same way, after the step in flight.
@@ -254,6 +269,16 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
   writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR),
                                      labels=curves.run_labels(workdir))
             if tc.tensorboard else None)
+  probe = trainer.probe_inputs() if tc.diagnostics_every else None
+
+  def run_probe(step):
+    row = probe_lib.row(step, trainer.probe_step(state["params"], probe))
+    jsonl.append_rows(metrics_path, [row])
+    if writer is not None:
+      writer.write(row)
+
+  if probe is not None and start == 0:
+    run_probe(0)
   progress = progress_lib.Progress(start, end)
   segment = {}   # added to the segment's first row: its compile time and commit
   try:
@@ -266,8 +291,8 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
           metrics = jax.device_get(metrics)
           losses = np.asarray(metrics["loss"], np.float64)
           rate, timing = progress.describe(done)
-          row = {"step": done, "loss": losses.tolist(),
-                 "accuracy": np.asarray(metrics["accuracy"]).tolist(),
+          row = {"step": done, **{k: np.asarray(v, np.float64).tolist()
+                                  for k, v in metrics.items()},
                  **({"steps_per_s": rate} if rate is not None else {}),
                  "elapsed_s": round(before + time.time() - start_time, 2), **segment}
           segment = {}
@@ -278,6 +303,9 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
           best = f"{finite.min():.4f}" if finite.size else "nan"
           log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
               f"diverged {trainer.size - finite.size}/{trainer.size}{timing}")
+        if probe is not None and done % tc.diagnostics_every == 0:
+          with progress.paused():
+            run_probe(done)
         if stop.requested:
           log(f"SIGTERM: stopping at step {done} with a checkpoint")
           break

@@ -1,6 +1,7 @@
 """`train_and_evaluate`: the training loop behind experiments/train.py, and `evaluate`."""
 
 import dataclasses
+import functools
 import math
 import os
 import time
@@ -20,6 +21,7 @@ from vla_jax.training import curves
 from vla_jax.training import jsonl
 from vla_jax.training import lock
 from vla_jax.training import preemption
+from vla_jax.training import probe as probe_lib
 from vla_jax.training import progress as progress_lib
 from vla_jax.training import provenance
 from vla_jax.training import sharding
@@ -121,6 +123,8 @@ class Trainer:
                                    out_shardings=(repl, repl), donate_argnums=0)
     self.eval_step = jax.jit(self._on_mesh(self._eval_step), in_shardings=(repl, tokens, tokens),
                              out_shardings=data, static_argnums=3)
+    # params, probe inputs -> {name: scalar} (`probe`; train.diagnostics_every > 0).
+    self.probe_step = jax.jit(functools.partial(probe_lib.probe_metrics, self.model))
 
   def _on_mesh(self, step):
     """`step` traced with the mesh as the ambient one: the mixers see its "seq" axis."""
@@ -149,6 +153,8 @@ class Trainer:
                "accuracy": aux["correct"].sum() / jnp.maximum(aux["targets"].sum(), 1),
                "grad_norm": optax.tree.norm(grads),
                "lr": self.schedule(state["step"])}
+    if self.config.train.diagnostics_every:
+      metrics.update(probe_lib.group_norms(grads, "grad"))
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
   def _eval_step(self, params, inputs, labels, max_targets):
@@ -225,8 +231,11 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
 
   Writes `workdir/config.json`, `workdir/metrics.jsonl` (one JSON row per log step and per
   evaluation; the first training row of each segment adds `compile_s`, the time of its first
-  step, which compiles, and `git_commit`), orbax checkpoints under `workdir/checkpoints` and,
-  with `config.train.tensorboard`, TensorBoard scalars under `workdir/tb`. Progress lines give
+  step, which compiles, and `git_commit`; with `train.diagnostics_every` = N > 0 the rows
+  add gradient norms by group, and a "diagnostics" row comes at step 0 and every N steps,
+  `probe`), orbax checkpoints under
+  `workdir/checkpoints` and, with `config.train.tensorboard`, TensorBoard scalars under
+  `workdir/tb`. Progress lines give
   steps/s without compilation, evaluations and checkpoints, and the time left.
 
   Args:
@@ -283,12 +292,21 @@ def _train(trainer, workdir, stop_after, log, start_time):
   commit = provenance.git_commit()
   writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR))
             if tc.tensorboard else None)
-  progress = progress_lib.Progress(start, end)
 
   def log_row(row):
     jsonl.append_rows(metrics_path, [row])
     if writer is not None:
       writer.write(row)
+
+  probe = (probe_lib.probe_inputs(trainer.task, tc.seed, tc.batch_size)
+           if tc.diagnostics_every else None)
+
+  def run_probe(step):
+    log_row(probe_lib.row(step, trainer.probe_step(state["params"], probe)))
+
+  if probe is not None and start == 0:
+    run_probe(0)
+  progress = progress_lib.Progress(start, end)
 
   def run_eval(step):
     with progress.paused():
@@ -324,6 +342,9 @@ def _train(trainer, workdir, stop_after, log, start_time):
               f"acc {metrics['accuracy']:.4f} lr {metrics['lr']:.2e}{timing}")
           if not math.isfinite(metrics["loss"]):
             raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
+        if probe is not None and done % tc.diagnostics_every == 0:
+          with progress.paused():
+            run_probe(done)
         if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
           results, results_step = run_eval(done), done
         if stop.requested:
