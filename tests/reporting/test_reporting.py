@@ -1,6 +1,7 @@
 """RESULTS.md is computed from its rows (`vla_jax.reporting`): best rate on validation, test
 mean over seeds, the notes under each table, the findings, and the committed report itself."""
 
+import json
 import pathlib
 import shutil
 
@@ -213,3 +214,34 @@ def test_listed_and_table():
   assert [markdown.listed(x) for x in ([], ["a"], ["a", "b", "c"])] == ["", "a", "a, b and c"]
   assert markdown.table(["a", "b"], [[1, "||S||"]]) == (
       "| a | b |\n| --- | --- |\n| 1 | \\|\\|S\\|\\| |")     # a "|" in a cell is escaped
+
+
+def test_seed_section_escape_and_probe_values(tmp_path):
+  """Section 9 reads a sweep's metrics and runs: the escape step is the first training row
+  above 0.5, the probe values are those at step 300, and failed runs are counted per rate."""
+  from vla_jax.reporting import seeds  # pylint: disable=import-outside-toplevel
+  folder = tmp_path / seeds.FOLDER
+  folder.mkdir()
+  diag = lambda c, a: {"layer0.cond_A.t8": [1.0, 1.0], "layer0.cond_A.t64": c,
+                       "layer1.cond_A.t64": c, "layer0.align_mean": a,
+                       "layer1.align_mean": a, "layer1.state_norm_end": [0.5, 9.0]}
+  metrics = [{"step": 0, "diagnostics": diag([1.0, 1.0], [1.0, 1.0])},
+             {"step": 250, "loss": [2.0, 2.0], "accuracy": [0.25, 0.3]},
+             {"step": 300, "diagnostics": diag([2.5, 3.5], [0.9, 0.8])},
+             {"step": 500, "loss": [2.0, 0.1], "accuracy": [0.25, 0.7]},
+             {"step": 600, "diagnostics": diag([9.0, 9.0], [0.1, 0.1])}]
+  runs = [{"seed": 0, "learning_rate": 0.01, "test": {"mqar": {"accuracy": 0.25}}},
+          {"seed": 1, "learning_rate": 0.01, "test": {"mqar": {"accuracy": 0.99}}}]
+  for name, rows in (("vla_metrics.jsonl", metrics), ("vla_runs.jsonl", runs),
+                     ("rows.jsonl", [{"seq_len": 64, "n_pairs": 4, "d_model": 64,
+                                      "steps": 600}])):
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+  table = seeds.run_table(metrics, runs)
+  assert [r["escape"] for r in table] == [None, 500]
+  assert [r["cond0"] for r in table] == [2.5, 3.5]
+  assert [r["align1"] for r in table] == [0.9, 0.8]
+  assert [r["state1"] for r in table] == [0.5, 9.0]
+  text = "\n".join(seeds.seed_section(str(tmp_path)))
+  assert "VLA at rate 0.01: 1 of 2 failed" in text
+  assert "| VLA | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | 0.90 / 0.90 | 0.5 |" in text
+  assert "No rows yet" in "\n".join(seeds.seed_section(str(tmp_path / "empty")))
