@@ -88,18 +88,30 @@ def causal_dot(m, x, precision):
 # ----------------------------------------------------------------------------- rows
 
 def unit_rows(x, eps):
-  """Rows of x [n, d] divided by max(their norm, eps): `vla_jax.ops.utils.unit` in a kernel."""
-  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=1), eps ** 2))[:, None]
+  """Rows of x [n, d] divided by their norm where it exceeds eps, zero rows elsewhere:
+  `vla_jax.ops.utils.unit` in a kernel (norms whose square overflows taken after dividing
+  the row by its largest entry)."""
+  sq = jnp.sum(x * x, axis=1)[:, None]
+  m = jnp.max(jnp.abs(x), axis=1)[:, None]
+  s = x / jnp.where(m > 0, m, 1.0)
+  s_sq = jnp.sum(s * s, axis=1)[:, None]
+  y = jnp.where(sq == jnp.inf, s * jax.lax.rsqrt(jnp.where(s_sq > 0, s_sq, 1.0)),
+                x * jax.lax.rsqrt(jnp.where(sq > 0, sq, 1.0)))
+  return jnp.where(sq <= eps ** 2, 0.0, y)      # NaN rows stay NaN
 
 
 def unit_rows_vjp(w, da, eps):
-  """Cotangent of w [n, d] under a = unit_rows(w, eps) given da, the cotangent of a: with
-  r = 1 / max(|w|, eps), dw = r (da - [|w| > eps] a (a . da)), a = r w."""
-  sq = jnp.sum(w * w, axis=1)
-  inv = jax.lax.rsqrt(jnp.maximum(sq, eps ** 2))
-  a = w * inv[:, None]
-  along = jnp.where(sq > eps ** 2, jnp.sum(a * da, axis=1), 0.0)
-  return inv[:, None] * (da - along[:, None] * a)
+  """Cotangent of w [n, d] under a = unit_rows(w, eps) given da, the cotangent of a:
+  dw = (da - a (a . da)) / |w| where |w| > eps, zero elsewhere (the zero rows of padding
+  have no direction and no gradient)."""
+  sq = jnp.sum(w * w, axis=1)[:, None]
+  m = jnp.max(jnp.abs(w), axis=1)[:, None]
+  m = jnp.where(m > 0, m, 1.0)
+  scaled_inv = 1.0 / (m * jnp.sqrt(jnp.sum((w / m) ** 2, axis=1))[:, None])
+  inv = jnp.where(sq == jnp.inf, scaled_inv, jax.lax.rsqrt(jnp.where(sq > 0, sq, 1.0)))
+  a = w * inv
+  along = jnp.sum(a * da, axis=1)[:, None]
+  return jnp.where(sq <= eps ** 2, 0.0, inv * (da - along * a))
 
 
 # ----------------------------------------------------------------------------- factorisations

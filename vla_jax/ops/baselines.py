@@ -20,11 +20,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops import checks
+from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
 from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import document_starts, unit
+from vla_jax.ops.utils import document_starts, resolve_precision, unit
 
 KEY_EPS = 1e-6
 BASELINE_IMPLS = (Impl.SCAN, Impl.ASSOCIATIVE_SCAN, Impl.CHUNKED)
@@ -42,21 +42,23 @@ def elu_plus_one(x):
   return jax.nn.elu(x) + 1.0
 
 
-def _core(impl, chunk_size):
+def _core(impl, chunk_size, precision):
   if impl is Impl.SCAN:
     core = delta_rule_scan
   elif impl is Impl.ASSOCIATIVE_SCAN:
     core = delta_rule_associative_scan
   else:
-    core = lambda *args: delta_rule_chunked(*args[:6], chunk_size, *args[6:])
+    core = lambda *args, **kw: delta_rule_chunked(*args[:6], chunk_size, *args[6:], **kw)
 
-  def run(q, e, w, v, log_decay, S0, segment_ids=None):
+  def run(q, e, w, v, log_decay, S0, starts=None):
     if q.shape[1] == 0:   # no tokens: the state passes through (a scan needs one element)
       return jnp.zeros(q.shape[:3] + v.shape[-1:], v.dtype), S0
-    if segment_ids is None:
-      return core(q, e, w, v, log_decay, S0)
-    return core(q, e, w, v, log_decay, S0, document_starts(segment_ids))
+    return core(q, e, w, v, log_decay, S0, starts, precision=precision)
   return run
+
+
+def _starts(segment_ids):
+  return None if segment_ids is None else document_starts(segment_ids)
 
 
 def _check_common(q, k, v, impl, chunk_size):
@@ -85,7 +87,8 @@ def check_feature_map(q, k, lead):
 
 
 def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=1e-6,
-                     initial_state=None, impl="chunked", chunk_size=64, segment_ids=None):
+                     initial_state=None, impl="chunked", chunk_size=64, segment_ids=None,
+                     precision=None):
   """Causal linear attention.
 
   Args:
@@ -95,6 +98,10 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
     normalize: divide by the additive normaliser max(z_t . phi(q_t), eps).
     initial_state: `LinearAttentionState` or None (zeros).
     segment_ids: [B, T] int document ids or None (module docstring); S and z restart.
+    precision: of the matrix products, as for `gated_deltanet`.
+
+  Non-finite inputs at token t leave outputs (and their gradients) before t unchanged, as
+  for `gated_deltanet`.
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final `LinearAttentionState`.
@@ -115,34 +122,39 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
                                          jnp.zeros((B, H, dk), dtype))
   checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
   checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
+  starts = _starts(segment_ids)
+  guard, q, k, _, (v,) = nonfinite.contain(q, k, writes=(v,), starts=starts)
   # The normaliser z is one more value channel of constant 1: row dv of the state.
   v1 = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), dtype)], axis=-1)
   S0 = jnp.concatenate([initial_state.S, initial_state.z[:, :, None].astype(dtype)], axis=2)
-  o, S = _core(impl, chunk_size)(q, None, k, v1, None, S0.astype(dtype), segment_ids)
+  o, S = _core(impl, chunk_size, resolve_precision(precision))(
+      q, None, k, v1, None, S0.astype(dtype), starts)
   num, den = o[..., :dv], o[..., dv]
   if normalize:
     num = num / jnp.maximum(den, eps)[..., None]
-  return num.astype(out_dtype), LinearAttentionState(S[:, :, :dv], S[:, :, dv])
+  return (guard.outputs(num.astype(out_dtype)),
+          LinearAttentionState(guard.state(S[:, :, :dv]), guard.state(S[:, :, dv])))
 
 
 def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64,
-             segment_ids=None):
+             segment_ids=None, precision=None):
   """DeltaNet with unit keys khat = k / max(||k||, 1e-6) and per-token beta.
 
   Args:
     q, k: [B, T, H, dk]; v: [B, T, H, dv]; beta: [B, T, H] write strengths (usually in (0, 1)).
     initial_state: S [B, H, dv, dk] or None (zeros).
     segment_ids: [B, T] int document ids or None (module docstring).
+    precision: as for `gated_deltanet`.
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
   """
   return gated_deltanet(q, k, v, beta, None, initial_state=initial_state, impl=impl,
-                        chunk_size=chunk_size, segment_ids=segment_ids)
+                        chunk_size=chunk_size, segment_ids=segment_ids, precision=precision)
 
 
 def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunked",
-                   chunk_size=64, segment_ids=None):
+                   chunk_size=64, segment_ids=None, precision=None):
   """Gated DeltaNet: a DeltaNet whose state decays by gamma_t = exp(log_decay_t) per token.
 
   Args:
@@ -151,6 +163,16 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
       token's log decay at 2 log(eps) of the compute dtype (a reset to working precision).
     initial_state: S [B, H, dv, dk] or None (zeros).
     segment_ids: [B, T] int document ids or None (module docstring).
+    precision: of the matrix products, as for `vla_recurrence`: None (default) follows JAX's
+      default matmul precision (`jax.default_matmul_precision`; unset: DEFAULT, which is
+      exact float32 on CPU and one-pass TF32 on a GPU, ~1e-3 relative error); a
+      `jax.lax.Precision` or 'default' / 'high' / 'highest' (also 'bfloat16' /
+      'tensorfloat32' / 'float32') overrides it.
+
+  A NaN or Inf at token t (in k, v, beta or log_decay; a NaN or +inf log decay) leaves the
+  outputs before t and their gradients unchanged; o from t on (to the end of its document
+  with `segment_ids`) and the final state are NaN. A token with a zero key writes nothing,
+  whatever v and beta are (padding); a non-finite query makes its own output NaN only.
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
@@ -164,9 +186,15 @@ def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunke
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
   out_dtype = checks.output_dtype(v)
   q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
-  if log_decay is not None:
+  gate_bad = None
+  if log_decay is not None:   # NaN or +inf breaks the state; -inf is a reset
     log_decay = log_decay.astype(dtype)
+    gate_bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
+    log_decay = jnp.where(gate_bad, jnp.zeros((), dtype), log_decay)
+  starts = _starts(segment_ids)
+  guard, q, k, _, (v, beta) = nonfinite.contain(q, k, writes=(v, beta), state_bad=gate_bad,
+                                                starts=starts)
   khat = unit(k, KEY_EPS)
-  o, S = _core(impl, chunk_size)(q, khat, beta[..., None] * khat, v, log_decay, S0,
-                                 segment_ids)
-  return o.astype(out_dtype), S
+  o, S = _core(impl, chunk_size, resolve_precision(precision))(
+      q, khat, beta[..., None] * khat, v, log_decay, S0, starts)
+  return guard.outputs(o.astype(out_dtype)), guard.state(S)

@@ -6,19 +6,58 @@ import jax.numpy as jnp
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def einsum(spec, *operands):
-  """`jnp.einsum` at full float32 precision (no TF32 or bf16 passes on accelerators)."""
-  return jnp.einsum(spec, *operands, precision=HIGHEST)
+def einsum(spec, *operands, precision=HIGHEST):
+  """`jnp.einsum` at `precision` (default full float32: no TF32 or bf16 passes on
+  accelerators; None: JAX's default matmul precision)."""
+  return jnp.einsum(spec, *operands, precision=precision)
+
+
+PRECISION_NAMES = {
+    "default": jax.lax.Precision.DEFAULT, "fastest": jax.lax.Precision.DEFAULT,
+    "bfloat16": jax.lax.Precision.DEFAULT, "high": jax.lax.Precision.HIGH,
+    "tensorfloat32": jax.lax.Precision.HIGH, "highest": jax.lax.Precision.HIGHEST,
+    "float32": jax.lax.Precision.HIGHEST,
+}
+
+
+def resolve_precision(precision) -> jax.lax.Precision:
+  """The `jax.lax.Precision` of an op's matrix products.
+
+  precision: None follows JAX's default matmul precision (`jax.default_matmul_precision`,
+  read from `jax.config` when the op is traced, as `jax.numpy` does; unset means DEFAULT), a
+  `jax.lax.Precision`, or one of the names JAX takes for it: 'default' / 'bfloat16' /
+  'fastest', 'high' / 'tensorfloat32', 'highest' / 'float32'.
+  """
+  if precision is None:
+    precision = jax.config.jax_default_matmul_precision
+    if precision is None:
+      return jax.lax.Precision.DEFAULT
+  if isinstance(precision, jax.lax.Precision):
+    return precision
+  if isinstance(precision, str) and precision.lower() in PRECISION_NAMES:
+    return PRECISION_NAMES[precision.lower()]
+  names = ", ".join(repr(n) for n in PRECISION_NAMES)
+  raise ValueError(f"precision must be None, a jax.lax.Precision or one of {names}; got "
+                   f"{precision!r}")
 
 
 def unit(x, eps):
-  """x / max(||x||, eps) along the last axis.
+  """x / ||x|| along the last axis where ||x|| > eps, else 0.
 
-  The floor is applied to the squared norm, so the gradient at x = 0 is finite (zero
-  direction in, zero direction out): padding with zero vectors is exact and NaN-free.
+  A vector of norm at most eps (a zero key: padding) has no direction and gives zero, with a
+  zero gradient (selects on both sides of the division, so no 1 / eps factor reaches the
+  backward). Norms whose square overflows (|x| beyond ~1e19 in float32) are taken after
+  dividing by max |x|; below that the result is x * rsqrt(||x||^2), as always.
   """
   sq = jnp.sum(jnp.square(x), axis=-1, keepdims=True)
-  return x * jax.lax.rsqrt(jnp.maximum(sq, jnp.asarray(eps, x.dtype) ** 2))
+  y = x * jax.lax.rsqrt(jnp.where(sq > 0, sq, 1.0))
+  m = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+  m = jnp.where(m > 0, m, 1.0)
+  s = x / m                                       # the scale-safe branch, used where sq = inf
+  s_sq = jnp.sum(jnp.square(s), axis=-1, keepdims=True)
+  s = s * jax.lax.rsqrt(jnp.where(s_sq > 0, s_sq, 1.0))
+  small = sq <= jnp.asarray(eps, x.dtype) ** 2     # NaN vectors stay NaN
+  return jnp.where(small, 0.0, jnp.where(jnp.isinf(sq), s, y)).astype(x.dtype)
 
 
 def to_chunks(x, chunk_size):
@@ -39,7 +78,7 @@ def from_chunks(x, length):
   return x[:, :length]
 
 
-def tril_inverse(M, *, unit_diagonal=False):
+def tril_inverse(M, *, unit_diagonal=False, precision=HIGHEST):
   """Inverse of lower-triangular matrices [..., C, C] (C a power of two) by block doubling.
 
   Starting from the inverted diagonal, pairs of diagonal blocks are merged,
@@ -61,7 +100,7 @@ def tril_inverse(M, *, unit_diagonal=False):
     blocks = jnp.moveaxis(jnp.diagonal(blocks, axis1=-4, axis2=-2), -1, -3)  # [..., nb, 2s, 2s]
     X = blocks[..., s:, :s]
     A_inv, D_inv = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-    off = -einsum("...ij,...jk,...kl->...il", D_inv, X, A_inv)
+    off = -einsum("...ij,...jk,...kl->...il", D_inv, X, A_inv, precision=precision)
     top = jnp.concatenate([A_inv, jnp.zeros_like(A_inv)], axis=-1)
     bottom = jnp.concatenate([off, D_inv], axis=-1)
     inv = jnp.concatenate([top, bottom], axis=-2)

@@ -20,20 +20,23 @@ the chunk's last start and Gamma_C = 0 when the chunk holds a start (S_next come
 chunk's last document alone).
 """
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops.utils import einsum, from_chunks, to_chunks, tril_inverse
+from vla_jax.ops.utils import HIGHEST, einsum, from_chunks, to_chunks, tril_inverse
 
 
-def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size, starts=None):
+def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size, starts=None, *,
+                       precision=HIGHEST):
   """Same contract as `delta_rule_scan` (`starts` included), computed chunk by chunk.
 
   T need not be a multiple of `chunk_size`: the tail is padded with zero keys
-  (w = e = 0, g = 0), which leave the state unchanged.
+  (w = e = 0, g = 0), which leave the state unchanged. Products at `precision`.
   """
+  mm = functools.partial(einsum, precision=precision)
   length = q.shape[1]
   C = chunk_size
   qc, wc, vc = (to_chunks(x, C) for x in (q, w, v))  # [B, H, N, C, d]
@@ -61,16 +64,17 @@ def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size, starts=None):
   first = lambda x: x if doc is None else jnp.where((doc == 0)[..., None], x, 0.0)
 
   # Chunk-local work, parallel over all chunks.
-  P = einsum("bhnik,bhnjk->bhnij", qc, wc) * D
+  P = mm("bhnik,bhnjk->bhnij", qc, wc) * D
   if e is None:
     U, We = vc, None
   else:
     ec = to_chunks(e, C)
-    L = einsum("bhnik,bhnjk->bhnij", ec, wc) * D * jnp.tril(jnp.ones((C, C), q.dtype), -1)
+    L = mm("bhnik,bhnjk->bhnij", ec, wc) * D * jnp.tril(jnp.ones((C, C), q.dtype), -1)
     ge = first(ec if gamma is None else gamma[..., None] * ec)
-    T_inv = tril_inverse(L + jnp.eye(C, dtype=q.dtype), unit_diagonal=True)
-    U = einsum("bhnij,bhnjv->bhniv", T_inv, vc)
-    We = einsum("bhnij,bhnjk->bhnik", T_inv, ge)
+    T_inv = tril_inverse(L + jnp.eye(C, dtype=q.dtype), unit_diagonal=True,
+                         precision=precision)
+    U = mm("bhnij,bhnjv->bhniv", T_inv, vc)
+    We = mm("bhnij,bhnjk->bhnik", T_inv, ge)
   Wd = wc if decay_to_end is None else decay_to_end[..., None] * wc
   if doc is not None:
     Wd = jnp.where((doc == doc[..., -1:])[..., None], Wd, 0.0)
@@ -79,16 +83,16 @@ def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size, starts=None):
   # The one sequential pass: chunk-start states and residuals.
   def step(S, xs):
     U_n, We_n, Wd_n, gl_n, keep_n = xs
-    R = U_n if We_n is None else U_n - einsum("bhck,bhvk->bhcv", We_n, S)
+    R = U_n if We_n is None else U_n - mm("bhck,bhvk->bhcv", We_n, S)
     S_next = S if gl_n is None else gl_n[..., None, None] * S
     if keep_n is not None:
       S_next = jnp.where(keep_n[..., None, None], S_next, jnp.zeros((), S.dtype))
-    S_next = S_next + einsum("bhcv,bhck->bhvk", R, Wd_n)
+    S_next = S_next + mm("bhcv,bhck->bhvk", R, Wd_n)
     return S_next, (S, R)
 
   move = lambda x: None if x is None else jnp.moveaxis(x, 2, 0)
   S_T, (S_starts, R) = jax.lax.scan(
       step, S0, (move(U), move(We), move(Wd), move(gamma_last), move(keep)))
   S_starts, R = jnp.moveaxis(S_starts, 0, 2), jnp.moveaxis(R, 0, 2)
-  O = einsum("bhnck,bhnvk->bhncv", Qg, S_starts) + einsum("bhnij,bhnjv->bhniv", P, R)
+  O = mm("bhnck,bhnvk->bhncv", Qg, S_starts) + mm("bhnij,bhnjv->bhniv", P, R)
   return from_chunks(O, length), S_T

@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops.utils import (einsum, from_chunks, in_first_document, segment_cumsum,
+from vla_jax.ops.utils import (HIGHEST, einsum, from_chunks, in_first_document, segment_cumsum,
                                to_chunks, tril_inverse)
 
 
@@ -39,18 +39,19 @@ def _symmetrize(A):
   return 0.5 * (A + jnp.swapaxes(A, -1, -2))
 
 
-def penalty_step(A, khat_t, u_t):
+def penalty_step(A, khat_t, u_t, precision=HIGHEST):
   """One Sherman-Morrison update. A: [B, H, dk, dk]; khat_t, u_t: [B, H, dk].
 
-  Returns (A_t khat_t [B, H, dk], A_t [B, H, dk, dk]).
+  Returns (A_t khat_t [B, H, dk], A_t [B, H, dk, dk]); products at `precision`.
   """
-  z = einsum("bhij,bhj->bhi", A, u_t)
+  mm = functools.partial(einsum, precision=precision)
+  z = mm("bhij,bhj->bhi", A, u_t)
   denom = 1.0 + jnp.sum(u_t * z, axis=-1)
-  A = A - einsum("bhi,bhj->bhij", z, z) / denom[..., None, None]
-  return einsum("bhij,bhj->bhi", A, khat_t), A
+  A = A - mm("bhi,bhj->bhij", z, z) / denom[..., None, None]
+  return mm("bhij,bhj->bhi", A, khat_t), A
 
 
-def penalty_scan(khat, u, A0, starts=None, A_reset=None):
+def penalty_scan(khat, u, A0, starts=None, A_reset=None, precision=HIGHEST):
   """Sherman-Morrison token by token. khat, u: [B, T, H, dk]; A0: [B, H, dk, dk]. With
   `starts` ([B, T] bool, packed documents) A_{t-1} is replaced by `A_reset` ([dk, dk]) at the
   tokens where it is True.
@@ -62,7 +63,7 @@ def penalty_scan(khat, u, A0, starts=None, A_reset=None):
     *x, start = x
     if start is not None:
       A = jnp.where(start[:, None, None, None], A_reset, A)
-    w_t, A = jax.checkpoint(penalty_step)(A, *x)
+    w_t, A = jax.checkpoint(penalty_step, static_argnums=(3,))(A, *x, precision)
     return A, w_t
 
   xs = (jnp.moveaxis(khat, 1, 0), jnp.moveaxis(u, 1, 0),
@@ -71,11 +72,11 @@ def penalty_scan(khat, u, A0, starts=None, A_reset=None):
   return jnp.moveaxis(W, 0, 1), A
 
 
-def penalty_prefix_solve(khat, u, A0, starts=None, A_reset=None):
+def penalty_prefix_solve(khat, u, A0, starts=None, A_reset=None, precision=HIGHEST):
   """M_t = A0^-1 + prefix-sum(u u^T) via `lax.associative_scan`, then solve M_t w_t = khat_t.
   With `starts` the sums restart at each document (`segment_cumsum`) and M = A_reset^-1 there."""
   M0 = _symmetrize(jnp.linalg.inv(A0))
-  uu = einsum("bthi,bthj->bthij", u, u)
+  uu = einsum("bthi,bthj->bthij", u, u, precision=precision)
   if starts is None:
     M = jax.lax.associative_scan(jnp.add, uu, axis=1) + M0[:, None]
   else:
@@ -158,54 +159,64 @@ def chunk_u_cotangents(U, W, Z, D, precision=jax.lax.Precision.HIGHEST):
            + mm("bhnsj,bhnij->bhnsi", U, D))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def penalty_chunked(khat, u, A0, chunk_size):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def penalty_chunked(khat, u, A0, chunk_size, precision=HIGHEST):
   """Chunkwise Cholesky downdates of A; sequential over chunks, matmuls inside. Its backward is
   the adjoint one (module docstring): the same function on the rows' cotangents, and
   `penalty_u_cotangents`. A0 enters as its symmetric part (A0 is symmetric wherever it comes
-  from; that makes the function's gradient in A0 the symmetric one the backward returns)."""
-  return _penalty_chunked(khat, u, A0, chunk_size)
+  from; that makes the function's gradient in A0 the symmetric one the backward returns).
+  Products at `precision` (the backward's [dk, dk] ones at HIGHEST, `penalty_u_cotangents`)."""
+  return _penalty_chunked(khat, u, A0, chunk_size, precision)
 
 
-def _penalty_chunked_fwd(khat, u, A0, chunk_size):
-  W, A_T = _penalty_chunked(khat, u, A0, chunk_size)
+def _penalty_chunked_fwd(khat, u, A0, chunk_size, precision):
+  W, A_T = _penalty_chunked(khat, u, A0, chunk_size, precision)
   return (W, A_T), (u, _symmetrize(A0), W, A_T)
 
 
-def _penalty_chunked_bwd(chunk_size, res, cts):
+def _penalty_chunked_bwd(chunk_size, precision, res, cts):
   u, A0, W, A_T = res
   dW, dA_T = cts
-  Z, _ = _penalty_chunked(dW, u, A0, chunk_size)                     # A_t dW_t
+  Z, _ = _penalty_chunked(dW, u, A0, chunk_size, precision)          # A_t dW_t
   chunks = lambda x: to_chunks(x, chunk_size)
-  du, dA0 = penalty_u_cotangents(chunks(u), chunks(W), chunks(Z), A_T, dA_T, A0)
+  du, dA0 = penalty_u_cotangents(chunks(u), chunks(W), chunks(Z), A_T, dA_T, A0, precision)
   return Z, from_chunks(du, u.shape[1]), dA0
 
 
 penalty_chunked.defvjp(_penalty_chunked_fwd, _penalty_chunked_bwd)
 
 
-def _penalty_chunked(khat, u, A0, chunk_size):
-  """The forward of `penalty_chunked`."""
+# Tokens per Cholesky block of `penalty_chunked` (at most the chunk size): the error of the
+# block factorisation grows with the block's rows when A is large (small lam0 or large u).
+# float32 against float64, d = 32, T = 1024, lam0 = 1e-4: 2.1e-4 with 16-token blocks, 5.0e-3
+# with 64 (scan 8.8e-5); at lam0 = 1: 4e-7 either way. The Pallas penalty scan uses 16 too.
+PENALTY_BLOCK = 16
+
+
+def _penalty_chunked(khat, u, A0, chunk_size, precision):
+  """The forward of `penalty_chunked`: Cholesky blocks of min(chunk_size, PENALTY_BLOCK)
+  tokens."""
   A0 = _symmetrize(A0)
-  length, C = khat.shape[1], chunk_size
+  length, C = khat.shape[1], min(chunk_size, PENALTY_BLOCK)
   eye = jnp.eye(C, dtype=khat.dtype)
+  mm = functools.partial(einsum, precision=precision)
 
   def step(A, xs):
     K, U = xs  # [B, H, C, dk]
-    UA = einsum("bhck,bhkj->bhcj", U, A)
-    gram = _symmetrize(eye + einsum("bhcj,bhdj->bhcd", UA, U))
+    UA = mm("bhck,bhkj->bhcj", U, A)
+    gram = _symmetrize(eye + mm("bhcj,bhdj->bhcd", UA, U))
     L = jnp.linalg.cholesky(gram)
-    Y = einsum("bhij,bhjk->bhik", tril_inverse(L), UA)
-    KY = jnp.tril(einsum("bhik,bhjk->bhij", K, Y))
-    W = einsum("bhck,bhkj->bhcj", K, A) - einsum("bhij,bhjk->bhik", KY, Y)
-    return _symmetrize(A - einsum("bhck,bhcj->bhkj", Y, Y)), W
+    Y = mm("bhij,bhjk->bhik", tril_inverse(L, precision=precision), UA)
+    KY = jnp.tril(mm("bhik,bhjk->bhij", K, Y))
+    W = mm("bhck,bhkj->bhcj", K, A) - mm("bhij,bhjk->bhik", KY, Y)
+    return _symmetrize(A - mm("bhck,bhcj->bhkj", Y, Y)), W
 
   xs = tuple(jnp.moveaxis(to_chunks(x, C), 2, 0) for x in (khat, u))
   A, W = jax.lax.scan(step, A0, xs)
   return from_chunks(jnp.moveaxis(W, 0, 2), length), A
 
 
-def penalty_chunked_documents(khat, u, A0, chunk_size, starts, A_reset):
+def penalty_chunked_documents(khat, u, A0, chunk_size, starts, A_reset, precision=HIGHEST):
   """`penalty_chunked` with packed documents: A restarts at `A_reset` ([dk, dk]) at the tokens
   where `starts` ([B, T] bool) is True. Per chunk the Gram matrix I + U A_start U^T is block
   diagonal over the chunk's documents (A_start: A_c for the chunk's first document, A_reset
@@ -217,22 +228,23 @@ def penalty_chunked_documents(khat, u, A0, chunk_size, starts, A_reset):
   eye = jnp.eye(C, dtype=khat.dtype)
   doc = jnp.cumsum(to_chunks(starts[:, :, None], C), axis=-1)  # [B, 1, N, C] within chunk
   A_reset = A_reset.astype(khat.dtype)
+  mm = functools.partial(einsum, precision=precision)
 
   def step(A, xs):
     K, U, d = xs  # [B, H, C, dk], [B, 1, C]
     same = d[..., :, None] == d[..., None, :]
     carried = (d == 0)[..., None]
-    UA = jnp.where(carried, einsum("bhck,bhkj->bhcj", U, A), einsum("bhck,kj->bhcj", U, A_reset))
-    gram = _symmetrize(eye + jnp.where(same, einsum("bhcj,bhdj->bhcd", UA, U), 0.0))
+    UA = jnp.where(carried, mm("bhck,bhkj->bhcj", U, A), mm("bhck,kj->bhcj", U, A_reset))
+    gram = _symmetrize(eye + jnp.where(same, mm("bhcj,bhdj->bhcd", UA, U), 0.0))
     L = jnp.linalg.cholesky(gram)
-    Y = einsum("bhij,bhjk->bhik", tril_inverse(L), UA)
-    KY = jnp.where(same, jnp.tril(einsum("bhik,bhjk->bhij", K, Y)), 0.0)
-    KA = jnp.where(carried, einsum("bhck,bhkj->bhcj", K, A), einsum("bhck,kj->bhcj", K, A_reset))
-    W = KA - einsum("bhij,bhjk->bhik", KY, Y)
+    Y = mm("bhij,bhjk->bhik", tril_inverse(L, precision=precision), UA)
+    KY = jnp.where(same, jnp.tril(mm("bhik,bhjk->bhij", K, Y)), 0.0)
+    KA = jnp.where(carried, mm("bhck,bhkj->bhcj", K, A), mm("bhck,kj->bhcj", K, A_reset))
+    W = KA - mm("bhij,bhjk->bhik", KY, Y)
     last = (d == d[..., -1:])[..., None]
     A_start = jnp.where(d[..., -1:, None] == 0, A, A_reset)
     Y_last = jnp.where(last, Y, 0.0)
-    return _symmetrize(A_start - einsum("bhck,bhcj->bhkj", Y_last, Y_last)), W
+    return _symmetrize(A_start - mm("bhck,bhcj->bhkj", Y_last, Y_last)), W
 
   xs = tuple(jnp.moveaxis(to_chunks(x, C), 2, 0) for x in (khat, u)) + (jnp.moveaxis(doc, 2, 0),)
   A, W = jax.lax.scan(step, A0, xs)

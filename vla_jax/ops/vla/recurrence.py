@@ -5,11 +5,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops import checks
+from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
 from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import document_starts, unit
+from vla_jax.ops.utils import document_starts, resolve_precision, unit
 from vla_jax.ops.vla.penalty import (penalty_chunked, penalty_chunked_documents,
                                      penalty_prefix_solve, penalty_scan)
 
@@ -34,12 +34,12 @@ def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> V
 
 
 def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
-                   chunk_size=64, segment_ids=None):
+                   chunk_size=64, segment_ids=None, precision=None):
   """Variational Linear Attention recurrence (Pandey & Singh, 2026), per head:
 
-      khat_t = k_t / max(||k_t||, eps)
+      khat_t = k_t / ||k_t||   (0 where ||k_t|| <= eps = 1e-6)
       A_t = A_{t-1} - z_t z_t^T / (1 + u_t^T z_t),   z_t = A_{t-1} u_t   (Sherman-Morrison)
-      a_t = A_t khat_t / max(||A_t khat_t||, eps)                         (unit write direction)
+      a_t = A_t khat_t / ||A_t khat_t||   (0 where <= 1e-12)                (unit write direction)
       S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T                          (erase khat, write a)
       o_t = S_t q_t
 
@@ -47,7 +47,19 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   is the online solution of min_S sum_s ||v_s - S khat_s||^2 + tr(S M_t S^T).
 
   Padding is exact: a step whose k and u are both zero leaves (S, A) unchanged (khat = 0 and
-  u = 0 make z = 0 and a = 0), whatever q and v are. Pad with zero keys and zero u.
+  u = 0 make z = 0 and a = 0), whatever q and v are (NaN included). Pad with zero keys and
+  zero u. A key of norm <= 1e-6 is such a zero key and its gradient is zero (padding gives
+  no gradient spikes); norms are scale-safe (keys up to the float32 range).
+
+  Non-finite inputs stay causal (`vla_jax.ops.nonfinite`): a NaN or Inf at token t in k, u,
+  or in v where k_t != 0, leaves every output before t and its gradient unchanged and finite;
+  o from t on (to the end of its document with `segment_ids`) and the final state are NaN. A
+  non-finite q_t makes o_t alone NaN.
+
+  Float32 accuracy (README.md): the relative error of o against float64 grows like
+  eps * max_t ||u_t||^2 / lam0 in every impl (about 3e-7 at a ratio of 1, 3e-4 at 1e4,
+  chunked within ~2.5x of scan); beyond a ratio of ~1e5 float32 has no correct digits: use
+  float64 inputs (x64) or a larger lam0.
 
   Packing: with `segment_ids` several documents share a row and each runs as if alone. The
   state restarts (S = 0, A = I / lam0, by selection) at every token whose id differs from the
@@ -65,11 +77,19 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
     impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
-      "pallas" runs `vla_jax.kernels.vla_pallas` with its default `KernelConfig` (TF32
-      products on GPU; head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
+      "pallas" runs `vla_jax.kernels.vla_pallas` with `KernelConfig(chunk_size, precision)`
+      (head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
       than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
+    precision: of the matrix products, for every impl. None (default) follows JAX's default
+      matmul precision, read when the op is traced (`jax.default_matmul_precision(...)`;
+      unset: DEFAULT). A `jax.lax.Precision` or one of 'default' / 'high' / 'highest' (also
+      'bfloat16' / 'tensorfloat32' / 'float32') overrides it. On CPU every setting computes
+      float32 products exactly (relative error of o ~1e-6 against float64). On a GPU with
+      float32 inputs DEFAULT is one-pass TF32 (~1e-3), HIGH three TF32 passes and HIGHEST
+      IEEE float32 (~1e-6); bfloat16 inputs at DEFAULT multiply bfloat16 operands (~1e-2).
+      For "pallas" it sets `KernelConfig.precision`.
     segment_ids: None, or [B, T] int document ids (equal ids = one document; documents are
       contiguous; a new document starts where the id changes). impl "scan",
       "associative_scan" and "chunked" (documents may start anywhere inside a chunk);
@@ -88,10 +108,11 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   Raises:
     ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, lam0 <= 0
     (when its value is known; a traced lam0 under jit is not checked), a bad chunk_size, an
-    unknown impl or an initial state of the wrong shape or dtype.
+    unknown impl or precision, or an initial state of the wrong shape or dtype.
   """
   impl = parse_impl(impl)
   chunk_size = checks.check_chunk_size(chunk_size)
+  precision = resolve_precision(precision)
   B, T, H, dk = checks.check_tokens("q", q)
   checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
   dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
@@ -119,31 +140,34 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   if T == 0:   # no tokens: the state passes through (a scan needs one element)
     return (jnp.zeros((B, 0, H, dv), out_dtype),
             VLAState(*(x.astype(dtype) for x in initial_state)))
+  starts = None if segment_ids is None else document_starts(segment_ids)
+  guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
   if impl is Impl.PALLAS:
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     S0, A0 = initial_state
-    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size))
-    return o, VLAState(S=S, A=A)
+    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size,
+                                                              precision=precision))
+    return guard.outputs(o), VLAState(S=guard.state(S), A=guard.state(A))
 
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)
   if segment_ids is None:
-    starts = docs = None
+    docs = None
   else:
-    starts = document_starts(segment_ids)
     docs = (starts, jnp.eye(dk, dtype=dtype) / jnp.asarray(lam0, dtype))  # (starts, A_reset)
   if impl is Impl.SCAN:
-    W, A = penalty_scan(khat, u, A0, *(docs or ()))
+    W, A = penalty_scan(khat, u, A0, *(docs or (None, None)), precision)
     core = delta_rule_scan
   elif impl is Impl.ASSOCIATIVE_SCAN:
-    W, A = penalty_prefix_solve(khat, u, A0, *(docs or ()))
+    W, A = penalty_prefix_solve(khat, u, A0, *(docs or (None, None)), precision)
     core = delta_rule_associative_scan
   else:
     if docs is None:
-      W, A = penalty_chunked(khat, u, A0, chunk_size)
+      W, A = penalty_chunked(khat, u, A0, chunk_size, precision)
     else:
-      W, A = penalty_chunked_documents(khat, u, A0, chunk_size, *docs)
-    core = lambda *args: delta_rule_chunked(*args[:6], chunk_size, args[6])
-  o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0, starts)
-  return o.astype(out_dtype), VLAState(S=S, A=A)
+      W, A = penalty_chunked_documents(khat, u, A0, chunk_size, *docs, precision)
+    core = lambda *args, **kw: delta_rule_chunked(*args[:6], chunk_size, args[6], **kw)
+  o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0, starts, precision=precision)
+  return (guard.outputs(o.astype(out_dtype)),
+          VLAState(S=guard.state(S), A=guard.state(A)))

@@ -1,0 +1,99 @@
+"""`precision` of the sequence ops: None follows `jax.default_matmul_precision`, an explicit
+value overrides it, and it reaches every matrix product of every impl (read off the jaxpr,
+inside the Pallas kernels too)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend import core as jcore
+
+from vla_jax.ops.baselines import gated_deltanet, linear_attention
+from vla_jax.ops.utils import resolve_precision
+from vla_jax.ops.vla.recurrence import vla_recurrence
+
+P = jax.lax.Precision
+HIGHEST = str((P.HIGHEST, P.HIGHEST))
+DEFAULT = str((P.DEFAULT, P.DEFAULT))
+
+
+def _precisions(fn, *args):
+  """The set of dot_general precisions in fn's jaxpr, Pallas kernels and sub-jaxprs included."""
+  found = set()
+
+  def walk(jaxpr):
+    for e in jaxpr.eqns:
+      if e.primitive.name == "dot_general":
+        found.add(str(e.params["precision"]))
+      for v in e.params.values():
+        for x in v if isinstance(v, (list, tuple)) else [v]:
+          if isinstance(x, jcore.ClosedJaxpr):
+            walk(x.jaxpr)
+          elif isinstance(x, jcore.Jaxpr):
+            walk(x)
+
+  walk(jax.make_jaxpr(fn)(*args).jaxpr)
+  return found
+
+
+def _args(dk=16):
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 24, 2, dk)), jnp.float32)
+  return x, x + 1.0, x - 1.0, x / 4.0
+
+
+def _vla_loss(impl, precision):
+  return lambda *a: jnp.sum(vla_recurrence(*a, impl=impl, chunk_size=16,
+                                           precision=precision)[0])
+
+
+def _baseline_loss(op, impl, precision):
+  def loss(q, k, v, u):
+    if op == "linear":
+      return jnp.sum(linear_attention(q, k, v, impl=impl, chunk_size=16, precision=precision)[0])
+    return jnp.sum(gated_deltanet(q, k, v, u[..., 0], -jnp.abs(u[..., 1]), impl=impl,
+                                  chunk_size=16, precision=precision)[0])
+  return loss
+
+
+def test_resolve_precision_names_and_default():
+  assert resolve_precision(None) == P.DEFAULT
+  for name, want in (("default", P.DEFAULT), ("bfloat16", P.DEFAULT), ("high", P.HIGH),
+                     ("tensorfloat32", P.HIGH), ("highest", P.HIGHEST), ("float32", P.HIGHEST),
+                     (P.HIGH, P.HIGH)):
+    assert resolve_precision(name) == want
+  with jax.default_matmul_precision("highest"):
+    assert resolve_precision(None) == P.HIGHEST
+    assert resolve_precision("default") == P.DEFAULT
+  with pytest.raises(ValueError, match="precision"):
+    vla_recurrence(*_args(), precision="fast")
+
+
+@pytest.mark.parametrize("impl", ["scan", "associative_scan", "chunked"])
+def test_precision_reaches_every_product(impl):
+  """Forward and gradient: an explicit 'highest' overrides a 'bfloat16' default, and None
+  under default_matmul_precision('highest') is HIGHEST, in every product; None with no
+  setting leaves the forward's products at DEFAULT (scan and chunked: no linear solve)."""
+  args = _args()
+  for op in ("vla", "gated_deltanet", "linear"):
+    loss = (_vla_loss if op == "vla" else lambda i, p: _baseline_loss(op, i, p))
+    grad = lambda p: jax.grad(loss(impl, p), argnums=(0, 1, 2, 3))
+    with jax.default_matmul_precision("bfloat16"):
+      assert _precisions(grad("highest"), *args) == {HIGHEST}, op
+    with jax.default_matmul_precision("highest"):
+      assert _precisions(grad(None), *args) == {HIGHEST}, op
+    if impl != "associative_scan" or op != "vla":
+      assert _precisions(loss(impl, None), *args) == {DEFAULT}, op
+
+
+def test_default_matmul_precision_reaches_the_pallas_kernels():
+  """impl='pallas' (interpret mode): JAX's 'highest' setting makes every product of the
+  kernels and of their XLA parts HIGHEST; without it the kernels' products are not."""
+  args = _args()
+  fwd = lambda *a: vla_recurrence(*a, impl="pallas", chunk_size=16)[0]
+  default = _precisions(fwd, *args)
+  with jax.default_matmul_precision("highest"):
+    highest = _precisions(fwd, *args)
+  assert highest == {HIGHEST}
+  assert DEFAULT in default, default
+  assert _precisions(lambda *a: vla_recurrence(*a, impl="pallas", chunk_size=16,
+                                               precision="highest")[0], *args) == {HIGHEST}

@@ -1,0 +1,144 @@
+"""Properties every sequence op keeps, for every impl: causality (a perturbed, NaN or Inf token
+t changes no output or gradient before t), exact padding (appended zero-key tokens with any q
+and v, NaN included, change nothing before them and not the final state) and bounded gradients
+at zero keys. Small shapes; "pallas" runs in interpret mode."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vla_jax.ops.baselines import deltanet, gated_deltanet, linear_attention
+from vla_jax.ops.vla.recurrence import vla_recurrence
+
+B, T, H, D, C = 1, 40, 2, 16, 16
+T0 = 21                       # the corrupted token: inside the second chunk, not its first
+XLA_IMPLS = ("scan", "associative_scan", "chunked")
+
+
+def _vla(impl, x):
+  o, (S, A) = vla_recurrence(x["q"], x["k"], x["v"], x["u"], impl=impl, chunk_size=C)
+  return o, (S, A)
+
+
+def _deltanet(impl, x):
+  return deltanet(x["q"], x["k"], x["v"], x["beta"], impl=impl, chunk_size=C)
+
+
+def _gated(impl, x):
+  return gated_deltanet(x["q"], x["k"], x["v"], x["beta"], x["g"], impl=impl, chunk_size=C)
+
+
+def _linear(impl, x):
+  o, (S, z) = linear_attention(x["q"], x["k"], x["v"], feature_map=None, impl=impl,
+                               chunk_size=C)
+  return o, (S, z)
+
+
+# op name -> (function, its token inputs, the inputs that carry state (a NaN there breaks it)).
+OPS = {
+    "vla": (_vla, ("q", "k", "v", "u"), ("k", "v", "u")),
+    "deltanet": (_deltanet, ("q", "k", "v", "beta"), ("k", "v", "beta")),
+    "gated_deltanet": (_gated, ("q", "k", "v", "beta", "g"), ("k", "v", "beta", "g")),
+    "linear": (_linear, ("q", "k", "v"), ("k", "v")),
+}
+# The baselines share the delta-rule core with VLA: its associative scan runs with VLA only
+# (each compiles slowly).
+CASES = ([("vla", impl) for impl in XLA_IMPLS + ("pallas",)]
+         + [(op, impl) for op in OPS if op != "vla" for impl in ("scan", "chunked")])
+
+
+def _inputs(seed, length=T):
+  rng = np.random.default_rng(seed)
+  normal = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+  return dict(q=normal(B, length, H, D), k=normal(B, length, H, D), v=normal(B, length, H, D),
+              u=normal(B, length, H, D) / 4.0,
+              beta=jnp.asarray(rng.uniform(0.1, 0.9, (B, length, H)), jnp.float32),
+              g=jnp.asarray(-rng.uniform(0.0, 0.5, (B, length, H)), jnp.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _outputs_and_grads(op, impl, until):
+  """jit of x -> (o, state, gradient of a weighted sum of o[:, :until] with respect to every
+  token input)."""
+  fn, names, _ = OPS[op]
+  weights = jnp.asarray(np.random.default_rng(7).standard_normal((B, until, H, D)), jnp.float32)
+
+  def run(x):
+    def loss(y):
+      return jnp.sum(fn(impl, {**x, **y})[0][:, :until] * weights)
+    o, state = fn(impl, x)
+    return o, state, jax.grad(loss)({n: x[n] for n in names})
+  return jax.jit(run)
+
+
+def _set_token(x, name, t, value):
+  return {**x, name: x[name].at[:, t].set(value)}
+
+
+def _assert_earlier_unchanged(got, want, t, tol=0.0):
+  """Outputs and gradients before t equal (bit for bit where tol = 0: the same program)."""
+  o, _, grads = got
+  o_ref, _, grads_ref = want
+  pairs = [("o", o, o_ref)] + [(f"gradient of {n}", g, grads_ref[n]) for n, g in grads.items()]
+  for what, a, a_ref in pairs:
+    a, a_ref = np.asarray(a[:, :t]), np.asarray(a_ref[:, :t])
+    assert np.all(np.isfinite(a)), f"non-finite {what} before t = {t}"
+    np.testing.assert_allclose(a, a_ref, rtol=tol, atol=tol, err_msg=what)
+
+
+@pytest.mark.parametrize("op,impl", CASES)
+def test_later_token_changes_nothing_before_it(op, impl):
+  """Token T0 perturbed, NaN or Inf in any one input: outputs and gradients before T0 are
+  unchanged and finite; a non-finite state input makes o[T0] NaN."""
+  fn = _outputs_and_grads(op, impl, T0)
+  x = _inputs(0)
+  want = fn(x)
+  _, names, state_inputs = OPS[op]
+  rng = np.random.default_rng(1)
+  for name in names if impl != "pallas" else ("v",):     # pallas: interpret mode is slow
+    perturbed = x[name].at[:, T0].add(rng.standard_normal(x[name][:, T0].shape))
+    _assert_earlier_unchanged(fn({**x, name: perturbed}), want, T0)
+    for value in [np.nan, np.inf] if name == "v" else [np.nan]:
+      got = fn(_set_token(x, name, T0, value))
+      _assert_earlier_unchanged(got, want, T0)
+      if name in state_inputs or name == "q":
+        assert np.all(np.isnan(np.asarray(got[0][:, T0]))), (name, value)
+
+
+@pytest.mark.parametrize("op,impl", CASES)
+def test_zero_key_padding_is_exact(op, impl):
+  """Appending tokens with zero keys (and zero u, zero log decay) whose q and v are arbitrary,
+  NaN and Inf included, changes no earlier output, no gradient and not the final state."""
+  P = 12
+  x = _inputs(2)
+  fn_short = _outputs_and_grads(op, impl, T - P)
+  short = {n: a[:, :T - P] for n, a in x.items()}
+  want = fn_short(short)
+  pad = dict(x)
+  for name, a in x.items():
+    if name in ("k", "u", "g"):
+      pad[name] = a.at[:, T - P:].set(0.0)
+  pad["v"] = pad["v"].at[:, T - P:T - P + 4].set(np.nan).at[:, T - P + 4].set(np.inf)
+  pad["q"] = pad["q"].at[:, T - 2].set(np.nan)
+  got = _outputs_and_grads(op, impl, T - P)(pad)
+  _assert_earlier_unchanged(got, want, T - P, tol=1e-5)   # a longer program: rounding may differ
+  for s, s_ref in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+    np.testing.assert_allclose(np.asarray(s), np.asarray(s_ref), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op,impl", [c for c in CASES if c[0] in ("vla", "deltanet")])
+def test_zero_key_gradient_is_bounded(op, impl):
+  """A zero key (and zero u) gives a finite gradient no larger than a real token's, for a
+  loss on every output."""
+  x = _inputs(3)
+  for name in ("k", "u"):
+    x = _set_token(x, name, T0, 0.0)
+  _, _, grads = _outputs_and_grads(op, impl, T)(x)
+  for name in ("k", "u") if op == "vla" else ("k",):
+    norms = np.linalg.norm(np.asarray(grads[name]), axis=-1)      # [B, T, H]
+    real = np.delete(norms, T0, axis=1)
+    assert np.all(np.isfinite(norms)), name
+    assert np.max(norms[:, T0]) <= np.max(real), (name, np.max(norms[:, T0]), np.max(real))
