@@ -142,3 +142,18 @@ def test_zero_key_gradient_is_bounded(op, impl):
     real = np.delete(norms, T0, axis=1)
     assert np.all(np.isfinite(norms)), name
     assert np.max(norms[:, T0]) <= np.max(real), (name, np.max(norms[:, T0]), np.max(real))
+
+
+@pytest.mark.parametrize("impl", ["scan", "chunked"])
+def test_nan_in_a_packed_document_stays_in_it(impl):
+  """With segment_ids, a NaN in one document's v leaves the next document's outputs as they
+  were (the state restarts there), while its own later outputs are NaN."""
+  x = _inputs(4)
+  ids = jnp.asarray(np.repeat(np.arange(2), [20, T - 20])[None], jnp.int32)
+  run = jax.jit(lambda v: vla_recurrence(x["q"], x["k"], v, x["u"], impl=impl, chunk_size=C,
+                                         segment_ids=ids)[0])
+  want = np.asarray(run(x["v"]))
+  got = np.asarray(run(x["v"].at[:, 10].set(np.nan)))
+  np.testing.assert_array_equal(got[:, :10], want[:, :10])
+  assert np.all(np.isnan(got[:, 10:20]))
+  np.testing.assert_array_equal(got[:, 20:], want[:, 20:])
