@@ -35,6 +35,22 @@ def test_unit_rows_vjp_float64(x64):
   assert_close(unit_rows_vjp(w, da, 1e-12), pullback(da)[0], jnp.float64)
 
 
+def test_unit_rows_zero_tiny_overflow_and_nan_rows():
+  """Rows of norm <= eps give zero rows and zero cotangents; a row whose squared norm overflows
+  float32 gives NaN (reported, not dropped); a NaN entry stays NaN; other rows are x / |x|."""
+  rng = np.random.default_rng(4)
+  x = jnp.asarray(rng.standard_normal((5, 8)), jnp.float32)
+  x = x.at[1].set(0.0).at[2].set(1e-8).at[3].set(1e20).at[4, 0].set(jnp.nan)
+  got = np.asarray(unit_rows(x, 1e-6))
+  np.testing.assert_allclose(got[0], np.asarray(x[0]) / np.linalg.norm(np.asarray(x[0])),
+                             rtol=1e-6)
+  np.testing.assert_array_equal(got[1:3], 0.0)
+  assert np.isnan(got[3]).all() and np.isnan(got[4, 0])
+  dw = np.asarray(unit_rows_vjp(x, jnp.ones_like(x), 1e-6))
+  np.testing.assert_array_equal(dw[1:3], 0.0)
+  assert np.isfinite(dw[0]).all()
+
+
 @pytest.mark.parametrize("row", [0, 5, 15])
 def test_non_finite_rows_reach_later_rows_only(row):
   """A NaN row j of the right operand: rows < j of the product unchanged, rows >= j NaN;
