@@ -19,12 +19,15 @@ _cache_key = pytest.StashKey[str]()
 QUICK_COMPILE = {"xla_backend_optimization_level": 0}
 
 
-def jit_init(make):
-  """(graphdef, state) of the nnx module that `make()` builds, its initialisers run as one
-  jitted program (`QUICK_COMPILE`) instead of one compiled program per eager operation (a
-  third of the compile time for a small model). Rebuild it with `nnx.merge`."""
-  graphdef = nnx.split(nnx.eval_shape(make))[0]
-  return graphdef, jax.jit(lambda: nnx.split(make())[1], compiler_options=QUICK_COMPILE)()
+def random_module(make, seed=0, scale=0.5):
+  """The nnx module that `make()` builds with every variable drawn from N(0, scale^2) by NumPy:
+  no initialiser is compiled (eager initialisers cost a compilation per operation and shape,
+  seconds for a small model), and biases are non-zero. For tests whose checks hold for any
+  parameter values (packed vs separate, streaming vs whole sequence)."""
+  graphdef, state = nnx.split(nnx.eval_shape(make))
+  rng = np.random.default_rng(seed)
+  return nnx.merge(graphdef, jax.tree.map(
+      lambda v: jax.numpy.asarray(scale * rng.standard_normal(v.shape), v.dtype), state))
 
 
 def pytest_configure(config):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import QUICK_COMPILE, jit_init
+from conftest import QUICK_COMPILE, random_module
 from vla_jax.layers import make_mixer
 from vla_jax.models import LanguageModel, ModelConfig
 
@@ -57,14 +57,12 @@ def last_documents(docs):
   return np.array([max(i for i, (b, _) in enumerate(docs) if b == row) for row in range(2)])
 
 
-def mixer(name, options, seed=0):
-  m = make_mixer(name, D, H, impl="scan", options=options, dtype=jnp.float64,
-                 param_dtype=jnp.float64, rngs=nnx.Rngs(seed))
-  rng = np.random.default_rng(seed + 1)   # non-zero biases: a pad's projection is not zero
-  for path, param in nnx.iter_graph(m):
-    if isinstance(param, nnx.Param) and path[-1] in ("bias", "dt_bias"):
-      param[...] = jnp.asarray(0.5 * rng.standard_normal(param.shape), param.dtype)
-  return m
+def mixer(name, options):
+  """The mixer in float64, with random parameters (non-zero biases: a pad's projection is not
+  zero)."""
+  return random_module(lambda: make_mixer(name, D, H, impl="scan", options=options,
+                                          dtype=jnp.float64, param_dtype=jnp.float64,
+                                          rngs=nnx.Rngs(0)))
 
 
 @functools.partial(jax.jit, static_argnums=0, compiler_options=QUICK_COMPILE)
@@ -120,7 +118,8 @@ def test_model_positions_and_cache():
   mixers' caches are compared above)."""
   config = ModelConfig(vocab_size=40, max_len=32, mixer="softmax", d_model=D, num_heads=H,
                        num_layers=1, pos_emb="learned")
-  graphdef, params = jit_init(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+  graphdef, params = nnx.split(random_module(lambda: LanguageModel(config, rngs=nnx.Rngs(0)),
+                                             scale=0.3))
   tokens = np.random.default_rng(1).integers(0, 40, (2, T)).astype(np.int32)
   next_tokens = np.array([3, 4], np.int32)
   docs = documents(MASK)

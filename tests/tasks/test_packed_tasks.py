@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from conftest import QUICK_COMPILE, jit_init
+from conftest import QUICK_COMPILE, random_module
 from vla_jax.models import LanguageModel, ModelConfig
 from vla_jax.tasks import IGNORE, make_task
 from vla_jax.tasks.packing import pack_examples
@@ -48,7 +48,8 @@ def test_packed_task_and_loss():
                                       "form": "short"}).train_batch(0, 0, 4)
   config = ModelConfig(vocab_size=32, max_len=20, mixer="vla", d_model=8, num_heads=2,
                        num_layers=1, impl="scan")
-  graphdef, params = jit_init(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+  graphdef, params = nnx.split(random_module(lambda: LanguageModel(config, rngs=nnx.Rngs(0)),
+                                             scale=0.3))
   (loss, aux), (loss_sep, aux_sep) = losses(graphdef, (task.max_targets, 3), params,
                                             (x, y, seg), (inputs, labels))
   np.testing.assert_allclose(float(loss), float(loss_sep), rtol=1e-5)
