@@ -1,4 +1,5 @@
-"""Shared fixtures: float64 mode and seeded random inputs; one XLA compilation cache per run."""
+"""Shared fixtures: float64 mode, seeded random inputs and modules, compile options for one-off
+test programs; one XLA compilation cache per run."""
 
 import os
 import shutil
@@ -23,7 +24,7 @@ def random_module(make, seed=0, scale=0.5):
   """The nnx module that `make()` builds with every variable drawn from N(0, scale^2) by NumPy:
   no initialiser is compiled (eager initialisers cost a compilation per operation and shape,
   seconds for a small model), and biases are non-zero. For tests whose checks hold for any
-  parameter values (packed vs separate, streaming vs whole sequence)."""
+  parameter values (such as packed vs separate)."""
   graphdef, state = nnx.split(nnx.eval_shape(make))
   rng = np.random.default_rng(seed)
   return nnx.merge(graphdef, jax.tree.map(
