@@ -30,14 +30,15 @@ def vla(q, k, v, u, lam0=1.0, S0=None, A0=None):
   return o, S, A
 
 
-def linear_attention(q, k, v, normalize=False, eps=1e-6):
-  """ELU+1 features; S_t = S + v phi(k)^T; o = S phi(q) [/ max(z . phi(q), eps)]."""
+def linear_attention(q, k, v, normalize=False, eps=1e-6, S0=None, z0=None):
+  """ELU+1 features; S_t = S + v phi(k)^T; o = S phi(q) [/ max(z . phi(q), eps)]; S and z
+  start from S0 [B, H, dv, dk] and z0 [B, H, dk] (None: zeros)."""
   phi = lambda x: np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   B, T, H, dk = q.shape
   o = np.zeros(v.shape)
-  S = np.zeros((B, H, v.shape[-1], dk))
-  z = np.zeros((B, H, dk))
+  S = np.zeros((B, H, v.shape[-1], dk)) if S0 is None else np.array(S0, np.float64)
+  z = np.zeros((B, H, dk)) if z0 is None else np.array(z0, np.float64)
   for b in range(B):
     for h in range(H):
       for t in range(T):
@@ -50,12 +51,13 @@ def linear_attention(q, k, v, normalize=False, eps=1e-6):
   return o, S, z
 
 
-def gated_deltanet(q, k, v, beta, log_decay=None):
-  """S_t = gamma S (I - beta khat khat^T) + beta v khat^T; o = S q. log_decay None: DeltaNet."""
+def gated_deltanet(q, k, v, beta, log_decay=None, S0=None):
+  """S_t = gamma S (I - beta khat khat^T) + beta v khat^T; o = S q. log_decay None: DeltaNet.
+  S starts from S0 [B, H, dv, dk] (None: zeros)."""
   q, k, v, beta = (np.asarray(x, np.float64) for x in (q, k, v, beta))
   B, T, H, dk = q.shape
   o = np.zeros(v.shape)
-  S = np.zeros((B, H, v.shape[-1], dk))
+  S = np.zeros((B, H, v.shape[-1], dk)) if S0 is None else np.array(S0, np.float64)
   for b in range(B):
     for h in range(H):
       s = S[b, h]

@@ -1,9 +1,13 @@
 """Packing task examples into rows: each segment holds one example cut after its last target,
 the labels stay the example's own, and a packed batch scores as its examples alone."""
 
+import functools
+
+import jax
 import numpy as np
 from flax import nnx
 
+from conftest import QUICK_COMPILE, random_module
 from vla_jax.models import LanguageModel, ModelConfig
 from vla_jax.tasks import IGNORE, make_task
 from vla_jax.tasks.packing import pack_examples
@@ -27,17 +31,27 @@ def test_pack_examples_layout():
   assert (y != IGNORE).sum() == (labels != IGNORE).sum()
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=QUICK_COMPILE)
+def losses(graphdef, max_targets, params, packed, alone):
+  """model_loss of a packed batch (x, y, segment_ids) and of its examples alone (inputs,
+  labels), with their max_targets, in one compilation."""
+  model = nnx.merge(graphdef, params)
+  return (model_loss(model, *packed[:2], max_targets[0], packed[2]),
+          model_loss(model, *alone, max_targets[1]))
+
+
 def test_packed_task_and_loss():
   task = make_task("mqar", {"vocab_size": 32, "n_pairs": 3, "form": "short", "pack": 2})
   x, y, seg = task.train_batch(0, 0, 2)
   assert x.shape == (2, 20) and task.max_len == 20 and task.max_targets == 6
-  config = ModelConfig(vocab_size=32, max_len=20, mixer="vla", d_model=32, num_heads=2,
-                       num_layers=1, chunk_size=16)
-  model = LanguageModel(config, rngs=nnx.Rngs(0))
-  loss, aux = model_loss(model, x, y, task.max_targets, seg)
   inputs, labels = make_task("mqar", {"vocab_size": 32, "n_pairs": 3,
                                       "form": "short"}).train_batch(0, 0, 4)
-  loss_sep, aux_sep = model_loss(model, inputs, labels, 3)
+  config = ModelConfig(vocab_size=32, max_len=20, mixer="vla", d_model=8, num_heads=2,
+                       num_layers=1, impl="scan")
+  graphdef, params = nnx.split(random_module(lambda: LanguageModel(config, rngs=nnx.Rngs(0)),
+                                             scale=0.3))
+  (loss, aux), (loss_sep, aux_sep) = losses(graphdef, (task.max_targets, 3), params,
+                                            (x, y, seg), (inputs, labels))
   np.testing.assert_allclose(float(loss), float(loss_sep), rtol=1e-5)
   assert int(aux["correct"].sum()) == int(aux_sep["correct"].sum())
   assert int(aux["targets"].sum()) == int(aux_sep["targets"].sum()) == 12
