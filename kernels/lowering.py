@@ -30,3 +30,22 @@ def lower_for_h200(fn, *args):
   and Mosaic GPU calls)."""
   with abstract_h200():
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def equations(jaxpr, where="xla"):
+  """Yields (where, eqn) for every equation of `jaxpr` (a Jaxpr or ClosedJaxpr) and of the
+  jaxprs inside it: `where` is "xla" outside kernels and a kernel's name inside its
+  pallas_call (the pallas_call equation itself is yielded with the enclosing `where`)."""
+  from jax.extend import core as jcore  # pylint: disable=import-outside-toplevel
+  if isinstance(jaxpr, jcore.ClosedJaxpr):
+    jaxpr = jaxpr.jaxpr
+  for e in jaxpr.eqns:
+    yield where, e
+    if e.primitive.name == "pallas_call":
+      name = e.params.get("name") or e.params["name_and_src_info"].name
+      yield from equations(e.params["jaxpr"], str(name))
+      continue
+    for v in e.params.values():
+      for x in v if isinstance(v, (list, tuple)) else [v]:
+        if isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+          yield from equations(x, where)

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
 from vla_jax.kernels import KernelConfig, vla_pallas
-from vla_jax.kernels.lowering import abstract_h200, lower_for_h200
+from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backend="auto",
@@ -115,26 +115,10 @@ def test_precisions_lower(precision):
 def _products(fn, args):
   """{(where, precision)} of every matrix product in fn's jaxpr: where is the Pallas kernel's
   name or "xla"."""
-  from jax.extend import core as jcore   # pylint: disable=import-outside-toplevel
-  found = set()
-
-  def walk(jaxpr, where):
-    for e in jaxpr.eqns:
-      if e.primitive.name == "pallas_call":
-        walk(e.params["jaxpr"], str(e.params.get("name")))
-        continue
-      if e.primitive.name == "dot_general":
-        found.add((where, str(e.params["precision"])))
-      for v in e.params.values():
-        for x in v if isinstance(v, (list, tuple)) else [v]:
-          if isinstance(x, jcore.ClosedJaxpr):
-            walk(x.jaxpr, where)
-          elif isinstance(x, jcore.Jaxpr):
-            walk(x, where)
-
   with abstract_h200():
-    walk(jax.make_jaxpr(fn)(*args).jaxpr, "xla")
-  return found
+    return {(where, str(e.params["precision"]))
+            for where, e in equations(jax.make_jaxpr(fn)(*args).jaxpr)
+            if e.primitive.name == "dot_general"}
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.extend import core as jcore
 
+from vla_jax.kernels.lowering import equations
 from vla_jax.ops.baselines import gated_deltanet, linear_attention
 from vla_jax.ops.utils import resolve_precision
 from vla_jax.ops.vla.recurrence import vla_recurrence
@@ -19,21 +19,8 @@ DEFAULT = str((P.DEFAULT, P.DEFAULT))
 
 def _precisions(fn, *args):
   """The set of dot_general precisions in fn's jaxpr, Pallas kernels and sub-jaxprs included."""
-  found = set()
-
-  def walk(jaxpr):
-    for e in jaxpr.eqns:
-      if e.primitive.name == "dot_general":
-        found.add(str(e.params["precision"]))
-      for v in e.params.values():
-        for x in v if isinstance(v, (list, tuple)) else [v]:
-          if isinstance(x, jcore.ClosedJaxpr):
-            walk(x.jaxpr)
-          elif isinstance(x, jcore.Jaxpr):
-            walk(x)
-
-  walk(jax.make_jaxpr(fn)(*args).jaxpr)
-  return found
+  return {str(e.params["precision"]) for _, e in equations(jax.make_jaxpr(fn)(*args).jaxpr)
+          if e.primitive.name == "dot_general"}
 
 
 def _args(dk=16):

@@ -150,28 +150,18 @@ def launch_params(fn, args):
   """{kernel name: (num_warps, num_stages)} of every Triton pallas_call in fn's jaxpr on args,
   traced for an abstract H200 (the device the resource report compiles for)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from jax.extend import core as jcore  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels.lowering import abstract_h200  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels.lowering import (  # pylint: disable=import-outside-toplevel
+      abstract_h200, equations)
   found = {}
-
-  def walk(jaxpr):
-    for e in jaxpr.eqns:
-      if e.primitive.name == "pallas_call":
-        cp = e.params["compiler_params"]
-        cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
-        if hasattr(cp, "num_warps"):   # not a Mosaic GPU kernel
-          name = e.params.get("name") or e.params["name_and_src_info"].name
-          found[str(name)] = (cp.num_warps, cp.num_stages)
-        continue
-      for v in e.params.values():
-        for x in v if isinstance(v, (list, tuple)) else [v]:
-          if isinstance(x, jcore.ClosedJaxpr):
-            walk(x.jaxpr)
-          elif isinstance(x, jcore.Jaxpr):
-            walk(x)
-
   with abstract_h200():
-    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    for _, e in equations(jax.make_jaxpr(fn)(*args).jaxpr):
+      if e.primitive.name != "pallas_call":
+        continue
+      cp = e.params["compiler_params"]
+      cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
+      if hasattr(cp, "num_warps"):   # not a Mosaic GPU kernel
+        name = e.params.get("name") or e.params["name_and_src_info"].name
+        found[str(name)] = (cp.num_warps, cp.num_stages)
   return found
 
 

@@ -109,9 +109,15 @@ def plot_run(workdir, out=None):
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize=7)
   fig.suptitle(_title(workdir))
+  return _save(fig, out, dpi=110)
+
+
+def _save(fig, out, dpi):
+  """Writes `fig` to `out` (making its folder), closes it and returns `out`."""
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  fig.savefig(out, dpi=110)
+  fig.savefig(out, dpi=dpi)
   plt.close(fig)
   return out
 
@@ -335,11 +341,7 @@ def plot_diagnostics(workdirs, out=None, solved=0.9):
          for i in range(layers)], [f"layer {i}" for i in range(layers)], fontsize=7)
   fig.suptitle(f"{_title(workdirs[0])}: solved (final accuracy >= {solved:g}) in blue, "
                "failed in red")
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  fig.savefig(out, dpi=90)
-  plt.close(fig)
-  return out
+  return _save(fig, out, dpi=90)
 
 
 def has_diagnostics(workdir):
