@@ -31,7 +31,7 @@ for mixer in ("vla", "gated_deltanet"):
     trainer = train.Trainer(config, mesh)
     state, losses = trainer.init_state, []
     batch = shard_batch(trainer.mesh, *trainer.task.train_batch(0, 0, 16))
-    sharded = "shard_map" in str(trainer.train_step.trace(state, *batch).jaxpr)
+    sharded = "shard_map" in str(jax.make_jaxpr(trainer.train_step)(state, *batch))
     for step in range(4):
       x, y = trainer.task.train_batch(0, step, 16)
       state, m = trainer.train_step(state, *shard_batch(trainer.mesh, x, y))

@@ -304,7 +304,7 @@ def test_main_prints_json_and_rejects_bad_config(tmp_path):
   for flag, message in (
       ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
       ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
-                                   "'seq_len' (it has: form, n_pairs, name, vocab_size)")):
+                                   "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)")):
     bad = subprocess.run(common + [flag, f"--workdir={tmp_path / 'bad'}"], capture_output=True,
                          text=True, timeout=600, env=env, check=False)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(message), (
