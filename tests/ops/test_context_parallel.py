@@ -7,7 +7,6 @@ tests read their rows from it."""
 
 import functools
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import rel_err
+from conftest import rel_err, subprocess_env
 from vla_jax import vla_recurrence
 from vla_jax.parallel import shard_sequence
 
@@ -140,8 +139,7 @@ def main():
 
 @pytest.fixture(scope="module")
 def table():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = subprocess_env(devices=8)
   code = ("import sys; sys.path[:0] = sys.argv[1:]; import test_context_parallel as t; "
           "t.main()")
   proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests" / "ops"),

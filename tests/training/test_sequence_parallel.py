@@ -3,13 +3,14 @@ curve (the recurrent mixers run sequence-sharded, the short convolutions cross t
 boundary through XLA)."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from conftest import subprocess_env
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -46,8 +47,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def runs():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
+  env = subprocess_env(devices=4)
   proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(ROOT)], env=env,
                         capture_output=True, text=True, timeout=900, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]

@@ -253,8 +253,8 @@ print(json.dumps(out))
 
 
 def test_data_parallel_equals_one_device():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
+  from conftest import subprocess_env  # pylint: disable=import-outside-toplevel
+  env = subprocess_env(devices=4)
   proc = subprocess.run([sys.executable, "-c", _DATA_PARALLEL, str(ROOT)], env=env,
                         capture_output=True, text=True, timeout=600, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
