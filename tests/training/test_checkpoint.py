@@ -149,8 +149,7 @@ def test_a_checkpoint_from_orbaxs_checkpoint_manager_still_restores(tmp_path):
 def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_path):
   """evaluate.py on a run with checkpoints 4 and 8: --step=7 is one line naming the steps
   there are; with step 8 truncated it warns and scores step 4, without library INFO logs."""
-  sys.path.insert(0, str(ROOT))
-  from configs import base  # pylint: disable=import-outside-toplevel
+  from vla_jax.configs import base  # pylint: disable=import-outside-toplevel
   from vla_jax.training import (  # pylint: disable=import-outside-toplevel
       from_config_dict, train_and_evaluate)
   config = base.get_base_config()

@@ -16,7 +16,6 @@ from vla_jax.training import curves, from_config_dict, progress, provenance, tra
 from vla_jax.training import jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 import test_train  # noqa: E402  pylint: disable=wrong-import-position
 

@@ -16,7 +16,6 @@ from vla_jax.training import lock
 from vla_jax.training.sweep import train_sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 import test_sweep  # noqa: E402  pylint: disable=wrong-import-position
 

@@ -19,7 +19,6 @@ from vla_jax.training import curves, from_config_dict, jsonl, probe, train_and_e
 from vla_jax.training.sweep import train_sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 import test_train  # noqa: E402  pylint: disable=wrong-import-position
 

@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 _SCRIPT = r"""
 import json, sys
 import jax, numpy as np
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests/training"]
+sys.path[:0] = [sys.argv[1] + "/tests/training"]
 from test_train import tiny_config
 from vla_jax.training import from_config_dict, train
 from vla_jax.training.sharding import make_mesh, shard_batch
@@ -67,7 +67,6 @@ def test_two_by_two_mesh_follows_one_device(runs, mixer):
 
 
 def test_seq_devices_must_divide_devices_and_sequences():
-  sys.path.insert(0, str(ROOT / "tests" / "training"))
   from test_train import tiny_config   # pylint: disable=import-outside-toplevel
   from vla_jax.training import from_config_dict   # pylint: disable=import-outside-toplevel
   from vla_jax.training.sharding import (  # pylint: disable=import-outside-toplevel
@@ -84,7 +83,6 @@ def test_seq_devices_must_divide_devices_and_sequences():
 
 
 def test_a_sweep_refuses_seq_devices():
-  sys.path.insert(0, str(ROOT / "tests" / "training"))
   from test_train import tiny_config   # pylint: disable=import-outside-toplevel
   from vla_jax.training import from_config_dict   # pylint: disable=import-outside-toplevel
   from vla_jax.training.sweep import SweepTrainer   # pylint: disable=import-outside-toplevel

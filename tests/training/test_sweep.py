@@ -6,7 +6,6 @@ import os
 import pathlib
 import shutil
 import signal
-import sys
 
 import chex
 import jax
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 import test_train  # noqa: E402
 from vla_jax.training import from_config_dict, train_and_evaluate  # noqa: E402

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from configs import base  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.configs import base  # noqa: E402  pylint: disable=wrong-import-position
 from vla_jax.tasks import save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import jsonl  # noqa: E402
@@ -229,7 +228,6 @@ def test_resume_may_change_remat_only(tmp_path, tiny_run):
 _DATA_PARALLEL = r"""
 import json, sys
 import jax, numpy as np
-sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[1] + "/tests/training")
 from test_train import tiny_config
 from vla_jax.training import from_config_dict, train
