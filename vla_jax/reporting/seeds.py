@@ -14,7 +14,8 @@ from vla_jax.reporting import markdown
 from vla_jax.reporting.rows import read
 
 FOLDER = "seed_failures_h200"
-LABELS = (("vla", "VLA (penalty scale 1/sqrt(d_h), the authors')"),
+# (grid label, name in the section): VLA with the authors' penalty scale 1/sqrt(d_h), and 1.
+LABELS = (("vla", "VLA"),
           ("vla_p1", "VLA, penalty scale 1"))
 SOLVED = 0.9          # final test accuracy from which a run counts as solved
 ESCAPED = 0.5         # training accuracy that marks leaving the plateau
@@ -57,12 +58,12 @@ def seed_section(rows_dir, plot_rel=None):
     return [title, f"No rows yet (`results/training/{FOLDER}/`)."]
   some = next(iter(read(os.path.join(folder, "rows.jsonl"))), {})
   rates = sorted({r["rate"] for t in tables.values() for r in t})
-  failed = {(k, lr): [r for r in t if r["rate"] == lr and r["accuracy"] < SOLVED]
-            for k, t in tables.items() for lr in rates}
-  total = {(k, lr): [r for r in t if r["rate"] == lr] for k, t in tables.items() for lr in rates}
+  names = dict(LABELS)
+  at_rate = lambda k, lr: [r for r in tables[k] if r["rate"] == lr]
   counts = "; ".join(
-      f"{dict(LABELS)[k].split(' (')[0]} at rate {lr:g}: {len(failed[k, lr])} of "
-      f"{len(total[k, lr])} failed" for k in tables for lr in rates)
+      f"{names[k]} at rate {lr:g}: "
+      f"{sum(r['accuracy'] < SOLVED for r in at_rate(k, lr))} of {len(at_rate(k, lr))} failed"
+      for k in tables for lr in rates)
   escapes = {k: [r["escape"] for r in t if r["escape"] is not None] for k, t in tables.items()}
   span = lambda rs, key: (f"{min(r[key] for r in rs):.2f}-{max(r[key] for r in rs):.2f}"
                           if rs else "none")
@@ -72,7 +73,7 @@ def seed_section(rows_dir, plot_rel=None):
     fail = [r for r in rs if r["accuracy"] < SOLVED]
     solve = [r for r in rs if r["accuracy"] >= SOLVED]
     if rs:
-      by_scale.append(f"{text.split(' (')[0]}: a . khat {span(fail, 'align0')} failing against "
+      by_scale.append(f"{text}: a . khat {span(fail, 'align0')} failing against "
                       f"{span(solve, 'align0')} solving, cond(A_T) {span(fail, 'cond0')} "
                       f"against {span(solve, 'cond0')}")
   finding = (
@@ -96,13 +97,13 @@ def seed_section(rows_dir, plot_rel=None):
   body = []
   for key, text in LABELS:
     for r in sorted(tables.get(key, []), key=lambda r: (r["rate"], r["seed"])):
-      body.append([text.split(" (")[0], f"{r['rate']:g}", r["seed"], f"{r['accuracy']:.3f}",
+      body.append([text, f"{r['rate']:g}", r["seed"], f"{r['accuracy']:.3f}",
                    r["escape"] if r["escape"] is not None else "never",
                    f"{r['cond0']:.1f} / {r['cond1']:.1f}",
                    f"{r['align0']:.2f} / {r['align1']:.2f}", f"{r['state1']:.1f}"])
   notes = markdown.bullets([
       "Failed runs end at the plateau's accuracy; solved runs leave it at steps "
-      + ", ".join(f"{min(v)}-{max(v)} ({dict(LABELS)[k].split(' (')[0]})"
+      + ", ".join(f"{min(v)}-{max(v)} ({names[k]})"
                   for k, v in escapes.items() if v) + f" of {some.get('steps', 'n/a')}.",
       f"Layer 0 at step {PROBE_STEP}, per scale: " + "; ".join(by_scale) + ". The scales "
       "differ (the authors' scale leaves the penalty nearly idle: cond ~3, a . khat ~0.95, "
