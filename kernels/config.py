@@ -187,12 +187,12 @@ class KernelConfig:
         inverse_tile=32 if not newton and dk % 32 == 0 else None,
         state_factor_dot=prec("bf16" if low else kind),
         state_apply_dot=prec("bf16") if low and acc != jnp.float64 else state_dot,
-        state_dot=state_dot,
+        state_dot=state_dot, xla_dot=state_dot,
         block_v=bv,
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
-        du_warps=8 if dk >= 128 else 4,
+        adjoint_warps=8 if dk >= 128 else 4,
         state_backend=state_backend, grad_state_backend=grad_state_backend)
 
   def _state_backends(self, acc, dk, dv, interpret, target):
@@ -251,7 +251,11 @@ class Plan:
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
-    du_warps: warps of the u-cotangent kernel (4, 8 at dk = 128: 175 registers, no spills).
+    adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
+      u-cotangent kernel then takes 175 registers, no spills).
+    xla_dot: the XLA products between the kernels (the penalty adjoint's segment sums, the
+      chunk-local VJP where it is XLA): `precision`, except three TF32 passes at HIGH (XLA,
+      like Triton, runs Precision.HIGH as one TF32 pass on GPUs).
     state_backend, grad_state_backend: "triton" (`state_prep.py`, `state_path.py`) or
       "mosaic" (`state_path_mosaic.py`): the state path of the inference forward and of the
       differentiated forward (and so its backward).
@@ -279,7 +283,8 @@ class Plan:
   split_output: bool
   split_backward: bool
   fused_vjp: bool
-  du_warps: int
+  adjoint_warps: int
+  xla_dot: object
   state_backend: str
   grad_state_backend: str
 

@@ -1,19 +1,25 @@
-"""The penalty path under differentiation: forward scan, adjoint backward, u-cotangent kernel.
+"""The penalty path under differentiation: forward scan, row cotangents, u-cotangent kernel.
 
 `penalty_path(khat, u, A0, plan)` -> (a [B, H, N, C, dk] unit write directions, A_T) is the
 penalty scan (`penalty_scan.py`, role "both") with a custom VJP that differentiates no inverse.
 M_t = A_t^-1 is additive in the u u^T and A_t is symmetric, so with W_t = A_t khat_t and the
 cotangents dW_t of the rows and dA_T of A_T:
 
-    dkhat_t = A_t dW_t =: Z_t                    the same scan, run on the rows dW
+    dkhat_t = A_t dW_t =: Z_t
     du_s    = -(D_s + D_s^T) u_s,                D_s = sum_{t >= s} Z_t W_t^T + A_T dA_T A_T
     dA_0    = M_0 sym(D_0) M_0,                  M_0 = A_0^-1
 
 (`vla_jax.ops.vla.penalty` has the derivation and the XLA form with the same backward). The
-cotangents arrive for the unit rows a_t = unit(W_t); the second scan (role "cotangent") makes
-dW_t from them on load. The sums over t >= s are a reverse linear attention, chunk by chunk:
-within a chunk the masked products, across chunks suffix sums of Z^T W. `vla_adjoint_du`
-keeps them on chip, one program per (batch * head, segment of up to 8 chunks), carrying
+cotangents arrive for the unit rows a_t = unit(W_t): dW_t = (da_t - a_t (a_t . da_t)) / |W_t|.
+Z needs A_t for every token, which the forward scan carried and did not keep; it kept A_c at
+each chunk start and the Woodbury rows y_s of its downdates (A_t = A_c - sum of y_s y_s^T
+over the chunk's tokens s <= t), so `vla_row_cotangents` forms, per chunk, in parallel
+
+    Z = dW A_c - tril(dW Y^T) Y                  ([C, dk]; tril keeps s <= t)
+
+The sums over t >= s are a reverse linear attention, chunk by chunk: within a chunk the masked
+products, across chunks suffix sums of Z^T W. `vla_adjoint_du` keeps them on chip, one program
+per (batch * head, segment of up to 8 chunks), carrying
 
     E <- E + Z_n^T W_n                       from the segment's last chunk back to its first,
     du_n = -(UW Z + UZ W + U E + U E^T),     UW = mask(U W^T), UZ = mask(U Z^T)  ([C, C], t >= s)
@@ -28,12 +34,47 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import compiler_params, dot, finite, iota
-from vla_jax.kernels.penalty_scan import penalty_forward, penalty_scan
+from vla_jax.kernels.common import compiler_params, dot, finite, iota, rows_spec, unit_rows_vjp
+from vla_jax.kernels.penalty_scan import penalty_forward
 from vla_jax.ops.vla.penalty import segment_suffix_starts
+from vla_jax.ops.vla.recurrence import WRITE_EPS
 
 DU_SEGMENT_CHUNKS = 8   # chunks a u-cotangent program carries E through (1,024 programs at
                         # T = 4096, B = 8, H = 16 or T = 32768, B = 1)
+
+
+# ----------------------------------------------------------------------------- Z kernel
+
+def _z_kernel(ac_ref, y_ref, w_ref, da_ref, z_ref, *, C, precision, acc):
+  # One (batch * head, chunk): ac_ref [dk, dk] A at the chunk start; y_ref (Woodbury rows),
+  # w_ref (rows A_t khat_t), da_ref (the unit rows' cotangents), z_ref [C, dk]. A and Y enter
+  # through `finite`: after a non-finite token they are NaN, and the zero cotangents there
+  # must not turn earlier rows into NaN.
+  mm = functools.partial(dot, precision=precision)
+  r, c, _ = iota(C)
+  dW = unit_rows_vjp(w_ref[...].astype(acc), da_ref[...].astype(acc), WRITE_EPS)
+  Y = finite(y_ref[...].astype(acc))
+  Z = (mm(dW, finite(ac_ref[...].astype(acc)))
+       - mm(jnp.where(r >= c, mm(dW, Y, tb=True), 0.0), Y))
+  z_ref[...] = Z.astype(z_ref.dtype)
+
+
+def row_cotangents(A_chunks, Y, W, da, *, plan, warps):
+  """Z [BH, N * C, dk] = A_t dW_t of every token (module docstring), grid (B * H, N).
+  A_chunks: [BH, >= N, dk, dk] A at each chunk start; Y, W: [BH, >= N * C, dk] the forward
+  scan's Woodbury rows and rows A_t khat_t; da: [BH, N * C, dk] the unit rows' cotangents."""
+  BH, T_pad, dk = da.shape
+  C = plan.chunk_size
+  rows = rows_spec(C, dk)
+  return pl.pallas_call(
+      functools.partial(_z_kernel, C=C, precision=plan.factor_dot, acc=Y.dtype),
+      grid=(BH, T_pad // C),
+      in_specs=[pl.BlockSpec((None, None, dk, dk), lambda i, n: (i, n, 0, 0))] + [rows] * 3,
+      out_specs=rows,
+      out_shape=jax.ShapeDtypeStruct((BH, T_pad, dk), Y.dtype),
+      compiler_params=compiler_params(warps),
+      interpret=plan.interpret, name="vla_row_cotangents",
+  )(A_chunks, Y, W, da)
 
 
 # ----------------------------------------------------------------------------- du kernel
@@ -99,34 +140,29 @@ def penalty_path(khat, u, A0, plan):
 def _forward(khat, u, A0, plan):
   B, H, N, C, dk = khat.shape
   flat = lambda x: x.reshape(B, H, N * C, dk)
-  a, W, A_T, A_start = penalty_forward(plan, flat(khat), flat(u), A0, both=True)
-  return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, A_start
+  a, W, Y, A_chunks, A_T = penalty_forward(plan, flat(khat), flat(u), A0, both=True)
+  return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, Y, A_chunks
 
 
 def _fwd(khat, u, A0, plan):
-  a, A_T, W, A_start = _forward(khat, u, A0, plan)
-  return (a, A_T), (khat, u, A0, A_start, W, A_T)
+  a, A_T, W, Y, A_chunks = _forward(khat, u, A0, plan)
+  return (a, A_T), (khat, u, A0, W, Y, A_chunks, A_T)
 
 
 def _bwd(plan, res, cts):
-  khat, u, A0, A_start, W_full, A_T = res
+  khat, u, A0, W_full, Y, A_chunks, A_T = res
   da, dA_T = cts
   B, H, N, C, dk = khat.shape
-  acc = A_start.dtype
-  T_pad, SL = N * C, W_full.shape[1]
-  # Z_t = A_t dW_t: the forward's scan again in its layout, from the inverses its segments
-  # started from; dW_t made from da_t on load.
-  rows = lambda x: jnp.pad(x.astype(acc).reshape(B * H, T_pad, dk),
-                           [(0, 0), (0, SL - T_pad), (0, 0)])
-  Z = penalty_scan(A_start, rows(da), rows(u), plan=plan, role="cotangent",
-                   warps=plan.scan_warps, w=W_full)[0]
-  Z = Z[:, :T_pad].reshape(B, H, N, C, dk)
+  acc = W_full.dtype
+  T_pad = N * C
+  Z = row_cotangents(A_chunks, Y, W_full, da.astype(acc).reshape(B * H, T_pad, dk),
+                     plan=plan, warps=plan.adjoint_warps).reshape(B, H, N, C, dk)
   W = W_full[:, :T_pad].reshape(B, H, N, C, dk)
   U = u.astype(acc)
   ends = tuple(finite(x.astype(acc)) for x in (A_T, dA_T)) + (A0.astype(acc),)
   L = du_segment_chunks(N)
-  E_last, dA0 = segment_suffix_starts(W, Z, *ends, L, precision=plan.precision)
-  du = u_cotangents(U, W, Z, E_last, plan=plan, warps=plan.du_warps)
+  E_last, dA0 = segment_suffix_starts(W, Z, *ends, L, precision=plan.xla_dot)
+  du = u_cotangents(U, W, Z, E_last, plan=plan, warps=plan.adjoint_warps)
   return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
 
 

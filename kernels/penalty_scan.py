@@ -16,12 +16,12 @@ Parallelism: one program per (batch * head, segment). Each sequence is cut into 
 L = `Plan.segment_chunks` chunks (as many segments as fill one wave of programs), and A at each
 segment start comes from `segment_starts.py` (a direct inverse of the prefix sum of u u^T).
 
-The one kernel runs in three roles (`penalty_scan`'s `rows`):
-  "unit"       the inference forward: unit rows a_t (optionally from raw keys read in place);
-  "both"       the differentiated forward: unit rows and the rows A_t khat_t (residuals);
-  "cotangent"  the adjoint backward: its "keys" are the cotangents da_t of the unit rows, made
-               into those of the rows, dW_t = unit_rows_vjp(W_t, da_t), on load, and it writes
-               the plain rows Z_t = A_t dW_t (`penalty_backward.py`).
+The one kernel runs in two roles (`penalty_scan`'s `role`):
+  "unit"  the inference forward: unit rows a_t (optionally from raw keys read in place);
+  "both"  the differentiated forward: unit rows and the adjoint's residuals, namely the rows
+          W_t = A_t khat_t, the Woodbury rows Y (A after token t is A_c - sum y_s y_s^T over
+          the chunk's tokens s <= t) and A_c at every chunk start, from which
+          `penalty_backward.py` forms A_t dW_t for all tokens in parallel.
 """
 
 import functools
@@ -31,104 +31,100 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (chol_inv, compiler_params, dot, eye, finite, iota,
-                                    rows_spec, unit_rows, unit_rows_vjp)
+                                    rows_spec, unit_rows)
 from vla_jax.kernels.config import SCAN_BLOCK
 from vla_jax.kernels.segment_starts import segment_start_inverses
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
 
-ROLES = ("unit", "both", "cotangent")
+ROLES = ("unit", "both")
 
 
 # ----------------------------------------------------------------------------- kernel
 
-def _scan_kernel(*refs, L, b, role, unit_keys, precision, acc):
+def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc):
   # Inputs: a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (keys, penalty
-  # directions), and for role "cotangent" w_ref [L, dk] (the forward's rows A_t khat_t, whose
-  # unit rows' cotangents e_ref holds). Outputs: ah_ref [L, dk] (unit rows, or the plain rows
-  # for "cotangent"), for "both" also wr_ref [L, dk] (the plain rows), and at_ref [dk, dk]
-  # (segment-end inverse).
-  cot = role == "cotangent"
-  a0_ref, e_ref, u_ref = refs[:3]
-  w_ref = refs[3] if cot else None
-  outs = refs[4:] if cot else refs[3:]
-  ah_ref, wr_ref, at_ref = outs if role == "both" else (outs[0], None, outs[1])
+  # directions). Outputs: ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk]
+  # (rows A_t khat_t, Woodbury rows) and ac_ref [L / C, dk, dk] (A at each chunk start); last
+  # at_ref [dk, dk] (segment-end inverse).
+  if role == "both":
+    ah_ref, wr_ref, y_ref, ac_ref, at_ref = outs
+  else:
+    (ah_ref, at_ref), wr_ref = outs, None
   mm = functools.partial(dot, precision=precision)
   r, c, _ = iota(b)
   one = eye(b, acc)
 
-  def body(j, A):                                         # A: [dk, dk]
+  def block(j, A):                                        # A: [dk, dk]
     rows = pl.ds(pl.multiple_of(j * b, b), b)
     U, E = (ref[rows, :].astype(acc) for ref in (u_ref, e_ref))   # [b, dk]
-    if cot:
-      E = unit_rows_vjp(w_ref[rows, :].astype(acc), E, WRITE_EPS)
-    elif unit_keys:
+    if unit_keys:
       E = unit_rows(E, KEY_EPS)
-    # The adjoint scan reads A, the rows and Y through `finite`: its keys are zero where the
-    # loss has no cotangent, and a NaN left by a later token must not turn 0 into NaN.
-    Au = finite(A) if cot else A
-    X = mm(U, Au)                                         # [b, dk]
+    X = mm(U, A)                                          # [b, dk]
     Y = mm(chol_inv(one + mm(X, U, tb=True)), finite(X))  # L^-1 X
-    Yf = finite(Y)
-    W = mm(E, Au) - mm(jnp.where(r >= c, mm(E, Yf if cot else Y, tb=True), 0.0), Yf)
-    if wr_ref is not None:   # the rows kept for the adjoint scan, non-finite rows as zeros
+    W = mm(E, A) - mm(jnp.where(r >= c, mm(E, Y, tb=True), 0.0), finite(Y))
+    if wr_ref is not None:   # the adjoint's residuals, non-finite rows as zeros
       wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
-    if not cot:
-      W = unit_rows(W, WRITE_EPS)
-    ah_ref[rows, :] = W.astype(ah_ref.dtype)
+      y_ref[rows, :] = finite(Y).astype(y_ref.dtype)
+    ah_ref[rows, :] = unit_rows(W, WRITE_EPS).astype(ah_ref.dtype)
     return A - mm(Y, Y, ta=True)
 
-  A = jax.lax.fori_loop(0, L // b, body, a0_ref[...].astype(acc))
+  A = a0_ref[...].astype(acc)
+  if wr_ref is None:
+    A = jax.lax.fori_loop(0, L // b, block, A)
+  else:
+    def chunk(i, A):
+      ac_ref[i, :, :] = A.astype(ac_ref.dtype)
+      return jax.lax.fori_loop(0, C // b, lambda j, A: block(i * (C // b) + j, A), A)
+
+    A = jax.lax.fori_loop(0, L // C, chunk, A)
   at_ref[...] = (0.5 * (A + A.T)).astype(at_ref.dtype)
 
 
 # ----------------------------------------------------------------------------- wrapper
 
 def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, heads=None,
-                 unit_keys=False, w=None):
+                 unit_keys=False):
   """Rows of every token and the inverse at every segment end (grid (B * H, S)).
 
   Args:
     A_start: [BH, S, dk, dk] inverse at each segment start (symmetric positive definite), in
       the accumulation dtype.
-    e: [BH, S * L, dk] unit keys (or, role "cotangent", the unit rows' cotangents);
-      u: [BH, S * L, dk] penalty directions (zero rows pad: exact).
-    plan: the `Plan` (products `factor_dot`, interpret mode); role: module docstring;
-      warps: Triton warps per program.
-    rows_dtype: dtype of the first rows output (default A_start's).
+    e: [BH, S * L, dk] unit keys; u: [BH, S * L, dk] penalty directions (zero rows pad:
+      exact).
+    plan: the `Plan` (products `factor_dot`, chunk size, interpret mode); role: module
+      docstring; warps: Triton warps per program.
+    rows_dtype: dtype of the unit rows (default A_start's).
     heads: None, or H when e and u are token-major [B, S * L, H, dk] (read in place).
     unit_keys: e holds raw keys; the kernel divides each row by max(norm, KEY_EPS).
-    w: role "cotangent" only: the forward's rows A_t khat_t [BH, S * L, dk].
 
   Returns:
-    (rows [BH, S * L, dk], A_end [BH, S, dk, dk]); role "both": (unit rows, rows A_t khat_t
-    in A_start's dtype, A_end).
+    role "unit": (unit rows [BH, S * L, dk], A_end [BH, S, dk, dk]); role "both": (unit rows,
+    rows A_t khat_t, Woodbury rows Y [BH, S * L, dk], A at every chunk start
+    [BH, S * L / C, dk, dk], A_end), the residuals in A_start's dtype.
   """
   BH, S, dk, _ = A_start.shape
   L = e.shape[1] // S
+  C = plan.chunk_size
   acc = A_start.dtype
   mat = pl.BlockSpec((None, None, dk, dk), lambda h, s: (h, s, 0, 0))
   rows = rows_spec(L, dk)
-  in_specs = [mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)]
-  args = (A_start, e, u)
-  if role == "cotangent":
-    in_specs.append(rows)
-    args += (w,)
   out_specs = [rows, mat]
   out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), rows_dtype or acc),
                jax.ShapeDtypeStruct((BH, S, dk, dk), acc)]
   if role == "both":
-    out_specs.insert(1, rows)
-    out_shape.insert(1, jax.ShapeDtypeStruct((BH, S * L, dk), acc))
+    out_specs[1:1] = [rows, rows, pl.BlockSpec((None, L // C, dk, dk), lambda h, s: (h, s, 0, 0))]
+    out_shape[1:1] = [jax.ShapeDtypeStruct((BH, S * L, dk), acc)] * 2 + [
+        jax.ShapeDtypeStruct((BH, S * L // C, dk, dk), acc)]
   return pl.pallas_call(
-      functools.partial(_scan_kernel, L=L, b=SCAN_BLOCK, role=role, unit_keys=unit_keys,
+      functools.partial(_scan_kernel, L=L, C=C, b=SCAN_BLOCK, role=role, unit_keys=unit_keys,
                         precision=plan.factor_dot, acc=acc),
       grid=(BH, S),
-      in_specs=in_specs,
+      in_specs=[mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)],
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=compiler_params(warps),
       interpret=plan.interpret, name="vla_penalty_scan",
-  )(*args)
+  )(A_start, e, u)
 
 
 def segment_starts(plan, e, u, A0, token_major=False):
@@ -161,9 +157,9 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
   A0: [B, H, dk, dk].
 
   Returns (unit write directions [B * H, T_pad, dk] in rows_dtype, A_T [B * H, dk, dk]); with
-  both (the differentiated forward, head-major only) also the rows A_t khat_t over the
-  segments' whole length [B * H, S * L, dk] and the segment-start inverses
-  [B * H, S, dk, dk] (the adjoint backward's residuals): (unit rows, rows, A_T, A_start)."""
+  both (the differentiated forward, head-major only) also the adjoint's residuals over the
+  segments' whole length S * L: (unit rows, rows A_t khat_t [B * H, S * L, dk], Woodbury rows
+  [B * H, S * L, dk], A at every chunk start [B * H, S * L / C, dk, dk], A_T)."""
   T_pad = u.shape[1] if token_major else u.shape[2]
   H, dk = u.shape[-2] if token_major else u.shape[1], u.shape[-1]
   A_start, S, L, e, u = segment_starts(plan, e, u, A0, token_major)
@@ -176,5 +172,5 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
                      warps=plan.scan_warps, rows_dtype=rows_dtype,
                      heads=H if token_major else None, unit_keys=token_major)
   if both:
-    return out[0][:, :T_pad], out[1], out[2][:, -1], A_start
+    return (out[0][:, :T_pad],) + tuple(out[1:4]) + (out[4][:, -1],)
   return out[0][:, :T_pad], out[1][:, -1]

@@ -200,7 +200,7 @@ def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None):
 def _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T):
   """`local_vjp` as batched XLA products over all chunks, head-major (module docstring)."""
   acc, C = S_c.dtype, plan.chunk_size
-  mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=plan.precision)
+  mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=plan.xla_dot)
   Q, E, W, V, dOc = (split_chunks(x.astype(acc), C) for x in (q, e, w, v, dO))
   Q, E, W, V = (finite(x) for x in (Q, E, W, V))
   P, T, S_c = finite(split_chunks(P, C)), finite(T), finite(S_c)

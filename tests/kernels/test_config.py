@@ -129,7 +129,7 @@ def test_chunk_local_vjp_form():
   """One kernel unless float32 operands at head dim 128 (352 KB of shared memory)."""
   assert _plan().fused_vjp and _plan(low=True, dk=128, dv=128).fused_vjp
   assert not _plan(dk=128, dv=128).fused_vjp and not _plan(dk=64, dv=128).fused_vjp
-  assert _plan(dk=128, dv=128).du_warps == 8 and _plan().du_warps == 4
+  assert _plan(dk=128, dv=128).adjoint_warps == 8 and _plan().adjoint_warps == 4
 
 
 H200, A100, B200 = Target("NVIDIA H200", (9, 0)), Target("NVIDIA A100", (8, 0)), Target(

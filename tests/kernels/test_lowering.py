@@ -40,8 +40,9 @@ def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backe
 SCAN_FWD = ["vla_penalty_scan", "vla_segment_grams", "vla_spd_inverse", "vla_spd_inverse"]
 EXACT_FWD = ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"]   # float64 Grams in XLA
 SPLIT_FWD = ["vla_state_chain", "vla_state_out", "vla_state_prep"]
-SPLIT_BWD = ["vla_adjoint_du", "vla_penalty_scan", "vla_state_bwd_chain", "vla_state_bwd_terms"]
-PENALTY_BWD = ["vla_adjoint_du", "vla_penalty_scan"]
+SPLIT_BWD = ["vla_adjoint_du", "vla_row_cotangents", "vla_state_bwd_chain",
+             "vla_state_bwd_terms"]
+PENALTY_BWD = ["vla_adjoint_du", "vla_row_cotangents"]
 MOSAIC_FWD = ["vla_mosaic_chain", "vla_mosaic_factors", "vla_mosaic_out"]
 # Under differentiation o is not needed to form the gradient (the loss is linear in it): no
 # output kernel; the reverse chain is the float32 chain kernel run backwards.
@@ -139,3 +140,21 @@ def test_highest_leaves_no_tf32_or_bf16_product(dtype):
     assert "vla_penalty_scan" in kernels and "vla_state_prep" in kernels, kernels
     highest = str((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST))
     assert all(p == highest for _, p in products), sorted(products)
+
+
+def test_high_runs_three_tf32_passes_everywhere():
+  """precision=HIGH with float32 inputs: every product of the gradient, in the kernels and in
+  the XLA parts between them (the penalty adjoint's segment sums; the chunk-local VJP at
+  d = 128), runs three TF32 passes or IEEE float32, never one TF32 pass (which XLA and Triton
+  make of Precision.HIGH on GPUs)."""
+  allowed = {str(jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3),
+             str((jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST))}
+  for d in (64, 128):
+    cfg = KernelConfig(chunk_size=32, precision=jax.lax.Precision.HIGH)
+    fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+    loss = lambda *a: sum(jnp.sum(x) for x in fwd(*a))
+    spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+    args = (spec(1, 96, 2, d),) * 4 + (spec(1, 2, d, d), spec(1, 2, d, d))
+    products = _products(jax.grad(loss, argnums=range(6)), args)
+    assert {w for w, _ in products} >= {"xla", "vla_row_cotangents", "vla_adjoint_du"}
+    assert {p for _, p in products} <= allowed, sorted(products)

@@ -1,7 +1,7 @@
-"""The penalty path under differentiation (`penalty_backward.py`): its adjoint VJP (a second
-penalty scan on the rows' cotangents, the u-cotangent kernel) against `jax.grad` of the
-token-by-token Sherman-Morrison scan in float64; in float32 at long T with anisotropic u (exact
-segment starts in the forward and the adjoint scan)."""
+"""The penalty path under differentiation (`penalty_backward.py`): its adjoint VJP (the rows'
+cotangents from the forward's chunk-start inverses and Woodbury rows, the u-cotangent kernel)
+against `jax.grad` of the token-by-token Sherman-Morrison scan in float64; in float32 at long
+T with anisotropic u (exact segment starts)."""
 
 import jax
 import jax.numpy as jnp

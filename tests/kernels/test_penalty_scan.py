@@ -41,13 +41,26 @@ def test_head_major_float64(x64, T, segment_chunks):
   head = lambda x: jnp.pad(jnp.asarray(np.swapaxes(x, 1, 2)),
                            [(0, 0), (0, 0), (0, T_pad - T), (0, 0)])
   khat = head(unit_np(k, 1e-6))
-  a, W, A_T, A_start = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
+  a, W, Y, A_chunks, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
       khat, head(u), jnp.asarray(A0))
   W_ref, A_ref = _reference(k, u, A0)
   assert_close(W[:, :T], W_ref, jnp.float64, "W")
   assert_close(a[:, :T], unit_np(W_ref, 1e-12), jnp.float64, "a")
   assert_close(A_T, A_ref, jnp.float64, "A_T")
-  assert A_start.shape == (B * H, plan.segments, dk, dk)
+  # The adjoint's residuals: A at every chunk start, and Woodbury rows with
+  # A_t = A_c - sum of y_s y_s^T over the chunk's tokens s <= t, so that the chunk's rows are
+  # khat A_c - tril(khat Y^T) Y.
+  assert A_chunks.shape == (B * H, plan.segments * segment_chunks, dk, dk)
+  kh = np.asarray(khat).reshape(B * H, T_pad, dk)
+  for n in range(N):
+    A_n = (A0.reshape(B * H, dk, dk) if n == 0
+           else _reference(k[:, :n * C], u[:, :n * C], A0)[1])
+    assert_close(A_chunks[:, n], A_n, jnp.float64, f"A at chunk {n}")
+    rows = slice(n * C, (n + 1) * C)
+    Yc, Kc = np.asarray(Y[:, rows]), kh[:, rows]
+    W_c = Kc @ A_n - np.tril(Kc @ np.swapaxes(Yc, 1, 2)) @ Yc
+    assert_close(W_c[:, :max(0, min(C, T - n * C))], W_ref[:, rows], jnp.float64,
+                 f"rows from chunk {n}'s residuals")
 
 
 def test_token_major_raw_keys_bfloat16():
