@@ -21,13 +21,11 @@ The sums over t >= s are a reverse linear attention, chunk by chunk: within a ch
 products, across chunks suffix sums of Z^T W. `vla_adjoint_du` keeps them on chip, one program
 per (batch * head, segment of up to 8 chunks), carrying
 
-    F <- F + Z_n^T W_n + W_n^T Z_n           from the segment's last chunk back to its first,
-    du_n = -(UW Z + UZ W + U F),             UW = mask(U W^T), UZ = mask(U Z^T)  ([C, C], t >= s)
+    E <- E + Z_n^T W_n                       from the segment's last chunk back to its first,
+    du_n = -(UW Z + UZ W + U E + U E^T),     UW = mask(U W^T), UZ = mask(U Z^T)  ([C, C], t >= s)
 
-with F = E + E^T, E the suffix sum of Z^T W, starting from the later segments' sums (one XLA
-product per segment, `segment_suffix_starts`); at dk = 128 two programs share a segment, each
-carrying and writing 64 columns. No [N, dk, dk] array of sums is written (d = 128, T = 4096,
-B = 8: 537 MB, 0.68 ms in XLA).
+from the later segments' sums (one XLA product per segment, `segment_suffix_starts`). No
+[N, dk, dk] array of sums is written (d = 128, T = 4096, B = 8: 537 MB, 0.68 ms in XLA).
 """
 
 import functools
@@ -43,8 +41,6 @@ from vla_jax.ops.vla.recurrence import WRITE_EPS
 
 DU_SEGMENT_CHUNKS = 8   # chunks a u-cotangent program carries E through (1,024 programs at
                         # T = 4096, B = 8, H = 16 or T = 32768, B = 1)
-DU_COLUMNS = 64         # columns of du per u-cotangent program (dk = 128: two programs, each
-                        # carrying [128, 64] of F instead of E [128, 128], which spilled)
 
 
 # ----------------------------------------------------------------------------- Z kernel
@@ -83,23 +79,24 @@ def row_cotangents(A_chunks, Y, W, da, *, plan, warps):
 
 # ----------------------------------------------------------------------------- du kernel
 
-def _du_kernel(u_ref, w_ref, z_ref, wj_ref, zj_ref, f0_ref, du_ref, *, C, L, precision, acc):
-  # u_ref, w_ref, z_ref: [L * C, dk] (one segment of L chunks); wj_ref, zj_ref, du_ref:
-  # [L * C, BJ] the program's columns of W, Z and du; f0_ref: [dk, BJ], those columns of
-  # F = E + E^T at the segment's last chunk (the later segments' sums and A_T dA_T A_T).
+def _du_kernel(u_ref, w_ref, z_ref, e0_ref, du_ref, *, C, L, precision, acc):
+  # u_ref, w_ref, z_ref, du_ref: [L * C, dk] (one segment of L chunks); e0_ref: [dk, dk], E
+  # of the segment's last chunk (the later segments' Z^T W and A_T dA_T A_T).
   mm = functools.partial(dot, precision=precision)
   r, c, _ = iota(C)
 
-  def body(i, F):
+  def body(i, E):
     rows = pl.ds(pl.multiple_of((L - 1 - i) * C, C), C)
     U, W, Z = (ref[rows, :].astype(acc) for ref in (u_ref, w_ref, z_ref))    # [C, dk]
-    Wj, Zj = (ref[rows, :].astype(acc) for ref in (wj_ref, zj_ref))         # [C, BJ]
     UW = jnp.where(r <= c, mm(U, W, tb=True), 0.0)                         # [s, t], t >= s
     UZ = jnp.where(r <= c, mm(U, Z, tb=True), 0.0)
-    du_ref[rows, :] = (-(mm(UW, Zj) + mm(UZ, Wj) + mm(U, F))).astype(du_ref.dtype)
-    return F + mm(Z, Wj, ta=True) + mm(W, Zj, ta=True)       # + (Z_n^T W_n + W_n^T Z_n)[:, J]
+    # E enters after the masked products: its tile stays out of their shared memory (80 KB a
+    # program at d = 64 instead of 112).
+    du = -(mm(UW, Z) + mm(UZ, W) + mm(U, E) + mm(U, E, tb=True))
+    du_ref[rows, :] = du.astype(du_ref.dtype)
+    return E + mm(Z, W, ta=True)                                           # + Z_n^T W_n
 
-  jax.lax.fori_loop(0, L, body, f0_ref[...].astype(acc))
+  jax.lax.fori_loop(0, L, body, e0_ref[...].astype(acc))
 
 
 def du_segment_chunks(N, most=DU_SEGMENT_CHUNKS):
@@ -110,27 +107,22 @@ def du_segment_chunks(N, most=DU_SEGMENT_CHUNKS):
 def u_cotangents(U, W, Z, E_last, *, plan, warps):
   """du [B, H, N, C, dk] (module docstring). U, W, Z: [B, H, N, C, dk], N a multiple of L =
   `du_segment_chunks(N)`; E_last: [B, H, N / L, dk, dk], E of each segment's last chunk.
-  Grid (B * H, N / L, dk / BJ): a program forms BJ = min(dk, DU_COLUMNS) columns of du,
-  carrying those columns of F = E + E^T (du = -(UW Z + UZ W + U F))."""
+  Grid (B * H, N / L)."""
   B, H, N, C, dk = U.shape
   L = du_segment_chunks(N)
   S = N // L
-  BJ = min(dk, DU_COLUMNS)
   flat = lambda x: x.reshape(B * H, N * C, dk)
   acc = U.dtype
-  F_last = (E_last + jnp.swapaxes(E_last, -1, -2)).reshape(B * H, S, dk, dk)
-  seg = pl.BlockSpec((None, L * C, dk), lambda b, s, j: (b, s, 0))
-  cols = pl.BlockSpec((None, L * C, BJ), lambda b, s, j: (b, s, j))
+  seg = pl.BlockSpec((None, L * C, dk), lambda b, s: (b, s, 0))
   du = pl.pallas_call(
       functools.partial(_du_kernel, C=C, L=L, precision=plan.state_dot, acc=acc),
-      grid=(B * H, S, dk // BJ),
-      in_specs=[seg] * 3 + [cols] * 2 + [
-          pl.BlockSpec((None, None, dk, BJ), lambda b, s, j: (b, s, 0, j))],
-      out_specs=cols,
+      grid=(B * H, S),
+      in_specs=[seg] * 3 + [pl.BlockSpec((None, None, dk, dk), lambda b, s: (b, s, 0, 0))],
+      out_specs=seg,
       out_shape=jax.ShapeDtypeStruct((B * H, N * C, dk), acc),
       compiler_params=compiler_params(warps),
       interpret=plan.interpret, name="vla_adjoint_du",
-  )(flat(U), flat(W), flat(Z), flat(W), flat(Z), F_last)
+  )(flat(U), flat(W), flat(Z), E_last.reshape(B * H, S, dk, dk))
   return du.reshape(B, H, N, C, dk)
 
 
