@@ -188,6 +188,9 @@ class KernelConfig:
         state_factor_dot=prec("bf16" if low else kind),
         state_apply_dot=prec("bf16") if low and acc != jnp.float64 else state_dot,
         state_dot=state_dot, xla_dot=state_dot,
+        # Three-pass TF32 products in the u-cotangent kernel at dk = 128 ask for 256 KB of
+        # shared memory (H200: 227 KB; the launch fails), so there they run in IEEE float32.
+        du_dot=prec("ieee") if kind == "tf32x3" and dk >= 128 else state_dot,
         block_v=bv,
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
@@ -245,14 +248,15 @@ class Plan:
       newton_step: one Newton step on each direct segment-start inverse in its own dtype;
       inverse_tile: None or 32 (block Cholesky on tiles).
     state_factor_dot, state_apply_dot: the state-prep kernel's block-doubling products and
-      those that apply its inverse; state_dot: the state loops', the reverse pass's and the
-      u-cotangent kernel's products.
+      those that apply its inverse; state_dot: the state loops' and the reverse pass's
+      products.
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).
+    du_dot: the u-cotangent kernel's products (`state_dot`, IEEE at HIGH with dk = 128).
     xla_dot: the XLA products between the kernels (the penalty adjoint's segment sums, the
       chunk-local VJP where it is XLA): `precision`, except three TF32 passes at HIGH (XLA,
       like Triton, runs Precision.HIGH as one TF32 pass on GPUs).
@@ -285,6 +289,7 @@ class Plan:
   fused_vjp: bool
   adjoint_warps: int
   xla_dot: object
+  du_dot: object
   state_backend: str
   grad_state_backend: str
 

@@ -115,7 +115,7 @@ def u_cotangents(U, W, Z, E_last, *, plan, warps):
   acc = U.dtype
   seg = pl.BlockSpec((None, L * C, dk), lambda b, s: (b, s, 0))
   du = pl.pallas_call(
-      functools.partial(_du_kernel, C=C, L=L, precision=plan.state_dot, acc=acc),
+      functools.partial(_du_kernel, C=C, L=L, precision=plan.du_dot, acc=acc),
       grid=(B * H, S),
       in_specs=[seg] * 3 + [pl.BlockSpec((None, None, dk, dk), lambda b, s: (b, s, 0, 0))],
       out_specs=seg,

@@ -130,6 +130,15 @@ def test_chunk_local_vjp_form():
   assert _plan().fused_vjp and _plan(low=True, dk=128, dv=128).fused_vjp
   assert not _plan(dk=128, dv=128).fused_vjp and not _plan(dk=64, dv=128).fused_vjp
   assert _plan(dk=128, dv=128).adjoint_warps == 8 and _plan().adjoint_warps == 4
+  # At HIGH the u-cotangent kernel's three-pass products do not fit in shared memory at
+  # dk = 128 (H200): IEEE there; the XLA parts take three passes (one, as XLA runs HIGH, would
+  # leave du at ~3e-4).
+  P = jax.lax.Precision
+  high = KernelConfig(precision=P.HIGH)
+  x3 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+  assert _plan(high, dk=128, dv=128).du_dot == P.HIGHEST
+  assert _plan(high).du_dot == x3 and _plan(high).xla_dot == x3
+  assert _plan(high, dk=128, dv=128).xla_dot == x3
 
 
 H200, A100, B200 = Target("NVIDIA H200", (9, 0)), Target("NVIDIA A100", (8, 0)), Target(
