@@ -238,7 +238,7 @@ class Plan:
       forward's kernels in bfloat16 (half the bytes; d = 64, T = 4096: forward 2.12 -> 1.61
       ms with the in-place layout below), and the inference kernels reading the caller's
       [B, T, H, d] arrays in place (no XLA transposes; the kernels make the unit keys).
-    factor_dot: the penalty scan's products (forward and adjoint scans).
+    factor_dot: the penalty scan's and the row-cotangent kernel's products.
     scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
       (one wave of programs); segments: segments per sequence.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error

@@ -12,9 +12,9 @@ unit keys and write directions (bfloat16 for bfloat16 inputs). For bfloat16 inpu
 precision DEFAULT the kernels read the caller's [B, T, H, d] arrays in place and pass factors
 in bfloat16 (`Plan.low`); otherwise XLA first makes head-major copies (unit keys and u in the
 accumulation dtype). Under differentiation the same kernels run on head-major unit keys (the
-penalty scan also keeping the rows A_t khat_t and its segment starts, the state path T and
-the chunk-start states), and the backward is `penalty_backward.py` (a second penalty scan on
-the rows' cotangents and the u-cotangent kernel) and `state_backward.py` (the reverse pass and
+penalty scan also keeping the rows A_t khat_t, its Woodbury rows and A at every chunk start,
+the state path T and the chunk-start states), and the backward is `penalty_backward.py` (the
+rows' cotangents in one parallel kernel, then the u-cotangent kernel) and `state_backward.py` (the reverse pass and
 the chunk-local VJP), or with `Plan.grad_state_backend` "mosaic" the Mosaic state path's own
 VJP (its reverse chain kernel and XLA cotangents).
 """
