@@ -22,15 +22,35 @@ MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4}),
 IDS = [name + "".join(f"-{k}={v}" for k, v in opts.items()) for name, opts in MIXERS]
 
 
-def stream(mixer, x, prompt_len):
-  """prefill(x[:, :P]) then one step per token: [B, T, d_model]."""
-  cache = mixer.init_cache(x.shape[0], x.shape[1])
-  y, cache = mixer.prefill(x[:, :prompt_len], cache)
+# A mixer's or a model's forward pass, prefill and step, each jitted: one compiled program per
+# configuration (every step has the same shapes) rather than one eager dispatch, and one small
+# compilation, per operation and token. The bounds checks that need concrete values run
+# eagerly in test_streaming_errors.
+@nnx.jit
+def forward(module, x):
+  return module(x)
+
+
+@nnx.jit
+def prefill(module, x, cache):
+  return module.prefill(x, cache)
+
+
+@nnx.jit
+def step(module, x_t, cache):
+  return module.step(x_t, cache)
+
+
+def stream(module, x, prompt_len):
+  """prefill(x[:, :P]) then one step per token of x [B, T, ...]: (outputs [B, T, ...] of the
+  mixer, or logits of the model, the cache after the last token)."""
+  cache = module.init_cache(x.shape[0], x.shape[1])
+  y, cache = prefill(module, x[:, :prompt_len], cache)
   ys = [y]
   for t in range(prompt_len, x.shape[1]):
-    y_t, cache = mixer.step(x[:, t], cache)
+    y_t, cache = step(module, x[:, t], cache)
     ys.append(y_t[:, None])
-  return jnp.concatenate(ys, axis=1)
+  return jnp.concatenate(ys, axis=1), cache
 
 
 @pytest.mark.parametrize("name,options", MIXERS, ids=IDS)
@@ -38,7 +58,7 @@ def test_mixer_stream_equals_forward_float64(x64, name, options):
   mixer = make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
                      dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
   x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
-  full, streamed = mixer(x), stream(mixer, x, PROMPT)
+  full, (streamed, _) = forward(mixer, x), stream(mixer, x, PROMPT)
   # jax's attention keeps its softmax in float32 even for float64 inputs.
   tol = 1e-6 if name == "softmax" else 1e-10
   np.testing.assert_allclose(streamed, full, rtol=tol, atol=tol)
@@ -50,14 +70,8 @@ def test_model_stream_equals_forward_float32(name, options):
                        chunk_size=16, mixer_options=options)
   model = LanguageModel(config, rngs=nnx.Rngs(3))
   tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
-  full = model(tokens)
-  cache = model.init_cache(B, T)
-  logits, cache = model.prefill(tokens[:, :PROMPT], cache)
-  steps = []
-  for t in range(PROMPT, T):
-    logits_t, cache = model.step(tokens[:, t], cache)
-    steps.append(logits_t[:, None])
-  streamed = jnp.concatenate([logits] + steps, axis=1)
+  full = forward(model, tokens)
+  streamed, cache = stream(model, tokens, PROMPT)
   np.testing.assert_allclose(streamed, full, rtol=1e-4, atol=1e-4)
   np.testing.assert_array_equal(cache.position, [T] * B)
 
@@ -72,11 +86,11 @@ def test_greedy_generate_equals_recomputed_argmax(mixer):
   chex.assert_shape(out, (B, 11))
   chex.assert_type(out, jnp.int32)
   np.testing.assert_array_equal(out[:, :6], prompt)
-  seq = prompt
-  for _ in range(5):  # the definition: argmax of a full forward pass over the sequence so far
-    seq = jnp.concatenate([seq, jnp.argmax(model(seq)[:, -1], -1)[:, None].astype(seq.dtype)],
-                          axis=1)
-  np.testing.assert_array_equal(out, seq)
+  # The definition: each new token is the argmax of a full forward pass over the sequence so
+  # far. The model is causal (test_model), so one forward pass over out[:, :-1] gives each of
+  # those passes' last logits at once.
+  recomputed = jnp.argmax(forward(model, out[:, :-1])[:, 5:], -1)
+  np.testing.assert_array_equal(out[:, 6:], recomputed)
 
 
 def test_sampling_is_seeded_and_in_vocabulary():
@@ -122,12 +136,12 @@ def test_streaming_errors():
     attention.prefill(x, attention.init_cache(1, 4))
   # A second prefill past the cache, a position past learned positions, out-of-vocabulary
   # prompts and a NaN temperature are errors, not clamped writes or NaN logits.
-  _, cache = model.prefill(prompt[:, :3], model.init_cache(1, 4))
+  _, cache = prefill(model, prompt[:, :3], model.init_cache(1, 4))   # checked eagerly below
   with pytest.raises(ValueError, match="2 more tokens after the 3 written do not fit"):
     model.prefill(prompt[:, :2], cache)
   learned = LanguageModel(dataclasses.replace(config, mixer="vla", pos_emb="learned"),
                           rngs=nnx.Rngs(0))
-  _, cache = learned.prefill(prompt, learned.init_cache(1))
+  _, cache = prefill(learned, prompt, learned.init_cache(1))
   with pytest.raises(ValueError, match="5 more tokens after position 8 pass model.max_len=12"):
     learned.prefill(jnp.zeros((1, 5), jnp.int32), cache)
   for bad in (11, -1):

@@ -318,8 +318,9 @@ def test_forward_mode_of_scan_matches_reverse_mode_of_chunked(x64):
   args = random_inputs(31, B, T, H, dk, dv) + _initial_state(32, B, H, dk, dv)
   tangents = random_inputs(33, B, T, H, dk, dv) + _initial_state(34, B, H, dk, dv)
   tangents = tangents[:5] + (0.5 * (tangents[5] + np.swapaxes(tangents[5], -1, -2)),)
-  _, jvp_scan = jax.jvp(_loss("scan"), args, tangents)
-  grads = jax.grad(_loss("chunked"), argnums=tuple(range(6)))(*args)   # chunks of 16: two
+  # Jitted: one program each rather than one eager dispatch (and compilation) per operation.
+  _, jvp_scan = jax.jit(lambda a, t: jax.jvp(_loss("scan"), a, t))(args, tangents)
+  grads = jax.jit(jax.grad(_loss("chunked"), argnums=tuple(range(6))))(*args)  # two chunks
   projected = sum(jnp.vdot(g, t) for g, t in zip(grads, tangents))
   assert rel_err(projected, jvp_scan) < 1e-9, (projected, jvp_scan)
   with pytest.raises(TypeError, match="custom_vjp"):
