@@ -13,6 +13,12 @@ CONFIG = ModelConfig(vocab_size=13, max_len=20, mixer="vla", d_model=16, num_hea
 PROMPT_LEN, NEW = 4, 10
 
 
+@nnx.jit
+def forward(model, tokens):
+  """The full forward pass, jitted (one compilation rather than one per eager operation)."""
+  return model(tokens)
+
+
 @pytest.fixture(scope="module")
 def model():
   return LanguageModel(CONFIG, rngs=nnx.Rngs(11))
@@ -31,12 +37,12 @@ def test_top_k_samples_only_among_the_k_most_likely_tokens(model, prompt):
   out = model.generate(prompt, NEW, temperature=5.0, top_k=3, rng=key)
   np.testing.assert_array_equal(out, model.generate(prompt, NEW, temperature=5.0, top_k=3,
                                                     rng=key))
-  logits = model(out[:, :-1])[:, PROMPT_LEN - 1:]             # [B, NEW, V] the step's logits
+  logits = forward(model, out[:, :-1])[:, PROMPT_LEN - 1:]             # [B, NEW, V] the step's logits
   chosen = np.take_along_axis(np.asarray(logits), np.asarray(out[:, PROMPT_LEN:, None]), -1)
   third = np.sort(np.asarray(logits), axis=-1)[..., -3:-2]
   assert np.all(chosen >= third - 1e-4)                          # always one of the top 3
   free = model.generate(prompt, NEW, temperature=5.0, rng=key)   # without top_k: any token
-  logits = np.asarray(model(free[:, :-1])[:, PROMPT_LEN - 1:])
+  logits = np.asarray(forward(model, free[:, :-1])[:, PROMPT_LEN - 1:])
   chosen = np.take_along_axis(logits, np.asarray(free[:, PROMPT_LEN:, None]), -1)
   assert np.mean(chosen < np.sort(logits, axis=-1)[..., -3:-2] - 1e-3) > 0.3
 
