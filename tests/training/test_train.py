@@ -290,7 +290,8 @@ def test_main_prints_json_and_rejects_bad_config(tmp_path):
             f"--config={ROOT / 'configs' / 'mqar_demo.py'}", "--config.task.n_pairs=3",
             "--config.model.d_model=16", "--config.model.head_dim=8",
             "--config.train.num_steps=3", "--config.train.eval_examples=16",
-            "--config.train.eval_batch_size=16", "--config.train.batch_size=8"]
+            "--config.train.eval_batch_size=16", "--config.train.batch_size=8",
+            "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(common + [f"--workdir={tmp_path / 'run'}"], capture_output=True,
                         text=True, timeout=600, env=env, check=False)
