@@ -102,7 +102,9 @@ def test_vla_layer_inputs_reproduce_the_layer(x64):
   assert len(layers) == 2
   # The first layer's recurrence output, projected, is the first block's mixer output.
   first = layers[0]
-  o, _ = vla_recurrence(first["q"], first["k"], first["v"], first["u"], lam0=first["lam0"])
+  # Jitted: one compilation rather than one per eager operation.
+  o, _ = jax.jit(vla_recurrence, static_argnames="lam0")(first["q"], first["k"], first["v"],
+                                                          first["u"], lam0=first["lam0"])
   mixer = model.blocks[0].mixer
   h = model.blocks[0].norm1(model._embed(tokens, 0))
   np.testing.assert_allclose(mixer.out(o.astype(jnp.float32)), mixer(h), rtol=1e-5, atol=1e-6)

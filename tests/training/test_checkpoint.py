@@ -155,7 +155,7 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
   config = base.get_base_config()
   config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
   config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
-                       "impl": "scan"})
+                       "impl": "scan", "num_layers": 1})
   config.train.update({"batch_size": 8, "num_steps": 8, "warmup_steps": 2, "eval_every": 0,
                        "checkpoint_every": 4, "eval_examples": 16, "eval_batch_size": 16})
   workdir = tmp_path / "run"
