@@ -11,7 +11,7 @@ The tuned zoology comparison (issue 37) on one H200, in stretches of under ten m
 call resuming the last:
 
     python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=6 \
-        --vla_impl=pallas --budget_s=480 --grace_s=30 --stop_s=60
+        --vla_impl=pallas --budget_s=420 --grace_s=30 --stop_s=60
 
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
 every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, and T = 512 at
