@@ -41,8 +41,8 @@ _LONG_TS = flags.DEFINE_list("long_Ts", None, "Lengths of the long grid (default
                              "vla_jax.training.grid.LONG_TS).")
 _ZOOLOGY_STEPS = flags.DEFINE_integer("zoology_steps", 4000, "Training steps (zoology grid).")
 _ZOOLOGY_ROWS = flags.DEFINE_list(
-    "zoology_rows", ["results/training/mqar_zoology_h200.jsonl"], "Rows files (relative to the "
-    "checkout, or absolute) of the zoology grid that the zoology_tuned grid extends.")
+    "zoology_rows", ["results/training/mqar_zoology_h200.jsonl"], "Rows files of the zoology grid "
+    "that the zoology_tuned grid extends (a relative path not found here: under the checkout).")
 _TUNED_STEPS = flags.DEFINE_integer("tuned_steps", 12000, "Training steps of the zoology_tuned "
                                     "grid at T = 512.")
 _LIST = flags.DEFINE_bool("list", False, "Print the jobs (done or to do, from the rows under "
@@ -74,7 +74,7 @@ def main(argv):
   with cli.user_errors("grid.py"):
     zoology_rows = None
     if "zoology_tuned" in _GRIDS.value:
-      paths = [os.path.join(root, p) for p in _ZOOLOGY_ROWS.value]
+      paths = [p if os.path.isfile(p) else os.path.join(root, p) for p in _ZOOLOGY_ROWS.value]
       missing = [p for p in paths if not os.path.isfile(p)]
       if missing:
         raise ValueError(f"--zoology_rows: no such file(s): {', '.join(missing)}")
