@@ -20,7 +20,9 @@ def mixer_options():
       "softmax": {"implementation": "auto", "conv_size": 0},
       "linear": {"normalize": True, "conv_size": 4, "out_norm": True},
       "deltanet": {"conv_size": 4, "out_norm": True},
-      "gated_deltanet": {"conv_size": 4, "out_norm": True},
+      # gate_init "slow": a gate that forgets 10x more slowly at initialisation
+      # (vla_jax.layers.delta.GatedDeltaNet); "fla" is the paper's code.
+      "gated_deltanet": {"conv_size": 4, "out_norm": True, "gate_init": "fla"},
   })
 
 

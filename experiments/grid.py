@@ -5,7 +5,20 @@ r"""Runs the sweeps behind RESULTS.md, several processes per GPU, and collects t
 Each job is one experiments/sweep.py call (one mixer at one setting, its seeds and rates
 vmapped) whose rows go to OUT/<grid>.jsonl; the grids and the scheduling rules are in
 `vla_jax.training.grid`. A second call with the same --workdir skips finished jobs and resumes
-stopped ones from their checkpoints.
+stopped ones from their checkpoints. --list prints the jobs (done or to do) and runs none.
+
+The tuned zoology comparison (issue 37) on one H200, in stretches of under ten minutes, each
+call resuming the last:
+
+    python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=6 \
+        --vla_impl=pallas --budget_s=420 --grace_s=30 --stop_s=60
+
+It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
+every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, and T = 512 at
+12,000 steps (`vla_jax.training.grid.tuned_jobs`); its rows go to OUT/zoology_tuned.jsonl.
+`--only=-s4000-` or `--only=-s12000-` runs one part; a second round, once the first is
+finished, goes on past the new edges: --zoology_rows=results/training/mqar_zoology_h200.jsonl,
+OUT/zoology_tuned.jsonl.
 """
 
 import os
@@ -15,7 +28,7 @@ from absl import app, flags
 from vla_jax.training import cli
 
 _GRIDS = flags.DEFINE_list("grids", ["capacity"], "Grids to run: capacity, long, copy, zoology, "
-                           "ablation, ablation_demo.")
+                           "ablation, ablation_demo, zoology_tuned.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the rows (<grid>.jsonl), runs, logs.")
 _GPUS = flags.DEFINE_list("gpus", [], "GPU ids to pin jobs to; empty: no pinning.")
 _PER_GPU = flags.DEFINE_integer("per_gpu", 4, "Processes per GPU (or in all, without --gpus).")
@@ -27,6 +40,13 @@ _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every job.")
 _LONG_TS = flags.DEFINE_list("long_Ts", None, "Lengths of the long grid (default: 64 to 4096, "
                              "vla_jax.training.grid.LONG_TS).")
 _ZOOLOGY_STEPS = flags.DEFINE_integer("zoology_steps", 4000, "Training steps (zoology grid).")
+_ZOOLOGY_ROWS = flags.DEFINE_list(
+    "zoology_rows", ["results/training/mqar_zoology_h200.jsonl"], "Rows files of the zoology grid "
+    "that the zoology_tuned grid extends (a relative path not found here: under the checkout).")
+_TUNED_STEPS = flags.DEFINE_integer("tuned_steps", 12000, "Training steps of the zoology_tuned "
+                                    "grid at T = 512.")
+_LIST = flags.DEFINE_bool("list", False, "Print the jobs (done or to do, from the rows under "
+                          "--workdir) and run none.")
 _DEMO_STEPS = flags.DEFINE_integer("demo_steps", 500, "Training steps (ablation_demo grid).")
 _RATES = flags.DEFINE_list("rates", [], "Learning rates replacing every job's (default: the "
                            "grid's).")
@@ -43,20 +63,35 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
-  from vla_jax.training import grid  # pylint: disable=g-import-not-at-top
+  from vla_jax.training import grid, jsonl  # pylint: disable=g-import-not-at-top
 
   if any("=" not in o for o in _OVERRIDE.value):
     raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")
   overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
+  here = os.path.dirname(os.path.abspath(__file__))
+  root, workdir = os.path.dirname(here), os.path.abspath(_WORKDIR.value)
+  seeds = [int(s) for s in _SEEDS.value]
   with cli.user_errors("grid.py"):
+    zoology_rows = None
+    if "zoology_tuned" in _GRIDS.value:
+      paths = [p if os.path.isfile(p) else os.path.join(root, p) for p in _ZOOLOGY_ROWS.value]
+      missing = [p for p in paths if not os.path.isfile(p)]
+      if missing:
+        raise ValueError(f"--zoology_rows: no such file(s): {', '.join(missing)}")
+      zoology_rows = [r for p in paths for r in jsonl.read_rows(p)]
     jobs = grid.select_jobs(_GRIDS.value, rates=_RATES.value, vla_impl=_VLA_IMPL.value,
                             only=_ONLY.value,
                             long_Ts=[int(t) for t in _LONG_TS.value or grid.LONG_TS],
-                            zoology_steps=_ZOOLOGY_STEPS.value, demo_steps=_DEMO_STEPS.value)
-    here = os.path.dirname(os.path.abspath(__file__))
+                            zoology_steps=_ZOOLOGY_STEPS.value, demo_steps=_DEMO_STEPS.value,
+                            zoology_rows=zoology_rows, tuned_steps=_TUNED_STEPS.value)
+    if _LIST.value:
+      rows = {g: jsonl.read_rows(os.path.join(workdir, g + ".jsonl"))
+              for g in {j.grid for j in jobs}}
+      print(grid.listing(jobs, rows, seeds, overrides), flush=True)
+      return
     summary = grid.run_grid(
-        jobs, sweep_script=os.path.join(here, "sweep.py"), root=os.path.dirname(here),
-        workdir=os.path.abspath(_WORKDIR.value), seeds=[int(s) for s in _SEEDS.value],
+        jobs, sweep_script=os.path.join(here, "sweep.py"), root=root,
+        workdir=workdir, seeds=seeds,
         overrides=overrides, gpus=_GPUS.value, per_gpu=_PER_GPU.value, budget_s=_BUDGET.value,
         grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
   failed = [f for f in summary["finished"] if f[1] != 0]

@@ -59,7 +59,7 @@ def test_a_mistake_is_one_line():
   assert out.returncode == 1 and out.stdout == ""
   assert out.stderr.strip().splitlines() == [
       "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "
-      "'ablation_demo'); got 'capcity'"]
+      "'ablation_demo', 'zoology_tuned'); got 'capcity'"]
 
 
 def test_grid_runs_a_tiny_job_then_skips_it(tmp_path):
@@ -78,6 +78,27 @@ def test_grid_runs_a_tiny_job_then_skips_it(tmp_path):
   assert rows[0]["overrides"]["model.d_model"] == "8"
   assert "train.eval_every" not in rows[0]["overrides"]       # does not change results
   assert "0 jobs on 1 slots" in run("grid", *args)
+
+
+def test_grid_lists_and_runs_a_zoology_tuned_job(tmp_path):
+  """--list prints the zoology_tuned jobs from the committed zoology rows and runs none; a tiny
+  gated_deltanet_slow job records its label, steps and gate initialisation."""
+  out = run("grid", "--grids=zoology_tuned", f"--workdir={tmp_path}", "--list")
+  lines = out.strip().splitlines()
+  assert lines[-1] == "68 jobs (68 to do), 378 runs, 3,120,000 run-steps"
+  assert ("todo zoology_tuned-T512-d128-gated_deltanet-s4000-lr3e-4 rates 3e-4 num_steps=4000 "
+          "gate_init=fla") in lines
+  assert not list(tmp_path.iterdir())
+  job = "zoology_tuned-T64-d64-gated_deltanet_slow-s4000-lr1e-3_3e-3"
+  args = ["--grids=zoology_tuned", f"--only={job}", "--seeds=0", f"--workdir={tmp_path}",
+          "--per_gpu=1", "--budget_s=300"]
+  args += [f"--override={o}" for o in TINY_MODEL + TINY_TRAIN]
+  assert "finished 1 (failed 0" in run("grid", *args)
+  rows = [json.loads(line) for line in open(tmp_path / "zoology_tuned.jsonl")]
+  assert [(r["job"], r["label"], r["learning_rate"], r["steps"], r["gate_init"],
+           r["model"]["mixer_options"]["gate_init"]) for r in rows] == [
+      (job, "gated_deltanet_slow", lr, 2, "slow", "slow") for lr in (1e-3, 3e-3)]
+  assert run("grid", *args, "--list").splitlines()[0].startswith(f"done {job} ")
 
 
 def test_mixer_sweep_writes_a_row_per_run(tmp_path):

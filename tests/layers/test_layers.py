@@ -254,3 +254,55 @@ def test_impl_and_chunk_size_are_checked_when_a_layer_is_built():
                            ("vla", dict(impl="pallas", chunk_size=256), r"\[16, 128\] for the Pallas")):
     with pytest.raises(ValueError, match=match):
       make_mixer(mixer, 32, 2, rngs=nnx.Rngs(0), **kw)
+
+
+# A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew
+# them before gate_init existed: gate_init="fla" must keep them.
+_FLA_A_LOG_BITS = [1074536798, 1072994095, 1068244538, 1070182296]
+_FLA_DT_BIAS_BITS = [3231614143, 3232368714, 3223706977, 3233618052]
+
+
+def _gate(layer):
+  """(a, dt) at initialisation: exp(A_log) and softplus(dt_bias), float64."""
+  a = np.exp(np.asarray(layer.A_log[...], np.float64))
+  return a, np.log1p(np.exp(np.asarray(layer.dt_bias[...], np.float64)))
+
+
+def test_gated_deltanet_fla_gate_init_is_the_paper_code_bit_for_bit():
+  default = GatedDeltaNet(64, 4, rngs=nnx.Rngs(0))
+  fla = GatedDeltaNet(64, 4, gate_init="fla", rngs=nnx.Rngs(0))
+  assert fla.gate_init == default.gate_init == "fla"
+  assert np.asarray(fla.A_log[...]).view(np.uint32).tolist() == _FLA_A_LOG_BITS
+  assert np.asarray(fla.dt_bias[...]).view(np.uint32).tolist() == _FLA_DT_BIAS_BITS
+  chex.assert_trees_all_equal(nnx.state(fla), nnx.state(default))
+
+
+@pytest.mark.parametrize("gate_init,dt_range,decay_range", [
+    ("fla", (1e-3, 1e-1), (np.exp(-1.6), np.exp(-1e-3))),
+    ("slow", (1e-4, 1e-2), (np.exp(-0.16), np.exp(-1e-4)))])
+def test_gated_deltanet_gate_init_decay_range(gate_init, dt_range, decay_range):
+  """At W_a x = 0 the per-token decay is exp(-a dt), a in [1, 16], dt in the init's range;
+  over many heads the draws fill most of it. "slow" draws the same a, and dt 10x smaller."""
+  H = 4096
+  layer = GatedDeltaNet(64, H, head_dim=1, gate_init=gate_init, rngs=nnx.Rngs(0))
+  a, dt = _gate(layer)
+  lo, hi = dt_range
+  assert a.min() >= 1 - 1e-6 and a.max() <= 16 * (1 + 1e-6)
+  assert dt.min() >= lo * (1 - 1e-4) and dt.max() <= hi * (1 + 1e-4)
+  assert dt.min() < lo * 1.05 and dt.max() > hi / 1.05     # log-uniform: both ends reached
+  np.testing.assert_allclose(np.median(np.log(dt)), np.log(np.sqrt(lo * hi)), atol=0.1)
+  decay = np.exp(-a * dt)
+  assert decay_range[0] <= decay.min() < decay_range[0] * 1.3
+  assert decay_range[1] >= decay.max() > 1 - (1 - decay_range[1]) * 1.3
+  fla_a, fla_dt = _gate(GatedDeltaNet(64, H, head_dim=1, rngs=nnx.Rngs(0)))
+  np.testing.assert_array_equal(a, fla_a)
+  np.testing.assert_allclose(dt, fla_dt * (lo / 1e-3), rtol=1e-4)
+
+
+def test_gated_deltanet_gate_init_is_checked():
+  with pytest.raises(ValueError, match="gate_init must be one of 'fla', 'slow'"):
+    GatedDeltaNet(16, 2, gate_init="fast", rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="does not take option"):
+    make_mixer("deltanet", 16, 2, options={"gate_init": "slow"}, rngs=nnx.Rngs(0))
+  layer = make_mixer("gated_deltanet", 16, 2, options={"gate_init": "slow"}, rngs=nnx.Rngs(0))
+  assert layer.gate_init == "slow" and _gate(layer)[1].max() <= 1e-2 * (1 + 1e-4)

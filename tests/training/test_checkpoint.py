@@ -177,3 +177,16 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
   lines = fallback.stderr.strip().splitlines()
   assert len(lines) == 2, lines   # two warnings, no INFO lines
   assert "has " in lines[0] and "truncated?" in lines[0] and "restored step 4" in lines[1]
+
+
+def test_a_run_from_before_gate_init_resumes_only_with_fla(tmp_path):
+  """config.json written before GatedDeltaNet had gate_init lacks it: the same run as
+  gate_init "fla", another run than "slow"."""
+  def config(*options):
+    return json.dumps({"model": {"mixer": "gated_deltanet",
+                                 "mixer_options": [["conv_size", 4], *options]},
+                       "train": {"learning_rate": 1e-3}})
+  ckpt.write_config(str(tmp_path), config())
+  ckpt.write_config(str(tmp_path), config(["gate_init", "fla"]))
+  with pytest.raises(ValueError, match="different model configuration"):
+    ckpt.write_config(str(tmp_path), config(["gate_init", "slow"]))

@@ -11,16 +11,41 @@ import numpy as np
 import pytest
 
 from vla_jax.configs import base
-from vla_jax.training import from_config_dict, grid
+from vla_jax.training import from_config_dict, grid, jsonl
 from vla_jax.training.sweep import SweepTrainer
 
 
+def _row(T, d_model, label, rate, seed, test, validation=None, steps=4000):
+  """A zoology sweep row with the fields `grid.best_rate_table` reads."""
+  score = lambda acc: {"mqar": {"accuracy": acc, "exact_match": acc, "targets": 100}}
+  return {"seq_len": T, "d_model": d_model, "label": label, "mixer": label.split("_slow")[0],
+          "learning_rate": rate, "seed": seed, "steps": steps, "test": score(test),
+          "validation": score(test if validation is None else validation)}
+
+
+def _cell(T, d_model, label, accuracies, steps=4000):
+  """Rows of one cell: accuracies {rate: [test accuracy per seed]}."""
+  return [_row(T, d_model, label, rate, seed, acc, steps=steps)
+          for rate, accs in accuracies.items() for seed, acc in enumerate(accs)]
+
+
+# A small zoology grid: linear at T = 512 d_model 64 best at its highest rate, Gated DeltaNet
+# at its lowest, both unsolved; softmax solved at its highest rate; DeltaNet best inside a
+# sweep of three rates.
+ROWS = (_cell(512, 64, "linear", {1e-3: [0.0, 0.0, 0.01], 3e-3: [0.01, 0.02, 0.0]})
+        + _cell(512, 64, "gated_deltanet", {1e-3: [0.3, 0.2, 0.1], 3e-3: [0.0, 0.0, 0.0]})
+        + _cell(512, 128, "softmax", {1e-3: [0.9, 0.9, 0.9], 3e-3: [1.0, 1.0, 0.995]})
+        + _cell(64, 64, "deltanet", {3e-4: [0.1] * 3, 1e-3: [0.5] * 3, 3e-3: [0.2] * 3}))
+
+
 def test_every_grid_has_its_jobs():
-  counts = {g: len(grid.grid_jobs(g)) for g in grid.GRIDS}
+  counts = {g: len(grid.grid_jobs(g, zoology_rows=ROWS)) for g in grid.GRIDS}
   assert counts == {"capacity": 8 * 7, "long": 7 * 7, "copy": 7, "zoology": 12 * 7,
-                    "ablation": 8, "ablation_demo": 8}
-  names = [j.name for g in grid.GRIDS for j in grid.grid_jobs(g)]
+                    "ablation": 8, "ablation_demo": 8, "zoology_tuned": 3 + 4}
+  names = [j.name for g in grid.GRIDS for j in grid.grid_jobs(g, zoology_rows=ROWS)]
   assert len(names) == len(set(names))
+  with pytest.raises(ValueError, match="extends the zoology grid's rows"):
+    grid.grid_jobs("zoology_tuned")
   zoo = grid.grid_jobs("zoology", zoology_steps=10)[-1]
   assert zoo.name == "zoology-T512-d256-vla_p1" and zoo.tag == {
       "grid": "zoology", "seq_len": 512, "n_pairs": 64, "d_model": 256, "label": "vla_p1"}
@@ -102,3 +127,134 @@ def test_a_job_is_done_with_every_run_at_the_same_overrides():
   assert "--out=/out/zoology.jsonl" in cmd and "--config=/repo/configs/mqar_zoology.py:64" in cmd
   assert cmd[-3:] == ["--config.train.num_steps=10", "--config.train.checkpoint_every=500",
                       "--config.train.diagnostics_every=50"]
+
+
+def test_best_rate_table_takes_the_best_mean_over_seeds():
+  rows = (_cell(64, 64, "vla", {1e-3: [0.6, 0.6, 0.6], 3e-3: [1.0, 0.2, 0.2]})   # mean, not max
+          + _cell(64, 64, "vla", {1e-2: [0.9] * 3}, steps=12000)
+          + [_row(64, 128, "linear", 1e-3, 0, 0.9, validation=0.1),
+             _row(64, 128, "linear", 3e-3, 0, 0.5, validation=0.8)])
+  table = grid.best_rate_table(rows, steps=4000)
+  assert table[(64, 64, "vla")] == {"rate": 1e-3, "mean": pytest.approx(0.6),
+                                    "rates": (1e-3, 3e-3)}
+  assert table[(64, 128, "linear")]["rate"] == 1e-3      # by test accuracy (the default) ...
+  by_validation = grid.best_rate_table(rows, steps=4000, metric="validation")
+  assert by_validation[(64, 128, "linear")] == {"rate": 3e-3, "mean": 0.5,   # ... or validation
+                                                "rates": (1e-3, 3e-3)}
+  assert grid.best_rate_table(rows, steps=12000) == {
+      (64, 64, "vla"): {"rate": 1e-2, "mean": pytest.approx(0.9), "rates": (1e-2,)}}
+  assert len(grid.best_rate_table(rows)) == 2            # every step count together
+
+
+def test_edge_cells_are_unsolved_cells_at_an_edge_of_their_sweep():
+  rows = ROWS + (_cell(64, 64, "linear", {3e-3: [0.1] * 3})                 # one rate: no edge
+                 + _cell(64, 64, "vla", {1e-2: [0.2] * 3, 3e-2: [0.3] * 3})
+                 + _cell(64, 128, "vla", {1e-5: [0.3] * 3, 3e-5: [0.2] * 3}))
+  edges = grid.edge_cells(grid.best_rate_table(rows))
+  assert edges == {
+      (512, 64, "linear"): {"side": "highest", "rate": 3e-3, "mean": pytest.approx(0.01),
+                            "extend": ("1e-2",)},
+      (512, 64, "gated_deltanet"): {"side": "lowest", "rate": 1e-3, "mean": pytest.approx(0.2),
+                                    "extend": ("3e-4",)},
+      (64, 64, "vla"): {"side": "highest", "rate": 3e-2, "mean": pytest.approx(0.3),
+                        "extend": ("1e-1",)},
+      (64, 128, "vla"): {"side": "lowest", "rate": 1e-5, "mean": pytest.approx(0.3),
+                         "extend": ()}}                                    # the grid's end
+  assert set(grid.edge_cells(grid.best_rate_table(rows), below=0.25)) == {
+      (512, 64, "linear"), (512, 64, "gated_deltanet")}
+  assert [grid.rate_name(x) for x in (0.003, 3e-4, 1e-2, 2e-3)] == ["3e-3", "3e-4", "1e-2",
+                                                                    "0.002"]
+
+
+def test_the_committed_zoology_rows_have_32_edge_cells():
+  """RESULTS.md's count: of the 34 cells below 0.99, 30 chose the highest rate, 2 the lowest."""
+  path = pathlib.Path(__file__).resolve().parents[2] / "results/training/mqar_zoology_h200.jsonl"
+  table = grid.best_rate_table(jsonl.read_rows(str(path)))
+  edges = grid.edge_cells(table)
+  assert sum(c["mean"] < 0.99 for c in table.values()) == 34
+  assert sorted(c["side"] for c in edges.values()).count("highest") == 30
+  assert {k for k, c in edges.items() if c["side"] == "lowest"} == {
+      (512, 64, "gated_deltanet"), (512, 128, "gated_deltanet")}
+  assert all(c["extend"] == {"highest": ("1e-2",), "lowest": ("3e-4",)}[c["side"]]
+             for c in edges.values())
+  jobs = grid.grid_jobs("zoology_tuned", zoology_rows=jsonl.read_rows(str(path)))
+  assert len(jobs) == 32 + 12 + 8 * 3
+  assert sum(len(j.rates) * int(j.overrides["train.num_steps"]) for j in jobs) * 3 == 3_120_000
+
+
+def test_zoology_tuned_jobs():
+  """Past the edges at 4,000 steps, gated_deltanet_slow from Gated DeltaNet's sweep, then
+  every label at T = 512 with 12,000 steps; names apart from the zoology grid's."""
+  jobs = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)
+  assert [(j.name, j.rates) for j in jobs] == [
+      ("zoology_tuned-T512-d64-linear-s4000-lr1e-2", ("1e-2",)),
+      ("zoology_tuned-T512-d64-gated_deltanet-s4000-lr3e-4", ("3e-4",)),
+      ("zoology_tuned-T512-d64-gated_deltanet_slow-s4000-lr3e-4_1e-3_3e-3",
+       ("3e-4", "1e-3", "3e-3")),
+      ("zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2", ("1e-3", "3e-3", "1e-2")),
+      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-4_1e-3_3e-3",
+       ("3e-4", "1e-3", "3e-3")),
+      ("zoology_tuned-T512-d64-gated_deltanet_slow-s12000-lr3e-4_1e-3_3e-3",
+       ("3e-4", "1e-3", "3e-3")),
+      ("zoology_tuned-T512-d128-softmax-s12000-lr1e-3_3e-3", ("1e-3", "3e-3"))]
+  zoology = {j.name for j in grid.grid_jobs("zoology")}
+  assert not zoology & {j.name for j in jobs}
+  assert all(not j.name.startswith("zoology-") for j in jobs)
+  slow = jobs[2]
+  assert slow.grid == "zoology_tuned" and slow.config == "configs/mqar_zoology.py:512"
+  assert slow.overrides == {"model.mixer": "gated_deltanet", "task.n_pairs": 64,
+                            "model.d_model": 64, "model.num_heads": 2, "train.num_steps": 4000,
+                            "model.options.gated_deltanet.gate_init": "slow"}
+  assert slow.tag == {"grid": "zoology_tuned", "seq_len": 512, "n_pairs": 64, "d_model": 64,
+                      "label": "gated_deltanet_slow", "steps": 4000, "gate_init": "slow"}
+  assert jobs[4].overrides["model.options.gated_deltanet.gate_init"] == "fla"
+  assert jobs[4].tag["gate_init"] == "fla" and jobs[4].tag["steps"] == 12000
+  assert jobs[4].overrides["train.num_steps"] == 12000
+  assert "gate_init" not in jobs[3].tag and jobs[6].overrides["model.num_heads"] == 4
+  cmd = grid.sweep_command(slow, sweep_script="sweep.py", root="/repo", workdir="/out",
+                           seeds=[0, 1, 2])
+  assert "--out=/out/zoology_tuned.jsonl" in cmd and "--learning_rates=3e-4,1e-3,3e-3" in cmd
+  assert "--config.model.options.gated_deltanet.gate_init=slow" in cmd
+  assert "--config.train.num_steps=4000" in cmd
+  assert [j.name for j in grid.grid_jobs("zoology_tuned", zoology_rows=ROWS,
+                                         tuned_steps=6000) if "-s6000-" in j.name] == [
+      j.name.replace("-s12000-", "-s6000-") for j in jobs[3:]]
+  with pytest.raises(ValueError, match="picks each job's rates"):
+    grid.select_jobs(["zoology_tuned"], rates=["1e-3"], zoology_rows=ROWS)
+
+
+def test_zoology_tuned_goes_on_past_the_new_edges_with_its_own_rows():
+  """A second round from the first round's rows: linear still best at its new highest rate
+  gets the next one, at both step counts, under new names; the finished jobs are gone."""
+  first = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)
+  tuned = (_cell(512, 64, "linear", {1e-2: [0.3] * 3})
+           + _cell(512, 64, "gated_deltanet", {3e-4: [0.1] * 3})          # 1e-3 stays best
+           + _cell(512, 64, "gated_deltanet_slow", {3e-4: [0.0] * 3, 1e-3: [0.2] * 3,
+                                                    3e-3: [0.995] * 3})     # solved
+           + _cell(512, 64, "linear", {1e-3: [0.1] * 3, 3e-3: [0.2] * 3, 1e-2: [0.4] * 3},
+                   steps=12000))
+  second = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS + tuned)
+  assert [(j.name, j.rates) for j in second] == [
+      ("zoology_tuned-T512-d64-linear-s4000-lr3e-2", ("3e-2",)),
+      ("zoology_tuned-T512-d64-linear-s12000-lr3e-2", ("3e-2",)),
+      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-4_1e-3_3e-3",
+       ("3e-4", "1e-3", "3e-3")),
+      ("zoology_tuned-T512-d64-gated_deltanet_slow-s12000-lr3e-4_1e-3_3e-3",
+       ("3e-4", "1e-3", "3e-3")),
+      ("zoology_tuned-T512-d128-softmax-s12000-lr1e-3_3e-3", ("1e-3", "3e-3"))]
+  assert {j.name for j in second[2:]} <= {j.name for j in first}
+
+
+def test_listing_names_each_job_and_whether_it_is_done():
+  jobs = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)[:3]
+  done = [{"job": jobs[0].name, "seed": s, "learning_rate": 1e-2} for s in (0, 1)]
+  text = grid.listing(jobs, {"zoology_tuned": done}, [0, 1])
+  assert text.splitlines() == [
+      "done zoology_tuned-T512-d64-linear-s4000-lr1e-2 rates 1e-2 num_steps=4000",
+      "todo zoology_tuned-T512-d64-gated_deltanet-s4000-lr3e-4 rates 3e-4 num_steps=4000 "
+      "gate_init=fla",
+      "todo zoology_tuned-T512-d64-gated_deltanet_slow-s4000-lr3e-4_1e-3_3e-3 rates "
+      "3e-4,1e-3,3e-3 num_steps=4000 gate_init=slow",
+      "3 jobs (2 to do), 10 runs, 40,000 run-steps"]
+  smoke = grid.listing(jobs, {}, [0], [("train.num_steps", "2")])
+  assert smoke.splitlines()[0].endswith("num_steps=2") and smoke.endswith("5 runs, 10 run-steps")

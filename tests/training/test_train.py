@@ -225,6 +225,14 @@ def test_resume_may_change_remat_only(tmp_path, tiny_run):
   with pytest.raises(ValueError, match="different model configuration"):
     train_and_evaluate(from_config_dict(wider), str(workdir), log=lambda s: None)
 
+def test_gated_deltanet_gate_init_comes_from_the_config():
+  config = tiny_config()
+  assert config.model.options.gated_deltanet.gate_init == "fla"
+  config.model.mixer = "gated_deltanet"
+  config.model.options.gated_deltanet.gate_init = "slow"
+  assert from_config_dict(config).model.options == {"conv_size": 4, "out_norm": True,
+                                                    "gate_init": "slow"}
+
 _DATA_PARALLEL = r"""
 import json, sys
 import jax, numpy as np

@@ -45,7 +45,7 @@ _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpo
 _FREE_BY_SECTION = {"task": (), "model": ("remat",)}
 # Mixer options added after runs were made, at the value that reproduces those runs: a
 # config.json written before the option existed lacks it, which is the same run.
-_ADDED_OPTIONS = {"u_init": "random"}
+_ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla"}
 
 log = logging.getLogger(__name__)
 

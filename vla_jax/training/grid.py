@@ -17,8 +17,16 @@ Grids (the settings of RESULTS.md):
   ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale, readout or the
             convolution changed, rates 1e-3, 3e-3.
   ablation_demo: the same variants on configs/mqar_demo.py at rate 3e-3 (CPU-sized).
+  zoology_tuned: the zoology grid's sweep carried on from its rows (`zoology_rows`, e.g.
+            results/training/mqar_zoology_h200.jsonl; see `tuned_jobs`): the rate past the
+            edge at every cell below 0.99 whose best rate is an edge of its sweep
+            (`edge_cells`), a Gated DeltaNet row with the slow gate initialisation
+            (gated_deltanet_slow) at every setting, and every mixer at T = 512 with 12,000
+            steps. One job per (cell, steps) and the rates it lacks, named by both, e.g.
+            "zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2".
 """
 
+import collections
 import dataclasses
 import json
 import os
@@ -26,9 +34,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 from vla_jax.training import jsonl
 
-GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo")
+GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo", "zoology_tuned")
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
 # mixers' short convolution, the like-for-like backbone; vla_p1 is VLA with penalty_scale 1
 # instead of the authors' 1 / sqrt(d_h).
@@ -37,6 +47,20 @@ MIXERS = (("softmax", "softmax", {}),
           ("linear", "linear", {}), ("deltanet", "deltanet", {}),
           ("gated_deltanet", "gated_deltanet", {}), ("vla", "vla", {}),
           ("vla_p1", "vla", {"model.options.vla.penalty_scale": 1.0}))
+# The zoology_tuned grid's labels: Gated DeltaNet's gate initialisation named in the overrides
+# (the fla baseline stays fla if the layer's default changes), and one row with the slow one.
+TUNED_MIXERS = tuple(
+    (label, mixer, {**extra, "model.options.gated_deltanet.gate_init": "fla"}
+     if mixer == "gated_deltanet" else extra) for label, mixer, extra in MIXERS) + (
+    ("gated_deltanet_slow", "gated_deltanet",
+     {"model.options.gated_deltanet.gate_init": "slow"}),)
+# A label without rows of its own starts from the sweep its baseline label was given.
+TUNED_BASELINE = {"gated_deltanet_slow": "gated_deltanet"}
+# Learning rates on a log grid of half-decades: a sweep is extended to the next one past an edge.
+RATE_GRID = ("1e-5", "3e-5", "1e-4", "3e-4", "1e-3", "3e-3", "1e-2", "3e-2", "1e-1")
+TUNED_T = 512          # the zoology_tuned grid's long-training setting ...
+TUNED_STEPS = 12000    # ... and its training steps (3x the zoology grid's 4,000)
+SOLVED = 0.99          # a cell below this mean test accuracy is not solved
 PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
 LONG_TS = (64, 128, 256, 512, 1024, 2048, 4096)
 ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))        # (T, n_pairs)
@@ -75,11 +99,116 @@ class Job:
   tag: dict
 
 
-def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500):
+def rate_name(rate):
+  """A learning rate's name in jobs: its RATE_GRID string (0.003 -> "3e-3"), else "%g"."""
+  return next((r for r in RATE_GRID if float(r) == float(rate)), f"{float(rate):g}")
+
+
+def best_rate_table(rows, *, steps=None, metric="test"):
+  """{(seq_len, d_model, label): {"rate", "mean", "rates"}} of zoology sweep rows: per cell,
+  the rate with the best mean `metric` ("test" or "validation") accuracy over seeds, the mean
+  test accuracy at that rate and the sorted rates tried (floats); rows of other `steps` (when
+  given) left out. A row's label is its "label", else its "mixer"."""
+  cells = collections.defaultdict(lambda: collections.defaultdict(list))
+  for r in rows:
+    if steps is None or r.get("steps") == steps:
+      cells[(r["seq_len"], r["d_model"], r.get("label", r["mixer"]))][
+          float(r["learning_rate"])].append(r)
+  score = lambda r, key: next(iter(r[key].values()))["accuracy"]
+  table = {}
+  for cell, by_rate in cells.items():
+    rate = max(sorted(by_rate), key=lambda lr: np.mean([score(r, metric) for r in by_rate[lr]]))
+    table[cell] = {"rate": rate, "mean": float(np.mean([score(r, "test")
+                                                         for r in by_rate[rate]])),
+                   "rates": tuple(sorted(by_rate))}
+  return table
+
+
+def edge_cells(table, *, below=SOLVED):
+  """{cell: {"side", "rate", "mean", "extend"}} of the cells of `best_rate_table` whose mean
+  test accuracy is below `below` and whose best rate is the lowest ("side": "lowest") or the
+  highest ("highest") of two or more rates tried: "extend" holds the next RATE_GRID rate past
+  that edge (a string; 3e-3 highest -> "1e-2", 1e-3 lowest -> "3e-4"), none past the grid."""
+  out = {}
+  for cell, c in sorted(table.items()):
+    rates = c["rates"]
+    if c["mean"] >= below or len(rates) < 2 or c["rate"] not in (rates[0], rates[-1]):
+      continue
+    grid = [float(r) for r in RATE_GRID]
+    if c["rate"] == rates[-1]:
+      side, extend = "highest", [r for r, x in zip(RATE_GRID, grid) if x > rates[-1]][:1]
+    else:
+      side, extend = "lowest", [r for r, x in zip(RATE_GRID, grid) if x < rates[0]][-1:]
+    out[cell] = {"side": side, "rate": c["rate"], "mean": c["mean"], "extend": tuple(extend)}
+  return out
+
+
+def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
+  """The zoology_tuned grid from zoology rows (`steps`-step rows, e.g. the committed
+  results/training/mqar_zoology_h200.jsonl): [(name, config, overrides, rates, tag)].
+
+  A cell's planned rates are the rates its rows tried plus `edge_cells`' extension (a label
+  without rows, gated_deltanet_slow, takes its TUNED_BASELINE label's). In order:
+    1. at `steps`, every cell's planned rates that its rows lack: the rates past an edge, and
+       gated_deltanet_slow at every setting;
+    2. at `long_T` with `long_steps` steps, every label at its planned rates (less any that
+       `long_steps`-step rows in `rows` already hold).
+  Rows of this grid's own earlier jobs may be added to `rows` once they are finished: the
+  sweep then goes on past the new edges, under new job names (a name holds its steps and
+  rates, so that no run folder is reused for other rates).
+  """
+  short = best_rate_table(rows, steps=steps)
+  edges = edge_cells(short)
+  done_long = best_rate_table(rows, steps=long_steps)
+
+  def planned(T, d_model, label):
+    cell = (T, d_model, label)
+    if cell not in short and label in TUNED_BASELINE:
+      cell = (T, d_model, TUNED_BASELINE[label])
+    if cell not in short:
+      return ()
+    rates = {rate_name(x) for x in short[cell]["rates"]}
+    rates |= set(edges[cell]["extend"]) if cell in edges else set()
+    return tuple(sorted(rates, key=float))
+
+  def job(T, n, d_model, heads, label, mixer, extra, n_steps, rates):
+    tag = {"seq_len": T, "n_pairs": n, "d_model": d_model, "label": label, "steps": n_steps}
+    if mixer == "gated_deltanet":
+      tag["gate_init"] = extra["model.options.gated_deltanet.gate_init"]
+    return (f"zoology_tuned-T{T}-d{d_model}-{label}-s{n_steps}-lr{'_'.join(rates)}",
+            f"configs/mqar_zoology.py:{T}",
+            {"model.mixer": mixer, "task.n_pairs": n, "model.d_model": d_model,
+             "model.num_heads": heads, "train.num_steps": n_steps, **extra}, rates, tag)
+
+  out = []
+  for T, n in ZOOLOGY:
+    for d_model, heads in ZOOLOGY_WIDTHS:
+      for label, mixer, extra in TUNED_MIXERS:
+        tried = {rate_name(x) for x in short.get((T, d_model, label), {"rates": ()})["rates"]}
+        rates = tuple(r for r in planned(T, d_model, label) if r not in tried)
+        if rates:
+          out.append(job(T, n, d_model, heads, label, mixer, extra, steps, rates))
+  for T, n in ZOOLOGY:
+    if T != long_T:
+      continue
+    for d_model, heads in ZOOLOGY_WIDTHS:
+      for label, mixer, extra in TUNED_MIXERS:
+        tried = {rate_name(x)
+                 for x in done_long.get((T, d_model, label), {"rates": ()})["rates"]}
+        rates = tuple(r for r in planned(T, d_model, label) if r not in tried)
+        if rates:
+          out.append(job(T, n, d_model, heads, label, mixer, extra, long_steps, rates))
+  return out
+
+
+def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500, zoology_rows=None,
+              tuned_steps=TUNED_STEPS):
   """The jobs of one grid, in the order they start: list of `Job`.
 
-  long_Ts: the long grid's lengths; zoology_steps: training steps of the zoology jobs;
-  demo_steps: training steps of the ablation_demo jobs.
+  long_Ts: the long grid's lengths; zoology_steps: training steps of the zoology jobs (and of
+  the zoology_tuned grid's rows it extends); demo_steps: training steps of the ablation_demo
+  jobs; zoology_rows: the zoology rows the zoology_tuned grid extends (`tuned_jobs`; required
+  for it); tuned_steps: the zoology_tuned grid's steps at T = 512.
   """
   out = []
   if grid == "capacity":
@@ -117,6 +246,11 @@ def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500):
       out.append((f"ablation_demo-{variant}", "configs/mqar_demo.py",
                   {"model.mixer": "vla", "train.num_steps": demo_steps, **extra}, ("3e-3",),
                   {"variant": variant, "n_pairs": 8}))
+  elif grid == "zoology_tuned":
+    if zoology_rows is None:
+      raise ValueError("the zoology_tuned grid extends the zoology grid's rows: give them "
+                       "(zoology_rows, e.g. results/training/mqar_zoology_h200.jsonl)")
+    out = tuned_jobs(zoology_rows, steps=zoology_steps, long_steps=tuned_steps)
   else:
     raise ValueError(f"grid must be one of {GRIDS}; got {grid!r}")
   return [Job(grid, name, config, overrides, rates, {"grid": grid, **tag})
@@ -131,6 +265,9 @@ def select_jobs(grids, *, rates=None, vla_impl=None, only=None, **grid_options):
   name contains one, ordered by the first pattern each matches (then grid order);
   grid_options: passed to `grid_jobs`.
   """
+  if rates and "zoology_tuned" in grids:
+    raise ValueError("the zoology_tuned grid picks each job's rates (its names hold them); "
+                     "rates cannot replace them")
   jobs = [job for grid in grids for job in grid_jobs(grid, **grid_options)]
   if rates:
     jobs = [dataclasses.replace(job, rates=tuple(rates)) for job in jobs]
@@ -155,6 +292,25 @@ def is_done(job, rows, seeds, overrides=()):
   have = {(r.get("seed"), r.get("learning_rate")) for r in rows
           if r.get("job") == job.name and r.get("overrides", {}) == wanted}
   return all((int(s), float(lr)) in have for s in seeds for lr in job.rates)
+
+
+def listing(jobs, rows, seeds, overrides=()):
+  """A listing of `jobs`, one line each (done or to do in `rows` ({grid: rows}), name, rates,
+  and the steps and gate initialisation where the job sets them), then the totals."""
+  lines, todo, runs, steps = [], 0, 0, 0
+  for job in jobs:
+    settings = {**job.overrides, **result_overrides(overrides)}
+    shown = {k.rsplit(".", 1)[-1]: v for k, v in settings.items()
+             if k in ("train.num_steps", "model.options.gated_deltanet.gate_init")}
+    done = is_done(job, rows.get(job.grid, []), seeds, overrides)
+    todo += not done
+    runs += len(job.rates) * len(seeds)
+    steps += len(job.rates) * len(seeds) * int(settings.get("train.num_steps", 0))
+    lines.append(" ".join([("done" if done else "todo"), job.name, "rates",
+                           ",".join(job.rates)] + [f"{k}={v}" for k, v in shown.items()]))
+  lines.append(f"{len(jobs)} jobs ({todo} to do), {runs} runs"
+               + (f", {steps:,} run-steps" if steps else ""))
+  return "\n".join(lines)
 
 
 def sweep_command(job, *, sweep_script, root, workdir, seeds, overrides=()):
