@@ -54,6 +54,9 @@ SMALL_VALUE_BLOCK_AT = 32
 # against 1.27 at 256) and at dk >= 128 (d = 128, 512 programs: 0.82 against 0.99 ms).
 SPLIT_OUTPUT_BELOW = 132
 SPLIT_OUTPUT_FROM_DK = 128
+# The forward chain with few programs is cut into sequence segments (state_path._chain) up to
+# one wave of programs, each segment at least this many chunks (not yet measured on a GPU).
+MIN_CHAIN_SEGMENT_CHUNKS = 8
 # The reverse state pass as a per-chunk terms kernel plus a chain up to this many programs
 # (d = 64: 1.13 against 1.96 ms at 32 programs, 0.37 against 0.40 at 256, 0.32 against 0.40
 # at 512; not measured above) and at dk >= 128 (1.00 against 2.80 ms at 512 programs).
@@ -166,6 +169,7 @@ class KernelConfig:
     if bv is None:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
     programs = BH * (dv // bv)
+    split_output = dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW
     # Exact segment starts (float64 Grams, prefix sums and Newton steps; segment_starts.py)
     # where products are about float32 accurate and states float32: direct float32 starts
     # err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU), against
@@ -192,7 +196,8 @@ class KernelConfig:
         # shared memory (H200: 227 KB; the launch fails), so there they run in IEEE float32.
         du_dot=prec("ieee") if kind == "tf32x3" and dk >= 128 else state_dot,
         block_v=bv,
-        split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
+        split_output=split_output,
+        chain_segments=chain_segments_for(programs, N) if split_output else 1,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=8 if dk >= 128 else 4,
@@ -253,6 +258,7 @@ class Plan:
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
+    chain_segments: sequence segments of the forward chain (1: one run over the sequence).
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).
@@ -285,6 +291,7 @@ class Plan:
   state_dot: object
   block_v: int
   split_output: bool
+  chain_segments: int
   split_backward: bool
   fused_vjp: bool
   adjoint_warps: int
@@ -335,3 +342,11 @@ def segments_for(BH, N, resident=RESIDENT_AT_4_WARPS):
   11% faster at T = 4096, B = 8 and 16% at T = 32768, B = 1)."""
   S = min(N, max(1, resident // BH))
   return -(-N // S)
+
+
+def chain_segments_for(programs, N, resident=RESIDENT_AT_4_WARPS,
+                       least=MIN_CHAIN_SEGMENT_CHUNKS):
+  """Segments of the forward state chain: the largest divisor G of N with programs * G within
+  one wave of `resident` programs and N / G >= `least` chunks (1 where none is)."""
+  fits = [G for G in range(1, N // least + 1) if N % G == 0 and programs * G <= resident]
+  return max(fits, default=1)

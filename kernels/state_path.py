@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import causal_dot, compiler_params, dot, rows_spec, split_chunks
+from vla_jax.kernels.common import (causal_dot, compiler_params, dot, eye, rows_spec,
+                                    split_chunks)
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS, KernelConfig, compile_target
 from vla_jax.kernels.state_backward import local_vjp, reverse_pass
 from vla_jax.kernels.state_prep import state_prep
@@ -60,19 +61,35 @@ def _fwd_kernel(q_ref, w_ref, up_ref, wp_ref, p_ref, s0_ref,   # inputs
 
 
 def _chain_kernel(w_ref, up_ref, wp_ref, s0_ref,              # inputs
-                  st_ref, sc_ref,                               # outputs
-                  *, C, N, precision, acc):
-  # The chain alone; refs as in `_fwd_kernel`.
+                  st_ref, *sc_ref,                              # outputs
+                  C, N, precision, acc):
+  # The chain alone over one segment of N chunks: refs as in `_fwd_kernel` (s0_ref, st_ref
+  # the segment's start and end states); sc_ref, when given, [N, BV, dk] chunk-start states.
   mm = functools.partial(dot, precision=precision)
 
   def body(n, S):
     rows = pl.ds(pl.multiple_of(n * C, C), C)
-    sc_ref[n, :, :] = S.astype(sc_ref.dtype)
+    if sc_ref:
+      sc_ref[0][n, :, :] = S.astype(sc_ref[0].dtype)
     R = up_ref[rows, :].astype(acc) - mm(wp_ref[rows, :].astype(acc), S, tb=True)
     return S + mm(R, w_ref[rows, :].astype(acc), ta=True)
 
   S = jax.lax.fori_loop(0, N, body, s0_ref[...].astype(acc))
   st_ref[...] = S.astype(st_ref.dtype)
+
+
+def _transfer_kernel(w_ref, wp_ref, phi_ref, *, C, N, precision, acc):
+  # One (batch * head, segment of N chunks): w_ref, wp_ref [N*C, dk]; phi_ref [dk, dk], the
+  # product of the chunks' F = I - W'^T W (S_end = S_start Phi + the segment's run from zero).
+  mm = functools.partial(dot, precision=precision)
+  dk = phi_ref.shape[0]
+
+  def body(n, Phi):
+    rows = pl.ds(pl.multiple_of(n * C, C), C)
+    wp, w = wp_ref[rows, :].astype(acc), w_ref[rows, :].astype(acc)
+    return Phi - mm(mm(Phi, wp, tb=True), w)                       # Phi F_n
+
+  phi_ref[...] = jax.lax.fori_loop(0, N, body, eye(dk, acc)).astype(phi_ref.dtype)
 
 
 def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, o_ref, *, precision, acc):
@@ -86,6 +103,56 @@ def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, o_ref, *, precision, acc):
 
 
 # ----------------------------------------------------------------------------- wrapper
+
+def _chain(plan, w, Up, Wp, S0, params):
+  """(S_T [BH, dv, dk], chunk-start states [BH, N, dv, dk]) by the chain kernel, the sequence
+  cut into G = `Plan.chain_segments` segments of N / G chunks: with G > 1 each segment first
+  runs from zero (its end state Psi_g) while `vla_state_transfer` forms Phi_g, the product of
+  its chunks' F = I - W'^T W; XLA stitches the starts S_{g+1} = S_g Phi_g + Psi_g (G small
+  products at HIGHEST), and the chain runs again from them, writing the chunk-start states.
+  S_{c+1} = S_c F_c + U'^T W is affine in S_c, so this is the same recurrence, with G times
+  the programs."""
+  BH, NC, dk = w.shape
+  dv, C, G = Up.shape[-1], plan.chunk_size, plan.chain_segments
+  N, BV, acc = NC // C, plan.block_v, S0.dtype
+  Ns = N // G
+  k_spec = pl.BlockSpec((None, Ns * C, dk), lambda b, j, g: (b, g, 0))
+  v_spec = pl.BlockSpec((None, Ns * C, BV), lambda b, j, g: (b, g, j))
+  s_spec = pl.BlockSpec((None, None, BV, dk), lambda b, j, g: (b, g, j, 0))
+  ends = jax.ShapeDtypeStruct((BH, G, dv, dk), acc)
+
+  def run(starts, write):
+    return pl.pallas_call(
+        functools.partial(_chain_kernel, C=C, N=Ns, precision=plan.state_dot, acc=acc),
+        grid=(BH, dv // BV, G),
+        in_specs=[k_spec, v_spec, k_spec, s_spec],
+        out_specs=[s_spec] + ([pl.BlockSpec((None, Ns, BV, dk), lambda b, j, g: (b, g, j, 0))]
+                              if write else []),
+        out_shape=[ends] + ([jax.ShapeDtypeStruct((BH, N, dv, dk), acc)] if write else []),
+        compiler_params=params, interpret=plan.interpret, name="vla_state_chain",
+    )(w, Up, Wp, starts)
+
+  starts = S0[:, None]
+  if G > 1:
+    Psi = run(jnp.zeros((BH, G, dv, dk), acc), write=False)[0]
+    Phi = pl.pallas_call(
+        functools.partial(_transfer_kernel, C=C, N=Ns, precision=plan.state_dot, acc=acc),
+        grid=(BH, G),
+        in_specs=[pl.BlockSpec((None, Ns * C, dk), lambda b, g: (b, g, 0))] * 2,
+        out_specs=pl.BlockSpec((None, None, dk, dk), lambda b, g: (b, g, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((BH, G, dk, dk), acc),
+        compiler_params=params, interpret=plan.interpret, name="vla_state_transfer",
+    )(w, Wp)
+
+    def step(S, x):
+      phi, psi = x
+      return jnp.einsum("bvk,bkl->bvl", S, phi, precision=jax.lax.Precision.HIGHEST) + psi, S
+
+    _, starts = jax.lax.scan(step, S0, (jnp.moveaxis(Phi, 1, 0), jnp.moveaxis(Psi, 1, 0)))
+    starts = jnp.moveaxis(starts, 0, 1)
+  S_end, S_c = run(starts, write=True)
+  return S_end[:, -1], S_c
+
 
 def state_forward(plan, q, w, Up, Wp, P, S0, out_dtype, heads=None):
   """The pass over chunk states. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
@@ -101,14 +168,7 @@ def state_forward(plan, q, w, Up, Wp, P, S0, out_dtype, heads=None):
   states = [jax.ShapeDtypeStruct((BH, dv, dk), acc), jax.ShapeDtypeStruct((BH, N, dv, dk), acc)]
   o_shape = (BH, NC, dv) if heads is None else (BH // heads, NC, heads, dv)
   if plan.split_output:
-    k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
-    S_T, S_c = pl.pallas_call(
-        functools.partial(_chain_kernel, C=C, N=N, precision=plan.state_dot, acc=acc),
-        grid=(BH, dv // BV),
-        in_specs=[k_spec, pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j)), k_spec, s_spec],
-        out_specs=[s_spec, c_spec], out_shape=states,
-        compiler_params=params, interpret=plan.interpret, name="vla_state_chain",
-    )(w, Up, Wp, S0)
+    S_T, S_c = _chain(plan, w, Up, Wp, S0, params)
     rows = lambda d, h=None: rows_spec(C, d, h)
     O = pl.pallas_call(
         functools.partial(_out_kernel, precision=plan.state_dot, acc=acc),

@@ -6,7 +6,7 @@ import pytest
 
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.common import BF16
-from vla_jax.kernels.config import Target, segments_for
+from vla_jax.kernels.config import Target, chain_segments_for, segments_for
 
 P = jax.lax.Precision
 TF32 = jax.lax.DotAlgorithmPreset.TF32_TF32_F32
@@ -190,3 +190,13 @@ def test_kernels_that_cannot_run_raise(backend, target, match):
   assert "impl='chunked'" in str(err.value)
   if target is not None:
     assert target.kind in str(err.value)
+
+
+def test_chain_segments():
+  """The forward chain is cut into segments only with few programs: up to one wave (264) of
+  programs, segments of at least 8 chunks, a divisor of N."""
+  assert [chain_segments_for(p, N) for p, N in
+          ((64, 512), (64, 2048), (512, 64), (32, 64), (4, 6), (64, 8), (64, 24))] == [
+              4, 4, 1, 8, 1, 1, 3]
+  assert _plan(BH=16, N=512).chain_segments == 4        # d = 64, T = 32768, B = 1
+  assert _plan(BH=128, N=64).chain_segments == 1        # T = 4096, B = 8: fused loop

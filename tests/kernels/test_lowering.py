@@ -158,3 +158,14 @@ def test_high_runs_three_tf32_passes_everywhere():
     products = _products(jax.grad(loss, argnums=range(6)), args)
     assert {w for w, _ in products} >= {"xla", "vla_row_cotangents", "vla_adjoint_du"}
     assert {p for _, p in products} <= allowed, sorted(products)
+
+
+def test_segmented_chain_lowers():
+  """Few programs at a longer T (B * H = 2, N = 32 chunks): the forward chain runs in 4
+  segments (a run from zero, the transfer products, the run from the stitched starts),
+  forward and under differentiation."""
+  shape = (1, 2048, 2, 64, 64, 64)
+  seg = ["vla_state_chain", "vla_state_chain", "vla_state_out", "vla_state_prep",
+         "vla_state_transfer"]
+  assert _kernels(jnp.bfloat16, shape, grad=False) == sorted(SCAN_FWD + seg)
+  assert "vla_state_transfer" in _kernels(jnp.bfloat16, shape)

@@ -22,16 +22,48 @@ def _inputs(seed, dtype=np.float64):
   return [jnp.asarray(x, dtype) for x in (q, e, w, v, S0)]
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["chain+outputs", "fused"])
-def test_forward_float64(x64, split):
-  """Both forward forms: the chain kernel plus the parallel output kernel, and one loop."""
+@pytest.mark.parametrize("split,segments", [(True, 1), (True, 3), (False, 1)],
+                         ids=["chain+outputs", "segmented chain", "fused"])
+def test_forward_float64(x64, split, segments):
+  """Every forward form: the chain kernel (over the whole sequence, or over 3 segments
+  stitched by their transfer products) plus the parallel output kernel, and one loop."""
   args = _inputs(0)
   plan = plan_for(KernelConfig(chunk_size=C), np.float64, dk, dv, BH, T // C,
-                  split_output=split)
+                  split_output=split, chain_segments=segments)
   o, S = jax.jit(lambda *a: planned_state_path(plan, *a, None))(*args)
   o_ref, S_ref = state_path_np(*args)
   assert_close(o, o_ref, jnp.float64, "o")
   assert_close(S, S_ref, jnp.float64, "S")
+
+
+def test_segmented_chain_gradients_and_non_finite():
+  """The segmented chain (2 segments of 3 chunks) under the state path's VJP matches the
+  one-run chain in float32, and a NaN in v at token 60 (segment 1 starts at 48) leaves every
+  output before it unchanged."""
+  T2 = 96
+  rng = np.random.default_rng(5)
+  q = jnp.asarray(rng.standard_normal((BH, T2, dk)) / 2, jnp.float32)
+  e, w = (jnp.asarray(unit_np(rng.standard_normal((BH, T2, dk)), 1e-6), jnp.float32)
+          for _ in range(2))
+  v = jnp.asarray(rng.standard_normal((BH, T2, dv)), jnp.float32)
+  S0 = jnp.asarray(rng.standard_normal((BH, dv, dk)) / 4, jnp.float32)
+  plans = [plan_for(KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST),
+                    np.float32, dk, dv, BH, T2 // C, split_output=True, chain_segments=G)
+           for G in (1, 2)]
+  wo = jnp.asarray(rng.standard_normal((BH, T2, dv)), jnp.float32)
+  loss = lambda plan: jax.jit(jax.value_and_grad(
+      lambda *a: jnp.sum(wo * planned_state_path(plan, *a, None)[0]), argnums=range(5)))
+  (l1, g1), (l2, g2) = (loss(p)(q, e, w, v, S0) for p in plans)
+  np.testing.assert_allclose(l2, l1, rtol=1e-5)
+  for a, b in zip(g2, g1):   # both are within ~3e-7 of float64 (largest-entry relative)
+    assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 2e-6 * np.abs(np.asarray(b)).max()
+  fwd = jax.jit(lambda *a: planned_state_path(plans[1], *a, None))
+  o, _ = fwd(q, e, w, v, S0)
+  o_n, S_n = fwd(q, e, w, v.at[0, 60, 3].set(jnp.nan), S0)
+  np.testing.assert_array_equal(o_n[0, :60], o[0, :60])
+  np.testing.assert_array_equal(o_n[1], o[1])
+  assert np.isnan(np.asarray(o_n[0, 60:])).any(axis=-1).all()
+  assert np.isnan(np.asarray(S_n[0])).any()
 
 
 def test_token_major_q_v_and_vmap(x64):
