@@ -54,7 +54,7 @@ SMALL_VALUE_BLOCK_AT = 32
 # against 1.27 at 256) and at dk >= 128 (d = 128, 512 programs: 0.82 against 0.99 ms).
 SPLIT_OUTPUT_BELOW = 132
 SPLIT_OUTPUT_FROM_DK = 128
-# The forward chain with few programs is cut into sequence segments (state_path._chain) up to
+# The state chains with few programs are cut into sequence segments (chain_segments.py) up to
 # one wave of programs, each segment at least this many chunks (not yet measured on a GPU).
 MIN_CHAIN_SEGMENT_CHUNKS = 8
 # The reverse state pass as a per-chunk terms kernel plus a chain up to this many programs
@@ -170,6 +170,7 @@ class KernelConfig:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
     programs = BH * (dv // bv)
     split_output = dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW
+    split_backward = dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO
     # Exact segment starts (float64 Grams, prefix sums and Newton steps; segment_starts.py)
     # where products are about float32 accurate and states float32: direct float32 starts
     # err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU), against
@@ -197,8 +198,8 @@ class KernelConfig:
         du_dot=prec("ieee") if kind == "tf32x3" and dk >= 128 else state_dot,
         block_v=bv,
         split_output=split_output,
-        chain_segments=chain_segments_for(programs, N) if split_output else 1,
-        split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
+        chain_segments=chain_segments_for(programs, N),
+        split_backward=split_backward,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=8 if dk >= 128 else 4,
         state_backend=state_backend, grad_state_backend=grad_state_backend)
@@ -258,7 +259,8 @@ class Plan:
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
-    chain_segments: sequence segments of the forward chain (1: one run over the sequence).
+    chain_segments: sequence segments of the chain kernels, forward and reverse
+      (`chain_segments.py`; 1: one run over the sequence); the fused loops do not use it.
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).

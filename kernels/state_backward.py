@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from vla_jax.kernels.chain_segments import stitch, transfers
 from vla_jax.kernels.common import (BF16, compiler_params, dot, finite, head_rows, iota,
                                     merge_chunks, rows_spec, split_chunks, token_rows)
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS
@@ -83,15 +84,18 @@ def _bwd_terms_kernel(do_ref, q_ref, wp_ref, p_ref, g_ref, *, precision, acc):
 
 
 def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref,           # inputs
-                      dsn_ref, ds0_ref,                         # outputs
-                      *, C, N, precision, acc):
-  # w_ref, wp_ref: [N*C, dk]; g_ref, dsn_ref: [N, BV, dk]; dst_ref, ds0_ref: [BV, dk].
+                      ds0_ref, *dsn_ref,                        # outputs
+                      C, N, precision, acc):
+  # One segment of N chunks, reverse: w_ref, wp_ref: [N*C, dk]; g_ref: [N, BV, dk]; dst_ref,
+  # ds0_ref: [BV, dk] the cotangent at the segment's end and start; dsn_ref, when given,
+  # [N, BV, dk] the cotangent of each chunk's S_next.
   mm = functools.partial(dot, precision=precision)
 
   def body(i, dS):
     n = N - 1 - i
     rows = pl.ds(pl.multiple_of(n * C, C), C)
-    dsn_ref[n, :, :] = dS.astype(dsn_ref.dtype)
+    if dsn_ref:
+      dsn_ref[0][n, :, :] = dS.astype(dsn_ref[0].dtype)
     w, wp = (finite(ref[rows, :].astype(acc)) for ref in (w_ref, wp_ref))
     dS = dS - mm(mm(dS, w, tb=True), wp)
     return dS + g_ref[n, :, :].astype(acc)
@@ -124,6 +128,37 @@ def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref,
 
 # ----------------------------------------------------------------------------- wrappers
 
+def _reverse_chain(plan, w, Wp, terms, dS_T, next_dtype, params):
+  """(dS_next [BH, N, dv, dk], dS_0) by the reverse chain kernel over G = `Plan.chain_segments`
+  sequence segments (`chain_segments.py`)."""
+  BH, NC, dk = w.shape
+  _, N, dv, _ = terms.shape
+  C, G, BV, acc = plan.chunk_size, plan.chain_segments, plan.block_v, terms.dtype
+  Ns = N // G
+  k_spec = pl.BlockSpec((None, Ns * C, dk), lambda b, j, g: (b, g, 0))
+  n_spec = pl.BlockSpec((None, Ns, BV, dk), lambda b, j, g: (b, g, j, 0))
+  s_spec = pl.BlockSpec((None, None, BV, dk), lambda b, j, g: (b, g, j, 0))
+
+  def run(ends, write):
+    return pl.pallas_call(
+        functools.partial(_bwd_chain_kernel, C=C, N=Ns, precision=plan.state_dot, acc=acc),
+        grid=(BH, dv // BV, G),
+        in_specs=[k_spec, k_spec, n_spec, s_spec],
+        out_specs=[s_spec] + ([n_spec] if write else []),
+        out_shape=[jax.ShapeDtypeStruct((BH, G, dv, dk), acc)] + (
+            [jax.ShapeDtypeStruct((BH, N, dv, dk), next_dtype)] if write else []),
+        compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_chain",
+    )(w, Wp, terms, ends)
+
+  ends = dS_T.astype(acc)[:, None]
+  if G > 1:
+    Psi = run(jnp.zeros((BH, G, dv, dk), acc), write=False)[0]
+    Phi = transfers(w, Wp, plan=plan, reverse=True, params=params)
+    ends = stitch(dS_T.astype(acc), Phi, Psi, reverse=True)
+  starts, dS_next = run(ends, write=True)
+  return dS_next, starts[:, 0]
+
+
 def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
   """dS_next of every chunk [BH, N, dv, dk] (in next_dtype, default the accumulation dtype)
   and dS_0 [BH, dv, dk]. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
@@ -139,7 +174,7 @@ def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
   params = compiler_params(STATE_WARPS, STATE_STAGES)
   if plan.split_backward:
     rows = lambda d, h=None: rows_spec(C, d, h)
-    G = pl.pallas_call(
+    terms = pl.pallas_call(
         functools.partial(_bwd_terms_kernel, precision=plan.state_dot, acc=acc),
         grid=(BH, N),
         in_specs=[rows(dv, heads), rows(dk, heads), rows(dk), rows(C)],
@@ -147,13 +182,7 @@ def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
         out_shape=jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
         compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_terms",
     )(dO, q, Wp, P)
-    return pl.pallas_call(
-        functools.partial(_bwd_chain_kernel, C=C, N=N, precision=plan.state_dot, acc=acc),
-        grid=(BH, dv // BV),
-        in_specs=[k_spec, k_spec, n_spec, s_spec],
-        out_specs=[n_spec, s_spec], out_shape=out_shape,
-        compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_chain",
-    )(w, Wp, G, dS_T)
+    return _reverse_chain(plan, w, Wp, terms, dS_T, next_dtype or acc, params)
   seq = lambda d, f=lambda b, j: 0: rows_spec(NC, d, heads, time=lambda b, j: 0, feature=f)
   return pl.pallas_call(
       functools.partial(_bwd_kernel, C=C, N=N, precision=plan.state_dot, acc=acc),

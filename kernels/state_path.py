@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (causal_dot, compiler_params, dot, eye, rows_spec,
-                                    split_chunks)
+from vla_jax.kernels.chain_segments import stitch, transfers
+from vla_jax.kernels.common import causal_dot, compiler_params, dot, rows_spec, split_chunks
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS, KernelConfig, compile_target
 from vla_jax.kernels.state_backward import local_vjp, reverse_pass
 from vla_jax.kernels.state_prep import state_prep
@@ -78,20 +78,6 @@ def _chain_kernel(w_ref, up_ref, wp_ref, s0_ref,              # inputs
   st_ref[...] = S.astype(st_ref.dtype)
 
 
-def _transfer_kernel(w_ref, wp_ref, phi_ref, *, C, N, precision, acc):
-  # One (batch * head, segment of N chunks): w_ref, wp_ref [N*C, dk]; phi_ref [dk, dk], the
-  # product of the chunks' F = I - W'^T W (S_end = S_start Phi + the segment's run from zero).
-  mm = functools.partial(dot, precision=precision)
-  dk = phi_ref.shape[0]
-
-  def body(n, Phi):
-    rows = pl.ds(pl.multiple_of(n * C, C), C)
-    wp, w = wp_ref[rows, :].astype(acc), w_ref[rows, :].astype(acc)
-    return Phi - mm(mm(Phi, wp, tb=True), w)                       # Phi F_n
-
-  phi_ref[...] = jax.lax.fori_loop(0, N, body, eye(dk, acc)).astype(phi_ref.dtype)
-
-
 def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, o_ref, *, precision, acc):
   # One (batch * head, chunk): q_ref, wp_ref: [C, dk]; up_ref, o_ref: [C, dv]; p_ref: [C, C];
   # sc_ref: [dv, dk] the chunk-start state.
@@ -105,13 +91,9 @@ def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, o_ref, *, precision, acc):
 # ----------------------------------------------------------------------------- wrapper
 
 def _chain(plan, w, Up, Wp, S0, params):
-  """(S_T [BH, dv, dk], chunk-start states [BH, N, dv, dk]) by the chain kernel, the sequence
-  cut into G = `Plan.chain_segments` segments of N / G chunks: with G > 1 each segment first
-  runs from zero (its end state Psi_g) while `vla_state_transfer` forms Phi_g, the product of
-  its chunks' F = I - W'^T W; XLA stitches the starts S_{g+1} = S_g Phi_g + Psi_g (G small
-  products at HIGHEST), and the chain runs again from them, writing the chunk-start states.
-  S_{c+1} = S_c F_c + U'^T W is affine in S_c, so this is the same recurrence, with G times
-  the programs."""
+  """(S_T [BH, dv, dk], chunk-start states [BH, N, dv, dk]) by the chain kernel over
+  G = `Plan.chain_segments` sequence segments (`chain_segments.py`: with G > 1 a run from
+  zero, the transfer products, the stitch, then the run that writes the states)."""
   BH, NC, dk = w.shape
   dv, C, G = Up.shape[-1], plan.chunk_size, plan.chain_segments
   N, BV, acc = NC // C, plan.block_v, S0.dtype
@@ -135,21 +117,8 @@ def _chain(plan, w, Up, Wp, S0, params):
   starts = S0[:, None]
   if G > 1:
     Psi = run(jnp.zeros((BH, G, dv, dk), acc), write=False)[0]
-    Phi = pl.pallas_call(
-        functools.partial(_transfer_kernel, C=C, N=Ns, precision=plan.state_dot, acc=acc),
-        grid=(BH, G),
-        in_specs=[pl.BlockSpec((None, Ns * C, dk), lambda b, g: (b, g, 0))] * 2,
-        out_specs=pl.BlockSpec((None, None, dk, dk), lambda b, g: (b, g, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((BH, G, dk, dk), acc),
-        compiler_params=params, interpret=plan.interpret, name="vla_state_transfer",
-    )(w, Wp)
-
-    def step(S, x):
-      phi, psi = x
-      return jnp.einsum("bvk,bkl->bvl", S, phi, precision=jax.lax.Precision.HIGHEST) + psi, S
-
-    _, starts = jax.lax.scan(step, S0, (jnp.moveaxis(Phi, 1, 0), jnp.moveaxis(Psi, 1, 0)))
-    starts = jnp.moveaxis(starts, 0, 1)
+    Phi = transfers(Wp, w, plan=plan, reverse=False, params=params)
+    starts = stitch(S0, Phi, Psi, reverse=False)
   S_end, S_c = run(starts, write=True)
   return S_end[:, -1], S_c
 
