@@ -36,8 +36,9 @@ MOSAIC_CAPABILITY_MAJOR = 9
 # and write directions, its own prep instead of the Triton state-prep kernel that shares the
 # penalty scan's rows, and its XLA chunk-local cotangents cost more than the chain saves.
 
-# Tokens per Sherman-Morrison block of the penalty scan (32: forward 5.20 against 4.16 ms at
-# T = 4096, B = 8, d = 64; its longer eliminations cost more than the products saved).
+# Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:
+# forward 1.40 against 1.22 ms at d = 64, 3.32 against 3.26 at d = 128; its longer
+# eliminations cost more than the halved block count saves; NOTES.md, "Penalty scan at d = 128").
 SCAN_BLOCK = 16
 # Programs resident on an H200 at 4 warps (two per SM); the penalty scan cuts each sequence
 # into as many segments as fill one wave (a second, partial wave cost 11% at T = 4096, B = 8).
