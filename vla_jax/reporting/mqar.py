@@ -9,12 +9,14 @@ import collections
 import numpy as np
 
 from vla_jax.reporting import markdown, notes
-from vla_jax.reporting.rows import (HEAD_DIM, MIXER_ORDER, accuracy, best_rate, grid_summary,
+from vla_jax.reporting.rows import (HEAD_DIM, accuracy, best_rate, grid_summary,
                                     label, mixers_in, name, prose_name, sentence_start,
                                     settings_sentence, state_floats, usual_rates)
-from vla_jax.training.grid import ABLATION_VARIANTS, LONG_TS, PAPER_N, ZOOLOGY, ZOOLOGY_WIDTHS
+from vla_jax.training.grid import (ABLATION_VARIANTS, LONG_TS, MIXERS, PAPER_N, ZOOLOGY,
+                                   ZOOLOGY_WIDTHS)
 
 SOLVED = 0.99   # a cell "reaches" the task at this mean test accuracy
+GRID_LABELS = tuple(m for m, _, _ in MIXERS)   # the labels every grid runs, in its order
 CELLS = ("Cells: test accuracy at the rate chosen on validation, mean ± std (min) over seeds, "
          "@ that rate; \"(of N rates)\" marks a cell swept over another number of rates than "
          "the rest of the grid.")
@@ -102,7 +104,7 @@ def capacity_section(rows, smoke_rows, plot_path, rel, plot=None):
   if plot:
     plot(summary, PAPER_N, plot_path)
   blocks.append(f"![capacity]({rel(plot_path)})")
-  missing = [f"{name(m)} n={n}" for m in MIXER_ORDER for n in PAPER_N if (m, n) not in summary]
+  missing = [f"{name(m)} n={n}" for m in GRID_LABELS for n in PAPER_N if (m, n) not in summary]
   blocks.append(markdown.bullets([
       ("Not run yet: " + ", ".join(missing) + ". The same command completes the grid (it "
        "skips finished jobs).") if missing else "",
@@ -175,17 +177,17 @@ def long_section(rows):
       "vocabulary 256, the backbone of section 3; rates 1e-3 and 3e-3.",
       settings_sentence(rows), CELLS]))
   blocks.append(accuracy_table(summary, Ts, where))
-  missing = [(T, [m for m in MIXER_ORDER if (m, T) not in summary]) for T in Ts]
+  missing = [(T, [m for m in GRID_LABELS if (m, T) not in summary]) for T in Ts]
   single = sorted({k for k, c in summary.items() if len(c["rates"]) == 1}, key=lambda k: k[1])
   blocks.append(markdown.bullets([
       ("Not run yet: " + "; ".join(
-          f"T = {T}" + ("" if len(ms) == len(MIXER_ORDER) else
+          f"T = {T}" + ("" if len(ms) == len(GRID_LABELS) else
                         " (" + " / ".join(name(m) for m in ms) + ")") for T, ms in missing if ms)
        + ".") if any(ms for _, ms in missing) else "",
       ("Trained at one rate only (the mixer's best at the next shorter T, to halve the device "
        "time; `grid.py --rates=RATE --only=...`): " + "; ".join(
            f"T = {T}: " + ", ".join(f"{name(m)} {summary[(m, T)]['rate']:g}"
-                                    for m in MIXER_ORDER if (m, T) in single)
+                                    for m in GRID_LABELS if (m, T) in single)
            for T in sorted({T for _, T in single})) + ".") if single else "",
       notes.pallas_note(rows, lambda r: r["seq_len"], where),
       notes.dtype_note(rows, lambda r: f"{name(label(r))} at T = {r['seq_len']}"),
@@ -260,7 +262,7 @@ def zoology_section(rows, plot_path=None, rel=lambda p: p, plot=None):
       plot(summary, dict(ZOOLOGY), plot_path)
     blocks.append(f"![zoology MQAR: accuracy against state size]({rel(plot_path)})")
   missing = [st for st in settings if st not in ran]
-  partial = [(st, [m for m in MIXER_ORDER if (m, st) not in summary]) for st in ran]
+  partial = [(st, [m for m in GRID_LABELS if (m, st) not in summary]) for st in ran]
   blocks.append(markdown.bullets([
       notes.penalty_scale_note(summary, where),
       notes.wider_sweep_note(summary, where),
