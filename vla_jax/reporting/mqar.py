@@ -1,4 +1,5 @@
-"""RESULTS.md's MQAR sections: capacity (3), long context (4), zoology (5), VLA's settings (7).
+"""RESULTS.md's MQAR sections: capacity (3), long context (4), VLA's settings (7); zoology (5)
+is `zoology`'s.
 
 Each `*_section` returns (markdown blocks, summary); the summary ({(label, setting): cell}) is
 what the claims table and other sections read.
@@ -11,9 +12,8 @@ import numpy as np
 from vla_jax.reporting import markdown, notes
 from vla_jax.reporting.rows import (HEAD_DIM, accuracy, best_rate, grid_summary,
                                     label, mixers_in, name, prose_name, sentence_start,
-                                    settings_sentence, state_floats, usual_rates)
-from vla_jax.training.grid import (ABLATION_VARIANTS, LONG_TS, MIXERS, PAPER_N, ZOOLOGY,
-                                   ZOOLOGY_WIDTHS)
+                                    settings_sentence, usual_rates)
+from vla_jax.training.grid import ABLATION_VARIANTS, LONG_TS, MIXERS, PAPER_N
 
 SOLVED = 0.99   # a cell "reaches" the task at this mean test accuracy
 GRID_LABELS = tuple(m for m, _, _ in MIXERS)   # the labels every grid runs, in its order
@@ -195,83 +195,6 @@ def long_section(rows):
       ("At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "
        "step; both attempts so far ran out of memory while packed with other jobs on one GPU."
        if ("softmax_conv", 1024) not in summary else "")]))
-  blocks += [notes.seed_split_note(summary, where), notes.edge_rate_note(summary, where)]
-  return blocks, summary
-
-
-# -- 5. zoology ---------------------------------------------------------------------------------
-
-def zoology_finding(summary, settings):
-  counts = {m: sum(1 for st in settings if (m, st) in summary
-                   and mean(summary, m, st) >= SOLVED) for m in mixers_in(summary)}
-  ran = {m: sum(1 for st in settings if (m, st) in summary) for m in counts}
-  groups = collections.defaultdict(list)
-  for m, k in counts.items():
-    groups[k].append(prose_name(m) + (f" (of {ran[m]} run)" if ran[m] != len(settings) else ""))
-  first = (f"Of the {len(settings)} settings, " + markdown.listed(
-      markdown.listed(ms) + (f" reach{'es' if len(ms) == 1 else ''} {SOLVED} at "
-                             if i == 0 else " at ")
-      + (f"all {k}" if k == len(settings) else str(k))
-      for i, (k, ms) in enumerate(sorted(groups.items(), reverse=True))) + ".")
-  lows = below(summary, settings)
-  if not lows:
-    return "**Finding.** " + first
-  smallest, longest = min(d for _, d in settings), max(T for T, _ in settings)
-  hard = [x for x in lows if x[1][1] == smallest or x[1][0] == longest]
-  return ("**Finding.** " + first + f" Of the {len(lows)} cells below {SOLVED}, {len(hard)} are "
-          f"at the smallest width (d_model {smallest}) or the longest sequences (T = {longest}, "
-          f"n = {dict(ZOOLOGY)[longest] if longest in dict(ZOOLOGY) else '?'}).")
-
-
-def zoology_section(rows, plot_path=None, rel=lambda p: p, plot=None):
-  """Section 5 from the zoology grid's rows (its plot drawn by plot(summary, n_pairs, path)
-  at `plot_path` and linked as rel(plot_path))."""
-  blocks = ["## 5. Zoology's MQAR against state size"]
-  for r in rows:
-    r["setting"] = (r["seq_len"], r["d_model"])
-  summary = grid_summary(rows, "setting")
-  if not rows:
-    return blocks + [f"Not run yet: {grid_command('zoology')}."], summary
-  settings = [(T, d) for T, _ in ZOOLOGY for d, _ in ZOOLOGY_WIDTHS]
-  ran = [st for st in settings if any(v == st for _, v in summary)]
-  where = lambda st: f"T = {st[0]} d_model {st[1]}"
-  blocks.append(zoology_finding(summary, ran))
-  steps = sorted({r["steps"] for r in rows})
-  blocks.append(markdown.bullets([
-      f"Rows: {grid_command('zoology')} (`results/training/mqar_zoology_h200.jsonl`; "
-      "`--only=zoology-T64-d128-vla,zoology-T64-d128-` runs part of the grid). "
-      "configs/mqar_zoology.py: vocabulary 8,192, power-law query placement, keys and values "
-      "from disjoint halves of the vocabulary; T / n_pairs = 64/4, 128/8, 256/16, 512/64; heads "
-      f"of d_h = {HEAD_DIM} (d_model 64, 128, 256: 2, 4, 8 heads); batch 128, "
-      f"{'/'.join(map(str, steps))} steps, rates 1e-3 and 3e-3.",
-      settings_sentence(rows), CELLS]))
-  blocks.append(accuracy_table(summary, ran, lambda st: f"T = {st[0]}, d_model = {st[1]}",
-                               by_setting=True))
-  widths = sorted({d for _, d in ran})
-  Ts = sorted({T for T, _ in ran})
-  families = [("linear, DeltaNet, Gated DeltaNet (S)", "deltanet"), ("VLA (S and A)", "vla")]
-  blocks.append("Recurrent state per layer, in floats (memory matrices S = heads x d_h^2, VLA also "
-                "its penalty inverse A of the same size; softmax attention: the key-value cache "
-                "2 T d_model):")
-  blocks.append(markdown.table(
-      ["d_model"] + [f for f, _ in families] + [f"softmax, T = {T}" for T in Ts],
-      [[d] + [f"{state_floats(m, d, Ts[0]):,}" for _, m in families]
-       + [f"{state_floats('softmax', d, T):,}" for T in Ts] for d in widths]))
-  if plot_path:
-    if plot:
-      plot(summary, dict(ZOOLOGY), plot_path)
-    blocks.append(f"![zoology MQAR: accuracy against state size]({rel(plot_path)})")
-  missing = [st for st in settings if st not in ran]
-  partial = [(st, [m for m in GRID_LABELS if (m, st) not in summary]) for st in ran]
-  blocks.append(markdown.bullets([
-      notes.penalty_scale_note(summary, where),
-      notes.wider_sweep_note(summary, where),
-      notes.pallas_note(rows, lambda r: r["setting"], lambda st: f"T = {st[0]}, d_model {st[1]}"),
-      ("Not run yet (device time): " + ", ".join(where(st) for st in missing) + ".")
-      if missing else "",
-      ("Mixers not yet run at a setting: " + "; ".join(
-          f"T = {T}, d_model {d}: " + " / ".join(name(m) for m in ms)
-          for (T, d), ms in partial if ms) + ".") if any(ms for _, ms in partial) else ""]))
   blocks += [notes.seed_split_note(summary, where), notes.edge_rate_note(summary, where)]
   return blocks, summary
 
