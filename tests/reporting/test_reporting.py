@@ -3,6 +3,7 @@ mean over seeds, the notes under each table, the findings, and the committed rep
 
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
@@ -40,8 +41,11 @@ def test_committed_results_md_is_what_the_rows_make(tmp_path):
   assert text == committed
   sections = [line for line in text.splitlines() if line.startswith("## ")]
   assert len(sections) == 10
-  for section in text.split("\n## ")[1:]:   # each section opens with its finding
-    assert section.split("\n\n")[1].startswith("**Finding.**"), section[:80]
+  for section in text.split("\n## ")[1:]:   # each section opens with its two-sentence finding
+    finding = section.split("\n\n")[1]
+    assert finding.startswith("**Finding.** "), section[:80]
+    ends = re.findall(r"[.!?](?= [A-Z]|$)", finding.removeprefix("**Finding.** "))
+    assert len(ends) == 2, finding
 
 
 def test_best_rate_is_chosen_on_validation():
@@ -250,7 +254,10 @@ def test_seed_section_escape_and_probe_values(tmp_path):
   assert [r["align1"] for r in table] == [0.9, 0.8]
   assert [r["state1"] for r in table] == [0.5, 9.0]
   text = "\n".join(seeds.seed_section(str(tmp_path)))
-  assert "VLA at rate 0.01: 1 of 2 failed" in text
+  assert "Failed seeds: VLA: 1 of 2 at rate 0.01; no rate tried solves the cell" in text
+  assert "a . khat set it apart from a seed that solves for VLA." in text   # ranges apart
+  assert "(failed runs end at test accuracy 0.250-0.250, chance 1 / n_pairs = 0.25)" in text
+  assert "Median escape step of the runs that leave the plateau: VLA 500 at rate 0.01" in text
   assert "| VLA | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | 0.90 / 0.90 | 0.5 |" in text
   assert "No rows yet" in "\n".join(seeds.seed_section(str(tmp_path / "empty")))
 

@@ -283,11 +283,13 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
   if rows:
     variants = [v for v in names if any(r["variant"] == v for r in rows)]
     rates = sorted({r["learning_rate"] for r in rows})
-    blocks.append("**H200, the seed's setting at n = 24** (configs/mqar_paper.py:24: T = 73, "
-                  "3000 steps; " + grid_command("ablation") + ", "
-                  "`results/training/ablation_h200.jsonl`). " + settings_sentence(rows)
-                  + " Test accuracy per seed at each rate; `best`: the rate chosen on "
-                  "validation, mean ± std:")
+    blocks.append("**H200, the seed's setting at n = 24:**")
+    blocks.append(markdown.bullets([
+        "configs/mqar_paper.py:24 (T = 73, 3000 steps); rows: " + grid_command("ablation")
+        + " (`results/training/ablation_h200.jsonl`).",
+        settings_sentence(rows),
+        "Cells: test accuracy per seed at each rate; `best`: the rate chosen on validation, "
+        "mean ± std."]))
     body = []
     for v in variants:
       vr = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["seed"])
@@ -315,11 +317,14 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
   if demo_rows:
     variants = list(dict.fromkeys(r["variant"] for r in demo_rows))
     steps = demo_rows[0]["steps"]
-    blocks.append(
-        "**CPU, the README's demo problem** (configs/mqar_demo.py: MQAR 8 pairs, T = 25, d_model "
-        f"64, 2 heads of 32), {steps} steps at rate 3e-3, 3 seeds (`python experiments/grid.py "
-        f"--grids=ablation_demo --demo_steps={steps} --workdir=OUT --per_gpu=1`, "
-        "`results/training/vla_ablation_demo_cpu.jsonl`). Test accuracy per seed:")
+    seeds = len({r["seed"] for r in demo_rows})
+    blocks.append("**CPU, the README's demo problem:**")
+    blocks.append(markdown.bullets([
+        "configs/mqar_demo.py (MQAR 8 pairs, T = 25, d_model 64, 2 heads of 32), "
+        f"{steps} steps at rate 3e-3, {markdown.plural(seeds, 'seed')}; rows: `python "
+        f"experiments/grid.py --grids=ablation_demo --demo_steps={steps} --workdir=OUT "
+        "--per_gpu=1` (`results/training/vla_ablation_demo_cpu.jsonl`).",
+        "Cells: test accuracy per seed."]))
     body = []
     for v in variants:
       accs = np.array([accuracy(r) for r in demo_rows if r["variant"] == v])
@@ -342,11 +347,12 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
         "on average; the earlier one-seed measurement behind that default is in "
         "`vla_jax/layers/README.md`."]))
   if one_seed_rows:
-    blocks.append("Earlier, one seed (configs/mqar_demo.py, 500 steps; `python "
-                  "experiments/train.py --config=configs/mqar_demo.py --config.train.num_steps=500 "
-                  "--config.model.options.vla.<field>=<value>`, "
-                  "`results/training/vla_penalty_ablation_cpu.jsonl`); the 3-seed rows above are "
-                  "the ones to read:")
+    blocks.append("**Earlier, one seed** (the 3-seed rows above are the ones to read):")
+    blocks.append(markdown.bullets([
+        "configs/mqar_demo.py, 500 steps; rows: `python experiments/train.py "
+        "--config=configs/mqar_demo.py --config.train.num_steps=500 "
+        "--config.model.options.vla.<field>=<value>` "
+        "(`results/training/vla_penalty_ablation_cpu.jsonl`)."]))
     blocks.append(markdown.table(["setting", "accuracy", "exact match"],
                                  [[r["override"], f"{r['accuracy']:.3f}",
                                    f"{r['exact_match']:.3f}"] for r in one_seed_rows]))
