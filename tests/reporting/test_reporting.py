@@ -3,19 +3,27 @@ mean over seeds, the notes under each table, the findings, and the committed rep
 
 import json
 import pathlib
+import re
 import shutil
 
 import numpy as np
 
-from vla_jax.reporting import copy_task, markdown, memory, mqar, notes, results_markdown, rows
+from vla_jax.reporting import (copy_task, markdown, memory, mqar, notes, results_markdown, rows,
+                               zoology)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _row(mixer, lr, seed, test, val, T=64, d_model=128):
-  return {"label": mixer, "mixer": mixer, "learning_rate": lr, "seed": seed, "steps": 4000,
-          "seq_len": T, "d_model": d_model, "test": {"mqar": {"accuracy": test}},
-          "validation": {"mqar": {"accuracy": val}}}
+def _row(mixer, lr, seed, test, val, T=64, d_model=128, steps=4000):
+  return {"label": mixer, "mixer": mixer.removesuffix("_slow"), "learning_rate": lr,
+          "seed": seed, "steps": steps, "seq_len": T, "d_model": d_model,
+          "test": {"mqar": {"accuracy": test}}, "validation": {"mqar": {"accuracy": val}}}
+
+
+def _cell(mixer, accuracies, T=512, d_model=64, steps=4000):
+  """Rows of one cell, 3 seeds: accuracies {rate: (test, validation)}."""
+  return [_row(mixer, lr, s, test, val, T=T, d_model=d_model, steps=steps)
+          for lr, (test, val) in accuracies.items() for s in range(3)]
 
 
 def _text(blocks):
@@ -33,8 +41,11 @@ def test_committed_results_md_is_what_the_rows_make(tmp_path):
   assert text == committed
   sections = [line for line in text.splitlines() if line.startswith("## ")]
   assert len(sections) == 10
-  for section in text.split("\n## ")[1:]:   # each section opens with its finding
-    assert section.split("\n\n")[1].startswith("**Finding.**"), section[:80]
+  for section in text.split("\n## ")[1:]:   # each section opens with its two-sentence finding
+    finding = section.split("\n\n")[1]
+    assert finding.startswith("**Finding.** "), section[:80]
+    ends = re.findall(r"[.!?](?= [A-Z]|$)", finding.removeprefix("**Finding.** "))
+    assert len(ends) == 2, finding
 
 
 def test_best_rate_is_chosen_on_validation():
@@ -56,13 +67,14 @@ def test_zoology_section_from_rows():
   data = [_row("deltanet", lr, s, 1.0 if lr == 1e-3 else 0.5, 1.0 if lr == 1e-3 else 0.4)
           for lr in (1e-3, 3e-3) for s in range(3)]
   data += [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
-  blocks, summary = mqar.zoology_section(data)
+  blocks, summary = zoology.zoology_section(data)
   text = _text(blocks)
   assert "| setting | DeltaNet | VLA |" in text
   assert ("| T = 64, d_model = 128 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.490 ± 0.339 "
           "(min 0.250) @ 0.003 (of 1 rate) |") in text       # the validated rate; fewer rates
   assert "| 128 | 4,096 | 8,192 | 16,384 |" in text          # state per layer
-  assert "Of the 1 settings, DeltaNet reaches 0.99 at all 1 and VLA at 0." in text
+  assert ("extension past the edge), DeltaNet reaches 0.99 at all 1 and VLA at 0. At T = 512 "
+          "the rows") in text
   assert "| T = 64 d_model 128 | VLA | 0.250, 0.970, 0.250 |" in text   # seeds split
   assert "Not run yet (device time): T = 64 d_model 64, " in text
   assert "Mixers not yet run at a setting: T = 64, d_model 128: softmax / " in text
@@ -74,7 +86,7 @@ def test_penalty_scale_note_compares_the_two_vla_rows():
   assert notes.penalty_scale_note(only_vla, str) == ""          # nothing to compare
   data = [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
   data += [_row("vla_p1", 3e-3, s, acc, acc) for s, acc in enumerate((1.0, 0.99, 0.98))]
-  text = _text(mqar.zoology_section(data)[0])
+  text = _text(zoology.zoology_section(data)[0])
   assert ("penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at 1 of 1 "
           "settings (T = 64 d_model 128 (0.990 against 0.490)), behind at none.") in text
 
@@ -242,6 +254,94 @@ def test_seed_section_escape_and_probe_values(tmp_path):
   assert [r["align1"] for r in table] == [0.9, 0.8]
   assert [r["state1"] for r in table] == [0.5, 9.0]
   text = "\n".join(seeds.seed_section(str(tmp_path)))
-  assert "VLA at rate 0.01: 1 of 2 failed" in text
+  assert "Failed seeds: VLA: 1 of 2 at rate 0.01; no rate tried solves the cell" in text
+  assert "a . khat set it apart from a seed that solves for VLA." in text   # ranges apart
+  assert "(failed runs end at test accuracy 0.250-0.250, chance 1 / n_pairs = 0.25)" in text
+  assert "Median escape step of the runs that leave the plateau: VLA 500 at rate 0.01" in text
   assert "| VLA | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | 0.90 / 0.90 | 0.5 |" in text
   assert "No rows yet" in "\n".join(seeds.seed_section(str(tmp_path / "empty")))
+
+
+# Zoology rows at T = 512, d_model 64 ({rate: (test, validation)}): linear, VLA and DeltaNet
+# best at the highest rate and Gated DeltaNet at the lowest, all below 0.99 (the tuned grid
+# extends them); softmax + conv solved (not extended).
+ZOOLOGY_ROWS = (_cell("linear", {1e-3: (0.01, 0.01), 3e-3: (0.02, 0.02)})
+                + _cell("vla", {1e-3: (0.5, 0.5), 3e-3: (0.7, 0.7)})
+                + _cell("deltanet", {1e-3: (0.6, 0.6), 3e-3: (0.8, 0.8)})
+                + _cell("gated_deltanet", {1e-3: (0.3, 0.3), 3e-3: (0.0, 0.0)})
+                + _cell("softmax_conv", {1e-3: (1.0, 1.0), 3e-3: (1.0, 0.99)}))
+# Tuned rows at 4,000 steps: linear best at its new edge (1e-2); VLA's 1e-2 better on test but
+# not on validation; Gated DeltaNet best at its new lowest rate; the slow gate init (no zoology
+# rows: its baseline's rates and extension) best inside; DeltaNet's extension not run.
+TUNED_ROWS = (_cell("linear", {1e-2: (0.3, 0.4)})
+              + _cell("vla", {1e-2: (0.99, 0.6)})
+              + _cell("gated_deltanet", {3e-4: (0.9, 0.9)})
+              + _cell("gated_deltanet_slow", {3e-4: (0.2, 0.2), 1e-3: (0.95, 0.95),
+                                              3e-3: (0.1, 0.1)}))
+# ... and at 12,000 steps: VLA converges, linear stays below at a rate inside its sweep.
+LONG_ROWS = (_cell("linear", {1e-3: (0.1, 0.1), 3e-3: (0.5, 0.5), 1e-2: (0.2, 0.2)},
+                   steps=12000)
+             + _cell("vla", {1e-3: (0.5, 0.5), 3e-3: (1.0, 1.0), 1e-2: (0.9, 0.9)}, steps=12000))
+
+
+def test_zoology_tuned_plan_and_pending_cells():
+  """The cells the tuned grid plans from the zoology rows, and those whose rows are missing."""
+  plan = zoology.planned_rates(ZOOLOGY_ROWS)
+  assert plan[("linear", (512, 64), 4000)] == {1e-2}
+  assert plan[("gated_deltanet", (512, 64), 4000)] == {3e-4}
+  assert plan[("gated_deltanet_slow", (512, 64), 4000)] == {3e-4, 1e-3, 3e-3}
+  assert ("softmax_conv", (512, 64), 4000) not in plan                 # solved: not extended
+  assert plan[("softmax_conv", (512, 64), 12000)] == {1e-3, 3e-3}
+  pending = zoology.missing_rates(plan, TUNED_ROWS + LONG_ROWS)
+  assert pending[("deltanet", (512, 64), 4000)] == [1e-2]
+  assert {k for k in pending if k[2] == 4000} == {("deltanet", (512, 64), 4000)}
+  assert {k[0] for k in pending if k[2] == 12000} == {
+      "softmax_conv", "deltanet", "gated_deltanet", "gated_deltanet_slow"}
+
+
+def test_zoology_section_selects_across_the_combined_sweep():
+  """A 4,000-step cell is chosen on validation over the zoology rows and the tuned rows; a
+  chosen rate still at an edge of the combined sweep is flagged; a cell whose tuned rows are
+  missing reads pending (its old number labelled as so far); the two Gated DeltaNet rows are
+  named by their gate init; the T = 512, 12,000-step table tells converged from below."""
+  blocks, summary = zoology.zoology_section(ZOOLOGY_ROWS, TUNED_ROWS + LONG_ROWS)
+  text = _text(blocks)
+  assert summary[("linear", (512, 64))]["rate"] == 1e-2
+  assert summary[("vla", (512, 64))]["rate"] == 3e-3            # 1e-2 better on test only
+  assert ("| setting | softmax + conv | linear | DeltaNet | Gated DeltaNet (fla gate init) | "
+          "Gated DeltaNet (slow gate init) | VLA |") in text
+  assert ("| T = 512, d_model = 64 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.300 ± 0.000 "
+          "(min 0.300) @ 0.01 (of 3 rates; edge: the highest rate tried) | pending (1e-2 not "
+          "run); so far 0.800 ± 0.000 (min 0.800) @ 0.003 | 0.900 ± 0.000 (min 0.900) @ 0.0003 "
+          "(of 3 rates; edge: the lowest rate tried) | 0.950 ± 0.000 (min 0.950) @ 0.001 (of 3 "
+          "rates) | 0.700 ± 0.000 (min 0.700) @ 0.003 (of 3 rates) |") in text
+  # The edge list reads the combined sweep: linear at its new edge, DeltaNet pending.
+  edges = text[text.index("Rate sweep edges"):]
+  assert "of the 5 cells below 0.99, 1 chose the lowest rate tried, 2 the highest" in edges
+  assert "| linear | - | T = 512 d_model 64 @ 0.01 |" in edges
+  assert "| DeltaNet | - | T = 512 d_model 64 @ 0.003 (pending) |" in edges
+  assert "| Gated DeltaNet (fla gate init) | T = 512 d_model 64 @ 0.0003 | - |" in edges
+  # 12,000 steps: rows per label, the cells not run at that width, pending cells.
+  assert "| VLA | 1.000 ± 0.000 (min 1.000) @ 0.003 (of 3 rates) | not run | not run |" in text
+  assert "| Gated DeltaNet (slow gate init) | pending | not run | not run |" in text
+  assert ("(had not converged; mean test accuracy at 4,000 -> 12,000 steps): VLA at d_model 64 "
+          "(0.700 -> 1.000).") in text
+  assert "as trained; mean test accuracy at 4,000 -> 12,000 steps): linear at d_model 64 " in text
+  assert "Pending (rows not all in yet): 4 of 6 cells." in text
+  assert ("of the 2 cells below 0.99 at 4,000 steps that have run 12,000 steps, 1 reaches it "
+          "(VLA at d_model 64: not converged at 4,000) and 1 stays below, 1 at a rate inside the "
+          "sweep (linear at d_model 64); 4 cells pending.") in text
+
+
+def test_zoology_section_without_tuned_rows_reads_pending():
+  """With no tuned rows every planned cell is pending: the extended cells say so next to the
+  two-rate result, the slow gate init and the 12,000-step table hold no number."""
+  text = _text(zoology.zoology_section(ZOOLOGY_ROWS)[0])
+  assert "pending (1e-2 not run); so far 0.020 ± 0.000 (min 0.020) @ 0.003 |" in text
+  assert "pending (3e-4 not run); so far 0.300 ± 0.000 (min 0.300) @ 0.001 |" in text
+  assert "(min 0.900) @ 0.0003" not in text
+  table = text[text.index("**T = 512"):text.index("Recurrent state")]
+  assert table.count("| pending |") == 6 and "±" not in table
+  assert "(5 cells pending their tuned rows)" in text
+  assert ("At T = 512 the rows trained 12,000 steps, which tell a run that had not converged "
+          "from a state that cannot hold 64 pairs, are pending (0 of 6 cells in).") in text

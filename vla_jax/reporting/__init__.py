@@ -3,9 +3,9 @@ report (tables, findings, plots) computed from the rows under results/training/.
 
 Modules: `rows` (reading rows, best rate per cell, cell summaries), `markdown` (tables and
 formats), `notes` (the notes under a grid's table), `plots`, one module per group of sections
-(`claims`, `memory`, `mqar`, `copy_task`), `results_md` (RESULTS.md itself), `diagnostics`
-(memory-norm and Jacobian rows of random inputs and trained models) and `speed` (decode and
-CPU timings).
+(`claims`, `memory`, `mqar`, `zoology`, `copy_task`, `seeds`), `results_md` (RESULTS.md
+itself), `diagnostics` (memory-norm and Jacobian rows of random inputs and trained models) and
+`speed` (decode and CPU timings).
 """
 
 from vla_jax.reporting.results_md import results_markdown, write_results_md

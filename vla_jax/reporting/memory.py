@@ -93,12 +93,13 @@ def norms_section(kinds, random_plot, trained_plot, rel, plot=None):
     m0 = models[0]
     accuracy = {r["mixer"]: r["accuracy"] for r in reversed(models)}
     blocks.append(markdown.bullets([
-        "Inside trained models: " + ", then ".join(cmds)
-        + (" with the same --workdir, which reuses the trained models" if len(cmds) > 1 else "")
-        + " (CPU). One model per recurrent mixer trained on MQAR (8 pairs, T = "
+        "Inside trained models: one model per recurrent mixer trained on MQAR (8 pairs, T = "
         f"{m0['train_T']}, d_model {m0['d_model']}, no position embeddings), then fed longer "
         "MQAR sequences of the same task; `vla_jax.diagnostics.layer_state_norms` follows each "
         "layer's memory token by token.",
+        "Rows (CPU): " + ", then ".join(cmds)
+        + (" with the same --workdir, which reuses the trained models" if len(cmds) > 1 else "")
+        + ".",
         "Training accuracy at its own length: " + ", ".join(
             f"{m} {a:.3f}" for m, a in accuracy.items()) + "."]))
     marks = sorted({t for r in norms for t in r["t"]})

@@ -1,4 +1,5 @@
-"""RESULTS.md's MQAR sections: capacity (3), long context (4), zoology (5), VLA's settings (7).
+"""RESULTS.md's MQAR sections: capacity (3), long context (4), VLA's settings (7); zoology (5)
+is `zoology`'s.
 
 Each `*_section` returns (markdown blocks, summary); the summary ({(label, setting): cell}) is
 what the claims table and other sections read.
@@ -9,12 +10,13 @@ import collections
 import numpy as np
 
 from vla_jax.reporting import markdown, notes
-from vla_jax.reporting.rows import (HEAD_DIM, MIXER_ORDER, accuracy, best_rate, grid_summary,
+from vla_jax.reporting.rows import (HEAD_DIM, accuracy, best_rate, grid_summary,
                                     label, mixers_in, name, prose_name, sentence_start,
-                                    settings_sentence, state_floats, usual_rates)
-from vla_jax.training.grid import ABLATION_VARIANTS, LONG_TS, PAPER_N, ZOOLOGY, ZOOLOGY_WIDTHS
+                                    settings_sentence, usual_rates)
+from vla_jax.training.grid import ABLATION_VARIANTS, LONG_TS, MIXERS, PAPER_N
 
 SOLVED = 0.99   # a cell "reaches" the task at this mean test accuracy
+GRID_LABELS = tuple(m for m, _, _ in MIXERS)   # the labels every grid runs, in its order
 CELLS = ("Cells: test accuracy at the rate chosen on validation, mean ± std (min) over seeds, "
          "@ that rate; \"(of N rates)\" marks a cell swept over another number of rates than "
          "the rest of the grid.")
@@ -102,7 +104,7 @@ def capacity_section(rows, smoke_rows, plot_path, rel, plot=None):
   if plot:
     plot(summary, PAPER_N, plot_path)
   blocks.append(f"![capacity]({rel(plot_path)})")
-  missing = [f"{name(m)} n={n}" for m in MIXER_ORDER for n in PAPER_N if (m, n) not in summary]
+  missing = [f"{name(m)} n={n}" for m in GRID_LABELS for n in PAPER_N if (m, n) not in summary]
   blocks.append(markdown.bullets([
       ("Not run yet: " + ", ".join(missing) + ". The same command completes the grid (it "
        "skips finished jobs).") if missing else "",
@@ -175,17 +177,17 @@ def long_section(rows):
       "vocabulary 256, the backbone of section 3; rates 1e-3 and 3e-3.",
       settings_sentence(rows), CELLS]))
   blocks.append(accuracy_table(summary, Ts, where))
-  missing = [(T, [m for m in MIXER_ORDER if (m, T) not in summary]) for T in Ts]
+  missing = [(T, [m for m in GRID_LABELS if (m, T) not in summary]) for T in Ts]
   single = sorted({k for k, c in summary.items() if len(c["rates"]) == 1}, key=lambda k: k[1])
   blocks.append(markdown.bullets([
       ("Not run yet: " + "; ".join(
-          f"T = {T}" + ("" if len(ms) == len(MIXER_ORDER) else
+          f"T = {T}" + ("" if len(ms) == len(GRID_LABELS) else
                         " (" + " / ".join(name(m) for m in ms) + ")") for T, ms in missing if ms)
        + ".") if any(ms for _, ms in missing) else "",
       ("Trained at one rate only (the mixer's best at the next shorter T, to halve the device "
        "time; `grid.py --rates=RATE --only=...`): " + "; ".join(
            f"T = {T}: " + ", ".join(f"{name(m)} {summary[(m, T)]['rate']:g}"
-                                    for m in MIXER_ORDER if (m, T) in single)
+                                    for m in GRID_LABELS if (m, T) in single)
            for T in sorted({T for _, T in single})) + ".") if single else "",
       notes.pallas_note(rows, lambda r: r["seq_len"], where),
       notes.dtype_note(rows, lambda r: f"{name(label(r))} at T = {r['seq_len']}"),
@@ -193,83 +195,6 @@ def long_section(rows):
       ("At T = 1,024 a softmax + conv job (6 runs vmapped) allocates ~37 GiB per training "
        "step; both attempts so far ran out of memory while packed with other jobs on one GPU."
        if ("softmax_conv", 1024) not in summary else "")]))
-  blocks += [notes.seed_split_note(summary, where), notes.edge_rate_note(summary, where)]
-  return blocks, summary
-
-
-# -- 5. zoology ---------------------------------------------------------------------------------
-
-def zoology_finding(summary, settings):
-  counts = {m: sum(1 for st in settings if (m, st) in summary
-                   and mean(summary, m, st) >= SOLVED) for m in mixers_in(summary)}
-  ran = {m: sum(1 for st in settings if (m, st) in summary) for m in counts}
-  groups = collections.defaultdict(list)
-  for m, k in counts.items():
-    groups[k].append(prose_name(m) + (f" (of {ran[m]} run)" if ran[m] != len(settings) else ""))
-  first = (f"Of the {len(settings)} settings, " + markdown.listed(
-      markdown.listed(ms) + (f" reach{'es' if len(ms) == 1 else ''} {SOLVED} at "
-                             if i == 0 else " at ")
-      + (f"all {k}" if k == len(settings) else str(k))
-      for i, (k, ms) in enumerate(sorted(groups.items(), reverse=True))) + ".")
-  lows = below(summary, settings)
-  if not lows:
-    return "**Finding.** " + first
-  smallest, longest = min(d for _, d in settings), max(T for T, _ in settings)
-  hard = [x for x in lows if x[1][1] == smallest or x[1][0] == longest]
-  return ("**Finding.** " + first + f" Of the {len(lows)} cells below {SOLVED}, {len(hard)} are "
-          f"at the smallest width (d_model {smallest}) or the longest sequences (T = {longest}, "
-          f"n = {dict(ZOOLOGY)[longest] if longest in dict(ZOOLOGY) else '?'}).")
-
-
-def zoology_section(rows, plot_path=None, rel=lambda p: p, plot=None):
-  """Section 5 from the zoology grid's rows (its plot drawn by plot(summary, n_pairs, path)
-  at `plot_path` and linked as rel(plot_path))."""
-  blocks = ["## 5. Zoology's MQAR against state size"]
-  for r in rows:
-    r["setting"] = (r["seq_len"], r["d_model"])
-  summary = grid_summary(rows, "setting")
-  if not rows:
-    return blocks + [f"Not run yet: {grid_command('zoology')}."], summary
-  settings = [(T, d) for T, _ in ZOOLOGY for d, _ in ZOOLOGY_WIDTHS]
-  ran = [st for st in settings if any(v == st for _, v in summary)]
-  where = lambda st: f"T = {st[0]} d_model {st[1]}"
-  blocks.append(zoology_finding(summary, ran))
-  steps = sorted({r["steps"] for r in rows})
-  blocks.append(markdown.bullets([
-      f"Rows: {grid_command('zoology')} (`results/training/mqar_zoology_h200.jsonl`; "
-      "`--only=zoology-T64-d128-vla,zoology-T64-d128-` runs part of the grid). "
-      "configs/mqar_zoology.py: vocabulary 8,192, power-law query placement, keys and values "
-      "from disjoint halves of the vocabulary; T / n_pairs = 64/4, 128/8, 256/16, 512/64; heads "
-      f"of d_h = {HEAD_DIM} (d_model 64, 128, 256: 2, 4, 8 heads); batch 128, "
-      f"{'/'.join(map(str, steps))} steps, rates 1e-3 and 3e-3.",
-      settings_sentence(rows), CELLS]))
-  blocks.append(accuracy_table(summary, ran, lambda st: f"T = {st[0]}, d_model = {st[1]}",
-                               by_setting=True))
-  widths = sorted({d for _, d in ran})
-  Ts = sorted({T for T, _ in ran})
-  families = [("linear, DeltaNet, Gated DeltaNet (S)", "deltanet"), ("VLA (S and A)", "vla")]
-  blocks.append("Recurrent state per layer, in floats (memory matrices S = heads x d_h^2, VLA also "
-                "its penalty inverse A of the same size; softmax attention: the key-value cache "
-                "2 T d_model):")
-  blocks.append(markdown.table(
-      ["d_model"] + [f for f, _ in families] + [f"softmax, T = {T}" for T in Ts],
-      [[d] + [f"{state_floats(m, d, Ts[0]):,}" for _, m in families]
-       + [f"{state_floats('softmax', d, T):,}" for T in Ts] for d in widths]))
-  if plot_path:
-    if plot:
-      plot(summary, dict(ZOOLOGY), plot_path)
-    blocks.append(f"![zoology MQAR: accuracy against state size]({rel(plot_path)})")
-  missing = [st for st in settings if st not in ran]
-  partial = [(st, [m for m in MIXER_ORDER if (m, st) not in summary]) for st in ran]
-  blocks.append(markdown.bullets([
-      notes.penalty_scale_note(summary, where),
-      notes.wider_sweep_note(summary, where),
-      notes.pallas_note(rows, lambda r: r["setting"], lambda st: f"T = {st[0]}, d_model {st[1]}"),
-      ("Not run yet (device time): " + ", ".join(where(st) for st in missing) + ".")
-      if missing else "",
-      ("Mixers not yet run at a setting: " + "; ".join(
-          f"T = {T}, d_model {d}: " + " / ".join(name(m) for m in ms)
-          for (T, d), ms in partial if ms) + ".") if any(ms for _, ms in partial) else ""]))
   blocks += [notes.seed_split_note(summary, where), notes.edge_rate_note(summary, where)]
   return blocks, summary
 
@@ -358,11 +283,13 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
   if rows:
     variants = [v for v in names if any(r["variant"] == v for r in rows)]
     rates = sorted({r["learning_rate"] for r in rows})
-    blocks.append("**H200, the seed's setting at n = 24** (configs/mqar_paper.py:24: T = 73, "
-                  "3000 steps; " + grid_command("ablation") + ", "
-                  "`results/training/ablation_h200.jsonl`). " + settings_sentence(rows)
-                  + " Test accuracy per seed at each rate; `best`: the rate chosen on "
-                  "validation, mean ± std:")
+    blocks.append("**H200, the seed's setting at n = 24:**")
+    blocks.append(markdown.bullets([
+        "configs/mqar_paper.py:24 (T = 73, 3000 steps); rows: " + grid_command("ablation")
+        + " (`results/training/ablation_h200.jsonl`).",
+        settings_sentence(rows),
+        "Cells: test accuracy per seed at each rate; `best`: the rate chosen on validation, "
+        "mean ± std."]))
     body = []
     for v in variants:
       vr = sorted((r for r in rows if r["variant"] == v), key=lambda r: r["seed"])
@@ -390,11 +317,14 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
   if demo_rows:
     variants = list(dict.fromkeys(r["variant"] for r in demo_rows))
     steps = demo_rows[0]["steps"]
-    blocks.append(
-        "**CPU, the README's demo problem** (configs/mqar_demo.py: MQAR 8 pairs, T = 25, d_model "
-        f"64, 2 heads of 32), {steps} steps at rate 3e-3, 3 seeds (`python experiments/grid.py "
-        f"--grids=ablation_demo --demo_steps={steps} --workdir=OUT --per_gpu=1`, "
-        "`results/training/vla_ablation_demo_cpu.jsonl`). Test accuracy per seed:")
+    seeds = len({r["seed"] for r in demo_rows})
+    blocks.append("**CPU, the README's demo problem:**")
+    blocks.append(markdown.bullets([
+        "configs/mqar_demo.py (MQAR 8 pairs, T = 25, d_model 64, 2 heads of 32), "
+        f"{steps} steps at rate 3e-3, {markdown.plural(seeds, 'seed')}; rows: `python "
+        f"experiments/grid.py --grids=ablation_demo --demo_steps={steps} --workdir=OUT "
+        "--per_gpu=1` (`results/training/vla_ablation_demo_cpu.jsonl`).",
+        "Cells: test accuracy per seed."]))
     body = []
     for v in variants:
       accs = np.array([accuracy(r) for r in demo_rows if r["variant"] == v])
@@ -417,11 +347,12 @@ def ablation_section(rows, demo_rows, one_seed_rows, cap):
         "on average; the earlier one-seed measurement behind that default is in "
         "`vla_jax/layers/README.md`."]))
   if one_seed_rows:
-    blocks.append("Earlier, one seed (configs/mqar_demo.py, 500 steps; `python "
-                  "experiments/train.py --config=configs/mqar_demo.py --config.train.num_steps=500 "
-                  "--config.model.options.vla.<field>=<value>`, "
-                  "`results/training/vla_penalty_ablation_cpu.jsonl`); the 3-seed rows above are "
-                  "the ones to read:")
+    blocks.append("**Earlier, one seed** (the 3-seed rows above are the ones to read):")
+    blocks.append(markdown.bullets([
+        "configs/mqar_demo.py, 500 steps; rows: `python experiments/train.py "
+        "--config=configs/mqar_demo.py --config.train.num_steps=500 "
+        "--config.model.options.vla.<field>=<value>` "
+        "(`results/training/vla_penalty_ablation_cpu.jsonl`)."]))
     blocks.append(markdown.table(["setting", "accuracy", "exact match"],
                                  [[r["override"], f"{r['accuracy']:.3f}",
                                    f"{r['exact_match']:.3f}"] for r in one_seed_rows]))

@@ -34,10 +34,11 @@ def pallas_note(rows, key, where):
               for s, ws in sorted(by_seeds.items(), key=lambda kv: (-len(kv[0]), kv[0]))) + ".")
 
 
-def edge_rate_note(summary, where, below=0.99):
+def edge_rate_note(summary, where, below=0.99, name_of=name, pending=None):
   """Counts the cells below `below` whose chosen rate is the lowest or the highest of two or
   more rates tried there (the best rate may lie outside the sweep), with a table of them by
-  mixer."""
+  mixer (named by name_of). With `pending` (the cells whose sweep is being extended past its
+  edge, the rows not all in yet), the sweep counts as extended and those cells are marked."""
   swept = [(k, c) for k, c in sorted(summary.items(), key=cell_order) if len(c["rates"]) > 1]
   low = [(k, c) for k, c in swept if c["test"].mean() < below]
   if not low:
@@ -53,14 +54,19 @@ def edge_rate_note(summary, where, below=0.99):
     return f"Every cell below {below} ({len(low)}) chose a rate inside its sweep."
   text = (f"Rate sweep edges: of the {markdown.plural(len(low), 'cell')} below {below}, "
           f"{len(sides['lowest'])} chose the lowest rate tried, {len(sides['highest'])} the "
-          f"highest and {inside} one inside the sweep; where the chosen rate is an edge, a wider "
-          "sweep (not run) may score higher:\n\n")
+          f"highest and {inside} one inside the sweep")
+  if pending is None:
+    text += "; where the chosen rate is an edge, a wider sweep (not run) may score higher:\n\n"
+  else:
+    text += ("; where the chosen rate is an edge, a wider sweep may score higher (*pending*: "
+             "the rows past the edge are not all in yet):\n\n")
+  mark = lambda k: " (pending)" if pending is not None and k in pending else ""
   body = []
   for m in sorted({k[0] for k, _ in sides["lowest"] + sides["highest"]},
                   key=lambda m: min(i for i, (k, _) in enumerate(low) if k[0] == m)):
-    body.append([name(m)] + [", ".join(f"{where(v)} @ {c['rate']:g}" for (mm, v), c in cells
-                                       if mm == m) or "-"
-                             for cells in (sides["lowest"], sides["highest"])])
+    body.append([name_of(m)] + [", ".join(f"{where(v)} @ {c['rate']:g}{mark((mm, v))}"
+                                          for (mm, v), c in cells if mm == m) or "-"
+                                for cells in (sides["lowest"], sides["highest"])])
   return text + markdown.table(["mixer", "at the lowest rate tried", "at the highest rate tried"],
                                body)
 
@@ -114,9 +120,10 @@ def dtype_note(rows, where):
           "T x T scores do not fit in memory there): " + "; ".join(w for w, _ in odd) + ".")
 
 
-def seed_split_note(summary, where, spread=0.5):
+def seed_split_note(summary, where, spread=0.5, name_of=name):
   """A table of the cells whose seeds split between learning the task and a plateau (test
-  accuracies over seeds at the chosen rate more than `spread` apart)."""
+  accuracies over seeds at the chosen rate more than `spread` apart); mixers named by
+  name_of."""
   split = [(k, c) for k, c in sorted(summary.items(), key=cell_order)
            if c["test"].max() - c["test"].min() > spread]
   if not split:
@@ -124,7 +131,7 @@ def seed_split_note(summary, where, spread=0.5):
   return (f"Seeds that split between recall and a plateau near chance (1 / n_pairs) at the "
           f"chosen rate (test accuracies more than {spread} apart):\n\n" + markdown.table(
               ["setting", "mixer", "test accuracy per seed"],
-              [[where(v), name(m), ", ".join(f"{a:.3f}" for a in c["test"])]
+              [[where(v), name_of(m), ", ".join(f"{a:.3f}" for a in c["test"])]
                for (m, v), c in split]))
 
 

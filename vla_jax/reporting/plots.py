@@ -4,6 +4,12 @@ import numpy as np
 
 from vla_jax.reporting.rows import MIXER_ORDER, name, state_floats
 
+# Each label's colour in the zoology plot (labels added later take the next colours, so that
+# the others keep theirs).
+COLORS = {m: f"C{i}" for i, m in enumerate(
+    ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet", "vla", "vla_p1",
+     "gated_deltanet_slow"))}
+
 
 def _pyplot():
   import matplotlib  # pylint: disable=import-outside-toplevel
@@ -52,7 +58,7 @@ def plot_zoology(summary, n_pairs, path):
       if pts:
         handles[m] = ax.errorbar([p[0] for p in pts], [p[1].mean() for p in pts],
                                  yerr=[p[1].std() for p in pts], marker="o", capsize=3,
-                                 color=f"C{MIXER_ORDER.index(m)}", label=name(m))
+                                 color=COLORS.get(m), label=name(m))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("recurrent state per layer (floats)")
     ax.set_title(f"T = {T}, n_pairs = {n_pairs[T]}")

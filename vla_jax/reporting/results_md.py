@@ -7,13 +7,14 @@ with the commands that made them); a missing file leaves its section saying so.
 
 import os
 
-from vla_jax.reporting import claims, copy_task, memory, mqar, plots, seeds
+from vla_jax.reporting import claims, copy_task, memory, mqar, plots, seeds, zoology
 from vla_jax.reporting.rows import read
 
 FILES = {
     "capacity": "mqar_capacity_h200.jsonl",
     "long": "mqar_long_h200.jsonl",
     "zoology": "mqar_zoology_h200.jsonl",
+    "zoology_tuned": "zoology_tuned_h200.jsonl",
     "copy": "copy_h200.jsonl",
     "ablation": "ablation_h200.jsonl",
     "ablation_demo": "vla_ablation_demo_cpu.jsonl",
@@ -53,15 +54,16 @@ def results_markdown(rows_dir, plots_dir, out_dir, draw=True, bench_dir=None):
                                         plot_path["capacity"], rel,
                                         plot=plots.plot_capacity if draw else None)
   long_context, long_summary = mqar.long_section(rows["long"])
-  zoology, _ = mqar.zoology_section(rows["zoology"], plot_path["zoology"], rel,
-                                    plot=plots.plot_zoology if draw else None)
+  zoology_blocks, _ = zoology.zoology_section(rows["zoology"], rows["zoology_tuned"],
+                                              plot_path["zoology"], rel,
+                                              plot=plots.plot_zoology if draw else None)
   sections = [
       ["# Results", INTRO],
       claims.claims_section(kinds, cap, long_summary, rows["mixer_sweep"], bench_dir),
       memory.norms_section(kinds, plot_path["random_norms"], plot_path["trained_norms"], rel,
                            plot=plots.plot_trained_norms if draw else None),
       memory.jacobian_section(kinds),
-      capacity, long_context, zoology,
+      capacity, long_context, zoology_blocks,
       copy_task.copy_section(rows["copy"]),
       mqar.ablation_section(rows["ablation"], rows["ablation_demo"], rows["ablation_one_seed"],
                             cap),

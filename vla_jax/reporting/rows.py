@@ -14,10 +14,11 @@ import numpy as np
 
 from vla_jax.training import jsonl
 
-MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet", "vla",
-               "vla_p1")
+MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet",
+               "gated_deltanet_slow", "vla", "vla_p1")
 MIXER_NAMES = {"softmax": "softmax", "softmax_conv": "softmax + conv", "linear": "linear",
-               "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet", "vla": "VLA",
+               "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet",
+               "gated_deltanet_slow": "Gated DeltaNet, slow gate init", "vla": "VLA",
                "vla_p1": "VLA, penalty scale 1"}
 HEAD_DIM = 32   # every grid's head dim d_h
 

@@ -60,38 +60,47 @@ def seed_section(rows_dir, plot_rel=None):
   rates = sorted({r["rate"] for t in tables.values() for r in t})
   names = dict(LABELS)
   at_rate = lambda k, lr: [r for r in tables[k] if r["rate"] == lr]
+  failed = lambda rs: [r for r in rs if r["accuracy"] < SOLVED]
+  solved = lambda rs: [r for r in rs if r["accuracy"] >= SOLVED]
+  every = [r for t in tables.values() for r in t]
+  span = lambda rs, key, f=".2f": (f"{min(r[key] for r in rs):{f}}-{max(r[key] for r in rs):{f}}"
+                                   if rs else "none")
+  apart = lambda a, b, key: (a and b and (max(r[key] for r in a) < min(r[key] for r in b)
+                                          or max(r[key] for r in b) < min(r[key] for r in a)))
+  separate = [names[k] for k, t in tables.items()
+              if apart(failed(t), solved(t), "cond0") or apart(failed(t), solved(t), "align0")]
+  n_pairs = some.get("n_pairs")
+  first = (
+      "**Finding.** A failed VLA seed is a run that never leaves the plateau every run starts "
+      f"on (failed runs end at test accuracy {span(failed(every), 'accuracy', '.3f')}"
+      + (f", chance 1 / n_pairs = {1 / n_pairs:.2f}" if n_pairs else "") + "), and at step "
+      f"{PROBE_STEP} the penalty's conditioning cond(A_T) and the write direction's alignment "
+      "a . khat " + ("do not tell it from a seed that solves (their ranges overlap for each "
+                     "penalty scale)." if not separate else
+                     f"set it apart from a seed that solves for {markdown.listed(separate)}."))
   counts = "; ".join(
-      f"{names[k]} at rate {lr:g}: "
-      f"{sum(r['accuracy'] < SOLVED for r in at_rate(k, lr))} of {len(at_rate(k, lr))} failed"
-      for k in tables for lr in rates)
-  escapes = {k: [r["escape"] for r in t if r["escape"] is not None] for k, t in tables.items()}
-  span = lambda rs, key: (f"{min(r[key] for r in rs):.2f}-{max(r[key] for r in rs):.2f}"
-                          if rs else "none")
-  by_scale = []
-  for key, text in LABELS:
-    rs = tables.get(key, [])
-    fail = [r for r in rs if r["accuracy"] < SOLVED]
-    solve = [r for r in rs if r["accuracy"] >= SOLVED]
-    if rs:
-      by_scale.append(f"{text}: a . khat {span(fail, 'align0')} failing against "
-                      f"{span(solve, 'align0')} solving, cond(A_T) {span(fail, 'cond0')} "
-                      f"against {span(solve, 'cond0')}")
-  finding = (
-      "**Finding.** A failed VLA seed is a run that has not left the plateau every run "
-      "reaches first (training accuracy ~0.25); the penalty's conditioning and the write "
-      f"direction's alignment a . khat at step {PROBE_STEP} do not tell it from a seed that "
-      "solves, and at rate 0.01, above the grid's sweep, every seed of both penalty scales "
-      f"solves the cell ({counts}).")
-  setting = (
-      f"Zoology's MQAR at T = {some.get('seq_len', 'n/a')}, {some.get('n_pairs', 'n/a')} pairs, "
-      f"d_model {some.get('d_model', 'n/a')} ({some.get('steps', 'n/a')} steps, 5 seeds; the "
-      "cell whose seeds split 0.252 / 0.970 / 0.252 in section 5), rerun on an H200 with "
-      "`python experiments/grid.py --grids=zoology --only=zoology-T64-d64-vla --seeds=0,1,2,3,4 "
-      "--rates=3e-3,1e-2 --vla_impl=pallas --override=train.diagnostics_every=50 "
-      "--workdir=OUT` (`results/training/" + FOLDER + "/`). Escape: the first logged step "
-      f"with training accuracy above {ESCAPED}; cond and a . khat: layers 0 / 1 at step "
-      f"{PROBE_STEP} (cond(A_T) at the last token, median over heads; a . khat mean over "
-      "tokens); ||S_T||: layer 1 at the end.")
+      f"{names[k]}: " + ", ".join(f"{len(failed(at_rate(k, lr)))} of {len(at_rate(k, lr))} at "
+                                  f"rate {lr:g}" for lr in rates if at_rate(k, lr))
+      for k in tables)
+  clean = [lr for lr in rates if all(not failed(at_rate(k, lr)) for k in tables)]
+  second = (f"Failed seeds: {counts}; " + (
+      f"at rate {markdown.listed(f'{lr:g}' for lr in clean)} every seed of "
+      f"{'both penalty scales' if len(tables) > 1 else names[next(iter(tables))]} solves the "
+      "cell." if clean else "no rate tried solves the cell with every seed."))
+  seeds = sorted({r["seed"] for r in every})
+  steps = f"{some['steps']:,}" if "steps" in some else "n/a"
+  setting = markdown.bullets([
+      f"Zoology's MQAR at T = {some.get('seq_len', 'n/a')}, {n_pairs or 'n/a'} pairs, d_model "
+      f"{some.get('d_model', 'n/a')}, {steps} steps, "
+      f"{markdown.plural(len(seeds), 'seed')} per rate: a cell whose VLA seeds split in "
+      "section 5, rerun on an H200 with training diagnostics.",
+      "Rows: `python experiments/grid.py --grids=zoology --only=zoology-T64-d64-vla "
+      "--seeds=0,1,2,3,4 --rates=3e-3,1e-2 --vla_impl=pallas "
+      "--override=train.diagnostics_every=50 --workdir=OUT` (`results/training/" + FOLDER
+      + "/`).",
+      f"Columns: *escape*, the first logged step with training accuracy above {ESCAPED}; "
+      f"cond(A_T) and a . khat of layers 0 / 1 at step {PROBE_STEP} (cond at the last token, "
+      "median over heads; a . khat mean over tokens); ||S_T|| of layer 1 at the end."])
   header = ["variant", "rate", "seed", "test accuracy", "escape step", "cond(A_T) 0 / 1",
             "a . khat 0 / 1", "||S_T|| (layer 1)"]
   body = []
@@ -101,20 +110,40 @@ def seed_section(rows_dir, plot_rel=None):
                    r["escape"] if r["escape"] is not None else "never",
                    f"{r['cond0']:.1f} / {r['cond1']:.1f}",
                    f"{r['align0']:.2f} / {r['align1']:.2f}", f"{r['state1']:.1f}"])
+  escapes = {(k, lr): sorted(r["escape"] for r in at_rate(k, lr) if r["escape"] is not None)
+             for k in tables for lr in rates}
+  med = {key: float(np.median(v)) if v else None for key, v in escapes.items()}
+  by_scale = [f"{names[k]}: a . khat {span(failed(t), 'align0')} failing against "
+              f"{span(solved(t), 'align0')} solving, cond(A_T) {span(failed(t), 'cond0')} "
+              f"against {span(solved(t), 'cond0')}" for k, t in tables.items()]
+  quiet = [f"{names[k]} median cond(A_T) {float(np.median([r['cond0'] for r in t])):.1f}, "
+           f"a . khat {float(np.median([r['align0'] for r in t])):.2f}"
+           for k, t in tables.items()]
+  keys = list(tables)
+  sooner = (len(keys) == 2 and all(med[(keys[1], lr)] is not None and med[(keys[0], lr)]
+                                   is not None and med[(keys[1], lr)] < med[(keys[0], lr)]
+                                   for lr in rates))
+  faster = all(med[(k, a)] is None or med[(k, b)] is None or med[(k, b)] < med[(k, a)]
+               for k in keys for a, b in zip(rates, rates[1:]))
   notes = markdown.bullets([
-      "Failed runs end at the plateau's accuracy; solved runs leave it at steps "
-      + ", ".join(f"{min(v)}-{max(v)} ({names[k]})"
-                  for k, v in escapes.items() if v) + f" of {some.get('steps', 'n/a')}.",
-      f"Layer 0 at step {PROBE_STEP}, per scale: " + "; ".join(by_scale) + ". The scales "
-      "differ (the authors' scale leaves the penalty nearly idle: cond ~3, a . khat ~0.95, "
-      "close to DeltaNet), failing and solving seeds of one scale do not.",
-      "Penalty scale 1 leaves the plateau sooner at each rate, and a higher rate sooner "
-      "still; the cosine schedule lowers the rate as training goes on.",
-      "The remedy measured here is the learning rate (0.01); the grid's other cells, the "
-      "T = 512 cells and the other remedies (lam0, u initialisation, warmup, readout) are not "
-      "yet run with diagnostics; the layer's defaults are unchanged.",
+      "Median escape step of the runs that leave the plateau: " + "; ".join(
+          f"{names[k]} " + ", ".join(f"{med[(k, lr)]:g} at rate {lr:g}" for lr in rates
+                                     if med[(k, lr)] is not None) for k in keys)
+      + f" (of {steps} steps)"
+      + (f"; {names[keys[1]]} leaves it sooner at each rate" if sooner else "")
+      + ("; a higher rate sooner still (the cosine schedule lowers the rate as training goes "
+         "on)" if faster and len(rates) > 1 else "") + ".",
+      f"Layer 0 at step {PROBE_STEP}, per scale: " + "; ".join(by_scale) + ".",
+      ("The scales differ where failing and solving seeds of one scale do not ("
+       + "; ".join(quiet) + "; a . khat = 1 is DeltaNet's write direction).")
+      if len(tables) > 1 and not separate else "",
+      (f"The remedy measured here is the learning rate "
+       f"({markdown.listed(f'{lr:g}' for lr in clean)}); the grid's other cells, the T = 512 "
+       "cells and the other remedies (lam0, u initialisation, warmup, readout) are not yet run "
+       "with diagnostics; the layer's defaults are unchanged.") if clean else
+      "No remedy is measured here yet; the layer's defaults are unchanged.",
   ])
-  blocks = [title, finding, setting, markdown.table(header, body), notes]
+  blocks = [title, first + " " + second, setting, markdown.table(header, body), notes]
   if plot_rel:
     blocks.append(f"![training diagnostics per run]({plot_rel})")
   return blocks
