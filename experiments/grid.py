@@ -13,6 +13,11 @@ call resuming the last:
     python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=6 \
         --vla_impl=pallas --budget_s=420 --grace_s=30 --stop_s=60
 
+Measured on the H200: 10 jobs at once finish the T = 64 and 128 extensions in 200-500 s; 12
+at once ran the T = 512 jobs at ~8 steps/s (4,000 steps: ~500 s, more than a stretch) and a
+Gated DeltaNet step at T = 256, d_model 128 ran out of memory (11.4 GiB asked). A stopped job
+resumes from its checkpoint under OUT/runs only where OUT survives between calls.
+
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
 every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, and T = 512 at
 12,000 steps (`vla_jax.training.grid.tuned_jobs`); its rows go to OUT/zoology_tuned.jsonl.
