@@ -1,5 +1,5 @@
-"""`vla_jax.benchmarks`: the report computed from rows, timing, the floor, the profile's sums
-and the correctness check's inputs (no GPU needed)."""
+"""`vla_jax.benchmarks`: timing, the floor, the profile's sums and the correctness check's
+inputs (no GPU needed; the report: test_report.py)."""
 
 import json
 
@@ -10,88 +10,7 @@ import numpy as np
 import pytest
 
 import oracles
-from vla_jax.benchmarks import check, floor, measure, profile, report, rows
-
-
-def _row(impl, op, pass_, T, ms, d=64):
-  B = max(1, 32768 // T)
-  return {"impl": impl, "op": op, "pass": pass_, "T": T, "B": B, "H": 16, "d": d,
-          "dtype": "bfloat16", "ms": ms, "peak_mib": 100.0, "status": "ok", "note": None,
-          "floor_ms": 0.1 if impl == "pallas" else None}
-
-
-def _write(path, rows_, time="2026-12-02T00:00:00"):
-  header = {"kind": "header", "time": time, "device": "NVIDIA H200", "jax": "0.11.2",
-            "settings": {"heads": 16, "tokens": 32768}}
-  path.write_text("\n".join(json.dumps(r) for r in [header] + rows_) + "\n")
-
-
-def test_report_verdicts_from_data(tmp_path):
-  rows_ = []
-  for T in (1024, 2048, 4096, 8192, 16384):
-    rows_.append(_row("pallas", "vla", "fwd", T, 10.0))
-    rows_.append(_row("cudnn", "softmax_attention", "fwd", T, 10.0 * T / 4096))  # crosses 4k
-    rows_.append(_row("fla_chunk_delta_rule", "deltanet", "fwd", T, 1.0))
-    rows_.append(_row("pallas", "vla", "fwd+bwd", T, 30.0))
-    rows_.append(_row("cudnn", "softmax_attention", "fwd+bwd", T, 1.0))          # never
-  rows_.append(dict(_row("cudnn", "softmax_attention", "fwd", 32768, None), status="OOM",
-                    note="RESOURCE_EXHAUSTED"))
-  _write(tmp_path / "a.jsonl", rows_)
-  md = tmp_path / "B.md"
-  report.write_report(report.bench_files(str(tmp_path)), str(md))
-  text = md.read_text()
-  assert "NVIDIA H200" in text
-  assert "faster from there" in text and "T ~ 4,096" in text
-  assert "VLA pallas is slower than cuDNN causal attention at every measured T" in text
-  assert "VLA pallas is slower than fla's chunk_delta_rule (DeltaNet) at every measured T" in text
-  assert "OOM" in text and "VLA pallas 10 -> 10 ms (x1)" in text and "3x at 16,384" in text
-  data = report.Data(report.load([str(tmp_path / "a.jsonl")])[1])
-  kind, value = report.crossover(report.ratio_series(data, 64, "fwd", report.PALLAS,
-                                                     report.CUDNN))
-  assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
-
-
-def test_a_part_of_a_model_is_never_the_fastest_row():
-  """State-path rows (a part of VLA) sit in the tables but not in "fastest row per T"."""
-  rows_ = [_row("pallas", "vla", "fwd", 4096, 2.0), _row("cudnn", "softmax_attention", "fwd",
-                                                          4096, 1.0),
-           _row("fla_chunk_delta_rule", "deltanet", "fwd", 4096, 3.0),
-           _row("mosaic", "state_path", "fwd", 4096, 0.5)]
-  data = report.Data([dict(r, _order=0) for r in rows_])
-  assert "state path mosaic" in data.labels_for(64, "fwd")
-  assert [line[1] for line in report.fastest_summary(data, 64, "fwd")] == [report.CUDNN]
-
-
-def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
-  """Files are read by their header time; a later file's row wins, a later skipped row does
-  not erase a measurement, and a family's rows that a later file left behind are marked and
-  not computed with."""
-  old, new = tmp_path / "z_old.jsonl", tmp_path / "a_new.jsonl"
-  _write(old, [_row("pallas", "vla", "fwd", T, 5.0) for T in (1024, 2048)]
-         + [_row("cudnn", "softmax_attention", "fwd", T, 1.0) for T in (1024, 2048, 4096)],
-         time="2026-11-01T00:00:00")
-  _write(new, [_row("pallas", "vla", "fwd", T, 2.0) for T in (1024, 4096)]
-         + [dict(_row("cudnn", "softmax_attention", "fwd", 4096, None), status="skipped")],
-         time="2026-12-01T00:00:00")
-  paths = report.bench_files(str(tmp_path))
-  assert [p.split("/")[-1] for p in paths] == ["z_old.jsonl", "a_new.jsonl"]
-  data = report.Data(report.load(paths)[1])
-  assert data.ms(64, "fwd", report.CUDNN, 4096) == 1.0
-  assert data.ms(64, "fwd", report.PALLAS, 1024) == 2.0
-  assert data.ms(64, "fwd", report.PALLAS, 2048) is None
-  assert data.get(64, "fwd", report.PALLAS, 2048, stale=True)["ms"] == 5.0
-  assert report.ratio_series(data, 64, "fwd", report.PALLAS, report.CUDNN) == [
-      (1024, 2.0), (4096, 2.0)]
-
-
-def test_correctness_section_from_check_rows():
-  row = {**check.Case("float32", "HIGHEST", "anisotropic", 4096).__dict__, "op": "vla",
-         "impl": "pallas", "pass": "check", "errors": {"o": 1e-6, "S": 2e-6, "A": 3e-6,
-                                                        "dq": 4e-6}, "bound": 1e-3,
-         "status": "ok"}
-  text = "\n".join(report.correctness_section([row]))
-  assert "## Correctness against float64" in text
-  assert "| 64 | pallas | float32 | HIGHEST | anisotropic | 4,096 | 1 | 3e-06 | 4e-06 |" in text
+from vla_jax.benchmarks import check, floor, measure, profile, rows
 
 
 def test_time_jax_and_median_seconds():

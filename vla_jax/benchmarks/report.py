@@ -1,5 +1,9 @@
-"""BENCHMARKS.md (tables and verdicts computed from the rows) and log-log plots, from the
-JSON lines of `experiments/bench.py` and `experiments/check_kernels.py` (results/bench/).
+"""BENCHMARKS.md and log-log plots, from the JSON lines of `experiments/bench.py` and
+`experiments/check_kernels.py` (results/bench/).
+
+Each section opens with a finding of two sentences computed from the rows (the `*_finding`
+functions: where VLA pallas crosses cuDNN, its ratio to fla, its distance to the floor, ...),
+then its tables and plots; the file list at the top says where the rows come from.
 
 Files are read oldest run first (by their header's time): a later file's row replaces an
 earlier one with the same key, except that a skipped row never replaces a measured one.
@@ -22,6 +26,7 @@ PASSES = ("fwd", "fwd+bwd")
 PALLAS = "VLA pallas"
 CUDNN = "softmax cudnn"
 FLA = "DeltaNet fla_chunk_delta_rule"
+TARGET_T = 4096           # the length the project's kernel aims to beat attention at
 
 
 def label(row):
@@ -202,27 +207,79 @@ def crossover(series):
   return "at", last_change
 
 
-def crossover_sentence(data, d, pass_, other, other_name):
-  series = ratio_series(data, d, pass_, PALLAS, other)
+
+
+def crossing(series):
+  """Where `series` ((T, ratio), T ascending) goes below 1 for good, as a table cell:
+  "T ~ 8,502", "below T = 1,024" (below 1 at every T), "beyond T = 131,072" (at no T),
+  "no single T" (below and above 1 in turn), or "no data"."""
   kind, value = crossover(series)
-  if kind == "none":
-    return f"no T with both VLA pallas and {other_name} measured"
-  lo, hi = min(r for _, r in series), max(r for _, r in series)
-  Tmax = series[-1][0]
+  if kind == "at":
+    return f"T ~ {value:,.0f}"
   if kind == "always":
-    return (f"VLA pallas is faster than {other_name} at every measured T "
-            f"({fmt(1 / hi)}x to {fmt(1 / lo)}x faster)")
+    return f"below T = {series[0][0]:,}"
   if kind == "never":
-    return (f"**VLA pallas is slower than {other_name} at every measured T up to {Tmax:,}** "
-            f"({fmt(lo)}x to {fmt(hi)}x its time); no crossover in range")
-  if kind == "mixed":
-    worse = [T for T, r in series if r >= 1]
-    return (f"VLA pallas and {other_name} trade places; VLA pallas is slower at T = "
-            + ", ".join(f"{T:,}" for T in worse) + f" (up to {fmt(hi)}x)")
-  slower = [T for T, r in series if r >= 1]
-  return (f"VLA pallas is slower than {other_name} below T ~ {value:,.0f} (slower at T = "
-          + ", ".join(f"{T:,}" for T in slower) + f", by up to {fmt(hi)}x) and faster from "
-          f"there up to T = {Tmax:,}")
+    return f"beyond T = {series[-1][0]:,}"
+  return "no single T" if kind == "mixed" else "no data"
+
+
+def crosses(series):
+  """`crossing` in a sentence, after "crosses ...": "at T ~ 8,502", "below T = 1,024"."""
+  text = crossing(series)
+  return text if text.startswith(("below", "beyond")) else "at " + text
+
+
+# -- words --------------------------------------------------------------------------------------
+
+def joined(items):
+  """"a", "a and b", "a, b and c"."""
+  items = list(items)
+  return ", ".join(items[:-1]) + " and " + items[-1] if len(items) > 1 else "".join(items)
+
+
+def span(lo, hi, unit="x"):
+  """"1.52x to 1.94x", or one value when both read the same."""
+  a, b = fmt(lo) + unit, fmt(hi) + unit
+  return a if a == b else f"{a} to {b}"
+
+
+def where(d, pass_, T=None):
+  """"d = 64, fwd" or "d = 64, fwd, T = 4,096"."""
+  return f"d = {d}, {pass_}" + (f", T = {T:,}" if T is not None else "")
+
+
+def by_dim(data, phrase):
+  """"A (fwd) and B (fwd+bwd) at d = 64; C (fwd) at d = 128" from phrase(d, pass) (None: left
+  out)."""
+  groups = []
+  for d in data.dims:
+    items = [f"{text} ({p})" for p in PASSES for text in [phrase(d, p)] if text]
+    if items:
+      groups.append(f"{joined(items)} at d = {d}")
+  return "; ".join(groups)
+
+
+def pairs(data, lab=PALLAS):
+  """The (d, pass) pairs at which `lab` has a time."""
+  return [(d, p) for d in data.dims for p in PASSES if any(data.ms(d, p, lab, T) for T in data.Ts)]
+
+
+def floor_series(data, d, pass_):
+  """[(T, VLA pallas ms / its floor ms)] over the measured lengths."""
+  out = []
+  for T in data.Ts:
+    r = data.get(d, pass_, PALLAS, T)
+    if r and r.get("status") == "ok" and r.get("ms") and r.get("floor_ms"):
+      out.append((T, r["ms"] / r["floor_ms"]))
+  return out
+
+
+def extremes(points):
+  """(smallest, largest) of [(value, *where)] by value (the first of equal ones), or
+  (None, None)."""
+  if not points:
+    return None, None
+  return min(points, key=lambda x: x[0]), max(points, key=lambda x: x[0])
 
 
 def fastest_summary(data, d, pass_):
@@ -248,33 +305,326 @@ def fastest_summary(data, d, pass_):
   return body
 
 
-def verdicts(data):
-  lines = []
+# -- findings: the two sentences that open each section -----------------------------------------
+
+def fla_relation(ratios):
+  """VLA pallas against fla's chunk_delta_rule, given the ratios of their times: "is slower
+  than fla's chunk_delta_rule at every measured T", or "" without ratios."""
+  if not ratios:
+    return ""
+  if min(ratios) >= 1:
+    return "is slower than fla's chunk_delta_rule at every measured T"
+  if max(ratios) < 1:
+    return "is faster than fla's chunk_delta_rule at every measured T"
+  return (f"is faster than fla's chunk_delta_rule at {sum(r < 1 for r in ratios)} of "
+          f"{len(ratios)} measured points")
+
+
+def fla_ratios(data):
+  return [r for d, p in pairs(data) for _, r in ratio_series(data, d, p, PALLAS, FLA)]
+
+
+def verdict_finding(data):
+  """Where VLA pallas crosses cuDNN, how it stands against fla, how often it is the fastest row
+  and how far it runs from its floor."""
+  cross = [(d, p, crossover(ratio_series(data, d, p, PALLAS, CUDNN))) for d, p in pairs(data)]
+  cross = [(d, p, kind, value) for d, p, (kind, value) in cross if kind != "none"]
+  at = sorted((value, d, p) for d, p, kind, value in cross if kind == "at")
+  if at and len(at) == len(cross):
+    (lo, d0, p0), (hi, d1, p1) = at[0], at[-1]
+    first = (f"VLA pallas overtakes cuDNN causal attention between T ~ {lo:,.0f} "
+             f"({where(d0, p0)}) and T ~ {hi:,.0f} ({where(d1, p1)})" if len(at) > 1 else
+             f"VLA pallas overtakes cuDNN causal attention at T ~ {lo:,.0f} ({where(d0, p0)})")
+  elif cross:
+    ahead = sum(kind in ("at", "always") for _, _, kind, _ in cross)
+    first = (f"VLA pallas is faster than cuDNN causal attention at the longest measured T in "
+             f"{ahead} of {len(cross)} head dims and passes")
+  else:
+    first = "VLA pallas has no length measured beside cuDNN causal attention"
+  ratios = fla_ratios(data)
+  first += (f"; it {fla_relation(ratios)} ({span(min(ratios), max(ratios))} its time)."
+            if ratios else ".")
+  wins = n = 0
+  for d, p in pairs(data):
+    body = fastest_summary(data, d, p)
+    n += len(body)
+    wins += sum(line[1] == PALLAS for line in body)
+  floors = [x for d, p in pairs(data) for _, x in floor_series(data, d, p)]
+  second = []
+  if n:
+    second.append(f"is the fastest row at {wins} of {n} measured (head dim, pass, T) points")
+  if floors:
+    second.append(f"takes {span(min(floors), max(floors))} its hardware floor's time")
+  return first + (f" It {joined(second)}." if second else "")
+
+
+def verdict_table(data):
+  body = []
+  for d, p in pairs(data):
+    fla = ratio_series(data, d, p, PALLAS, FLA)
+    best = min(fla, key=lambda tr: tr[1]) if fla else None
+    floors = [x for _, x in floor_series(data, d, p)]
+    fastest = fastest_summary(data, d, p)
+    body.append([d, p, crossing(ratio_series(data, d, p, PALLAS, CUDNN)),
+                 span(min(r for _, r in fla), max(r for _, r in fla)) if fla else "-",
+                 f"T = {best[0]:,} ({fmt(best[1])}x)" if best else "-",
+                 span(min(floors), max(floors)) if floors else "-",
+                 f"{sum(line[1] == PALLAS for line in fastest)} of {len(fastest)} T"
+                 if fastest else "-"])
+  return table(["d", "pass", "crosses cuDNN at", "time / fla's", "closest to fla at",
+                "time / floor", "fastest row at"], body)
+
+
+def crossover_finding(data):
+  """Where VLA pallas crosses cuDNN at each head dim and pass, and the range of the ratio."""
+  points = [(r, d, p, T) for d, p in pairs(data)
+            for T, r in ratio_series(data, d, p, PALLAS, CUDNN)]
+  if not points:
+    return "No length has both VLA pallas and cuDNN causal attention measured."
+  first = ("VLA pallas crosses cuDNN causal attention (faster from there on) "
+           + by_dim(data, lambda d, p: crosses(ratio_series(data, d, p, PALLAS, CUDNN))
+                    if ratio_series(data, d, p, PALLAS, CUDNN) else None) + ".")
+  (lo, *w_lo), (hi, *w_hi) = extremes(points)
+  return (first + f" Its time runs from {fmt(hi)}x cuDNN's ({where(*w_hi)}) to {fmt(lo)}x "
+          f"({where(*w_lo)}).")
+
+
+def fla_finding(data):
+  """VLA pallas against fla: the range of the ratio per head dim and pass, and the T where it
+  is smallest."""
+  ratios = fla_ratios(data)
+  if not ratios:
+    return "No length has both VLA pallas and fla's chunk_delta_rule measured."
+
+  def ratio_span(d, p):
+    series = [r for _, r in ratio_series(data, d, p, PALLAS, FLA)]
+    return span(min(series), max(series)) if series else None
+  best = {}
+  for d, p in pairs(data):
+    series = ratio_series(data, d, p, PALLAS, FLA)
+    if series:
+      best.setdefault(min(series, key=lambda tr: tr[1])[0], []).append(where(d, p))
+  if len(best) == 1:
+    second = f"The ratio is smallest at T = {next(iter(best)):,} at every head dim and pass."
+  else:
+    second = ("The ratio is smallest at " + "; ".join(f"T = {T:,} ({joined(w)})"
+                                                      for T, w in sorted(best.items())) + ".")
+  return (f"VLA pallas {fla_relation(ratios)}, with time ratios of {by_dim(data, ratio_span)}. "
+          + second)
+
+
+def floor_finding(data):
+  """How far VLA pallas runs from its hardware floor: overall and per head dim."""
+  points = [(x, d, p, T) for d, p in pairs(data) for T, x in floor_series(data, d, p)]
+  if not points:
+    return "No VLA pallas row carries a floor."
+  (lo, *w_lo), (hi, *w_hi) = extremes(points)
+  first = (f"VLA pallas takes {fmt(lo)}x ({where(*w_lo)}) to {fmt(hi)}x ({where(*w_hi)}) its "
+           "hardware floor's time." if fmt(lo) != fmt(hi) else
+           f"VLA pallas takes {fmt(lo)}x its hardware floor's time at every measured point.")
+  per_d = []
   for d in data.dims:
-    for pass_ in PASSES:
-      if not data.labels_for(d, pass_):
-        continue
-      head = f"- d = {d}, {pass_}: "
-      parts = [crossover_sentence(data, d, pass_, CUDNN, "cuDNN causal attention")]
-      fla = ratio_series(data, d, pass_, PALLAS, FLA)
-      if fla:
-        lo, hi = min(r for _, r in fla), max(r for _, r in fla)
-        word = "slower" if lo >= 1 else ("faster" if hi < 1 else "mixed")
-        if word == "slower":
-          parts.append(f"**VLA pallas is slower than fla's chunk_delta_rule (DeltaNet) at every "
-                       f"measured T, taking {fmt(lo)}x to {fmt(hi)}x its time**")
-        elif word == "faster":
-          parts.append(f"VLA pallas takes {fmt(lo)}x to {fmt(hi)}x the time of fla's "
-                       f"chunk_delta_rule")
-        else:
-          parts.append(f"VLA pallas takes {fmt(lo)}x to {fmt(hi)}x the time of fla's "
-                       f"chunk_delta_rule (slower at some T)")
-      wins = [row for row in fastest_summary(data, d, pass_) if row[1] == PALLAS]
-      n = len(fastest_summary(data, d, pass_))
-      if n:
-        parts.append(f"VLA pallas is the fastest row at {len(wins)} of {n} lengths")
-      lines.append(head + "; ".join(parts) + ".")
-  return lines
+    xs = [x for x, d_, _, _ in points if d_ == d]
+    if xs:
+      per_d.append(f"{span(min(xs), max(xs))} at d = {d}")
+  return f"{first} By head dim: {joined(per_d)}."
+
+
+def fixed_tokens(data):
+  """The number of tokens per call (B * T) that most timed rows share, or None."""
+  counts = {}
+  for r in data.timed:
+    if r.get("B") and r.get("T"):
+      counts[r["B"] * r["T"]] = counts.get(r["B"] * r["T"], 0) + 1
+  return max(sorted(counts), key=counts.get) if counts else None
+
+
+def field_T(data, tokens):
+  """The longest T at which fla has a time with B * T = `tokens`, or None."""
+  Ts = [T for d, p in pairs(data, FLA) for T in data.Ts if data.ms(d, p, FLA, T)
+        and data.get(d, p, FLA, T)["B"] * T == tokens]
+  return max(Ts) if Ts else None
+
+
+def fla_floor(data, d, pass_, T):
+  """(fla ms, its floor ms) at (d, pass, T), or None."""
+  r = data.get(d, pass_, FLA, T)
+  if not (r and r.get("status") == "ok" and r.get("ms")):
+    return None
+  return r["ms"], floor.delta_rule_floor_ms(r["B"], r["T"], r["H"], r["d"],
+                                            backward=pass_ == "fwd+bwd")
+
+
+def field_finding(data, T):
+  """fla against its own floor at T beside VLA pallas against its own, and where fla's forward
+  crosses cuDNN beside VLA pallas's."""
+  fla, vla = [], []
+  for d, p in pairs(data, FLA):
+    ms_floor = fla_floor(data, d, p, T)
+    if ms_floor:
+      fla.append(ms_floor[0] / ms_floor[1])
+    vla += [x for T_, x in floor_series(data, d, p) if T_ == T]
+  sentences = []
+  if fla:
+    text = (f"At T = {T:,}, fla's chunk_delta_rule takes {span(min(fla), max(fla))} the floor "
+            "time of its own model")
+    if vla:
+      text += f", against {span(min(vla), max(vla))} for VLA pallas over its own"
+    sentences.append(text + ".")
+
+  fla_x, vla_x = [], []
+  for d in data.dims:
+    for lab, out in ((FLA, fla_x), (PALLAS, vla_x)):
+      series = ratio_series(data, d, "fwd", lab, CUDNN)
+      if series:
+        out.append(f"{crosses(series)} (d = {d})")
+  if fla_x:
+    sentences.append(f"Its forward crosses cuDNN causal attention {joined(fla_x)}"
+                     + (f"; VLA pallas's {joined(vla_x)}." if vla_x else "."))
+  return " ".join(sentences) or f"No fla row at T = {T:,}."
+
+
+def backward_ratios(data, d, lab):
+  """[(T, fwd+bwd ms / fwd ms)] of `lab` at head dim d."""
+  return [(T, data.ms(d, "fwd+bwd", lab, T) / data.ms(d, "fwd", lab, T)) for T in data.Ts
+          if data.ms(d, "fwd", lab, T) and data.ms(d, "fwd+bwd", lab, T)]
+
+
+def growth(data, d, lab, tokens):
+  """(T0, T1, ms at T0, ms at T1): `lab`'s forward at the shortest and longest T with
+  B * T = `tokens` where VLA pallas has a forward, or None."""
+  Ts = [T for T in data.Ts if data.ms(d, "fwd", PALLAS, T)
+        and (data.get(d, "fwd", PALLAS, T) or {}).get("B", 0) * T == tokens]
+  if len(Ts) < 2 or not (data.ms(d, "fwd", lab, Ts[0]) and data.ms(d, "fwd", lab, Ts[-1])):
+    return None
+  return Ts[0], Ts[-1], data.ms(d, "fwd", lab, Ts[0]), data.ms(d, "fwd", lab, Ts[-1])
+
+
+SHORT = {PALLAS: "VLA pallas", CUDNN: "cuDNN", FLA: "fla"}
+
+
+def time_finding(data, tokens):
+  """How forward time grows with T at a fixed number of tokens per call, per row, and the
+  cost of the backward."""
+  sentences = []
+  grown = {lab: [(d, g) for d in data.dims for g in [growth(data, d, lab, tokens)] if g]
+           for lab in SHORT}
+  if grown[PALLAS]:
+    T0, T1 = grown[PALLAS][0][1][:2]
+    dims = lambda lab: [d for d, _ in grown[lab]]
+    phrase = lambda lab: joined(
+        f"x{fmt(b / a)}" + (f" (d = {d})" if lab == PALLAS or dims(lab) != dims(PALLAS) else "")
+        for d, (_, _, a, b) in grown[lab])
+    s = (f"From T = {T0:,} to {T1:,} at {tokens:,} tokens per call, VLA pallas's forward time "
+         f"grows {phrase(PALLAS)}")
+    others = [f"{phrase(lab)} for {SHORT[lab]}" for lab in (FLA, CUDNN) if grown[lab]]
+    sentences.append(s + (f", against {joined(others)}." if others else "."))
+  back = {lab: [r for d in data.dims for _, r in backward_ratios(data, d, lab)] for lab in SHORT}
+  if back[PALLAS]:
+    others = [f"{span(min(back[lab]), max(back[lab]))} for {SHORT[lab]}"
+              for lab in (FLA, CUDNN) if back[lab]]
+    sentences.append(f"Its forward + backward takes {span(min(back[PALLAS]), max(back[PALLAS]))} "
+                     "its forward's time" + (f", against {joined(others)}." if others else "."))
+  return " ".join(sentences) or "VLA pallas has no forward at two lengths."
+
+
+def runs(seq):
+  """[(value, first T, last T)] of consecutive equal values in [(T, value)]."""
+  out = []
+  for T, v in seq:
+    if out and out[-1][0] == v:
+      out[-1] = (v, out[-1][1], T)
+    else:
+      out.append((v, T, T))
+  return out
+
+
+def fastest_phrase(body):
+  """"softmax cudnn up to T = 2,048 and DeltaNet fla_chunk_delta_rule from T = 4,096" from the
+  rows of `fastest_summary`."""
+  spans = runs([(int(line[0].replace(",", "")), line[1]) for line in body])
+  if len(spans) == 1:
+    return f"{spans[0][0]} at every T"
+  parts = []
+  for i, (lab, t0, t1) in enumerate(spans):
+    if i == 0:
+      parts.append(f"{lab} up to T = {t1:,}")
+    elif i == len(spans) - 1:
+      parts.append(f"{lab} from T = {t0:,}")
+    else:
+      parts.append(f"{lab} at T = {t0:,}" + (f" to {t1:,}" if t1 != t0 else ""))
+  return joined(parts)
+
+
+def dim_finding(data, d):
+  """At head dim d: which row is the fastest at each T, and VLA pallas's best place."""
+  bodies = {p: fastest_summary(data, d, p) for p in PASSES}
+  bodies = {p: b for p, b in bodies.items() if b}
+  if not bodies:
+    return f"No length at d = {d} has every baseline measured."
+  phrases = {p: fastest_phrase(b) for p, b in bodies.items()}
+  if len(set(phrases.values())) == 1:
+    first = f"The fastest row is {next(iter(phrases.values()))} in {joined(phrases)}."
+  else:
+    first = "The fastest row is " + "; ".join(f"{ph} ({p})" for p, ph in phrases.items()) + "."
+  places = [(int(line[4].split()[0]), p, int(line[0].replace(",", "")), line[4])
+            for p, b in bodies.items() for line in b if line[4] != "-"]
+  if not places:
+    return first
+  wins = sum(place == 1 for place, *_ in places)
+  best = min(places)[0]
+  firsts = OrderedDict()
+  for place, p, T, text in sorted(places, key=lambda x: (PASSES.index(x[1]), x[2])):
+    if place == best:
+      firsts.setdefault(p, (T, text))
+  at = joined(f"T = {T:,} ({p})" for p, (T, _) in firsts.items())
+  return (first + f" VLA pallas is the fastest row at {wins} of "
+          f"{sum(len(b) for b in bodies.values())} (pass, T) points; its best place, "
+          f"{next(iter(firsts.values()))[1]}, comes first at {at}.")
+
+
+def memory_finding(data):
+  """VLA pallas's peak memory against each other row's, and its peak at the longest T."""
+  ratios, peaks = {}, []
+  for d in data.dims:
+    for p in PASSES:
+      for T in data.Ts:
+        mine = data.get(d, p, PALLAS, T)
+        if not (mine and mine.get("status") == "ok" and mine.get("peak_mib")):
+          continue
+        peaks.append((mine["peak_mib"], d, p, T))
+        for lab in (FLA, CUDNN):
+          r = data.get(d, p, lab, T)
+          if r and r.get("status") == "ok" and r.get("peak_mib"):
+            ratios.setdefault(lab, []).append(mine["peak_mib"] / r["peak_mib"])
+  if not peaks:
+    return "No VLA pallas row carries a peak memory."
+  T_max = max(T for *_, T in peaks)
+  longest = [(mib, d, p) for mib, d, p, T in peaks if T == T_max]
+  sentences = []
+  if ratios:
+    sentences.append("VLA pallas's peak memory is " + joined(
+        f"{span(min(x), max(x))} {SHORT[lab]}'s" for lab, x in ratios.items())
+        + " at the same head dim, pass and T.")
+  (lo, *w_lo), (hi, *w_hi) = extremes(longest)
+  sentences.append(f"At its longest T, {T_max:,}, it peaks at {fmt(lo)} MiB ({where(*w_lo)})"
+                   + (f" to {fmt(hi)} MiB ({where(*w_hi)})." if hi != lo else "."))
+  return " ".join(sentences)
+
+
+def not_measured_finding(data):
+  """How many timed rows carry no time, by status, and the shortest such T."""
+  missing = [r for r in data.timed if r.get("status") != "ok"]
+  counts = OrderedDict()
+  for r in missing:
+    status = cell(r, None)
+    counts[status] = counts.get(status, 0) + 1
+  first = min(missing, key=lambda r: (r["T"], r["d"], PASSES.index(r["pass"])
+                                      if r["pass"] in PASSES else 0))
+  verb = "carries" if len(missing) == 1 else "carry"
+  return (f"{len(missing)} of the {len(data.timed)} timed rows {verb} no time ("
+          + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"). The shortest such T is "
+          f"{first['T']:,} ({label(first)}, {where(first['d'], first['pass'])}).")
 
 
 # -- plots --------------------------------------------------------------------------------------
@@ -331,48 +681,87 @@ def plots(data, plot_dir, title):
 
 # -- the document -------------------------------------------------------------------------------
 
-def provenance(headers):
-  """Lines: each file's run (time, device, versions, settings) and its command."""
-  out = []
-  for path, h in headers:
-    st = h.get("settings", {})
-    versions = ", ".join(f"{k} {h[k]}" for k in ("jax", "jaxlib", "jax-cuda13-plugin",
-                                                  "jax-cuda12-plugin", "torch", "triton",
-                                                  "fla-core", "python") if h.get(k))
-    out.append(f"- `{os.path.basename(path)}` ({h.get('time', '?')}): **{h.get('device', '?')}**"
-               f" (backend {h.get('jax_backend', '?')}); {versions}; H = {st.get('heads')}, "
-               f"B * T = {st.get('tokens')}, dtype {st.get('dtype')}, chunk {st.get('chunk')}"
-               + (", **smoke run (CPU, tiny shapes: not a benchmark)**" if st.get("smoke")
-                  else ""))
-    argv = list(h.get("argv") or [])
-    for i, a in enumerate(argv[:-1]):   # an output folder is the machine's: a placeholder
-      if a == "--out":
+VERSIONS = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "torch", "triton",
+            "fla-core", "python")
+
+
+def versions(h):
+  return ", ".join(f"{k} {h[k]}" for k in VERSIONS if h.get(k))
+
+
+def command(h):
+  """The run's command line, its output folder (the machine's) as OUT."""
+  argv = list(h.get("argv") or [])
+  for i, a in enumerate(argv):
+    for flag in ("--out", "--out_dir"):
+      if a.startswith(flag + "="):
+        argv[i] = flag + "=OUT"
+      elif a == flag and i + 1 < len(argv):
         argv[i + 1] = "OUT"
-    if argv:
-      out.append(f"  - command: `python3 {' '.join(argv)}`")
-  return out
+  return f"`python3 {' '.join(argv)}`" if argv else "-"
+
+
+def settings(h):
+  st = h.get("settings", {})
+  parts = [f"{name} {fmt(st[key]) if isinstance(st[key], (int, float)) else st[key]}"
+           for key, name in (("heads", "H"), ("tokens", "B * T"), ("dtype", "dtype"),
+                             ("chunk", "chunk")) if st.get(key) is not None]
+  if st.get("smoke"):
+    parts.append("**smoke run (CPU, tiny shapes: not a benchmark)**")
+  return ", ".join(parts) or "-"
+
+
+def provenance(headers, n_rows):
+  """Lines: a sentence on the runs, a table of each file's run (date, device, settings,
+  command) and the versions (one line when every file has the same)."""
+  if not headers:
+    return []
+  devices = list(OrderedDict.fromkeys(h.get("device", "?") for _, h in headers))
+  days = sorted(h.get("time", "")[:10] for _, h in headers if h.get("time"))
+  when = (f"on {days[0]}" if days and days[0] == days[-1]
+          else f"from {days[0]} to {days[-1]}" if days else "")
+  same = len({versions(h) for _, h in headers}) == 1
+  header = ["file", "date (UTC)", "device", "settings", "command"] + ([] if same else ["versions"])
+  body = []
+  for path, h in headers:
+    t = h.get("time", "?")
+    body.append([f"`{os.path.basename(path)}`", t[:16].replace("T", " ") if len(t) >= 16 else t,
+                 f"{h.get('device', '?')} ({h.get('jax_backend', '?')})", settings(h),
+                 command(h)] + ([] if same else [versions(h) or "-"]))
+  lines = [f"{n_rows} rows from {plural(len(headers), 'file')}, run on {joined(devices)} "
+           f"{when}.".replace("  ", " ").replace(" .", "."), "", table(header, body), ""]
+  if same and versions(headers[0][1]):
+    lines += [f"Versions (every file): {versions(headers[0][1])}.", ""]
+  return lines
+
+
+def plural(n, word):
+  return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def row_sources(data):
-  """Lines: which file each (d, row family) was measured in, so that a reader sees which
-  ratios compare rows of one run and which compare runs."""
+  """Lines: a table of the file each row family's measured rows come from, per head dim, so
+  that a reader sees which ratios compare rows of one run and which compare runs."""
   groups = OrderedDict()
   for r in data.timed:
     if r.get("status") == "ok":
-      files = groups.setdefault((r["d"], label(r)), OrderedDict())
+      files = groups.setdefault(label(r), OrderedDict()).setdefault(r["d"], OrderedDict())
       files[r.get("_file", "?")] = files.get(r.get("_file", "?"), 0) + 1
-  lines = ["Source of the measured rows (file: rows), per head dim and row family:", ""]
-  for (d, lab), files in sorted(groups.items(), key=lambda kv: kv[0][0]):
-    lines.append(f"- d = {d}, {lab}: " + ", ".join(f"`{f}`: {n}" for f, n in files.items()))
+  if not groups:
+    return []
+  body = [[lab] + [", ".join(f"`{f}` ({n})" for f, n in per_d.get(d, {}).items()) or "-"
+                   for d in data.dims] for lab, per_d in groups.items()]
+  lines = ["Measured rows per row family and head dim (file, rows):", "",
+           table(["row"] + [f"d = {d}" for d in data.dims], body), ""]
   by_d = OrderedDict()
-  for (d, _), files in groups.items():
-    by_d.setdefault(d, set()).update(files)
-  mixed = [d for d, files in by_d.items() if len(files) > 1]
+  for per_d in groups.values():
+    for d, files in per_d.items():
+      by_d.setdefault(d, set()).update(files)
+  mixed = [str(d) for d in data.dims if len(by_d.get(d, ())) > 1]
   if mixed:
-    lines += ["", "At d = " + ", ".join(str(d) for d in mixed) + " the families come from more "
-              "than one run, so some ratios compare runs (same machine kind and versions, see "
-              "above); each file's own rows are one run."]
-  return lines + [""]
+    lines += [f"At d = {', '.join(mixed)} the families come from more than one run, so some "
+              "ratios compare runs (see the files above); each file's own rows are one run.", ""]
+  return lines
 
 
 def stale_note(data):
@@ -391,6 +780,22 @@ def stale_note(data):
           "them out: " + "; ".join(items) + ".", ""]
 
 
+METHOD = [
+    "How the rows are measured:", "",
+    "- `fwd` returns the output o; `fwd+bwd` returns o and the gradient of sum(o * c) with "
+    "respect to every input, c a random cotangent (JAX rows up to the 2026-12-01 runs "
+    "returned the gradient alone, which let XLA drop forward work only o needs).",
+    "- Times are medians after warm-up, rotating between input sets. JAX rows that carry "
+    "`ms_sync` time rounds of calls issued back to back and waited for at the end (round time "
+    "/ calls; `ms_sync`, calls each waited for, is kept in the row; calls over 25 ms are "
+    "timed one per round); older JAX rows time calls each ended by `block_until_ready`. Torch "
+    "rows use `triton.testing.do_bench(return_mode=\"median\")`.",
+    "- Peak memory: XLA's compiled memory analysis (arguments + outputs + temporaries) for "
+    "JAX rows, `torch.cuda.max_memory_allocated` (peak above the inputs, plus the inputs) for "
+    "torch rows.",
+    "- `skip`, `OOM`, `err`: rows without a time, listed under \"Rows not measured\".", ""]
+
+
 def not_measured(data):
   groups = OrderedDict()
   for r in data.timed:
@@ -400,166 +805,119 @@ def not_measured(data):
     groups.setdefault(key, []).append(r["T"])
   body = []
   for (d, lab, pass_, status, note), Ts in groups.items():
-    span = f"{min(Ts):,}" if len(Ts) == 1 else f"{min(Ts):,} to {max(Ts):,}"
-    body.append([d, lab, pass_, span, status, note.replace("|", "/")[:160]])
+    span_ = f"{min(Ts):,}" if len(Ts) == 1 else f"{min(Ts):,} to {max(Ts):,}"
+    body.append([d, lab, pass_, span_, status, note.replace("|", "/")[:160]])
   return body
 
 
-def field_section(data, tokens_T=32768):
-  """Lines of "fla's DeltaNet kernel on the same measures": the field's tuned delta-rule kernel
-  against its own floor (`floor.delta_rule_floor_ms`), its forward+backward / forward ratio
-  and its crossover with cuDNN, computed like VLA pallas's above, so that a reader can see how
-  far the best delta-rule kernel itself is from those marks."""
-  lines = []
-  for d in data.dims:
-    fwd = [(T, data.get(d, "fwd", FLA, T)) for T in data.Ts]
-    fwd = [(T, r) for T, r in fwd if r and r.get("status") == "ok" and r.get("ms")]
-    if not fwd:
-      continue
-    parts = []
-    for pass_ in PASSES:
-      r = data.get(d, pass_, FLA, tokens_T)
-      if r and r.get("status") == "ok" and r.get("ms"):
-        fl = floor.delta_rule_floor_ms(r["B"], r["T"], r["H"], r["d"],
-                                       backward=pass_ == "fwd+bwd")
-        vla = data.get(d, pass_, PALLAS, tokens_T)
-        beside = (f" (VLA pallas {fmt(vla['ms'] / vla['floor_ms'])}x its own)"
-                  if vla and vla.get("status") == "ok" and vla.get("floor_ms") else "")
-        parts.append(f"{pass_} at T = {tokens_T:,}: {fmt(r['ms'])} ms against a floor of "
-                     f"{fmt(fl)} ms, {fmt(r['ms'] / fl)}x{beside}")
-    ratios = [(T, data.ms(d, "fwd+bwd", FLA, T) / r["ms"]) for T, r in fwd
-              if data.ms(d, "fwd+bwd", FLA, T)]
-    if ratios:
-      parts.append("forward+backward / forward " + ", ".join(
-          f"{fmt(x)}x at {T:,}" for T, x in ratios))
-    series = ratio_series(data, d, "fwd", FLA, CUDNN)
-    kind, value = crossover(series)
-    if kind == "at":
-      parts.append(f"forward crosses cuDNN at T ~ {value:,.0f}")
-    elif kind != "none":
-      parts.append({"always": "forward faster than cuDNN at every T",
-                    "never": "forward slower than cuDNN at every T",
-                    "mixed": "forward trades places with cuDNN"}[kind])
-    at4k = [(T, x) for T, x in series if T == 4096]
-    if at4k:
-      parts.append(f"fla / cuDNN forward at T = 4,096: {fmt(at4k[0][1])}")
-    lines.append(f"- d = {d}: " + "; ".join(parts) + ".")
-  if not lines:
-    return []
-  return (["## fla's DeltaNet kernel on the same measures", "",
-           "The field's tuned delta-rule kernel measured against the marks applied to VLA "
-           "pallas above: its distance to a floor of the same model without the penalty "
-           "path (`floor.delta_rule_floor_ms`: q, k, v in, o out, the state path's "
-           "products), its forward+backward / forward ratio, and where its forward crosses "
-           "cuDNN causal attention. VLA does the same state path plus a penalty path of "
-           "about 1.4 times its products (`floor.py`).", ""] + lines + [""])
+def plot_lines(plot_paths, name, out_path):
+  """The markdown image line of the plot called `name`, if it was drawn."""
+  base = os.path.dirname(os.path.abspath(out_path))
+  return [f"![{name}]({os.path.relpath(os.path.abspath(p), base)})" for p in plot_paths
+          if os.path.basename(p) == name] + [""] * any(os.path.basename(p) == name
+                                                       for p in plot_paths)
 
 
-def why_section(data, tokens=32768):
-  """Lines of "Why VLA pallas loses": how its time scales with T at a fixed number of tokens
-  (B * T = `tokens`) against cuDNN and fla, and its backward-to-forward ratio, computed; then
-  the cause as traced in kernels/NOTES.md."""
-  lines = []
-  for d in data.dims:
-    Ts = [T for T in data.Ts if T <= tokens and data.ms(d, "fwd", PALLAS, T)]
-    if len(Ts) < 2:
-      continue
-    lo, hi = Ts[0], Ts[-1]
-    parts = []
-    for lab, name in ((PALLAS, "VLA pallas"), (CUDNN, "cuDNN"), (FLA, "fla")):
-      a, b = data.ms(d, "fwd", lab, lo), data.ms(d, "fwd", lab, hi)
-      if a and b:
-        parts.append(f"{name} {fmt(a)} -> {fmt(b)} ms (x{fmt(b / a)})")
-    ratios = [(T, data.ms(d, "fwd+bwd", PALLAS, T) / data.ms(d, "fwd", PALLAS, T))
-              for T in Ts if data.ms(d, "fwd+bwd", PALLAS, T)]
-    line = (f"- d = {d}: forward from T = {lo:,} to {hi:,} at {tokens:,} tokens per call: "
-            + "; ".join(parts) + ".")
-    if ratios:
-      line += (" Forward+backward / forward for VLA pallas: "
-               + ", ".join(f"{fmt(r)}x at {T:,}" for T, r in ratios) + ".")
-    lines.append(line)
-  if not lines:
-    return []
-  return (["## Where VLA pallas's time goes", "",
-           "Computed from the rows above: forward time at a fixed number of tokens, from the "
-           "shortest to the longest T, and the cost of the backward:", ""]
-          + lines + ["", "Per kernel (a profiler trace, `experiments/profile_kernels.py`) and why: "
-                     "`kernels/NOTES.md`, \"Profile\".", ""])
+def per_T_table(data, first_header, series_fn):
+  """Rows (d, pass), columns: first_header's cells, then one per T: series_fn(d, pass) ->
+  ([first cells], {T: cell})."""
+  body = []
+  for d, p in pairs(data):
+    first, cells = series_fn(d, p)
+    body.append([d, p] + first + [cells.get(T, "-") for T in data.Ts])
+  return table(["d", "pass"] + first_header + [f"{T:,}" for T in data.Ts], body)
 
 
-def render(headers, rows, plot_paths, out_path, command=None):
-  """The markdown text. `command`: the report command that regenerates it, shown at the top."""
-  data = Data(rows)
-  md = ["# Benchmarks", "",
-        "Generated by `experiments/report_benchmarks.py` from the JSON lines in `results/bench/` "
-        "(written by `experiments/bench.py` and `experiments/check_kernels.py`); every number "
-        "and every sentence below is computed from those rows.", ""]
-  if command:
-    md += [f"Regenerate (files oldest run first; a later file's row replaces an earlier "
-           f"one's): `{command}`", ""]
-  md += provenance(headers) + [""] + row_sources(data) + stale_note(data)
-  md += ["Forward (`fwd`) and forward + backward (`fwd+bwd`: the output o and the gradient "
-         "of sum(o * c) with respect to every input, c a random cotangent; JAX rows up to the "
-         "2026-12-01 runs returned the gradient alone, which let XLA drop forward work only o "
-         "needs). Medians after warm-up, rotating between "
-         "input sets. JAX rows: rows that carry `ms_sync` time rounds of calls issued back to "
-         "back and waited for at the end (median of round time / calls; `ms_sync`, the median "
-         "of calls each waited for, is kept in the row; calls over 25 ms, where the host's "
-         "share is negligible, are timed that way only: `per_round` 1); older rows time calls "
-         "each ended by `block_until_ready`, which adds the host's dispatch and wait to every "
-         "call. Torch "
-         "rows use `triton.testing.do_bench(return_mode=\"median\")` (CUDA events around "
-         "back-to-back launches). Peak memory: XLA's compiled memory "
-         "analysis (arguments + outputs + temporaries) for JAX rows, "
-         "`torch.cuda.max_memory_allocated` (peak above the inputs, plus the inputs) for torch "
-         "rows. `skip`, `OOM`, `err`: see the last section.", ""]
-  md += ["## Verdict", ""] + (verdicts(data) or ["- no rows"]) + [""]
+def vla_sections(data, plot_paths, out_path):
+  """The sections on VLA pallas against cuDNN, fla and its floor, fla on the same measures and
+  where VLA pallas's time goes."""
+  md = ["## Verdict", "", verdict_finding(data), "", verdict_table(data), ""]
 
-  if any(data.ms(d, p, PALLAS, T) for d in data.dims for p in PASSES for T in data.Ts):
-    md += ["## Crossover against cuDNN causal attention", "",
-           "T at which VLA pallas becomes faster than `jax.nn.dot_product_attention(..., "
-           "is_causal=True, implementation=\"cudnn\")` (log-log interpolation between measured "
-           "lengths); ratio = VLA pallas time / cuDNN time.", ""]
+  def cudnn_cells(d, p):
+    series = ratio_series(data, d, p, PALLAS, CUDNN)
+    return [crossing(series)], {T: fmt(r) for T, r in series}
+  if any(ratio_series(data, d, p, PALLAS, CUDNN) for d, p in pairs(data)):
+    md += ["## Crossover against cuDNN causal attention", "", crossover_finding(data), "",
+           "Ratio = VLA pallas time / `jax.nn.dot_product_attention(..., is_causal=True, "
+           "implementation=\"cudnn\")` time; the crossover is interpolated in log-log between "
+           "measured lengths.", "", per_T_table(data, ["crossover"], cudnn_cells), ""]
+  md += plot_lines(plot_paths, "time_vs_T.png", out_path)
+
+  def fla_cells(d, p):
+    series = ratio_series(data, d, p, PALLAS, FLA)
+    rs = [r for _, r in series]
+    return [span(min(rs), max(rs)) if rs else "-"], {T: fmt(r) for T, r in series}
+  if fla_ratios(data):
+    md += ["## VLA pallas against fla `chunk_delta_rule`", "", fla_finding(data), "",
+           "Ratio = VLA pallas time / fla DeltaNet time; above 1 VLA pallas is slower.", "",
+           per_T_table(data, ["range"], fla_cells), ""]
+
+  def floor_cells(d, p):
+    series = floor_series(data, d, p)
+    xs = [x for _, x in series]
+    return [span(min(xs), max(xs)) if xs else "-"], {T: fmt(x) + "x" for T, x in series}
+  if any(floor_series(data, d, p) for d, p in pairs(data)):
+    md += ["## VLA pallas against the hardware floor", "", floor_finding(data), "",
+           "VLA pallas time / floor, with floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s), "
+           "bytes = inputs read and outputs written once, flops = the chunked algorithm's "
+           "matrix products (`vla_jax/benchmarks/floor.py`; each row's `floor_ms`).", "",
+           per_T_table(data, ["range"], floor_cells), ""]
+
+  tokens = fixed_tokens(data)
+  at_T = field_T(data, tokens)
+  if at_T:
     body = []
-    for d in data.dims:
-      for pass_ in PASSES:
-        series = ratio_series(data, d, pass_, PALLAS, CUDNN)
-        kind, value = crossover(series)
-        text = {"always": "faster at every T", "never": "none (slower at every T)",
-                "mixed": "mixed", "none": "no data"}.get(kind) or f"{value:,.0f}"
-        body.append([d, pass_, text, ", ".join(f"{T:,}: {fmt(r)}" for T, r in series) or "-"])
-    md += [table(["d", "pass", "crossover T", "ratio per T"], body), ""]
+    for d, p in pairs(data, FLA):
+      ms_floor = fla_floor(data, d, p, at_T)
+      vla = dict(floor_series(data, d, p)).get(at_T)
+      at_target = dict(ratio_series(data, d, p, FLA, CUDNN)).get(TARGET_T)
+      body.append([d, p, fmt(ms_floor[0]) if ms_floor else "-",
+                   fmt(ms_floor[1]) if ms_floor else "-",
+                   fmt(ms_floor[0] / ms_floor[1]) + "x" if ms_floor else "-",
+                   fmt(vla) + "x" if vla else "-",
+                   crossing(ratio_series(data, d, p, FLA, CUDNN)),
+                   crossing(ratio_series(data, d, p, PALLAS, CUDNN)),
+                   fmt(at_target) if at_target else "-"])
+    md += ["## fla's DeltaNet kernel on the same measures", "", field_finding(data, at_T), "",
+           "The floor of fla's model is VLA's without the penalty path "
+           "(`floor.delta_rule_floor_ms`: q, k, v in, o out, the state path's products); VLA "
+           "does the same state path plus a penalty path of about 1.4 times its products.", "",
+           table(["d", "pass", f"fla ms at T = {at_T:,}", "its floor ms", "fla / floor",
+                  "VLA pallas / its floor", "fla crosses cuDNN at", "VLA pallas crosses at",
+                  f"fla / cuDNN at T = {TARGET_T:,}"], body), ""]
 
-    md += ["## VLA pallas against fla `chunk_delta_rule`", "",
-           "Ratio of times (VLA pallas / fla DeltaNet), per T; above 1 means VLA pallas is "
-           "slower.", ""]
-    body = []
+  if tokens:
+    grow = []
     for d in data.dims:
-      for pass_ in PASSES:
-        series = dict(ratio_series(data, d, pass_, PALLAS, FLA))
-        body.append([d, pass_] + [fmt(series.get(T)) for T in data.Ts])
-    md += [table(["d", "pass"] + [f"{T:,}" for T in data.Ts], body), ""]
+      for lab in SHORT:
+        g = growth(data, d, lab, tokens)
+        if g:
+          grow.append([d, lab, f"{g[0]:,}", fmt(g[2]), f"{g[1]:,}", fmt(g[3]),
+                       f"x{fmt(g[3] / g[2])}"])
+    back = [[d, lab] + [fmt(dict(backward_ratios(data, d, lab)).get(T)) for T in data.Ts]
+            for d in data.dims for lab in SHORT if backward_ratios(data, d, lab)]
+    if grow or back:
+      md += ["## Where VLA pallas's time goes", "", time_finding(data, tokens), ""]
+      if grow:
+        md += [f"Forward time at {tokens:,} tokens per call (B * T):", "",
+               table(["d", "row", "T", "ms", "T", "ms", "growth"], grow), ""]
+      if back:
+        md += ["Forward + backward time / forward time:", "",
+               table(["d", "row"] + [f"{T:,}" for T in data.Ts], back), ""]
+      md += plot_lines(plot_paths, "tokens_per_s_vs_T.png", out_path)
+      md += ["Per kernel (a profiler trace, `experiments/profile_kernels.py`) and why: "
+             "`kernels/NOTES.md`, \"Profile\".", ""]
+  return md
 
-    md += ["## VLA pallas against the hardware floor", "",
-           "floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s) with bytes = inputs read and "
-           "outputs written once and flops = the chunked algorithm's matrix products "
-           "(`vla_jax/benchmarks/floor.py`).", ""]
-    body = []
-    for d in data.dims:
-      for pass_ in PASSES:
-        for T in data.Ts:
-          r = data.get(d, pass_, PALLAS, T)
-          if r and r.get("status") == "ok" and r.get("floor_ms"):
-            body.append([d, pass_, f"{T:,}", fmt(r["ms"]), fmt(r["floor_ms"]),
-                         fmt(r["ms"] / r["floor_ms"]) + "x"])
-    md += [table(["d", "pass", "T", "ms", "floor ms", "ms / floor"], body) if body else "-", ""]
-    md += field_section(data)
-    md += why_section(data)
 
+def dim_sections(data, plot_paths, out_path):
+  """One section per head dim (milliseconds, fastest row, tokens per second), then the peak
+  memory of every head dim."""
+  md = []
   for d in data.dims:
     if not any(data.labels_for(d, p, measured_only=True) for p in PASSES):
       continue
-    md += [f"## d = {d}", ""]
+    md += [f"## d = {d}", "", dim_finding(data, d), ""]
     for pass_ in PASSES:
       if not data.labels_for(d, pass_, measured_only=True):
         continue
@@ -572,47 +930,138 @@ def render(headers, rows, plot_paths, out_path, command=None):
       md += [f"### {pass_}: tokens per second (millions)", "",
              metric_table(data, d, pass_,
                           lambda r: tokens_per_s(r) / 1e6 if tokens_per_s(r) else None), ""]
-      md += [f"### {pass_}: peak device memory (MiB)", "",
-             metric_table(data, d, pass_, lambda r: r.get("peak_mib")), ""]
+  if md:
+    md += ["## Peak device memory", "", memory_finding(data), ""]
+    for d in data.dims:
+      for pass_ in PASSES:
+        if data.labels_for(d, pass_, measured_only=True):
+          md += [f"### d = {d}, {pass_}: peak device memory (MiB)", "",
+                 metric_table(data, d, pass_, lambda r: r.get("peak_mib")), ""]
+    md += plot_lines(plot_paths, "memory_vs_T.png", out_path)
+  return md
 
+
+def render(headers, rows, plot_paths, out_path, command=None):
+  """The markdown text. `command`: the report command that regenerates it, shown at the top."""
+  data = Data(rows)
+  md = ["# Benchmarks", "",
+        "Generated by `experiments/report_benchmarks.py` from the JSON lines in `results/bench/` "
+        "(written by `experiments/bench.py` and `experiments/check_kernels.py`); every number "
+        "and every sentence below is computed from those rows.", ""]
+  if command:
+    md += [f"Regenerate (files oldest run first; a later file's row replaces an earlier "
+           f"one's): `{command}`", ""]
+  md += provenance(headers, len(rows)) + row_sources(data) + stale_note(data) + METHOD
+  if pairs(data):
+    md += vla_sections(data, plot_paths, out_path)
+  else:
+    md += ["## Verdict", "", "No VLA pallas row has a time.", ""]
+  md += dim_sections(data, plot_paths, out_path)
   md += correctness_section(rows)
-  if plot_paths:
-    md += ["## Plots", ""]
-    base = os.path.dirname(os.path.abspath(out_path))
-    md += [f"![{os.path.basename(p)}]({os.path.relpath(os.path.abspath(p), base)})"
-           for p in plot_paths] + [""]
   missing = not_measured(data)
   if missing:
-    md += ["## Rows not measured", "",
+    md += ["## Rows not measured", "", not_measured_finding(data), "",
            table(["d", "row", "pass", "T", "status", "reason"], missing), ""]
   return "\n".join(md)
 
 
+FORWARD_ERRORS = ("o", "S", "A")
+
+
+def error_bound(r, name):
+  """The bound a check row holds error `name` to (`vla_jax.benchmarks.check`): du its
+  `du_bound`, the forward's errors the smaller of `bound` and `forward_bound`, the rest
+  `bound`."""
+  b = r.get("bound")
+  if name == "du" and r.get("du_bound"):
+    return r["du_bound"]
+  if name in FORWARD_ERRORS and r.get("forward_bound") and b:
+    return min(b, r["forward_bound"])
+  return b
+
+
+def worst_to_bound(r):
+  """(largest error / its bound, that error's name) of a check row, or (None, None)."""
+  errs = {k: v for k, v in (r.get("errors") or {}).items() if v is not None}
+  if not errs and r.get("rel_err") is not None:
+    errs = {"error": r["rel_err"]}
+  ratios = [(v / error_bound(r, k), k) for k, v in sorted(errs.items()) if error_bound(r, k)]
+  return max(ratios) if ratios else (None, None)
+
+
+def check_where(r):
+  return (f"d = {r.get('d')}, {r.get('dtype')} {r.get('precision') or '-'}, "
+          f"{r.get('u') or '-'} u, T = {r['T']:,}" if r.get("T") else "")
+
+
+def correctness_finding(checks):
+  """Whether every check row holds its bounds (which one comes closest), and the worst error
+  per dtype and precision."""
+  failed = [r for r in checks if r.get("status") != "ok"]
+  if failed:
+    first = (f"{len(failed)} of the {len(checks)} check rows fail their bounds: "
+             + "; ".join(check_where(r) for r in failed) + ".")
+  else:
+    close = max((worst_to_bound(r) + (i,) for i, r in enumerate(checks)
+                 if worst_to_bound(r)[0] is not None), default=None)
+    first = f"All {len(checks)} check rows hold their bounds"
+    if close:
+      ratio, name, i = close
+      first += (f"; the closest, {check_where(checks[i])}, has its {name} error at "
+                f"{fmt(ratio, 2)} of its bound")
+    first += "."
+  worst = OrderedDict()
+  for r in sorted(checks, key=lambda r: (str(r.get("dtype")), str(r.get("precision")))):
+    errs = {k: v for k, v in (r.get("errors") or {}).items() if v is not None}
+    if not errs and r.get("rel_err") is not None:
+      errs = {"error": r["rel_err"]}
+    for k, v in errs.items():
+      key = f"{r.get('dtype')} {r.get('precision') or ''}".strip()
+      if key not in worst or v > worst[key][0]:
+        worst[key] = (v, k)
+  if not worst:
+    return first
+  return first + " The worst error per precision: " + joined(
+      f"{fmt(v)} ({k}) in {key}" for key, (v, k) in worst.items()) + "."
+
+
 def correctness_section(rows):
-  """Lines of "Correctness against float64": the check rows (`experiments/check_kernels.py`)
-  as a table of relative errors against a float64 reference."""
+  """Lines of "Correctness against float64": a finding, then the check rows
+  (`experiments/check_kernels.py`) as a table of relative errors against a float64
+  reference."""
   checks = [r for r in rows if r.get("pass") == "check"]
   if not checks:
     return []
+  checks.sort(key=lambda r: (r.get("d") or 0, str(r.get("dtype")), str(r.get("precision")),
+                             str(r.get("u")), r.get("T") or 0))
+  notes = any(r.get("note") for r in checks)
   body = []
-  for r in sorted(checks, key=lambda r: (r.get("d") or 0, str(r.get("dtype")),
-                                         str(r.get("precision")), str(r.get("u")),
-                                         r.get("T") or 0)):
+  for r in checks:
     errs = r.get("errors") or {}
-    fwd = [errs[k] for k in ("o", "S", "A") if errs.get(k) is not None]
+    fwd = [errs[k] for k in FORWARD_ERRORS if errs.get(k) is not None]
     grad = [v for k, v in errs.items() if k.startswith("d") and v is not None]
     worst = lambda xs: fmt(max(xs)) if xs else fmt(r.get("rel_err"))
+    bounds = fmt(r.get("bound"))
+    if r.get("du_bound") and r["du_bound"] != r.get("bound"):
+      bounds += f"; du {fmt(r['du_bound'])}"
+    if r.get("forward_bound"):
+      bounds += f"; o, S, A {fmt(r['forward_bound'])}"
+    ratio, name = worst_to_bound(r)
     body.append([r.get("d"), r.get("impl"), r.get("dtype"), r.get("precision") or "-",
                  r.get("u") or "-", f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
-                 worst(fwd), worst(grad) if grad else "-", fmt(r.get("bound")),
-                 r.get("status"), (r.get("note") or "").replace("|", "/")[:120]])
-  return ["## Correctness against float64", "",
+                 worst(fwd), worst(grad) if grad else "-", bounds,
+                 f"{fmt(ratio, 2)} ({name})" if ratio is not None else "-", r.get("status")]
+                + ([(r.get("note") or "").replace("|", "/")[:120]] if notes else []))
+  return ["## Correctness against float64", "", correctness_finding(checks), "",
           "Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
           "A_T forward; the gradients of a weighted sum of them), on the GPU at the rows' "
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
-          "rows normalised, the scale a trained layer gives).", "",
+          "rows normalised, the scale a trained layer gives). Bounds: `bound` on every error, "
+          "du's own with anisotropic u, the forward's own at float32 HIGHEST "
+          "(`vla_jax/benchmarks/check.py`).", "",
           table(["d", "impl", "dtype", "precision", "u", "T", "B", "worst forward",
-                 "worst gradient", "bound", "status", "note"], body), ""]
+                 "worst gradient", "bounds", "worst / its bound", "status"]
+                + (["note"] if notes else []), body), ""]
 
 
 def write_report(paths, out_path, plot_dir=None, command=None):
