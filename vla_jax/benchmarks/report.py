@@ -900,7 +900,7 @@ def vla_sections(data, plot_paths, out_path):
       md += ["## Where VLA pallas's time goes", "", time_finding(data, tokens), ""]
       if grow:
         md += [f"Forward time at {tokens:,} tokens per call (B * T):", "",
-               table(["d", "row", "T", "ms", "T", "ms", "growth"], grow), ""]
+               table(["d", "row", "from T", "ms", "to T", "ms", "growth"], grow), ""]
       if back:
         md += ["Forward + backward time / forward time:", "",
                table(["d", "row"] + [f"{T:,}" for T in data.Ts], back), ""]
