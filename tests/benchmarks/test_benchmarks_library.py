@@ -1,8 +1,6 @@
 """`vla_jax.benchmarks`: timing, the floor, the profile's sums and the correctness check's
 inputs (no GPU needed; the report: test_report.py)."""
 
-import json
-
 import chex
 import jax
 import jax.numpy as jnp
