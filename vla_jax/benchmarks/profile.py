@@ -199,6 +199,16 @@ def strip_locations(text):
   return text[:text.rfind("\n}") + 2] + "\n"
 
 
+def _ptxas(triton):
+  """The ptxas that `triton` itself runs for sm_90 (Triton >= 3.5 ships a newer one, whose PTX
+  versions the older bundled ptxas rejects)."""
+  try:
+    from triton.backends.nvidia.compiler import get_ptxas  # pylint: disable=import-outside-toplevel
+    return get_ptxas(90).path
+  except (ImportError, TypeError):   # older Triton: get_ptxas() without an arch, or none
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
 def compile_resources(ttir, warps, stages):
   """Compiles Triton IR for sm_90a: registers, stack bytes, spill stores, shared bytes and
   static SASS counts (all, in loops, HMMA)."""
@@ -216,7 +226,7 @@ def compile_resources(ttir, warps, stages):
       f.write(kernel.asm["ptx"])
     with open(cubin, "wb") as f:
       f.write(kernel.asm["cubin"])
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = _ptxas(triton)
     report = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", os.devnull],
                             capture_output=True, text=True, check=True).stderr
     sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin],
@@ -248,9 +258,10 @@ def sass_counts(sass):
 
 def kernel_resources(fn, args, only=()):
   """[{kernel, warps, stages, registers, ...}] of every kernel of fn on abstract args."""
+  modules = triton_modules(fn, args)   # first: a trace cached by launch_params prints no IR
   params = launch_params(fn, args)
   out = []
-  for name, ttir in triton_modules(fn, args).items():
+  for name, ttir in modules.items():
     if only and name not in only:
       continue
     warps, stages = params.get(name, (4, 1))
