@@ -296,44 +296,43 @@ def test_bad_configs_fail_before_training(edit, match):
 
 
 def test_main_prints_json_and_rejects_bad_config(tmp_path):
-  common = [sys.executable, str(ROOT / "experiments" / "train.py"),
-            f"--config={ROOT / 'configs' / 'mqar_demo.py'}", "--config.task.n_pairs=3",
-            "--config.model.d_model=16", "--config.model.head_dim=8",
-            "--config.train.num_steps=3", "--config.train.eval_examples=16",
-            "--config.train.eval_batch_size=16", "--config.train.batch_size=8",
-            "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
+  from conftest import run_scripts  # pylint: disable=import-outside-toplevel
+  train_py = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+              "--config.task.n_pairs=3", "--config.model.d_model=16",
+              "--config.model.head_dim=8", "--config.train.num_steps=3",
+              "--config.train.eval_examples=16", "--config.train.eval_batch_size=16",
+              "--config.train.batch_size=8", "--config.model.num_layers=1",
+              "--config.model.impl=scan"]   # quick to compile
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(common + [f"--workdir={tmp_path / 'run'}"], capture_output=True,
-                        text=True, timeout=600, env=env, check=False)
+  proc = subprocess.run([sys.executable, *map(str, train_py), f"--workdir={tmp_path / 'run'}"],
+                        capture_output=True, text=True, timeout=600, env=env, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   last = json.loads(proc.stdout.strip().splitlines()[-1])
   assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 3
   assert "steps/s" in proc.stdout
-  # A user's mistakes are one line each (exit 1), before anything is trained or written.
-  for flag, message in (
+  # A user's mistakes (one line each, exit 1, before anything is trained or written) and
+  # evaluate.py on the run: one process (`run_scripts`).
+  mistakes = (
       ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
       ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
-                                   "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)")):
-    bad = subprocess.run(common + [flag, f"--workdir={tmp_path / 'bad'}"], capture_output=True,
-                         text=True, timeout=600, env=env, check=False)
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(message), (
-        bad.stderr[-3000:])
-    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
-  bad = subprocess.run(common + ["--config.model.mixer=transformer",
-                                 f"--workdir={tmp_path / 'bad'}"],
-                       capture_output=True, text=True, timeout=600, env=env, check=False)
-  assert bad.returncode != 0 and "unknown mixer 'transformer'" in bad.stderr
-  assert not (tmp_path / "bad").exists()
+                                   "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)"))
+  evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={tmp_path / 'run'}"]
+  *bad, mixer, ok, refused = run_scripts(
+      *(train_py + [flag, f"--workdir={tmp_path / f'bad{i}'}"]
+        for i, (flag, _) in enumerate(mistakes)),
+      train_py + ["--config.model.mixer=transformer", f"--workdir={tmp_path / 'bad2'}"],
+      evaluate_py,
+      evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+                     "--config.train.eval_examples=8"], env=env)
+  for i, (out, (_, message)) in enumerate(zip(bad, mistakes)):
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].endswith(message), (
+        out.stderr[-3000:])
+    assert "Traceback" not in out.stderr and not (tmp_path / f"bad{i}").exists()
+  assert mixer.returncode != 0 and "unknown mixer 'transformer'" in mixer.stderr
+  assert not (tmp_path / "bad2").exists()
   # evaluate.py scores the run with its own settings: a training or model override is refused.
-  evaluate_py = [sys.executable, str(ROOT / "experiments" / "evaluate.py"),
-                 f"--workdir={tmp_path / 'run'}"]
-  ok = subprocess.run(evaluate_py, capture_output=True, text=True, timeout=600, env=env,
-                      check=False)
   assert ok.returncode == 0 and ok.stderr == "", ok.stderr[-3000:]   # no library INFO logs
   assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
-  refused = subprocess.run(evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
-                                          "--config.train.eval_examples=8"],
-                           capture_output=True, text=True, timeout=600, env=env, check=False)
   assert refused.returncode != 0 and "--config.train.eval_examples=8" in refused.stderr
 
 
