@@ -1,5 +1,5 @@
-"""Training: loss falls, checkpoints resume exactly, data parallelism equals one device, bad
-configurations fail before training, and the absl main prints a JSON summary."""
+"""Training: loss falls, checkpoints resume exactly, bad configurations fail before training,
+and the absl main prints a JSON summary (data parallelism: test_sequence_parallel.py)."""
 
 import json
 import os
@@ -232,47 +232,6 @@ def test_gated_deltanet_gate_init_comes_from_the_config():
   config.model.options.gated_deltanet.gate_init = "slow"
   assert from_config_dict(config).model.options == {"conv_size": 4, "out_norm": True,
                                                     "gate_init": "slow"}
-
-_DATA_PARALLEL = r"""
-import json, sys
-import jax, numpy as np
-sys.path.insert(0, sys.argv[1] + "/tests/training")
-from test_train import tiny_config
-from vla_jax.training import from_config_dict, train
-from vla_jax.training.sharding import make_mesh, shard_batch
-assert jax.device_count() == 4, jax.devices()
-config = tiny_config()
-config.model.num_layers = 1   # one layer is as parallel as two, and compiles faster
-config = from_config_dict(config, num_devices=4)
-out = {}
-for n in (1, 4):
-  trainer = train.Trainer(config, make_mesh(jax.devices()[:n]))
-  state, losses = trainer.init_state, []
-  for step in range(5):
-    x, y = trainer.task.train_batch(0, step, 16)
-    state, m = trainer.train_step(state, *shard_batch(trainer.mesh, x, y))
-    losses.append(float(m["loss"]))
-  sharding = jax.tree.leaves(state["params"])[0].sharding
-  out[n] = {"losses": losses, "devices": len(sharding.device_set),
-            "params": [np.asarray(p).ravel()[:50].tolist()
-                       for p in jax.tree.leaves(state["params"])]}
-print(json.dumps(out))
-"""
-
-
-def test_data_parallel_equals_one_device():
-  from conftest import subprocess_env  # pylint: disable=import-outside-toplevel
-  env = subprocess_env(devices=4)
-  proc = subprocess.run([sys.executable, "-c", _DATA_PARALLEL, str(ROOT)], env=env,
-                        capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
-  one, four = out["1"], out["4"]
-  assert one["devices"] == 1 and four["devices"] == 4
-  np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
-  for a, b in zip(four["params"], one["params"]):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-
 
 @pytest.mark.parametrize("edit,match", [
     (lambda c: c.model.update({"mixer": "mamba"}), "unknown mixer 'mamba'"),
