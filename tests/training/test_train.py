@@ -69,11 +69,11 @@ def test_tiny_training_loss_falls(tmp_path, tiny_run):
 
 
 def test_resume_equals_uninterrupted(tmp_path, tiny_run):
-  """Stopped after 6 of 40 steps (a checkpoint every 4 steps and one at the stop), then
-  resumed: the same loss curve, bit for bit, and the same final accuracy as the uninterrupted
-  run."""
+  """Stopped after 6 of 40 steps (a checkpoint at the stop; periodic checkpoints: the tests
+  below), then resumed: the same loss curve, bit for bit, and the same final accuracy as the
+  uninterrupted run."""
   _, full = tiny_run
-  config = from_config_dict(tiny_config(checkpoint_every=4))
+  config = from_config_dict(tiny_config())
   part = str(tmp_path / "part")
   stopped = train_and_evaluate(config, part, stop_after=6, log=lambda s: None)
   assert stopped["steps"] == 6
@@ -88,8 +88,8 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_run):
 def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny_run):
   """A SIGTERM during step 7 (checkpoints every 4 steps) stops the run after that step with a
   checkpoint at step 7, not 4, and no evaluation (a strict-JSON summary, scores None);
-  resumed, the loss curve equals the uninterrupted run's bit for bit and the wall time
-  counts both segments."""
+  resumed (periodic checkpoints off: a setting a run may change), the loss curve equals the
+  uninterrupted run's bit for bit and the wall time counts both segments."""
   _, full = tiny_run
   config = from_config_dict(tiny_config(checkpoint_every=4))
   part = tmp_path / "part"
@@ -107,7 +107,7 @@ def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny
   assert 0 < first <= stopped["wall_s"]
   assert sorted(int(p.name) for p in (part / "checkpoints").iterdir()) == [4, 7]
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
-  resumed = train_and_evaluate(config, str(part), log=lambda s: None)
+  resumed = train_and_evaluate(from_config_dict(tiny_config()), str(part), log=lambda s: None)
   assert resumed["steps"] == 40
   assert [(r["step"], r["loss"]) for r in _rows(part)[0]] == [
       (r["step"], r["loss"]) for r in _rows(full)[0]]
@@ -358,7 +358,7 @@ def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, cap
   """A run killed while it wrote the row of step 6, before its checkpoint there (checkpoints
   every 4 steps), resumes from step 4; the cut line is dropped rather than glued to the next
   row, so that a later resume still reads the log, and no step's row is missing: the curve
-  equals the uninterrupted run's."""
+  equals the uninterrupted run's (the last segment without periodic checkpoints)."""
   config = from_config_dict(tiny_config(checkpoint_every=4))
   work = tmp_path / "run"
   train_and_evaluate(config, str(work), stop_after=6, log=lambda s: None)
@@ -369,7 +369,7 @@ def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, cap
   path.write_text("".join(lines[:-2]) + lines[-2][:len(lines[-2]) // 2])
   with caplog.at_level("WARNING"):
     train_and_evaluate(config, str(work), stop_after=10, log=lambda s: None)
-    train_and_evaluate(config, str(work), log=lambda s: None)
+    train_and_evaluate(from_config_dict(tiny_config()), str(work), log=lambda s: None)
   last = {r["step"]: r["loss"] for r in jsonl.read_rows(str(path)) if "loss" in r}
   assert sorted(last.items()) == [(r["step"], r["loss"]) for r in _rows(tiny_run[1])[0]]
   assert "dropping a last line cut short" in caplog.text
