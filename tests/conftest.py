@@ -1,17 +1,25 @@
-"""Shared fixtures: float64 mode, seeded random inputs and modules, compile options for one-off
-test programs; one XLA compilation cache per run; cheap XLA:CPU compilation for this process and
-the scripts the tests start."""
+"""Shared fixtures: float64 mode, seeded random inputs and modules, scripts run in one process;
+one XLA compilation cache per run; cheap XLA:CPU compilation for this process and the scripts
+the tests start (and the compile options of the few programs that need LLVM's level 1)."""
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
-# Compiling is most of the suite's time (small shapes, many programs). LLVM's level-1
-# optimisation without its expensive passes compiles 1.3-1.5x faster than the default and
-# keeps XLA's own passes and its dot and reduction emitters (level 0 changes float32 summation
-# orders, which two-program comparisons at float32 rounding see). Set before JAX starts its
-# backend; scripts started by the tests inherit it (`subprocess_env`).
-_FAST_COMPILE = "--xla_backend_optimization_level=1 --xla_llvm_disable_expensive_passes=true"
+# Compiling is most of the suite's time (small shapes, many programs). Without LLVM's
+# optimisation passes (level 0) XLA:CPU compiles the suite's programs about 1.3x faster (CPU
+# time, tests/layers/test_masks.py: 72 s at level 1, 51 s at level 0; the default level is
+# slower still). XLA's own passes and emitters are the same and LLVM does not reassociate
+# float arithmetic (no fast-math), but level 0 rounds some float32 results differently (a
+# last bit of the Gated DeltaNet initialiser's exp and log; gradients of two programs 2e-4
+# apart, relative, on small entries): the few checks that compare float32 results with
+# recorded bits or with another program at that level compile at level 1 (`LLVM_LEVEL_1`).
+# Set before JAX starts its backend; scripts started by the tests inherit it
+# (`subprocess_env`).
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):   # xdist workers inherit it
   os.environ["XLA_FLAGS"] = " ".join(filter(None, (os.environ.get("XLA_FLAGS"), _FAST_COMPILE)))
 
@@ -23,11 +31,10 @@ from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
 _CACHE_ENV = "VLA_JAX_TEST_COMPILATION_CACHE"
 _cache_key = pytest.StashKey[str]()
 
-# `compiler_options` for a test's jitted programs that run once on tiny shapes: without the
-# backend's (LLVM's) optimisation passes XLA compiles them about 1.7x faster on a CPU. The
-# HLO is the same and LLVM does not reassociate float arithmetic (no fast-math): results do
-# not change.
-QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+# `compiler_options` (jax.jit, `Lowered.compile`) for programs that a check compares with
+# another program or with recorded bits at float32 rounding: LLVM's level 1, as these
+# comparisons were made (see _FAST_COMPILE).
+LLVM_LEVEL_1 = {"xla_backend_optimization_level": 1}
 
 
 def random_module(make, seed=0, scale=0.5):
@@ -48,6 +55,59 @@ def subprocess_env(devices=None):
   if devices is not None:
     env["XLA_FLAGS"] = f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={devices}"
   return env
+
+
+# Runs each script of a list as `python SCRIPT ARGS...` does (the script's folder first on
+# sys.path, the script as __main__, SystemExit and uncaught exceptions turned into the exit
+# status and message Python gives them, atexit handlers run) in a child forked from one
+# process that has imported the package once. The parent starts no JAX backend (no threads
+# when it forks); each child starts from the same fresh imports as a new interpreter.
+_SCRIPTS = r"""
+import atexit, json, os, runpy, sys, tempfile, traceback
+import jax, jax.numpy, flax.nnx, ml_collections, vla_jax, vla_jax.training.cli   # the scripts' imports
+results = []
+for argv in json.loads(sys.argv[1]):
+  with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    pid = os.fork()
+    if pid == 0:
+      os.dup2(out.fileno(), 1)
+      os.dup2(err.fileno(), 2)
+      sys.argv, sys.path[0] = argv, os.path.dirname(os.path.abspath(argv[0]))
+      try:
+        runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+      except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+          print(e.code, file=sys.stderr)
+      except BaseException:   # pylint: disable=broad-except
+        traceback.print_exc()
+        code = 1
+      atexit._run_exitfuncs()   # pylint: disable=protected-access
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(code)
+    status = os.waitpid(pid, 0)[1]
+    out.seek(0)
+    err.seek(0)
+    results.append({"returncode": os.waitstatus_to_exitcode(status),
+                    "stdout": out.read().decode(), "stderr": err.read().decode()})
+print(json.dumps(results))
+"""
+
+
+def run_scripts(*argvs, env=None, cwd=None, timeout=600):
+  """`subprocess.run(argv, capture_output=True, text=True)` for each argv (a script's path and
+  its arguments, without the interpreter) in order, in one process that imports the package
+  once (about 2 s a script less): a list of `subprocess.CompletedProcess`. For scripts that
+  stop early (--help, flag and usage errors); a run that trains needs its own process."""
+  argvs = [[str(a) for a in argv] for argv in argvs]
+  proc = subprocess.run([sys.executable, "-c", _SCRIPTS, json.dumps(argvs)], cwd=cwd,
+                        env=env if env is not None else subprocess_env(), capture_output=True,
+                        text=True, timeout=timeout, check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return [subprocess.CompletedProcess(argv, r["returncode"], r["stdout"], r["stderr"])
+          for argv, r in zip(argvs, json.loads(proc.stdout.strip().splitlines()[-1]))]
 
 
 def pytest_configure(config):

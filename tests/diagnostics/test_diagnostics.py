@@ -1,11 +1,15 @@
 """Diagnostics: state-norm traces against the oracles, Jacobian norms against dense math."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import oracles
-from conftest import random_inputs
-from vla_jax import diagnostics
+from conftest import random_inputs, random_module
+from vla_jax import diagnostics, vla_recurrence
+from vla_jax.models import LanguageModel, ModelConfig
 from vla_jax.ops.vla.penalty import penalty_scan  # rows A_t khat_t, checked against the oracle
 
 
@@ -14,6 +18,9 @@ def test_state_norm_trace_matches_oracle_final_states(x64):
   rng = np.random.default_rng(32)
   beta = rng.uniform(0.1, 1.0, (1, 12, 2))
   log_decay = -rng.uniform(0, 0.3, (1, 12, 2))
+  traces = {mixer: diagnostics.state_norm_trace(mixer, q, k, v, u=u, beta=beta,
+                                                log_decay=log_decay)
+            for mixer in ("vla", "linear_attention", "deltanet", "gated_deltanet")}
   for t in (1, 7, 12):
     cut = lambda *xs: [x[:, :t] for x in xs]
     expected = {
@@ -23,9 +30,8 @@ def test_state_norm_trace_matches_oracle_final_states(x64):
         "gated_deltanet": oracles.gated_deltanet(*cut(q, k, v, beta, log_decay))[1],
     }
     for mixer, S in expected.items():
-      trace = diagnostics.state_norm_trace(mixer, q, k, v, u=u, beta=beta, log_decay=log_decay)
-      assert trace.shape == (1, 12, 2)
-      np.testing.assert_allclose(trace[:, t - 1], np.linalg.norm(S, axis=(-2, -1)),
+      assert traces[mixer].shape == (1, 12, 2)
+      np.testing.assert_allclose(traces[mixer][:, t - 1], np.linalg.norm(S, axis=(-2, -1)),
                                  rtol=1e-10)
 
 
@@ -88,58 +94,72 @@ def test_jacobian_product_norms(x64):
     diagnostics.vla_jacobian_product_norms(k, u, span=0)
 
 
+# The model-level diagnostics and the references they are checked against, each compiled
+# once (eager, each costs one compilation per operation); models with NumPy-drawn parameters
+# (`random_module`: no initialiser compiled; the checks hold for any parameters).
+_layer_inputs = nnx.jit(diagnostics.vla_layer_inputs)      # lam0 comes back as an array
+_layer_state_norms = nnx.jit(diagnostics.layer_state_norms)
+
+
+@nnx.jit
+def _first_mixer_output(model, tokens, o):
+  """(the first block's mixer output, and its output projection of o)."""
+  mixer = model.blocks[0].mixer
+  h = model.blocks[0].norm1(model._embed(tokens, 0))  # pylint: disable=protected-access
+  return mixer(h), mixer.out(o.astype(jnp.float32))
+
+
+@nnx.jit
+def _prefill_state_norms(model, tokens):
+  """||S||_F of the state each recurrent layer's prefill leaves on the layer's inputs."""
+  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  norms = []
+  for block in model.blocks:
+    _, cache = block.mixer.prefill(block.norm1(x))
+    S = cache.state.S if hasattr(cache.state, "S") else cache.state
+    norms.append(jnp.linalg.norm(S, axis=(-2, -1)))
+    x = block(x)
+  return norms
+
+
+def _model(mixer, max_len, **options):
+  config = ModelConfig(vocab_size=13, max_len=max_len, mixer=mixer, d_model=8, num_heads=2,
+                       chunk_size=16, mixer_options=options)
+  return random_module(lambda: LanguageModel(config, rngs=nnx.Rngs(0)))
+
+
 def test_vla_layer_inputs_reproduce_the_layer(x64):
-  import jax
-  import jax.numpy as jnp
-  from flax import nnx
-  from vla_jax import vla_recurrence
-  from vla_jax.models import LanguageModel, ModelConfig
-  config = ModelConfig(vocab_size=13, max_len=10, mixer="vla", d_model=8, num_heads=2,
-                       chunk_size=16)
-  model = LanguageModel(config, rngs=nnx.Rngs(0))
-  tokens = jax.random.randint(jax.random.key(1), (2, 10), 0, 13)
-  layers = diagnostics.vla_layer_inputs(model, tokens)
+  model = _model("vla", 12, conv_size=3)     # the model of test_layer_state_norms[vla]
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 13)
+  layers = _layer_inputs(model, tokens)
   assert len(layers) == 2
   # The first layer's recurrence output, projected, is the first block's mixer output.
   first = layers[0]
-  # Jitted: one compilation rather than one per eager operation.
+  assert float(first["lam0"]) == model.blocks[0].mixer.lam0
   o, _ = jax.jit(vla_recurrence, static_argnames="lam0")(first["q"], first["k"], first["v"],
-                                                          first["u"], lam0=first["lam0"])
-  mixer = model.blocks[0].mixer
-  h = model.blocks[0].norm1(model._embed(tokens, 0))
-  np.testing.assert_allclose(mixer.out(o.astype(jnp.float32)), mixer(h), rtol=1e-5, atol=1e-6)
+                                                          first["u"], lam0=float(first["lam0"]))
+  mixer_out, projected = _first_mixer_output(model, tokens, o)
+  np.testing.assert_allclose(projected, mixer_out, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="no VLA layer"):
-    diagnostics.vla_layer_inputs(LanguageModel(
-        ModelConfig(vocab_size=13, max_len=10, mixer="deltanet", d_model=8, num_heads=2),
-        rngs=nnx.Rngs(0)), tokens)
+    _layer_inputs(_model("deltanet", 12), tokens)
 
 
 @pytest.mark.parametrize("mixer", ["vla", "linear", "deltanet", "gated_deltanet", "softmax"])
 def test_layer_state_norms_follow_the_layers_memory(x64, mixer):
-  import jax
-  from flax import nnx
-  from vla_jax.models import LanguageModel, ModelConfig
-  config = ModelConfig(vocab_size=13, max_len=12, mixer=mixer, d_model=8, num_heads=2,
-                       chunk_size=16, mixer_options={} if mixer == "softmax" else
-                       {"conv_size": 3})
-  model = LanguageModel(config, rngs=nnx.Rngs(0))
+  model = _model(mixer, 12, **({} if mixer == "softmax" else {"conv_size": 3}))
   tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 13)
-  traces = diagnostics.layer_state_norms(model, tokens)
+  traces = _layer_state_norms(model, tokens)
   if mixer == "softmax":
     assert traces == []
     return
   assert len(traces) == 2 and traces[0].shape == (2, 12, 2)
   # The last norm of each layer is the norm of the state its prefill leaves (float32 model).
-  x = model._embed(tokens, 0)
-  for block, trace in zip(model.blocks, traces):
-    _, cache = block.mixer.prefill(block.norm1(x))
-    S = cache.state.S if hasattr(cache.state, "S") else cache.state
-    np.testing.assert_allclose(trace[:, -1], np.linalg.norm(S, axis=(-2, -1)), rtol=1e-5)
-    x = block(x)
+  for trace, norm in zip(traces, _prefill_state_norms(model, tokens), strict=True):
+    np.testing.assert_allclose(trace[:, -1], norm, rtol=1e-5)
   if mixer == "vla":  # and the whole trace is state_norm_trace on the layer's inputs
-    first = diagnostics.vla_layer_inputs(model, tokens)[0]
-    want = diagnostics.state_norm_trace("vla", first["q"], first["k"], first["v"],
-                                        u=first["u"], lam0=first["lam0"])
+    first = _layer_inputs(model, tokens)[0]
+    want = jax.jit(diagnostics.state_norm_trace, static_argnums=0, static_argnames="lam0")(
+        "vla", first["q"], first["k"], first["v"], u=first["u"], lam0=float(first["lam0"]))
     np.testing.assert_allclose(traces[0], want, rtol=1e-5)
 
 

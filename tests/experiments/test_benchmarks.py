@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import run_scripts
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 
@@ -25,10 +27,20 @@ def _rows(path):
   return lines[0], lines[1:]
 
 
-@pytest.mark.parametrize("script", ["bench.py", "report_benchmarks.py", "check_kernels.py",
-                                    "profile_kernels.py"])
-def test_help(script):
-  proc = _run(script, "--help", timeout=120)   # absl prints the flags and exits with 1
+SCRIPTS = ("bench.py", "report_benchmarks.py", "check_kernels.py", "profile_kernels.py")
+
+
+@pytest.fixture(scope="module")
+def helps():
+  """Each script's `--help` by name (one process, `run_scripts`)."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return dict(zip(SCRIPTS, run_scripts(*([os.path.join(EXPERIMENTS, s), "--help"]
+                                         for s in SCRIPTS), env=env, cwd=ROOT, timeout=120)))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(helps, script):
+  proc = helps[script]   # absl prints the flags and exits with 1
   assert proc.returncode in (0, 1) and not proc.stderr.strip(), proc.stderr[-2000:]
   assert "--name" in proc.stdout or "--bench_dir" in proc.stdout, proc.stdout[-2000:]
 

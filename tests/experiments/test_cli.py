@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from conftest import run_scripts
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = ("grid", "sweep", "mixer_sweep", "report_results", "state_norms",
            "trained_diagnostics", "bench_decode", "bench_impls_cpu")
@@ -44,18 +46,27 @@ def test_the_scripts_are_absl_mains_over_the_installed_package():
     assert not imported & names, (script, imported & names)
 
 
+MISTAKE = ["grid.py", "--workdir=x", "--grids=capcity"]
+
+
+@pytest.fixture(scope="module")
+def helps():
+  """Each script's `--help` by name, and the run of MISTAKE under "mistake" (one process,
+  `run_scripts`)."""
+  calls = [[f"{s}.py", "--help"] for s in SCRIPTS] + [MISTAKE]
+  done = run_scripts(*([ROOT / "experiments" / c[0], *c[1:]] for c in calls), timeout=300)
+  return dict(zip(SCRIPTS + ("mistake",), done))
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help(script):
-  out = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{script}.py"), "--help"],
-                       capture_output=True, text=True, timeout=300)
-  usage = out.stdout + out.stderr
+def test_help(helps, script):
+  usage = helps[script].stdout + helps[script].stderr
   first_line = (ROOT / "experiments" / f"{script}.py").read_text().split('"""')[1].split("\n")[0]
   assert first_line.strip() in usage and f"experiments/{script}.py:" in usage, usage[-2000:]
 
 
-def test_a_mistake_is_one_line():
-  out = subprocess.run([sys.executable, str(ROOT / "experiments" / "grid.py"), "--workdir=x",
-                        "--grids=capcity"], capture_output=True, text=True, timeout=300)
+def test_a_mistake_is_one_line(helps):
+  out = helps["mistake"]
   assert out.returncode == 1 and out.stdout == ""
   assert out.stderr.strip().splitlines() == [
       "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "

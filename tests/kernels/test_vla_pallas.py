@@ -1,6 +1,8 @@
 """`vla_pallas` end to end in interpret mode: against the float64 oracle (forward), against
 `jax.grad` of impl="scan" in float64 (gradients), precision semantics, non-finite inputs."""
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -18,8 +20,14 @@ SHAPES = [(2, 37, 2, 16, 32, 16), (1, 70, 1, 32, 16, 32)]
 shape_id = lambda s: "B{}T{}H{}dk{}dv{}C{}".format(*s)
 
 
-def _call(config):
+# Each program is jitted once per configuration and takes the loss weights as arguments, so
+# that the tests that run one (the reference gradient at a shape, the non-finite checks'
+# forward and gradient) share its compilation.
+def _jit_call(config):
   return jax.jit(lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET))
+
+
+_call = functools.cache(_jit_call)
 
 
 def _weights(seed, B, T, H, dk, dv):
@@ -28,10 +36,9 @@ def _weights(seed, B, T, H, dk, dv):
                ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)))
 
 
-def _loss(fn, w):
-  wo, wS, wA = w
-
-  def loss(*args):
+def _loss(fn):
+  def loss(w, *args):
+    wo, wS, wA = w
     o, S, A = fn(*args)
     return (jnp.sum(wo.astype(jnp.float32) * o.astype(jnp.float32)).astype(S.dtype)
             + jnp.sum(wS * S) + jnp.sum(wA * A))
@@ -41,6 +48,17 @@ def _loss(fn, w):
 def _scan(q, k, v, u, S0, A0):
   o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan")
   return o, st.S, st.A
+
+
+def _jit_grads(config):
+  """The gradients of `_loss(w, *args)` in the six inputs: vla_pallas with `config`, or the
+  reference impl="scan" for None."""
+  fn = _scan if config is None else (
+      lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET))
+  return jax.jit(jax.grad(_loss(fn), argnums=range(1, 7)))
+
+
+_grads = functools.cache(_jit_grads)
 
 
 def _sym(x):
@@ -61,9 +79,7 @@ def test_forward_and_gradients_float64(x64, shape):
   for name, got, ref in zip("oSA", (o, S, A), want):
     assert_close(got, ref, jnp.float64, name)
   w = _weights(1, B, T, H, dk, dv)
-  pallas = lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET)
-  got = jax.jit(jax.grad(_loss(pallas, w), argnums=range(6)))(*args)
-  ref = jax.jit(jax.grad(_loss(_scan, w), argnums=range(6)))(*args)
+  got, ref = _grads(cfg)(w, *args), _grads(None)(w, *args)
   for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)
@@ -107,9 +123,7 @@ def test_mosaic_backend(x64, dtype, precision):
   if dtype != jnp.bfloat16:
     return
   w = _weights(9, B, T, H, d, d)
-  pallas = lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET)
-  got = jax.jit(jax.grad(_loss(pallas, w), argnums=range(6)))(*args)
-  ref = jax.jit(jax.grad(_loss(_scan, w), argnums=range(6)))(*map(jnp.asarray, exact))
+  got, ref = _grads(cfg)(w, *args), _grads(None)(w, *map(jnp.asarray, exact))
   for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)
@@ -126,15 +140,16 @@ def test_fused_state_loops_float64(x64, monkeypatch):
   cfg = KernelConfig(chunk_size=C)
   plan = cfg.plan(low=False, acc=jnp.float64, dk=dk, dv=dv, BH=B * H, N=3, interpret=True)
   assert not plan.split_output and not plan.split_backward
-  o, S, A = _call(cfg)(*args)
+  # Traced here, with the split forms off (not the cached programs of this configuration).
+  o, S, A = _jit_call(cfg)(*args)
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
   for name, got, ref in zip("oSA", (o, S, A), want):
     assert_close(got, ref, jnp.float64, name)
   w = _weights(4, B, T, H, dk, dv)
-  pallas = lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET)
-  got = jax.jit(jax.grad(_loss(pallas, w), argnums=range(5)))(*args)
-  ref = jax.jit(jax.grad(_loss(_scan, w), argnums=range(5)))(*args)
-  for name, g, r in zip(("q", "k", "v", "u", "S0"), got, ref):
+  got, ref = _jit_grads(cfg)(w, *args), _grads(None)(w, *args)
+  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
+    if name == "A0":
+      g, r = _sym(g), _sym(r)
     assert_close(g, r, jnp.float64, "d" + name)
 
 
@@ -170,6 +185,13 @@ def test_float32_highest_exact_at_long_T_anisotropic():
   assert max(errors) < 2e-6, errors
 
 
+@functools.cache
+def _grads_before(config, t):
+  """The gradients in the six inputs of sum(wo * o[:, :t]), jitted."""
+  loss = lambda wo, *a: jnp.sum(wo * vla_pallas(*a, config=config, interpret=INTERPRET)[0][:, :t])
+  return jax.jit(jax.grad(loss, argnums=range(1, 7)))
+
+
 @pytest.mark.parametrize("bad", ["k", "v", "u", "q"])
 def test_non_finite_input_stays_later(bad):
   """A NaN at token t (in the middle of a chunk, with earlier tokens in the same chunk)
@@ -189,9 +211,8 @@ def test_non_finite_input_stays_later(bad):
   assert not np.isfinite(np.asarray(later)).all()
   assert np.isfinite(np.asarray(poisoned[0][:, t + 1:])).all() == (bad == "q")
   wo = jnp.asarray(np.random.default_rng(7).standard_normal((B, t, H, dv)), jnp.float32)
-  loss = lambda *a: jnp.sum(wo * vla_pallas(*a, config=cfg, interpret=INTERPRET)[0][:, :t])
-  grad = jax.jit(jax.grad(loss, argnums=range(6)))
-  g_clean, g_nan = grad(*args), grad(*nan_args)
+  grad = _grads_before(cfg, t)
+  g_clean, g_nan = grad(wo, *args), grad(wo, *nan_args)
   for name, gc, gn in zip(("q", "k", "v", "u", "S0", "A0"), g_clean, g_nan):
     gc, gn = (np.asarray(x) for x in (gc, gn))
     if gc.ndim == 4:       # per token: before t

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import QUICK_COMPILE, random_module
+from conftest import random_module
 from vla_jax.layers import make_mixer
 from vla_jax.models import LanguageModel, ModelConfig
 
@@ -65,7 +65,7 @@ def mixer(name, options):
                                           rngs=nnx.Rngs(0)))
 
 
-@functools.partial(jax.jit, static_argnums=0, compiler_options=QUICK_COMPILE)
+@functools.partial(jax.jit, static_argnums=0)
 def packed_and_separate(graphdef, params, x, mask, x_sep, mask_sep):
   m = nnx.merge(graphdef, params)
   cache = None if m.RECURRENT else m.init_cache(x.shape[0], T)
@@ -100,7 +100,7 @@ def test_bad_segment_ids_raise(x64):
     m(jnp.zeros((2, T, D)), segment_ids=SEGMENT_IDS.astype(np.float32))
 
 
-@functools.partial(jax.jit, static_argnums=0, compiler_options=QUICK_COMPILE)
+@functools.partial(jax.jit, static_argnums=0)
 def model_runs(graphdef, params, tokens, next_tokens, tokens_sep, mask_sep):
   """Logits of the packed rows by `__call__` and by `prefill`, then of the step after the
   packed prefill; logits of the documents alone."""

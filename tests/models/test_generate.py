@@ -8,8 +8,10 @@ from flax import nnx
 
 from vla_jax.models import LanguageModel, ModelConfig
 
+# One layer of the cheapest form to compile: generation reads the last logits whatever the
+# depth.
 CONFIG = ModelConfig(vocab_size=13, max_len=20, mixer="vla", d_model=16, num_heads=2,
-                     impl="scan")   # the cheapest form to compile
+                     num_layers=1, impl="scan")
 PROMPT_LEN, NEW = 4, 10
 
 

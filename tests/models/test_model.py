@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import LLVM_LEVEL_1
 from vla_jax.layers import MIXERS
 from vla_jax.models import LanguageModel, ModelConfig
 
@@ -82,7 +83,8 @@ def test_remat_keeps_the_gradients_and_saves_activation_memory(mixer):
 
   tokens = jax.random.randint(jax.random.key(1), (4, 32), 0, 32)
   (plain, params), (remat, _) = grad_fn(False), grad_fn(True)
-  plain, remat = (f.lower(params, tokens).compile() for f in (plain, remat))
+  # Both at LLVM's level 1: at level 0 a few small gradient entries differ by 2e-4 (rounding).
+  plain, remat = (f.lower(params, tokens).compile(LLVM_LEVEL_1) for f in (plain, remat))
   loss_plain, grads_plain = plain(params, tokens)
   loss_remat, grads_remat = remat(params, tokens)
   chex.assert_trees_all_close(loss_remat, loss_plain, rtol=1e-6)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import oracles
-from conftest import QUICK_COMPILE
 from vla_jax import parallel
 from vla_jax.ops.baselines import (LinearAttentionState, deltanet, gated_deltanet,
                                    linear_attention)
@@ -90,8 +89,7 @@ def loss_and_outputs(args, state, w, name, impl):
   return sum(jnp.sum(x * y) for x, y in zip((o,) + final, w)), (o, final)
 
 
-@functools.partial(jax.jit, static_argnames=("name", "impl", "grad"),
-                   compiler_options=QUICK_COMPILE)
+@functools.partial(jax.jit, static_argnames=("name", "impl", "grad"))
 def packed(args, state, w, *, name, impl, grad):
   """(o, final state leaves) of the packed rows and, with `grad`, the loss's gradients in
   args and state (else None)."""

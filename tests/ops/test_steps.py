@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import random_inputs, rel_err
-from vla_jax import (VLAState, deltanet, gated_deltanet, linear_attention, vla_recurrence)
+from vla_jax import (VLAState, deltanet, gated_deltanet, initial_vla_state, linear_attention,
+                     vla_recurrence)
 from vla_jax.ops.step import (deltanet_step, gated_deltanet_step, linear_attention_step,
                               vla_step)
 
@@ -66,8 +67,11 @@ def test_prefill_then_steps_equals_full_pass(name, dtype, tol):
 
 def test_vla_step_from_none_equals_initial_state():
   q, k, v, u, _, _ = inputs(np.float32)
-  o1, s1 = vla_step(None, q[:, 0], k[:, 0], v[:, 0], u[:, 0], lam0=2.0)
-  o2, s2 = vla_recurrence(q[:, :1], k[:, :1], v[:, :1], u[:, :1], lam0=2.0)
+  # Jitted: one compilation each rather than one per eager operation.
+  o1, s1 = jax.jit(functools.partial(vla_step, None, lam0=2.0))(q[:, 0], k[:, 0], v[:, 0],
+                                                                u[:, 0])
+  o2, s2 = jax.jit(functools.partial(vla_recurrence, lam0=2.0))(q[:, :1], k[:, :1], v[:, :1],
+                                                                 u[:, :1])
   # float32: the step and the chunked form round differently (XLA's CPU code differs between
   # machines; 1.7e-6 relative was seen on small entries of S), so the float32 bound of 1e-5.
   np.testing.assert_allclose(o1, o2[:, 0], rtol=1e-5)
@@ -76,7 +80,7 @@ def test_vla_step_from_none_equals_initial_state():
 
 def test_step_errors():
   q, k, v, u, beta, _ = inputs(np.float32)
-  _, state = vla_recurrence(q, k, v, u)
+  state = initial_vla_state(B, H, DK, DV)
   with pytest.raises(ValueError, match=r"q_t must have rank 3 \[B, H, D\] \(one token"):
     vla_step(state, q, k, v, u)
   with pytest.raises(ValueError, match=r"state.A must have shape \(2, 2, 8, 8\)"):

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from conftest import QUICK_COMPILE, random_module
+from conftest import random_module
 from vla_jax.models import LanguageModel, ModelConfig
 from vla_jax.tasks import IGNORE, make_task
 from vla_jax.tasks.packing import pack_examples
@@ -31,7 +31,7 @@ def test_pack_examples_layout():
   assert (y != IGNORE).sum() == (labels != IGNORE).sum()
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=QUICK_COMPILE)
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def losses(graphdef, max_targets, params, packed, alone):
   """model_loss of a packed batch (x, y, segment_ids) and of its examples alone (inputs,
   labels), with their max_targets, in one compilation."""

@@ -7,8 +7,6 @@ import logging
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import chex
 import jax
@@ -17,6 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import run_scripts
 from vla_jax.training import checkpoint as ckpt
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -160,18 +159,14 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
                        "checkpoint_every": 4, "eval_examples": 16, "eval_batch_size": 16})
   workdir = tmp_path / "run"
   train_and_evaluate(from_config_dict(config), str(workdir), log=lambda s: None)
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  evaluate_py = [sys.executable, str(ROOT / "experiments" / "evaluate.py"),
-                 f"--workdir={workdir}"]
-  missing = subprocess.run(evaluate_py + ["--step=7"], capture_output=True, text=True,
-                           timeout=600, env=env, check=False)
+  evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={workdir}"]
+  _truncate(workdir / "checkpoints" / "8")
+  missing, fallback = run_scripts(evaluate_py + ["--step=7"], evaluate_py,
+                                  env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert missing.returncode == 1 and missing.stdout == ""
   assert missing.stderr.strip().splitlines() == [
       f"evaluate.py: error: no checkpoint at step 7 in {workdir / 'checkpoints'} "
       "(checkpoints: 4, 8)"]
-  _truncate(workdir / "checkpoints" / "8")
-  fallback = subprocess.run(evaluate_py, capture_output=True, text=True, timeout=600, env=env,
-                            check=False)
   assert fallback.returncode == 0, fallback.stderr[-3000:]
   assert json.loads(fallback.stdout.strip().splitlines()[-1])["step"] == 4
   lines = fallback.stderr.strip().splitlines()

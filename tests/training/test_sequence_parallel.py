@@ -1,6 +1,6 @@
-"""Training on a (data, seq) mesh: 2 x 2 simulated CPU devices follow the 1-device loss
-curve (the recurrent mixers run sequence-sharded, the short convolutions cross the device
-boundary through XLA)."""
+"""Training on a (data, seq) mesh: 4 x 1 and 2 x 2 simulated CPU devices follow the 1-device
+loss curve and parameters (data parallelism; on 2 x 2 the recurrent mixers run
+sequence-sharded, the short convolutions cross the device boundary through XLA)."""
 
 import json
 import pathlib
@@ -28,8 +28,11 @@ for mixer in ("vla", "gated_deltanet"):
   config.model.update({"mixer": mixer, "impl": "chunked", "chunk_size": 16,
                        "num_layers": 1})   # one layer is sharded as two are; faster to compile
   config = from_config_dict(config, num_devices=4)
-  for name, mesh in (("one", make_mesh(jax.devices()[:1])),
-                     ("two_by_two", make_mesh(jax.devices(), seq_devices=2))):
+  meshes = [("one", make_mesh(jax.devices()[:1])),
+            ("two_by_two", make_mesh(jax.devices(), seq_devices=2))]
+  if mixer == "vla":    # data parallelism alone (the mixer does not matter to it)
+    meshes.append(("four_by_one", make_mesh(jax.devices())))
+  for name, mesh in meshes:
     trainer = train.Trainer(config, mesh)
     state, losses = trainer.init_state, []
     batch = shard_batch(trainer.mesh, *trainer.task.train_batch(0, 0, 16))
@@ -40,6 +43,8 @@ for mixer in ("vla", "gated_deltanet"):
       losses.append(float(m["loss"]))
     out[f"{mixer}/{name}"] = {"losses": losses, "mesh": dict(trainer.mesh.shape),
                               "seq_len": int(x.shape[1]), "shard_map": sharded,
+                              "devices": len(jax.tree.leaves(state["params"])[0]
+                                             .sharding.device_set),
                               "params": [np.asarray(p).ravel()[:50].tolist()
                                          for p in jax.tree.leaves(state["params"])]}
 print(json.dumps(out))
@@ -64,6 +69,16 @@ def test_two_by_two_mesh_follows_one_device(runs, mixer):
   np.testing.assert_allclose(mesh["losses"], one["losses"], rtol=1e-5)
   assert mesh["losses"][-1] < mesh["losses"][0]
   for a, b in zip(mesh["params"], one["params"]):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_data_parallel_equals_one_device(runs):
+  """A (4, 1) mesh: the batch split over 4 devices, the parameters on all of them."""
+  one, four = runs["vla/one"], runs["vla/four_by_one"]
+  assert four["mesh"] == {"data": 4, "seq": 1} and four["devices"] == 4
+  assert one["devices"] == 1 and not four["shard_map"]
+  np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
+  for a, b in zip(four["params"], one["params"]):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 

@@ -1,5 +1,5 @@
-"""Training: loss falls, checkpoints resume exactly, data parallelism equals one device, bad
-configurations fail before training, and the absl main prints a JSON summary."""
+"""Training: loss falls, checkpoints resume exactly, bad configurations fail before training,
+and the absl main prints a JSON summary (data parallelism: test_sequence_parallel.py)."""
 
 import json
 import os
@@ -69,11 +69,11 @@ def test_tiny_training_loss_falls(tmp_path, tiny_run):
 
 
 def test_resume_equals_uninterrupted(tmp_path, tiny_run):
-  """Stopped after 6 of 40 steps (a checkpoint every 4 steps and one at the stop), then
-  resumed: the same loss curve, bit for bit, and the same final accuracy as the uninterrupted
-  run."""
+  """Stopped after 6 of 40 steps (a checkpoint at the stop; periodic checkpoints: the tests
+  below), then resumed: the same loss curve, bit for bit, and the same final accuracy as the
+  uninterrupted run."""
   _, full = tiny_run
-  config = from_config_dict(tiny_config(checkpoint_every=4))
+  config = from_config_dict(tiny_config())
   part = str(tmp_path / "part")
   stopped = train_and_evaluate(config, part, stop_after=6, log=lambda s: None)
   assert stopped["steps"] == 6
@@ -88,8 +88,8 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_run):
 def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny_run):
   """A SIGTERM during step 7 (checkpoints every 4 steps) stops the run after that step with a
   checkpoint at step 7, not 4, and no evaluation (a strict-JSON summary, scores None);
-  resumed, the loss curve equals the uninterrupted run's bit for bit and the wall time
-  counts both segments."""
+  resumed (periodic checkpoints off: a setting a run may change), the loss curve equals the
+  uninterrupted run's bit for bit and the wall time counts both segments."""
   _, full = tiny_run
   config = from_config_dict(tiny_config(checkpoint_every=4))
   part = tmp_path / "part"
@@ -107,7 +107,7 @@ def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny
   assert 0 < first <= stopped["wall_s"]
   assert sorted(int(p.name) for p in (part / "checkpoints").iterdir()) == [4, 7]
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
-  resumed = train_and_evaluate(config, str(part), log=lambda s: None)
+  resumed = train_and_evaluate(from_config_dict(tiny_config()), str(part), log=lambda s: None)
   assert resumed["steps"] == 40
   assert [(r["step"], r["loss"]) for r in _rows(part)[0]] == [
       (r["step"], r["loss"]) for r in _rows(full)[0]]
@@ -233,47 +233,6 @@ def test_gated_deltanet_gate_init_comes_from_the_config():
   assert from_config_dict(config).model.options == {"conv_size": 4, "out_norm": True,
                                                     "gate_init": "slow"}
 
-_DATA_PARALLEL = r"""
-import json, sys
-import jax, numpy as np
-sys.path.insert(0, sys.argv[1] + "/tests/training")
-from test_train import tiny_config
-from vla_jax.training import from_config_dict, train
-from vla_jax.training.sharding import make_mesh, shard_batch
-assert jax.device_count() == 4, jax.devices()
-config = tiny_config()
-config.model.num_layers = 1   # one layer is as parallel as two, and compiles faster
-config = from_config_dict(config, num_devices=4)
-out = {}
-for n in (1, 4):
-  trainer = train.Trainer(config, make_mesh(jax.devices()[:n]))
-  state, losses = trainer.init_state, []
-  for step in range(5):
-    x, y = trainer.task.train_batch(0, step, 16)
-    state, m = trainer.train_step(state, *shard_batch(trainer.mesh, x, y))
-    losses.append(float(m["loss"]))
-  sharding = jax.tree.leaves(state["params"])[0].sharding
-  out[n] = {"losses": losses, "devices": len(sharding.device_set),
-            "params": [np.asarray(p).ravel()[:50].tolist()
-                       for p in jax.tree.leaves(state["params"])]}
-print(json.dumps(out))
-"""
-
-
-def test_data_parallel_equals_one_device():
-  from conftest import subprocess_env  # pylint: disable=import-outside-toplevel
-  env = subprocess_env(devices=4)
-  proc = subprocess.run([sys.executable, "-c", _DATA_PARALLEL, str(ROOT)], env=env,
-                        capture_output=True, text=True, timeout=600, check=False)
-  assert proc.returncode == 0, proc.stderr[-3000:]
-  out = json.loads(proc.stdout.strip().splitlines()[-1])
-  one, four = out["1"], out["4"]
-  assert one["devices"] == 1 and four["devices"] == 4
-  np.testing.assert_allclose(four["losses"], one["losses"], rtol=1e-5)
-  for a, b in zip(four["params"], one["params"]):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-
-
 @pytest.mark.parametrize("edit,match", [
     (lambda c: c.model.update({"mixer": "mamba"}), "unknown mixer 'mamba'"),
     (lambda c: c.model.update({"head_dim": 4}), "must equal model.d_model"),
@@ -296,44 +255,43 @@ def test_bad_configs_fail_before_training(edit, match):
 
 
 def test_main_prints_json_and_rejects_bad_config(tmp_path):
-  common = [sys.executable, str(ROOT / "experiments" / "train.py"),
-            f"--config={ROOT / 'configs' / 'mqar_demo.py'}", "--config.task.n_pairs=3",
-            "--config.model.d_model=16", "--config.model.head_dim=8",
-            "--config.train.num_steps=3", "--config.train.eval_examples=16",
-            "--config.train.eval_batch_size=16", "--config.train.batch_size=8",
-            "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
+  from conftest import run_scripts  # pylint: disable=import-outside-toplevel
+  train_py = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+              "--config.task.n_pairs=3", "--config.model.d_model=16",
+              "--config.model.head_dim=8", "--config.train.num_steps=3",
+              "--config.train.eval_examples=16", "--config.train.eval_batch_size=16",
+              "--config.train.batch_size=8", "--config.model.num_layers=1",
+              "--config.model.impl=scan"]   # quick to compile
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(common + [f"--workdir={tmp_path / 'run'}"], capture_output=True,
-                        text=True, timeout=600, env=env, check=False)
+  proc = subprocess.run([sys.executable, *map(str, train_py), f"--workdir={tmp_path / 'run'}"],
+                        capture_output=True, text=True, timeout=600, env=env, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   last = json.loads(proc.stdout.strip().splitlines()[-1])
   assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 3
   assert "steps/s" in proc.stdout
-  # A user's mistakes are one line each (exit 1), before anything is trained or written.
-  for flag, message in (
+  # A user's mistakes (one line each, exit 1, before anything is trained or written) and
+  # evaluate.py on the run: one process (`run_scripts`).
+  mistakes = (
       ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
       ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
-                                   "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)")):
-    bad = subprocess.run(common + [flag, f"--workdir={tmp_path / 'bad'}"], capture_output=True,
-                         text=True, timeout=600, env=env, check=False)
-    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1].endswith(message), (
-        bad.stderr[-3000:])
-    assert "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
-  bad = subprocess.run(common + ["--config.model.mixer=transformer",
-                                 f"--workdir={tmp_path / 'bad'}"],
-                       capture_output=True, text=True, timeout=600, env=env, check=False)
-  assert bad.returncode != 0 and "unknown mixer 'transformer'" in bad.stderr
-  assert not (tmp_path / "bad").exists()
+                                   "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)"))
+  evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={tmp_path / 'run'}"]
+  *bad, mixer, ok, refused = run_scripts(
+      *(train_py + [flag, f"--workdir={tmp_path / f'bad{i}'}"]
+        for i, (flag, _) in enumerate(mistakes)),
+      train_py + ["--config.model.mixer=transformer", f"--workdir={tmp_path / 'bad2'}"],
+      evaluate_py,
+      evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+                     "--config.train.eval_examples=8"], env=env)
+  for i, (out, (_, message)) in enumerate(zip(bad, mistakes)):
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].endswith(message), (
+        out.stderr[-3000:])
+    assert "Traceback" not in out.stderr and not (tmp_path / f"bad{i}").exists()
+  assert mixer.returncode != 0 and "unknown mixer 'transformer'" in mixer.stderr
+  assert not (tmp_path / "bad2").exists()
   # evaluate.py scores the run with its own settings: a training or model override is refused.
-  evaluate_py = [sys.executable, str(ROOT / "experiments" / "evaluate.py"),
-                 f"--workdir={tmp_path / 'run'}"]
-  ok = subprocess.run(evaluate_py, capture_output=True, text=True, timeout=600, env=env,
-                      check=False)
   assert ok.returncode == 0 and ok.stderr == "", ok.stderr[-3000:]   # no library INFO logs
   assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
-  refused = subprocess.run(evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
-                                          "--config.train.eval_examples=8"],
-                           capture_output=True, text=True, timeout=600, env=env, check=False)
   assert refused.returncode != 0 and "--config.train.eval_examples=8" in refused.stderr
 
 
@@ -400,7 +358,7 @@ def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, cap
   """A run killed while it wrote the row of step 6, before its checkpoint there (checkpoints
   every 4 steps), resumes from step 4; the cut line is dropped rather than glued to the next
   row, so that a later resume still reads the log, and no step's row is missing: the curve
-  equals the uninterrupted run's."""
+  equals the uninterrupted run's (the last segment without periodic checkpoints)."""
   config = from_config_dict(tiny_config(checkpoint_every=4))
   work = tmp_path / "run"
   train_and_evaluate(config, str(work), stop_after=6, log=lambda s: None)
@@ -411,7 +369,7 @@ def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, cap
   path.write_text("".join(lines[:-2]) + lines[-2][:len(lines[-2]) // 2])
   with caplog.at_level("WARNING"):
     train_and_evaluate(config, str(work), stop_after=10, log=lambda s: None)
-    train_and_evaluate(config, str(work), log=lambda s: None)
+    train_and_evaluate(from_config_dict(tiny_config()), str(work), log=lambda s: None)
   last = {r["step"]: r["loss"] for r in jsonl.read_rows(str(path)) if "loss" in r}
   assert sorted(last.items()) == [(r["step"], r["loss"]) for r in _rows(tiny_run[1])[0]]
   assert "dropping a last line cut short" in caplog.text
