@@ -24,6 +24,16 @@ every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, a
 `--only=-s4000-` or `--only=-s12000-` runs one part; a second round, once the first is
 finished, goes on past the new edges: --zoology_rows=results/training/mqar_zoology_h200.jsonl,
 OUT/zoology_tuned.jsonl.
+
+The remedies for VLA's failing seeds (issue 37): 14 jobs (two zoology cells x seven variants,
+rate 3e-3, seeds 0-4 carried by the jobs, training diagnostics every 50 steps), all at once:
+
+    python experiments/grid.py --grids=seed_remedies --workdir=OUT --gpus=0 --per_gpu=14 \
+        --vla_impl=pallas --budget_s=420 --grace_s=30 --stop_s=60
+
+repeated with the same OUT until --list shows every job done. OUT/seed_remedies.jsonl and each
+job's OUT/runs/<job>/metrics.jsonl and sweep_results.jsonl are what RESULTS.md section 9 reads
+(copied as `vla_jax.reporting.seeds` says).
 """
 
 import os
@@ -33,7 +43,7 @@ from absl import app, flags
 from vla_jax.training import cli
 
 _GRIDS = flags.DEFINE_list("grids", ["capacity"], "Grids to run: capacity, long, copy, zoology, "
-                           "ablation, ablation_demo, zoology_tuned.")
+                           "ablation, ablation_demo, zoology_tuned, seed_remedies.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the rows (<grid>.jsonl), runs, logs.")
 _GPUS = flags.DEFINE_list("gpus", [], "GPU ids to pin jobs to; empty: no pinning.")
 _PER_GPU = flags.DEFINE_integer("per_gpu", 4, "Processes per GPU (or in all, without --gpus).")
@@ -41,7 +51,8 @@ _BUDGET = flags.DEFINE_float("budget_s", 540.0, "No job starts after this many s
 _GRACE = flags.DEFINE_float("grace_s", 30.0, "Jobs running at budget_s + grace_s are stopped.")
 _STOP = flags.DEFINE_float("stop_s", 60.0, "Seconds a stopped job has to checkpoint and exit "
                            "after SIGTERM before it is killed.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of every job.")
+_SEEDS = flags.DEFINE_list("seeds", None, "Seeds of every job (default: a job's own, the "
+                           "seed_remedies grid's 0-4; else 0, 1, 2).")
 _LONG_TS = flags.DEFINE_list("long_Ts", None, "Lengths of the long grid (default: 64 to 4096, "
                              "vla_jax.training.grid.LONG_TS).")
 _ZOOLOGY_STEPS = flags.DEFINE_integer("zoology_steps", 4000, "Training steps (zoology grid).")
@@ -75,8 +86,9 @@ def main(argv):
   overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
   here = os.path.dirname(os.path.abspath(__file__))
   root, workdir = os.path.dirname(here), os.path.abspath(_WORKDIR.value)
-  seeds = [int(s) for s in _SEEDS.value]
   with cli.user_errors("grid.py"):
+    given = [int(s) for s in _SEEDS.value or []]
+    seeds = given or list(grid.DEFAULT_SEEDS)
     zoology_rows = None
     if "zoology_tuned" in _GRIDS.value:
       paths = [p if os.path.isfile(p) else os.path.join(root, p) for p in _ZOOLOGY_ROWS.value]
@@ -84,7 +96,8 @@ def main(argv):
       if missing:
         raise ValueError(f"--zoology_rows: no such file(s): {', '.join(missing)}")
       zoology_rows = [r for p in paths for r in jsonl.read_rows(p)]
-    jobs = grid.select_jobs(_GRIDS.value, rates=_RATES.value, vla_impl=_VLA_IMPL.value,
+    jobs = grid.select_jobs(_GRIDS.value, rates=_RATES.value, seeds=given,
+                            vla_impl=_VLA_IMPL.value,
                             only=_ONLY.value,
                             long_Ts=[int(t) for t in _LONG_TS.value or grid.LONG_TS],
                             zoology_steps=_ZOOLOGY_STEPS.value, demo_steps=_DEMO_STEPS.value,

@@ -70,7 +70,7 @@ def test_a_mistake_is_one_line(helps):
   assert out.returncode == 1 and out.stdout == ""
   assert out.stderr.strip().splitlines() == [
       "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "
-      "'ablation_demo', 'zoology_tuned'); got 'capcity'"]
+      "'ablation_demo', 'zoology_tuned', 'seed_remedies'); got 'capcity'"]
 
 
 def test_grid_runs_a_tiny_job_then_skips_it(tmp_path):

@@ -41,7 +41,8 @@ ROWS = (_cell(512, 64, "linear", {1e-3: [0.0, 0.0, 0.01], 3e-3: [0.01, 0.02, 0.0
 def test_every_grid_has_its_jobs():
   counts = {g: len(grid.grid_jobs(g, zoology_rows=ROWS)) for g in grid.GRIDS}
   assert counts == {"capacity": 8 * 7, "long": 7 * 7, "copy": 7, "zoology": 12 * 7,
-                    "ablation": 8, "ablation_demo": 8, "zoology_tuned": 3 + 4}
+                    "ablation": 8, "ablation_demo": 8, "zoology_tuned": 3 + 4,
+                    "seed_remedies": 2 * 7}
   names = [j.name for g in grid.GRIDS for j in grid.grid_jobs(g, zoology_rows=ROWS)]
   assert len(names) == len(set(names))
   with pytest.raises(ValueError, match="extends the zoology grid's rows"):
@@ -243,6 +244,56 @@ def test_zoology_tuned_goes_on_past_the_new_edges_with_its_own_rows():
        ("3e-4", "1e-3", "3e-3")),
       ("zoology_tuned-T512-d128-softmax-s12000-lr1e-3_3e-3", ("1e-3", "3e-3"))]
   assert {j.name for j in second[2:]} <= {j.name for j in first}
+
+
+def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
+  """Two zoology cells x seven VLA variants at rate 3e-3, seeds 0-4 carried by the jobs (the
+  driver's seeds only where given), diagnostics every 50 steps, rows labelled by variant."""
+  jobs = grid.grid_jobs("seed_remedies")
+  variants = ["defaults", "penalty-1", "lam0-0.1", "lam0-10", "u-identity", "warmup-1000",
+              "readout-additive"]
+  assert [j.name for j in jobs] == [f"seed_remedies-T{T}-d64-{v}" for T in (64, 128)
+                                    for v in variants]
+  assert {(j.grid, j.rates, j.seeds) for j in jobs} == {
+      ("seed_remedies", ("3e-3",), (0, 1, 2, 3, 4))}
+  extra = {"defaults": {}, "penalty-1": {"model.options.vla.penalty_scale": 1.0},
+           "lam0-0.1": {"model.options.vla.lam0": 0.1},
+           "lam0-10": {"model.options.vla.lam0": 10.0},
+           "u-identity": {"model.options.vla.u_init": "identity"},
+           "warmup-1000": {"train.warmup_steps": 1000},
+           "readout-additive": {"model.options.vla.readout": "additive"}}
+  for job in jobs:
+    T, variant = job.tag["seq_len"], job.tag["label"]
+    n = {64: 4, 128: 8}[T]
+    assert job.config == f"configs/mqar_zoology.py:{T}"
+    assert job.overrides == {"model.mixer": "vla", "task.n_pairs": n, "model.d_model": 64,
+                             "model.num_heads": 2, "train.num_steps": 4000,
+                             "train.diagnostics_every": 50, **extra[variant]}
+    assert job.tag == {"grid": "seed_remedies", "seq_len": T, "n_pairs": n, "d_model": 64,
+                       "label": variant, "steps": 4000}
+  base_options = base.mixer_options()["vla"]
+  assert all(k.rsplit(".", 1)[-1] in base_options or k == "train.warmup_steps"
+             for e in extra.values() for k in e)   # each override names a real option
+  from vla_jax.layers.vla import U_INITS  # pylint: disable=import-outside-toplevel
+  assert "identity" in U_INITS
+
+  job = jobs[4]
+  cmd = grid.sweep_command(job, sweep_script="sweep.py", root="/repo", workdir="/out",
+                           seeds=[0, 1, 2])
+  assert "--seeds=0,1,2,3,4" in cmd and "--learning_rates=3e-3" in cmd
+  assert "--out=/out/seed_remedies.jsonl" in cmd and "--workdir=/out/runs/" + job.name in cmd
+  assert "--config.train.diagnostics_every=50" in cmd
+  assert "--config.model.options.vla.u_init=identity" in cmd
+  rows = [{"job": job.name, "seed": s, "learning_rate": 3e-3} for s in range(3)]
+  assert not grid.is_done(job, rows, [0, 1, 2])      # the job's own five seeds
+  assert grid.is_done(job, rows + [dict(rows[0], seed=s) for s in (3, 4)], [0])
+  picked = grid.select_jobs(["seed_remedies"], seeds=[7], vla_impl="pallas", only=["T128"])
+  assert len(picked) == 7 and {j.seeds for j in picked} == {(7,)}
+  assert {j.overrides["model.impl"] for j in picked} == {"pallas"}
+  text = grid.listing(jobs, {}, [0, 1, 2])
+  assert text.splitlines()[0] == ("todo seed_remedies-T64-d64-defaults rates 3e-3 "
+                                  "num_steps=4000 seeds=0,1,2,3,4")
+  assert text.endswith("14 jobs (14 to do), 70 runs, 280,000 run-steps")
 
 
 def test_listing_names_each_job_and_whether_it_is_done():

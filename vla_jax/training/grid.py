@@ -24,6 +24,12 @@ Grids (the settings of RESULTS.md):
             (gated_deltanet_slow) at every setting, and every mixer at T = 512 with 12,000
             steps. One job per (cell, steps) and the rates it lacks, named by both, e.g.
             "zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2".
+  seed_remedies: VLA at the two zoology cells whose seeds split at rate 3e-3 (REMEDY_CELLS:
+            T = 64, 4 pairs and T = 128, 8 pairs, d_model 64; configs/mqar_zoology.py, 4,000
+            steps) with the layer's defaults and one setting changed per variant
+            (REMEDY_VARIANTS: penalty scale, lam0, W_u's initialisation, warmup, readout),
+            rate 3e-3, seeds 0-4 (the jobs carry them: `Job.seeds`), training diagnostics every
+            50 steps. Named e.g. "seed_remedies-T128-d64-lam0-0.1"; rows labelled by variant.
 """
 
 import collections
@@ -38,7 +44,9 @@ import numpy as np
 
 from vla_jax.training import jsonl
 
-GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo", "zoology_tuned")
+GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo", "zoology_tuned",
+         "seed_remedies")
+DEFAULT_SEEDS = (0, 1, 2)   # the seeds of a job that carries none (`Job.seeds`)
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
 # mixers' short convolution, the like-for-like backbone; vla_p1 is VLA with penalty_scale 1
 # instead of the authors' 1 / sqrt(d_h).
@@ -72,6 +80,23 @@ ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0
                      ("readout-additive", {"model.options.vla.readout": "additive"}),
                      ("readout-delta", {"model.options.vla.readout": "delta"}),
                      ("no-conv", {"model.options.vla.conv_size": 0}))
+# The seed_remedies grid: (T, n_pairs, d_model, heads) of the zoology cells whose VLA seeds split
+# at rate 3e-3 (results/training/mqar_zoology_h200.jsonl: T = 64 0.252 / 0.97 / 0.252, T = 128
+# 0.104 / 0.098 / 0.675), and (label, overrides) of the variants tried there: the layer's
+# defaults (penalty scale 1 / sqrt(d_h), lam0 1, W_u random, readout none, the config's 400
+# warmup steps; the rows record the layer's options) and one setting changed in each.
+# u-identity starts W_u at I, so that u_t points along the raw key k_raw_t (k_t = phi(k_raw_t)).
+REMEDY_CELLS = ((64, 4, 64, 2), (128, 8, 64, 2))
+REMEDY_VARIANTS = (("defaults", {}),
+                   ("penalty-1", {"model.options.vla.penalty_scale": 1.0}),
+                   ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
+                   ("lam0-10", {"model.options.vla.lam0": 10.0}),
+                   ("u-identity", {"model.options.vla.u_init": "identity"}),
+                   ("warmup-1000", {"train.warmup_steps": 1000}),
+                   ("readout-additive", {"model.options.vla.readout": "additive"}))
+REMEDY_RATE = "3e-3"
+REMEDY_SEEDS = (0, 1, 2, 3, 4)
+REMEDY_DIAGNOSTICS_EVERY = 50
 # Overrides that do not change a job's results (as `training.checkpoint` lets them change on
 # resume): not recorded in its rows, and they do not make a finished job run again.
 FREE_OVERRIDES = ("train.log_every", "train.eval_every", "train.eval_batch_size",
@@ -90,6 +115,8 @@ class Job:
     overrides: {config field: value}, passed as --config.FIELD=VALUE.
     rates: learning rates as strings, e.g. ("1e-3", "3e-3").
     tag: fields added to every row (grid, label, the setting).
+    seeds: the job's own seeds (ints), or () for the grid driver's (`DEFAULT_SEEDS` unless
+      told otherwise).
   """
   grid: str
   name: str
@@ -97,6 +124,12 @@ class Job:
   overrides: dict
   rates: tuple
   tag: dict
+  seeds: tuple = ()
+
+
+def job_seeds(job, seeds):
+  """The seeds `job` runs: its own, else `seeds` (the driver's)."""
+  return tuple(job.seeds) or tuple(seeds)
 
 
 def rate_name(rate):
@@ -205,10 +238,11 @@ def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500, zool
               tuned_steps=TUNED_STEPS):
   """The jobs of one grid, in the order they start: list of `Job`.
 
-  long_Ts: the long grid's lengths; zoology_steps: training steps of the zoology jobs (and of
-  the zoology_tuned grid's rows it extends); demo_steps: training steps of the ablation_demo
-  jobs; zoology_rows: the zoology rows the zoology_tuned grid extends (`tuned_jobs`; required
-  for it); tuned_steps: the zoology_tuned grid's steps at T = 512.
+  long_Ts: the long grid's lengths; zoology_steps: training steps of the zoology and
+  seed_remedies jobs (and of the zoology_tuned grid's rows it extends); demo_steps: training
+  steps of the ablation_demo jobs; zoology_rows: the zoology rows the zoology_tuned grid
+  extends (`tuned_jobs`; required for it); tuned_steps: the zoology_tuned grid's steps at
+  T = 512.
   """
   out = []
   if grid == "capacity":
@@ -246,6 +280,16 @@ def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500, zool
       out.append((f"ablation_demo-{variant}", "configs/mqar_demo.py",
                   {"model.mixer": "vla", "train.num_steps": demo_steps, **extra}, ("3e-3",),
                   {"variant": variant, "n_pairs": 8}))
+  elif grid == "seed_remedies":
+    for T, n, d_model, heads in REMEDY_CELLS:
+      for variant, extra in REMEDY_VARIANTS:
+        out.append((f"seed_remedies-T{T}-d{d_model}-{variant}", f"configs/mqar_zoology.py:{T}",
+                    {"model.mixer": "vla", "task.n_pairs": n, "model.d_model": d_model,
+                     "model.num_heads": heads, "train.num_steps": zoology_steps,
+                     "train.diagnostics_every": REMEDY_DIAGNOSTICS_EVERY, **extra},
+                    (REMEDY_RATE,),
+                    {"seq_len": T, "n_pairs": n, "d_model": d_model, "label": variant,
+                     "steps": zoology_steps}))
   elif grid == "zoology_tuned":
     if zoology_rows is None:
       raise ValueError("the zoology_tuned grid extends the zoology grid's rows: give them "
@@ -253,17 +297,19 @@ def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500, zool
     out = tuned_jobs(zoology_rows, steps=zoology_steps, long_steps=tuned_steps)
   else:
     raise ValueError(f"grid must be one of {GRIDS}; got {grid!r}")
-  return [Job(grid, name, config, overrides, rates, {"grid": grid, **tag})
+  seeds = REMEDY_SEEDS if grid == "seed_remedies" else ()
+  return [Job(grid, name, config, overrides, rates, {"grid": grid, **tag}, seeds)
           for name, config, overrides, rates, tag in out]
 
 
-def select_jobs(grids, *, rates=None, vla_impl=None, only=None, **grid_options):
+def select_jobs(grids, *, rates=None, seeds=None, vla_impl=None, only=None, **grid_options):
   """The jobs of `grids` (names in GRIDS), in start order.
 
-  rates: learning rates (strings) replacing every job's own; vla_impl: model.impl of the VLA
-  jobs (the other mixers have no Pallas form); only: name patterns, keeping the jobs whose
-  name contains one, ordered by the first pattern each matches (then grid order);
-  grid_options: passed to `grid_jobs`.
+  rates: learning rates (strings) replacing every job's own; seeds: seeds (ints) replacing
+  every job's own (the seed_remedies grid's 0-4; the others run the driver's); vla_impl:
+  model.impl of the VLA jobs (the other mixers have no Pallas form); only: name patterns,
+  keeping the jobs whose name contains one, ordered by the first pattern each matches (then
+  grid order); grid_options: passed to `grid_jobs`.
   """
   if rates and "zoology_tuned" in grids:
     raise ValueError("the zoology_tuned grid picks each job's rates (its names hold them); "
@@ -271,6 +317,8 @@ def select_jobs(grids, *, rates=None, vla_impl=None, only=None, **grid_options):
   jobs = [job for grid in grids for job in grid_jobs(grid, **grid_options)]
   if rates:
     jobs = [dataclasses.replace(job, rates=tuple(rates)) for job in jobs]
+  if seeds:
+    jobs = [dataclasses.replace(job, seeds=tuple(int(s) for s in seeds)) for job in jobs]
   if vla_impl:
     jobs = [dataclasses.replace(job, overrides={**job.overrides, "model.impl": vla_impl})
             if job.overrides.get("model.mixer") == "vla" else job for job in jobs]
@@ -287,16 +335,17 @@ def result_overrides(overrides):
 
 def is_done(job, rows, seeds, overrides=()):
   """Whether `rows` hold every (seed, rate) run of `job` made with `overrides` (the
-  result-changing ones among them; pairs of strings)."""
+  result-changing ones among them; pairs of strings); the seeds are `job`'s own, else
+  `seeds`."""
   wanted = result_overrides(overrides)
   have = {(r.get("seed"), r.get("learning_rate")) for r in rows
           if r.get("job") == job.name and r.get("overrides", {}) == wanted}
-  return all((int(s), float(lr)) in have for s in seeds for lr in job.rates)
+  return all((int(s), float(lr)) in have for s in job_seeds(job, seeds) for lr in job.rates)
 
 
 def listing(jobs, rows, seeds, overrides=()):
   """A listing of `jobs`, one line each (done or to do in `rows` ({grid: rows}), name, rates,
-  and the steps and gate initialisation where the job sets them), then the totals."""
+  and the steps, gate initialisation and seeds where the job sets them), then the totals."""
   lines, todo, runs, steps = [], 0, 0, 0
   for job in jobs:
     settings = {**job.overrides, **result_overrides(overrides)}
@@ -304,10 +353,12 @@ def listing(jobs, rows, seeds, overrides=()):
              if k in ("train.num_steps", "model.options.gated_deltanet.gate_init")}
     done = is_done(job, rows.get(job.grid, []), seeds, overrides)
     todo += not done
-    runs += len(job.rates) * len(seeds)
-    steps += len(job.rates) * len(seeds) * int(settings.get("train.num_steps", 0))
+    n_seeds = len(job_seeds(job, seeds))
+    runs += len(job.rates) * n_seeds
+    steps += len(job.rates) * n_seeds * int(settings.get("train.num_steps", 0))
     lines.append(" ".join([("done" if done else "todo"), job.name, "rates",
-                           ",".join(job.rates)] + [f"{k}={v}" for k, v in shown.items()]))
+                           ",".join(job.rates)] + [f"{k}={v}" for k, v in shown.items()]
+                          + ([f"seeds={','.join(map(str, job.seeds))}"] if job.seeds else [])))
   lines.append(f"{len(jobs)} jobs ({todo} to do), {runs} runs"
                + (f", {steps:,} run-steps" if steps else ""))
   return "\n".join(lines)
@@ -315,11 +366,13 @@ def listing(jobs, rows, seeds, overrides=()):
 
 def sweep_command(job, *, sweep_script, root, workdir, seeds, overrides=()):
   """The argv of `job`'s sweep: `sweep_script` (experiments/sweep.py) with the job's config
-  under `root` (the checkout), its run folder under `workdir`/runs and its rows appended to
-  `workdir`/<grid>.jsonl; `overrides` (pairs of strings) apply on top of the job's."""
+  under `root` (the checkout), its seeds (else `seeds`), its run folder under `workdir`/runs
+  and its rows appended to `workdir`/<grid>.jsonl; `overrides` (pairs of strings) apply on
+  top of the job's."""
   tag = {**job.tag, "job": job.name, "overrides": result_overrides(overrides)}
   return ([sys.executable, sweep_script, f"--config={os.path.join(root, job.config)}",
-           f"--seeds={','.join(map(str, seeds))}", f"--learning_rates={','.join(job.rates)}",
+           f"--seeds={','.join(map(str, job_seeds(job, seeds)))}",
+           f"--learning_rates={','.join(job.rates)}",
            f"--workdir={os.path.join(workdir, 'runs', job.name)}",
            f"--out={os.path.join(workdir, job.grid + '.jsonl')}", f"--tag={json.dumps(tag)}"]
           + [f"--config.{k}={v}" for k, v in job.overrides.items()]
