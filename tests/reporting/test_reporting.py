@@ -262,6 +262,93 @@ def test_seed_section_escape_and_probe_values(tmp_path):
   assert "No rows yet" in "\n".join(seeds.seed_section(str(tmp_path / "empty")))
 
 
+def _sweep_files(folder, stem, runs, steps=600):
+  """A sweep's `<stem>_metrics.jsonl` and `<stem>_runs.jsonl` in `folder`: runs [(seed, rate,
+  test accuracy, escape step or None, cond(A_T) and a . khat at step 300)]."""
+  diag = lambda c, a: {"layer0.cond_A.t8": [1.0] * len(runs), "layer0.cond_A.t64": c,
+                       "layer1.cond_A.t64": c, "layer0.align_mean": a, "layer1.align_mean": a,
+                       "layer1.state_norm_end": [1.0] * len(runs)}
+  metrics = [{"step": 0, "diagnostics": diag([1.0] * len(runs), [1.0] * len(runs))},
+             {"step": 300, "diagnostics": diag([r[4] for r in runs], [r[5] for r in runs])}]
+  metrics += [{"step": t, "loss": [1.0] * len(runs),
+               "accuracy": [0.9 if r[3] is not None and t >= r[3] else 0.2 for r in runs]}
+              for t in range(100, steps + 1, 100)]
+  done = [{"seed": r[0], "learning_rate": r[1], "test": {"mqar": {"accuracy": r[2]}}}
+          for r in runs]
+  for name, rows in ((f"{stem}_metrics.jsonl", metrics), (f"{stem}_runs.jsonl", done)):
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _finding_sentences(blocks):
+  """The sentences of a section's finding (its second block), as the committed-report check
+  counts them."""
+  finding = blocks[1]
+  assert finding.startswith("**Finding.** "), finding
+  return re.findall(r"[.!?](?= [A-Z]|$)", finding.removeprefix("**Finding.** "))
+
+
+def test_seed_section_with_remedies_compares_each_variant_with_the_defaults(tmp_path):
+  """With seed_remedies rows, section 9 opens with the defaults' failed seeds per cell and the
+  variants that fail fewer at every cell; one table counts failed seeds per variant and cell
+  (the learning-rate run's other rate beside them), one per cell lists the runs, and the jobs
+  without files read pending."""
+  from vla_jax.reporting import seeds  # pylint: disable=import-outside-toplevel
+  lr = tmp_path / seeds.FOLDER
+  remedies = tmp_path / seeds.REMEDY_FOLDER
+  lr.mkdir()
+  remedies.mkdir()
+  _sweep_files(lr, "vla", [(0, 3e-3, 0.25, None, 2.9, 0.95), (0, 1e-2, 1.0, 300, 3.0, 0.96),
+                           (1, 3e-3, 0.98, 500, 2.8, 0.94), (1, 1e-2, 1.0, 200, 2.9, 0.97)])
+  (lr / "rows.jsonl").write_text(json.dumps({"seq_len": 64, "n_pairs": 4, "d_model": 64,
+                                             "steps": 600}) + "\n")
+  # T = 64: defaults fail 2 of 3, lam0 10 none; T = 128: defaults 1 of 3, lam0 10 0,
+  # W_u = I only at T = 128 (1 of 3); the other jobs pending.
+  fail, ok = lambda s, c: (s, 3e-3, 0.25, None, c, 0.9), lambda s, c: (s, 3e-3, 0.99, 400, c, 0.9)
+  _sweep_files(remedies, "T64-d64-defaults", [fail(0, 2.0), ok(1, 3.0), fail(2, 4.0)])
+  _sweep_files(remedies, "T64-d64-lam0-10", [ok(0, 1.0), ok(1, 1.0), ok(2, 1.5)])
+  _sweep_files(remedies, "T128-d64-defaults", [ok(0, 5.0), fail(1, 6.0), ok(2, 7.0)])
+  _sweep_files(remedies, "T128-d64-lam0-10", [ok(0, 5.0), ok(1, 6.0), ok(2, 7.0)])
+  _sweep_files(remedies, "T128-d64-u-identity", [ok(0, 5.0), ok(1, 6.0), fail(2, 5.5)])
+  (remedies / "rows.jsonl").write_text(json.dumps({"steps": 600, "label": "defaults"}) + "\n")
+  blocks = seeds.seed_section(str(tmp_path))
+  assert len(_finding_sentences(blocks)) == 2
+  text = _text(blocks)
+  assert ("**Finding.** With the layer's defaults at rate 0.003, 2 of 3 seeds fail at T = 64, "
+          "d_model 64 and 1 of 3 seeds fail at T = 128, d_model 64; of all 4 failed runs (every "
+          "variant), 4 never leave the plateau, and at step 300 cond(A_T) and a . khat do not "
+          "tell a failing seed from a solving one (their ranges overlap in each of the 3 "
+          "variants and cells with both).") in text, text[:900]
+  assert ("Fewer seeds fail than with the defaults at every cell with lam0 10 (0 of 3, 0 of 3); "
+          "rate 0.01 makes every seed solve at T = 64, d_model 64 (the learning-rate run); "
+          "9 of 14 jobs pending.") in text
+  assert "| T = 64, d_model 64 | defaults | 2 of 3 | 400 | 3.0 / 3.0 | 0.90 / 0.90 |" in text
+  assert "| T = 64, d_model 64 | defaults, rate 0.01 | 0 of 2 | 250 | 3.0 / 3.0 | 0.96 / 0.96 |" \
+      in text
+  assert "| T = 64, d_model 64 | W_u = I | pending |  |  |  |" in text
+  assert "| T = 128, d_model 64 | W_u = I | 1 of 3 | 400 | 5.5 / 5.5 | 0.90 / 0.90 |" in text
+  assert "Failed seeds over the cells run: defaults: 3 of 6; lam0 10: 0 of 6; W_u = I: 1 of 3." \
+      in text
+  assert "**T = 128, d_model 64 (8 pairs), per run**, rate 0.003:" in text
+  assert "| lam0 10 | 2 | 0.990 | 400 | 1.5 / 1.5 | 0.90 / 0.90 | 1.0 |" in text
+  assert "**Learning rate, T = 64, d_model 64, rates 0.003 and 0.01**" in text
+  assert "| VLA | 0.01 | 1 | 1.000 | 200 | 2.9 / 2.9 | 0.97 / 0.97 | 1.0 |" in text
+  assert "`seed_remedies-T128-d64-readout-additive`" in text and "pending: `" not in text
+
+  # Without the remedies' files: the learning-rate run's finding and a pending line.
+  shutil.rmtree(remedies)
+  blocks = seeds.seed_section(str(tmp_path))
+  assert len(_finding_sentences(blocks)) == 2
+  text = _text(blocks)
+  assert text.count("| VLA |") == 4 and "Failed seeds per variant" not in text
+  assert (f"rate 0.003): pending: `{seeds.REMEDY_COMMAND}` (rows to "
+          "`results/training/seed_remedies_h200/`); the layer's defaults are unchanged.") in text
+  # Without either: one line and both commands.
+  shutil.rmtree(lr)
+  text = _text(seeds.seed_section(str(tmp_path)))
+  assert text.startswith("## 9. Why VLA seeds fail\n\nNo rows yet")
+  assert seeds.LR_COMMAND in text and seeds.REMEDY_COMMAND in text
+
+
 # Zoology rows at T = 512, d_model 64 ({rate: (test, validation)}): linear, VLA and DeltaNet
 # best at the highest rate and Gated DeltaNet at the lowest, all below 0.99 (the tuned grid
 # extends them); softmax + conv solved (not extended).

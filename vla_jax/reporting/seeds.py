@@ -1,53 +1,223 @@
-"""RESULTS.md section 9: why VLA seeds fail, from a grid cell rerun with training diagnostics.
+"""RESULTS.md section 9: why VLA seeds fail, and the remedies tried, from zoology cells rerun
+with training diagnostics.
 
-The rows are one zoology cell's sweeps (`experiments/grid.py ... --override=
-train.diagnostics_every=50`), one per VLA label, with each sweep's metrics.jsonl (training rows
-and probe rows with lists over its runs) and its per-run results (sweep_results.jsonl, in the
-runs' order), saved as `<label>_metrics.jsonl` and `<label>_runs.jsonl`.
+Two folders under results/training/, each a grid's rows with every job's metrics.jsonl
+(training rows, and probe rows with lists over the job's runs: `vla_jax.training.probe`) and
+its sweep_results.jsonl (the runs, in the metrics lists' order):
+
+- FOLDER, seed_failures_h200/ (the learning-rate remedy): the zoology grid's two VLA jobs at
+  T = 64, d_model 64 rerun at rates 3e-3 and 1e-2, 5 seeds (LR_COMMAND): rows.jsonl (the
+  grid's OUT/zoology.jsonl), `<label>_metrics.jsonl` and `<label>_runs.jsonl` (LABELS).
+- REMEDY_FOLDER, seed_remedies_h200/ (the other remedies): the seed_remedies grid
+  (`vla_jax.training.grid`: REMEDY_CELLS x REMEDY_VARIANTS at rate 3e-3, seeds 0-4, training
+  diagnostics every 50 steps), made by REMEDY_COMMAND and copied from its OUT with
+
+      mkdir -p results/training/seed_remedies_h200
+      cp OUT/seed_remedies.jsonl results/training/seed_remedies_h200/rows.jsonl
+      for d in OUT/runs/seed_remedies-*; do
+        j=$(basename "$d"); j=${j#seed_remedies-}
+        cp "$d/metrics.jsonl" "results/training/seed_remedies_h200/${j}_metrics.jsonl"
+        cp "$d/sweep_results.jsonl" "results/training/seed_remedies_h200/${j}_runs.jsonl"
+      done
+
+  which gives rows.jsonl (70 rows, ~65 KB), and per job (`remedy_stem`, e.g.
+  "T128-d64-lam0-0.1") `<stem>_metrics.jsonl` (80 training rows and 81 probe rows of 5 runs
+  over 4,000 steps: ~0.55 MB; ~8 MB for the 14 jobs) and `<stem>_runs.jsonl` (5 rows, ~2 KB).
+  A job whose two files are not there yet reads *pending*.
 """
 
+import math
 import os
 
 import numpy as np
 
 from vla_jax.reporting import markdown
 from vla_jax.reporting.rows import read
+from vla_jax.training.grid import (REMEDY_CELLS, REMEDY_DIAGNOSTICS_EVERY, REMEDY_RATE,
+                                   REMEDY_VARIANTS, grid_jobs)
 
 FOLDER = "seed_failures_h200"
+REMEDY_FOLDER = "seed_remedies_h200"
+LR_COMMAND = ("python experiments/grid.py --grids=zoology --only=zoology-T64-d64-vla "
+              "--seeds=0,1,2,3,4 --rates=3e-3,1e-2 --vla_impl=pallas "
+              "--override=train.diagnostics_every=50 --workdir=OUT")
+REMEDY_COMMAND = ("python experiments/grid.py --grids=seed_remedies --workdir=OUT --gpus=0 "
+                  "--per_gpu=14 --vla_impl=pallas")
 # (grid label, name in the section): VLA with the authors' penalty scale 1/sqrt(d_h), and 1.
 LABELS = (("vla", "VLA"),
           ("vla_p1", "VLA, penalty scale 1"))
+# The seed_remedies grid's variants (`REMEDY_VARIANTS`) by name, and the learning-rate run's
+# labels as the variants they equal.
+VARIANT_NAMES = {"defaults": "defaults", "penalty-1": "penalty scale 1",
+                 "lam0-0.1": "lam0 0.1", "lam0-10": "lam0 10", "u-identity": "W_u = I",
+                 "warmup-1000": "warmup 1,000 steps", "readout-additive": "additive readout"}
+LR_VARIANTS = {"vla": "defaults", "vla_p1": "penalty-1"}
+# What a variant's setting means, where its override does not say it.
+VARIANT_NOTES = {"u-identity": "W_u starts at I, so that u_t starts along the raw key"}
 SOLVED = 0.9          # final test accuracy from which a run counts as solved
 ESCAPED = 0.5         # training accuracy that marks leaving the plateau
 PROBE_STEP = 300      # the diagnostics compared before any run has left the plateau
+RUN_HEADER = ["seed", "test accuracy", "escape step", "cond(A_T) 0 / 1", "a . khat 0 / 1",
+              "||S_T|| (layer 1)"]
 
 
 def run_table(metrics, runs):
   """Per run (in `runs`' order): {seed, rate, accuracy, escape (first logged step with training
   accuracy > ESCAPED, or None), cond0/cond1 and align0/align1 (cond(A_T) and mean a . khat of
-  layers 0 and 1 at PROBE_STEP), state1 (||S_T|| of layer 1 at the last probe)}."""
+  layers 0 and 1 at PROBE_STEP), state1 (||S_T|| of layer 1 at the last probe)}; the probe
+  values are None where `metrics` has no probe rows that far."""
   train = [r for r in metrics if "loss" in r]
   probes = [r for r in metrics if "diagnostics" in r]
-  early = next(r for r in probes if r["step"] >= PROBE_STEP)["diagnostics"]
-  last = probes[-1]["diagnostics"]
-  t_key = max((k for k in early if k.startswith("layer0.cond_A.t")),
-              key=lambda k: int(k.rsplit("t", 1)[1]))
+  early = next((r["diagnostics"] for r in probes if r["step"] >= PROBE_STEP), None)
+  last = probes[-1]["diagnostics"] if probes else None
+  t_key = (max((k for k in early if k.startswith("layer0.cond_A.t")),
+               key=lambda k: int(k.rsplit("t", 1)[1])) if early else None)
+  at = lambda diag, key, i: diag[key][i] if diag and key in diag else None
   out = []
   for i, r in enumerate(runs):
     out.append({
         "seed": r["seed"], "rate": r["learning_rate"],
         "accuracy": r["test"]["mqar"]["accuracy"],
         "escape": next((t["step"] for t in train if t["accuracy"][i] > ESCAPED), None),
-        "cond0": early[t_key][i], "cond1": early[t_key.replace("layer0", "layer1")][i],
-        "align0": early["layer0.align_mean"][i], "align1": early["layer1.align_mean"][i],
-        "state1": last["layer1.state_norm_end"][i]})
+        "cond0": at(early, t_key, i),
+        "cond1": at(early, t_key and t_key.replace("layer0", "layer1"), i),
+        "align0": at(early, "layer0.align_mean", i), "align1": at(early, "layer1.align_mean", i),
+        "state1": at(last, "layer1.state_norm_end", i)})
+  return out
+
+
+def remedy_stem(job_name):
+  """The file stem of a seed_remedies job ("seed_remedies-T64-d64-lam0-10" -> "T64-d64-lam0-10")."""
+  return job_name.removeprefix("seed_remedies-")
+
+
+def remedy_tables(folder):
+  """{(T, d_model): {variant: run_table}} of the seed_remedies jobs whose files are in `folder`
+  (cells and variants in the grid's order), and [job name] of those that are not (pending)."""
+  tables, pending = {}, []
+  for job in grid_jobs("seed_remedies"):
+    cell = (job.tag["seq_len"], job.tag["d_model"])
+    metrics = read(os.path.join(folder, f"{remedy_stem(job.name)}_metrics.jsonl"))
+    runs = read(os.path.join(folder, f"{remedy_stem(job.name)}_runs.jsonl"))
+    if metrics and runs:
+      tables.setdefault(cell, {})[job.tag["label"]] = run_table(metrics, runs)
+    else:
+      pending.append(job.name)
+  return tables, pending
+
+
+def failed(rs):
+  return [r for r in rs if r["accuracy"] < SOLVED]
+
+
+def solved(rs):
+  return [r for r in rs if r["accuracy"] >= SOLVED]
+
+
+def median(rs, key):
+  """The median of `key` over the runs that have it (None if none has)."""
+  values = [r[key] for r in rs if r[key] is not None]
+  return float(np.median(values)) if values else None
+
+
+def summary(table):
+  """One variant at one cell: {failed, runs, escape (median escape step of the runs that leave
+  the plateau, None if none does), cond0, cond1, align0, align1 (medians over the runs)}."""
+  escaped = [r for r in table if r["escape"] is not None]
+  return {"failed": len(failed(table)), "runs": len(table),
+          "escape": median(escaped, "escape"),
+          **{key: median(table, key) for key in ("cond0", "cond1", "align0", "align1")}}
+
+
+def summary_cells(table):
+  """A variant's cells of the summary table: failed seeds, median escape step, median
+  cond(A_T) and a . khat of layers 0 / 1 (`summary`)."""
+  s = summary(table)
+  return [f"{s['failed']} of {s['runs']}", "never" if s["escape"] is None else f"{s['escape']:g}",
+          pair(s, "cond0", "cond1", ".1f"), pair(s, "align0", "align1", ".2f")]
+
+
+def apart(a, b, key):
+  """Whether the values of `key` over runs `a` and over runs `b` do not overlap (both given)."""
+  a = [r[key] for r in a if r[key] is not None]
+  b = [r[key] for r in b if r[key] is not None]
+  return bool(a and b and (max(a) < min(b) or max(b) < min(a)))
+
+
+def separated(table):
+  """Whether cond(A_T) or a . khat of layer 0 at PROBE_STEP tells the failed runs of `table`
+  from the solved ones (their ranges do not overlap)."""
+  return apart(failed(table), solved(table), "cond0") or apart(failed(table), solved(table),
+                                                                "align0")
+
+
+def num(x, f=".1f"):
+  return "n/a" if x is None else f"{x:{f}}"
+
+
+def pair(r, a, b, f):
+  return f"{num(r[a], f)} / {num(r[b], f)}"
+
+
+def run_row(r):
+  """A run's cells of RUN_HEADER."""
+  return [r["seed"], f"{r['accuracy']:.3f}", r["escape"] if r["escape"] is not None else "never",
+          pair(r, "cond0", "cond1", ".1f"), pair(r, "align0", "align1", ".2f"),
+          num(r["state1"])]
+
+
+def cell_name(cell):
+  return f"T = {cell[0]}, d_model {cell[1]}"
+
+
+def variant_name(label):
+  return VARIANT_NAMES.get(label, label)
+
+
+def remedy_names():
+  """The variants of the seed_remedies grid other than the defaults, each with the setting it
+  changes ("`lam0-10` (lam0 = 10.0)")."""
+  out = []
+  for label, extra in REMEDY_VARIANTS:
+    changed = [f"{k.rsplit('.', 1)[-1]} = {v}" for k, v in extra.items()]
+    if changed:
+      note = f": {VARIANT_NOTES[label]}" if label in VARIANT_NOTES else ""
+      out.append(f"`{label}` ({', '.join(changed)}{note})")
   return out
 
 
 def seed_section(rows_dir, plot_rel=None):
-  """The section's markdown blocks ([] parts say so when the files are missing)."""
-  folder = os.path.join(rows_dir, FOLDER)
+  """The section's markdown blocks (a "pending" line where a folder's files are missing)."""
   title = "## 9. Why VLA seeds fail"
+  lr = _lr_part(os.path.join(rows_dir, FOLDER))
+  tables, pending = remedy_tables(os.path.join(rows_dir, REMEDY_FOLDER))
+  remedy_pending = (f"Remedies ({markdown.listed(variant_name(v) for v, _ in REMEDY_VARIANTS[1:])}"
+                    f" at {markdown.listed(cell_name((T, d)) for T, _, d, _ in REMEDY_CELLS)}"
+                    f", rate {float(REMEDY_RATE):g}): pending: `{REMEDY_COMMAND}` (rows to "
+                    f"`results/training/{REMEDY_FOLDER}/`).")
+  lr_pending = (f"Learning rate (T = 64, d_model 64, rates 0.003 and 0.01): pending: "
+                f"`{LR_COMMAND}` (rows to `results/training/{FOLDER}/`).")
+  if not tables and lr is None:
+    return [title, f"No rows yet (`results/training/{FOLDER}/`, "
+            f"`results/training/{REMEDY_FOLDER}/`).", markdown.bullets([lr_pending,
+                                                                       remedy_pending])]
+  if not tables:
+    blocks = [title, lr["finding"], lr["setting"], lr["table"], lr["notes"],
+              remedy_pending.removesuffix(".") + "; the layer's defaults are unchanged."]
+  else:
+    remedy = _remedy_part(tables, pending, lr, rows_dir)
+    blocks = [title, remedy["finding"], remedy["setting"], *remedy["tables"]]
+    blocks += ([f"**Learning rate, {cell_name(lr['cell'])}, rates "
+                f"{markdown.listed(f'{x:g}' for x in lr['rates'])}**, "
+                f"{markdown.listed(text for _, text in LABELS)}, per run:",
+                lr["table"], lr["notes"]] if lr else [lr_pending])
+  if plot_rel and lr:
+    blocks.append(f"![training diagnostics per run]({plot_rel})")
+  return blocks
+
+
+def _lr_part(folder):
+  """The learning-rate run's blocks and numbers (None without its files)."""
   tables = {}
   for key, _ in LABELS:
     metrics = read(os.path.join(folder, f"{key}_metrics.jsonl"))
@@ -55,20 +225,17 @@ def seed_section(rows_dir, plot_rel=None):
     if metrics and runs:
       tables[key] = run_table(metrics, runs)
   if not tables:
-    return [title, f"No rows yet (`results/training/{FOLDER}/`)."]
+    return None
   some = next(iter(read(os.path.join(folder, "rows.jsonl"))), {})
   rates = sorted({r["rate"] for t in tables.values() for r in t})
   names = dict(LABELS)
   at_rate = lambda k, lr: [r for r in tables[k] if r["rate"] == lr]
-  failed = lambda rs: [r for r in rs if r["accuracy"] < SOLVED]
-  solved = lambda rs: [r for r in rs if r["accuracy"] >= SOLVED]
   every = [r for t in tables.values() for r in t]
-  span = lambda rs, key, f=".2f": (f"{min(r[key] for r in rs):{f}}-{max(r[key] for r in rs):{f}}"
-                                   if rs else "none")
-  apart = lambda a, b, key: (a and b and (max(r[key] for r in a) < min(r[key] for r in b)
-                                          or max(r[key] for r in b) < min(r[key] for r in a)))
-  separate = [names[k] for k, t in tables.items()
-              if apart(failed(t), solved(t), "cond0") or apart(failed(t), solved(t), "align0")]
+  def span(rs, key, f=".2f"):
+    values = [r[key] for r in rs if r[key] is not None]
+    return f"{min(values):{f}}-{max(values):{f}}" if values else "none"
+
+  separate = [names[k] for k, t in tables.items() if separated(t)]
   n_pairs = some.get("n_pairs")
   first = (
       "**Finding.** A failed VLA seed is a run that never leaves the plateau every run starts "
@@ -94,31 +261,23 @@ def seed_section(rows_dir, plot_rel=None):
       f"{some.get('d_model', 'n/a')}, {steps} steps, "
       f"{markdown.plural(len(seeds), 'seed')} per rate: a cell whose VLA seeds split in "
       "section 5, rerun on an H200 with training diagnostics.",
-      "Rows: `python experiments/grid.py --grids=zoology --only=zoology-T64-d64-vla "
-      "--seeds=0,1,2,3,4 --rates=3e-3,1e-2 --vla_impl=pallas "
-      "--override=train.diagnostics_every=50 --workdir=OUT` (`results/training/" + FOLDER
-      + "/`).",
+      f"Rows: `{LR_COMMAND}` (`results/training/{FOLDER}/`).",
       f"Columns: *escape*, the first logged step with training accuracy above {ESCAPED}; "
       f"cond(A_T) and a . khat of layers 0 / 1 at step {PROBE_STEP} (cond at the last token, "
       "median over heads; a . khat mean over tokens); ||S_T|| of layer 1 at the end."])
-  header = ["variant", "rate", "seed", "test accuracy", "escape step", "cond(A_T) 0 / 1",
-            "a . khat 0 / 1", "||S_T|| (layer 1)"]
+  header = ["variant", "rate"] + RUN_HEADER
   body = []
   for key, text in LABELS:
     for r in sorted(tables.get(key, []), key=lambda r: (r["rate"], r["seed"])):
-      body.append([text, f"{r['rate']:g}", r["seed"], f"{r['accuracy']:.3f}",
-                   r["escape"] if r["escape"] is not None else "never",
-                   f"{r['cond0']:.1f} / {r['cond1']:.1f}",
-                   f"{r['align0']:.2f} / {r['align1']:.2f}", f"{r['state1']:.1f}"])
+      body.append([text, f"{r['rate']:g}"] + run_row(r))
   escapes = {(k, lr): sorted(r["escape"] for r in at_rate(k, lr) if r["escape"] is not None)
              for k in tables for lr in rates}
   med = {key: float(np.median(v)) if v else None for key, v in escapes.items()}
   by_scale = [f"{names[k]}: a . khat {span(failed(t), 'align0')} failing against "
               f"{span(solved(t), 'align0')} solving, cond(A_T) {span(failed(t), 'cond0')} "
               f"against {span(solved(t), 'cond0')}" for k, t in tables.items()]
-  quiet = [f"{names[k]} median cond(A_T) {float(np.median([r['cond0'] for r in t])):.1f}, "
-           f"a . khat {float(np.median([r['align0'] for r in t])):.2f}"
-           for k, t in tables.items()]
+  quiet = [f"{names[k]} median cond(A_T) {num(median(t, 'cond0'))}, "
+           f"a . khat {num(median(t, 'align0'), '.2f')}" for k, t in tables.items()]
   keys = list(tables)
   sooner = (len(keys) == 2 and all(med[(keys[1], lr)] is not None and med[(keys[0], lr)]
                                    is not None and med[(keys[1], lr)] < med[(keys[0], lr)]
@@ -137,13 +296,132 @@ def seed_section(rows_dir, plot_rel=None):
       ("The scales differ where failing and solving seeds of one scale do not ("
        + "; ".join(quiet) + "; a . khat = 1 is DeltaNet's write direction).")
       if len(tables) > 1 and not separate else "",
-      (f"The remedy measured here is the learning rate "
-       f"({markdown.listed(f'{lr:g}' for lr in clean)}); the grid's other cells, the T = 512 "
-       "cells and the other remedies (lam0, u initialisation, warmup, readout) are not yet run "
-       "with diagnostics; the layer's defaults are unchanged.") if clean else
-      "No remedy is measured here yet; the layer's defaults are unchanged.",
+      (f"Rate {markdown.listed(f'{lr:g}' for lr in clean)} solves every seed here (the "
+       "learning-rate remedy, measured at this cell only); the T = 512 cells are not yet run "
+       "with diagnostics.") if clean else "No rate tried here solves every seed.",
   ])
-  blocks = [title, first + " " + second, setting, markdown.table(header, body), notes]
-  if plot_rel:
-    blocks.append(f"![training diagnostics per run]({plot_rel})")
-  return blocks
+  cell = (some.get("seq_len"), some.get("d_model"))
+  lr_rows = {(LR_VARIANTS.get(k, k), lr): at_rate(k, lr) for k in tables for lr in rates}
+  return {"finding": first + " " + second, "setting": setting,
+          "table": markdown.table(header, body), "notes": notes, "cell": cell, "rates": rates,
+          "clean": clean, "rows": lr_rows, "runs": every}
+
+
+def _remedy_part(tables, pending, lr, rows_dir):
+  """The remedies' finding, setting, tables and notes."""
+  rate = float(REMEDY_RATE)
+  cells = [(T, d) for T, _, d, _ in REMEDY_CELLS]
+  n_pairs = {(T, d): n for T, n, d, _ in REMEDY_CELLS}
+  labels = [v for v, _ in REMEDY_VARIANTS]
+  got = lambda cell, v: tables.get(cell, {}).get(v)
+  every = [r for t in tables.values() for table in t.values() for r in table]
+  lost = failed(every)
+  stuck = [r for r in lost if r["escape"] is None]
+  groups = [(cell, v) for cell in cells for v in labels if got(cell, v)]
+  separate = [f"{variant_name(v)} at T = {cell[0]}" for cell, v in groups
+              if separated(got(cell, v))]
+
+  mixed = [(cell, v) for cell, v in groups
+           if failed(got(cell, v)) and solved(got(cell, v))]
+  defaults = [(cell, len(failed(got(cell, "defaults"))), len(got(cell, "defaults")))
+              for cell in cells if got(cell, "defaults")]
+  if lost and not mixed:
+    rest = (f"of all {len(lost)} failed runs (every variant), {len(stuck)} never leave the "
+            "plateau, and no variant and cell has both failing and solving seeds to compare at "
+            f"step {PROBE_STEP}.")
+  elif lost:
+    rest = (f"of all {len(lost)} failed runs (every variant), {len(stuck)} never leave the "
+            f"plateau, and at step {PROBE_STEP} cond(A_T) and a . khat " + (
+                "do not tell a failing seed from a solving one (their ranges overlap in each of "
+                f"the {len(mixed)} variants and cells with both)." if not separate else
+                f"set the failing seeds apart in {len(separate)} of the {len(mixed)} variants "
+                f"and cells with both ({markdown.listed(separate)})."))
+  else:
+    rest = f"of the {len(every)} runs of every variant, none fails."
+  first = (f"With the layer's defaults at rate {rate:g}, " + markdown.listed(
+      f"{f} of {n} seeds fail at {cell_name(cell)}" for cell, f, n in defaults) + "; " + rest
+           if defaults else rest[0].upper() + rest[1:])
+
+  def compared(v):
+    """[(cell, failed with v, runs, failed with the defaults)] at the cells both have."""
+    return [(cell, len(failed(got(cell, v))), len(got(cell, v)),
+             len(failed(got(cell, "defaults")))) for cell in cells
+            if got(cell, v) and got(cell, "defaults")]
+
+  others = [v for v in labels[1:] if compared(v)]
+  everywhere = [v for v in others if len(compared(v)) == len(cells)
+                and all(f < d for _, f, _, d in compared(v))]
+  fewer = [v for v in others if v not in everywhere
+           and sum(f for _, f, _, _ in compared(v)) < sum(d for _, _, _, d in compared(v))]
+  counts = lambda v: ", ".join(f"{f} of {n}" for _, f, n, _ in compared(v))
+  if everywhere:
+    second = ("Fewer seeds fail than with the defaults at every cell with "
+              + markdown.listed(f"{variant_name(v)} ({counts(v)})" for v in everywhere))
+  elif others:
+    second = ("No variant fails fewer seeds than the defaults at every cell" + (
+        f" ({markdown.listed(f'{variant_name(v)} ({counts(v)})' for v in fewer)} fewer over "
+        "the cells run)" if fewer else ""))
+  else:
+    second = "No variant other than the defaults is in yet"
+  if lr and lr["clean"] and lr["cell"] in cells:
+    second += (f"; rate {markdown.listed(f'{x:g}' for x in lr['clean'])} makes every seed "
+               f"solve at {cell_name(lr['cell'])} (the learning-rate run)")
+  if pending:
+    second += f"; {len(pending)} of {len(pending) + len(groups)} jobs pending"
+  second += "."
+
+  sample = next(iter(read(os.path.join(rows_dir, REMEDY_FOLDER, "rows.jsonl"))), {})
+  steps = f"{sample['steps']:,}" if "steps" in sample else "n/a"
+  seeds = sorted({r["seed"] for r in every})
+  setting = markdown.bullets([
+      "Zoology's MQAR at " + markdown.listed(f"{cell_name(c)} ({n_pairs[c]} pairs)"
+                                             for c in cells)
+      + f", rate {rate:g} (the cells and rate at which VLA's seeds split in section 5), "
+      f"{steps} steps, {markdown.plural(len(seeds), 'seed')} per variant, on an H200 with "
+      f"training diagnostics every {REMEDY_DIAGNOSTICS_EVERY} steps.",
+      "Variants, each one setting changed from the layer's defaults (penalty scale "
+      "1 / sqrt(d_h), lam0 1, W_u random, readout none, 400 warmup steps): "
+      + "; ".join(remedy_names()) + ".",
+      f"Rows: `{REMEDY_COMMAND}` (`results/training/{REMEDY_FOLDER}/`); the learning rate: "
+      f"`{LR_COMMAND}` (`results/training/{FOLDER}/`).",
+      f"A run fails below test accuracy {SOLVED}; *escape*, the first logged step with training "
+      f"accuracy above {ESCAPED}; cond(A_T) and a . khat of layers 0 / 1 at step {PROBE_STEP} "
+      "(cond at the last token, median over heads; a . khat mean over tokens); ||S_T|| of "
+      "layer 1 at the end."])
+
+  header = ["cell", "variant", "failed seeds", "median escape step", "median cond(A_T) 0 / 1",
+            "median a . khat 0 / 1"]
+  body = []
+  for cell in cells:
+    for v in labels:
+      body.append([cell_name(cell), variant_name(v)]
+                  + (summary_cells(got(cell, v)) if got(cell, v) else ["pending", "", "", ""]))
+    if lr and lr["cell"] == cell:
+      body += [[cell_name(cell), f"{variant_name(v)}, rate {x:g}"] + summary_cells(rs)
+               for (v, x), rs in lr["rows"].items() if x != rate and rs]
+  blocks = [f"**Failed seeds per variant and cell**, rate {rate:g} unless named (medians over "
+            "the variant's runs):", markdown.table(header, body)]
+  totals = [f"{variant_name(v)}: {sum(len(failed(got(c, v))) for c in cells if got(c, v))} of "
+            f"{sum(len(got(c, v)) for c in cells if got(c, v))}"
+            for v in labels if any(got(c, v) for c in cells)]
+  # Two measures, each apart by chance with probability 2 / C(n, f): at most twice that.
+  by_chance = sum(min(1.0, 4 / math.comb(len(got(c, v)), len(failed(got(c, v)))))
+                  for c, v in mixed)
+  blocks.append(markdown.bullets([
+      "Failed seeds over the cells run: " + "; ".join(totals) + ".",
+      (f"Pending: {markdown.listed(f'`{j}`' for j in pending)}; `{REMEDY_COMMAND}` runs them "
+       "(a finished job is skipped).") if pending else "",
+      ("By chance alone (the failed runs a random subset of a variant's runs) a measure puts "
+       "the failed runs' range apart from the solved ones' with probability 2 / C(n, f) (n "
+       f"runs, f failed; 0.2 for 2 of 5): at most {by_chance:.1f} of the {len(mixed)} "
+       "variants and cells with both failing and solving runs would show it on cond(A_T) or "
+       "a . khat.") if mixed else "",
+      "The layer's defaults are unchanged."]))
+  for cell in cells:
+    if cell not in tables:
+      continue
+    blocks.append(f"**{cell_name(cell)} ({n_pairs[cell]} pairs), per run**, rate {rate:g}:")
+    blocks.append(markdown.table(["variant"] + RUN_HEADER, [
+        [variant_name(v)] + run_row(r) for v in labels if got(cell, v)
+        for r in sorted(got(cell, v), key=lambda r: r["seed"])]))
+  return {"finding": f"**Finding.** {first} {second}", "setting": setting, "tables": blocks}
