@@ -24,10 +24,7 @@ with S fixed, fed (dO, dS_next), by hand:
 (batch * head, chunk) keeps every intermediate on chip (`vla_state_local_vjp`, 8 warps: 224
 registers and no spills at d = 64); where that program's float32 operands do not fit
 (`Plan.fused_vjp`: head dim 128 without bfloat16 operands, 352 KB of shared memory) the same
-VJP runs as 14 batched XLA products over all chunks. At head dim 128 the program holds S and
-dS_next ([128, 128] float32 each) and spills; only dP and dLm need all value columns, so
-`VJP_VALUE_BLOCK` can run it over blocks of value columns instead (`_local_vjp_split_kernel`:
-one block's rows of S and dS_next live at a time).
+VJP runs as 14 batched XLA products over all chunks.
 
 Non-finite values at later tokens meet only zero cotangents when the loss reads earlier
 outputs; every value tile enters the products through `finite`, so 0 * NaN never reaches an
@@ -45,10 +42,6 @@ from vla_jax.kernels.common import (BF16, compiler_params, dot, finite, head_row
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS
 
 VJP_WARPS = 8   # the chunk-local VJP program: fewer spills than at 4
-# Value columns per block of the chunk-local VJP kernel at dk >= 128 (`_local_vjp_split_kernel`:
-# S and dS_next there are [128, 128] float32 and the one-pass program spills); None: one pass
-# over all value columns, as at dk <= 64. Not yet measured on the GPU against the one pass.
-VJP_VALUE_BLOCK = None
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -129,54 +122,6 @@ def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref,
   dv_ref[...] = dX.astype(dv_ref.dtype)
 
 
-def _local_vjp_split_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref, t_ref,
-                            dq_ref, de_ref, dw_ref, dv_ref,
-                            *, BV, precision, acc):
-  # `_local_vjp_kernel` over value blocks h of BV columns (refs as there; S_h, dSn_h the rows
-  # of S, dS_next in block h). Only dP and dLm need all value columns:
-  #   R_h = T (V_h - E S_h^T)     dR_h = P^T dO_h + W dSn_h^T     dX_h = T^T dR_h = dv_h
-  #   dP = tril(sum_h dO_h R_h^T)           dLm = strictly_lower(-sum_h dX_h R_h^T)
-  #   dw = dP^T Q + sum_h R_h dSn_h + dLm^T E         de = dLm W - sum_h dX_h S_h
-  #   dq = sum_h dO_h S_h + dP W
-  # Loop 1 forms R_h and dX_h once per block, writes dv_h, and carries dP, dLm [C, C] and the
-  # sums of dw and de [C, dk]; dw and de are then written. Loop 2 carries dq's sum alone:
-  # dO_h S_h needs neither R_h nor dX_h, so taking it out of loop 1 costs a second read of
-  # S_h and no product. At most two [C, dk] tiles are carried (one loop carrying all three
-  # sums: three; dP and dLm first, then dq, dw and de over a second loop: three, and R_h and
-  # dX_h formed twice), with one block's S_h and dSn_h [BV, dk]. Every input tile is read
-  # from its ref where a block uses it, so no [C, dk] or [C, C] input is held across a loop.
-  mm = functools.partial(dot, precision=precision)
-  C, dk = q_ref.shape[0], q_ref.shape[-1]
-  nb = v_ref.shape[-1] // BV
-  cols = lambda h: pl.ds(pl.multiple_of(h * BV, BV), BV)
-  tile = lambda ref, *idx: finite(ref[idx or (...,)].astype(acc))
-
-  def block(h, carry):
-    dP, dLm, dw, de = carry
-    S, dSn = tile(s_ref, cols(h), slice(None)), dsn_ref[cols(h), :].astype(acc)  # [BV, dk]
-    dO, T = do_ref[:, cols(h)].astype(acc), tile(t_ref)                          # [C, BV]
-    R = finite(mm(T, tile(v_ref, slice(None), cols(h)) - mm(tile(e_ref), S, tb=True)))
-    dX = mm(T, mm(tile(p_ref), dO, ta=True) + mm(tile(w_ref), dSn, tb=True), ta=True)
-    dv_ref[:, cols(h)] = dX.astype(dv_ref.dtype)
-    return (dP + mm(dO, R, tb=True), dLm + mm(dX, R, tb=True), dw + mm(R, dSn),
-            de - mm(dX, S))
-
-  zeros = lambda n: jnp.zeros((C, n), acc)
-  dP, dLm, dw, de = jax.lax.fori_loop(0, nb, block, (zeros(C), zeros(C), zeros(dk), zeros(dk)))
-  r, c, _ = iota(C)
-  dP = jnp.where(r >= c, dP, 0.0)
-  dLm = jnp.where(r > c, -dLm, 0.0)
-  dw_ref[...] = (mm(dP, tile(q_ref), ta=True) + dw + mm(dLm, tile(e_ref), ta=True)).astype(
-      dw_ref.dtype)
-  W = tile(w_ref)
-  de_ref[...] = (mm(dLm, W) + de).astype(de_ref.dtype)
-
-  def dq_block(h, dq):
-    return dq + mm(do_ref[:, cols(h)].astype(acc), tile(s_ref, cols(h), slice(None)))
-
-  dq_ref[...] = jax.lax.fori_loop(0, nb, dq_block, mm(dP, W)).astype(dq_ref.dtype)
-
-
 # ----------------------------------------------------------------------------- wrappers
 
 def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
@@ -220,38 +165,24 @@ def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
   )(dO, q, w, Wp, P, dS_T)
 
 
-def vjp_value_block(dk, dv):
-  """Value columns per block of the chunk-local VJP kernel at head dims (dk, dv):
-  `VJP_VALUE_BLOCK` at dk >= 128, else dv (one pass)."""
-  return (VJP_VALUE_BLOCK or dv) if dk >= 128 else dv
-
-
-def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None, value_block=None):
+def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None):
   """Chunk-local cotangents (dq, de, dw, dv) of the state path (module docstring).
 
   q, e, w: [BH, N*C, dk]; v, dO: [BH, N*C, dv] (with heads=H, q, v and dO are token-major
   [B, N*C, H, d] and dq, dv come back so); S_c, dS_next: [BH, N, dv, dk]; P [BH, N*C, C] and
-  T [BH, N, C, C] the forward's. dq, dv in q's and v's dtypes, de, dw in S_c's. value_block:
-  value columns per block of the kernel (a power of two >= 16 dividing dv; dv: one pass),
-  None for `vjp_value_block`; the XLA form ignores it."""
+  T [BH, N, C, C] the forward's. dq, dv in q's and v's dtypes, de, dw in S_c's."""
   if not plan.fused_vjp:
     q, v, dO = (head_rows(x, heads) for x in (q, v, dO))
     dq, de, dw, dv = _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T)
     return token_rows(dq, heads), de, dw, token_rows(dv, heads)
   BH, NC, dk = e.shape
   dv, C, acc = v.shape[-1], plan.chunk_size, S_c.dtype
-  BV = value_block or vjp_value_block(dk, dv)
-  if BV < 16 or BV & (BV - 1) or dv % BV:
-    raise ValueError(f"the local VJP's value block must be a power of two >= 16 that divides "
-                     f"dv={dv}; got {BV}")
-  precision = BF16 if plan.low else plan.state_dot
-  kernel = (functools.partial(_local_vjp_kernel, precision=precision, acc=acc) if BV == dv else
-            functools.partial(_local_vjp_split_kernel, BV=BV, precision=precision, acc=acc))
   rows = lambda d, h=None: rows_spec(C, d, h)
   state = pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0))
   tok = lambda d: (BH, NC, d) if heads is None else (BH // heads, NC, heads, d)
   grads = pl.pallas_call(
-      kernel,
+      functools.partial(_local_vjp_kernel, precision=BF16 if plan.low else plan.state_dot,
+                        acc=acc),
       grid=(BH, NC // C),
       in_specs=[rows(dk, heads), rows(dk), rows(dk), rows(dv, heads), rows(dv, heads), state,
                 state, rows(C), rows(C)],

@@ -2,7 +2,6 @@
 kernel the defaults select is built, forward and gradient, so code that only runs in interpret
 mode cannot land; and the kernels each call runs are the ones the plan says."""
 
-import dataclasses
 import re
 
 import jax
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
-from vla_jax.kernels import KernelConfig, state_backward, vla_pallas
+from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
@@ -159,48 +158,3 @@ def test_high_runs_three_tf32_passes_everywhere():
     products = _products(jax.grad(loss, argnums=range(6)), args)
     assert {w for w, _ in products} >= {"xla", "vla_row_cotangents", "vla_adjoint_du"}
     assert {p for _, p in products} <= allowed, sorted(products)
-
-
-def _vjp_loops(fn, args):
-  """Loops (`scan` / `while` equations) in the chunk-local VJP kernel of fn's jaxpr."""
-  with abstract_h200():
-    return sum(e.primitive.name in ("scan", "while")
-               for where, e in equations(jax.make_jaxpr(fn)(*args).jaxpr)
-               if where == "vla_state_local_vjp")
-
-
-def test_value_split_local_vjp_lowers(monkeypatch):
-  """`state_backward.VJP_VALUE_BLOCK` set (64, as a GPU A/B would): at dk = dv = 128 the
-  gradient (bfloat16 inputs, the plan's kernel) lowers with the split chunk-local VJP (its two
-  loops over value blocks); at d = 64 the one-pass kernel stays."""
-  monkeypatch.setattr(state_backward, "VJP_VALUE_BLOCK", 64)
-  for d, loops in ((128, 2), (64, 0)):
-    shape = (1, 64, 1, d, d, 64)
-    assert "vla_state_local_vjp" in _kernels(jnp.bfloat16, shape)
-    cfg = KernelConfig(chunk_size=64)
-    loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32))
-                          for x in vla_pallas(*a, config=cfg, interpret=False))
-    spec = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)
-    args = (spec(1, 64, 1, d),) * 4 + (spec(1, 1, d, d, dt=jnp.float32),) * 2
-    assert _vjp_loops(jax.grad(loss, argnums=range(6)), args) == loops, d
-
-
-@pytest.mark.parametrize("precision", ["DEFAULT", "HIGH", "HIGHEST"])
-@pytest.mark.parametrize("value_block", [16, 64])
-def test_value_split_local_vjp_lowers_float32(value_block, precision):
-  """The split chunk-local VJP kernel on float32 operands at dk = dv = 128 (one-pass TF32,
-  three-pass TF32, IEEE float32 products) lowers too: the plan sends these to XLA products
-  because the one-pass kernel does not fit in shared memory; the split is the candidate that
-  could."""
-  B, H, N, C, d = 1, 2, 2, 64, 128
-  plan = KernelConfig(chunk_size=C, precision=getattr(jax.lax.Precision, precision)).plan(
-      low=False, acc=jnp.float32, dk=d, dv=d, BH=B * H, N=N, interpret=False)
-  plan = dataclasses.replace(plan, fused_vjp=True)
-  spec = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
-  args = (spec(B, N * C, H, d), spec(B * H, N * C, d), spec(B * H, N * C, d),
-          spec(B, N * C, H, d), spec(B, N * C, H, d), spec(B * H, N, d, d), spec(B * H, N, d, d),
-          spec(B * H, N * C, C), spec(B * H, N, C, C))
-  fn = lambda *a: state_backward.local_vjp(plan, *a, heads=H, value_block=value_block)
-  hlo = lower_for_h200(fn, *args).as_text()
-  assert re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo) == ["vla_state_local_vjp"]
-  assert _vjp_loops(fn, args) == 2
