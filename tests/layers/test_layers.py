@@ -245,6 +245,14 @@ def test_u_init_identity_sets_w_u_only():
                                   getattr(default, name).kernel[...])
 
 
+
+def test_penalty_scale_defaults_to_1_and_none_is_the_authors():
+  """1 is the default (RESULTS.md sections 9 and 5); None keeps the authors' 1 / sqrt(d_h)."""
+  assert VLAAttention(D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
+  authors = VLAAttention(D, H, penalty_scale=None, rngs=nnx.Rngs(0))
+  assert authors.penalty_scale == 1.0 / np.sqrt(D // H)
+  assert make_mixer("vla", D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
+
 def test_registry_covers_all_mixers():
   assert set(MIXERS) == {"vla", "softmax", "linear", "deltanet", "gated_deltanet"}
 
