@@ -10,9 +10,12 @@ def mixer_options():
   recurrent model here learns MQAR (vla_jax/layers/README.md); set 0 for the authors' layer.
   """
   return ml_collections.ConfigDict({
-      # penalty_scale None: 1 / sqrt(head_dim), the authors' choice.
+      # penalty_scale 1: the layer's default (vla_jax/layers/README.md). The authors' choice,
+      # 1 / sqrt(head_dim), is None in a config file; flags cannot give None for a float, so on
+      # the command line give its value (1 / sqrt(32) = 0.17677669529663687 for d_h 32), as
+      # the grids' "vla" rows do (vla_jax.training.grid.AUTHORS_PENALTY_SCALE).
       "vla": {"readout": "none", "lam0": 1.0,
-              "penalty_scale": ml_collections.FieldReference(None, field_type=float),
+              "penalty_scale": ml_collections.FieldReference(1.0, field_type=float),
               "conv_size": 4,
               "out_norm": True,
               "u_init": "random"},

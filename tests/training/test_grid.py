@@ -268,7 +268,8 @@ def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
     assert job.config == f"configs/mqar_zoology.py:{T}"
     assert job.overrides == {"model.mixer": "vla", "task.n_pairs": n, "model.d_model": 64,
                              "model.num_heads": 2, "train.num_steps": 4000,
-                             "train.diagnostics_every": 50, **extra[variant]}
+                             "train.diagnostics_every": 50,   # the authors' penalty scale
+                             "model.options.vla.penalty_scale": 1 / np.sqrt(32), **extra[variant]}
     assert job.tag == {"grid": "seed_remedies", "seq_len": T, "n_pairs": n, "d_model": 64,
                        "label": variant, "steps": 4000}
   base_options = base.mixer_options()["vla"]
@@ -295,6 +296,32 @@ def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
                                   "num_steps=4000 seeds=0,1,2,3,4")
   assert text.endswith("14 jobs (14 to do), 70 runs, 280,000 run-steps")
 
+
+
+def test_vla_rows_keep_the_authors_penalty_scale_and_vla_p1_the_default():
+  """The layer's default penalty scale is 1; the rows labelled vla, and the ablation and
+  seed_remedies variants but the penalty ones, were made with 1 / sqrt(d_h) and keep it, at
+  the d_h of each job's config."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  from vla_jax.layers.vla import DEFAULT_PENALTY_SCALE  # pylint: disable=import-outside-toplevel
+  assert DEFAULT_PENALTY_SCALE == 1.0 == base.mixer_options()["vla"]["penalty_scale"]
+  assert grid.AUTHORS_PENALTY_SCALE == 1.0 / np.sqrt(grid.HEAD_DIM)
+  scales = {}
+  for g in grid.GRIDS:
+    for job in grid.grid_jobs(g, zoology_rows=ROWS):
+      if job.overrides["model.mixer"] != "vla":
+        continue
+      path, _, arg = job.config.partition(":")
+      config = importlib.import_module(f"vla_jax.configs.{pathlib.Path(path).stem}").get_config(
+          *[arg] if arg else [])
+      config.update_from_flattened_dict(job.overrides)
+      assert config.model.head_dim == grid.HEAD_DIM, job.name
+      label = job.tag.get("label") if "variant" not in job.tag else job.tag["variant"]
+      scales.setdefault(label, set()).add(config.model.options.vla.penalty_scale)
+  authors = 1.0 / np.sqrt(grid.HEAD_DIM)
+  assert scales.pop("vla_p1") == scales.pop("penalty-1") == {1.0}
+  assert scales.pop("penalty-0") == {0.0}
+  assert scales == {label: {authors} for label in scales} and "vla" in scales
 
 def test_listing_names_each_job_and_whether_it_is_done():
   jobs = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)[:3]

@@ -61,8 +61,8 @@ def test_a_run_logs_finite_diagnostics_and_gradient_norms_by_group(run):
     assert all(np.isfinite(v) for v in values.values())
     assert values["layer0.cond_A.t7"] >= values["layer0.cond_A.t1"] >= 1.0
     assert 0.0 < values["layer0.align_p10"] <= values["layer0.align_mean"] <= 1.0 + 1e-6
-    # u = penalty_scale * unit(W_u k_raw), penalty_scale = 1 / sqrt(head_dim)
-    np.testing.assert_allclose(values["layer0.u_norm_mean"], 8 ** -0.5, rtol=1e-5)
+    # u = penalty_scale * unit(W_u k_raw), penalty_scale = 1 (the default)
+    np.testing.assert_allclose(values["layer0.u_norm_mean"], 1.0, rtol=1e-5)
   for r in train:
     groups = {k: v for k, v in r.items() if "grad." in k}
     assert set(groups) == {f"layer0.grad.{g}" for g in GRAD_GROUPS} | {

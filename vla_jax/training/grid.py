@@ -15,7 +15,7 @@ Grids (the settings of RESULTS.md):
   zoology:  configs/mqar_zoology.py at T / n_pairs = 64/4, 128/8, 256/16, 512/64, d_model
             64 / 128 / 256, rates 1e-3, 3e-3.
   ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale, readout or the
-            convolution changed, rates 1e-3, 3e-3.
+            convolution changed from the authors' defaults, rates 1e-3, 3e-3.
   ablation_demo: the same variants on configs/mqar_demo.py at rate 3e-3 (CPU-sized).
   zoology_tuned: the zoology grid's sweep carried on from its rows (`zoology_rows`, e.g.
             results/training/mqar_zoology_h200.jsonl; see `tuned_jobs`): the rate past the
@@ -26,15 +26,21 @@ Grids (the settings of RESULTS.md):
             "zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2".
   seed_remedies: VLA at the two zoology cells whose seeds split at rate 3e-3 (REMEDY_CELLS:
             T = 64, 4 pairs and T = 128, 8 pairs, d_model 64; configs/mqar_zoology.py, 4,000
-            steps) with the layer's defaults and one setting changed per variant
+            steps) with the authors' defaults and one setting changed per variant
             (REMEDY_VARIANTS: penalty scale, lam0, W_u's initialisation, warmup, readout),
             rate 3e-3, seeds 0-4 (the jobs carry them: `Job.seeds`), training diagnostics every
             50 steps. Named e.g. "seed_remedies-T128-d64-lam0-0.1"; rows labelled by variant.
+
+VLA's penalty scale: the layer's default is 1 (vla_jax.layers.vla.DEFAULT_PENALTY_SCALE); the
+rows labelled "vla", and every ablation and seed_remedies variant but the penalty ones, were
+made with the authors' 1 / sqrt(d_h) and keep it: their jobs pin AUTHORS_PENALTY_SCALE (a
+flag cannot give the layer's None).
 """
 
 import collections
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -47,14 +53,23 @@ from vla_jax.training import jsonl
 GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo", "zoology_tuned",
          "seed_remedies")
 DEFAULT_SEEDS = (0, 1, 2)   # the seeds of a job that carries none (`Job.seeds`)
+# d_h of every grid's jobs: their configs set head_dim 32 and no job changes it
+# (tests/training/test_grid.py checks each job's config).
+HEAD_DIM = 32
+PENALTY = "model.options.vla.penalty_scale"
+# The authors' penalty scale 1 / sqrt(d_h) (the layer's penalty_scale=None) as the float a flag
+# can give: 0.17677669529663687, bit for bit what the layer computes for None at d_h 32.
+AUTHORS_PENALTY_SCALE = 1.0 / math.sqrt(HEAD_DIM)
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
-# mixers' short convolution, the like-for-like backbone; vla_p1 is VLA with penalty_scale 1
-# instead of the authors' 1 / sqrt(d_h).
+# mixers' short convolution, the like-for-like backbone; vla is VLA with the authors' penalty
+# scale (pinned: the layer's default is now 1), vla_p1 with penalty scale 1 (the default; named
+# so that the label says what it is).
 MIXERS = (("softmax", "softmax", {}),
           ("softmax_conv", "softmax", {"model.options.softmax.conv_size": 4}),
           ("linear", "linear", {}), ("deltanet", "deltanet", {}),
-          ("gated_deltanet", "gated_deltanet", {}), ("vla", "vla", {}),
-          ("vla_p1", "vla", {"model.options.vla.penalty_scale": 1.0}))
+          ("gated_deltanet", "gated_deltanet", {}),
+          ("vla", "vla", {PENALTY: AUTHORS_PENALTY_SCALE}),
+          ("vla_p1", "vla", {PENALTY: 1.0}))
 # The zoology_tuned grid's labels: Gated DeltaNet's gate initialisation named in the overrides
 # (the fla baseline stays fla if the layer's default changes), and one row with the slow one.
 TUNED_MIXERS = tuple(
@@ -73,6 +88,10 @@ PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
 LONG_TS = (64, 128, 256, 512, 1024, 2048, 4096)
 ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))        # (T, n_pairs)
 ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))              # (d_model, heads of d_h 32)
+# The ablation grids' variants, (label, overrides): each changes one setting from the authors'
+# defaults (lam0 1, penalty scale 1 / sqrt(d_h), readout none, conv_size 4); "defaults" changes
+# none. Every job also gets AUTHORS_BASE, below its variant's own overrides.
+AUTHORS_BASE = {PENALTY: AUTHORS_PENALTY_SCALE}
 ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
                      ("lam0-10", {"model.options.vla.lam0": 10.0}),
                      ("penalty-0", {"model.options.vla.penalty_scale": 0.0}),
@@ -82,9 +101,10 @@ ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0
                      ("no-conv", {"model.options.vla.conv_size": 0}))
 # The seed_remedies grid: (T, n_pairs, d_model, heads) of the zoology cells whose VLA seeds split
 # at rate 3e-3 (results/training/mqar_zoology_h200.jsonl: T = 64 0.252 / 0.97 / 0.252, T = 128
-# 0.104 / 0.098 / 0.675), and (label, overrides) of the variants tried there: the layer's
+# 0.104 / 0.098 / 0.675), and (label, overrides) of the variants tried there: the authors'
 # defaults (penalty scale 1 / sqrt(d_h), lam0 1, W_u random, readout none, the config's 400
-# warmup steps; the rows record the layer's options) and one setting changed in each.
+# warmup steps; the rows record the layer's options) and one setting changed in each; every
+# job also gets AUTHORS_BASE, below its variant's own overrides.
 # u-identity starts W_u at I, so that u_t points along the raw key k_raw_t (k_t = phi(k_raw_t)).
 REMEDY_CELLS = ((64, 4, 64, 2), (128, 8, 64, 2))
 REMEDY_VARIANTS = (("defaults", {}),
@@ -273,12 +293,13 @@ def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500, zool
   elif grid == "ablation":
     for variant, extra in ABLATION_VARIANTS:
       out.append((f"ablation-{variant}", "configs/mqar_paper.py:24",
-                  {"model.mixer": "vla", **extra}, ("1e-3", "3e-3"),
+                  {"model.mixer": "vla", **AUTHORS_BASE, **extra}, ("1e-3", "3e-3"),
                   {"variant": variant, "n_pairs": 24}))
   elif grid == "ablation_demo":
     for variant, extra in ABLATION_VARIANTS:
       out.append((f"ablation_demo-{variant}", "configs/mqar_demo.py",
-                  {"model.mixer": "vla", "train.num_steps": demo_steps, **extra}, ("3e-3",),
+                  {"model.mixer": "vla", "train.num_steps": demo_steps, **AUTHORS_BASE,
+                   **extra}, ("3e-3",),
                   {"variant": variant, "n_pairs": 8}))
   elif grid == "seed_remedies":
     for T, n, d_model, heads in REMEDY_CELLS:
@@ -286,7 +307,8 @@ def grid_jobs(grid, *, long_Ts=LONG_TS, zoology_steps=4000, demo_steps=500, zool
         out.append((f"seed_remedies-T{T}-d{d_model}-{variant}", f"configs/mqar_zoology.py:{T}",
                     {"model.mixer": "vla", "task.n_pairs": n, "model.d_model": d_model,
                      "model.num_heads": heads, "train.num_steps": zoology_steps,
-                     "train.diagnostics_every": REMEDY_DIAGNOSTICS_EVERY, **extra},
+                     "train.diagnostics_every": REMEDY_DIAGNOSTICS_EVERY, **AUTHORS_BASE,
+                     **extra},
                     (REMEDY_RATE,),
                     {"seq_len": T, "n_pairs": n, "d_model": d_model, "label": variant,
                      "steps": zoology_steps}))
