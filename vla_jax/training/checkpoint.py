@@ -21,6 +21,7 @@ put under checkpoints/ is neither restored nor deleted.
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -330,10 +331,20 @@ def _without(section, keys):
     return section
   out = {k: v for k, v in section.items() if k not in keys}
   if isinstance(out.get("mixer_options"), list):     # [[name, value], ...]
-    out["mixer_options"] = [o for o in out["mixer_options"]
+    out["mixer_options"] = [_authors_penalty(out, o) for o in out["mixer_options"]
                             if not (len(o) == 2 and o[0] in _ADDED_OPTIONS
                                     and _ADDED_OPTIONS[o[0]] == o[1])]
   return out
+
+
+def _authors_penalty(model, option):
+  """VLA's option ["penalty_scale", None] (the authors' 1 / sqrt(d_h), the configs' default
+  before it became 1) as the float the layer computes for it, which the grids now pass: the
+  same run either way."""
+  if model.get("mixer") != "vla" or list(option) != ["penalty_scale", None]:
+    return option
+  head_dim = model.get("head_dim") or model.get("d_model", 0) // model.get("num_heads", 1)
+  return ["penalty_scale", 1.0 / math.sqrt(head_dim)] if head_dim else option
 
 
 def read_config(workdir):
