@@ -15,7 +15,7 @@ Grids (the settings of RESULTS.md):
   zoology:  configs/mqar_zoology.py at T / n_pairs = 64/4, 128/8, 256/16, 512/64, d_model
             64 / 128 / 256, rates 1e-3, 3e-3.
   ablation: VLA on configs/mqar_paper.py:24 with lam0, penalty_scale, readout or the
-            convolution changed from the authors' defaults, rates 1e-3, 3e-3.
+            convolution changed, rates 1e-3, 3e-3.
   ablation_demo: the same variants on configs/mqar_demo.py at rate 3e-3 (CPU-sized).
   zoology_tuned: the zoology grid's sweep carried on from its rows (`zoology_rows`, e.g.
             results/training/mqar_zoology_h200.jsonl; see `tuned_jobs`): the rate past the
@@ -26,7 +26,7 @@ Grids (the settings of RESULTS.md):
             "zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2".
   seed_remedies: VLA at the two zoology cells whose seeds split at rate 3e-3 (REMEDY_CELLS:
             T = 64, 4 pairs and T = 128, 8 pairs, d_model 64; configs/mqar_zoology.py, 4,000
-            steps) with the authors' defaults and one setting changed per variant
+            steps) with the earlier defaults and one setting changed per variant
             (REMEDY_VARIANTS: penalty scale, lam0, W_u's initialisation, warmup, readout),
             rate 3e-3, seeds 0-4 (the jobs carry them: `Job.seeds`), training diagnostics every
             50 steps. Named e.g. "seed_remedies-T128-d64-lam0-0.1"; rows labelled by variant.
@@ -88,9 +88,9 @@ PAPER_N = (4, 8, 12, 16, 24, 32, 48, 64)
 LONG_TS = (64, 128, 256, 512, 1024, 2048, 4096)
 ZOOLOGY = ((64, 4), (128, 8), (256, 16), (512, 64))        # (T, n_pairs)
 ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))              # (d_model, heads of d_h 32)
-# The ablation grids' variants, (label, overrides): each changes one setting from the authors'
-# defaults (lam0 1, penalty scale 1 / sqrt(d_h), readout none, conv_size 4); "defaults" changes
-# none. Every job also gets AUTHORS_BASE, below its variant's own overrides.
+# The ablation grids' variants, (label, overrides): each changes one setting from the defaults
+# of their runs (lam0 1, the authors' penalty scale 1 / sqrt(d_h), readout none, conv_size 4);
+# "defaults" changes none. Every job also gets AUTHORS_BASE, below its variant's own overrides.
 AUTHORS_BASE = {PENALTY: AUTHORS_PENALTY_SCALE}
 ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
                      ("lam0-10", {"model.options.vla.lam0": 10.0}),
@@ -101,8 +101,8 @@ ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0
                      ("no-conv", {"model.options.vla.conv_size": 0}))
 # The seed_remedies grid: (T, n_pairs, d_model, heads) of the zoology cells whose VLA seeds split
 # at rate 3e-3 (results/training/mqar_zoology_h200.jsonl: T = 64 0.252 / 0.97 / 0.252, T = 128
-# 0.104 / 0.098 / 0.675), and (label, overrides) of the variants tried there: the authors'
-# defaults (penalty scale 1 / sqrt(d_h), lam0 1, W_u random, readout none, the config's 400
+# 0.104 / 0.098 / 0.675), and (label, overrides) of the variants tried there: the earlier
+# defaults (the authors' penalty scale 1 / sqrt(d_h), lam0 1, W_u random, readout none, 400
 # warmup steps; the rows record the layer's options) and one setting changed in each; every
 # job also gets AUTHORS_BASE, below its variant's own overrides.
 # u-identity starts W_u at I, so that u_t points along the raw key k_raw_t (k_t = phi(k_raw_t)).
