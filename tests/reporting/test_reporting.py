@@ -69,13 +69,15 @@ def test_zoology_section_from_rows():
   data += [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
   blocks, summary = zoology.zoology_section(data)
   text = _text(blocks)
-  assert "| setting | DeltaNet | VLA |" in text
+  assert "| setting | DeltaNet | VLA (authors' penalty 1/sqrt(d_h)) |" in text
   assert ("| T = 64, d_model = 128 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.490 ± 0.339 "
           "(min 0.250) @ 0.003 (of 1 rate) |") in text       # the validated rate; fewer rates
   assert "| 128 | 4,096 | 8,192 | 16,384 |" in text          # state per layer
-  assert ("extension past the edge), DeltaNet reaches 0.99 at all 1 and VLA at 0. At T = 512 "
+  assert ("extension past the edge), DeltaNet reaches 0.99 at all 1 and VLA with the authors' "
+          "penalty scale 1/sqrt(d_h) at 0. At T = 512 "
           "the rows") in text
-  assert "| T = 64 d_model 128 | VLA | 0.250, 0.970, 0.250 |" in text   # seeds split
+  assert ("| T = 64 d_model 128 | VLA (authors' penalty 1/sqrt(d_h)) | 0.250, 0.970, 0.250 |"
+          in text)   # seeds split
   assert "Not run yet (device time): T = 64 d_model 64, " in text
   assert "Mixers not yet run at a setting: T = 64, d_model 128: softmax / " in text
   assert summary[("vla", (64, 128))]["rate"] == 3e-3
@@ -107,10 +109,12 @@ def test_long_section_names_single_rate_settings_and_finds_the_first_failure():
   blocks, summary = mqar.long_section(data)
   text = _text(blocks)
   assert len(summary[("deltanet", 2048)]["rates"]) == 1
-  assert "Trained at one rate only" in text and "T = 2048: DeltaNet 0.001, VLA 0.003" in text
+  assert "Trained at one rate only" in text
+  assert "T = 2048: DeltaNet 0.001, VLA (authors' penalty 1/sqrt(d_h)) 0.003" in text
   assert "T = 1024: DeltaNet" not in text.split("Trained at one rate only")[1]
-  assert ("Every mixer run reaches 0.99 at every T up to 1,024 (8 pairs). At T = 2,048 VLA "
-          "falls to 0.500, the other 1 stay at or above 0.99.") in text
+  assert ("Every mixer run reaches 0.99 at every T up to 1,024 (8 pairs). At T = 2,048 VLA with "
+          "the authors' penalty scale 1/sqrt(d_h) falls to 0.500, the other 1 stay at or above "
+          "0.99.") in text
 
 
 def test_dtype_note_names_runs_not_in_float32():
@@ -136,7 +140,8 @@ def test_long_section_lists_rates_tried_on_fewer_seeds():
   blocks, summary = mqar.long_section(data)
   text = _text(blocks)
   assert summary[("vla", 4096)]["rate"] == 3e-3
-  assert "VLA at T = 4096, rate 0.001, seeds 1, 2: 0.128, 0.129." in text, text
+  assert ("VLA (authors' penalty 1/sqrt(d_h)) at T = 4096, rate 0.001, seeds 1, 2: 0.128, "
+          "0.129.") in text, text
   assert "rate 0.003, seed" not in text
   assert "softmax + conv at T = 4096." in text
   assert notes.partial_rates_note(data[:3], "seq_len", str) == ""
@@ -170,7 +175,7 @@ def test_edge_rate_note_counts_cells_below_at_an_edge_of_their_sweep():
   note = notes.edge_rate_note(summary, lambda T: f"T = {T}")
   assert note.startswith("Rate sweep edges: of the 2 cells below 0.99, 0 chose the lowest rate "
                          "tried, 1 the highest and 1 one inside the sweep"), note
-  assert note.endswith("| VLA | - | T = 64 @ 0.003 |"), note
+  assert note.endswith("| VLA (authors' penalty 1/sqrt(d_h)) | - | T = 64 @ 0.003 |"), note
   solved = {k: c for k, c in summary.items() if k[0] == "linear"}
   assert notes.edge_rate_note(solved, str) == ""
 
@@ -184,11 +189,12 @@ def test_wider_sweep_note_and_table_mark_cells_off_the_usual_sweep():
                                                                  (3e-3, 0.1)) for s in range(3)]
   summary = rows.grid_summary(data, "seq_len")
   table = mqar.accuracy_table(summary, [64, 128], lambda T: f"T = {T}")
-  assert "| VLA | not run | 0.700 ± 0.000 (min 0.700) @ 0.0003 (of 3 rates) |" in table
+  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | not run | 0.700 ± 0.000 (min 0.700) @ 0.0003 "
+          "(of 3 rates) |") in table
   assert "(of 2 rates)" not in table                       # the usual sweep is not annotated
   note = notes.wider_sweep_note(summary, lambda T: f"T = {T}")
-  assert note == ("Rates added to the usual sweep (0.001, 0.003) at some cells: VLA at T = 128: "
-                  "0.0003 (chosen: 0.0003)."), note
+  assert note == ("Rates added to the usual sweep (0.001, 0.003) at some cells: VLA (authors' "
+                  "penalty 1/sqrt(d_h)) at T = 128: 0.0003 (chosen: 0.0003)."), note
   plain = {k: c for k, c in summary.items() if k[0] != "vla"}
   assert notes.wider_sweep_note(plain, str) == ""
 
@@ -206,7 +212,8 @@ def test_copy_section_chooses_the_rate_at_the_training_length():
   text = _text(copy_task.copy_section(data))
   assert "| DeltaNet | 0.001 | 0.900 ± 0.000 | 0.900 ± 0.000 | 0.000 ± 0.000 |" in text
   assert "**Finding.** DeltaNet copies strings of the training length best (0.900 exact)" in text
-  assert "VLA depends on the seed at L = 64 (exact per seed: 0.100, 0.800)." in text
+  assert ("VLA with the authors' penalty scale 1/sqrt(d_h) depends on the seed at L = 64 (exact "
+          "per seed: 0.100, 0.800).") in text
   assert "The rows of DeltaNet record no training loss" in text
 
 
@@ -254,11 +261,13 @@ def test_seed_section_escape_and_probe_values(tmp_path):
   assert [r["align1"] for r in table] == [0.9, 0.8]
   assert [r["state1"] for r in table] == [0.5, 9.0]
   text = "\n".join(seeds.seed_section(str(tmp_path)))
-  assert "Failed seeds: VLA: 1 of 2 at rate 0.01; no rate tried solves the cell" in text
-  assert "a . khat set it apart from a seed that solves for VLA." in text   # ranges apart
+  N = "VLA (authors' penalty 1/sqrt(d_h))"
+  assert f"Failed seeds: {N}: 1 of 2 at rate 0.01; no rate tried solves the cell" in text
+  assert f"a . khat set it apart from a seed that solves for {N}." in text   # ranges apart
   assert "(failed runs end at test accuracy 0.250-0.250, chance 1 / n_pairs = 0.25)" in text
-  assert "Median escape step of the runs that leave the plateau: VLA 500 at rate 0.01" in text
-  assert "| VLA | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | 0.90 / 0.90 | 0.5 |" in text
+  assert f"Median escape step of the runs that leave the plateau: {N} 500 at rate 0.01" in text
+  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | "
+          "0.90 / 0.90 | 0.5 |") in text
   assert "No rows yet" in "\n".join(seeds.seed_section(str(tmp_path / "empty")))
 
 
@@ -313,25 +322,29 @@ def test_seed_section_with_remedies_compares_each_variant_with_the_defaults(tmp_
   blocks = seeds.seed_section(str(tmp_path))
   assert len(_finding_sentences(blocks)) == 2
   text = _text(blocks)
-  assert ("**Finding.** With the layer's defaults at rate 0.003, 2 of 3 seeds fail at T = 64, "
-          "d_model 64 and 1 of 3 seeds fail at T = 128, d_model 64; of all 4 failed runs (every "
-          "variant), 4 never leave the plateau, and at step 300 cond(A_T) and a . khat do not "
-          "tell a failing seed from a solving one (their ranges overlap in each of the 3 "
-          "variants and cells with both).") in text, text[:900]
-  assert ("Fewer seeds fail than with the defaults at every cell with lam0 10 (0 of 3, 0 of 3); "
+  assert ("**Finding.** With the defaults of these runs (the authors' penalty scale 1/sqrt(d_h)) "
+          "at rate 0.003, 2 of 3 seeds fail at T = 64, d_model 64 and 1 of 3 seeds fail at "
+          "T = 128, d_model 64; of all 4 failed runs (every variant), 4 never leave the "
+          "plateau, and at step 300 cond(A_T) and a . khat do not tell a failing seed from a "
+          "solving one (their ranges overlap in each of the 3 variants and cells with "
+          "both).") in text, text[:900]
+  assert ("Fewer seeds fail than with those defaults at every cell with lam0 10 (0 of 3, 0 of 3); "
           "rate 0.01 makes every seed solve at T = 64, d_model 64 (the learning-rate run); "
           "9 of 14 jobs pending.") in text
-  assert "| T = 64, d_model 64 | defaults | 2 of 3 | 400 | 3.0 / 3.0 | 0.90 / 0.90 |" in text
-  assert "| T = 64, d_model 64 | defaults, rate 0.01 | 0 of 2 | 250 | 3.0 / 3.0 | 0.96 / 0.96 |" \
+  D = "defaults (authors' penalty 1/sqrt(d_h))"
+  assert f"| T = 64, d_model 64 | {D} | 2 of 3 | 400 | 3.0 / 3.0 | 0.90 / 0.90 |" in text
+  assert f"| T = 64, d_model 64 | {D}, rate 0.01 | 0 of 2 | 250 | 3.0 / 3.0 | 0.96 / 0.96 |" \
       in text
   assert "| T = 64, d_model 64 | W_u = I | pending |  |  |  |" in text
   assert "| T = 128, d_model 64 | W_u = I | 1 of 3 | 400 | 5.5 / 5.5 | 0.90 / 0.90 |" in text
-  assert "Failed seeds over the cells run: defaults: 3 of 6; lam0 10: 0 of 6; W_u = I: 1 of 3." \
+  assert f"Failed seeds over the cells run: {D}: 3 of 6; lam0 10: 0 of 6; W_u = I: 1 of 3." \
       in text
+  assert "`penalty_scale=None` in the layer" in text   # the default and the authors' setting
   assert "**T = 128, d_model 64 (8 pairs), per run**, rate 0.003:" in text
   assert "| lam0 10 | 2 | 0.990 | 400 | 1.5 / 1.5 | 0.90 / 0.90 | 1.0 |" in text
   assert "**Learning rate, T = 64, d_model 64, rates 0.003 and 0.01**" in text
-  assert "| VLA | 0.01 | 1 | 1.000 | 200 | 2.9 / 2.9 | 0.97 / 0.97 | 1.0 |" in text
+  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 0.01 | 1 | 1.000 | 200 | 2.9 / 2.9 | "
+          "0.97 / 0.97 | 1.0 |") in text
   assert "`seed_remedies-T128-d64-readout-additive`" in text and "pending: `" not in text
 
   # Without the remedies' files: the learning-rate run's finding and a pending line.
@@ -339,9 +352,10 @@ def test_seed_section_with_remedies_compares_each_variant_with_the_defaults(tmp_
   blocks = seeds.seed_section(str(tmp_path))
   assert len(_finding_sentences(blocks)) == 2
   text = _text(blocks)
-  assert text.count("| VLA |") == 4 and "Failed seeds per variant" not in text
+  assert text.count("| VLA (authors' penalty 1/sqrt(d_h)) |") == 4
+  assert "Failed seeds per variant" not in text
   assert (f"rate 0.003): pending: `{seeds.REMEDY_COMMAND}` (rows to "
-          "`results/training/seed_remedies_h200/`); the layer's defaults are unchanged.") in text
+          "`results/training/seed_remedies_h200/`).") in text
   # Without either: one line and both commands.
   shutil.rmtree(lr)
   text = _text(seeds.seed_section(str(tmp_path)))
@@ -396,7 +410,7 @@ def test_zoology_section_selects_across_the_combined_sweep():
   assert summary[("linear", (512, 64))]["rate"] == 1e-2
   assert summary[("vla", (512, 64))]["rate"] == 3e-3            # 1e-2 better on test only
   assert ("| setting | softmax + conv | linear | DeltaNet | Gated DeltaNet (fla gate init) | "
-          "Gated DeltaNet (slow gate init) | VLA |") in text
+          "Gated DeltaNet (slow gate init) | VLA (authors' penalty 1/sqrt(d_h)) |") in text
   assert ("| T = 512, d_model = 64 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.300 ± 0.000 "
           "(min 0.300) @ 0.01 (of 3 rates; edge: the highest rate tried) | pending (1e-2 not "
           "run); so far 0.800 ± 0.000 (min 0.800) @ 0.003 | 0.900 ± 0.000 (min 0.900) @ 0.0003 "
@@ -409,14 +423,16 @@ def test_zoology_section_selects_across_the_combined_sweep():
   assert "| DeltaNet | - | T = 512 d_model 64 @ 0.003 (pending) |" in edges
   assert "| Gated DeltaNet (fla gate init) | T = 512 d_model 64 @ 0.0003 | - |" in edges
   # 12,000 steps: rows per label, the cells not run at that width, pending cells.
-  assert "| VLA | 1.000 ± 0.000 (min 1.000) @ 0.003 (of 3 rates) | not run | not run |" in text
+  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 1.000 ± 0.000 (min 1.000) @ 0.003 (of 3 "
+          "rates) | not run | not run |") in text
   assert "| Gated DeltaNet (slow gate init) | pending | not run | not run |" in text
-  assert ("(had not converged; mean test accuracy at 4,000 -> 12,000 steps): VLA at d_model 64 "
-          "(0.700 -> 1.000).") in text
+  assert ("(had not converged; mean test accuracy at 4,000 -> 12,000 steps): VLA (authors' "
+          "penalty 1/sqrt(d_h)) at d_model 64 (0.700 -> 1.000).") in text
   assert "as trained; mean test accuracy at 4,000 -> 12,000 steps): linear at d_model 64 " in text
   assert "Pending (rows not all in yet): 4 of 6 cells." in text
   assert ("of the 2 cells below 0.99 at 4,000 steps that have run 12,000 steps, 1 reaches it "
-          "(VLA at d_model 64: not converged at 4,000) and 1 stays below, 1 at a rate inside the "
+          "(VLA with the authors' penalty scale 1/sqrt(d_h) at d_model 64: not converged at "
+          "4,000) and 1 stays below, 1 at a rate inside the "
           "sweep (linear at d_model 64); 4 cells pending.") in text
 
 

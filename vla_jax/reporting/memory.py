@@ -8,6 +8,7 @@ Rows: `experiments/state_norms.py` (kinds state_norm_random, jacobian_random, tr
 
 from vla_jax.reporting import markdown
 from vla_jax.reporting.markdown import fmt
+from vla_jax.reporting.rows import AUTHORS_FLAG
 
 RANDOM_MIXERS = (("linear_attention", "linear attention"), ("deltanet", "DeltaNet"),
                  ("gated_deltanet", "Gated DeltaNet"), ("vla", "VLA"))
@@ -38,7 +39,7 @@ def trained_norm_command(models, jacobians, out):
   base = (f"python experiments/trained_diagnostics.py --config=configs/mqar_long.py:"
           f"{m0['train_T']} --config.model.d_model={m0['d_model']} --config.model.num_heads="
           f"{heads} --config.train.num_steps={m0['steps']} "
-          f"--config.train.learning_rate={m0['learning_rate']:g}")
+          f"--config.train.learning_rate={m0['learning_rate']:g} {AUTHORS_FLAG}")
   return [f"`{base} --Ts={','.join(str(t) for t in sorted(Ts))} --examples={e} --out={out}`"
           for e, Ts in sorted(by_examples.items(), key=lambda kv: min(kv[1]))]
 
@@ -80,7 +81,8 @@ def norms_section(kinds, random_plot, trained_plot, rel, plot=None):
         "Random inputs: `python experiments/state_norms.py --max_T=65536 --workdir=RUN "
         "--out=results/training/state_norms_cpu.jsonl "
         "--plot=results/plots/state_norms_random.png` (CPU; RUN is a finished "
-        "configs/mqar_demo.py run, measured in section 2). One sequence, 4 heads of d_h 32, "
+        f"configs/mqar_demo.py run, `{AUTHORS_FLAG}`: the authors' penalty scale, measured in "
+        "section 2). One sequence, 4 heads of d_h 32, "
         "q, k, v ~ N(0, 1), u a random unit vector / sqrt(d_h); median over heads."]))
     blocks.append(markdown.table(
         ["t"] + [n for _, n in RANDOM_MIXERS],

@@ -148,4 +148,5 @@ def penalty_scale_note(summary, where):
                             for v in vs)
   return (f"VLA's penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at "
           f"{len(ahead)} of {len(both)} settings" + (f" ({at(ahead)})" if ahead else "")
-          + (f", behind at {at(behind)}" if behind else ", behind at none") + ".")
+          + (f", behind at {at(behind)}" if behind else ", behind at none")
+          + ". Penalty scale 1 is the layer's default (section 9).")

@@ -54,7 +54,7 @@ def results_markdown(rows_dir, plots_dir, out_dir, draw=True, bench_dir=None):
                                         plot_path["capacity"], rel,
                                         plot=plots.plot_capacity if draw else None)
   long_context, long_summary = mqar.long_section(rows["long"])
-  zoology_blocks, _ = zoology.zoology_section(rows["zoology"], rows["zoology_tuned"],
+  zoology_blocks, zoology_summary = zoology.zoology_section(rows["zoology"], rows["zoology_tuned"],
                                               plot_path["zoology"], rel,
                                               plot=plots.plot_zoology if draw else None)
   sections = [
@@ -68,7 +68,7 @@ def results_markdown(rows_dir, plots_dir, out_dir, draw=True, bench_dir=None):
       mqar.ablation_section(rows["ablation"], rows["ablation_demo"], rows["ablation_one_seed"],
                             cap),
       memory.decode_section(rows["decode"]),
-      seeds.seed_section(rows_dir, rel(os.path.join(plots_dir, SEED_PLOT))),
+      seeds.seed_section(rows_dir, rel(os.path.join(plots_dir, SEED_PLOT)), zoology_summary),
   ]
   return "\n\n".join(block for section in sections for block in section if block) + "\n"
 

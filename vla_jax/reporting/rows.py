@@ -13,14 +13,22 @@ import collections
 import numpy as np
 
 from vla_jax.training import jsonl
+from vla_jax.training.grid import AUTHORS_PENALTY_SCALE, HEAD_DIM
 
 MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet",
                "gated_deltanet_slow", "vla", "vla_p1")
 MIXER_NAMES = {"softmax": "softmax", "softmax_conv": "softmax + conv", "linear": "linear",
                "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet",
-               "gated_deltanet_slow": "Gated DeltaNet, slow gate init", "vla": "VLA",
-               "vla_p1": "VLA, penalty scale 1"}
-HEAD_DIM = 32   # every grid's head dim d_h
+               "gated_deltanet_slow": "Gated DeltaNet, slow gate init",
+               "vla": "VLA (authors' penalty 1/sqrt(d_h))",
+               "vla_p1": "VLA, penalty scale 1 (default)"}
+# Names inside a sentence, where they differ from MIXER_NAMES. VLA's penalty scale defaults to
+# 1 (vla_jax.layers.vla.DEFAULT_PENALTY_SCALE); label vla has the authors' 1/sqrt(d_h).
+PROSE_NAMES = {"vla": "VLA with the authors' penalty scale 1/sqrt(d_h)",
+               "vla_p1": "VLA with penalty scale 1 (the default)"}
+# The flag that gives VLA the authors' penalty scale at HEAD_DIM (the layer's None): a command
+# that made VLA rows before the default became 1 needs it to make the same rows again.
+AUTHORS_FLAG = f"--config.model.options.vla.penalty_scale={AUTHORS_PENALTY_SCALE!r}"
 
 
 def read(path):
@@ -34,13 +42,14 @@ def label(row):
 
 
 def name(mixer):
-  """The display name of a label ("vla_p1" -> "VLA, penalty scale 1")."""
+  """The display name of a label ("vla_p1" -> "VLA, penalty scale 1 (default)")."""
   return MIXER_NAMES.get(mixer, mixer)
 
 
 def prose_name(mixer):
-  """The name of a label inside a sentence ("vla_p1" -> "VLA with penalty scale 1")."""
-  return "VLA with penalty scale 1" if mixer == "vla_p1" else name(mixer)
+  """The name of a label inside a sentence ("vla_p1" -> "VLA with penalty scale 1 (the
+  default)")."""
+  return PROSE_NAMES.get(mixer, name(mixer))
 
 
 def sentence_start(text):

@@ -1,4 +1,4 @@
-"""RESULTS.md section 9: why VLA seeds fail, and the remedies tried, from zoology cells rerun
+r"""RESULTS.md section 9: why VLA seeds fail, and the remedies tried, from zoology cells rerun
 with training diagnostics.
 
 Two folders under results/training/, each a grid's rows with every job's metrics.jsonl
@@ -16,14 +16,25 @@ its sweep_results.jsonl (the runs, in the metrics lists' order):
       cp OUT/seed_remedies.jsonl results/training/seed_remedies_h200/rows.jsonl
       for d in OUT/runs/seed_remedies-*; do
         j=$(basename "$d"); j=${j#seed_remedies-}
-        cp "$d/metrics.jsonl" "results/training/seed_remedies_h200/${j}_metrics.jsonl"
+        python -c "$SLIM" < "$d/metrics.jsonl" \
+          > "results/training/seed_remedies_h200/${j}_metrics.jsonl"
         cp "$d/sweep_results.jsonl" "results/training/seed_remedies_h200/${j}_runs.jsonl"
       done
 
-  which gives rows.jsonl (70 rows, ~65 KB), and per job (`remedy_stem`, e.g.
+  where SLIM, the one-liner below, drops the parameter norms (keys "param.*" and "*.param.*",
+  which this section does not read) and rounds every float to 4 significant digits:
+
+      SLIM='import json, sys; f = lambda v: {k: f(x) for k, x in v.items() if not (k.startswith("param.") or ".param." in k)} if isinstance(v, dict) else [f(x) for x in v] if isinstance(v, list) else float(f"{v:.4g}") if isinstance(v, float) else v; [print(json.dumps(f(json.loads(l)))) for l in sys.stdin]'
+
+  That gives rows.jsonl (70 rows, ~65 KB), and per job (`remedy_stem`, e.g.
   "T128-d64-lam0-0.1") `<stem>_metrics.jsonl` (80 training rows and 81 probe rows of 5 runs
-  over 4,000 steps: ~0.55 MB; ~8 MB for the 14 jobs) and `<stem>_runs.jsonl` (5 rows, ~2 KB).
-  A job whose two files are not there yet reads *pending*.
+  over 4,000 steps: ~0.2 MB; 2.8 MB for the 14 jobs, against ~8 MB copied whole) and
+  `<stem>_runs.jsonl` (5 rows, ~2 KB). A job whose two files are not there yet reads
+  *pending*.
+
+The remedies' baseline, the variant "defaults", is the defaults of those runs, with the
+authors' penalty scale 1/sqrt(d_h); the layer's default became 1 on these rows and section 5's
+(`default_reason` says why).
 """
 
 import math
@@ -32,7 +43,7 @@ import os
 import numpy as np
 
 from vla_jax.reporting import markdown
-from vla_jax.reporting.rows import read
+from vla_jax.reporting.rows import AUTHORS_FLAG, name, read
 from vla_jax.training.grid import (REMEDY_CELLS, REMEDY_DIAGNOSTICS_EVERY, REMEDY_RATE,
                                    REMEDY_VARIANTS, grid_jobs)
 
@@ -44,11 +55,13 @@ LR_COMMAND = ("python experiments/grid.py --grids=zoology --only=zoology-T64-d64
 REMEDY_COMMAND = ("python experiments/grid.py --grids=seed_remedies --workdir=OUT --gpus=0 "
                   "--per_gpu=14 --vla_impl=pallas")
 # (grid label, name in the section): VLA with the authors' penalty scale 1/sqrt(d_h), and 1.
-LABELS = (("vla", "VLA"),
-          ("vla_p1", "VLA, penalty scale 1"))
+LABELS = (("vla", name("vla")),
+          ("vla_p1", name("vla_p1")))
 # The seed_remedies grid's variants (`REMEDY_VARIANTS`) by name, and the learning-rate run's
-# labels as the variants they equal.
-VARIANT_NAMES = {"defaults": "defaults", "penalty-1": "penalty scale 1",
+# labels as the variants they equal. "defaults" has the authors' penalty scale; 1 is the
+# layer's default now.
+VARIANT_NAMES = {"defaults": "defaults (authors' penalty 1/sqrt(d_h))",
+                 "penalty-1": "penalty scale 1, now the default",
                  "lam0-0.1": "lam0 0.1", "lam0-10": "lam0 10", "u-identity": "W_u = I",
                  "warmup-1000": "warmup 1,000 steps", "readout-additive": "additive readout"}
 LR_VARIANTS = {"vla": "defaults", "vla_p1": "penalty-1"}
@@ -186,8 +199,43 @@ def remedy_names():
   return out
 
 
-def seed_section(rows_dir, plot_rel=None):
-  """The section's markdown blocks (a "pending" line where a folder's files are missing)."""
+def default_reason(tables, zoology=None):
+  """Why penalty scale 1 is the layer's default, from the remedies' `tables` (failed seeds of
+  "penalty-1" against "defaults", the authors' scale, over the cells both ran) and `zoology`
+  (section 5's summary {(label, (T, d_model)): cell}; its "vla_p1" against "vla" at each
+  setting): (a clause for the finding, a bullet); ("", bullet) without rows to compare."""
+  cells = [c for c in tables if "penalty-1" in tables[c] and "defaults" in tables[c]]
+  count = lambda v: (sum(len(failed(tables[c][v])) for c in cells),
+                     sum(len(tables[c][v]) for c in cells))
+  bullet = ("The layer's penalty scale defaults to 1 (`DEFAULT_PENALTY_SCALE`, "
+            "`vla_jax/layers/vla.py`); the authors' 1/sqrt(d_h) stays available: "
+            f"`penalty_scale=None` in the layer, `{AUTHORS_FLAG}` (d_h = 32) on the command line, "
+            "label `vla` in sections 3 to 6 and variant `defaults` in sections 7 and 9.")
+  if not cells:
+    return "", bullet
+  (f1, n1), (fd, nd) = count("penalty-1"), count("defaults")
+  both = "both cells" if len(cells) == 2 else markdown.listed(cell_name(c) for c in cells)
+  text = ("penalty scale 1 became the layer's default as it fails fewer seeds"
+          if f1 < fd else "penalty scale 1 is the layer's default, and here it fails seeds")
+  text += f" over {both} ({f1} of {n1} against {fd} of {nd} with the authors' 1/sqrt(d_h))"
+  settings = sorted(st for (m, st) in (zoology or {}) if m == "vla"
+                    and ("vla_p1", st) in zoology)
+  if settings:
+    gap = {st: float(zoology[("vla_p1", st)]["test"].mean() - zoology[("vla", st)]["test"].mean())
+           for st in settings}
+    worst = min(gap.values())
+    ahead = sum(g > 0.01 for g in gap.values())
+    text += (" and in section 5 is " + (f"at most {-worst:.3f} behind" if worst < 0 else
+                                         "never behind")
+             + f" the authors' scale at any of the {len(settings)} zoology settings (ahead by "
+             f"more than 0.01 at {ahead})")
+  return text, bullet
+
+
+def seed_section(rows_dir, plot_rel=None, zoology=None):
+  """The section's markdown blocks (a "pending" line where a folder's files are missing);
+  `zoology`: section 5's summary, for the reason of the default penalty scale
+  (`default_reason`)."""
   title = "## 9. Why VLA seeds fail"
   lr = _lr_part(os.path.join(rows_dir, FOLDER))
   tables, pending = remedy_tables(os.path.join(rows_dir, REMEDY_FOLDER))
@@ -202,10 +250,9 @@ def seed_section(rows_dir, plot_rel=None):
             f"`results/training/{REMEDY_FOLDER}/`).", markdown.bullets([lr_pending,
                                                                        remedy_pending])]
   if not tables:
-    blocks = [title, lr["finding"], lr["setting"], lr["table"], lr["notes"],
-              remedy_pending.removesuffix(".") + "; the layer's defaults are unchanged."]
+    blocks = [title, lr["finding"], lr["setting"], lr["table"], lr["notes"], remedy_pending]
   else:
-    remedy = _remedy_part(tables, pending, lr, rows_dir)
+    remedy = _remedy_part(tables, pending, lr, rows_dir, zoology)
     blocks = [title, remedy["finding"], remedy["setting"], *remedy["tables"]]
     blocks += ([f"**Learning rate, {cell_name(lr['cell'])}, rates "
                 f"{markdown.listed(f'{x:g}' for x in lr['rates'])}**, "
@@ -307,9 +354,10 @@ def _lr_part(folder):
           "clean": clean, "rows": lr_rows, "runs": every}
 
 
-def _remedy_part(tables, pending, lr, rows_dir):
+def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
   """The remedies' finding, setting, tables and notes."""
   rate = float(REMEDY_RATE)
+  reason = default_reason(tables, zoology)
   cells = [(T, d) for T, _, d, _ in REMEDY_CELLS]
   n_pairs = {(T, d): n for T, n, d, _ in REMEDY_CELLS}
   labels = [v for v, _ in REMEDY_VARIANTS]
@@ -338,7 +386,8 @@ def _remedy_part(tables, pending, lr, rows_dir):
                 f"and cells with both ({markdown.listed(separate)})."))
   else:
     rest = f"of the {len(every)} runs of every variant, none fails."
-  first = (f"With the layer's defaults at rate {rate:g}, " + markdown.listed(
+  first = (f"With the defaults of these runs (the authors' penalty scale 1/sqrt(d_h)) at rate "
+           f"{rate:g}, " + markdown.listed(
       f"{f} of {n} seeds fail at {cell_name(cell)}" for cell, f, n in defaults) + "; " + rest
            if defaults else rest[0].upper() + rest[1:])
 
@@ -355,14 +404,16 @@ def _remedy_part(tables, pending, lr, rows_dir):
            and sum(f for _, f, _, _ in compared(v)) < sum(d for _, _, _, d in compared(v))]
   counts = lambda v: ", ".join(f"{f} of {n}" for _, f, n, _ in compared(v))
   if everywhere:
-    second = ("Fewer seeds fail than with the defaults at every cell with "
+    second = ("Fewer seeds fail than with those defaults at every cell with "
               + markdown.listed(f"{variant_name(v)} ({counts(v)})" for v in everywhere))
   elif others:
-    second = ("No variant fails fewer seeds than the defaults at every cell" + (
+    second = ("No variant fails fewer seeds than those defaults at every cell" + (
         f" ({markdown.listed(f'{variant_name(v)} ({counts(v)})' for v in fewer)} fewer over "
         "the cells run)" if fewer else ""))
   else:
     second = "No variant other than the defaults is in yet"
+  if reason[0]:
+    second += f"; {reason[0]}"
   if lr and lr["clean"] and lr["cell"] in cells:
     second += (f"; rate {markdown.listed(f'{x:g}' for x in lr['clean'])} makes every seed "
                f"solve at {cell_name(lr['cell'])} (the learning-rate run)")
@@ -379,8 +430,9 @@ def _remedy_part(tables, pending, lr, rows_dir):
       + f", rate {rate:g} (the cells and rate at which VLA's seeds split in section 5), "
       f"{steps} steps, {markdown.plural(len(seeds), 'seed')} per variant, on an H200 with "
       f"training diagnostics every {REMEDY_DIAGNOSTICS_EVERY} steps.",
-      "Variants, each one setting changed from the layer's defaults (penalty scale "
-      "1 / sqrt(d_h), lam0 1, W_u random, readout none, 400 warmup steps): "
+      "Variants, each one setting changed from the defaults of these runs (the authors' "
+      "penalty scale 1 / sqrt(d_h), lam0 1, W_u random, readout none, 400 warmup steps; the "
+      "grid pins that scale now that the layer's default is 1): "
       + "; ".join(remedy_names()) + ".",
       f"Rows: `{REMEDY_COMMAND}` (`results/training/{REMEDY_FOLDER}/`); the learning rate: "
       f"`{LR_COMMAND}` (`results/training/{FOLDER}/`).",
@@ -416,7 +468,7 @@ def _remedy_part(tables, pending, lr, rows_dir):
        f"runs, f failed; 0.2 for 2 of 5): at most {by_chance:.1f} of the {len(mixed)} "
        "variants and cells with both failing and solving runs would show it on cond(A_T) or "
        "a . khat.") if mixed else "",
-      "The layer's defaults are unchanged."]))
+      reason[1]]))
   for cell in cells:
     if cell not in tables:
       continue

@@ -15,10 +15,10 @@ import collections
 
 from vla_jax.reporting import markdown, notes
 from vla_jax.reporting.mqar import GRID_LABELS, SOLVED, grid_command, mean
-from vla_jax.reporting.rows import (HEAD_DIM, cell_order, grid_summary, mixers_in, name,
-                                    prose_name, settings_sentence, state_floats, usual_rates)
-from vla_jax.training.grid import (TUNED_STEPS, TUNED_T, ZOOLOGY, ZOOLOGY_WIDTHS, rate_name,
-                                   tuned_jobs)
+from vla_jax.reporting.rows import (cell_order, grid_summary, mixers_in, name, prose_name,
+                                    settings_sentence, state_floats, usual_rates)
+from vla_jax.training.grid import (HEAD_DIM, TUNED_STEPS, TUNED_T, ZOOLOGY, ZOOLOGY_WIDTHS,
+                                   rate_name, tuned_jobs)
 
 STEPS = 4000   # the zoology grid's training steps
 # Section 5 names both Gated DeltaNet rows by their gate initialisation.
