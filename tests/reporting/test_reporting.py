@@ -448,3 +448,19 @@ def test_zoology_section_without_tuned_rows_reads_pending():
   assert "(5 cells pending their tuned rows)" in text
   assert ("At T = 512 the rows trained 12,000 steps, which tell a run that had not converged "
           "from a state that cannot hold 64 pairs, are pending (0 of 6 cells in).") in text
+
+
+def test_seed_cause_compares_the_w_u_gradient_of_the_two_penalty_scales():
+  """The cause note reads each cell's escapes and the ratio of the W_u gradients; without both
+  variants it is empty."""
+  from vla_jax.reporting import seeds  # pylint: disable=import-outside-toplevel
+  run = lambda esc, g, acc: {"escape": esc, "u_grad0": g, "accuracy": acc}
+  cell = (64, 64)
+  tables = {cell: {"defaults": [run(1800, 1e-4, 0.98), run(None, 3e-4, 0.25),
+                                run(None, 2e-4, 0.25)],
+                   "penalty-1": [run(700, 4e-3, 1.0), run(900, 6e-3, 1.0),
+                                 run(None, 8e-3, 0.25)]}}
+  text = seeds.cause(tables, [cell])
+  assert "escapes at steps 1800," in text and "2.0e-04 against 6.0e-03" in text
+  assert "(30x)" in text
+  assert seeds.cause({cell: {"defaults": tables[cell]["defaults"]}}, [cell]) == ""

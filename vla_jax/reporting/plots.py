@@ -97,3 +97,28 @@ def plot_state_norms(traces, head_dim, path):
   ax.set_title(f"Memory norm, random inputs, d_h = {head_dim}")
   ax.legend()
   _save(fig, path)
+
+
+def plot_seed_runs(panels, path):
+  """Training curves of failed and solved seeds, one row of panels per cell: training loss and
+  the gradient norm reaching layer 0's penalty projection W_u, against the step.
+  panels: {cell title: {variant name: (steps [n], loss [n, runs], u_grad [n, runs],
+  solved [runs])}}; the first variant is drawn solid, the next dashed, then dotted."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.4 * len(panels)), squeeze=False)
+  styles = ("-", "--", ":")
+  for row, (title, variants) in zip(axes, panels.items()):
+    for (variant, (steps, loss, u_grad, solved)), style in zip(variants.items(), styles):
+      for i, ok in enumerate(solved):
+        kw = dict(color="C0" if ok else "C3", ls=style, lw=1, alpha=0.8)
+        row[0].plot(steps, np.asarray(loss)[:, i], **kw)
+        row[1].semilogy(steps, np.maximum(np.asarray(u_grad)[:, i], 1e-6), **kw)
+      row[0].plot([], [], color="k", ls=style, label=variant)
+    row[0].plot([], [], color="C0", label="solved (test >= 0.9)")
+    row[0].plot([], [], color="C3", label="failed")
+    row[0].set_title(f"{title}: training loss")
+    row[1].set_title(f"{title}: |grad W_u| (layer 0)")
+    for ax in row:
+      ax.set_xlabel("step")
+    row[0].legend(fontsize=7)
+  _save(fig, path)

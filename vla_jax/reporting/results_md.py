@@ -25,7 +25,8 @@ FILES = {
     "decode": "decode_h200.jsonl",
 }
 PLOTS = {"capacity": "mqar_capacity.png", "zoology": "zoology_state_size.png",
-         "trained_norms": "trained_state_norms.png", "random_norms": "state_norms_random.png"}
+         "trained_norms": "trained_state_norms.png", "random_norms": "state_norms_random.png",
+         "seed_remedies": "seed_remedies_h200.png"}
 # Drawn by `experiments/plot_run.py` from the section 9 run (not by this report).
 SEED_PLOT = "seed_failures_h200.png"
 INTRO = (
@@ -57,6 +58,9 @@ def results_markdown(rows_dir, plots_dir, out_dir, draw=True, bench_dir=None):
   zoology_blocks, zoology_summary = zoology.zoology_section(rows["zoology"], rows["zoology_tuned"],
                                               plot_path["zoology"], rel,
                                               plot=plots.plot_zoology if draw else None)
+  panels = seeds.curve_panels(rows_dir)
+  if draw and panels:
+    plots.plot_seed_runs(panels, plot_path["seed_remedies"])
   sections = [
       ["# Results", INTRO],
       claims.claims_section(kinds, cap, long_summary, rows["mixer_sweep"], bench_dir),
@@ -68,7 +72,8 @@ def results_markdown(rows_dir, plots_dir, out_dir, draw=True, bench_dir=None):
       mqar.ablation_section(rows["ablation"], rows["ablation_demo"], rows["ablation_one_seed"],
                             cap),
       memory.decode_section(rows["decode"]),
-      seeds.seed_section(rows_dir, rel(os.path.join(plots_dir, SEED_PLOT)), zoology_summary),
+      seeds.seed_section(rows_dir, rel(os.path.join(plots_dir, SEED_PLOT)), zoology_summary,
+                         rel(plot_path["seed_remedies"]) if panels else None),
   ]
   return "\n\n".join(block for section in sections for block in section if block) + "\n"
 

@@ -95,7 +95,8 @@ def run_table(metrics, runs):
         "cond0": at(early, t_key, i),
         "cond1": at(early, t_key and t_key.replace("layer0", "layer1"), i),
         "align0": at(early, "layer0.align_mean", i), "align1": at(early, "layer1.align_mean", i),
-        "state1": at(last, "layer1.state_norm_end", i)})
+        "state1": at(last, "layer1.state_norm_end", i),
+        "u_grad0": train[0].get("layer0.grad.u_proj", [None] * len(runs))[i] if train else None})
   return out
 
 
@@ -232,7 +233,7 @@ def default_reason(tables, zoology=None):
   return text, bullet
 
 
-def seed_section(rows_dir, plot_rel=None, zoology=None):
+def seed_section(rows_dir, plot_rel=None, zoology=None, remedy_plot_rel=None):
   """The section's markdown blocks (a "pending" line where a folder's files are missing);
   `zoology`: section 5's summary, for the reason of the default penalty scale
   (`default_reason`)."""
@@ -253,7 +254,10 @@ def seed_section(rows_dir, plot_rel=None, zoology=None):
     blocks = [title, lr["finding"], lr["setting"], lr["table"], lr["notes"], remedy_pending]
   else:
     remedy = _remedy_part(tables, pending, lr, rows_dir, zoology)
-    blocks = [title, remedy["finding"], remedy["setting"], *remedy["tables"]]
+    blocks = [title, remedy["finding"], remedy["setting"], *remedy["tables"][:3]]
+    if remedy_plot_rel:
+      blocks.append(f"![loss and W_u gradient per run, failed and solved seeds]({remedy_plot_rel})")
+    blocks += remedy["tables"][3:]
     blocks += ([f"**Learning rate, {cell_name(lr['cell'])}, rates "
                 f"{markdown.listed(f'{x:g}' for x in lr['rates'])}**, "
                 f"{markdown.listed(text for _, text in LABELS)}, per run:",
@@ -468,6 +472,7 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
        f"runs, f failed; 0.2 for 2 of 5): at most {by_chance:.1f} of the {len(mixed)} "
        "variants and cells with both failing and solving runs would show it on cond(A_T) or "
        "a . khat.") if mixed else "",
+      cause(tables, cells),
       reason[1]]))
   for cell in cells:
     if cell not in tables:
@@ -477,3 +482,53 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
         [variant_name(v)] + run_row(r) for v in labels if got(cell, v)
         for r in sorted(got(cell, v), key=lambda r: r["seed"])]))
   return {"finding": f"**Finding.** {first} {second}", "setting": setting, "tables": blocks}
+
+
+def cause(tables, cells):
+  """The note that states the cause: every run starts on one plateau and they differ in when
+  they leave it; the escapes at the remedy rate come late under the decaying schedule; penalty
+  scale 1 gives W_u a larger gradient and leaves sooner. "" without both variants."""
+  both = [c for c in cells if {"defaults", "penalty-1"} <= set(tables.get(c, {}))]
+  if not both:
+    return ""
+  med = lambda xs: float(np.median(xs)) if xs else float("nan")
+  parts = []
+  for c in both:
+    d, p = tables[c]["defaults"], tables[c]["penalty-1"]
+    esc = sorted(r["escape"] for r in d if r["escape"] is not None)
+    g_d = med([r["u_grad0"] for r in d if r["u_grad0"] is not None])
+    g_p = med([r["u_grad0"] for r in p if r["u_grad0"] is not None])
+    parts.append(f"{cell_name(c)}: the defaults' escapes at steps "
+                 f"{markdown.listed(str(x) for x in esc) if esc else 'none'}, |grad W_u| of "
+                 f"layer 0 at the first logged step {g_d:.1e} against {g_p:.1e} with penalty "
+                 f"scale 1 ({g_p / g_d:.0f}x)" if g_d > 0 else f"{cell_name(c)}: n/a")
+  return ("Cause, as the rows show it: the failed and the solved seeds of a setting run the same "
+          "early training (the probes at step "
+          f"{PROBE_STEP} overlap; the loss curves in the plot) and differ only in when they leave the plateau; at rate "
+          f"{float(REMEDY_RATE):g} the escapes come late, when the cosine schedule has lowered "
+          "the rate, and a run that has not left by then does not (at rate 0.01 every seed leaves "
+          "early: the learning-rate run below). With the authors' penalty scale the penalty is "
+          "close to the identity (cond(A_T) ~3, a ~ khat: DeltaNet's write) and W_u, the "
+          "penalty's own projection, gets almost no gradient; penalty scale 1 makes the "
+          "penalty matter and its runs leave sooner: " + "; ".join(parts) + ".")
+
+
+def curve_panels(rows_dir, variants=("defaults", "penalty-1")):
+  """{cell title: {variant name: (steps, loss [n, runs], |grad W_u| of layer 0 [n, runs],
+  solved [runs])}} of the seed_remedies jobs on file (`plots.plot_seed_runs`)."""
+  folder = os.path.join(rows_dir, REMEDY_FOLDER)
+  panels = {}
+  for job in grid_jobs("seed_remedies"):
+    if job.tag["label"] not in variants:
+      continue
+    metrics = read(os.path.join(folder, f"{remedy_stem(job.name)}_metrics.jsonl"))
+    runs = read(os.path.join(folder, f"{remedy_stem(job.name)}_runs.jsonl"))
+    train = [r for r in metrics if "loss" in r and "layer0.grad.u_proj" in r]
+    if not train or not runs:
+      continue
+    title = cell_name((job.tag["seq_len"], job.tag["d_model"]))
+    panels.setdefault(title, {})[variant_name(job.tag["label"])] = (
+        [r["step"] for r in train], [r["loss"] for r in train],
+        [r["layer0.grad.u_proj"] for r in train],
+        [r["test"]["mqar"]["accuracy"] >= SOLVED for r in runs])
+  return panels
