@@ -112,9 +112,11 @@ def run_scripts(*argvs, env=None, cwd=None, timeout=600):
 
 def pytest_configure(config):
   """Points JAX's persistent compilation cache at a folder made for this test run and shared by
-  its xdist workers (they inherit the variable), so a computation that several tests (or
-  several Trainer instances, or eager `lax.scan` calls) compile is compiled once. A cache hit
-  returns the executable XLA built for the same program; results are unchanged."""
+  its xdist workers and the scripts the tests start (they inherit the variables), so a
+  computation that several tests, scripts or Trainer instances compile (a tiny model's
+  initialisers, a run's evaluation step read back by evaluate.py) is compiled once. A cache
+  hit returns the executable XLA built for the same program (the key holds the XLA flags and
+  the devices); results are unchanged."""
   folder = os.environ.get(_CACHE_ENV)
   if folder is None:
     folder = tempfile.mkdtemp(prefix="vla-jax-xla-cache-")
@@ -122,13 +124,17 @@ def pytest_configure(config):
     config.stash[_cache_key] = folder
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  # JAX reads these at import in the processes the tests start.
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 
 def pytest_unconfigure(config):
   folder = config.stash.get(_cache_key, None)
   if folder is not None:
     shutil.rmtree(folder, ignore_errors=True)
-    os.environ.pop(_CACHE_ENV, None)
+    for name in (_CACHE_ENV, "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+      os.environ.pop(name, None)
 
 
 @pytest.fixture
