@@ -1,10 +1,12 @@
 """Smoke runs of the experiment scripts, as a user runs them (`python experiments/X.py`, against
-the installed package): each prints its help, and a tiny run of each writes what it says."""
+the installed package): each prints its help, and a tiny run of each writes what it says.
+
+Every run of this file happens in one process, in order (`runs`: `conftest.run_scripts`, each
+script run as `python SCRIPT` runs it, the package imported once); the tests read their
+runs' exit status, output and files."""
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -19,14 +21,6 @@ TINY_MODEL = ["model.d_model=8", "model.num_heads=1", "model.head_dim=8", "model
 TINY_TRAIN = ["train.num_steps=2", "train.batch_size=4", "train.warmup_steps=1",
               "train.eval_examples=4", "train.eval_batch_size=4", "train.eval_every=0",
               "train.checkpoint_every=0"]
-
-
-def run(script, *args, cwd=ROOT):
-  """Runs experiments/<script>.py; returns its stdout (fails the test on a non-zero exit)."""
-  out = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{script}.py"), *args],
-                       cwd=cwd, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-  return out.stdout
 
 
 def config_flags(*overrides):
@@ -46,118 +40,153 @@ def test_the_scripts_are_absl_mains_over_the_installed_package():
     assert not imported & names, (script, imported & names)
 
 
-MISTAKE = ["grid.py", "--workdir=x", "--grids=capcity"]
+MISTAKE = ["--workdir=x", "--grids=capcity"]
+# Overrides of the grid jobs' tiny runs.
+GRID_OVERRIDES = [f"--override={o}" for o in TINY_MODEL + TINY_TRAIN]
+ZOOLOGY_JOB = "zoology_tuned-T64-d64-gated_deltanet_slow-s4000-lr1e-3_3e-3"
 
 
 @pytest.fixture(scope="module")
-def helps():
-  """Each script's `--help` by name, and the run of MISTAKE under "mistake" (one process,
-  `run_scripts`)."""
-  calls = [[f"{s}.py", "--help"] for s in SCRIPTS] + [MISTAKE]
-  done = run_scripts(*([ROOT / "experiments" / c[0], *c[1:]] for c in calls), timeout=300)
-  return dict(zip(SCRIPTS + ("mistake",), done))
+def runs(tmp_path_factory):
+  """({name: subprocess.CompletedProcess} of every script run of this file, {name: folder}
+  of their outputs); the runs in the order listed (a second grid call after the first)."""
+  d = {name: tmp_path_factory.mktemp(name) for name in (
+      "capacity", "zoology_list", "zoology", "mixer_sweep", "diagnostics", "decode")}
+  (d["diagnostics"] / "results" / "training").mkdir(parents=True)
+  (d["diagnostics"] / "results" / "plots").mkdir()
+  rows = d["diagnostics"] / "results" / "training"
+  capacity = ["--grids=capacity", "--only=capacity-n4-softmax_conv", "--seeds=0",
+              "--rates=3e-3", f"--workdir={d['capacity']}", "--per_gpu=1", "--budget_s=300",
+              *GRID_OVERRIDES]
+  zoology = ["--grids=zoology_tuned", f"--only={ZOOLOGY_JOB}", "--seeds=0",
+             f"--workdir={d['zoology']}", "--per_gpu=1", "--budget_s=300", *GRID_OVERRIDES]
+  calls = [(f"help/{s}", s, ["--help"]) for s in SCRIPTS] + [
+      ("mistake", "grid", MISTAKE),
+      ("grid/capacity", "grid", capacity),
+      ("grid/capacity_again", "grid", capacity),
+      ("grid/zoology_list", "grid", ["--grids=zoology_tuned",
+                                     f"--workdir={d['zoology_list']}", "--list"]),
+      ("grid/zoology", "grid", zoology),
+      ("grid/zoology_list_done", "grid", zoology + ["--list"]),
+      ("mixer_sweep", "mixer_sweep", [
+          "--config=configs/mqar_demo.py", *config_flags(), "--mixers=softmax",
+          "--learning_rates=1e-2", f"--workdir={d['mixer_sweep']}",
+          f"--out={d['mixer_sweep'] / 'rows.jsonl'}"]),
+      ("trained_diagnostics", "trained_diagnostics", [
+          "--config=configs/mqar_long.py:32",
+          *config_flags("task.n_pairs=2", "train.learning_rate=1e-2", "model.num_layers=1"),
+          "--mixers=vla", "--Ts=40", "--examples=1", f"--workdir={d['diagnostics'] / 'runs'}",
+          f"--out={rows / 'trained_diagnostics_cpu.jsonl'}"]),
+      ("state_norms", "state_norms", [
+          "--max_T=64", "--heads=1", "--head_dim=8", "--examples=2",
+          f"--workdir={d['diagnostics'] / 'runs' / 'vla'}",
+          f"--out={rows / 'state_norms_cpu.jsonl'}",
+          f"--plot={d['diagnostics'] / 'results' / 'plots' / 'state_norms_random.png'}"]),
+      ("report_results", "report_results", [f"--results={d['diagnostics'] / 'results'}",
+                                            f"--out={d['diagnostics'] / 'RESULTS.md'}"]),
+      ("bench_decode", "bench_decode", [
+          "--contexts=16,48", "--steps=2", "--repeats=1", "--heads=1", "--head_dim=8",
+          "--impl=scan", f"--out={d['decode'] / 'decode.jsonl'}"]),
+      ("bench_impls_cpu", "bench_impls_cpu", [
+          "--lengths=32", "--impls=scan,chunked", "--repeats=1", "--heads=1", "--dim=16"])]
+  done = run_scripts(*([ROOT / "experiments" / f"{script}.py", *args]
+                       for _, script, args in calls), cwd=ROOT)
+  return {name: proc for (name, _, _), proc in zip(calls, done)}, d
+
+
+def ok(proc):
+  """The stdout of a run that exited 0 (fails the test otherwise)."""
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  return proc.stdout
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_help(helps, script):
-  usage = helps[script].stdout + helps[script].stderr
+def test_help(runs, script):
+  usage = runs[0][f"help/{script}"].stdout + runs[0][f"help/{script}"].stderr
   first_line = (ROOT / "experiments" / f"{script}.py").read_text().split('"""')[1].split("\n")[0]
   assert first_line.strip() in usage and f"experiments/{script}.py:" in usage, usage[-2000:]
 
 
-def test_a_mistake_is_one_line(helps):
-  out = helps["mistake"]
+def test_a_mistake_is_one_line(runs):
+  out = runs[0]["mistake"]
   assert out.returncode == 1 and out.stdout == ""
   assert out.stderr.strip().splitlines() == [
       "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "
       "'ablation_demo', 'zoology_tuned', 'seed_remedies'); got 'capcity'"]
 
 
-def test_grid_runs_a_tiny_job_then_skips_it(tmp_path):
+def test_grid_runs_a_tiny_job_then_skips_it(runs):
   """grid.py runs sweep.py for one job (its rows land in <workdir>/<grid>.jsonl, with the
   result-changing overrides); a second call finds it done and starts nothing."""
-  args = ["--grids=capacity", "--only=capacity-n4-softmax_conv", "--seeds=0", "--rates=3e-3",
-          f"--workdir={tmp_path}", "--per_gpu=1", "--budget_s=300"]
-  args += [f"--override={o}" for o in TINY_MODEL + TINY_TRAIN]
-  out = run("grid", *args)
+  done, folders = runs
+  out = ok(done["grid/capacity"])
   assert "1 jobs on 1 slots" in out and "finished 1 (failed 0" in out, out
-  rows = [json.loads(line) for line in open(tmp_path / "capacity.jsonl")]
+  rows = [json.loads(line) for line in open(folders["capacity"] / "capacity.jsonl")]
   assert [(r["job"], r["seed"], r["learning_rate"], r["steps"]) for r in rows] == [
       ("capacity-n4-softmax_conv", 0, 3e-3, 2)]
   assert rows[0]["label"] == "softmax_conv" and rows[0]["n_pairs"] == 4
   assert rows[0]["model"]["mixer_options"]["conv_size"] == 4
   assert rows[0]["overrides"]["model.d_model"] == "8"
   assert "train.eval_every" not in rows[0]["overrides"]       # does not change results
-  assert "0 jobs on 1 slots" in run("grid", *args)
+  assert "0 jobs on 1 slots" in ok(done["grid/capacity_again"])
 
 
-def test_grid_lists_and_runs_a_zoology_tuned_job(tmp_path):
+def test_grid_lists_and_runs_a_zoology_tuned_job(runs):
   """--list prints the zoology_tuned jobs from the committed zoology rows and runs none; a tiny
   gated_deltanet_slow job records its label, steps and gate initialisation."""
-  out = run("grid", "--grids=zoology_tuned", f"--workdir={tmp_path}", "--list")
-  lines = out.strip().splitlines()
+  done, folders = runs
+  lines = ok(done["grid/zoology_list"]).strip().splitlines()
   assert lines[-1] == "68 jobs (68 to do), 378 runs, 3,120,000 run-steps"
   assert ("todo zoology_tuned-T512-d128-gated_deltanet-s4000-lr3e-4 rates 3e-4 num_steps=4000 "
           "gate_init=fla") in lines
-  assert not list(tmp_path.iterdir())
-  job = "zoology_tuned-T64-d64-gated_deltanet_slow-s4000-lr1e-3_3e-3"
-  args = ["--grids=zoology_tuned", f"--only={job}", "--seeds=0", f"--workdir={tmp_path}",
-          "--per_gpu=1", "--budget_s=300"]
-  args += [f"--override={o}" for o in TINY_MODEL + TINY_TRAIN]
-  assert "finished 1 (failed 0" in run("grid", *args)
-  rows = [json.loads(line) for line in open(tmp_path / "zoology_tuned.jsonl")]
+  assert not list(folders["zoology_list"].iterdir())
+  assert "finished 1 (failed 0" in ok(done["grid/zoology"])
+  rows = [json.loads(line) for line in open(folders["zoology"] / "zoology_tuned.jsonl")]
   assert [(r["job"], r["label"], r["learning_rate"], r["steps"], r["gate_init"],
            r["model"]["mixer_options"]["gate_init"]) for r in rows] == [
-      (job, "gated_deltanet_slow", lr, 2, "slow", "slow") for lr in (1e-3, 3e-3)]
-  assert run("grid", *args, "--list").splitlines()[0].startswith(f"done {job} ")
+      (ZOOLOGY_JOB, "gated_deltanet_slow", lr, 2, "slow", "slow") for lr in (1e-3, 3e-3)]
+  assert ok(done["grid/zoology_list_done"]).splitlines()[0].startswith(f"done {ZOOLOGY_JOB} ")
 
 
-def test_mixer_sweep_writes_a_row_per_run(tmp_path):
-  run("mixer_sweep", "--config=configs/mqar_demo.py", *config_flags(), "--mixers=softmax",
-      "--learning_rates=1e-2", f"--workdir={tmp_path}", f"--out={tmp_path / 'rows.jsonl'}")
-  rows = [json.loads(line) for line in open(tmp_path / "rows.jsonl")]
+def test_mixer_sweep_writes_a_row_per_run(runs):
+  done, folders = runs
+  ok(done["mixer_sweep"])
+  rows = [json.loads(line) for line in open(folders["mixer_sweep"] / "rows.jsonl")]
   assert [(r["mixer"], r["learning_rate"], r["steps"]) for r in rows] == [("softmax", 1e-2, 2)]
   assert all(0 <= r["accuracy"] <= 1 for r in rows) and rows[0]["task_fields"]["n_pairs"] == 8
 
 
-def test_diagnostics_then_report(tmp_path):
+def test_diagnostics_then_report(runs):
   """trained_diagnostics.py trains a tiny VLA model and measures it at a longer T;
   state_norms.py measures random inputs and that run; report_results.py writes sections 1
   and 2 of a report from these rows (and says the grids are not run)."""
-  rows_dir = tmp_path / "results" / "training"
-  rows_dir.mkdir(parents=True)
-  trained = rows_dir / "trained_diagnostics_cpu.jsonl"
-  run("trained_diagnostics", "--config=configs/mqar_long.py:32",
-      *config_flags("task.n_pairs=2", "train.learning_rate=1e-2", "model.num_layers=1"),
-      "--mixers=vla", "--Ts=40", "--examples=1", f"--workdir={tmp_path / 'runs'}",
-      f"--out={trained}")
-  kinds = [json.loads(line)["kind"] for line in open(trained)]
+  done, folders = runs
+  results = folders["diagnostics"] / "results"
+  ok(done["trained_diagnostics"])
+  kinds = [json.loads(line)["kind"]
+           for line in open(results / "training" / "trained_diagnostics_cpu.jsonl")]
   assert kinds == ["trained_model", "trained_state_norm", "trained_jacobian"]
 
-  norms = rows_dir / "state_norms_cpu.jsonl"
-  plot = tmp_path / "results" / "plots" / "state_norms_random.png"
-  plot.parent.mkdir()
-  run("state_norms", "--max_T=64", "--heads=1", "--head_dim=8", "--examples=2",
-      f"--workdir={tmp_path / 'runs' / 'vla'}", f"--out={norms}", f"--plot={plot}")
-  rows = [json.loads(line) for line in open(norms)]
+  ok(done["state_norms"])
+  rows = [json.loads(line) for line in open(results / "training" / "state_norms_cpu.jsonl")]
   assert [r["t"] for r in rows if r["kind"] == "state_norm_random"] == [1, 10, 64]
   assert [r["kind"] for r in rows[3:]] == ["jacobian_random", "trained"]
-  assert plot.stat().st_size > 0
+  assert (results / "plots" / "state_norms_random.png").stat().st_size > 0
 
-  out = tmp_path / "RESULTS.md"
-  run("report_results", f"--results={tmp_path / 'results'}", f"--out={out}")
-  text = out.read_text()
+  ok(done["report_results"])
+  text = (folders["diagnostics"] / "RESULTS.md").read_text()
   assert "| vla | 0 | 40 |" in text and "| trained MQAR model, T 40, layer 0 |" in text
   assert "![random inputs](results/plots/state_norms_random.png)" in text
   assert "## 3. MQAR capacity (the seed's setting)\n\nNot run yet" in text
-  assert (tmp_path / "results" / "plots" / "trained_state_norms.png").exists()
+  assert (results / "plots" / "trained_state_norms.png").exists()
 
 
-def test_bench_decode_writes_a_row_per_mixer_and_context(tmp_path):
+def test_bench_decode_writes_a_row_per_mixer_and_context(runs):
   """VLA's cache has one size at every context; softmax's KV cache grows with it."""
-  run("bench_decode", "--contexts=16,48", "--steps=2", "--repeats=1", "--heads=1",
-      "--head_dim=8", "--impl=scan", f"--out={tmp_path / 'decode.jsonl'}")
-  rows = {(r["mixer"], r["context"]): r for r in map(json.loads, open(tmp_path / "decode.jsonl"))}
+  done, folders = runs
+  ok(done["bench_decode"])
+  rows = {(r["mixer"], r["context"]): r
+          for r in map(json.loads, open(folders["decode"] / "decode.jsonl"))}
   assert sorted(rows) == [("softmax", 16), ("softmax", 48), ("vla", 16), ("vla", 48)]
   assert all(r["ms_per_token"] > 0 and r["tokens_per_s"] > 0 for r in rows.values())
   mib = lambda m, L: rows[(m, L)]["cache_mib_per_seq"] * 2 ** 20
@@ -166,8 +195,6 @@ def test_bench_decode_writes_a_row_per_mixer_and_context(tmp_path):
   assert mib("softmax", 48) - mib("softmax", 16) == 2 * 32 * 8 * 2 + 32
 
 
-def test_bench_impls_cpu_times_each_impl():
-  out = run("bench_impls_cpu", "--lengths=32", "--impls=scan,chunked", "--repeats=1",
-            "--heads=1", "--dim=16")
-  line = out.strip().splitlines()[-1].split("|")
+def test_bench_impls_cpu_times_each_impl(runs):
+  line = ok(runs[0]["bench_impls_cpu"]).strip().splitlines()[-1].split("|")
   assert line[0].strip() == "32" and all(float(x) > 0 for x in line[1:])
