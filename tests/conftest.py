@@ -99,8 +99,9 @@ print(json.dumps(results))
 def run_scripts(*argvs, env=None, cwd=None, timeout=600):
   """`subprocess.run(argv, capture_output=True, text=True)` for each argv (a script's path and
   its arguments, without the interpreter) in order, in one process that imports the package
-  once (about 2 s a script less): a list of `subprocess.CompletedProcess`. For scripts that
-  stop early (--help, flag and usage errors); a run that trains needs its own process."""
+  once (about 1.5 s a script less): a list of `subprocess.CompletedProcess`. For the scripts of
+  one test or module (--help, flag and usage errors, tiny runs) run one after another; a run
+  that must overlap another (a lock, a signal) needs its own process."""
   argvs = [[str(a) for a in argv] for argv in argvs]
   proc = subprocess.run([sys.executable, "-c", _SCRIPTS, json.dumps(argvs)], cwd=cwd,
                         env=env if env is not None else subprocess_env(), capture_output=True,
