@@ -8,7 +8,6 @@ import shutil
 import signal
 
 import chex
-import jax
 import numpy as np
 import pytest
 
@@ -38,20 +37,6 @@ def _losses(workdir):
 
 
 SEEDS, RATES = [0, 3], [1e-2, 3e-3]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compilation_cache(tmp_path_factory):
-  """A persistent compilation cache while this module runs: every sweep builds its own jitted
-  steps, and those of one config (most tests here) then compile once."""
-  names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-           "jax_persistent_cache_min_entry_size_bytes")
-  old = [getattr(jax.config, name) for name in names]
-  for name, value in zip(names, (str(tmp_path_factory.mktemp("jax_cache")), 0, 0)):
-    jax.config.update(name, value)
-  yield
-  for name, value in zip(names, old):
-    jax.config.update(name, value)
 
 
 @pytest.fixture(scope="module")
