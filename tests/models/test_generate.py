@@ -1,5 +1,7 @@
-"""`generate`'s top-k sampling and end-of-sequence id, against full forward passes."""
+"""`generate`: greedy decoding, seeded sampling, top-k and the end-of-sequence id, against full
+forward passes (the attention model's greedy decoding: tests/layers/test_streaming.py)."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +31,26 @@ def model():
 @pytest.fixture(scope="module")
 def prompt():
   return jax.random.randint(jax.random.key(12), (6, PROMPT_LEN), 0, 13)
+
+
+def test_greedy_is_the_argmax_of_a_full_forward_pass(model, prompt):
+  out = model.generate(prompt, NEW)
+  chex.assert_shape(out, (6, PROMPT_LEN + NEW))
+  chex.assert_type(out, jnp.int32)
+  np.testing.assert_array_equal(out[:, :PROMPT_LEN], prompt)
+  # The definition: each new token is the argmax of a full forward pass over the sequence so
+  # far. The model is causal (test_model), so one forward pass over out[:, :-1] gives each of
+  # those passes' last logits at once.
+  recomputed = jnp.argmax(forward(model, out[:, :-1])[:, PROMPT_LEN - 1:], -1)
+  np.testing.assert_array_equal(out[:, PROMPT_LEN:], recomputed)
+
+
+def test_sampling_is_seeded_and_in_vocabulary(model, prompt):
+  a, b, c = (model.generate(prompt, NEW, temperature=5.0, rng=jax.random.key(seed))
+             for seed in (3, 3, 4))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  assert int(a.min()) >= 0 and int(a.max()) < 13
 
 
 def test_top_k_samples_only_among_the_k_most_likely_tokens(model, prompt):
