@@ -89,7 +89,7 @@ def test_forward_and_gradients_match_float64(x64, dtype, precision, B, H):
       rng.standard_normal((B, H, d, d)))
   grads = jax.jit(jax.grad(_weighted(fn, wo, wS), argnums=range(5)))(*lowp)
   scan = lambda q, e, w, v, S0: delta_rule_scan(q, e, w, v, None, S0)
-  want = jax.grad(_weighted(scan, wo, wS), argnums=range(5))(*map(jnp.asarray, exact))
+  want = jax.jit(jax.grad(_weighted(scan, wo, wS), argnums=range(5)))(*map(jnp.asarray, exact))
   for name, g, x, gw in zip(("q", "e", "w", "v", "S0"), grads, lowp, want):
     chex.assert_type(g, x.dtype)
     assert _rel(g, gw) < TOL[dtype], (name, _rel(g, gw))
@@ -102,7 +102,7 @@ def test_mixed_head_dims_forward(x64):
     args = _inputs(dk + dv, 2, 64, 1, dk, dv)
     bf = (tuple(jnp.asarray(x, jnp.bfloat16) for x in args[:4])
           + (jnp.asarray(args[4], jnp.float32),))
-    o, S = state_path_mosaic(*bf, interpret=True)
+    o, S = jax.jit(lambda *a: state_path_mosaic(*a, interpret=True))(*bf)
     o_ref, S_ref = oracles.delta_rule(*(np.asarray(x, np.float64) for x in bf))
     assert _rel(o, o_ref) < 1e-2 and _rel(S, S_ref) < 1e-3, (dk, dv, _rel(o, o_ref))
 
@@ -113,7 +113,7 @@ def test_float32_chunk_size_32_forward(x64):
   assert pick_chunk_size(128, "highest") == 32 and pick_chunk_size(128, None) == 64
   args = _inputs(5, 1, 64, 1, 128, 64)
   x32 = tuple(jnp.asarray(x, jnp.float32) for x in args)
-  o, S = state_path_mosaic(*x32, precision="highest", interpret=True)
+  o, S = jax.jit(lambda *a: state_path_mosaic(*a, precision="highest", interpret=True))(*x32)
   o_ref, S_ref = oracles.delta_rule(*(np.asarray(x, np.float64) for x in x32))
   assert _rel(o, o_ref) < 1e-5 and _rel(S, S_ref) < 1e-5
 
