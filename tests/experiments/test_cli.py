@@ -51,22 +51,18 @@ def runs(tmp_path_factory):
   """({name: subprocess.CompletedProcess} of every script run of this file, {name: folder}
   of their outputs); the runs in the order listed (a second grid call after the first)."""
   d = {name: tmp_path_factory.mktemp(name) for name in (
-      "capacity", "zoology_list", "zoology", "mixer_sweep", "diagnostics", "decode")}
+      "zoology_list", "zoology", "mixer_sweep", "diagnostics", "decode")}
   (d["diagnostics"] / "results" / "training").mkdir(parents=True)
   (d["diagnostics"] / "results" / "plots").mkdir()
   rows = d["diagnostics"] / "results" / "training"
-  capacity = ["--grids=capacity", "--only=capacity-n4-softmax_conv", "--seeds=0",
-              "--rates=3e-3", f"--workdir={d['capacity']}", "--per_gpu=1", "--budget_s=300",
-              *GRID_OVERRIDES]
   zoology = ["--grids=zoology_tuned", f"--only={ZOOLOGY_JOB}", "--seeds=0",
              f"--workdir={d['zoology']}", "--per_gpu=1", "--budget_s=300", *GRID_OVERRIDES]
   calls = [(f"help/{s}", s, ["--help"]) for s in SCRIPTS] + [
       ("mistake", "grid", MISTAKE),
-      ("grid/capacity", "grid", capacity),
-      ("grid/capacity_again", "grid", capacity),
       ("grid/zoology_list", "grid", ["--grids=zoology_tuned",
                                      f"--workdir={d['zoology_list']}", "--list"]),
       ("grid/zoology", "grid", zoology),
+      ("grid/zoology_again", "grid", zoology),
       ("grid/zoology_list_done", "grid", zoology + ["--list"]),
       ("mixer_sweep", "mixer_sweep", [
           "--config=configs/mqar_demo.py", *config_flags(), "--mixers=softmax",
@@ -115,36 +111,29 @@ def test_a_mistake_is_one_line(runs):
       "'ablation_demo', 'zoology_tuned', 'seed_remedies'); got 'capcity'"]
 
 
-def test_grid_runs_a_tiny_job_then_skips_it(runs):
-  """grid.py runs sweep.py for one job (its rows land in <workdir>/<grid>.jsonl, with the
-  result-changing overrides); a second call finds it done and starts nothing."""
-  done, folders = runs
-  out = ok(done["grid/capacity"])
-  assert "1 jobs on 1 slots" in out and "finished 1 (failed 0" in out, out
-  rows = [json.loads(line) for line in open(folders["capacity"] / "capacity.jsonl")]
-  assert [(r["job"], r["seed"], r["learning_rate"], r["steps"]) for r in rows] == [
-      ("capacity-n4-softmax_conv", 0, 3e-3, 2)]
-  assert rows[0]["label"] == "softmax_conv" and rows[0]["n_pairs"] == 4
-  assert rows[0]["model"]["mixer_options"]["conv_size"] == 4
-  assert rows[0]["overrides"]["model.d_model"] == "8"
-  assert "train.eval_every" not in rows[0]["overrides"]       # does not change results
-  assert "0 jobs on 1 slots" in ok(done["grid/capacity_again"])
-
-
-def test_grid_lists_and_runs_a_zoology_tuned_job(runs):
-  """--list prints the zoology_tuned jobs from the committed zoology rows and runs none; a tiny
-  gated_deltanet_slow job records its label, steps and gate initialisation."""
+def test_grid_lists_runs_then_skips_a_zoology_tuned_job(runs):
+  """--list prints the zoology_tuned jobs from the committed zoology rows and runs none; grid.py
+  runs sweep.py for one tiny gated_deltanet_slow job (its rows land in <workdir>/<grid>.jsonl
+  with its label, steps, gate initialisation and the result-changing overrides); a second
+  call finds it done and starts nothing, and --list names it done. (The grids' jobs:
+  tests/training/test_grid.py.)"""
   done, folders = runs
   lines = ok(done["grid/zoology_list"]).strip().splitlines()
   assert lines[-1] == "68 jobs (68 to do), 378 runs, 3,120,000 run-steps"
   assert ("todo zoology_tuned-T512-d128-gated_deltanet-s4000-lr3e-4 rates 3e-4 num_steps=4000 "
           "gate_init=fla") in lines
   assert not list(folders["zoology_list"].iterdir())
-  assert "finished 1 (failed 0" in ok(done["grid/zoology"])
+  out = ok(done["grid/zoology"])
+  assert "1 jobs on 1 slots" in out and "finished 1 (failed 0" in out, out
   rows = [json.loads(line) for line in open(folders["zoology"] / "zoology_tuned.jsonl")]
-  assert [(r["job"], r["label"], r["learning_rate"], r["steps"], r["gate_init"],
+  assert [(r["job"], r["seed"], r["label"], r["learning_rate"], r["steps"], r["gate_init"],
            r["model"]["mixer_options"]["gate_init"]) for r in rows] == [
-      (ZOOLOGY_JOB, "gated_deltanet_slow", lr, 2, "slow", "slow") for lr in (1e-3, 3e-3)]
+      (ZOOLOGY_JOB, 0, "gated_deltanet_slow", lr, 2, "slow", "slow") for lr in (1e-3, 3e-3)]
+  assert all(r["n_pairs"] == 4 and r["model"]["mixer_options"]["conv_size"] == 4
+             for r in rows)
+  assert rows[0]["overrides"]["model.d_model"] == "8"
+  assert "train.eval_every" not in rows[0]["overrides"]       # does not change results
+  assert "0 jobs on 1 slots" in ok(done["grid/zoology_again"])
   assert ok(done["grid/zoology_list_done"]).splitlines()[0].startswith(f"done {ZOOLOGY_JOB} ")
 
 
