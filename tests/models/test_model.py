@@ -99,13 +99,23 @@ def test_remat_must_be_a_bool():
 
 
 @nnx.jit
-def _padded_run(model, tokens, mask, following):
-  """The full pass, and prefill + one step per token of `following` [B, N]."""
+def _full_and_prefill(model, tokens, mask):
+  """The full pass, and prefill's logits and cache."""
   full = model(tokens, mask)
   prompt, cache = model.prefill(tokens, model.init_cache(tokens.shape[0], 20), mask)
+  return full, prompt, cache
+
+
+_step = nnx.jit(lambda model, token, cache: model.step(token, cache))
+
+
+def _padded_run(model, tokens, mask, following):
+  """The full pass, and prefill + one step per token of `following` [B, N] (one compiled step
+  for the padded and the unpadded cache: they have the same shapes)."""
+  full, prompt, cache = _full_and_prefill(model, tokens, mask)
   steps = []
   for t in range(following.shape[1]):
-    logits, cache = model.step(following[:, t], cache)
+    logits, cache = _step(model, following[:, t], cache)
     steps.append(logits)
   return full, prompt, jnp.stack(steps, 1), cache.position
 
