@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import oracles
 from conftest import random_inputs, rel_err
-from vla_jax import (VLAState, deltanet, gated_deltanet, initial_vla_state, linear_attention,
-                     vla_recurrence)
+from vla_jax import (LinearAttentionState, VLAState, deltanet, gated_deltanet, initial_vla_state,
+                     linear_attention, vla_recurrence)
 from vla_jax.ops.step import (deltanet_step, gated_deltanet_step, linear_attention_step,
                               vla_step)
 
@@ -34,6 +35,17 @@ def inputs(dtype):
   return q, k, v, u, beta, log_decay
 
 
+# The float64 NumPy oracle of each op over the whole sequence: (o, state).
+ORACLES = {
+    "vla": lambda q, k, v, u, b, g: (lambda o, S, A: (o, VLAState(S, A)))(
+        *oracles.vla(q, k, v, u)),
+    "linear_attention": lambda q, k, v, u, b, g: (
+        lambda o, S, z: (o, LinearAttentionState(S, z)))(
+            *oracles.linear_attention(q, k, v, normalize=True)),
+    "deltanet": lambda q, k, v, u, b, g: oracles.gated_deltanet(q, k, v, b),
+    "gated_deltanet": lambda q, k, v, u, b, g: oracles.gated_deltanet(q, k, v, b, g),
+}
+
 CASES = {
     "vla": (lambda q, k, v, u, b, g, **kw: vla_recurrence(q, k, v, u, **kw),
             lambda s, q, k, v, u, b, g: vla_step(s, q, k, v, u)),
@@ -51,17 +63,21 @@ CASES = {
 @pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 1e-5)],
                          ids=["float64", "float32"])
 def test_prefill_then_steps_equals_full_pass(name, dtype, tol):
+  """The prompt by the chunked op, the rest by steps: the outputs and final state of one pass
+  over the whole sequence (the float64 oracle's; the chunked op's own: test_vla_recurrence,
+  test_baselines)."""
   seq_op, step = CASES[name]
   with jax.enable_x64(dtype == np.float64):
     xs = inputs(dtype)
-    o_full, state_full = jax.jit(functools.partial(seq_op, impl="chunked", chunk_size=16))(*xs)
+    o_full, state_full = ORACLES[name](*xs)
     prompt = [x[:, :PROMPT] for x in xs]
     rest = [x[:, PROMPT:] for x in xs]
     o_pre, state = jax.jit(functools.partial(seq_op, impl="chunked", chunk_size=16))(*prompt)
     o_dec, state = jax.jit(functools.partial(decode, step))(state, *rest)
     o = np.concatenate([o_pre, o_dec], axis=1)
     assert rel_err(o, o_full) < tol
-    chex.assert_trees_all_close(state, state_full, rtol=10 * tol, atol=10 * tol)
+    chex.assert_trees_all_close(state, jax.tree.map(lambda x: x.astype(dtype), state_full),
+                                rtol=10 * tol, atol=10 * tol)
     chex.assert_trees_all_equal_shapes(state, state_full)
 
 
