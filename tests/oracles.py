@@ -1,4 +1,5 @@
-"""Independent float64 NumPy step-by-step oracles (no library code), one head at a time."""
+"""Independent float64 NumPy step-by-step oracles (no library code), one head at a time: the
+ops, and the mixer layers from their parameters (`mixer`)."""
 
 import numpy as np
 
@@ -93,3 +94,142 @@ def penalty(khat, u, A0):
         ..., None, None]
     W[:, t] = np.einsum("bhij,bhj->bhi", A, khat[:, t])
   return W, A
+
+
+# ---- mixers: the layers' float64 forward passes from their parameters --------------------
+
+def _p(param):
+  return np.asarray(param[...], np.float64)
+
+
+def _lin(x, layer):
+  y = x @ _p(layer.kernel)
+  return y + _p(layer.bias) if layer.bias is not None else y
+
+
+def _layernorm(x, ln, eps=1e-6):
+  mu = x.mean(-1, keepdims=True)
+  var = ((x - mu) ** 2).mean(-1, keepdims=True)
+  return (x - mu) / np.sqrt(var + eps) * _p(ln.scale) + _p(ln.bias)
+
+
+def _silu(x):
+  return x / (1 + np.exp(-x))
+
+
+def _elu1(x):
+  return np.where(x > 0, x + 1, np.exp(x))
+
+
+def _conv(x, conv):
+  w = _p(conv.kernel)
+  K = w.shape[0]
+  xp = np.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
+  return _silu(sum(xp[:, i:i + x.shape[1]] * w[i] for i in range(K)))
+
+
+def _unit_rows(x, eps=1e-6):
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def _heads(x, H):
+  return x.reshape(x.shape[:-1] + (H, x.shape[-1] // H))
+
+
+def _readout(o, out):
+  y = o.reshape(o.shape[:2] + (-1,))
+  if out.norm is not None:
+    y = _layernorm(y, out.norm)
+  return y @ _p(out.proj.kernel)
+
+
+def _vla_mixer(m, x):
+  H = m.num_heads
+  q, kr, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
+  if m.conv is not None:
+    q, kr, v = (_conv(t, c) for t, c in zip((q, kr, v), m.conv))
+  u = m.penalty_scale * _unit_rows(_heads(kr @ _p(m.u_proj.kernel), H))
+  q, k, v = _elu1(_heads(q, H)), _elu1(_heads(kr, H)), _heads(v, H)
+  if m.readout == "delta":
+    v = np.concatenate([v, np.ones(v.shape[:-1] + (1,))], -1)
+  Bn, Tn, Hn, dk = q.shape
+  o = np.zeros(v.shape)
+  for b in range(Bn):
+    for h in range(Hn):
+      A, S, z = np.eye(dk) / m.lam0, np.zeros((v.shape[-1], dk)), np.zeros(dk)
+      for t in range(Tn):
+        kh = _unit_rows(k[b, t, h])
+        w = A @ u[b, t, h]
+        A = A - np.outer(w, w) / (1 + u[b, t, h] @ w)
+        a = _unit_rows(A @ kh, 1e-12)
+        S = S + np.outer(v[b, t, h] - S @ kh, a)
+        z = z + k[b, t, h]
+        o[b, t, h] = S @ q[b, t, h]
+        if m.readout == "additive":
+          o[b, t, h] /= max(z @ q[b, t, h], m.readout_eps)
+  if m.readout == "delta":
+    den = o[..., -1:]
+    o = o[..., :-1] / (np.where(den < 0, -1.0, 1.0) * np.maximum(np.abs(den), m.readout_eps))
+  return _readout(o, m.out)
+
+
+def _linear_mixer(m, x):
+  H = m.num_heads
+  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
+  if m.conv is not None:
+    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  q, k, v = _elu1(_heads(q, H)), _elu1(_heads(k, H)), _heads(v, H)
+  S = np.cumsum(np.einsum("bthv,bthk->bthvk", v, k), axis=1)
+  o = np.einsum("bthvk,bthk->bthv", S, q)
+  if m.normalize:
+    o = o / np.maximum(np.einsum("bthk,bthk->bth", np.cumsum(k, 1), q), 1e-6)[..., None]
+  return _readout(o, m.out)
+
+
+def _delta_mixer(m, x):
+  H = m.num_heads
+  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
+  if m.conv is not None:
+    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  else:
+    q, k = _silu(q), _silu(k)
+  q, k, v = _unit_rows(_heads(q, H)), _unit_rows(_heads(k, H)), _heads(v, H)
+  beta = 1 / (1 + np.exp(-_lin(x, m.beta_proj)))
+  if m.GATED:
+    a = _lin(x, m.a_proj) + _p(m.dt_bias)
+    gamma = np.exp(-np.exp(_p(m.A_log)) * np.logaddexp(0, a))
+  else:
+    gamma = np.ones(beta.shape)
+  o = np.zeros(v.shape)
+  for b in range(x.shape[0]):
+    for h in range(H):
+      S = np.zeros((v.shape[-1], k.shape[-1]))
+      for t in range(x.shape[1]):
+        S = gamma[b, t, h] * S
+        S = S + beta[b, t, h] * np.outer(v[b, t, h] - S @ k[b, t, h], k[b, t, h])
+        o[b, t, h] = S @ q[b, t, h]
+  return _readout(o, m.out)
+
+
+def _softmax_mixer(m, x):
+  H = m.num_heads
+  q, k, v = (_lin(x, p) for p in (m.q_proj, m.k_proj, m.v_proj))
+  if m.conv is not None:
+    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  q, k, v = _heads(q, H), _heads(k, H), _heads(v, H)
+  s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  s = np.where(np.tril(np.ones((x.shape[1], x.shape[1]), bool)), s, -np.inf)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  return _readout(np.einsum("bhqk,bkhd->bqhd", p, v), m.out)
+
+
+_MIXERS = {"VLAAttention": _vla_mixer, "LinearAttention": _linear_mixer,
+           "DeltaNet": _delta_mixer, "GatedDeltaNet": _delta_mixer,
+           "SoftmaxAttention": _softmax_mixer}
+
+
+def mixer(m, x):
+  """The float64 output [B, T, d_model] of the mixer layer `m` (`vla_jax.layers`, read for its
+  parameters and options only) on x [B, T, d_model], token by token."""
+  return _MIXERS[type(m).__name__](m, np.asarray(x, np.float64))

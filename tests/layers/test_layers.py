@@ -1,4 +1,5 @@
-"""Mixers: jit, causality, and agreement with an independent float64 NumPy oracle; finite
+"""Mixers: jit, causality, and agreement with an independent float64 NumPy oracle
+(`oracles.mixer`); finite
 gradients, bfloat16 activations, options and initialisers."""
 
 import json
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import oracles
 from conftest import subprocess_env
-from vla_jax.layers import (MIXERS, DeltaNet, GatedDeltaNet, LinearAttention,
-                            SoftmaxAttention, VLAAttention, make_mixer)
+from vla_jax.layers import MIXERS, GatedDeltaNet, SoftmaxAttention, VLAAttention, make_mixer
 from vla_jax.layers.softmax import resolve_implementation
 
 B, T, D, H = 2, 37, 24, 2  # awkward T (not a multiple of the chunk), d_h = 12
@@ -45,134 +46,8 @@ def test_grad_finite(name):
   assert all(float(jnp.abs(g).max()) > 0 for g in leaves)
 
 
-# ---- float64 NumPy oracle --------------------------------------------------------------
-
-def _p(param):
-  return np.asarray(param[...], np.float64)
-
-
-def _lin(x, layer):
-  y = x @ _p(layer.kernel)
-  return y + _p(layer.bias) if layer.bias is not None else y
-
-
-def _layernorm(x, ln, eps=1e-6):
-  mu = x.mean(-1, keepdims=True)
-  var = ((x - mu) ** 2).mean(-1, keepdims=True)
-  return (x - mu) / np.sqrt(var + eps) * _p(ln.scale) + _p(ln.bias)
-
-
-def _silu(x):
-  return x / (1 + np.exp(-x))
-
-
-def _elu1(x):
-  return np.where(x > 0, x + 1, np.exp(x))
-
-
-def _conv(x, conv):
-  w = _p(conv.kernel)
-  K = w.shape[0]
-  xp = np.pad(x, ((0, 0), (K - 1, 0), (0, 0)))
-  return _silu(sum(xp[:, i:i + x.shape[1]] * w[i] for i in range(K)))
-
-
-def _unit(x, eps=1e-6):
-  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
-
-
-def _heads(x):
-  return x.reshape(x.shape[:-1] + (H, x.shape[-1] // H))
-
-
-def _readout(o, out):
-  y = o.reshape(o.shape[:2] + (-1,))
-  if out.norm is not None:
-    y = _layernorm(y, out.norm)
-  return y @ _p(out.proj.kernel)
-
-
-def _vla_oracle(m, x):
-  q, kr, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
-  if m.conv is not None:
-    q, kr, v = (_conv(t, c) for t, c in zip((q, kr, v), m.conv))
-  u = m.penalty_scale * _unit(_heads(kr @ _p(m.u_proj.kernel)))
-  q, k, v = _elu1(_heads(q)), _elu1(_heads(kr)), _heads(v)
-  if m.readout == "delta":
-    v = np.concatenate([v, np.ones(v.shape[:-1] + (1,))], -1)
-  Bn, Tn, Hn, dk = q.shape
-  o = np.zeros(v.shape)
-  for b in range(Bn):
-    for h in range(Hn):
-      A, S, z = np.eye(dk) / m.lam0, np.zeros((v.shape[-1], dk)), np.zeros(dk)
-      for t in range(Tn):
-        kh = _unit(k[b, t, h])
-        w = A @ u[b, t, h]
-        A = A - np.outer(w, w) / (1 + u[b, t, h] @ w)
-        a = _unit(A @ kh, 1e-12)
-        S = S + np.outer(v[b, t, h] - S @ kh, a)
-        z = z + k[b, t, h]
-        o[b, t, h] = S @ q[b, t, h]
-        if m.readout == "additive":
-          o[b, t, h] /= max(z @ q[b, t, h], m.readout_eps)
-  if m.readout == "delta":
-    den = o[..., -1:]
-    o = o[..., :-1] / (np.where(den < 0, -1.0, 1.0) * np.maximum(np.abs(den), m.readout_eps))
-  return _readout(o, m.out)
-
-
-def _linear_oracle(m, x):
-  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
-  if m.conv is not None:
-    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
-  q, k, v = _elu1(_heads(q)), _elu1(_heads(k)), _heads(v)
-  S = np.cumsum(np.einsum("bthv,bthk->bthvk", v, k), axis=1)
-  o = np.einsum("bthvk,bthk->bthv", S, q)
-  if m.normalize:
-    o = o / np.maximum(np.einsum("bthk,bthk->bth", np.cumsum(k, 1), q), 1e-6)[..., None]
-  return _readout(o, m.out)
-
-
-def _delta_oracle(m, x):
-  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
-  if m.conv is not None:
-    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
-  else:
-    q, k = _silu(q), _silu(k)
-  q, k, v = _unit(_heads(q)), _unit(_heads(k)), _heads(v)
-  beta = 1 / (1 + np.exp(-_lin(x, m.beta_proj)))
-  if m.GATED:
-    a = _lin(x, m.a_proj) + _p(m.dt_bias)
-    gamma = np.exp(-np.exp(_p(m.A_log)) * np.logaddexp(0, a))
-  else:
-    gamma = np.ones(beta.shape)
-  o = np.zeros(v.shape)
-  for b in range(B):
-    for h in range(H):
-      S = np.zeros((v.shape[-1], k.shape[-1]))
-      for t in range(x.shape[1]):
-        S = gamma[b, t, h] * S
-        S = S + beta[b, t, h] * np.outer(v[b, t, h] - S @ k[b, t, h], k[b, t, h])
-        o[b, t, h] = S @ q[b, t, h]
-  return _readout(o, m.out)
-
-
-def _softmax_oracle(m, x):
-  q, k, v = (_lin(x, p) for p in (m.q_proj, m.k_proj, m.v_proj))
-  if m.conv is not None:
-    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
-  q, k, v = _heads(q), _heads(k), _heads(v)
-  s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-  s = np.where(np.tril(np.ones((x.shape[1], x.shape[1]), bool)), s, -np.inf)
-  p = np.exp(s - s.max(-1, keepdims=True))
-  p /= p.sum(-1, keepdims=True)
-  return _readout(np.einsum("bhqk,bkhd->bqhd", p, v), m.out)
-
-
 # jax.nn.dot_product_attention's XLA path keeps its softmax in float32 even for float64 input.
 ORACLE_TOL = {"softmax": 1e-6}
-ORACLES = {VLAAttention: _vla_oracle, LinearAttention: _linear_oracle, DeltaNet: _delta_oracle,
-           GatedDeltaNet: _delta_oracle, SoftmaxAttention: _softmax_oracle}
 
 
 @pytest.mark.parametrize("name,options,impl", [c + ("chunked",) for c in CASES]
@@ -190,7 +65,7 @@ def test_matches_float64_oracle_and_is_causal(name, options, impl):
     y, y2 = f(m, x), f(m, x2)
     chex.assert_shape(y, (B, 21, D))
     assert y.dtype == jnp.float64
-    want = ORACLES[type(m)](m, np.asarray(x))
+    want = oracles.mixer(m, np.asarray(x))
     tol = ORACLE_TOL.get(name, 1e-9)
     np.testing.assert_allclose(np.asarray(y), want, rtol=tol, atol=tol)
     np.testing.assert_allclose(y[:, :t + 1], y2[:, :t + 1], rtol=tol, atol=tol)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+import oracles
 from vla_jax.layers import make_mixer
 from vla_jax.models.lm import LanguageModel, ModelConfig
 from vla_jax.tasks import copy as copy_task
@@ -65,7 +66,8 @@ def test_mixer_stream_equals_forward_float64(x64, name, options):
   mixer = make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
                      dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
   x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
-  full, (streamed, _) = forward(mixer, x), stream(mixer, x, PROMPT)
+  # The full pass: the float64 oracle's (the layer's own forward equals it, test_layers).
+  full, (streamed, _) = oracles.mixer(mixer, x), stream(mixer, x, PROMPT)
   # jax's attention keeps its softmax in float32 even for float64 inputs.
   tol = 1e-6 if name == "softmax" else 1e-10
   np.testing.assert_allclose(streamed, full, rtol=tol, atol=tol)
