@@ -25,8 +25,10 @@ from vla_jax.training import evaluate, from_config_dict, train_and_evaluate  # n
 def tiny_config(**train):
   config = base.get_base_config()
   config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
+  # One layer of the cheapest form to compile: checkpoints, resumption and logging do not
+  # depend on the depth (the model's layers: tests/models).
   config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
-                       "impl": "scan"})  # the cheapest form to compile
+                       "impl": "scan", "num_layers": 1})
   config.train.update({"batch_size": 16, "num_steps": 40, "learning_rate": 1e-2,
                        "warmup_steps": 4, "eval_every": 0, "checkpoint_every": 0,
                        "eval_examples": 32, "eval_batch_size": 16, "log_every": 1, **train})
@@ -305,7 +307,6 @@ def test_head_at_targets_equals_full_head():
   from vla_jax.training.train import check_max_targets, lm_loss, model_loss
   config = tiny_config()
   config.task.update({"form": "zoology", "seq_len": 32, "n_pairs": 4, "vocab_size": 64})
-  config.model.num_layers = 1   # the head is the same after any number of layers
   config = from_config_dict(config)
   task = config.make_task()
   assert task.max_targets == 4
