@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import oracles
+from vla_jax.layers import MIXERS as ALL_MIXERS
 from vla_jax.layers import make_mixer
 from vla_jax.models.lm import LanguageModel, ModelConfig
 from vla_jax.tasks import copy as copy_task
@@ -73,13 +74,25 @@ def test_mixer_stream_equals_forward_float64(x64, name, options):
   np.testing.assert_allclose(streamed, full, rtol=tol, atol=tol)
 
 
+def test_model_mixers_are_every_mixer():
+  assert sorted(name for name, _ in MODEL_MIXERS) == sorted(ALL_MIXERS)
+
+
 @pytest.mark.parametrize("name,options", MODEL_MIXERS, ids=MODEL_IDS)
 def test_model_stream_equals_forward_float32(name, options):
+  """The model of every mixer (two blocks) builds and jits, is causal (tokens changed after
+  position 12 change no earlier logit: the same program), and streams."""
   config = ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL, num_heads=HEADS,
                        chunk_size=16, mixer_options=options)
   model = LanguageModel(config, rngs=nnx.Rngs(3))
+  assert len(model.blocks) == 2
   tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
   full = forward(model, tokens)
+  chex.assert_shape(full, (B, T, 23))
+  chex.assert_type(full, jnp.float32)
+  chex.assert_tree_all_finite(full)
+  changed = forward(model, tokens.at[:, 12:].set((tokens[:, 12:] + 1) % 23))
+  np.testing.assert_allclose(full[:, :12], changed[:, :12], rtol=1e-5, atol=1e-5)
   streamed, cache = stream(model, tokens, PROMPT)
   np.testing.assert_allclose(streamed, full, rtol=1e-4, atol=1e-4)
   np.testing.assert_array_equal(cache.position, [T] * B)
