@@ -143,11 +143,17 @@ def _readout(o, out):
   return y @ _p(out.proj.kernel)
 
 
+def _projections(m, x):
+  """The q, k, v projections of x, through the layer's short convolutions where it has them."""
+  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
+  if m.conv is not None:
+    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  return q, k, v
+
+
 def _vla_mixer(m, x):
   H = m.num_heads
-  q, kr, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
-  if m.conv is not None:
-    q, kr, v = (_conv(t, c) for t, c in zip((q, kr, v), m.conv))
+  q, kr, v = _projections(m, x)
   u = m.penalty_scale * _unit_rows(_heads(kr @ _p(m.u_proj.kernel), H))
   q, k, v = _elu1(_heads(q, H)), _elu1(_heads(kr, H)), _heads(v, H)
   if m.readout == "delta":
@@ -175,9 +181,7 @@ def _vla_mixer(m, x):
 
 def _linear_mixer(m, x):
   H = m.num_heads
-  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
-  if m.conv is not None:
-    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  q, k, v = _projections(m, x)
   q, k, v = _elu1(_heads(q, H)), _elu1(_heads(k, H)), _heads(v, H)
   S = np.cumsum(np.einsum("bthv,bthk->bthvk", v, k), axis=1)
   o = np.einsum("bthvk,bthk->bthv", S, q)
@@ -188,10 +192,8 @@ def _linear_mixer(m, x):
 
 def _delta_mixer(m, x):
   H = m.num_heads
-  q, k, v = _lin(x, m.q_proj), _lin(x, m.k_proj), _lin(x, m.v_proj)
-  if m.conv is not None:
-    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
-  else:
+  q, k, v = _projections(m, x)
+  if m.conv is None:
     q, k = _silu(q), _silu(k)
   q, k, v = _unit_rows(_heads(q, H)), _unit_rows(_heads(k, H)), _heads(v, H)
   beta = 1 / (1 + np.exp(-_lin(x, m.beta_proj)))
@@ -213,9 +215,7 @@ def _delta_mixer(m, x):
 
 def _softmax_mixer(m, x):
   H = m.num_heads
-  q, k, v = (_lin(x, p) for p in (m.q_proj, m.k_proj, m.v_proj))
-  if m.conv is not None:
-    q, k, v = (_conv(t, c) for t, c in zip((q, k, v), m.conv))
+  q, k, v = _projections(m, x)
   q, k, v = _heads(q, H), _heads(k, H), _heads(v, H)
   s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   s = np.where(np.tril(np.ones((x.shape[1], x.shape[1]), bool)), s, -np.inf)
