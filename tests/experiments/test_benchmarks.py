@@ -4,8 +4,6 @@ report; every script answers --help."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -13,12 +11,6 @@ from conftest import run_scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
-
-
-def _run(script, *flags, timeout=600):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(EXPERIMENTS, script), *flags], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _rows(path):
@@ -46,9 +38,16 @@ def test_help(helps, script):
 
 
 def test_bench_and_check_smoke_then_report(tmp_path):
-  bench = tmp_path / "bench"
-  proc = _run("bench.py", "--smoke", "--name=smoke", f"--out_dir={bench}")
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  """The three scripts in one process, in order (`run_scripts`): the report reads the rows."""
+  bench, md = tmp_path / "bench", tmp_path / "B.md"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  ran, checked, reported = run_scripts(
+      [os.path.join(EXPERIMENTS, "bench.py"), "--smoke", "--name=smoke", f"--out_dir={bench}"],
+      [os.path.join(EXPERIMENTS, "check_kernels.py"), "--smoke", "--name=check",
+       f"--out_dir={bench}"],
+      [os.path.join(EXPERIMENTS, "report_benchmarks.py"), f"--bench_dir={bench}", f"--out={md}",
+       f"--plots={tmp_path / 'plots'}"], env=env, cwd=ROOT)
+  assert ran.returncode == 0, ran.stderr[-3000:]
   header, rows = _rows(bench / "smoke.jsonl")
   assert header["kind"] == "header" and header["settings"]["smoke"] and header["jax"]
   ok = {(r["impl"], r["pass"]) for r in rows if r["status"] == "ok"}
@@ -58,17 +57,13 @@ def test_bench_and_check_smoke_then_report(tmp_path):
     skipped = [r for r in rows if r["impl"] == impl]
     assert skipped and all(r["status"] == "skipped" for r in skipped), skipped
 
-  proc = _run("check_kernels.py", "--smoke", "--name=check", f"--out_dir={bench}")
-  assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+  assert checked.returncode == 0, checked.stderr[-3000:] + checked.stdout[-2000:]
   _, checks = _rows(bench / "check.jsonl")
   assert [r["status"] for r in checks] == ["ok"], checks
   assert checks[0]["u"] == "anisotropic" and checks[0]["precision"] == "HIGHEST"
   assert max(checks[0]["errors"].values()) < 1e-4, checks[0]["errors"]
 
-  md = tmp_path / "B.md"
-  proc = _run("report_benchmarks.py", f"--bench_dir={bench}", f"--out={md}",
-              f"--plots={tmp_path / 'plots'}", timeout=120)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert reported.returncode == 0, reported.stderr[-3000:]
   text = md.read_text()
   for needle in ("# Benchmarks", "## Verdict", "### fwd: milliseconds", "smoke run",
                  "## Correctness against float64", "anisotropic", "## Rows not measured"):

@@ -56,10 +56,11 @@ def test_bad_model_configs(change, match):
     LanguageModel(ModelConfig(**{**SMALL, **change}), rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("mixer", ["vla", "deltanet"])
-def test_remat_keeps_the_gradients_and_saves_activation_memory(mixer):
+def test_remat_keeps_the_gradients_and_saves_activation_memory():
   """model.remat recomputes each block in the backward: the same loss and parameter gradients
-  (float32, to rounding) and a smaller compiled working set for the gradient."""
+  (float32, to rounding) and a smaller compiled working set for the gradient. The block's
+  remat does not depend on the mixer; VLA's (a custom VJP inside it) is the one checked."""
+  mixer = "vla"
   config = dict(SMALL, max_len=32, d_model=32, num_heads=2, num_layers=2)
 
   def grad_fn(remat):
