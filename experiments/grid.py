@@ -18,8 +18,9 @@ at once ran the T = 512 jobs at ~8 steps/s (4,000 steps: ~500 s, more than a str
 Gated DeltaNet step at T = 256, d_model 128 ran out of memory (11.4 GiB asked; at 10 at once
 with XLA_PYTHON_CLIENT_PREALLOCATE=false too, and at T = 128, d_model 256: 13 GiB; run those
 jobs with --per_gpu=4 or fewer; at T = 512 DeltaNet and Gated DeltaNet ran out of memory at
-9 at once, 5.9-11.9 GiB asked, and took 240-350 s at 3 at once). 10 at once mixing T = 256 and T = 512 jobs ran ~6x slower
-than the T = 64 / 128 ones: T = 256, d_model 128 took 460 s. A stopped job
+9 at once, 5.9-11.9 GiB asked, and took 240-350 s at 3 at once). 10 at once mixing T = 256
+and T = 512 jobs ran ~6x slower than the T = 64 / 128 ones: T = 256, d_model 128 took 460 s.
+A stopped job
 resumes from its checkpoint under OUT/runs only where OUT survives between calls.
 
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of

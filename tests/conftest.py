@@ -29,6 +29,9 @@ import pytest  # noqa: E402  pylint: disable=wrong-import-position
 from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
 
 _CACHE_ENV = "VLA_JAX_TEST_COMPILATION_CACHE"
+# The environment variables of JAX's persistent compilation cache settings.
+_CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
+_CACHE_MIN_TIME = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 _cache_key = pytest.StashKey[str]()
 
 # `compiler_options` (jax.jit, `Lowered.compile`) for programs that a check compares with
@@ -125,16 +128,15 @@ def pytest_configure(config):
     config.stash[_cache_key] = folder
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  # JAX reads these at import in the processes the tests start.
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  # The same settings for the processes the tests start (JAX reads them at import).
+  os.environ.update({_CACHE_DIR: folder, _CACHE_MIN_TIME: "0"})
 
 
 def pytest_unconfigure(config):
   folder = config.stash.get(_cache_key, None)
   if folder is not None:
     shutil.rmtree(folder, ignore_errors=True)
-    for name in (_CACHE_ENV, "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"):
+    for name in (_CACHE_ENV, _CACHE_DIR, _CACHE_MIN_TIME):
       os.environ.pop(name, None)
 
 

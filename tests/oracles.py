@@ -4,8 +4,9 @@ ops, and the mixer layers from their parameters (`mixer`)."""
 import numpy as np
 
 
-def _unit(x, eps):
-  return x / max(np.linalg.norm(x), eps)
+def _unit(x, eps=1e-6):
+  """x / max(||x||, eps) along the last axis."""
+  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
 
 
 def vla(q, k, v, u, lam0=1.0, S0=None, A0=None):
@@ -128,10 +129,6 @@ def _conv(x, conv):
   return _silu(sum(xp[:, i:i + x.shape[1]] * w[i] for i in range(K)))
 
 
-def _unit_rows(x, eps=1e-6):
-  return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
-
-
 def _heads(x, H):
   return x.reshape(x.shape[:-1] + (H, x.shape[-1] // H))
 
@@ -154,7 +151,7 @@ def _projections(m, x):
 def _vla_mixer(m, x):
   H = m.num_heads
   q, kr, v = _projections(m, x)
-  u = m.penalty_scale * _unit_rows(_heads(kr @ _p(m.u_proj.kernel), H))
+  u = m.penalty_scale * _unit(_heads(kr @ _p(m.u_proj.kernel), H))
   q, k, v = _elu1(_heads(q, H)), _elu1(_heads(kr, H)), _heads(v, H)
   if m.readout == "delta":
     v = np.concatenate([v, np.ones(v.shape[:-1] + (1,))], -1)
@@ -164,10 +161,10 @@ def _vla_mixer(m, x):
     for h in range(Hn):
       A, S, z = np.eye(dk) / m.lam0, np.zeros((v.shape[-1], dk)), np.zeros(dk)
       for t in range(Tn):
-        kh = _unit_rows(k[b, t, h])
+        kh = _unit(k[b, t, h])
         w = A @ u[b, t, h]
         A = A - np.outer(w, w) / (1 + u[b, t, h] @ w)
-        a = _unit_rows(A @ kh, 1e-12)
+        a = _unit(A @ kh, 1e-12)
         S = S + np.outer(v[b, t, h] - S @ kh, a)
         z = z + k[b, t, h]
         o[b, t, h] = S @ q[b, t, h]
@@ -195,7 +192,7 @@ def _delta_mixer(m, x):
   q, k, v = _projections(m, x)
   if m.conv is None:
     q, k = _silu(q), _silu(k)
-  q, k, v = _unit_rows(_heads(q, H)), _unit_rows(_heads(k, H)), _heads(v, H)
+  q, k, v = _unit(_heads(q, H)), _unit(_heads(k, H)), _heads(v, H)
   beta = 1 / (1 + np.exp(-_lin(x, m.beta_proj)))
   if m.GATED:
     a = _lin(x, m.a_proj) + _p(m.dt_bias)

@@ -25,9 +25,8 @@ SCRIPTS = ("bench.py", "report_benchmarks.py", "check_kernels.py", "profile_kern
 @pytest.fixture(scope="module")
 def helps():
   """Each script's `--help` by name (one process, `run_scripts`)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
   return dict(zip(SCRIPTS, run_scripts(*([os.path.join(EXPERIMENTS, s), "--help"]
-                                         for s in SCRIPTS), env=env, cwd=ROOT, timeout=120)))
+                                         for s in SCRIPTS), cwd=ROOT, timeout=120)))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -40,13 +39,12 @@ def test_help(helps, script):
 def test_bench_and_check_smoke_then_report(tmp_path):
   """The three scripts in one process, in order (`run_scripts`): the report reads the rows."""
   bench, md = tmp_path / "bench", tmp_path / "B.md"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
   ran, checked, reported = run_scripts(
       [os.path.join(EXPERIMENTS, "bench.py"), "--smoke", "--name=smoke", f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "check_kernels.py"), "--smoke", "--name=check",
        f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "report_benchmarks.py"), f"--bench_dir={bench}", f"--out={md}",
-       f"--plots={tmp_path / 'plots'}"], env=env, cwd=ROOT)
+       f"--plots={tmp_path / 'plots'}"], cwd=ROOT)
   assert ran.returncode == 0, ran.stderr[-3000:]
   header, rows = _rows(bench / "smoke.jsonl")
   assert header["kind"] == "header" and header["settings"]["smoke"] and header["jax"]

@@ -52,9 +52,9 @@ def runs(tmp_path_factory):
   of their outputs); the runs in the order listed (a second grid call after the first)."""
   d = {name: tmp_path_factory.mktemp(name) for name in (
       "zoology_list", "zoology", "mixer_sweep", "diagnostics", "decode")}
-  (d["diagnostics"] / "results" / "training").mkdir(parents=True)
-  (d["diagnostics"] / "results" / "plots").mkdir()
   rows = d["diagnostics"] / "results" / "training"
+  rows.mkdir(parents=True)
+  (d["diagnostics"] / "results" / "plots").mkdir()
   zoology = ["--grids=zoology_tuned", f"--only={ZOOLOGY_JOB}", "--seeds=0",
              f"--workdir={d['zoology']}", "--per_gpu=1", "--budget_s=300", *GRID_OVERRIDES]
   calls = [(f"help/{s}", s, ["--help"]) for s in SCRIPTS] + [

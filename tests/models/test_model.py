@@ -18,10 +18,6 @@ def _params(model):
   return sum(p.size for p in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
-# Every mixer's model builds, jits, is causal and streams: tests/layers/test_streaming.py
-# (test_model_stream_equals_forward_float32, one program for all three).
-
-
 def test_tied_and_untied_heads():
   tied = LanguageModel(ModelConfig(**SMALL), rngs=nnx.Rngs(0))
   untied = LanguageModel(ModelConfig(tie_embeddings=False, **SMALL), rngs=nnx.Rngs(0))
@@ -60,11 +56,10 @@ def test_remat_keeps_the_gradients_and_saves_activation_memory():
   """model.remat recomputes each block in the backward: the same loss and parameter gradients
   (float32, to rounding) and a smaller compiled working set for the gradient. The block's
   remat does not depend on the mixer; VLA's (a custom VJP inside it) is the one checked."""
-  mixer = "vla"
   config = dict(SMALL, max_len=32, d_model=32, num_heads=2, num_layers=2)
 
   def grad_fn(remat):
-    model = LanguageModel(ModelConfig(mixer=mixer, remat=remat, **config), rngs=nnx.Rngs(0))
+    model = LanguageModel(ModelConfig(mixer="vla", remat=remat, **config), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model)
 
     def loss(p, tokens):
