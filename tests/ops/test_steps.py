@@ -35,16 +35,16 @@ def inputs(dtype):
   return q, k, v, u, beta, log_decay
 
 
-# The float64 NumPy oracle of each op over the whole sequence: (o, state).
-ORACLES = {
-    "vla": lambda q, k, v, u, b, g: (lambda o, S, A: (o, VLAState(S, A)))(
-        *oracles.vla(q, k, v, u)),
-    "linear_attention": lambda q, k, v, u, b, g: (
-        lambda o, S, z: (o, LinearAttentionState(S, z)))(
-            *oracles.linear_attention(q, k, v, normalize=True)),
-    "deltanet": lambda q, k, v, u, b, g: oracles.gated_deltanet(q, k, v, b),
-    "gated_deltanet": lambda q, k, v, u, b, g: oracles.gated_deltanet(q, k, v, b, g),
-}
+def full_pass(name, q, k, v, u, beta, log_decay):
+  """The float64 NumPy oracle of op `name` over the whole sequence: (o, final state)."""
+  if name == "vla":
+    o, S, A = oracles.vla(q, k, v, u)
+    return o, VLAState(S, A)
+  if name == "linear_attention":
+    o, S, z = oracles.linear_attention(q, k, v, normalize=True)
+    return o, LinearAttentionState(S, z)
+  return oracles.gated_deltanet(q, k, v, beta, log_decay if name == "gated_deltanet" else None)
+
 
 CASES = {
     "vla": (lambda q, k, v, u, b, g, **kw: vla_recurrence(q, k, v, u, **kw),
@@ -69,7 +69,7 @@ def test_prefill_then_steps_equals_full_pass(name, dtype, tol):
   seq_op, step = CASES[name]
   with jax.enable_x64(dtype == np.float64):
     xs = inputs(dtype)
-    o_full, state_full = ORACLES[name](*xs)
+    o_full, state_full = full_pass(name, *xs)
     prompt = [x[:, :PROMPT] for x in xs]
     rest = [x[:, PROMPT:] for x in xs]
     o_pre, state = jax.jit(functools.partial(seq_op, impl="chunked", chunk_size=16))(*prompt)
