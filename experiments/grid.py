@@ -13,22 +13,23 @@ call resuming the last:
     python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=6 \
         --vla_impl=pallas --budget_s=420 --grace_s=30 --stop_s=60
 
-Measured on the H200: 10 jobs at once finish the T = 64 and 128 extensions in 200-500 s; 12
-at once ran the T = 512 jobs at ~8 steps/s (4,000 steps: ~500 s, more than a stretch) and a
-Gated DeltaNet step at T = 256, d_model 128 ran out of memory (11.4 GiB asked; at 10 at once
-with XLA_PYTHON_CLIENT_PREALLOCATE=false too, and at T = 128, d_model 256: 13 GiB; run those
-jobs with --per_gpu=4 or fewer; at T = 512 DeltaNet and Gated DeltaNet ran out of memory at
-9 at once, 5.9-11.9 GiB asked, and took 240-350 s at 3 at once). 10 at once mixing T = 256
-and T = 512 jobs ran ~6x slower than the T = 64 / 128 ones: T = 256, d_model 128 took 460 s.
-A stopped job
-resumes from its checkpoint under OUT/runs only where OUT survives between calls.
+Measured on the H200 (jobs of 3 seeds x their rates):
+- 10 at once finish the T = 64 and 128 extensions in 200-500 s; 10 at once mixing T = 256
+  and 512 jobs ran ~6x slower (T = 256, d_model 128: 460 s).
+- 12 at once ran the T = 512 jobs at ~8 steps/s (4,000 steps: ~500 s, more than a stretch).
+- Out of memory (also with XLA_PYTHON_CLIENT_PREALLOCATE=false): Gated DeltaNet at T = 256,
+  d_model 128 at 10 at once (11.4 GiB asked) and T = 128, d_model 256 (13 GiB); DeltaNet and
+  Gated DeltaNet at T = 512 at 9 at once (5.9-11.9 GiB asked), and Gated DeltaNet at T = 512,
+  d_model 256 with 3 rates at 3 at once (32 GiB asked). Run those with --per_gpu=4 or fewer,
+  the last alone: at 3 at once T = 512 jobs of 3 rates took 240-412 s for 4,000 steps.
+A stopped job resumes from its checkpoint under OUT/runs only where OUT survives between calls.
 
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
 every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, and T = 512 at
-12,000 steps (`vla_jax.training.grid.tuned_jobs`); its rows go to OUT/zoology_tuned.jsonl.
-`--only=-s4000-` or `--only=-s12000-` runs one part; a second round, once the first is
-finished, goes on past the new edges: --zoology_rows=results/training/mqar_zoology_h200.jsonl,
-OUT/zoology_tuned.jsonl.
+12,000 steps, a job per rate (`vla_jax.training.grid.tuned_jobs`); its rows go to
+OUT/zoology_tuned.jsonl. `--only=-s4000-` or `--only=-s12000-` runs one part. Each round
+goes on past the edges the last one found, planned from both rows files as RESULTS.md reads
+them: --zoology_rows=results/training/mqar_zoology_h200.jsonl,OUT/zoology_tuned.jsonl.
 
 The remedies for VLA's failing seeds (issue 37): 14 jobs (two zoology cells x seven variants,
 rate 3e-3, seeds 0-4 carried by the jobs, training diagnostics every 50 steps), all at once:

@@ -371,31 +371,37 @@ ZOOLOGY_ROWS = (_cell("linear", {1e-3: (0.01, 0.01), 3e-3: (0.02, 0.02)})
                 + _cell("deltanet", {1e-3: (0.6, 0.6), 3e-3: (0.8, 0.8)})
                 + _cell("gated_deltanet", {1e-3: (0.3, 0.3), 3e-3: (0.0, 0.0)})
                 + _cell("softmax_conv", {1e-3: (1.0, 1.0), 3e-3: (1.0, 0.99)}))
-# Tuned rows at 4,000 steps: linear best at its new edge (1e-2); VLA's 1e-2 better on test but
-# not on validation; Gated DeltaNet best at its new lowest rate; the slow gate init (no zoology
-# rows: its baseline's rates and extension) best inside; DeltaNet's extension not run.
-TUNED_ROWS = (_cell("linear", {1e-2: (0.3, 0.4)})
+# Tuned rows at 4,000 steps: linear best at the rate grid's end (1e-1: an edge with nothing
+# past it); VLA's 1e-2 better on test but not on validation; Gated DeltaNet best at its new
+# lowest rate (1e-4 past it still to run); the slow gate init (no zoology rows: its baseline's
+# rates and extension) best inside; DeltaNet's extension not run.
+TUNED_ROWS = (_cell("linear", {1e-2: (0.3, 0.4), 3e-2: (0.35, 0.45), 1e-1: (0.4, 0.5)})
               + _cell("vla", {1e-2: (0.99, 0.6)})
               + _cell("gated_deltanet", {3e-4: (0.9, 0.9)})
               + _cell("gated_deltanet_slow", {3e-4: (0.2, 0.2), 1e-3: (0.95, 0.95),
                                               3e-3: (0.1, 0.1)}))
-# ... and at 12,000 steps: VLA converges, linear stays below at a rate inside its sweep.
-LONG_ROWS = (_cell("linear", {1e-3: (0.1, 0.1), 3e-3: (0.5, 0.5), 1e-2: (0.2, 0.2)},
+# ... and at 12,000 steps (the chosen rate and those either side): VLA converges, linear stays
+# below at a rate inside its sweep.
+LONG_ROWS = (_cell("linear", {1e-2: (0.1, 0.1), 3e-2: (0.5, 0.5), 1e-1: (0.2, 0.2)},
                    steps=12000)
              + _cell("vla", {1e-3: (0.5, 0.5), 3e-3: (1.0, 1.0), 1e-2: (0.9, 0.9)}, steps=12000))
 
 
 def test_zoology_tuned_plan_and_pending_cells():
-  """The cells the tuned grid plans from the zoology rows, and those whose rows are missing."""
+  """The cells the tuned grid plans from the zoology rows, and those whose rows are missing
+  once the plan is made from every row (past the edges the tuned rows found)."""
   plan = zoology.planned_rates(ZOOLOGY_ROWS)
   assert plan[("linear", (512, 64), 4000)] == {1e-2}
   assert plan[("gated_deltanet", (512, 64), 4000)] == {3e-4}
   assert plan[("gated_deltanet_slow", (512, 64), 4000)] == {3e-4, 1e-3, 3e-3}
   assert ("softmax_conv", (512, 64), 4000) not in plan                 # solved: not extended
-  assert plan[("softmax_conv", (512, 64), 12000)] == {1e-3, 3e-3}
-  pending = zoology.missing_rates(plan, TUNED_ROWS + LONG_ROWS)
-  assert pending[("deltanet", (512, 64), 4000)] == [1e-2]
-  assert {k for k in pending if k[2] == 4000} == {("deltanet", (512, 64), 4000)}
+  assert plan[("softmax_conv", (512, 64), 12000)] == {1e-3}            # solved: its rate only
+  assert plan[("linear", (512, 64), 12000)] == {1e-3, 3e-3, 1e-2}      # the rates either side
+  tuned = TUNED_ROWS + LONG_ROWS
+  pending = zoology.missing_rates(zoology.planned_rates(ZOOLOGY_ROWS + tuned), tuned)
+  assert {k: v for k, v in pending.items() if k[2] == 4000} == {
+      ("deltanet", (512, 64), 4000): [1e-2], ("gated_deltanet", (512, 64), 4000): [1e-4]}
+  assert pending[("gated_deltanet", (512, 64), 12000)] == [1e-4, 3e-4, 1e-3]
   assert {k[0] for k in pending if k[2] == 12000} == {
       "softmax_conv", "deltanet", "gated_deltanet", "gated_deltanet_slow"}
 
@@ -407,21 +413,21 @@ def test_zoology_section_selects_across_the_combined_sweep():
   named by their gate init; the T = 512, 12,000-step table tells converged from below."""
   blocks, summary = zoology.zoology_section(ZOOLOGY_ROWS, TUNED_ROWS + LONG_ROWS)
   text = _text(blocks)
-  assert summary[("linear", (512, 64))]["rate"] == 1e-2
+  assert summary[("linear", (512, 64))]["rate"] == 1e-1
   assert summary[("vla", (512, 64))]["rate"] == 3e-3            # 1e-2 better on test only
   assert ("| setting | softmax + conv | linear | DeltaNet | Gated DeltaNet (fla gate init) | "
           "Gated DeltaNet (slow gate init) | VLA (authors' penalty 1/sqrt(d_h)) |") in text
-  assert ("| T = 512, d_model = 64 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.300 ± 0.000 "
-          "(min 0.300) @ 0.01 (of 3 rates; edge: the highest rate tried) | pending (1e-2 not "
-          "run); so far 0.800 ± 0.000 (min 0.800) @ 0.003 | 0.900 ± 0.000 (min 0.900) @ 0.0003 "
-          "(of 3 rates; edge: the lowest rate tried) | 0.950 ± 0.000 (min 0.950) @ 0.001 (of 3 "
-          "rates) | 0.700 ± 0.000 (min 0.700) @ 0.003 (of 3 rates) |") in text
-  # The edge list reads the combined sweep: linear at its new edge, DeltaNet pending.
+  assert ("| T = 512, d_model = 64 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.400 ± 0.000 "
+          "(min 0.400) @ 0.1 (of 5 rates; edge: the highest rate tried) | pending (1e-2 not "
+          "run); so far 0.800 ± 0.000 (min 0.800) @ 0.003 | pending (1e-4 not run); so far "
+          "0.900 ± 0.000 (min 0.900) @ 0.0003 (of 3 rates) | 0.950 ± 0.000 (min 0.950) @ 0.001 "
+          "(of 3 rates) | 0.700 ± 0.000 (min 0.700) @ 0.003 (of 3 rates) |") in text
+  # The edge list reads the combined sweep: linear at the grid's end, the others pending.
   edges = text[text.index("Rate sweep edges"):]
   assert "of the 5 cells below 0.99, 1 chose the lowest rate tried, 2 the highest" in edges
-  assert "| linear | - | T = 512 d_model 64 @ 0.01 |" in edges
+  assert "| linear | - | T = 512 d_model 64 @ 0.1 |" in edges
   assert "| DeltaNet | - | T = 512 d_model 64 @ 0.003 (pending) |" in edges
-  assert "| Gated DeltaNet (fla gate init) | T = 512 d_model 64 @ 0.0003 | - |" in edges
+  assert "| Gated DeltaNet (fla gate init) | T = 512 d_model 64 @ 0.0003 (pending) | - |" in edges
   # 12,000 steps: rows per label, the cells not run at that width, pending cells.
   assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 1.000 ± 0.000 (min 1.000) @ 0.003 (of 3 "
           "rates) | not run | not run |") in text

@@ -41,7 +41,7 @@ ROWS = (_cell(512, 64, "linear", {1e-3: [0.0, 0.0, 0.01], 3e-3: [0.01, 0.02, 0.0
 def test_every_grid_has_its_jobs():
   counts = {g: len(grid.grid_jobs(g, zoology_rows=ROWS)) for g in grid.GRIDS}
   assert counts == {"capacity": 8 * 7, "long": 7 * 7, "copy": 7, "zoology": 12 * 7,
-                    "ablation": 8, "ablation_demo": 8, "zoology_tuned": 3 + 4,
+                    "ablation": 8, "ablation_demo": 8, "zoology_tuned": 3 + 3 * 3 + 1,
                     "seed_remedies": 2 * 7}
   names = [j.name for g in grid.GRIDS for j in grid.grid_jobs(g, zoology_rows=ROWS)]
   assert len(names) == len(set(names))
@@ -138,10 +138,10 @@ def test_best_rate_table_takes_the_best_mean_over_seeds():
   table = grid.best_rate_table(rows, steps=4000)
   assert table[(64, 64, "vla")] == {"rate": 1e-3, "mean": pytest.approx(0.6),
                                     "rates": (1e-3, 3e-3)}
-  assert table[(64, 128, "linear")]["rate"] == 1e-3      # by test accuracy (the default) ...
-  by_validation = grid.best_rate_table(rows, steps=4000, metric="validation")
-  assert by_validation[(64, 128, "linear")] == {"rate": 3e-3, "mean": 0.5,   # ... or validation
-                                                "rates": (1e-3, 3e-3)}
+  assert table[(64, 128, "linear")] == {"rate": 3e-3, "mean": 0.5,   # by validation (default),
+                                        "rates": (1e-3, 3e-3)}     # the mean is test's
+  by_test = grid.best_rate_table(rows, steps=4000, metric="test")
+  assert by_test[(64, 128, "linear")]["rate"] == 1e-3                # ... or by test
   assert grid.best_rate_table(rows, steps=12000) == {
       (64, 64, "vla"): {"rate": 1e-2, "mean": pytest.approx(0.9), "rates": (1e-2,)}}
   assert len(grid.best_rate_table(rows)) == 2            # every step count together
@@ -179,25 +179,30 @@ def test_the_committed_zoology_rows_have_32_edge_cells():
   assert all(c["extend"] == {"highest": ("1e-2",), "lowest": ("3e-4",)}[c["side"]]
              for c in edges.values())
   jobs = grid.grid_jobs("zoology_tuned", zoology_rows=jsonl.read_rows(str(path)))
-  assert len(jobs) == 32 + 12 + 8 * 3
-  assert sum(len(j.rates) * int(j.overrides["train.num_steps"]) for j in jobs) * 3 == 3_120_000
+  solved_at_512 = sum(c["mean"] >= 0.99 for (T, _, _), c in table.items() if T == 512)
+  assert solved_at_512 == 6
+  # 4,000 steps: 32 edge cells, 12 gated_deltanet_slow settings; 12,000 steps at T = 512: one
+  # job per rate, 1 rate at the 6 solved cells and 3 at the other 18 (8 labels x 3 widths).
+  assert len(jobs) == 32 + 12 + 6 + 18 * 3
+  assert sum(len(j.rates) * int(j.overrides["train.num_steps"]) for j in jobs) * 3 == 2_868_000
 
 
 def test_zoology_tuned_jobs():
   """Past the edges at 4,000 steps, gated_deltanet_slow from Gated DeltaNet's sweep, then
-  every label at T = 512 with 12,000 steps; names apart from the zoology grid's."""
+  every label at T = 512 with 12,000 steps, a job per rate: an unsolved cell at its chosen
+  rate and the planned rates either side, a solved one at its chosen rate; names apart from
+  the zoology grid's."""
   jobs = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)
   assert [(j.name, j.rates) for j in jobs] == [
       ("zoology_tuned-T512-d64-linear-s4000-lr1e-2", ("1e-2",)),
       ("zoology_tuned-T512-d64-gated_deltanet-s4000-lr3e-4", ("3e-4",)),
       ("zoology_tuned-T512-d64-gated_deltanet_slow-s4000-lr3e-4_1e-3_3e-3",
-       ("3e-4", "1e-3", "3e-3")),
-      ("zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2", ("1e-3", "3e-3", "1e-2")),
-      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-4_1e-3_3e-3",
-       ("3e-4", "1e-3", "3e-3")),
-      ("zoology_tuned-T512-d64-gated_deltanet_slow-s12000-lr3e-4_1e-3_3e-3",
-       ("3e-4", "1e-3", "3e-3")),
-      ("zoology_tuned-T512-d128-softmax-s12000-lr1e-3_3e-3", ("1e-3", "3e-3"))]
+       ("3e-4", "1e-3", "3e-3"))] + [
+      (f"zoology_tuned-T512-d64-{label}-s12000-lr{r}", (r,))
+      for label, rates in (("linear", ("1e-3", "3e-3", "1e-2")),
+                           ("gated_deltanet", ("3e-4", "1e-3", "3e-3")),
+                           ("gated_deltanet_slow", ("3e-4", "1e-3", "3e-3")))
+      for r in rates] + [("zoology_tuned-T512-d128-softmax-s12000-lr3e-3", ("3e-3",))]
   zoology = {j.name for j in grid.grid_jobs("zoology")}
   assert not zoology & {j.name for j in jobs}
   assert all(not j.name.startswith("zoology-") for j in jobs)
@@ -208,10 +213,10 @@ def test_zoology_tuned_jobs():
                             "model.options.gated_deltanet.gate_init": "slow"}
   assert slow.tag == {"grid": "zoology_tuned", "seq_len": 512, "n_pairs": 64, "d_model": 64,
                       "label": "gated_deltanet_slow", "steps": 4000, "gate_init": "slow"}
-  assert jobs[4].overrides["model.options.gated_deltanet.gate_init"] == "fla"
-  assert jobs[4].tag["gate_init"] == "fla" and jobs[4].tag["steps"] == 12000
-  assert jobs[4].overrides["train.num_steps"] == 12000
-  assert "gate_init" not in jobs[3].tag and jobs[6].overrides["model.num_heads"] == 4
+  assert jobs[6].overrides["model.options.gated_deltanet.gate_init"] == "fla"
+  assert jobs[6].tag["gate_init"] == "fla" and jobs[6].tag["steps"] == 12000
+  assert jobs[6].overrides["train.num_steps"] == 12000
+  assert "gate_init" not in jobs[3].tag and jobs[-1].overrides["model.num_heads"] == 4
   cmd = grid.sweep_command(slow, sweep_script="sweep.py", root="/repo", workdir="/out",
                            seeds=[0, 1, 2])
   assert "--out=/out/zoology_tuned.jsonl" in cmd and "--learning_rates=3e-4,1e-3,3e-3" in cmd
@@ -226,7 +231,8 @@ def test_zoology_tuned_jobs():
 
 def test_zoology_tuned_goes_on_past_the_new_edges_with_its_own_rows():
   """A second round from the first round's rows: linear still best at its new highest rate
-  gets the next one, at both step counts, under new names; the finished jobs are gone."""
+  gets the next one, at both step counts, under new names; a cell now solved (the slow gate)
+  trains 12,000 steps at its chosen rate only; the finished jobs are gone."""
   first = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)
   tuned = (_cell(512, 64, "linear", {1e-2: [0.3] * 3})
            + _cell(512, 64, "gated_deltanet", {3e-4: [0.1] * 3})          # 1e-3 stays best
@@ -238,11 +244,11 @@ def test_zoology_tuned_goes_on_past_the_new_edges_with_its_own_rows():
   assert [(j.name, j.rates) for j in second] == [
       ("zoology_tuned-T512-d64-linear-s4000-lr3e-2", ("3e-2",)),
       ("zoology_tuned-T512-d64-linear-s12000-lr3e-2", ("3e-2",)),
-      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-4_1e-3_3e-3",
-       ("3e-4", "1e-3", "3e-3")),
-      ("zoology_tuned-T512-d64-gated_deltanet_slow-s12000-lr3e-4_1e-3_3e-3",
-       ("3e-4", "1e-3", "3e-3")),
-      ("zoology_tuned-T512-d128-softmax-s12000-lr1e-3_3e-3", ("1e-3", "3e-3"))]
+      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-4", ("3e-4",)),
+      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr1e-3", ("1e-3",)),
+      ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-3", ("3e-3",)),
+      ("zoology_tuned-T512-d64-gated_deltanet_slow-s12000-lr3e-3", ("3e-3",)),
+      ("zoology_tuned-T512-d128-softmax-s12000-lr3e-3", ("3e-3",))]
   assert {j.name for j in second[2:]} <= {j.name for j in first}
 
 

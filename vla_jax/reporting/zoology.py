@@ -6,9 +6,11 @@ The zoology grid (`mqar_zoology_h200.jsonl`) trains every label 4,000 steps at r
 `vla_jax.training.grid.tuned_jobs` plans from the zoology rows: at 4,000 steps, the rate past
 the edge of every cell below 0.99 that chose an edge, and Gated DeltaNet with the slow gate
 initialisation (label gated_deltanet_slow) at every setting; at T = 512, every label at 12,000
-steps. A 4,000-step cell is chosen on validation across both files' rows (the *combined
-sweep*). A cell whose planned rows are not all there is *pending*: its table cell says so (with
-the rates run so far), never standing for the tuned result.
+steps, at its 4,000-step chosen rate where that cell is solved, else at it and the rates either
+side. A 4,000-step cell is chosen on validation across both files' rows (the *combined sweep*),
+and the plan is made from both files' rows, so that it goes on past the edges that the tuned
+rows found. A cell whose planned rows are not all there is *pending*: its table cell says so
+(with the rates run so far), never standing for the tuned result.
 """
 
 import collections
@@ -45,8 +47,8 @@ def where(st):
 
 
 def planned_rates(rows):
-  """{(label, (T, d_model), steps): set of rates} of the zoology_tuned grid's jobs planned from
-  the zoology grid's rows (`tuned_jobs`)."""
+  """{(label, (T, d_model), steps): set of rates} of the zoology_tuned grid's jobs still to run,
+  planned from `rows` (`tuned_jobs`)."""
   plan = collections.defaultdict(set)
   for _, _, _, rates, tag in tuned_jobs(rows, steps=STEPS):
     plan[(tag["label"], (tag["seq_len"], tag["d_model"]), tag["steps"])] |= {float(r)
@@ -94,7 +96,7 @@ def sweep_summaries(rows, tuned_rows):
   short = keyed([r for r in rows if r.get("steps", STEPS) == STEPS]
                 + [r for r in tuned_rows if r["steps"] == STEPS])
   long = keyed([r for r in tuned_rows if r["steps"] == TUNED_STEPS and r["seq_len"] == TUNED_T])
-  pending = missing_rates(planned_rates(rows), tuned_rows)
+  pending = missing_rates(planned_rates(list(rows) + list(tuned_rows)), tuned_rows)
   usual = len(usual_rates(c["rates"] for c in grid_summary(keyed(rows), "setting").values()))
   return grid_summary(short, "setting"), grid_summary(long, "setting"), pending, usual
 
@@ -240,7 +242,8 @@ def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=N
       "(`results/training/zoology_tuned_h200.jsonl`; planned from the rows above by "
       f"`vla_jax.training.grid.tuned_jobs`): the rate past the edge at every cell below {SOLVED} "
       "that chose an edge, Gated DeltaNet with the slow gate init at every setting, every "
-      f"mixer at T = {TUNED_T} with {TUNED_STEPS:,} steps.",
+      f"mixer at T = {TUNED_T} with {TUNED_STEPS:,} steps (at its {STEPS:,}-step chosen rate "
+      f"where that cell reaches {SOLVED}, else at it and the rates either side).",
       "configs/mqar_zoology.py: vocabulary 8,192, power-law query placement, keys and values "
       "from disjoint halves of the vocabulary; T / n_pairs = "
       + ", ".join(f"{T}/{n}" for T, n in ZOOLOGY) + f"; heads of d_h = {HEAD_DIM} (d_model "
@@ -253,8 +256,8 @@ def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=N
   blocks.append(f"**{STEPS:,} steps**, every setting:")
   blocks.append(short_table(short, pending, usual, ran))
   blocks.append(f"**T = {TUNED_T} ({dict(ZOOLOGY).get(TUNED_T, '?')} pairs), "
-                f"{TUNED_STEPS:,} steps** (3x as many), every mixer at the rates of its "
-                f"extended {STEPS:,}-step sweep:")
+                f"{TUNED_STEPS:,} steps** (3x as many), every mixer at its {STEPS:,}-step "
+                f"chosen rate (and the rates either side where that cell is below {SOLVED}):")
   blocks.append(long_table(long, pending, usual))
   blocks.append(markdown.bullets([settings_sentence(long_rows) if long_rows else ""]
                                 + long_notes(short, long, pending)))

@@ -22,8 +22,10 @@ Grids (the settings of RESULTS.md):
             edge at every cell below 0.99 whose best rate is an edge of its sweep
             (`edge_cells`), a Gated DeltaNet row with the slow gate initialisation
             (gated_deltanet_slow) at every setting, and every mixer at T = 512 with 12,000
-            steps. One job per (cell, steps) and the rates it lacks, named by both, e.g.
-            "zoology_tuned-T512-d64-linear-s12000-lr1e-3_3e-3_1e-2".
+            steps (at the chosen rate of a cell solved at 4,000 steps, else at it and the
+            rates either side). A 4,000-step job per cell and the rates it lacks, a 12,000-step
+            job per cell and rate, named by both, e.g. "zoology_tuned-T512-d64-linear-s4000-
+            lr1e-2_3e-2", "zoology_tuned-T512-d64-linear-s12000-lr1e-2".
   seed_remedies: VLA at the two zoology cells whose seeds split at rate 3e-3 (REMEDY_CELLS:
             T = 64, 4 pairs and T = 128, 8 pairs, d_model 64; configs/mqar_zoology.py, 4,000
             steps) with the earlier defaults and one setting changed per variant
@@ -157,11 +159,12 @@ def rate_name(rate):
   return next((r for r in RATE_GRID if float(r) == float(rate)), f"{float(rate):g}")
 
 
-def best_rate_table(rows, *, steps=None, metric="test"):
+def best_rate_table(rows, *, steps=None, metric="validation"):
   """{(seq_len, d_model, label): {"rate", "mean", "rates"}} of zoology sweep rows: per cell,
-  the rate with the best mean `metric` ("test" or "validation") accuracy over seeds, the mean
-  test accuracy at that rate and the sorted rates tried (floats); rows of other `steps` (when
-  given) left out. A row's label is its "label", else its "mixer"."""
+  the rate with the best mean `metric` ("validation", as RESULTS.md chooses, or "test")
+  accuracy over seeds, the mean test accuracy at that rate and the sorted rates tried
+  (floats); rows of other `steps` (when given) left out. A row's label is its "label", else
+  its "mixer"."""
   cells = collections.defaultdict(lambda: collections.defaultdict(list))
   for r in rows:
     if steps is None or r.get("steps") == steps:
@@ -204,8 +207,9 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
   without rows, gated_deltanet_slow, takes its TUNED_BASELINE label's). In order:
     1. at `steps`, every cell's planned rates that its rows lack: the rates past an edge, and
        gated_deltanet_slow at every setting;
-    2. at `long_T` with `long_steps` steps, every label at its planned rates (less any that
-       `long_steps`-step rows in `rows` already hold).
+    2. at `long_T` with `long_steps` steps, every label at its `long_rates` (less any that
+       `long_steps`-step rows in `rows` already hold), one job per rate: three runs, which
+       finish within one stretch of GPU time where a job of every rate would not.
   Rows of this grid's own earlier jobs may be added to `rows` once they are finished: the
   sweep then goes on past the new edges, under new job names (a name holds its steps and
   rates, so that no run folder is reused for other rates).
@@ -223,6 +227,18 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
     rates = {rate_name(x) for x in short[cell]["rates"]}
     rates |= set(edges[cell]["extend"]) if cell in edges else set()
     return tuple(sorted(rates, key=float))
+
+  def long_rates(T, d_model, label):
+    # A cell solved at `steps` trains longer at its chosen rate only (more steps there can
+    # only confirm it); an unsolved one at its chosen rate and the planned rates either side.
+    rates = planned(T, d_model, label)
+    cell = (T, d_model, label)
+    if cell not in short and label in TUNED_BASELINE:
+      cell = (T, d_model, TUNED_BASELINE[label])
+    if not rates:
+      return ()
+    i = rates.index(rate_name(short[cell]["rate"]))
+    return rates[i:i + 1] if short[cell]["mean"] >= SOLVED else rates[max(i - 1, 0):i + 2]
 
   def job(T, n, d_model, heads, label, mixer, extra, n_steps, rates):
     tag = {"seq_len": T, "n_pairs": n, "d_model": d_model, "label": label, "steps": n_steps}
@@ -248,9 +264,8 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
       for label, mixer, extra in TUNED_MIXERS:
         tried = {rate_name(x)
                  for x in done_long.get((T, d_model, label), {"rates": ()})["rates"]}
-        rates = tuple(r for r in planned(T, d_model, label) if r not in tried)
-        if rates:
-          out.append(job(T, n, d_model, heads, label, mixer, extra, long_steps, rates))
+        out += [job(T, n, d_model, heads, label, mixer, extra, long_steps, (r,))
+                for r in long_rates(T, d_model, label) if r not in tried]
   return out
 
 
