@@ -378,23 +378,29 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
   defaults = [(cell, len(failed(got(cell, "defaults"))), len(got(cell, "defaults")))
               for cell in cells if got(cell, "defaults")]
   if lost and not mixed:
-    rest = (f"of all {len(lost)} failed runs (every variant), {len(stuck)} never leave the "
-            "plateau, and no variant and cell has both failing and solving seeds to compare at "
-            f"step {PROBE_STEP}.")
+    probes = ("no variant and cell has both failing and solving seeds to compare at step "
+              f"{PROBE_STEP}.")
   elif lost:
-    rest = (f"of all {len(lost)} failed runs (every variant), {len(stuck)} never leave the "
-            f"plateau, and at step {PROBE_STEP} cond(A_T) and a . khat " + (
-                "do not tell a failing seed from a solving one (their ranges overlap in each of "
-                f"the {len(mixed)} variants and cells with both)." if not separate else
-                f"set the failing seeds apart in {len(separate)} of the {len(mixed)} variants "
-                f"and cells with both ({markdown.listed(separate)})."))
+    probes = (f"at step {PROBE_STEP} cond(A_T) and a . khat " + (
+        "do not tell a failing seed from a solving one (their ranges overlap in each of "
+        f"the {len(mixed)} variants and cells with both)." if not separate else
+        f"set the failing seeds apart in {len(separate)} of the {len(mixed)} variants and "
+        f"cells with both ({markdown.listed(separate)})."))
   else:
-    rest = f"of the {len(every)} runs of every variant, none fails."
-  first = (f"With the defaults of these runs (the authors' penalty scale 1/sqrt(d_h)) at rate "
-           f"{rate:g}, " + markdown.listed(
-      f"{f} of {n} seeds fail at {cell_name(cell)}" for cell, f, n in defaults) + "; " + rest
-           if defaults else rest[0].upper() + rest[1:])
-
+    probes = ""
+  if lost:
+    grads = [g_p / g_d for _, _, g_d, g_p in w_u_gradients(tables, cells) if g_d > 0]
+    lo_hi = sorted({f"{x:.0f}" for x in (min(grads), max(grads))}, key=float) if grads else []
+    fd, nd = (sum(x[i] for x in defaults) for i in (1, 2))
+    first = (f"A failed seed never leaves the plateau that every run starts on ({len(stuck)} of "
+             f"the {len(lost)} failed runs, every variant"
+             + (f"; the authors' setting fails {fd} of {nd} seeds at rate {rate:g}"
+                if defaults else "") + ")" + (
+                 ": with the authors' penalty scale 1/sqrt(d_h) the penalty stays close to the "
+                 f"identity, W_u gets {'-'.join(lo_hi)}x less gradient than with penalty scale "
+                 "1, and the seeds that leave do so late" if lo_hi else "") + ".")
+  else:
+    first = f"Of the {len(every)} runs of every variant, none fails."
   def compared(v):
     """[(cell, failed with v, runs, failed with the defaults)] at the cells both have."""
     return [(cell, len(failed(got(cell, v))), len(got(cell, v)),
@@ -407,7 +413,13 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
   fewer = [v for v in others if v not in everywhere
            and sum(f for _, f, _, _ in compared(v)) < sum(d for _, _, _, d in compared(v))]
   counts = lambda v: ", ".join(f"{f} of {n}" for _, f, n, _ in compared(v))
-  if everywhere:
+  if reason[0]:
+    second = reason[0][0].upper() + reason[0][1:]
+    if [v for v in everywhere if v != "penalty-1"]:
+      second += ("; fewer seeds fail than with the authors' setting at every cell with "
+                 + markdown.listed(f"{variant_name(v)} ({counts(v)})"
+                                   for v in everywhere if v != "penalty-1"))
+  elif everywhere:
     second = ("Fewer seeds fail than with those defaults at every cell with "
               + markdown.listed(f"{variant_name(v)} ({counts(v)})" for v in everywhere))
   elif others:
@@ -416,8 +428,6 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
         "the cells run)" if fewer else ""))
   else:
     second = "No variant other than the defaults is in yet"
-  if reason[0]:
-    second += f"; {reason[0]}"
   if lr and lr["clean"] and lr["cell"] in cells:
     second += (f"; rate {markdown.listed(f'{x:g}' for x in lr['clean'])} makes every seed "
                f"solve at {cell_name(lr['cell'])} (the learning-rate run)")
@@ -467,11 +477,12 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
       "Failed seeds over the cells run: " + "; ".join(totals) + ".",
       (f"Pending: {markdown.listed(f'`{j}`' for j in pending)}; `{REMEDY_COMMAND}` runs them "
        "(a finished job is skipped).") if pending else "",
-      ("By chance alone (the failed runs a random subset of a variant's runs) a measure puts "
-       "the failed runs' range apart from the solved ones' with probability 2 / C(n, f) (n "
-       f"runs, f failed; 0.2 for 2 of 5): at most {by_chance:.1f} of the {len(mixed)} "
-       "variants and cells with both failing and solving runs would show it on cond(A_T) or "
-       "a . khat.") if mixed else "",
+      ("Probes: " + probes + (
+          " By chance alone (the failed runs a random subset of a variant's runs) a measure "
+          "puts the failed runs' range apart from the solved ones' with probability 2 / C(n, f) "
+          f"(n runs, f failed; 0.2 for 2 of 5): at most {by_chance:.1f} of the {len(mixed)} "
+          "variants and cells with both would show it on cond(A_T) or a . khat."
+          if mixed else "")) if probes else "",
       cause(tables, cells),
       reason[1]]))
   for cell in cells:
@@ -484,33 +495,36 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
   return {"finding": f"**Finding.** {first} {second}", "setting": setting, "tables": blocks}
 
 
+def w_u_gradients(tables, cells):
+  """[(cell, the defaults' escape steps, median |grad W_u| of layer 0 at the first logged step
+  with the defaults, the same with penalty scale 1)] at the cells with both variants."""
+  med = lambda xs: float(np.median(xs)) if xs else float("nan")
+  grad = lambda rs: med([r["u_grad0"] for r in rs if r["u_grad0"] is not None])
+  return [(c, sorted(r["escape"] for r in tables[c]["defaults"] if r["escape"] is not None),
+           grad(tables[c]["defaults"]), grad(tables[c]["penalty-1"]))
+          for c in cells if {"defaults", "penalty-1"} <= set(tables.get(c, {}))]
+
+
 def cause(tables, cells):
   """The note that states the cause: every run starts on one plateau and they differ in when
   they leave it; the escapes at the remedy rate come late under the decaying schedule; penalty
   scale 1 gives W_u a larger gradient and leaves sooner. "" without both variants."""
-  both = [c for c in cells if {"defaults", "penalty-1"} <= set(tables.get(c, {}))]
-  if not both:
+  parts = [f"{cell_name(c)}: the defaults' escapes at steps "
+           f"{markdown.listed(str(x) for x in esc) if esc else 'none'}, |grad W_u| of layer 0 at "
+           f"the first logged step {g_d:.1e} against {g_p:.1e} with penalty scale 1 "
+           f"({g_p / g_d:.0f}x)" if g_d > 0 else f"{cell_name(c)}: n/a"
+           for c, esc, g_d, g_p in w_u_gradients(tables, cells)]
+  if not parts:
     return ""
-  med = lambda xs: float(np.median(xs)) if xs else float("nan")
-  parts = []
-  for c in both:
-    d, p = tables[c]["defaults"], tables[c]["penalty-1"]
-    esc = sorted(r["escape"] for r in d if r["escape"] is not None)
-    g_d = med([r["u_grad0"] for r in d if r["u_grad0"] is not None])
-    g_p = med([r["u_grad0"] for r in p if r["u_grad0"] is not None])
-    parts.append(f"{cell_name(c)}: the defaults' escapes at steps "
-                 f"{markdown.listed(str(x) for x in esc) if esc else 'none'}, |grad W_u| of "
-                 f"layer 0 at the first logged step {g_d:.1e} against {g_p:.1e} with penalty "
-                 f"scale 1 ({g_p / g_d:.0f}x)" if g_d > 0 else f"{cell_name(c)}: n/a")
-  return ("Cause, as the rows show it: the failed and the solved seeds of a setting run the same "
-          "early training (the probes at step "
-          f"{PROBE_STEP} overlap; the loss curves in the plot) and differ only in when they leave the plateau; at rate "
-          f"{float(REMEDY_RATE):g} the escapes come late, when the cosine schedule has lowered "
-          "the rate, and a run that has not left by then does not (at rate 0.01 every seed leaves "
-          "early: the learning-rate run below). With the authors' penalty scale the penalty is "
-          "close to the identity (cond(A_T) ~3, a ~ khat: DeltaNet's write) and W_u, the "
-          "penalty's own projection, gets almost no gradient; penalty scale 1 makes the "
-          "penalty matter and its runs leave sooner: " + "; ".join(parts) + ".")
+  return (f"Cause: the failed and the solved seeds of a setting train alike early (the probes "
+          f"at step {PROBE_STEP} no further apart than chance; the loss curves in the plot) and "
+          f"differ in when they leave the plateau. At rate {float(REMEDY_RATE):g} the escapes "
+          "come late, when the cosine schedule has lowered the rate, and a run that has not "
+          "left by then stays (at rate 0.01 every seed leaves early: the learning-rate run "
+          "below). With the authors' penalty scale the penalty is close to the identity "
+          "(cond(A_T) ~3, a ~ khat: DeltaNet's write) and W_u, the penalty's own projection, "
+          "gets almost no gradient; penalty scale 1 makes the penalty matter and its runs leave "
+          "sooner: " + "; ".join(parts) + ".")
 
 
 def curve_panels(rows_dir, variants=("defaults", "penalty-1")):
