@@ -145,13 +145,20 @@ def test_npz_files_that_are_not_what_they_claim(tmp_path):
     load_npz(tmp_path / "array.npy")
 
 
-@pytest.mark.parametrize("num,low,high,size", [(64, 1, 4096, 4), (8, 4096, 8192, 64),
-                                                (5, 1, 21, 19), (5, 1, 21, 20), (3, 0, 10, 1)])
-def test_distinct_is_the_full_argsort_sample(num, low, high, size):
-  """MQAR's key and value sampler (a partial sort) draws exactly what the full argsort of the
-  same uniforms gives, so the data of earlier runs is unchanged."""
+@pytest.mark.parametrize("num,low,high,size,spare", [
+    (64, 1, 4096, 4, 6.0), (8, 4096, 8192, 64, 6.0), (128, 1, 4096, 64, 6.0),
+    (128, 1, 4096, 64, -2.0),          # a threshold too low for some rows: those sorted whole
+    (5, 1, 21, 19, 6.0), (5, 1, 21, 20, 6.0), (3, 0, 10, 1, 6.0)])
+def test_distinct_is_the_full_argsort_sample(num, low, high, size, spare):
+  """MQAR's key and value sampler (the uniforms below a threshold, sorted) draws exactly what
+  the full argsort of the same uniforms gives, so the data of earlier runs is unchanged."""
   from vla_jax.tasks.mqar import _distinct
-  want = low + np.argsort(np.random.default_rng(7).random((num, high - low)), axis=1)[:, :size]
-  got = _distinct(np.random.default_rng(7), num, low, high, size)
-  np.testing.assert_array_equal(got, want)
-  assert all(len(set(r)) == size for r in got.tolist())
+  for seed in range(5):
+    u = np.random.default_rng(seed).random((num, high - low))
+    want = low + np.argsort(u, axis=1)[:, :size]
+    got = _distinct(np.random.default_rng(seed), num, low, high, size, spare=spare)
+    np.testing.assert_array_equal(got, want)
+    assert all(len(set(r)) == size for r in got.tolist())
+    if spare < 0:     # the case meant: rows on both paths
+      below = (u < (size + spare * np.sqrt(size) + 10) / (high - low)).sum(axis=1)
+      assert (below < size).any() and (below >= size).any()

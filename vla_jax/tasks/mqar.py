@@ -20,6 +20,7 @@ A model is scored per query: accuracy = right answers / queries.
 """
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -75,17 +76,44 @@ class MQARConfig:
         raise ValueError(f"mqar.power_a must be > 0; got {self.power_a}")
 
 
-def _distinct(rng, num, low, high, size):
+def _distinct(rng, num, low, high, size, spare=6.0):
   """[num, size] ints from [low, high), distinct within a row: an ordered uniform sample (the
   positions of each row's `size` smallest of high - low uniforms, in increasing order of the
-  uniforms; a partial sort, the same result as a full argsort)."""
-  u = rng.random((num, high - low))
-  if size < high - low:
+  uniforms: the same result as a full argsort).
+
+  The smallest are found among the uniforms below a threshold that about size + spare *
+  sqrt(size) + 10 of a row's uniforms pass (all of them where that is a large part of the
+  row): a short sort of those instead of a partial sort of the row, about 4x faster at
+  zoology's vocabulary. A row with fewer than `size` below it (probability ~1e-9 at spare 6)
+  is partially sorted whole."""
+  width = high - low
+  u = rng.random((num, width))
+  expected = size + spare * math.sqrt(size) + 10
+  if size >= width or 4 * expected >= width:
+    return low + _smallest(u, size)
+  below = u < expected / width
+  counts = below.sum(axis=1)
+  flat = np.flatnonzero(below)                     # row-major: row by row, in column order
+  rows, cols = np.divmod(flat, width)
+  slot = np.arange(flat.size) - np.repeat(np.cumsum(counts) - counts, counts)
+  values = np.full((num, max(int(counts.max(initial=0)), size)), np.inf)
+  positions = np.zeros(values.shape, np.int64)
+  values[rows, slot], positions[rows, slot] = u.ravel()[flat], cols
+  out = np.take_along_axis(positions, np.argsort(values, axis=1)[:, :size], axis=1)
+  few = counts < size
+  if few.any():
+    out[few] = _smallest(u[few], size)
+  return low + out
+
+
+def _smallest(u, size):
+  """The column positions of each row's `size` smallest entries of u, smallest first."""
+  if size < u.shape[1]:
     part = np.argpartition(u, size - 1, axis=1)[:, :size]
   else:
-    part = np.broadcast_to(np.arange(high - low), u.shape)
+    part = np.broadcast_to(np.arange(u.shape[1]), u.shape)
   order = np.argsort(np.take_along_axis(u, part, axis=1), axis=1)
-  return low + np.take_along_axis(part, order, axis=1)
+  return np.take_along_axis(part, order, axis=1)
 
 
 def generate(config: MQARConfig, num_examples, rng):

@@ -187,7 +187,8 @@ class SweepTrainer:
 def _prefetch(trainer, start, end, depth=4):
   """Yields trainer.batch(step) for step in [start, end), generated ahead on worker threads."""
   # Several workers: NumPy's generators and sorts release the GIL, and task data (MQAR at
-  # zoology's vocabulary: ~20 ms a batch per seed) can otherwise bound the step rate.
+  # zoology's vocabulary, T = 512: ~6 ms a batch of 128 per seed on a slow CPU core) can
+  # otherwise bound the step rate, more so with many processes sharing the host's cores.
   with concurrent.futures.ThreadPoolExecutor(min(depth, 4)) as pool:
     pending = [pool.submit(trainer.batch, s) for s in range(start, min(end, start + depth))]
     for step in range(start, end):
