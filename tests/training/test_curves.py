@@ -141,10 +141,14 @@ def test_curves_of_a_resumed_sweep(tmp_path):
   assert path == str(tmp_path / "curves.png") and os.path.getsize(path) > 10_000
 
 
-def test_git_commit_is_the_checkouts_or_none(tmp_path, monkeypatch):
+def test_git_commit_is_the_checkouts_else_named_or_none(tmp_path, monkeypatch):
   commit = provenance.git_commit()
   head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                         text=True, check=True).stdout.strip()
   assert COMMIT.match(commit) and commit.startswith(head)
+  monkeypatch.setenv(provenance.COMMIT_ENV, "abc123")
+  assert provenance.git_commit.__wrapped__() == commit    # a checkout's own commit comes first
   monkeypatch.setattr(vla_jax, "__file__", str(tmp_path / "vla_jax" / "__init__.py"))
-  assert provenance.git_commit.__wrapped__() is None   # an installed copy, not a checkout
+  assert provenance.git_commit.__wrapped__() == "abc123"  # a copy: the commit it was made from
+  monkeypatch.delenv(provenance.COMMIT_ENV)
+  assert provenance.git_commit.__wrapped__() is None      # an installed copy, not a checkout
