@@ -24,8 +24,9 @@ Grids (the settings of RESULTS.md):
             (gated_deltanet_slow) at every setting, and every mixer at T = 512 with 12,000
             steps (at the chosen rate of a cell solved at 4,000 steps, else at it and the
             rates either side). A 4,000-step job per cell and the rates it lacks, a 12,000-step
-            job per cell and rate, named by both, e.g. "zoology_tuned-T512-d64-linear-s4000-
-            lr1e-2_3e-2", "zoology_tuned-T512-d64-linear-s12000-lr1e-2".
+            job per cell and rate, named by both, e.g. "zoology_tuned-T512-d64-
+            gated_deltanet_slow-s4000-lr3e-4_1e-3_3e-3", "zoology_tuned-T512-d64-linear-
+            s12000-lr1e-2".
   seed_remedies: VLA at the two zoology cells whose seeds split at rate 3e-3 (REMEDY_CELLS:
             T = 64, 4 pairs and T = 128, 8 pairs, d_model 64; configs/mqar_zoology.py, 4,000
             steps) with the earlier defaults and one setting changed per variant
