@@ -21,7 +21,8 @@ Measured on the H200 (jobs of 3 seeds x their rates):
   d_model 128 at 10 at once (11.4 GiB asked) and T = 128, d_model 256 (13 GiB); DeltaNet and
   Gated DeltaNet at T = 512 at 9 at once (5.9-11.9 GiB asked), and Gated DeltaNet at T = 512,
   d_model 256 with 3 rates at 3 at once (32 GiB asked). Run those with --per_gpu=4 or fewer,
-  the last alone: at 3 at once T = 512 jobs of 3 rates took 240-412 s for 4,000 steps.
+  the last alone: at 3 at once T = 512 jobs of 3 rates took 240-412 s for 4,000 steps. A job
+  that runs out of memory goes back to the queue once, to run alone on a GPU.
 A stopped job resumes from its checkpoint under OUT/runs only where OUT survives between calls.
 
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
@@ -120,7 +121,9 @@ def main(argv):
         grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
   failed = [f for f in summary["finished"] if f[1] != 0]
   print(f"finished {len(summary['finished'])} (failed {len(failed)}: {failed}), unfinished "
-        f"{len(summary['unfinished'])}: {summary['unfinished']}", flush=True)
+        f"{len(summary['unfinished'])}: {summary['unfinished']}"
+        + (f"; run alone after running out of memory: {summary['alone']}"
+           if summary["alone"] else ""), flush=True)
 
 
 if __name__ == "__main__":

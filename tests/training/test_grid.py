@@ -342,3 +342,51 @@ def test_listing_names_each_job_and_whether_it_is_done():
       "3 jobs (2 to do), 10 runs, 40,000 run-steps"]
   smoke = grid.listing(jobs, {}, [0], [("train.num_steps", "2")])
   assert smoke.splitlines()[0].endswith("num_steps=2") and smoke.endswith("5 runs, 10 run-steps")
+
+
+# A stand-in for experiments/sweep.py: logs its start and end to <workdir>/events; the "big"
+# jobs run out of device memory on their first attempt, job "broken" fails otherwise.
+_FAKE_SWEEP = r"""
+import os, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+run, name = args["workdir"], os.path.basename(args["workdir"])
+events = os.path.join(os.path.dirname(os.path.dirname(run)), "events")
+first = not os.path.exists(run)
+os.makedirs(run, exist_ok=True)
+with open(events, "a") as f:
+  f.write(f"start {name} {time.time()}\n")
+if name.startswith("big") and first:
+  sys.exit("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 32 GiB")
+if name == "broken":
+  sys.exit("ValueError: a bug")
+time.sleep(1.0)
+with open(events, "a") as f:
+  f.write(f"end {name} {time.time()}\n")
+"""
+
+
+def test_a_job_that_runs_out_of_memory_runs_again_alone(tmp_path):
+  """The scheduler requeues a job that ran out of device memory, once, and starts it when no
+  other job runs on its GPU (and nothing beside it: two such jobs run one after the other);
+  another failure is final."""
+  script = tmp_path / "fake_sweep.py"
+  script.write_text(_FAKE_SWEEP)
+  jobs = [grid.Job("g", name, "configs/x.py", {}, ("1e-3",), {})
+          for name in ("small-1", "big", "small-2", "big-2", "broken")]
+  lines = []
+  summary = grid.run_grid(jobs, sweep_script=str(script), root=str(tmp_path),
+                          workdir=str(tmp_path), seeds=[0], per_gpu=3, log=lines.append)
+  assert sorted(summary["alone"]) == ["big", "big-2"] and summary["unfinished"] == []
+  assert sorted((n, rc) for n, rc, _ in summary["finished"]) == [
+      ("big", 0), ("big-2", 0), ("broken", 1), ("small-1", 0), ("small-2", 0)]
+  assert any("out of memory: big, again alone on a GPU" in line for line in lines)
+  events = [line.split() for line in (tmp_path / "events").read_text().splitlines()]
+  times = {(kind, name): float(t) for kind, name, t in events}   # the last of each
+  for big in ("big", "big-2"):
+    assert [name for kind, name, _ in events if kind == "start"].count(big) == 2
+    alone_from, alone_to = times[("start", big)], times[("end", big)]
+    assert alone_from >= max(times[("end", "small-1")], times[("end", "small-2")])
+    assert not [e for e in events if alone_from < float(e[2]) < alone_to and e[1] != big]
+  log = (tmp_path / "logs" / "big.log").read_text()
+  assert log.count(grid.START_MARK) == 2 and ", alone\n" in log
+  assert not grid.ran_out_of_memory(tmp_path / "logs" / "big.log")   # the last attempt's

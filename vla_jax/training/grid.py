@@ -4,9 +4,10 @@ A job is one `experiments/sweep.py` call: one mixer at one task setting, its see
 rates trained together (vmapped, `vla_jax.training.sweep`), its rows appended to
 `<workdir>/<grid>.jsonl`. `run_grid` starts jobs in order, several processes per GPU, none after
 `budget_s`; jobs still running at `budget_s + grace_s` get SIGTERM (a sweep checkpoints the step
-it reached and exits) and SIGKILL `stop_s` later. A job whose rows already cover every seed and
-rate (made with the same result-changing overrides) is skipped, and a stopped one resumes from
-its checkpoint, so calling it again continues the grid.
+it reached and exits) and SIGKILL `stop_s` later. A job that runs out of device memory runs
+again, once, alone on a GPU. A job whose rows already cover every seed and rate (made with
+the same result-changing overrides) is skipped, and a stopped one resumes from its
+checkpoint, so calling it again continues the grid.
 
 Grids (the settings of RESULTS.md):
   capacity: configs/mqar_paper.py, n_pairs 4..64, rates 3e-4, 1e-3, 3e-3.
@@ -431,22 +432,40 @@ def stop(procs, wait_s):
       proc.wait()
 
 
+def ran_out_of_memory(log_path):
+  """Whether the last attempt logged in `log_path` (from its last start line) ran out of
+  device memory (XLA's RESOURCE_EXHAUSTED)."""
+  try:
+    with open(log_path, errors="replace") as f:
+      text = f.read()
+  except OSError:
+    return False
+  return "RESOURCE_EXHAUSTED" in text[text.rfind(START_MARK):]
+
+
+START_MARK = "=== "   # how a job's log marks the start of each attempt
+
+
 def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(), per_gpu=4,
              budget_s=540.0, grace_s=30.0, stop_s=60.0, log=print):
   """Runs the jobs that are not done yet and returns {finished: [(name, rc, seconds)],
-  unfinished: [name], wall_s}, also appended to `workdir`/grid_summary.json.
+  unfinished: [name], alone: [name], wall_s}, also appended to `workdir`/grid_summary.json.
 
   gpus: GPU ids (strings) to pin jobs to (CUDA_VISIBLE_DEVICES), `per_gpu` processes each; empty:
   `per_gpu` processes, no pinning. Each job's output goes to `workdir`/logs/<name>.log
-  (appended). Other arguments as in `sweep_command` and the module docstring.
+  (appended). A job that runs out of device memory goes back to the end of the queue, once,
+  to run alone on a GPU (it resumes from its checkpoint): "alone" lists those. Other
+  arguments as in `sweep_command` and the module docstring.
   """
   os.makedirs(os.path.join(workdir, "logs"), exist_ok=True)
+  log_path = lambda job: os.path.join(workdir, "logs", job.name + ".log")
   rows = {g: jsonl.read_rows(os.path.join(workdir, g + ".jsonl")) for g in {j.grid for j in jobs}}
   todo = [j for j in jobs if not is_done(j, rows[j.grid], seeds, overrides)]
   # Slots alternate between GPUs, so that the first jobs (started first) spread over all.
   slots = [g for _ in range(per_gpu) for g in (gpus or [""])]
   start = time.time()
   running = {}  # slot -> (job, process, started)
+  alone = []    # names of the jobs that run alone on a GPU (they ran out of memory)
   finished, unfinished = [], []
   log(f"{len(todo)} jobs on {len(slots)} slots")
   while todo or running:
@@ -454,6 +473,11 @@ def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(),
     for slot, (job, proc, t0) in list(running.items()):
       if proc.poll() is not None:
         del running[slot]
+        if proc.returncode and job.name not in alone and ran_out_of_memory(log_path(job)):
+          alone.append(job.name)
+          todo.append(job)
+          log(f"[{time.time() - start:6.0f}s] out of memory: {job.name}, again alone on a GPU")
+          continue
         finished.append((job.name, proc.returncode, round(time.time() - t0, 1)))
         log(f"[{time.time() - start:6.0f}s] done {job.name} rc={proc.returncode} "
             f"{time.time() - t0:.0f}s")
@@ -466,20 +490,28 @@ def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(),
       unfinished += [j.name for j in todo]
       todo = []
     for slot, gpu in enumerate(slots):
-      if slot not in running and todo:
-        job = todo.pop(0)
-        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
-        # Appended: a resumed job's log keeps the earlier attempts (an out-of-memory trace).
-        with open(os.path.join(workdir, "logs", job.name + ".log"), "a") as f:
-          f.write(f"=== {time.strftime('%Y-%m-%dT%H:%M:%S')} start, GPU {gpu or '-'}\n")
-          f.flush()
-          proc = subprocess.Popen(
-              sweep_command(job, sweep_script=sweep_script, root=root, workdir=workdir,
-                            seeds=seeds, overrides=overrides),
-              env=env, stdout=f, stderr=subprocess.STDOUT, cwd=root)
-        running[slot] = (job, proc, time.time())
+      if slot in running:
+        continue
+      on_gpu = [j.name for s, (j, _, _) in running.items() if slots[s] == gpu]
+      if any(name in alone for name in on_gpu):
+        continue
+      job = next((j for j in todo if j.name not in alone or not on_gpu), None)
+      if job is None:
+        continue
+      todo.remove(job)
+      env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
+      # Appended: a resumed job's log keeps the earlier attempts (an out-of-memory trace).
+      with open(log_path(job), "a") as f:
+        f.write(f"{START_MARK}{time.strftime('%Y-%m-%dT%H:%M:%S')} start, GPU {gpu or '-'}"
+                f"{', alone' if job.name in alone else ''}\n")
+        f.flush()
+        proc = subprocess.Popen(
+            sweep_command(job, sweep_script=sweep_script, root=root, workdir=workdir,
+                          seeds=seeds, overrides=overrides),
+            env=env, stdout=f, stderr=subprocess.STDOUT, cwd=root)
+      running[slot] = (job, proc, time.time())
     time.sleep(0.5)
-  summary = {"finished": finished, "unfinished": unfinished,
+  summary = {"finished": finished, "unfinished": unfinished, "alone": alone,
              "wall_s": round(time.time() - start, 1)}
   jsonl.append_rows(os.path.join(workdir, "grid_summary.json"), [summary])
   return summary
