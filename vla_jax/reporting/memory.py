@@ -8,7 +8,7 @@ Rows: `experiments/state_norms.py` (kinds state_norm_random, jacobian_random, tr
 
 from vla_jax.reporting import markdown
 from vla_jax.reporting.markdown import fmt
-from vla_jax.reporting.rows import AUTHORS_FLAG
+from vla_jax.reporting.rows import AUTHORS_FLAG, name
 
 RANDOM_MIXERS = (("linear_attention", "linear attention"), ("deltanet", "DeltaNet"),
                  ("gated_deltanet", "Gated DeltaNet"), ("vla", "VLA"))
@@ -61,7 +61,8 @@ def norms_finding(random_norm, trained_norms):
   if T:
     nv, nd, nl = (trained_norm_at(trained_norms, m, T) for m in ("vla", "deltanet", "linear"))
     if nv.get(1000) and nd.get(1000) and nl.get(1000):
-      parts.append(f"Inside trained MQAR models VLA's memory still grows with T "
+      parts.append(f"Inside trained MQAR models the memory of VLA (the authors' penalty "
+                   f"scale) still grows with T "
                    f"(x{nv[T] / nv[1000]:.1f} from t = 1,000 to {T:,}, DeltaNet's "
                    f"x{nd[T] / nd[1000]:.1f}, linear attention's x{nl[T] / nl[1000]:.1f}): "
                    "far more slowly than linear attention's, but not bounded like DeltaNet's.")
@@ -103,12 +104,12 @@ def norms_section(kinds, random_plot, trained_plot, rel, plot=None):
         + (" with the same --workdir, which reuses the trained models" if len(cmds) > 1 else "")
         + ".",
         "Training accuracy at its own length: " + ", ".join(
-            f"{m} {a:.3f}" for m, a in accuracy.items()) + "."]))
+            f"{name(m)} {a:.3f}" for m, a in accuracy.items()) + "."]))
     marks = sorted({t for r in norms for t in r["t"]})
     body = []
     for r in norms:
       at = dict(zip(r["t"], r["median"]))
-      body.append([r["mixer"], r["layer"], f"{r['T']:,}"]
+      body.append([name(r["mixer"]), r["layer"], f"{r['T']:,}"]
                   + [f"{at[t]:.3g}" if t in at else "" for t in marks] + [f"{max(r['max']):.3g}"])
     blocks.append("||S_t|| at token t (median over sequences and heads) and its largest value "
                   "over all tokens:")
@@ -153,7 +154,7 @@ def jacobian_section(kinds):
       "`vla_jax.diagnostics.vla_jacobian_norms` measures the spectral norm per token and its "
       "closed form sqrt((3 - 2c + sqrt(5 - 4c)) / 2), c = a_t . khat_t (*closed-form gap*: the "
       "largest difference); `vla_jacobian_product_norms` the norm of products over spans. Rows: "
-      "the commands of section 1."]))
+      "the commands of section 1 (every model with the authors' penalty scale 1/sqrt(d_h))."]))
   body = []
   if random:
     body.append(["random, d_h 32", f"{random['tokens']:,}", f"{random['p50']:.5f}",
