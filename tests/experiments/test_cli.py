@@ -164,7 +164,8 @@ def test_diagnostics_then_report(runs):
 
   ok(done["report_results"])
   text = (folders["diagnostics"] / "RESULTS.md").read_text()
-  assert "| vla | 0 | 40 |" in text and "| trained MQAR model, T 40, layer 0 |" in text
+  assert "| VLA (authors' penalty 1/sqrt(d_h)) | 0 | 40 |" in text
+  assert "| trained MQAR model, T 40, layer 0 |" in text
   assert "![random inputs](results/plots/state_norms_random.png)" in text
   assert "## 3. MQAR capacity (the seed's setting)\n\nNot run yet" in text
   assert (results / "plots" / "trained_state_norms.png").exists()
