@@ -375,8 +375,7 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
 
   mixed = [(cell, v) for cell, v in groups
            if failed(got(cell, v)) and solved(got(cell, v))]
-  defaults = [(cell, len(failed(got(cell, "defaults"))), len(got(cell, "defaults")))
-              for cell in cells if got(cell, "defaults")]
+  defaults = [got(cell, "defaults") for cell in cells if got(cell, "defaults")]
   if lost and not mixed:
     probes = ("no variant and cell has both failing and solving seeds to compare at step "
               f"{PROBE_STEP}.")
@@ -391,7 +390,7 @@ def _remedy_part(tables, pending, lr, rows_dir, zoology=None):
   if lost:
     grads = [g_p / g_d for _, _, g_d, g_p in w_u_gradients(tables, cells) if g_d > 0]
     lo_hi = sorted({f"{x:.0f}" for x in (min(grads), max(grads))}, key=float) if grads else []
-    fd, nd = (sum(x[i] for x in defaults) for i in (1, 2))
+    fd, nd = sum(len(failed(rs)) for rs in defaults), sum(len(rs) for rs in defaults)
     first = (f"A failed seed never leaves the plateau that every run starts on ({len(stuck)} of "
              f"the {len(lost)} failed runs, every variant"
              + (f"; the authors' setting fails {fd} of {nd} seeds at rate {rate:g}"

@@ -89,7 +89,7 @@ def _distinct(rng, num, low, high, size, spare=6.0):
   width = high - low
   u = rng.random((num, width))
   expected = size + spare * math.sqrt(size) + 10
-  if size >= width or 4 * expected >= width:
+  if 4 * expected >= width:    # (expected > size)
     return low + _smallest(u, size)
   below = u < expected / width
   counts = below.sum(axis=1)

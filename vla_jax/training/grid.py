@@ -220,25 +220,23 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
   edges = edge_cells(short)
   done_long = best_rate_table(rows, steps=long_steps)
 
-  def planned(T, d_model, label):
+  def swept(T, d_model, label):
+    """The 4,000-step cell that stands for (T, d_model, label): its own, else (a label
+    without rows) its TUNED_BASELINE label's; None without either."""
     cell = (T, d_model, label)
     if cell not in short and label in TUNED_BASELINE:
       cell = (T, d_model, TUNED_BASELINE[label])
-    if cell not in short:
-      return ()
+    return cell if cell in short else None
+
+  def planned(cell):
     rates = {rate_name(x) for x in short[cell]["rates"]}
     rates |= set(edges[cell]["extend"]) if cell in edges else set()
     return tuple(sorted(rates, key=float))
 
-  def long_rates(T, d_model, label):
+  def long_rates(cell):
     # A cell solved at `steps` trains longer at its chosen rate only (more steps there can
     # only confirm it); an unsolved one at its chosen rate and the planned rates either side.
-    rates = planned(T, d_model, label)
-    cell = (T, d_model, label)
-    if cell not in short and label in TUNED_BASELINE:
-      cell = (T, d_model, TUNED_BASELINE[label])
-    if not rates:
-      return ()
+    rates = planned(cell)
     i = rates.index(rate_name(short[cell]["rate"]))
     return rates[i:i + 1] if short[cell]["mean"] >= SOLVED else rates[max(i - 1, 0):i + 2]
 
@@ -255,8 +253,9 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
   for T, n in ZOOLOGY:
     for d_model, heads in ZOOLOGY_WIDTHS:
       for label, mixer, extra in TUNED_MIXERS:
+        cell = swept(T, d_model, label)
         tried = {rate_name(x) for x in short.get((T, d_model, label), {"rates": ()})["rates"]}
-        rates = tuple(r for r in planned(T, d_model, label) if r not in tried)
+        rates = tuple(r for r in (planned(cell) if cell else ()) if r not in tried)
         if rates:
           out.append(job(T, n, d_model, heads, label, mixer, extra, steps, rates))
   for T, n in ZOOLOGY:
@@ -264,10 +263,11 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
       continue
     for d_model, heads in ZOOLOGY_WIDTHS:
       for label, mixer, extra in TUNED_MIXERS:
+        cell = swept(T, d_model, label)
         tried = {rate_name(x)
                  for x in done_long.get((T, d_model, label), {"rates": ()})["rates"]}
         out += [job(T, n, d_model, heads, label, mixer, extra, long_steps, (r,))
-                for r in long_rates(T, d_model, label) if r not in tried]
+                for r in (long_rates(cell) if cell else ()) if r not in tried]
   return out
 
 
@@ -432,6 +432,9 @@ def stop(procs, wait_s):
       proc.wait()
 
 
+START_MARK = "=== "   # how a job's log marks the start of each attempt
+
+
 def ran_out_of_memory(log_path):
   """Whether the last attempt logged in `log_path` (from its last start line) ran out of
   device memory (XLA's RESOURCE_EXHAUSTED)."""
@@ -441,9 +444,6 @@ def ran_out_of_memory(log_path):
   except OSError:
     return False
   return "RESOURCE_EXHAUSTED" in text[text.rfind(START_MARK):]
-
-
-START_MARK = "=== "   # how a job's log marks the start of each attempt
 
 
 def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(), per_gpu=4,
