@@ -10,24 +10,25 @@ stopped ones from their checkpoints. --list prints the jobs (done or to do) and 
 The tuned zoology comparison (issue 37) on one H200, in stretches of under ten minutes, each
 call resuming the last:
 
-    python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=6 \
-        --vla_impl=pallas --budget_s=420 --grace_s=30 --stop_s=60
+    python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=4 \
+        --vla_impl=pallas --budget_s=200 --grace_s=320 --stop_s=20
 
-Measured on the H200 (jobs of 3 seeds x their rates):
-- 10 at once finish the T = 64 and 128 extensions in 200-500 s; 10 at once mixing T = 256
-  and 512 jobs ran ~6x slower (T = 256, d_model 128: 460 s).
-- 12 at once ran the T = 512 jobs at ~8 steps/s (4,000 steps: ~500 s, more than a stretch).
+Measured on the H200 (16 host cores; jobs of 3 seeds x their rates, T = 512, d_model 64):
+- A job alone ran at 68-89 steps/s (Gated DeltaNet to VLA), about the rate at which its 4
+  threads make 3 seeds' batches on that host (~11 ms a batch of 128); a job's rates share
+  those batches, so a job of 9 runs should cost little more (not yet measured). 4 at once
+  ran at 22-39 steps/s each (~126 in all), 12 at once at ~7 each (~84 in all: the host's
+  cores oversubscribed). Hence --per_gpu=4: a 12,000-step job in 400-500 s.
 - Out of memory (also with XLA_PYTHON_CLIENT_PREALLOCATE=false): Gated DeltaNet at T = 256,
   d_model 128 at 10 at once (11.4 GiB asked) and T = 128, d_model 256 (13 GiB); DeltaNet and
   Gated DeltaNet at T = 512 at 9 at once (5.9-11.9 GiB asked), and Gated DeltaNet at T = 512,
-  d_model 256 with 3 rates at 3 at once (32 GiB asked). Run those with --per_gpu=4 or fewer,
-  the last alone: at 3 at once T = 512 jobs of 3 rates took 240-412 s for 4,000 steps. A job
-  that runs out of memory goes back to the queue once, to run alone on a GPU.
+  d_model 256 with 3 rates at 3 at once (32 GiB asked). A job that runs out of memory goes
+  back to the queue once, to run alone on a GPU.
 A stopped job resumes from its checkpoint under OUT/runs only where OUT survives between calls.
 
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
 every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, and T = 512 at
-12,000 steps, a job per rate (`vla_jax.training.grid.tuned_jobs`); its rows go to
+12,000 steps, a job per cell (`vla_jax.training.grid.tuned_jobs`); its rows go to
 OUT/zoology_tuned.jsonl. `--only=-s4000-` or `--only=-s12000-` runs one part. Each round
 goes on past the edges the last one found, planned from both rows files as RESULTS.md reads
 them: --zoology_rows=results/training/mqar_zoology_h200.jsonl,OUT/zoology_tuned.jsonl.
