@@ -73,14 +73,31 @@ def test_zoology_section_from_rows():
   assert ("| T = 64, d_model = 128 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.490 ± 0.339 "
           "(min 0.250) @ 0.003 (of 1 rate) |") in text       # the validated rate; fewer rates
   assert "| 128 | 4,096 | 8,192 | 16,384 |" in text          # state per layer
-  assert ("extension past the edge), DeltaNet reaches 0.99 at all 1 and VLA with the authors' "
-          "penalty scale 1/sqrt(d_h) at 0. At T = 512 "
-          "the rows") in text
+  assert ("Of the 1 setting at 4,000 steps, DeltaNet reaches 0.99 at all 1 and VLA with the "
+          "authors' penalty scale 1/sqrt(d_h) at 0. At T = 512 the rows") in text
   assert ("| T = 64 d_model 128 | VLA (authors' penalty 1/sqrt(d_h)) | 0.250, 0.970, 0.250 |"
           in text)   # seeds split
   assert "Not run yet (device time): T = 64 d_model 64, " in text
   assert "Mixers not yet run at a setting: T = 64, d_model 128: softmax / " in text
   assert summary[("vla", (64, 128))]["rate"] == 3e-3
+
+
+def test_capacity_finding_names_the_mixers_below_and_their_lowest_cell():
+  """Up to n = d_h and beyond: every mixer reaches 0.99 except those named, with how many n
+  they fall below at and their lowest cell; a mixer with cells not run is named as such."""
+  rows_ = []
+  for n in mqar.PAPER_N:
+    for m, acc in (("softmax_conv", 1.0), ("linear", 0.5 if n in (8, 64) else 1.0)):
+      rows_ += [{"label": m, "mixer": m, "learning_rate": 1e-3, "seed": s, "n_pairs": n,
+                 "test": {"mqar": {"accuracy": acc - 0.001 * s}},
+                 "validation": {"mqar": {"accuracy": acc}}} for s in range(3)]
+  rows_ = [r for r in rows_ if not (r["label"] == "softmax_conv" and r["n_pairs"] == 48)]
+  text = mqar.capacity_finding(rows.grid_summary(rows_, "n_pairs"))
+  assert text == (
+      "**Finding.** Up to n = d_h = 32 pairs, every mixer reaches 0.99 at every n except "
+      "linear (1 of 6 below, lowest 0.499 at n = 8). Beyond it (n = 48, 64), every mixer "
+      "reaches 0.99 at every n except softmax + conv (not run at n = 48) and linear (1 of 2 "
+      "below, lowest 0.499 at n = 64).")
 
 
 def test_penalty_scale_note_compares_the_two_vla_rows():

@@ -67,22 +67,25 @@ def below(summary, settings):
 # -- 3. capacity --------------------------------------------------------------------------------
 
 def capacity_finding(summary):
+  """Two sentences, up to n = d_h and beyond: every mixer reaches SOLVED at every n except
+  those named, each with how many n it falls below at and its lowest cell."""
   small = [n for n in PAPER_N if n <= HEAD_DIM and any(v == n for _, v in summary)]
   large = [n for n in PAPER_N if n > HEAD_DIM and any(v == n for _, v in summary)]
 
   def verdict(ns, where):
-    ok = [m for m in mixers_in(summary) if all(mean(summary, m, n) is not None
-                                               and mean(summary, m, n) >= SOLVED for n in ns)]
-    text = (f"{where} {markdown.listed(prose_name(m) for m in ok) or 'no mixer'} reach {SOLVED} "
-            "at every n")
-    for m in (m for m in mixers_in(summary) if m not in ok):
-      lows = [(n, mean(summary, m, n)) for n in ns if (m, n) in summary
-              and mean(summary, m, n) < SOLVED]
+    misses = []
+    for m in mixers_in(summary):
+      lows = [(n, mean(summary, m, n)) for n in ns
+              if (m, n) in summary and mean(summary, m, n) < SOLVED]
+      unrun = [n for n in ns if (m, n) not in summary]
       if lows:
         n_min, a_min = min(lows, key=lambda x: x[1])
-        text += (f"; {prose_name(m)} falls below at {len(lows)} of {len(ns)} (lowest "
-                 f"{a_min:.3f} at n = {n_min})")
-    return text + "."
+        misses.append(f"{prose_name(m)} ({len(lows)} of {len(ns)} below, lowest {a_min:.3f} "
+                      f"at n = {n_min})")
+      elif unrun:
+        misses.append(f"{prose_name(m)} (not run at n = {', '.join(map(str, unrun))})")
+    return (f"{where} every mixer reaches {SOLVED} at every n"
+            + (" except " + markdown.listed(misses) if misses else "") + ".")
 
   return ("**Finding.** " + verdict(small, f"Up to n = d_h = {HEAD_DIM} pairs,")
           + (" " + verdict(large, f"Beyond it (n = {', '.join(map(str, large))}),")

@@ -26,7 +26,8 @@ STEPS = 4000   # the zoology grid's training steps
 # Section 5 names both Gated DeltaNet rows by their gate initialisation.
 NAMES = {"gated_deltanet": "Gated DeltaNet (fla gate init)",
          "gated_deltanet_slow": "Gated DeltaNet (slow gate init)"}
-CELLS = ("Cells: test accuracy at the rate chosen on validation, mean ± std (min) over seeds, "
+CELLS = ("Cells: test accuracy at the rate chosen on validation (among the zoology grid's rates "
+         "and the tuned rows'), mean ± std (min) over seeds, "
          "@ that rate; \"(of N rates)\" marks a cell swept over another number of rates than "
          "the zoology grid's two, \"edge\" a cell below 0.99 whose chosen rate is still the "
          "lowest or highest it tried; *pending*: the tuned rows are not all in yet (the rates "
@@ -185,8 +186,8 @@ def zoology_finding(short, long, pending, settings):
     groups[k].append(zoology_prose_name(m)
                      + (f" (of {ran[m]} run)" if ran[m] != len(settings) else ""))
   short_pending = sum(1 for _, _, s in pending if s == STEPS)
-  first = (f"Of the {len(settings)} settings at {STEPS:,} steps (each cell at its best rate "
-           "over the zoology grid's sweep and its extension past the edge), " + markdown.listed(
+  first = (f"Of the {markdown.plural(len(settings), 'setting')} at {STEPS:,} steps, "
+           + markdown.listed(
                markdown.listed(ms) + (f" reach{'es' if len(ms) == 1 else ''} {SOLVED} at "
                                       if i == 0 else " at ")
                + (f"all {k}" if k == len(settings) else str(k))
