@@ -307,12 +307,15 @@ class TestValidation:
 
   def test_numpy_float64_without_x64_computes_in_float32_quietly(self):
     """NumPy float64 inputs outside x64 mode: float32 results and states, and none of JAX's
-    "float64 not available" warnings."""
+    "float64 not available" warnings. Traced, not run: the ops see the NumPy arrays
+    themselves (closed over, not jit arguments), and both the dtypes and the warnings are
+    decided when an operation is traced (run eagerly, each operation compiled on its own:
+    seconds)."""
     q, k, v, u = (np.asarray(x, np.float64) for x in self.args)
     with warnings.catch_warnings():
       warnings.simplefilter("error")
-      o, state = vla_recurrence(q, k, v, u)
-      o_t, _ = vla_step(None, q[:, 0], k[:, 0], v[:, 0], u[:, 0])
+      (o, state), (o_t, _) = jax.eval_shape(lambda: (
+          vla_recurrence(q, k, v, u), vla_step(None, q[:, 0], k[:, 0], v[:, 0], u[:, 0])))
     chex.assert_type([o, state.S, state.A, o_t], jnp.float32)
 
   def test_state_dtype_is_float32_or_float64(self):
