@@ -6,8 +6,6 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -256,42 +254,59 @@ def test_bad_configs_fail_before_training(edit, match):
     from_config_dict(config, num_devices=4)
 
 
-def test_main_prints_json_and_rejects_bad_config(tmp_path):
+TRAIN_PY = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+            "--config.task.n_pairs=3", "--config.model.d_model=16", "--config.model.head_dim=8",
+            "--config.train.num_steps=3", "--config.train.eval_examples=16",
+            "--config.train.eval_batch_size=16", "--config.train.batch_size=8",
+            "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
+# A user's mistakes: one line each, exit 1, before anything is trained or written.
+MISTAKES = (
+    ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
+    ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
+                                 "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)"))
+
+
+@pytest.fixture(scope="module")
+def script_runs(tmp_path_factory, tiny_run):
+  """({name: subprocess.CompletedProcess}, folder) of this file's script runs, in one process
+  in order (`conftest.run_scripts`): train.py's tiny run, a user's mistakes, evaluate.py on that
+  run (with its own settings, and with an override it refuses), and evaluate.py on tiny_run
+  with an .npz of the wrong keys."""
   from conftest import run_scripts  # pylint: disable=import-outside-toplevel
-  train_py = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
-              "--config.task.n_pairs=3", "--config.model.d_model=16",
-              "--config.model.head_dim=8", "--config.train.num_steps=3",
-              "--config.train.eval_examples=16", "--config.train.eval_batch_size=16",
-              "--config.train.batch_size=8", "--config.model.num_layers=1",
-              "--config.model.impl=scan"]   # quick to compile
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, *map(str, train_py), f"--workdir={tmp_path / 'run'}"],
-                        capture_output=True, text=True, timeout=600, env=env, check=False)
+  folder = tmp_path_factory.mktemp("scripts")
+  np.savez(folder / "keys.npz", x=np.zeros((2, 3), np.int32), y=np.zeros((2, 3), np.int32))
+  evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={folder / 'run'}"]
+  calls = [("train", TRAIN_PY + [f"--workdir={folder / 'run'}"])]
+  calls += [(f"bad{i}", TRAIN_PY + [flag, f"--workdir={folder / f'bad{i}'}"])
+            for i, (flag, _) in enumerate(MISTAKES)]
+  calls += [("mixer", TRAIN_PY + ["--config.model.mixer=transformer",
+                                  f"--workdir={folder / 'bad2'}"]),
+            ("evaluate", evaluate_py),
+            ("evaluate_override", evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
+                                                 "--config.train.eval_examples=8"]),
+            ("evaluate_keys", [ROOT / "experiments" / "evaluate.py", f"--workdir={tiny_run[1]}",
+                               f"--npz={folder / 'keys.npz'}"])]
+  done = run_scripts(*(argv for _, argv in calls), env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  return {name: proc for (name, _), proc in zip(calls, done)}, folder
+
+
+def test_main_prints_json_and_rejects_bad_config(script_runs):
+  runs, folder = script_runs
+  proc = runs["train"]
   assert proc.returncode == 0, proc.stderr[-3000:]
   last = json.loads(proc.stdout.strip().splitlines()[-1])
   assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 3
   assert "steps/s" in proc.stdout
-  # A user's mistakes (one line each, exit 1, before anything is trained or written) and
-  # evaluate.py on the run: one process (`run_scripts`).
-  mistakes = (
-      ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
-      ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
-                                   "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)"))
-  evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={tmp_path / 'run'}"]
-  *bad, mixer, ok, refused = run_scripts(
-      *(train_py + [flag, f"--workdir={tmp_path / f'bad{i}'}"]
-        for i, (flag, _) in enumerate(mistakes)),
-      train_py + ["--config.model.mixer=transformer", f"--workdir={tmp_path / 'bad2'}"],
-      evaluate_py,
-      evaluate_py + [f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
-                     "--config.train.eval_examples=8"], env=env)
-  for i, (out, (_, message)) in enumerate(zip(bad, mistakes)):
+  for i, (_, message) in enumerate(MISTAKES):
+    out = runs[f"bad{i}"]
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].endswith(message), (
         out.stderr[-3000:])
-    assert "Traceback" not in out.stderr and not (tmp_path / f"bad{i}").exists()
+    assert "Traceback" not in out.stderr and not (folder / f"bad{i}").exists()
+  mixer = runs["mixer"]
   assert mixer.returncode != 0 and "unknown mixer 'transformer'" in mixer.stderr
-  assert not (tmp_path / "bad2").exists()
+  assert not (folder / "bad2").exists()
   # evaluate.py scores the run with its own settings: a training or model override is refused.
+  ok, refused = runs["evaluate"], runs["evaluate_override"]
   assert ok.returncode == 0 and ok.stderr == "", ok.stderr[-3000:]   # no library INFO logs
   assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
   assert refused.returncode != 0 and "--config.train.eval_examples=8" in refused.stderr
@@ -403,17 +418,14 @@ def test_evaluate_refuses_token_ids_outside_the_vocabulary(tiny_run):
     evaluate(str(tiny_run[1]), task=("mqar", other))
 
 
-def test_evaluate_reports_a_users_mistakes_in_one_line(tmp_path, tiny_run):
+def test_evaluate_reports_a_users_mistakes_in_one_line(tmp_path, tiny_run, script_runs):
   """evaluate.py with an .npz of the wrong keys: one line, exit 1; sequences longer than the
   learned positions and token ids past the vocabulary are ValueErrors (the same one line)."""
-  np.savez(tmp_path / "keys.npz", x=np.zeros((2, 3), np.int32), y=np.zeros((2, 3), np.int32))
-  proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "evaluate.py"),
-                         f"--workdir={tiny_run[1]}", f"--npz={tmp_path / 'keys.npz'}"],
-                        capture_output=True, text=True, timeout=600, check=False,
-                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  runs, folder = script_runs
+  proc = runs["evaluate_keys"]
   assert proc.returncode == 1 and proc.stdout == ""
   assert proc.stderr.strip().splitlines() == [
-      f"evaluate.py: error: {tmp_path / 'keys.npz'}: missing array(s) inputs, labels; an "
+      f"evaluate.py: error: {folder / 'keys.npz'}: missing array(s) inputs, labels; an "
       "external data file needs `inputs` and `labels` [N, T] int arrays, has x, y"]
   inputs, labels = from_config_dict(tiny_config()).make_task().eval_sets(0, 4)["mqar"]
   save_npz(tmp_path / "long.npz", np.tile(inputs, 2), np.tile(labels, 2))
