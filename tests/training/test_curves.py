@@ -7,10 +7,10 @@ import pathlib
 import re
 import struct
 import subprocess
-import sys
 
 import pytest
 
+from conftest import run_scripts
 import vla_jax
 from vla_jax.training import curves, from_config_dict, progress, provenance, train_and_evaluate
 from vla_jax.training import jsonl
@@ -103,19 +103,17 @@ def test_tensorboard_scalars_equal_the_metrics_rows(run):
 
 def test_plot_run_py_draws_a_png_and_names_a_missing_log(run, tmp_path):
   workdir, _, _ = run
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  plot_py = [sys.executable, str(ROOT / "experiments" / "plot_run.py")]
+  plot_py = [ROOT / "experiments" / "plot_run.py"]
   out = tmp_path / "plots" / "run.png"
-  proc = subprocess.run(plot_py + [f"--workdir={workdir}", f"--out={out}"],
-                        capture_output=True, text=True, timeout=600, env=env, check=False)
+  proc, missing = run_scripts(plot_py + [f"--workdir={workdir}", f"--out={out}"],   # one process
+                              plot_py + [f"--workdir={tmp_path / 'none'}"],
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert proc.returncode == 0 and proc.stdout.strip() == str(out), proc.stderr[-2000:]
   assert proc.stderr == ""
   png = out.read_bytes()
   assert png[:8] == b"\x89PNG\r\n\x1a\n"
   width, height = struct.unpack(">II", png[16:24])
   assert (width, height) == (1210, 825)
-  missing = subprocess.run(plot_py + [f"--workdir={tmp_path / 'none'}"], capture_output=True,
-                           text=True, timeout=600, env=env, check=False)
   assert missing.returncode == 1 and missing.stderr.strip() == (
       f"plot_run.py: error: no metrics file {tmp_path / 'none' / 'metrics.jsonl'} (a run "
       "writes it at its first logged step)")
