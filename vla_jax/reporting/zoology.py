@@ -207,8 +207,9 @@ def zoology_finding(short, long, pending, settings):
     at = lambda v: markdown.listed(f"{zoology_prose_name(m)} at d_model {d}"
                                    for m, d, _, _ in verdicts.get(v, []))
     up, inside = verdicts.get("converged", []), verdicts.get("below, inside", [])
-    second = (f"At T = {TUNED_T} ({n} pairs), of the {decided} cells below {SOLVED} at "
-              f"{STEPS:,} steps that have run {TUNED_STEPS:,} steps, {len(up)} "
+    second = (f"At T = {TUNED_T} ({n} pairs), of the {markdown.plural(decided, 'cell')} below "
+              f"{SOLVED} at {STEPS:,} steps that "
+              + ("has" if decided == 1 else "have") + f" run {TUNED_STEPS:,} steps, {len(up)} "
               + ("reaches" if len(up) == 1 else "reach") + " it"
               + (f" ({at('converged')}: not converged at {STEPS:,})" if up else "")
               + f" and {decided - len(up)} "
