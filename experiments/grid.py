@@ -7,20 +7,20 @@ vmapped) whose rows go to OUT/<grid>.jsonl; the grids and the scheduling rules a
 `vla_jax.training.grid`. A second call with the same --workdir skips finished jobs and resumes
 stopped ones from their checkpoints. --list prints the jobs (done or to do) and runs none.
 
-The tuned zoology comparison (issue 37) on one H200, one 12,000-step job a call of under ten
-minutes, each call resuming the last:
+The tuned zoology comparison (issue 37) on one H200, a cell's 12,000-step jobs (one a rate)
+a call of under ten minutes, each call resuming the last:
 
-    python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=1 \
+    python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0 --per_gpu=3 \
         --vla_impl=pallas --only=T512-d64-linear-s12000 --budget_s=30 --grace_s=560
 
 Measured on the H200 (16 host cores; T = 512, d_model 64):
-- Jobs of 3 seeds x 1 rate: one alone ran at 68-89 steps/s (Gated DeltaNet to VLA); 4 at
-  once at 22-39 steps/s each (~126 in all), 12 at once at ~7 each (~84 in all: the host's
-  cores oversubscribed).
-- Jobs of 3 seeds x 3 rates (the 12,000-step jobs at a cell below 0.99): the GPU is the
-  bound. VLA alone: 31.7 steps/s, 12,000 steps in 413 s, 50 GiB of GPU memory, the GPU busy
-  ~100%; three such jobs at once: 9.4-11.5 steps/s each (~30 in all, 133 GiB). Hence
-  --per_gpu=1 for them: running them together gains nothing and risks memory.
+- Jobs of 3 seeds x 1 rate: one alone ran at 68-89 steps/s (Gated DeltaNet to VLA), bound by
+  making its batches on the host; 4 at once at 22-39 steps/s each (~126 in all), 12 at once
+  at ~7 each (~84 in all: the host's cores oversubscribed).
+- A job of 3 seeds x 3 rates: the GPU is the bound. VLA alone: 31.7 steps/s, 12,000 steps
+  in 413 s, 50 GiB of GPU memory, the GPU busy ~100%; three such jobs at once: 9.4-11.5
+  steps/s each (~30 in all, 133 GiB). Hence one job per rate at 12,000 steps
+  (`vla_jax.training.grid.tuned_jobs`), a cell's three at once.
 - Out of memory (also with XLA_PYTHON_CLIENT_PREALLOCATE=false): Gated DeltaNet at T = 256,
   d_model 128 at 10 at once (11.4 GiB asked) and T = 128, d_model 256 (13 GiB); DeltaNet and
   Gated DeltaNet at T = 512 at 9 at once (5.9-11.9 GiB asked), and Gated DeltaNet at T = 512,

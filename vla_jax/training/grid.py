@@ -210,10 +210,10 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
     1. at `steps`, every cell's planned rates that its rows lack: the rates past an edge, and
        gated_deltanet_slow at every setting;
     2. at `long_T` with `long_steps` steps, every label at its `long_rates` (less any that
-       `long_steps`-step rows in `rows` already hold), one job per cell: its rates share
-       each seed's batches, and a process's step rate is bound by making them (on the H200's
-       host, T = 512: a job of 3 runs alone at 68-89 steps/s, the rate at which 4 threads
-       make 3 seeds' batches), so that a job of 9 runs should cost little more than one of 3.
+       `long_steps`-step rows in `rows` already hold), one job per cell and rate: on the
+       H200 (T = 512, d_model 64) a job of 9 runs (3 rates) ran at 31.7 steps/s, the GPU
+       the bound, against 68-89 for a job of 3, so that rates in one job save little, and a
+       job of one rate fits a call of under ten minutes at d_model 256 too.
   Rows of this grid's own earlier jobs may be added to `rows` once they are finished: the
   sweep then goes on past the new edges, under new job names (a name holds its steps and
   rates, so that no run folder is reused for other rates).
@@ -268,9 +268,9 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
         cell = swept(T, d_model, label)
         tried = {rate_name(x)
                  for x in done_long.get((T, d_model, label), {"rates": ()})["rates"]}
-        rates = tuple(r for r in (long_rates(cell) if cell else ()) if r not in tried)
-        if rates:
-          out.append(job(T, n, d_model, heads, label, mixer, extra, long_steps, rates))
+        for rate in (long_rates(cell) if cell else ()):
+          if rate not in tried:
+            out.append(job(T, n, d_model, heads, label, mixer, extra, long_steps, (rate,)))
   return out
 
 
