@@ -23,28 +23,33 @@ SCRIPTS = ("bench.py", "report_benchmarks.py", "check_kernels.py", "profile_kern
 
 
 @pytest.fixture(scope="module")
-def helps():
-  """Each script's `--help` by name (one process, `run_scripts`)."""
-  return dict(zip(SCRIPTS, run_scripts(*([os.path.join(EXPERIMENTS, s), "--help"]
-                                         for s in SCRIPTS), cwd=ROOT, timeout=120)))
-
-
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_help(helps, script):
-  proc = helps[script]   # absl prints the flags and exits with 1
-  assert proc.returncode in (0, 1) and not proc.stderr.strip(), proc.stderr[-2000:]
-  assert "--name" in proc.stdout or "--bench_dir" in proc.stdout, proc.stdout[-2000:]
-
-
-def test_bench_and_check_smoke_then_report(tmp_path):
-  """The three scripts in one process, in order (`run_scripts`): the report reads the rows."""
+def runs(tmp_path_factory):
+  """({script: its `--help`}, the smoke runs of bench.py, check_kernels.py and
+  report_benchmarks.py, their folder): every run of this file in one process, in order
+  (`run_scripts`; the report reads the rows)."""
+  tmp_path = tmp_path_factory.mktemp("smoke")
   bench, md = tmp_path / "bench", tmp_path / "B.md"
-  ran, checked, reported = run_scripts(
+  *helps, ran, checked, reported = run_scripts(
+      *([os.path.join(EXPERIMENTS, s), "--help"] for s in SCRIPTS),
       [os.path.join(EXPERIMENTS, "bench.py"), "--smoke", "--name=smoke", f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "check_kernels.py"), "--smoke", "--name=check",
        f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "report_benchmarks.py"), f"--bench_dir={bench}", f"--out={md}",
        f"--plots={tmp_path / 'plots'}"], cwd=ROOT)
+  return dict(zip(SCRIPTS, helps)), (ran, checked, reported), tmp_path
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help(runs, script):
+  proc = runs[0][script]   # absl prints the flags and exits with 1
+  assert proc.returncode in (0, 1) and not proc.stderr.strip(), proc.stderr[-2000:]
+  assert "--name" in proc.stdout or "--bench_dir" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_bench_and_check_smoke_then_report(runs):
+  """The three scripts run in order: the report reads the rows."""
+  (ran, checked, reported), tmp_path = runs[1:]
+  bench, md = tmp_path / "bench", tmp_path / "B.md"
   assert ran.returncode == 0, ran.stderr[-3000:]
   header, rows = _rows(bench / "smoke.jsonl")
   assert header["kind"] == "header" and header["settings"]["smoke"] and header["jax"]
