@@ -258,6 +258,24 @@ def test_zoology_tuned_goes_on_past_the_new_edges_with_its_own_rows():
   assert second[5].name in names
 
 
+def test_zoology_tuned_goes_past_a_12000_step_edge_once_its_rates_have_run():
+  """A 12,000-step cell below 0.99 whose best rate is an edge of its planned rates, all run,
+  gets the rate past that edge; one with planned rates still to run gets those only; one
+  solved at an edge gets nothing more."""
+  long_jobs = lambda rows: [j.name for j in grid.grid_jobs("zoology_tuned", zoology_rows=rows)
+                            if "-s12000-" in j.name and "-d64-gated_deltanet-" in j.name
+                            or "-d128-softmax-s12000" in j.name]
+  edge = _cell(512, 64, "gated_deltanet", {3e-4: [0.5] * 3, 1e-3: [0.3] * 3, 3e-3: [0.1] * 3},
+               steps=12000)
+  assert long_jobs(ROWS + edge) == ["zoology_tuned-T512-d64-gated_deltanet-s12000-lr1e-4",
+                                    "zoology_tuned-T512-d128-softmax-s12000-lr3e-3"]
+  assert long_jobs(ROWS + edge[:6]) == ["zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-3",
+                                        "zoology_tuned-T512-d128-softmax-s12000-lr3e-3"]
+  solved = _cell(512, 64, "gated_deltanet", {3e-4: [1.0] * 3, 1e-3: [0.3] * 3, 3e-3: [0.1] * 3},
+                 steps=12000) + _cell(512, 128, "softmax", {3e-3: [1.0] * 3}, steps=12000)
+  assert long_jobs(ROWS + solved) == []
+
+
 def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
   """Two zoology cells x seven VLA variants at rate 3e-3, seeds 0-4 carried by the jobs (the
   driver's seeds only where given), diagnostics every 50 steps, rows labelled by variant."""

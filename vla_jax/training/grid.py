@@ -213,7 +213,9 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
        `long_steps`-step rows in `rows` already hold), one job per cell and rate: on the
        H200 (T = 512, d_model 64) a job of 9 runs (3 rates) ran at 31.7 steps/s, the GPU
        the bound, against 68-89 for a job of 3, so that rates in one job save little, and a
-       job of one rate fits a call of under ten minutes at d_model 256 too.
+       job of one rate fits a call of under ten minutes at d_model 256 too. A cell whose
+       `long_rates` have all run and that is still below SOLVED at an edge of them goes on
+       to the rate past that edge (`edge_cells` of the `long_steps`-step rows).
   Rows of this grid's own earlier jobs may be added to `rows` once they are finished: the
   sweep then goes on past the new edges, under new job names (a name holds its steps and
   rates, so that no run folder is reused for other rates).
@@ -221,6 +223,7 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
   short = best_rate_table(rows, steps=steps)
   edges = edge_cells(short)
   done_long = best_rate_table(rows, steps=long_steps)
+  long_edges = edge_cells(done_long)
 
   def swept(T, d_model, label):
     """The 4,000-step cell that stands for (T, d_model, label): its own, else (a label
@@ -268,7 +271,10 @@ def tuned_jobs(rows, *, steps=4000, long_steps=TUNED_STEPS, long_T=TUNED_T):
         cell = swept(T, d_model, label)
         tried = {rate_name(x)
                  for x in done_long.get((T, d_model, label), {"rates": ()})["rates"]}
-        for rate in (long_rates(cell) if cell else ()):
+        rates = long_rates(cell) if cell else ()
+        if rates and set(rates) <= tried and (T, d_model, label) in long_edges:
+          rates = long_edges[(T, d_model, label)]["extend"]
+        for rate in rates:
           if rate not in tried:
             out.append(job(T, n, d_model, heads, label, mixer, extra, long_steps, (rate,)))
   return out
