@@ -119,7 +119,7 @@ def test_grid_lists_runs_then_skips_a_zoology_tuned_job(runs):
   tests/training/test_grid.py.)"""
   done, folders = runs
   lines = ok(done["grid/zoology_list"]).strip().splitlines()
-  assert lines[-1] == "68 jobs (68 to do), 357 runs, 2,868,000 run-steps"
+  assert lines[-1] == "104 jobs (104 to do), 357 runs, 2,868,000 run-steps"
   assert ("todo zoology_tuned-T512-d128-gated_deltanet-s4000-lr3e-4 rates 3e-4 num_steps=4000 "
           "gate_init=fla") in lines
   assert not list(folders["zoology_list"].iterdir())
