@@ -251,8 +251,8 @@ def test_zoology_tuned_goes_on_past_the_new_edges_with_its_own_rows():
       ("zoology_tuned-T512-d64-gated_deltanet-s12000-lr3e-3", ("3e-3",)),
       ("zoology_tuned-T512-d64-gated_deltanet_slow-s12000-lr3e-3", ("3e-3",)),
       ("zoology_tuned-T512-d128-softmax-s12000-lr3e-3", ("3e-3",))]
-  # Unchanged cells keep their job names; the slow gate's job is a new one, of its chosen rate
-  # (which the first round also planned, among the rates either side).
+  # Unchanged cells keep their job names; the slow gate, now solved, keeps only its chosen
+  # rate's job (one that the first round planned too, beside the rates either side).
   names = {j.name for j in first}
   assert {j.name for j in second[2:5]} | {second[6].name} <= names
   assert second[5].name in names
@@ -263,7 +263,7 @@ def test_zoology_tuned_goes_past_a_12000_step_edge_once_its_rates_have_run():
   gets the rate past that edge; one with planned rates still to run gets those only; one
   solved at an edge gets nothing more."""
   long_jobs = lambda rows: [j.name for j in grid.grid_jobs("zoology_tuned", zoology_rows=rows)
-                            if "-s12000-" in j.name and "-d64-gated_deltanet-" in j.name
+                            if ("-s12000-" in j.name and "-d64-gated_deltanet-" in j.name)
                             or "-d128-softmax-s12000" in j.name]
   edge = _cell(512, 64, "gated_deltanet", {3e-4: [0.5] * 3, 1e-3: [0.3] * 3, 3e-3: [0.1] * 3},
                steps=12000)
