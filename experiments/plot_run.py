@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's (or sweep's) folder.")
 _OUT = flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/curves.png).")
