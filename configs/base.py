@@ -13,7 +13,7 @@ def mixer_options():
       # penalty_scale 1: the layer's default (vla_jax/layers/README.md). The authors' choice,
       # 1 / sqrt(head_dim), is None in a config file; flags cannot give None for a float, so on
       # the command line give its value (1 / sqrt(32) = 0.17677669529663687 for d_h 32), as
-      # the grids' "vla" rows do (vla_jax.training.grid.AUTHORS_PENALTY_SCALE).
+      # the grids' "vla" rows do (lab.grid.AUTHORS_PENALTY_SCALE).
       "vla": {"readout": "none", "lam0": 1.0,
               "penalty_scale": ml_collections.FieldReference(1.0, field_type=float),
               "conv_size": 4,

@@ -6,7 +6,7 @@ floor; forward and forward + backward; H = 16, bfloat16, B * T = 32,768 (B = 1 b
     python experiments/bench.py --name=h200_d128 --dims=128
     python experiments/report_benchmarks.py
 
-The state-path backends (kernels/NOTES.md, "Backends"; `vla_jax.benchmarks.rows` lists every
+The state-path backends (kernels/NOTES.md, "Backends"; `lab.benchmarks.rows` lists every
 row family): the whole `vla_pallas` with KernelConfig(backend="triton") against "mosaic", then
 fla beside them, at most 4 minutes on an H200 (expected about 3: the 24 compiles, then fla's
 first call of each pass autotuning for about 45 s; rows are written as they are measured):
@@ -20,7 +20,7 @@ and the state path alone: --rows=state_path_triton,state_path_mosaic.
 
 Rows go to --out_dir/<name>.jsonl (default results/bench/), one JSON line each as soon as it
 is measured, after a header line (versions, device, settings). Medians after warm-up, rotating
-between input sets (`vla_jax.benchmarks.measure`). --smoke: a tiny CPU run (interpret mode;
+between input sets (`lab.benchmarks.measure`). --smoke: a tiny CPU run (interpret mode;
 GPU-only rows recorded as skipped).
 """
 
@@ -49,7 +49,7 @@ def main(argv):
   if _SMOKE.value:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax  # pylint: disable=import-outside-toplevel
-  from vla_jax.benchmarks import records, rows, suite  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import records, rows, suite  # pylint: disable=import-outside-toplevel
   settings = suite.Settings(**(suite.SMOKE if _SMOKE.value else {}))
   overrides = {"rows": _ROWS.value, "dims": _DIMS.value and [int(d) for d in _DIMS.value],
                "Ts": _TS.value and [int(t) for t in _TS.value], "passes": _PASSES.value,

@@ -1,6 +1,6 @@
 r"""The sequence-sharded VLA op on a mesh of one device against the plain op: time (fwd and
 fwd+bwd, medians after warm-up) and peak memory, one JSON row per (impl, d, T, pass, path)
-after a header line (`vla_jax.benchmarks.context_parallel`).
+after a header line (`lab.benchmarks.context_parallel`).
 
     python experiments/bench_context_parallel.py --out=results/bench/context_parallel_h200.jsonl
 
@@ -13,7 +13,7 @@ import os
 
 from absl import app, flags
 
-from vla_jax.benchmarks import context_parallel, records
+from lab.benchmarks import context_parallel, records
 
 _OUT = flags.DEFINE_string("out", None, "JSONL file for the rows (appended as they come).")
 _TS = flags.DEFINE_list("Ts", ["16384", "131072"], "Sequence lengths.")

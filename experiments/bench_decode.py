@@ -4,7 +4,7 @@ r"""Decode speed and memory per sequence: VLA's fixed-size state against softmax
 
 One mixer layer (H = --heads, d_h = --head_dim, bfloat16 activations) decodes --steps tokens
 in one compiled `lax.scan` of `step` calls after a context of L tokens
-(`vla_jax.reporting.speed.decode_rows`); prints ms per token, tokens/s and the cache's MiB per
+(`lab.report.speed.decode_rows`); prints ms per token, tokens/s and the cache's MiB per
 sequence. RESULTS.md section 8 reads the rows.
 """
 
@@ -12,7 +12,7 @@ import json
 
 from absl import app, flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _CONTEXTS = flags.DEFINE_list("contexts", ["1024", "4096", "16384", "65536", "131072"],
                               "Context lengths L before decoding.")
@@ -30,7 +30,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   import jax  # pylint: disable=g-import-not-at-top
-  from vla_jax.reporting import speed  # pylint: disable=g-import-not-at-top
+  from lab.report import speed  # pylint: disable=g-import-not-at-top
   from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
 
   print(f"decode on {jax.devices()[0].device_kind}: one layer, H={_HEADS.value}, "

@@ -3,13 +3,13 @@ r"""CPU timings of vla_recurrence's pure-JAX forms: chunked vs associative_scan 
     python experiments/bench_impls_cpu.py [--lengths=256,1024,4096] [--heads=4] [--dim=64]
 
 Forward only, float32, B = 1; each time is the median of --repeats calls after one warm-up
-(compile) call (`vla_jax.reporting.speed.impl_times`). Speed claims for the GPU are
+(compile) call (`lab.report.speed.impl_times`). Speed claims for the GPU are
 BENCHMARKS.md's, not this script's.
 """
 
 from absl import app, flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _LENGTHS = flags.DEFINE_list("lengths", ["256", "1024", "4096"], "Sequence lengths T.")
 _IMPLS = flags.DEFINE_list("impls", ["chunked", "associative_scan", "scan"], "Impls to time.")
@@ -23,7 +23,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   import jax  # pylint: disable=g-import-not-at-top
-  from vla_jax.reporting import speed  # pylint: disable=g-import-not-at-top
+  from lab.report import speed  # pylint: disable=g-import-not-at-top
 
   lengths, impls = [int(t) for t in _LENGTHS.value], _IMPLS.value
   with cli.user_errors("bench_impls_cpu.py"):

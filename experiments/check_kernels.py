@@ -1,6 +1,6 @@
 r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) and gradients of
 `vla_pallas` against impl="chunked" in float64 on the same device, each error reported
-(`vla_jax.benchmarks.check.default_cases`, B = 1, H = 4): at T = 4096 float32 at HIGHEST (u
+(`lab.benchmarks.check.default_cases`, B = 1, H = 4): at T = 4096 float32 at HIGHEST (u
 isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T anisotropic u in
 float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
 then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
@@ -14,7 +14,7 @@ then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay f
 
 Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
 where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
-bounds (`vla_jax.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`) or is not finite. --smoke: one
+bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`) or is not finite. --smoke: one
 tiny case on the CPU in interpret mode.
 """
 
@@ -44,7 +44,7 @@ def main(argv):
   if _SMOKE.value:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax  # pylint: disable=import-outside-toplevel
-  from vla_jax.benchmarks import check, records  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import check, records  # pylint: disable=import-outside-toplevel
   cases = (check.smoke_cases() if _SMOKE.value
            else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value,
                                     _BACKENDS.value, _CASES.value))

@@ -13,7 +13,7 @@ import sys
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from vla_jax.training import cli  # noqa: E402
+from lab import cli  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's folder.")
 _CONFIG = config_flags.DEFINE_config_file(

@@ -4,7 +4,7 @@ r"""Runs the sweeps behind RESULTS.md, several processes per GPU, and collects t
 
 Each job is one experiments/sweep.py call (one mixer at one setting, its seeds and rates
 vmapped) whose rows go to OUT/<grid>.jsonl; the grids and the scheduling rules are in
-`vla_jax.training.grid`. A second call with the same --workdir skips finished jobs and resumes
+`lab.grid`. A second call with the same --workdir skips finished jobs and resumes
 stopped ones from their checkpoints. --list prints the jobs (done or to do) and runs none.
 
 The tuned zoology comparison (issue 37) on one H200, a cell's 12,000-step jobs (one a rate)
@@ -20,7 +20,7 @@ Measured on the H200 (16 host cores; T = 512, d_model 64):
 - A job of 3 seeds x 3 rates: the GPU is the bound. VLA alone: 31.7 steps/s, 12,000 steps
   in 413 s, 50 GiB of GPU memory, the GPU busy ~100%; three such jobs at once: 9.4-11.5
   steps/s each (~30 in all, 133 GiB). Hence one job per rate at 12,000 steps
-  (`vla_jax.training.grid.tuned_jobs`), a cell's three at once.
+  (`lab.grid.tuned_jobs`), a cell's three at once.
 - Out of memory (also with XLA_PYTHON_CLIENT_PREALLOCATE=false): Gated DeltaNet at T = 256,
   d_model 128 at 10 at once (11.4 GiB asked) and T = 128, d_model 256 (13 GiB); DeltaNet and
   Gated DeltaNet at T = 512 at 9 at once (5.9-11.9 GiB asked), and Gated DeltaNet at T = 512,
@@ -30,7 +30,7 @@ A stopped job resumes from its checkpoint under OUT/runs only where OUT survives
 
 It extends results/training/mqar_zoology_h200.jsonl (--zoology_rows): past the edge rate of
 every cell below 0.99, a Gated DeltaNet row with the slow gate initialisation, and T = 512 at
-12,000 steps, a job per cell (`vla_jax.training.grid.tuned_jobs`); its rows go to
+12,000 steps, a job per cell (`lab.grid.tuned_jobs`); its rows go to
 OUT/zoology_tuned.jsonl. `--only=-s4000-` or `--only=-s12000-` runs one part. Each round
 goes on past the edges the last one found, planned from both rows files as RESULTS.md reads
 them: --zoology_rows=results/training/mqar_zoology_h200.jsonl,OUT/zoology_tuned.jsonl.
@@ -43,14 +43,14 @@ rate 3e-3, seeds 0-4 carried by the jobs, training diagnostics every 50 steps), 
 
 repeated with the same OUT until --list shows every job done. OUT/seed_remedies.jsonl and each
 job's OUT/runs/<job>/metrics.jsonl and sweep_results.jsonl are what RESULTS.md section 9 reads
-(copied as `vla_jax.reporting.seeds` says).
+(copied as `lab.report.seeds` says).
 """
 
 import os
 
 from absl import app, flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _GRIDS = flags.DEFINE_list("grids", ["capacity"], "Grids to run: capacity, long, copy, zoology, "
                            "ablation, ablation_demo, zoology_tuned, seed_remedies.")
@@ -64,7 +64,7 @@ _STOP = flags.DEFINE_float("stop_s", 60.0, "Seconds a stopped job has to checkpo
 _SEEDS = flags.DEFINE_list("seeds", None, "Seeds of every job (default: a job's own, the "
                            "seed_remedies grid's 0-4; else 0, 1, 2).")
 _LONG_TS = flags.DEFINE_list("long_Ts", None, "Lengths of the long grid (default: 64 to 4096, "
-                             "vla_jax.training.grid.LONG_TS).")
+                             "lab.grid.LONG_TS).")
 _ZOOLOGY_STEPS = flags.DEFINE_integer("zoology_steps", 4000, "Training steps (zoology grid).")
 _ZOOLOGY_ROWS = flags.DEFINE_list(
     "zoology_rows", ["results/training/mqar_zoology_h200.jsonl"], "Rows files of the zoology grid "
@@ -89,7 +89,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
-  from vla_jax.training import grid, jsonl  # pylint: disable=g-import-not-at-top
+  from lab import grid  # pylint: disable=g-import-not-at-top
+  from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
 
   if any("=" not in o for o in _OVERRIDE.value):
     raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")

@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "A training run's (or sweep's) folder.")
 _OUT = flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/curves.png).")
@@ -30,14 +30,14 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()
-  from vla_jax.training import curves  # pylint: disable=g-import-not-at-top
+  from lab import run_plots  # pylint: disable=g-import-not-at-top
 
   with cli.user_errors("plot_run.py"):
-    print(curves.plot_run(_WORKDIR.value, _OUT.value))
+    print(run_plots.plot_run(_WORKDIR.value, _OUT.value))
     workdirs = [_WORKDIR.value] + _COMPARE.value
-    if any(curves.has_diagnostics(w) for w in workdirs):
+    if any(run_plots.has_diagnostics(w) for w in workdirs):
       out = _DIAGNOSTICS_OUT.value or os.path.join(_WORKDIR.value, "diagnostics.png")
-      print(curves.plot_diagnostics(workdirs, out, solved=_SOLVED.value))
+      print(run_plots.plot_diagnostics(workdirs, out, solved=_SOLVED.value))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 r"""Where the Pallas VLA kernels' time goes: per-kernel device time of the forward and the
-gradient from a JAX profiler trace (`vla_jax.benchmarks.profile`), at the kernels' defaults,
+gradient from a JAX profiler trace (`lab.benchmarks.profile`), at the kernels' defaults,
 H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
 
     python experiments/profile_kernels.py --name=profile_h200 --Ts=4096,32768 --dims=64,128
@@ -36,7 +36,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=import-outside-toplevel
-  from vla_jax.benchmarks import profile  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value

@@ -19,7 +19,7 @@ _PLOTS = flags.DEFINE_string("plots", os.path.join("results", "plots"),
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from vla_jax.benchmarks import report  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import report  # pylint: disable=import-outside-toplevel
   paths = report.bench_files(_BENCH_DIR.value)
   if not paths:
     raise app.UsageError(f"no *.jsonl files in {_BENCH_DIR.value}")

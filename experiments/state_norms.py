@@ -6,7 +6,7 @@ r"""Memory norms and VLA's state Jacobians on random inputs, and in a trained VL
 Random inputs: ||S_t||_F of linear attention, DeltaNet, Gated DeltaNet and VLA on one sequence
 (--heads heads of --head_dim) up to --max_T tokens, and the spectral norm of VLA's Jacobian
 I - khat_t a_t^T with its closed form. With --workdir (a finished VLA run), the same Jacobian
-statistics on the run's evaluation inputs. Rows: `vla_jax.reporting.diagnostics`.
+statistics on the run's evaluation inputs. Rows: `lab.report.diagnostics`.
 """
 
 import json
@@ -14,7 +14,7 @@ import os
 
 from absl import app, flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _MAX_T = flags.DEFINE_integer("max_T", 65536, "Longest sequence of the random-input traces.")
 _HEADS = flags.DEFINE_integer("heads", 4, "Heads H (random inputs).")
@@ -31,7 +31,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   # pylint: disable=g-import-not-at-top
-  from vla_jax.reporting import diagnostics, plots
+  from lab.report import diagnostics, plots
   from vla_jax.training import config_from_workdir, jsonl, load_model
   # pylint: enable=g-import-not-at-top
 

@@ -15,7 +15,7 @@ import time
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from vla_jax.training import cli  # noqa: E402
+from lab import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file.",
                                           lock_config=True)

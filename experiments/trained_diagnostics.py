@@ -6,7 +6,7 @@ r"""Memory norms and VLA's Jacobians inside trained models (RESULTS.md sections 
 Trains (or resumes, in --workdir/<mixer>) one model per mixer of --mixers with the config (its
 model.mixer set per run, model.pos_emb set to "none" so that the model runs at any length),
 then feeds it MQAR sequences of each length in --Ts (the config's task otherwise) and appends
-the rows of `vla_jax.reporting.diagnostics.long_sequence_rows` to --out: ||S_t|| in every
+the rows of `lab.report.diagnostics.long_sequence_rows` to --out: ||S_t|| in every
 layer, and for VLA the Jacobian statistics and their products over spans.
 """
 
@@ -17,7 +17,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from vla_jax.training import cli
+from lab import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configuration file "
                                           "(MQAR).", lock_config=True)
@@ -36,7 +36,7 @@ def main(argv):
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp
-  from vla_jax.reporting import diagnostics
+  from lab.report import diagnostics
   from vla_jax.tasks import make_task
   from vla_jax.training import from_config_dict, jsonl, load_model, train_and_evaluate
   # pylint: enable=g-import-not-at-top

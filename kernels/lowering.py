@@ -1,7 +1,7 @@
 """Lowering for an abstract NVIDIA H200: builds the kernels' IR without a GPU.
 
 Tests use it so that code which only runs in Pallas interpret mode cannot land, and
-`vla_jax.benchmarks.profile.kernel_resources` uses it to read the Triton IR for a resource
+`lab.benchmarks.profile.kernel_resources` uses it to read the Triton IR for a resource
 report.
 """
 

@@ -67,7 +67,7 @@ def subprocess_env(devices=None):
 # when it forks); each child starts from the same fresh imports as a new interpreter.
 _SCRIPTS = r"""
 import atexit, json, os, runpy, sys, tempfile, traceback
-import jax, jax.numpy, flax.nnx, ml_collections, vla_jax, vla_jax.training.cli   # the scripts' imports
+import jax, jax.numpy, flax.nnx, ml_collections, absl.app, vla_jax.training.lock   # the scripts' imports
 results = []
 for argv in json.loads(sys.argv[1]):
   with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:

@@ -1,5 +1,7 @@
 """vla-jax: Variational Linear Attention for JAX."""
 
+import importlib.metadata
+
 from vla_jax.layers import (DeltaNet, GatedDeltaNet, LinearAttention, SoftmaxAttention,
                             VLAAttention, make_mixer)
 from vla_jax.models import LanguageModel, ModelConfig
@@ -35,4 +37,7 @@ __all__ = [
     "deltanet_step",
     "gated_deltanet_step",
 ]
-__version__ = "0.1.0"
+try:
+  __version__ = importlib.metadata.version("vla-jax")   # pyproject.toml's, the one source
+except importlib.metadata.PackageNotFoundError:   # a source tree that was never installed
+  __version__ = "0+unknown"

@@ -29,7 +29,7 @@ def config_flags(*overrides):
 
 def test_the_scripts_are_absl_mains_over_the_installed_package():
   """No sys.path edits, no script imported by another, absl flags parsed by
-  `vla_jax.training.cli` (one-line errors)."""
+  `lab.cli` (one-line errors)."""
   names = {p.stem for p in (ROOT / "experiments").glob("*.py")}
   for script in SCRIPTS + ("train", "evaluate"):
     text = (ROOT / "experiments" / f"{script}.py").read_text()
@@ -116,7 +116,7 @@ def test_grid_lists_runs_then_skips_a_zoology_tuned_job(runs):
   runs sweep.py for one tiny gated_deltanet_slow job (its rows land in <workdir>/<grid>.jsonl
   with its label, steps, gate initialisation and the result-changing overrides); a second
   call finds it done and starts nothing, and --list names it done. (The grids' jobs:
-  tests/training/test_grid.py.)"""
+  tests/lab/test_grid.py.)"""
   done, folders = runs
   lines = ok(done["grid/zoology_list"]).strip().splitlines()
   assert lines[-1] == "104 jobs (104 to do), 357 runs, 2,868,000 run-steps"

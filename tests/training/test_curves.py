@@ -1,5 +1,6 @@
-"""Curves and progress: step timing without compilation, TensorBoard scalars, the PNG plots
-of plot_run.py, and the git commit that result rows record."""
+"""Curves and progress: step timing without compilation, TensorBoard scalars and their tags,
+and the git commit that result rows record (the PNG plots of plot_run.py:
+tests/lab/test_run_plots.py)."""
 
 import json
 import os
@@ -10,7 +11,6 @@ import subprocess
 
 import pytest
 
-from conftest import run_scripts
 import vla_jax
 from vla_jax.training import curves, from_config_dict, progress, provenance, train_and_evaluate
 from vla_jax.training import jsonl
@@ -101,42 +101,20 @@ def test_tensorboard_scalars_equal_the_metrics_rows(run):
                                        "eval/mqar/exact_match"}
 
 
-def test_plot_run_py_draws_a_png_and_names_a_missing_log(run, tmp_path):
-  workdir, _, _ = run
-  plot_py = [ROOT / "experiments" / "plot_run.py"]
-  out = tmp_path / "plots" / "run.png"
-  proc, missing = run_scripts(plot_py + [f"--workdir={workdir}", f"--out={out}"],   # one process
-                              plot_py + [f"--workdir={tmp_path / 'none'}"],
-                              env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert proc.returncode == 0 and proc.stdout.strip() == str(out), proc.stderr[-2000:]
-  assert proc.stderr == ""
-  png = out.read_bytes()
-  assert png[:8] == b"\x89PNG\r\n\x1a\n"
-  width, height = struct.unpack(">II", png[16:24])
-  assert (width, height) == (1210, 825)
-  assert missing.returncode == 1 and missing.stderr.strip() == (
-      f"plot_run.py: error: no metrics file {tmp_path / 'none' / 'metrics.jsonl'} (a run "
-      "writes it at its first logged step)")
-
-
-def test_curves_of_a_resumed_sweep(tmp_path):
-  """A sweep's rows (a list per run) give a line per run, labelled by seed and rate; a step
-  logged twice (a resume) counts once, the last row written."""
+def test_scalars_of_a_sweep_are_tagged_by_run(tmp_path):
+  """A sweep's rows (a list per run) give a scalar per run, named by seed and rate."""
   (tmp_path / "config.json").write_text(json.dumps({
       "task": {"name": "mqar"}, "model": {"mixer": "vla"}, "train": {"num_steps": 4},
       "sweep": {"seeds": [0, 1], "learning_rates": [1e-3]}}))
-  jsonl.append_rows(str(tmp_path / "metrics.jsonl"), [
-      {"step": 2, "loss": [2.0, 2.5], "accuracy": [0.1, 0.2], "compile_s": 3.0},
-      {"step": 4, "loss": [9.0, 9.0], "accuracy": [0.0, 0.0], "steps_per_s": 5.0},
-      {"step": 4, "loss": [1.0, float("nan")], "accuracy": [0.4, 0.0], "steps_per_s": 6.0}])
-  got = curves.read_curves(str(tmp_path / "metrics.jsonl"))
-  assert got["train"]["loss"][0] == (2, [2.0, 2.5]) and got["train"]["loss"][1][1][0] == 1.0
-  assert got["train"]["steps_per_s"] == [(4, 6.0)] and got["eval"] == {}
-  assert curves.run_labels(str(tmp_path)) == ["seed 0, lr 0.001", "seed 1, lr 0.001"]
-  assert [t for t, _ in curves.scalars({"step": 4, "loss": [1.0, 2.0]}, ["a", "b"])] == [
-      "train/loss/a", "train/loss/b"]
-  path = curves.plot_run(str(tmp_path))
-  assert path == str(tmp_path / "curves.png") and os.path.getsize(path) > 10_000
+  labels = curves.run_labels(str(tmp_path))
+  assert labels == ["seed 0, lr 0.001", "seed 1, lr 0.001"]
+  assert curves.run_labels(str(tmp_path / "none")) is None
+  assert curves.scalars({"step": 4, "loss": [1.0, 2.0]}, labels) == [
+      ("train/loss/seed 0, lr 0.001", 1.0), ("train/loss/seed 1, lr 0.001", 2.0)]
+  assert curves.scalars({"step": 4, "eval": {"mqar": {"accuracy": 0.5, "targets": 9}}}) == [
+      ("eval/mqar/accuracy", 0.5)]
+  assert curves.scalars({"step": 0, curves.DIAGNOSTICS_KEY: {"b": 2.0, "a": [1.0]}}) == [
+      ("diagnostics/a/run 0", 1.0), ("diagnostics/b", 2.0)]
 
 
 def test_git_commit_is_the_checkouts_else_named_or_none(tmp_path, monkeypatch):

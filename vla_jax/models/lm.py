@@ -3,7 +3,7 @@
 import dataclasses
 import functools
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,14 +61,14 @@ class ModelConfig:
     self.validate()
 
   @property
-  def options(self):
+  def options(self) -> dict[str, Any]:
     return dict(self.mixer_options)
 
   @property
-  def resolved_head_dim(self):
+  def resolved_head_dim(self) -> int:
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
-  def validate(self):
+  def validate(self) -> None:
     """Raises ValueError with a clear message for an inconsistent configuration."""
     mixer_class(self.mixer)
     check_mixer_options(self.mixer, self.options)
@@ -308,15 +308,17 @@ class LanguageModel(nnx.Module):
       layers.append(layer_cache)
     return self._logits(x), ModelCache(cache.position + 1, tuple(layers))
 
-  def generate(self, prompt, max_new_tokens, *, temperature=0.0, top_k=None, eos_id=None,
-               rng=None):
+  def generate(self, prompt: jax.Array, max_new_tokens: int, *, temperature: float = 0.0,
+               top_k: int | None = None, eos_id: int | None = None,
+               rng: jax.Array | None = None) -> jax.Array:
     """Continues `prompt` [B, P] int by `max_new_tokens` tokens; see `generate`."""
     return generate(self, prompt, max_new_tokens, temperature=temperature, top_k=top_k,
                     eos_id=eos_id, rng=rng)
 
 
-def generate(model, prompt, max_new_tokens, *, temperature=0.0, top_k=None, eos_id=None,
-             rng=None):
+def generate(model: LanguageModel, prompt: jax.Array, max_new_tokens: int, *,
+             temperature: float = 0.0, top_k: int | None = None, eos_id: int | None = None,
+             rng: jax.Array | None = None) -> jax.Array:
   """Greedy (temperature 0) or sampled decoding: prefill the prompt, then one `step` per new
   token inside a `lax.while_loop`, all compiled once per (prompt shape, max_new_tokens,
   temperature, top_k, eos_id).

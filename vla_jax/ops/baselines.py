@@ -15,6 +15,7 @@ initial state, and the final state is the last document's (see `vla_recurrence`)
   with gamma_t = exp(g_t), g_t <= 0 (Yang et al., 2024, arXiv 2412.06464).
 """
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -37,7 +38,7 @@ class LinearAttentionState(NamedTuple):
   z: jax.Array
 
 
-def elu_plus_one(x):
+def elu_plus_one(x: jax.Array) -> jax.Array:
   """phi(x) = ELU(x) + 1 > 0, the feature map of Katharopoulos et al."""
   return jax.nn.elu(x) + 1.0
 
@@ -86,9 +87,14 @@ def check_feature_map(q, k, lead):
   return q.shape[-1]
 
 
-def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=1e-6,
-                     initial_state=None, impl="chunked", chunk_size=64, segment_ids=None,
-                     precision=None):
+def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
+                     feature_map: Callable[[jax.Array], jax.Array] | None = elu_plus_one,
+                     normalize: bool = False, eps: float = 1e-6,
+                     initial_state: LinearAttentionState | None = None,
+                     impl: str | Impl = "chunked", chunk_size: int = 64,
+                     segment_ids: jax.Array | None = None,
+                     precision: str | jax.lax.Precision | None = None
+                     ) -> tuple[jax.Array, LinearAttentionState]:
   """Causal linear attention.
 
   Args:
@@ -136,8 +142,10 @@ def linear_attention(q, k, v, *, feature_map=elu_plus_one, normalize=False, eps=
           LinearAttentionState(guard.state(S[:, :, :dv]), guard.state(S[:, :, dv])))
 
 
-def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64,
-             segment_ids=None, precision=None):
+def deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array, *,
+             initial_state: jax.Array | None = None, impl: str | Impl = "chunked",
+             chunk_size: int = 64, segment_ids: jax.Array | None = None,
+             precision: str | jax.lax.Precision | None = None) -> tuple[jax.Array, jax.Array]:
   """DeltaNet with unit keys khat = k / max(||k||, 1e-6) and per-token beta.
 
   Args:
@@ -153,8 +161,11 @@ def deltanet(q, k, v, beta, *, initial_state=None, impl="chunked", chunk_size=64
                         chunk_size=chunk_size, segment_ids=segment_ids, precision=precision)
 
 
-def gated_deltanet(q, k, v, beta, log_decay, *, initial_state=None, impl="chunked",
-                   chunk_size=64, segment_ids=None, precision=None):
+def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
+                   log_decay: jax.Array | None, *, initial_state: jax.Array | None = None,
+                   impl: str | Impl = "chunked", chunk_size: int = 64,
+                   segment_ids: jax.Array | None = None,
+                   precision: str | jax.lax.Precision | None = None) -> tuple[jax.Array, jax.Array]:
   """Gated DeltaNet: a DeltaNet whose state decays by gamma_t = exp(log_decay_t) per token.
 
   Args:

@@ -24,7 +24,7 @@ class Impl(str, enum.Enum):
   PALLAS = "pallas"
 
 
-def parse_impl(impl, allowed=tuple(Impl)) -> Impl:
+def parse_impl(impl: str | Impl, allowed: tuple[Impl, ...] = tuple(Impl)) -> Impl:
   """Returns `impl` as an `Impl`, raising ValueError for unknown or unsupported names."""
   try:
     parsed = Impl(impl)

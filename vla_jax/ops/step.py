@@ -7,6 +7,9 @@ full forward pass. Work per token is O(dk (dk + dv)) per head; memory does not g
 context.
 """
 
+from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
 
 from vla_jax.ops import checks
@@ -30,7 +33,8 @@ def _check_state_arrays(prefix, arrays, shapes):
     checks.check_state(f"{prefix}.{name}" if prefix else name, x, shape)
 
 
-def vla_step(state, q_t, k_t, v_t, u_t, *, lam0=1.0):
+def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
+             u_t: jax.Array, *, lam0: float = 1.0) -> tuple[jax.Array, VLAState]:
   """One VLA token (see `vla_recurrence` for the recurrence).
 
   Args:
@@ -58,8 +62,11 @@ def vla_step(state, q_t, k_t, v_t, u_t, *, lam0=1.0):
   return o_t.astype(out_dtype), VLAState(S=S, A=A)
 
 
-def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, normalize=False,
-                          eps=1e-6):
+def linear_attention_step(state: LinearAttentionState | None, q_t: jax.Array, k_t: jax.Array,
+                          v_t: jax.Array, *,
+                          feature_map: Callable[[jax.Array], jax.Array] | None = elu_plus_one,
+                          normalize: bool = False, eps: float = 1e-6
+                          ) -> tuple[jax.Array, LinearAttentionState]:
   """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
   out_dtype = checks.output_dtype(v_t)
@@ -83,7 +90,9 @@ def linear_attention_step(state, q_t, k_t, v_t, *, feature_map=elu_plus_one, nor
   return num.astype(out_dtype), LinearAttentionState(S1[:, :, :dv], S1[:, :, dv])
 
 
-def gated_deltanet_step(S, q_t, k_t, v_t, beta_t, log_decay_t):
+def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
+                        beta_t: jax.Array, log_decay_t: jax.Array | None
+                        ) -> tuple[jax.Array, jax.Array]:
   """One token of `gated_deltanet` (log_decay_t None: `deltanet`).
 
   Args:
@@ -106,6 +115,7 @@ def gated_deltanet_step(S, q_t, k_t, v_t, beta_t, log_decay_t):
   return o_t.astype(out_dtype), S
 
 
-def deltanet_step(S, q_t, k_t, v_t, beta_t):
+def deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
+                  beta_t: jax.Array) -> tuple[jax.Array, jax.Array]:
   """One token of `deltanet`; see `gated_deltanet_step`."""
   return gated_deltanet_step(S, q_t, k_t, v_t, beta_t, None)

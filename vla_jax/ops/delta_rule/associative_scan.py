@@ -22,8 +22,10 @@ def _compose(earlier, later, precision):
   return mm(F1, F2), mm(G1, F2) + G2
 
 
-def delta_rule_associative_scan(q, e, w, v, log_decay, S0, starts=None, *,
-                                precision=HIGHEST):
+def delta_rule_associative_scan(q: jax.Array, e: jax.Array | None, w: jax.Array,
+                                v: jax.Array, log_decay: jax.Array | None, S0: jax.Array,
+                                starts: jax.Array | None = None, *,
+                                precision: jax.lax.Precision | None = HIGHEST) -> tuple[jax.Array, jax.Array]:
   """Same contract as `delta_rule_scan`: returns (o [B, T, H, dv], S_T [B, H, dv, dk]). At a
   document start (`starts` [B, T] True) F_t is selected to 0: S_t = G_t forgets S_{t-1}."""
   dk = q.shape[-1]

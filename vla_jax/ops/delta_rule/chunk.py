@@ -29,8 +29,10 @@ import jax.numpy as jnp
 from vla_jax.ops.utils import HIGHEST, einsum, from_chunks, to_chunks, tril_inverse
 
 
-def delta_rule_chunked(q, e, w, v, log_decay, S0, chunk_size, starts=None, *,
-                       precision=HIGHEST):
+def delta_rule_chunked(q: jax.Array, e: jax.Array | None, w: jax.Array, v: jax.Array,
+                       log_decay: jax.Array | None, S0: jax.Array, chunk_size: int,
+                       starts: jax.Array | None = None, *,
+                       precision: jax.lax.Precision | None = HIGHEST) -> tuple[jax.Array, jax.Array]:
   """Same contract as `delta_rule_scan` (`starts` included), computed chunk by chunk.
 
   T need not be a multiple of `chunk_size`: the tail is padded with zero keys

@@ -23,7 +23,9 @@ def delta_rule_step(S, q_t, e_t, w_t, v_t, g_t, precision=HIGHEST):
   return einsum("bhvk,bhk->bhv", S, q_t, precision=precision), S
 
 
-def delta_rule_scan(q, e, w, v, log_decay, S0, starts=None, *, precision=HIGHEST):
+def delta_rule_scan(q: jax.Array, e: jax.Array | None, w: jax.Array, v: jax.Array,
+                    log_decay: jax.Array | None, S0: jax.Array, starts: jax.Array | None = None,
+                    *, precision: jax.lax.Precision | None = HIGHEST) -> tuple[jax.Array, jax.Array]:
   """Runs S_t = gamma_t S_{t-1} + (v_t - gamma_t S_{t-1} e_t) w_t^T token by token.
 
   Args:

@@ -4,6 +4,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.typing import DTypeLike
 
 from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
@@ -25,7 +26,8 @@ class VLAState(NamedTuple):
   A: jax.Array
 
 
-def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> VLAState:
+def initial_vla_state(batch: int, heads: int, dk: int, dv: int, *, lam0: float = 1.0,
+                      dtype: DTypeLike = jnp.float32) -> VLAState:
   """S = 0, A = I / lam0, in `dtype` (float32 or float64)."""
   checks.check_positive("lam0", lam0)
   checks.check_state_dtype("dtype", dtype)
@@ -33,8 +35,11 @@ def initial_vla_state(batch, heads, dk, dv, *, lam0=1.0, dtype=jnp.float32) -> V
   return VLAState(S=jnp.zeros((batch, heads, dv, dk), dtype), A=A)
 
 
-def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
-                   chunk_size=64, segment_ids=None, precision=None):
+def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
+                   lam0: float = 1.0, initial_state: VLAState | None = None,
+                   impl: str | Impl = "chunked", chunk_size: int = 64,
+                   segment_ids: jax.Array | None = None,
+                   precision: str | jax.lax.Precision | None = None) -> tuple[jax.Array, VLAState]:
   """Variational Linear Attention recurrence (Pandey & Singh, 2026), per head:
 
       khat_t = k_t / ||k_t||   (0 where ||k_t|| <= eps = 1e-6)

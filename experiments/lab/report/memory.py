@@ -6,9 +6,9 @@ Rows: `experiments/state_norms.py` (kinds state_norm_random, jacobian_random, tr
 `experiments/bench_decode.py` (one row per mixer and context).
 """
 
-from vla_jax.reporting import markdown
-from vla_jax.reporting.markdown import fmt
-from vla_jax.reporting.rows import AUTHORS_FLAG, name
+from lab.report import markdown
+from lab.report.markdown import fmt
+from lab.report.rows import AUTHORS_FLAG, name
 
 RANDOM_MIXERS = (("linear_attention", "linear attention"), ("deltanet", "DeltaNet"),
                  ("gated_deltanet", "Gated DeltaNet"), ("vla", "VLA"))

@@ -36,7 +36,7 @@ def vla_calls(B, T, H, d, dtype="bfloat16", interpret=None, config=None):
   respect to q, k, v, u) at the kernels' defaults, and one input set."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vla_jax.benchmarks import rows  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import rows  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   config = config or KernelConfig()
   xs = rows.jax_inputs("vla", B, T, H, d, jnp.dtype(dtype), 1, backward=False)

@@ -6,8 +6,8 @@ setting in prose, e.g. `lambda T: f"T = {T}"`.
 
 import collections
 
-from vla_jax.reporting import markdown
-from vla_jax.reporting.rows import accuracy, cell_order, label, name, usual_rates
+from lab.report import markdown
+from lab.report.rows import accuracy, cell_order, label, name, usual_rates
 
 
 def seeds_text(seeds):

@@ -12,8 +12,8 @@ import collections
 
 import numpy as np
 
+from lab.grid import AUTHORS_PENALTY_SCALE, HEAD_DIM
 from vla_jax.training import jsonl
-from vla_jax.training.grid import AUTHORS_PENALTY_SCALE, HEAD_DIM
 
 MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet",
                "gated_deltanet_slow", "vla", "vla_p1")

@@ -1,4 +1,4 @@
-"""RESULTS.md is computed from its rows (`vla_jax.reporting`): best rate on validation, test
+"""RESULTS.md is computed from its rows (`lab.report`): best rate on validation, test
 mean over seeds, the notes under each table, the findings, and the committed report itself."""
 
 import json
@@ -8,10 +8,10 @@ import shutil
 
 import numpy as np
 
-from vla_jax.reporting import (copy_task, markdown, memory, mqar, notes, results_markdown, rows,
-                               zoology)
+from lab.report import (copy_task, markdown, memory, mqar, notes, results_markdown, rows,
+                        zoology)
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _row(mixer, lr, seed, test, val, T=64, d_model=128, steps=4000):
@@ -255,7 +255,7 @@ def test_listed_and_table():
 def test_seed_section_escape_and_probe_values(tmp_path):
   """Section 9 reads a sweep's metrics and runs: the escape step is the first training row
   above 0.5, the probe values are those at step 300, and failed runs are counted per rate."""
-  from vla_jax.reporting import seeds  # pylint: disable=import-outside-toplevel
+  from lab.report import seeds  # pylint: disable=import-outside-toplevel
   folder = tmp_path / seeds.FOLDER
   folder.mkdir()
   diag = lambda c, a: {"layer0.cond_A.t8": [1.0, 1.0], "layer0.cond_A.t64": c,
@@ -318,7 +318,7 @@ def test_seed_section_with_remedies_compares_each_variant_with_the_defaults(tmp_
   variants that fail fewer at every cell; one table counts failed seeds per variant and cell
   (the learning-rate run's other rate beside them), one per cell lists the runs, and the jobs
   without files read pending."""
-  from vla_jax.reporting import seeds  # pylint: disable=import-outside-toplevel
+  from lab.report import seeds  # pylint: disable=import-outside-toplevel
   lr = tmp_path / seeds.FOLDER
   remedies = tmp_path / seeds.REMEDY_FOLDER
   lr.mkdir()
@@ -476,7 +476,7 @@ def test_zoology_section_without_tuned_rows_reads_pending():
 def test_seed_cause_compares_the_w_u_gradient_of_the_two_penalty_scales():
   """The cause note reads each cell's escapes and the ratio of the W_u gradients; without both
   variants it is empty."""
-  from vla_jax.reporting import seeds  # pylint: disable=import-outside-toplevel
+  from lab.report import seeds  # pylint: disable=import-outside-toplevel
   run = lambda esc, g, acc: {"escape": esc, "u_grad0": g, "accuracy": acc}
   cell = (64, 64)
   tables = {cell: {"defaults": [run(1800, 1e-4, 0.98), run(None, 3e-4, 0.25),

@@ -1,15 +1,15 @@
 """RESULTS.md's first section: the seed paper's claims against our measurements.
 
 Every cell is computed from the other sections' rows and summaries, and the kernel's from the
-benchmark rows with BENCHMARKS.md's own files and merge rule (`vla_jax.benchmarks.report`).
+benchmark rows with BENCHMARKS.md's own files and merge rule (`lab.benchmarks.report`).
 """
 
 import os
 
-from vla_jax.benchmarks import report as bench
-from vla_jax.reporting import markdown
-from vla_jax.reporting.markdown import fmt
-from vla_jax.reporting.memory import trained_norm_at
+from lab.benchmarks import report as bench
+from lab.report import markdown
+from lab.report.markdown import fmt
+from lab.report.memory import trained_norm_at
 
 
 def _mean(summary, m, v):

@@ -9,11 +9,11 @@ import collections
 
 import numpy as np
 
-from vla_jax.reporting import markdown, notes
-from vla_jax.reporting.rows import (AUTHORS_FLAG, accuracy, best_rate, grid_summary, label,
-                                    mixers_in, name, prose_name, sentence_start,
-                                    settings_sentence, usual_rates)
-from vla_jax.training.grid import ABLATION_VARIANTS, HEAD_DIM, LONG_TS, MIXERS, PAPER_N
+from lab.grid import ABLATION_VARIANTS, HEAD_DIM, LONG_TS, MIXERS, PAPER_N
+from lab.report import markdown, notes
+from lab.report.rows import (AUTHORS_FLAG, accuracy, best_rate, grid_summary, label,
+                             mixers_in, name, prose_name, sentence_start,
+                             settings_sentence, usual_rates)
 
 SOLVED = 0.99   # a cell "reaches" the task at this mean test accuracy
 GRID_LABELS = tuple(m for m, _, _ in MIXERS)   # the labels every grid runs, in its order

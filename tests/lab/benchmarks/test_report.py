@@ -1,11 +1,11 @@
-"""`vla_jax.benchmarks.report`: BENCHMARKS.md computed from rows; each section's finding follows
+"""`lab.benchmarks.report`: BENCHMARKS.md computed from rows; each section's finding follows
 its rows (a crossover that moves, a ratio whose smallest point moves, a check row that fails)."""
 
 import json
 
 import pytest
 
-from vla_jax.benchmarks import check, report
+from lab.benchmarks import check, report
 
 TS = (1024, 2048, 4096, 8192, 16384)
 

@@ -16,7 +16,7 @@ import math
 import os
 from collections import OrderedDict
 
-from vla_jax.benchmarks import floor
+from lab.benchmarks import floor
 
 OP_NAMES = {"vla": "VLA", "softmax_attention": "softmax", "deltanet": "DeltaNet",
             "gated_deltanet": "Gated DeltaNet", "linear_attention": "linear attn",
@@ -860,7 +860,7 @@ def vla_sections(data, plot_paths, out_path):
     md += ["## VLA pallas against the hardware floor", "", floor_finding(data), "",
            "VLA pallas time / floor, with floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s), "
            "bytes = inputs read and outputs written once, flops = the chunked algorithm's "
-           "matrix products (`vla_jax/benchmarks/floor.py`; each row's `floor_ms`).", "",
+           "matrix products (`experiments/lab/benchmarks/floor.py`; each row's `floor_ms`).", "",
            per_T_table(data, ["range"], floor_cells), ""]
 
   tokens = fixed_tokens(data)
@@ -969,7 +969,7 @@ FORWARD_ERRORS = ("o", "S", "A")
 
 
 def error_bound(r, name):
-  """The bound a check row holds error `name` to (`vla_jax.benchmarks.check`): du its
+  """The bound a check row holds error `name` to (`lab.benchmarks.check`): du its
   `du_bound`, the forward's errors the smaller of `bound` and `forward_bound`, the rest
   `bound`."""
   b = r.get("bound")
@@ -1058,7 +1058,7 @@ def correctness_section(rows):
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
           "rows normalised, the scale a trained layer gives). Bounds: `bound` on every error, "
           "du's own with anisotropic u, the forward's own at float32 HIGHEST "
-          "(`vla_jax/benchmarks/check.py`).", "",
+          "(`experiments/lab/benchmarks/check.py`).", "",
           table(["d", "impl", "dtype", "precision", "u", "T", "B", "worst forward",
                  "worst gradient", "bounds", "worst / its bound", "status"]
                 + (["note"] if notes else []), body), ""]

@@ -1,4 +1,4 @@
-"""`vla_jax.benchmarks`: timing, the floor, the profile's sums and the correctness check's
+"""`lab.benchmarks`: timing, the floor, the profile's sums and the correctness check's
 inputs (no GPU needed; the report: test_report.py)."""
 
 import chex
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import oracles
-from vla_jax.benchmarks import check, floor, measure, profile, rows
+from lab.benchmarks import check, floor, measure, profile, rows
 
 
 def test_time_jax_and_median_seconds():

@@ -58,7 +58,7 @@ GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo", "zo
          "seed_remedies")
 DEFAULT_SEEDS = (0, 1, 2)   # the seeds of a job that carries none (`Job.seeds`)
 # d_h of every grid's jobs: their configs set head_dim 32 and no job changes it
-# (tests/training/test_grid.py checks each job's config).
+# (tests/lab/test_grid.py checks each job's config).
 HEAD_DIM = 32
 PENALTY = "model.options.vla.penalty_scale"
 # The authors' penalty scale 1 / sqrt(d_h) (the layer's penalty_scale=None) as the float a flag

@@ -1,4 +1,4 @@
-"""The grids' jobs and scheduler (`vla_jax.training.grid`), and VLA training with the Pallas
+"""The grids' jobs and scheduler (`lab.grid`), and VLA training with the Pallas
 kernels (interpret mode here), which `--vla_impl=pallas` selects on a GPU."""
 
 import json
@@ -10,8 +10,9 @@ import time
 import numpy as np
 import pytest
 
+from lab import grid
 from vla_jax.configs import base
-from vla_jax.training import from_config_dict, grid, jsonl
+from vla_jax.training import from_config_dict, jsonl
 from vla_jax.training.sweep import SweepTrainer
 
 

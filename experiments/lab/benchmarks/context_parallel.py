@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from vla_jax.benchmarks import measure
+from lab.benchmarks import measure
 from vla_jax.ops.vla import vla_recurrence
 from vla_jax.parallel import SEQ_AXIS, segment_op, shard_sequence
 

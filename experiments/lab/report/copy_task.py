@@ -8,9 +8,9 @@ import collections
 
 import numpy as np
 
-from vla_jax.reporting import markdown
-from vla_jax.reporting.rows import (MIXER_ORDER, label, name, prose_name, sentence_start,
-                                    settings_sentence)
+from lab.report import markdown
+from lab.report.rows import (MIXER_ORDER, label, name, prose_name, sentence_start,
+                             settings_sentence)
 
 LENGTHS = (64, 128, 256)   # scored lengths; the first is the longest training string
 METRICS = ("generated_exact_match", "generated_accuracy", "accuracy")

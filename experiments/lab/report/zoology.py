@@ -3,7 +3,7 @@ zoology_tuned grid's.
 
 The zoology grid (`mqar_zoology_h200.jsonl`) trains every label 4,000 steps at rates 1e-3 and
 3e-3. The zoology_tuned grid (`zoology_tuned_h200.jsonl`) carries it on, as
-`vla_jax.training.grid.tuned_jobs` plans from the zoology rows: at 4,000 steps, the rate past
+`lab.grid.tuned_jobs` plans from the zoology rows: at 4,000 steps, the rate past
 the edge of every cell below 0.99 that chose an edge, and Gated DeltaNet with the slow gate
 initialisation (label gated_deltanet_slow) at every setting; at T = 512, every label at 12,000
 steps, at its 4,000-step chosen rate where that cell is solved, else at it and the rates either
@@ -15,12 +15,12 @@ rows found. A cell whose planned rows are not all there is *pending*: its table 
 
 import collections
 
-from vla_jax.reporting import markdown, notes
-from vla_jax.reporting.mqar import GRID_LABELS, SOLVED, grid_command, mean
-from vla_jax.reporting.rows import (cell_order, grid_summary, mixers_in, name, prose_name,
-                                    settings_sentence, state_floats, usual_rates)
-from vla_jax.training.grid import (HEAD_DIM, TUNED_STEPS, TUNED_T, ZOOLOGY, ZOOLOGY_WIDTHS,
-                                   rate_name, tuned_jobs)
+from lab.grid import (HEAD_DIM, TUNED_STEPS, TUNED_T, ZOOLOGY, ZOOLOGY_WIDTHS,
+                      rate_name, tuned_jobs)
+from lab.report import markdown, notes
+from lab.report.mqar import GRID_LABELS, SOLVED, grid_command, mean
+from lab.report.rows import (cell_order, grid_summary, mixers_in, name, prose_name,
+                             settings_sentence, state_floats, usual_rates)
 
 STEPS = 4000   # the zoology grid's training steps
 # Section 5 names both Gated DeltaNet rows by their gate initialisation.
@@ -242,7 +242,7 @@ def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=N
       "runs part of the grid).",
       "Tuned rows: `python experiments/grid.py --grids=zoology_tuned --workdir=OUT --gpus=0` "
       "(`results/training/zoology_tuned_h200.jsonl`; planned from the rows above by "
-      f"`vla_jax.training.grid.tuned_jobs`): the rate past the edge at every cell below {SOLVED} "
+      f"`lab.grid.tuned_jobs`): the rate past the edge at every cell below {SOLVED} "
       "that chose an edge, Gated DeltaNet with the slow gate init at every setting, every "
       f"mixer at T = {TUNED_T} with {TUNED_STEPS:,} steps (at its {STEPS:,}-step chosen rate "
       f"where that cell reaches {SOLVED}, else at it and the rates either side).",

@@ -7,8 +7,8 @@ with the commands that made them); a missing file leaves its section saying so.
 
 import os
 
-from vla_jax.reporting import claims, copy_task, memory, mqar, plots, seeds, zoology
-from vla_jax.reporting.rows import read
+from lab.report import claims, copy_task, memory, mqar, plots, seeds, zoology
+from lab.report.rows import read
 
 FILES = {
     "capacity": "mqar_capacity_h200.jsonl",

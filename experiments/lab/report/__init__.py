@@ -8,6 +8,6 @@ itself), `diagnostics` (memory-norm and Jacobian rows of random inputs and train
 `speed` (decode and CPU timings).
 """
 
-from vla_jax.reporting.results_md import results_markdown, write_results_md
+from lab.report.results_md import results_markdown, write_results_md
 
 __all__ = ["results_markdown", "write_results_md"]

@@ -14,8 +14,8 @@ import dataclasses
 import gc
 import time
 
-from vla_jax.benchmarks import floor, measure
-from vla_jax.benchmarks import rows as families
+from lab.benchmarks import floor, measure
+from lab.benchmarks import rows as families
 
 
 @dataclasses.dataclass

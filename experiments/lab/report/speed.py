@@ -1,5 +1,5 @@
 """Timings behind RESULTS.md section 8 (decoding) and the README's CPU table: wall-clock
-medians of compiled calls (`vla_jax.benchmarks.measure.median_seconds`)."""
+medians of compiled calls (`lab.benchmarks.measure.median_seconds`)."""
 
 import functools
 
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from vla_jax.benchmarks.measure import median_seconds
+from lab.benchmarks.measure import median_seconds
 from vla_jax.layers import SoftmaxAttention, VLAAttention
 from vla_jax.ops.vla import vla_recurrence
 

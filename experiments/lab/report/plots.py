@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from vla_jax.reporting.rows import MIXER_ORDER, name, state_floats
+from lab.report.rows import MIXER_ORDER, name, state_floats
 
 # Each label's colour in the zoology plot (labels added later take the next colours, so that
 # the others keep theirs).

@@ -9,7 +9,7 @@ its sweep_results.jsonl (the runs, in the metrics lists' order):
   T = 64, d_model 64 rerun at rates 3e-3 and 1e-2, 5 seeds (LR_COMMAND): rows.jsonl (the
   grid's OUT/zoology.jsonl), `<label>_metrics.jsonl` and `<label>_runs.jsonl` (LABELS).
 - REMEDY_FOLDER, seed_remedies_h200/ (the other remedies): the seed_remedies grid
-  (`vla_jax.training.grid`: REMEDY_CELLS x REMEDY_VARIANTS at rate 3e-3, seeds 0-4, training
+  (`lab.grid`: REMEDY_CELLS x REMEDY_VARIANTS at rate 3e-3, seeds 0-4, training
   diagnostics every 50 steps), made by REMEDY_COMMAND and copied from its OUT with
 
       mkdir -p results/training/seed_remedies_h200
@@ -42,10 +42,10 @@ import os
 
 import numpy as np
 
-from vla_jax.reporting import markdown
-from vla_jax.reporting.rows import AUTHORS_FLAG, name, read
-from vla_jax.training.grid import (REMEDY_CELLS, REMEDY_DIAGNOSTICS_EVERY, REMEDY_RATE,
-                                   REMEDY_VARIANTS, grid_jobs)
+from lab.grid import (REMEDY_CELLS, REMEDY_DIAGNOSTICS_EVERY, REMEDY_RATE,
+                      REMEDY_VARIANTS, grid_jobs)
+from lab.report import markdown
+from lab.report.rows import AUTHORS_FLAG, name, read
 
 FOLDER = "seed_failures_h200"
 REMEDY_FOLDER = "seed_remedies_h200"
