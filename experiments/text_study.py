@@ -5,9 +5,10 @@ scored on the test split at T, 4T and 16T (length extrapolation) in bits per byt
 and by position bucket, and its training throughput in tokens/s.
 
     python experiments/fetch_text.py --out=runs/text_cache        # once, with the network
-    python experiments/text_study.py --workdir=runs/text_study --data_dir=runs/text_cache \
-        --budget_s=500
-    ... the same command again until `--list` shows every job done, then
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python experiments/text_study.py \
+        --workdir=runs/text_study --data_dir=runs/text_cache --budget_s=500
+    ... the same command again (runs/text_study kept between calls) until `--list` shows
+    every job done, then
     python experiments/text_study.py --workdir=runs/text_study --data_dir=runs/text_cache \
         --summary
 
@@ -24,8 +25,10 @@ Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pas
 train split), 590M bytes in all. Assumed ~250k bytes/s a run on one H100 (about 92 MFLOP a
 byte, 6 x 10.7M parameters plus attention, at ~23 TFLOP/s, a tenth of TF32 peak at this
 width): ~40 GPU-minutes of training, plus ~20 for 12 jobs' compilations and evaluations
-(~1.1M bytes scored a run, softmax at 16K keeping a 6 x 16K x 16K score matrix per run): about
-60 GPU-minutes. A call resumed after --budget_s compiles its job again (~1 minute).
+(~1.1M bytes scored a run): about 60 GPU-minutes. A call resumed after --budget_s compiles its
+job again (~1 minute). Memory: softmax attention scored at 16K holds float32 scores and
+probabilities of 6 x 16K x 16K per run (~13 GB; ~39 GB for a rate job's three vmapped runs),
+hence the memory fraction above JAX's default 0.75 on an 80 GB H100.
 """
 
 import json

@@ -100,7 +100,9 @@ def eval_counts(model, inputs, labels, max_targets=None, buckets=0):
     T = labels.shape[1]
     onehot = jax.nn.one_hot(jnp.arange(T) * buckets // T, buckets, dtype=jnp.float32)  # [T, K]
     out["nll"] = jnp.dot(aux["nll"], onehot, precision=jax.lax.Precision.HIGHEST)
-    out["scored"] = jnp.dot((labels != IGNORE).astype(jnp.int32), onehot.astype(jnp.int32))
+    scored = jnp.dot((labels != IGNORE).astype(jnp.float32), onehot,   # exact: counts <= T
+                     precision=jax.lax.Precision.HIGHEST)
+    out["scored"] = jnp.round(scored).astype(jnp.int32)
   return out
 
 
