@@ -5,6 +5,11 @@ external `.npz` file, and prints one JSON line.
     python experiments/evaluate.py --workdir=runs/demo --npz=test.npz
     python experiments/evaluate.py --workdir=runs/copy --config=configs/copy.py \
         --config.task.eval_lengths=512
+    python experiments/evaluate.py --workdir=runs/text --config=configs/text_small.py \
+        --config.task.eval_lengths=4096,16384 --eval_batch_size=1
+
+Text sets report loss (nats per byte), bits_per_byte and bits_per_byte_by_position; the line
+then carries the first set's bits_per_byte next to its accuracy.
 """
 
 import json
@@ -23,6 +28,8 @@ _NPZ = flags.DEFINE_string("npz", None, "Optional: an .npz with `inputs` and `la
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest that "
                              "verifies).")
 _EXAMPLES = flags.DEFINE_integer("eval_examples", None, "Examples per evaluation set.")
+_EVAL_BATCH = flags.DEFINE_integer("eval_batch_size", None, "Rows per evaluation batch "
+                                   "(default: the run's); lower it for long contexts.")
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -44,9 +51,11 @@ def main(argv):
     task = (fields.pop("name"), fields)
   with cli.user_errors("evaluate.py"):
     result = evaluate(_WORKDIR.value, task=task, npz_path=_NPZ.value, step=_STEP.value,
-                      eval_examples=_EXAMPLES.value)
+                      eval_examples=_EXAMPLES.value, eval_batch_size=_EVAL_BATCH.value)
   first = next(iter(result["evals"].values()))
-  print(json.dumps({"workdir": _WORKDIR.value, "accuracy": first["accuracy"], **result}))
+  extra = {"bits_per_byte": first["bits_per_byte"]} if "bits_per_byte" in first else {}
+  print(json.dumps({"workdir": _WORKDIR.value, "accuracy": first["accuracy"], **extra,
+                    **result}))
 
 
 if __name__ == "__main__":

@@ -210,10 +210,23 @@ def _delta_mixer(m, x):
   return _readout(o, m.out)
 
 
+def rope(x, positions, base=10000.0):
+  """RoPE in float64 as complex rotation: x [B, T, H, D], positions [B, T] -> the pairs
+  (x_j, x_{j + D/2}) as x_j + i x_{j + D/2}, times exp(i p base^(-2j / D))."""
+  x, half = np.asarray(x, np.float64), x.shape[-1] // 2
+  theta = base ** (-2.0 * np.arange(half) / x.shape[-1])
+  z = (x[..., :half] + 1j * x[..., half:]) * np.exp(
+      1j * np.asarray(positions, np.float64)[:, :, None, None] * theta)
+  return np.concatenate([z.real, z.imag], axis=-1)
+
+
 def _softmax_mixer(m, x):
   H = m.num_heads
   q, k, v = _projections(m, x)
   q, k, v = _heads(q, H), _heads(k, H), _heads(v, H)
+  if m.positions == "rope":
+    positions = np.broadcast_to(np.arange(x.shape[1]), x.shape[:2])
+    q, k = rope(q, positions, m.rope_base), rope(k, positions, m.rope_base)
   s = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
   s = np.where(np.tril(np.ones((x.shape[1], x.shape[1]), bool)), s, -np.inf)
   p = np.exp(s - s.max(-1, keepdims=True))

@@ -1,8 +1,9 @@
 """A run's curves as PNG plots, from the metrics.jsonl rows that `train_and_evaluate` or
 `train_sweep` logged (experiments/plot_run.py).
 
-`plot_run(workdir)` draws loss, accuracy (training, and each evaluation set's accuracy and
-exact match), learning rate and steps/s against the step (a sweep: one line per run). Of rows
+`plot_run(workdir)` draws loss (training, and each text evaluation set's loss, with a bits per
+byte axis), accuracy (training, and each evaluation set's accuracy and exact match), learning
+rate and steps/s against the step (a sweep: one line per run). Of rows
 logged twice for one step (a resumed run repeats the steps after its checkpoint), the last one
 counts.
 
@@ -11,6 +12,7 @@ more runs, a sweep's runs one by one, solved runs in blue and failed ones in red
 """
 
 import json
+import math
 import os
 
 from vla_jax.training import jsonl
@@ -55,7 +57,9 @@ def read_curves(metrics_path):
 
 def plot_run(workdir, out=None):
   """Draws the curves of the run in `workdir` into one PNG of four panels (loss, accuracy,
-  learning rate, steps/s); returns its path (default `<workdir>/curves.png`)."""
+  learning rate, steps/s); returns its path (default `<workdir>/curves.png`). Evaluation sets
+  with a loss (text) add it to the loss panel, whose right axis then reads bits per byte
+  (loss / ln 2)."""
   try:
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
@@ -71,7 +75,15 @@ def plot_run(workdir, out=None):
                                              False))
   for ax, (key, title, log_y) in zip(axes.flat, panels):
     points = curves["train"].get(key, [])
-    _lines(ax, points, labels, "train" if key == "accuracy" else None)
+    evals_with_loss = {n: m["loss"] for n, m in curves["eval"].items() if "loss" in m}
+    _lines(ax, points, labels, "train" if key == "accuracy" or (
+        key == "loss" and evals_with_loss) else None)
+    if key == "loss" and evals_with_loss:
+      for name, loss_points in evals_with_loss.items():
+        _lines(ax, loss_points, labels, f"{name} loss", marker="o")
+      ax.secondary_yaxis("right", functions=(lambda x: x / math.log(2.0),
+                                             lambda x: x * math.log(2.0))
+                         ).set_ylabel("bits per byte")
     if key == "accuracy":
       for name, metrics in curves["eval"].items():
         for metric in ("accuracy", "exact_match"):
@@ -183,7 +195,8 @@ def read_diagnostics(workdir):
     for step, row in sorted(steps.items()):
       for key, value in row.items():
         values = _values(value)
-        if key not in ("step", "steps_per_s", "elapsed_s", "compile_s") and values and all(
+        if key not in ("step", "steps_per_s", "tokens_per_s", "elapsed_s",
+                       "compile_s") and values and all(
             isinstance(v, (int, float)) for v in values):
           keys.setdefault(key, []).append((step, values))
     out[source] = keys

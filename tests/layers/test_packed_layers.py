@@ -28,7 +28,7 @@ MASK = np.ones((2, T), bool)
 MASK[0, [0, 6, 7, 20]] = False        # pads: leading, inside documents
 MASK[1, [15, 23]] = False             # the last token of a document; the row's last
 MIXERS = [("vla", {"readout": "additive"}), ("linear", {}), ("gated_deltanet", {}),
-          ("softmax", {"conv_size": 4})]
+          ("softmax", {"conv_size": 4}), ("softmax", {"positions": "rope"})]
 IDS = [name + "".join(f"-{k}={v}" for k, v in o.items()) for name, o in MIXERS]
 
 

@@ -20,15 +20,15 @@ from vla_jax.tasks import copy as copy_task
 B, T, PROMPT, D_MODEL, HEADS = 2, 21, 13, 16, 2
 MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4}),
           ("vla", {"readout": "delta"}), ("softmax", {}), ("softmax", {"conv_size": 4}),
-          ("linear", {"conv_size": 4}),
+          ("softmax", {"positions": "rope"}), ("linear", {"conv_size": 4}),
           ("deltanet", {}), ("gated_deltanet", {"conv_size": 3})]
 IDS = [name + "".join(f"-{k}={v}" for k, v in opts.items()) for name, opts in MIXERS]
 # The model's prefill and step hand each layer its own cache whatever the mixer: in float32
 # one mixer of each family and cache (VLA's default, attention's KV cache and a convolution,
 # linear attention, DeltaNet, Gated DeltaNet); the readouts' steps share the forward's code
 # and are checked in float64 above.
-MODEL_MIXERS = [MIXERS[i] for i in (0, 4, 5, 6, 7)]
-MODEL_IDS = [IDS[i] for i in (0, 4, 5, 6, 7)]
+MODEL_MIXERS = [MIXERS[i] for i in (0, 4, 6, 7, 8)]
+MODEL_IDS = [IDS[i] for i in (0, 4, 6, 7, 8)]
 
 
 # A mixer's or a model's forward pass, prefill and step, each jitted: one compiled program per

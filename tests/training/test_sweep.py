@@ -139,3 +139,23 @@ def test_an_npz_sweep_chooses_its_rate_on_a_validation_file(tmp_path):
                      log=lambda s: None)
   assert set(rows[0]["test"]) == set(rows[0]["validation"]) == {"npz"}
   assert (rows[0]["test"]["npz"]["targets"], rows[0]["validation"]["npz"]["targets"]) == (48, 24)
+
+
+def test_a_text_sweep_scores_bits_per_byte_as_its_single_runs(tmp_path):
+  """Text sets: each stacked run's loss and bits per byte (overall and by position) equal
+  its single run's; the validation set is the validation split at the training length."""
+  cache = test_train.text_cache(tmp_path / "cache")
+  config = from_config_dict(test_train.text_config(cache, num_steps=2))
+  rows = train_sweep(config, [0], [1e-2, 3e-3], str(tmp_path / "sweep"), log=lambda s: None)
+  single = from_config_dict(test_train.text_config(cache, num_steps=2, learning_rate=3e-3))
+  summary = train_and_evaluate(single, str(tmp_path / "single"), log=lambda s: None)
+  want = summary["evals"]["text_T32"]
+  got = rows[1]["test"]["text_T32"]
+  np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+  np.testing.assert_allclose(got["bits_per_byte_by_position"],
+                             want["bits_per_byte_by_position"], rtol=1e-5)
+  assert rows[0]["test"]["text_T32"]["loss"] != got["loss"]
+  assert list(rows[1]["validation"]) == ["text_T32"]
+  assert rows[1]["validation"]["text_T32"]["loss"] != got["loss"]
+  tokens = [r["tokens_per_s"] for r in _losses(tmp_path / "sweep") if "tokens_per_s" in r]
+  assert tokens and all(t > 0 for t in tokens)

@@ -441,3 +441,86 @@ def test_an_evaluation_mesh_splits_the_run_batches():
   assert train_lib.splitting_devices(8, 64, 250) == 2
   assert train_lib.splitting_devices(4, 64, 256) == 4 and train_lib.splitting_devices(1, 7) == 1
   assert train_lib.evaluation_mesh(from_config_dict(tiny_config())).size == 1
+
+
+def text_config(data_dir, **train):
+  """A one-layer softmax + RoPE model on the byte-level text task (T = 32) of a cache at
+  `data_dir` (`text_cache`)."""
+  config = tiny_config(**{"batch_size": 4, "num_steps": 3, "warmup_steps": 1,
+                          "eval_examples": 8, "eval_batch_size": 4, **train})
+  config.task = type(config.task)({"name": "text", "seq_len": 32, "data_dir": str(data_dir)})
+  config.model.update({"mixer": "softmax", "pos_emb": "none"})
+  config.model.options.softmax.update({"positions": "rope"})
+  return config
+
+
+def text_cache(folder):
+  """A small text cache of random lowercase documents (no network)."""
+  from vla_jax.tasks import text  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(0)
+  docs = {f"doc/{i}": bytes(rng.integers(97, 123, int(rng.integers(300, 600)), np.uint8))
+          for i in range(80)}
+  text.write_splits(docs, str(folder))
+  return folder
+
+
+def test_a_text_run_reports_bits_per_byte_overall_and_by_position(tmp_path):
+  """The loss of a text set is the mean cross-entropy of its bytes (checked against the
+  trained model's logits in NumPy), bits per byte its value over ln 2, and the position
+  buckets split it by eighths of the context; evaluate.py scores a 4x longer context."""
+  from vla_jax.tasks import make_task  # pylint: disable=import-outside-toplevel
+  from lab import run_plots  # pylint: disable=import-outside-toplevel
+  cache = str(text_cache(tmp_path / "cache"))
+  workdir = str(tmp_path / "run")
+  summary = train_and_evaluate(from_config_dict(text_config(cache)), workdir,
+                               log=lambda s: None)
+  scores = summary["evals"]["text_T32"]
+  assert summary["bits_per_byte"] == scores["bits_per_byte"]
+  np.testing.assert_allclose(scores["bits_per_byte"], scores["loss"] / np.log(2), rtol=1e-12)
+  assert len(scores["bits_per_byte_by_position"]) == 8 and scores["targets"] == 8 * 32
+  # Equal buckets, every position a target: the overall value is the buckets' mean.
+  np.testing.assert_allclose(np.mean(scores["bits_per_byte_by_position"]),
+                             scores["bits_per_byte"], rtol=1e-9)
+  inputs, labels = make_task("text", {"seq_len": 32, "data_dir": cache}).eval_sets(0, 8)[
+      "text_T32"]
+  logits = np.asarray(train_lib.load_model(workdir)(inputs), np.float64)
+  logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)
+                         ) - logits.max(-1, keepdims=True)
+  nll = -np.take_along_axis(logp, labels[..., None], -1)[..., 0]            # [N, T]
+  np.testing.assert_allclose(scores["loss"], nll.mean(), rtol=1e-5)
+  np.testing.assert_allclose(scores["bits_per_byte_by_position"],
+                             nll.reshape(8, 8, 4).mean((0, 2)) / np.log(2), rtol=1e-5)
+  # Length extrapolation: a context of 128 (the run's model was built for 32).
+  longer = evaluate(workdir, task=("text", {"seq_len": 32, "eval_lengths": (128,),
+                                            "data_dir": cache}), eval_batch_size=1)
+  assert list(longer["evals"]) == ["text_T128"] and longer["evals"]["text_T128"]["targets"] == (
+      2 * 128)
+  assert len(longer["evals"]["text_T128"]["bits_per_byte_by_position"]) == 8
+  got = run_plots.read_curves(os.path.join(workdir, "metrics.jsonl"))["eval"]["text_T32"]
+  assert got["bits_per_byte"] == [(3, scores["bits_per_byte"])]
+  assert os.path.exists(run_plots.plot_run(workdir))
+
+
+@pytest.mark.parametrize("name,low,high", [("text_small", 9.5e6, 12.5e6),
+                                           ("text_medium", 37e6, 45e6)])
+def test_text_configs_sizes_for_every_mixer(name, low, high):
+  """configs/text_*.py build for every mixer (chosen by override) at ~10M and ~40M parameters,
+  context 1024 with base's impl; softmax attention has RoPE and no model gets a position
+  table."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from vla_jax.models import LanguageModel  # pylint: disable=import-outside-toplevel
+  module = importlib.import_module(f"vla_jax.configs.{name}")
+  for mixer in ("softmax", "linear", "deltanet", "gated_deltanet", "vla"):
+    config = module.get_config()
+    config.model.mixer = mixer
+    experiment = from_config_dict(config)
+    model = experiment.model
+    assert (model.vocab_size, model.max_len, model.pos_emb) == (256, 1024, "none")
+    assert model.impl == base.get_base_config().model.impl
+    if mixer == "softmax":
+      assert model.options["positions"] == "rope"
+    shapes = nnx.eval_shape(lambda m=model: LanguageModel(m, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(shapes, nnx.Param)))
+    assert low < count < high, (name, mixer, count)

@@ -116,6 +116,27 @@ def document_ids(name, segment_ids, batch, length, mask=None):
   return jnp.cumsum(starts, axis=1, dtype=jnp.int32)
 
 
+def token_positions(shape, offset, mask=None, docs=None):
+  """(positions [B, T] int32, the next position [B] int32) of tokens of `shape` [B, T] after
+  `offset` (an int or int [B]) earlier tokens. A token's position counts the real tokens
+  before it (`mask` [B, T] bool, None: all real), so a padded sequence has its unpadded
+  positions; with `docs` (`document_ids`) positions restart at 0 at each document start, and
+  `offset` counts for the row's first document only. Pads get position 0. The rule of the
+  model's position embeddings and of softmax attention's rotary embeddings."""
+  real = jnp.ones(shape, jnp.bool_) if mask is None else mask
+  offset = jnp.broadcast_to(jnp.asarray(offset, jnp.int32).reshape(-1), shape[:1])
+  rank = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1          # index among real tokens
+  count = rank[:, -1] + 1 if shape[1] else jnp.zeros(shape[:1], jnp.int32)
+  if docs is None:
+    positions, following = offset[:, None] + rank, offset + count
+  else:
+    start = jax.lax.cummax(jnp.where(document_starts(docs), rank, 0), axis=1)
+    first = docs == 0
+    positions = jnp.where(first, offset[:, None] + rank, rank - start)
+    following = jnp.where(first[:, -1], offset + count, count - start[:, -1])
+  return jnp.where(real, positions, 0), following
+
+
 def mask_tokens(mask, *arrays):
   """Each of `arrays` ([B, T, ...]) with its padded positions (mask [B, T] False) set to 0 by
   selection; `mask` None returns them unchanged. Returns one array for one argument."""

@@ -11,7 +11,33 @@ from vla_jax.layers import common
 from vla_jax.ops import checks
 
 IMPLEMENTATIONS = ("auto", "cudnn", "xla")
+POSITIONS = ("none", "rope")
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+
+
+def rotary_embedding(x, positions, base=10000.0):
+  """Rotary position embedding (RoPE; Su et al., 2021, arXiv 2104.09864), half-split form:
+  the pairs (x_i, x_{i + D/2}), i < D/2, of each head are rotated by the angle
+  positions * base^(-2i / D), so that rotary(q, m) . rotary(k, n) depends on m - n only.
+
+  Args:
+    x: [B, T, H, D] with D even.
+    positions: [B, T] int, each token's position.
+    base: the frequencies' base (default 10000).
+
+  Returns:
+    [B, T, H, D] in x's dtype (angles and rotation computed in float32, float64 under x64
+    for float64 x).
+  """
+  D = x.shape[-1]
+  if D % 2:
+    raise ValueError(f"rotary_embedding needs an even head dimension; got {D}")
+  dtype = jnp.promote_types(x.dtype, jnp.float32)
+  freq = base ** (-jnp.arange(D // 2, dtype=dtype) * 2 / D)
+  angles = positions.astype(dtype)[:, :, None, None] * freq              # [B, T, 1, D/2]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x1, x2 = jnp.split(x.astype(dtype), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
 def resolve_implementation(implementation, dtype, backend=None):
@@ -40,14 +66,20 @@ class SoftmaxAttention(nnx.Module):
     conv_size: 0 (default: standard attention) or the width of a causal depthwise convolution
       on q, k, v, the same short convolution the recurrent mixers use (a like-for-like
       backbone for comparisons).
+    positions: "none" (default: the layer sees positions only through its input, e.g. the
+      model's position embedding) or "rope": q and k are rotated by `rotary_embedding` at
+      each token's position, `common.token_positions` (real tokens counted, restarting at
+      each packed document, continued across `prefill` / `step` calls from the cache), so
+      the scores depend on relative positions; head_dim must be even.
+    rope_base: RoPE's frequency base (default 10000).
     dtype, param_dtype: activation and parameter dtypes (default float32).
   """
 
   RECURRENT = False
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               implementation: str = "auto", conv_size: int = 0,
-               dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
+               implementation: str = "auto", conv_size: int = 0, positions: str = "none",
+               rope_base: float = 10000.0, dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
@@ -61,6 +93,13 @@ class SoftmaxAttention(nnx.Module):
         map(jnp.dtype, _CUDNN_DTYPES)):
       raise ValueError(f"{name}: implementation='cudnn' needs dtype bfloat16 or float16; got "
                        f"{jnp.dtype(dtype)}")
+    common.check_choice(name, "positions", positions, POSITIONS)
+    if positions == "rope" and self.head_dim % 2:
+      raise ValueError(f"{name}: positions='rope' needs an even head_dim; got {self.head_dim}")
+    if not (isinstance(rope_base, (int, float)) and rope_base > 1):
+      raise ValueError(f"{name}: rope_base must be a number > 1; got {rope_base!r}")
+    self.positions = positions
+    self.rope_base = float(rope_base)
     self.dtype = dtype
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.q_proj = common.dense(d_model, d_model, use_bias=True, **kw)
@@ -69,13 +108,25 @@ class SoftmaxAttention(nnx.Module):
     self.conv = common.short_convs(name, d_model, conv_size, **kw)
     self.out = common.OutputProjection(d_model, d_model, out_norm=False, **kw)
 
-  def _qkv(self, x, conv_prefix=None, mask=None, docs=None):
-    """Heads of q, k, v [B, T, H, d_h] and the convolutions' new tails (x 0 at the pads)."""
+  def _qkv(self, x, conv_prefix=None, mask=None, docs=None, offset=0):
+    """Heads of q, k, v [B, T, H, d_h] and the convolutions' new tails (x 0 at the pads);
+    q and k rotated (`_rotate`) after `offset` (int or [B]) earlier tokens."""
     H = self.num_heads
     x = common.mask_tokens(mask, x)
     qkv, tails = common.convolve(self.conv, (self.q_proj(x), self.k_proj(x), self.v_proj(x)),
                                  conv_prefix, mask, docs)
-    return tuple(common.split_heads(t, H) for t in qkv) + (tails,)
+    q, k, v = (common.split_heads(t, H) for t in qkv)
+    q, k = self._rotate(q, k, offset, mask, docs)
+    return q, k, v, tails
+
+  def _rotate(self, q, k, offset, mask, docs):
+    """q, k [B, T, H, d_h] rotated at their tokens' positions with positions="rope"
+    (`common.token_positions` after `offset` earlier tokens); unchanged with "none"."""
+    if self.positions == "none":
+      return q, k
+    positions = common.token_positions(q.shape[:2], offset, mask, docs)[0]
+    return (rotary_embedding(q, positions, self.rope_base),
+            rotary_embedding(k, positions, self.rope_base))
 
   def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None,
                segment_ids: jax.Array | None = None) -> jax.Array:
@@ -117,7 +168,9 @@ class SoftmaxAttention(nnx.Module):
     if T > L or (index is not None and index + T > L):
       raise ValueError(f"{type(self).__name__}: {T} more tokens after the {index or 0} written "
                        f"do not fit a KV cache of max_len={L}")
-    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv, mask, docs)
+    # The cache's real slots are those of the document x continues: its next position.
+    offset = cache.mask.sum(axis=1, dtype=jnp.int32)
+    q, k, v, tails = self._qkv(x.astype(self.dtype), cache.conv, mask, docs, offset)
     zero = jnp.zeros((), cache.index.dtype)  # all indices one integer type (also under x64)
     at = (zero, cache.index, zero, zero)
     keys = jax.lax.dynamic_update_slice(cache.k, k.astype(cache.k.dtype), at)

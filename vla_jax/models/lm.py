@@ -12,7 +12,6 @@ from flax import nnx
 from vla_jax.layers import common
 from vla_jax.layers.registry import check_mixer_options, make_mixer, mixer_class
 from vla_jax.ops import checks
-from vla_jax.ops.utils import document_starts
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -177,35 +176,18 @@ class LanguageModel(nnx.Module):
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
   def _embed(self, tokens, offset, mask=None, docs=None):
-    """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model].
-    With `mask` ([B, T] bool) a token's position counts the real tokens before it only, so a
-    padded sequence embeds its real tokens as the unpadded one does; with `docs`
-    (`common.document_ids`) positions restart at 0 at each document start (`offset` counts
-    for the row's first document only)."""
+    """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model],
+    at the positions of `common.token_positions`: with `mask` ([B, T] bool) a token's
+    position counts the real tokens before it only, so a padded sequence embeds its real
+    tokens as the unpadded one does; with `docs` (`common.document_ids`) positions restart at
+    0 at each document start (`offset` counts for the row's first document only)."""
     x = self.embed(tokens)
     if self.config.pos_emb == "none":
       return x
-    positions = self._positions(tokens.shape, offset, mask, docs)[0]
+    positions = common.token_positions(tokens.shape, offset, mask, docs)[0]
     if self.config.pos_emb == "learned":
       return x + self.pos_embed(positions)
     return x + sinusoidal_positions(positions, self.config.d_model).astype(x.dtype)
-
-  def _positions(self, shape, offset, mask, docs):
-    """(positions [B, T] int32, the next position [B] int32) of tokens of `shape` [B, T] after
-    `offset` (int or [B]); see `_embed`. Pads get position 0 (any valid row of the table;
-    their outputs are not used)."""
-    real = jnp.ones(shape, jnp.bool_) if mask is None else mask
-    offset = jnp.broadcast_to(jnp.asarray(offset, jnp.int32).reshape(-1), shape[:1])
-    rank = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1          # index among real tokens
-    count = rank[:, -1] + 1 if shape[1] else jnp.zeros(shape[:1], jnp.int32)
-    if docs is None:
-      positions, following = offset[:, None] + rank, offset + count
-    else:
-      start = jax.lax.cummax(jnp.where(document_starts(docs), rank, 0), axis=1)
-      first = docs == 0
-      positions = jnp.where(first, offset[:, None] + rank, rank - start)
-      following = jnp.where(first[:, -1], offset + count, count - start[:, -1])
-    return jnp.where(real, positions, 0), following
 
   def _logits(self, x):
     x = self.final_norm(x)
@@ -292,7 +274,7 @@ class LanguageModel(nnx.Module):
     for block, layer_cache in zip(self.blocks, cache.layers):
       x, layer_cache = block.prefill(x, layer_cache, mask, docs)
       layers.append(layer_cache)
-    position = self._positions(tokens.shape, cache.position, mask, docs)[1]
+    position = common.token_positions(tokens.shape, cache.position, mask, docs)[1]
     return self._logits(x), ModelCache(position, tuple(layers))
 
   def step(self, token: jax.Array, cache: ModelCache) -> tuple[jax.Array, ModelCache]:

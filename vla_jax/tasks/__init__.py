@@ -1,4 +1,5 @@
-"""Synthetic tasks (pure NumPy, seeded, deterministic): MQAR, Copy and external `.npz` data."""
+"""Tasks (pure NumPy, seeded, deterministic): MQAR, Copy, external `.npz` data and byte-level
+text."""
 
 from vla_jax.tasks.common import IGNORE, rng_for, token_metrics
 from vla_jax.tasks.copy import CopyConfig

@@ -3,6 +3,7 @@
 
 from vla_jax.tasks import copy as copy_task
 from vla_jax.tasks import mqar
+from vla_jax.tasks import text
 from vla_jax.tasks.common import rng_for
 from vla_jax.tasks.npz import load_npz
 from vla_jax.tasks.packing import PackedTask
@@ -96,7 +97,7 @@ class NpzTask:
 
 
 def make_task(name, fields):
-  """Builds task `name` ("mqar", "copy" or "npz") from a dict of its fields. The field `pack`
+  """Builds task `name` ("mqar", "copy", "npz" or "text") from a dict of its fields. The field `pack`
   (default 1: off) packs that many examples into each training row (`PackedTask`)."""
   fields = dict(fields)
   pack = fields.pop("pack", 1)
@@ -115,6 +116,8 @@ def _make_task(name, fields):
       return CopyTask(copy_task.CopyConfig(**fields))
     if name == "npz":
       return NpzTask(**fields)
+    if name == "text":
+      return text.TextTask(text.TextConfig(**fields))
   except TypeError as e:
     raise ValueError(f"task {name!r}: bad field(s): {e}") from None
-  raise ValueError(f"unknown task {name!r}; choose one of 'mqar', 'copy', 'npz'")
+  raise ValueError(f"unknown task {name!r}; choose one of 'mqar', 'copy', 'npz', 'text'")

@@ -47,8 +47,8 @@ from vla_jax.training import progress as progress_lib
 from vla_jax.training import provenance
 from vla_jax.training.config import ExperimentConfig
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
-                                    generation_scores, model_loss, most_targets,
-                                    make_optimizer)
+                                    eval_buckets, eval_counts, generation_scores, model_loss,
+                                    most_targets, make_optimizer, text_scores)
 
 VALIDATION_OFFSET = registry.VALIDATION_OFFSET
 RESULTS_FILE = "sweep_results.jsonl"
@@ -98,8 +98,8 @@ class SweepTrainer:
     self.init_state = {"step": jnp.zeros((), jnp.int32), "params": params,
                        "opt_state": jax.vmap(self.tx.init)(params)}
     self.train_step = jax.jit(self._train_step, donate_argnums=0)
-    self.eval_step = jax.jit(jax.vmap(self._eval_one, in_axes=(0, 0, 0, None)),
-                             static_argnums=3)
+    self.eval_step = jax.jit(jax.vmap(self._eval_one, in_axes=(0, 0, 0, None, None)),
+                             static_argnums=(3, 4))
     # params, probe inputs [R, B, T] -> {name: [R]} (`probe`).
     self.probe_step = jax.jit(jax.vmap(functools.partial(probe_lib.probe_metrics, self.model)))
 
@@ -136,9 +136,8 @@ class SweepTrainer:
         state["params"], state["opt_state"], self.lrs, inputs, labels, segment_ids)
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
-  def _eval_one(self, params, inputs, labels, max_targets=None):
-    _, aux = model_loss(self.model(params), inputs, labels, max_targets)
-    return jnp.stack([aux["correct"], aux["targets"]], axis=1)
+  def _eval_one(self, params, inputs, labels, max_targets=None, buckets=0):
+    return eval_counts(self.model(params), inputs, labels, max_targets, buckets)
 
   def batch(self, step):
     """Host batches of every run at `step`: inputs, labels [R, B, T], and segment ids
@@ -168,16 +167,21 @@ class SweepTrainer:
 
   def evaluate(self, params, eval_sets):
     """Per-run scores: a list of R dicts {set name: {accuracy, exact_match, targets}} (Copy
-    adds the generation scores), as `Trainer.evaluate` gives for one run."""
+    adds the generation scores, text sets the losses of `text_scores`), as
+    `Trainer.evaluate` gives for one run."""
     bs = self.config.train.eval_batch_size
     results = [{} for _ in self.runs]
     for name, (inputs, labels) in eval_sets.items():
       most = most_targets(labels)     # the head runs at target positions only
-      counts = np.concatenate([np.asarray(self.eval_step(params, x, y, most))[:, :n]
-                               for x, y, n in eval_batches(inputs, labels, bs, axis=1)],
-                              axis=1)                                # [R, N, 2]
+      buckets = eval_buckets(name)
+      sums = [jax.tree.map(lambda a, n=n: np.asarray(a)[:, :n],
+                           self.eval_step(params, x, y, most, buckets))
+              for x, y, n in eval_batches(inputs, labels, bs, axis=1)]
+      sums = {k: np.concatenate([s[k] for s in sums], axis=1) for k in sums[0]}  # [R, N, ...]
       for r in range(self.size):
-        results[r][name] = count_scores(counts[r])
+        results[r][name] = count_scores(sums["counts"][r])
+        if buckets:
+          results[r][name].update(text_scores(sums["nll"][r], sums["scored"][r]))
         if self.task.name == "copy":
           model = self.model(self.run_params(params, r))
           results[r][name].update(generation_scores(model, inputs[r], bs))
@@ -294,7 +298,8 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
           rate, timing = progress.describe(done)
           row = {"step": done, **{k: np.asarray(v, np.float64).tolist()
                                   for k, v in metrics.items()},
-                 **({"steps_per_s": rate} if rate is not None else {}),
+                 **({"steps_per_s": rate, "tokens_per_s": rate * batch[0].size}
+                    if rate is not None else {}),
                  "elapsed_s": round(before + time.time() - start_time, 2), **segment}
           segment = {}
           jsonl.append_rows(metrics_path, [row])

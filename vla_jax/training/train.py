@@ -15,6 +15,7 @@ from flax import nnx
 from vla_jax.models import LanguageModel
 from vla_jax.tasks import IGNORE
 from vla_jax.tasks import copy as copy_task
+from vla_jax.tasks import text as text_task
 from vla_jax.tasks.common import check_examples, check_int
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import curves
@@ -52,7 +53,8 @@ def lm_loss(logits, labels):
     logits: [B, T, V] float32; labels: [B, T] int.
 
   Returns:
-    (loss scalar, dict of per-example `correct` [B] and `targets` [B] counts, `loss_sum`).
+    (loss scalar, dict of per-example `correct` [B] and `targets` [B] counts, `loss_sum`,
+    and `nll` [B, T]: each position's cross-entropy in nats, 0 where there is no target).
   """
   mask = labels != IGNORE
   safe = jnp.where(mask, labels, 0)
@@ -61,7 +63,7 @@ def lm_loss(logits, labels):
   targets = mask.sum(axis=1)
   correct = ((jnp.argmax(logits, -1) == labels) & mask).sum(axis=1)
   loss = nll.sum() / jnp.maximum(targets.sum(), 1)
-  return loss, {"correct": correct, "targets": targets, "loss_sum": nll.sum()}
+  return loss, {"correct": correct, "targets": targets, "loss_sum": nll.sum(), "nll": nll}
 
 
 def model_loss(model, inputs, labels, max_targets=None, segment_ids=None):
@@ -81,6 +83,33 @@ def model_loss(model, inputs, labels, max_targets=None, segment_ids=None):
   x = jnp.take_along_axis(model.features(inputs, segment_ids=segment_ids), order[..., None],
                           axis=1)
   return lm_loss(model.head_logits(x), jnp.take_along_axis(labels, order, axis=1))
+
+
+def eval_counts(model, inputs, labels, max_targets=None, buckets=0):
+  """Per-example sums of one evaluation batch inputs, labels [B, T].
+
+  Returns:
+    {"counts": int [B, 2] of (correct, targets)}; with `buckets` K > 0 also "nll" float32
+    [B, K], the summed cross-entropy (nats) of the targets in each of K equal position
+    buckets over T (position t in bucket t * K // T), and "scored" int32 [B, K], their
+    numbers of targets. Buckets need the full head (`max_targets` is then not used).
+  """
+  _, aux = model_loss(model, inputs, labels, None if buckets else max_targets)
+  out = {"counts": jnp.stack([aux["correct"], aux["targets"]], axis=1)}
+  if buckets:
+    T = labels.shape[1]
+    onehot = jax.nn.one_hot(jnp.arange(T) * buckets // T, buckets, dtype=jnp.float32)  # [T, K]
+    out["nll"] = jnp.dot(aux["nll"], onehot, precision=jax.lax.Precision.HIGHEST)
+    scored = jnp.dot((labels != IGNORE).astype(jnp.float32), onehot,   # exact: counts <= T
+                     precision=jax.lax.Precision.HIGHEST)
+    out["scored"] = jnp.round(scored).astype(jnp.int32)
+  return out
+
+
+def eval_buckets(name):
+  """Position buckets of evaluation set `name`: text sets `text_task.POSITION_BUCKETS`, other
+  sets none (0)."""
+  return text_task.POSITION_BUCKETS if text_task.is_text_set(name) else 0
 
 
 def most_targets(labels):
@@ -122,7 +151,7 @@ class Trainer:
                                    in_shardings=(repl, tokens, tokens, tokens),
                                    out_shardings=(repl, repl), donate_argnums=0)
     self.eval_step = jax.jit(self._on_mesh(self._eval_step), in_shardings=(repl, tokens, tokens),
-                             out_shardings=data, static_argnums=3)
+                             out_shardings=data, static_argnums=(3, 4))
     # params, probe inputs -> {name: scalar} (`probe`; train.diagnostics_every > 0).
     self.probe_step = jax.jit(functools.partial(probe_lib.probe_metrics, self.model))
 
@@ -157,25 +186,30 @@ class Trainer:
       metrics.update(probe_lib.group_norms(grads, "grad"))
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
 
-  def _eval_step(self, params, inputs, labels, max_targets):
-    _, aux = model_loss(self.model(params), inputs, labels, max_targets)
-    return jnp.stack([aux["correct"], aux["targets"]], axis=1)
+  def _eval_step(self, params, inputs, labels, max_targets, buckets=0):
+    return eval_counts(self.model(params), inputs, labels, max_targets, buckets)
 
   def evaluate(self, params, eval_sets):
     """Scores `params` on {name: (inputs, labels)}; returns {name: {accuracy, exact_match,
-    targets}} (Copy adds generated_accuracy and generated_exact_match). Sets are run in
-    batches of eval_batch_size, the last one padded with ignored rows."""
+    targets}} (Copy adds generated_accuracy and generated_exact_match; text sets add loss,
+    bits_per_byte and bits_per_byte_by_position, `text_scores`). Sets are run in batches of
+    eval_batch_size, the last one padded with ignored rows."""
     bs = self.config.train.eval_batch_size
     results = {}
     for name, (inputs, labels) in eval_sets.items():
       # Ids past the embedding would score as NaN logits, not fail.
       check_examples(inputs, labels, self.config.model.vocab_size, where=f"evaluation set {name}")
       most = most_targets(labels)     # the head runs at target positions only
-      counts = [np.asarray(self.eval_step(params, *sharding.shard_batch(self.mesh, x, y),
-                                          most))[:n]
-                for x, y, n in eval_batches(inputs, labels, bs)]
-      counts = np.concatenate(counts) if counts else np.zeros((0, 2), np.int64)
-      results[name] = count_scores(counts)
+      buckets = eval_buckets(name)
+      sums = [jax.tree.map(lambda a, n=n: np.asarray(a)[:n],
+                           self.eval_step(params, *sharding.shard_batch(self.mesh, x, y), most,
+                                          buckets))
+              for x, y, n in eval_batches(inputs, labels, bs)]
+      sums = ({k: np.concatenate([s[k] for s in sums]) for k in sums[0]} if sums
+              else {"counts": np.zeros((0, 2), np.int64)})
+      results[name] = count_scores(sums["counts"])
+      if buckets:
+        results[name].update(text_scores(sums["nll"], sums["scored"]))
       if name.startswith(copy_task.SET_PREFIX):   # Copy data (from any run's task)
         results[name].update(generation_scores(self.model(params), inputs, bs))
     return results
@@ -206,6 +240,18 @@ def count_scores(counts):
           "targets": targets}
 
 
+def text_scores(nll, scored):
+  """Scores from per-example bucket sums nll [N, K] (nats) and scored [N, K] (targets) of
+  `eval_counts`: loss (mean nats per target byte), bits_per_byte (loss / ln 2) and
+  bits_per_byte_by_position (the same per position bucket, first to last; None for an empty
+  bucket)."""
+  nll, scored = np.asarray(nll, np.float64).sum(0), np.asarray(scored, np.int64).sum(0)
+  loss = float(nll.sum() / max(int(scored.sum()), 1))
+  return {"loss": loss, "bits_per_byte": text_task.bits(loss),
+          "bits_per_byte_by_position": [text_task.bits(float(a / b)) if b else None
+                                        for a, b in zip(nll, scored)]}
+
+
 def generation_scores(model, inputs, batch_size):
   """Copy scored by greedy generation (no teacher forcing): the prompt is the string and SEP,
   the model generates the string back. Returns generated token accuracy and exact match."""
@@ -230,7 +276,9 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
   Writes `workdir/config.json`, `workdir/metrics.jsonl` (one JSON row per log step and per
-  evaluation; the first training row of each segment adds `compile_s`, the time of its first
+  evaluation; training rows after the first step of a segment carry `steps_per_s` and
+  `tokens_per_s` (input tokens of a step, padding included, times steps/s; compilation left
+  out); the first training row of each segment adds `compile_s`, the time of its first
   step, which compiles, and `git_commit`; with `train.diagnostics_every` = N > 0 the rows
   add gradient norms by group, and a "diagnostics" row comes at step 0 and every N steps,
   `probe`), orbax checkpoints under
@@ -255,8 +303,8 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
     lock.WorkdirInUseError: another process is running in `workdir` (see `lock`).
 
   Returns:
-    A summary dict: task, mixer, accuracy (first evaluation set), exact_match, evals (all
-    sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
+    A summary dict: task, mixer, accuracy (first evaluation set), exact_match, for the text
+    task bits_per_byte (first set), evals (all sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
     as the metrics rows' `elapsed_s`), compile_s (this segment's first step; None when it
     trained none), devices, workdir, git_commit (`provenance.git_commit`). The scores are
     always those of step `steps`, never of an earlier periodic evaluation: a run stopped by
@@ -315,7 +363,9 @@ def _train(trainer, workdir, stop_after, log, start_time):
     log(f"eval step {step}: " + " ".join(
         f"{k} acc={v['accuracy']:.4f} exact={v['exact_match']:.4f}"
         + (f" generated_exact={v['generated_exact_match']:.4f}"
-           if "generated_exact_match" in v else "") for k, v in results.items()))
+           if "generated_exact_match" in v else "")
+        + (f" bits/byte={v['bits_per_byte']:.4f}" if "bits_per_byte" in v else "")
+        for k, v in results.items()))
     return results
 
   last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
@@ -334,7 +384,9 @@ def _train(trainer, workdir, stop_after, log, start_time):
           metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
           last_loss = metrics["loss"]
           rate, timing = progress.describe(done)
-          row = {"step": done, **metrics, **({"steps_per_s": rate} if rate is not None else {}),
+          row = {"step": done, **metrics,
+                 **({"steps_per_s": rate, "tokens_per_s": rate * batch[0].size}
+                    if rate is not None else {}),
                  "elapsed_s": round(before + time.time() - start_time, 2), **segment}
           segment = {}
           log_row(row)
@@ -364,6 +416,8 @@ def _train(trainer, workdir, stop_after, log, start_time):
       "mixer": config.model.mixer,
       "accuracy": _headline(results, "accuracy"),
       "exact_match": _headline(results, "exact_match"),
+      **({"bits_per_byte": _headline(results, "bits_per_byte")}
+         if trainer.task.name == text_task.TextTask.name else {}),
       "evals": results,
       "steps": final,
       "train_loss": last_loss,
@@ -410,7 +464,8 @@ def load_model(workdir, step=None):
   return trainer.model(state["params"])
 
 
-def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None, mesh=None):
+def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None, mesh=None,
+             eval_batch_size=None):
   """Scores the checkpoint in `workdir` (latest, or `step`).
 
   Args:
@@ -418,11 +473,15 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
     task: None for the run's own task, or (name, fields) of another task configuration.
     npz_path: an external `.npz` with `inputs` and `labels` to score instead of a task.
     eval_examples: examples per evaluation set (default: the run's setting).
+    eval_batch_size: rows per evaluation batch (default: the run's setting); lower it for
+      contexts much longer than the training one (softmax attention's XLA path holds a
+      [rows, heads, T, T] score matrix).
     mesh: default `evaluation_mesh(config)`: the most visible devices that split the run's
       batch sizes.
 
   Returns:
-    {"step": ..., "evals": {name: {accuracy, exact_match, targets}}, "git_commit": ...}.
+    {"step": ..., "evals": {name: {accuracy, exact_match, targets}} (text sets add loss,
+    bits_per_byte and bits_per_byte_by_position), "git_commit": ...}.
 
   Raises:
     ValueError: a user's mistake (no run in `workdir`, no checkpoint at `step`, a data file
@@ -432,6 +491,10 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
   from vla_jax.tasks import load_npz  # pylint: disable=import-outside-toplevel
 
   config = config_from_workdir(workdir)
+  if eval_batch_size is not None:
+    check_int("eval_batch_size", eval_batch_size, 1)
+    config = dataclasses.replace(config, train=dataclasses.replace(
+        config.train, eval_batch_size=int(eval_batch_size)))
   tc = config.train
   n = eval_examples or tc.eval_examples
   if npz_path:

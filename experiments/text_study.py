@@ -1,0 +1,200 @@
+r"""The byte-level language-modelling study (planned): six mixers at the small size
+(configs/text_small.py, ~10.7-11.7M parameters, T = 1024) and equal tokens, three learning
+rates each, then the best rate (by validation bits per byte) with two more seeds; every run
+scored on the test split at T, 4T and 16T (length extrapolation) in bits per byte, overall
+and by position bucket, and its training throughput in tokens/s.
+
+    python experiments/fetch_text.py --out=runs/text_cache        # once, with the network
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python experiments/text_study.py \
+        --workdir=runs/text_study --data_dir=runs/text_cache --budget_s=500
+    ... the same command again (runs/text_study kept between calls) until `--list` shows
+    every job done, then
+    python experiments/text_study.py --workdir=runs/text_study --data_dir=runs/text_cache \
+        --summary
+
+Each job is one experiments/sweep.py call (`lab.grid.run_grid` schedules them,
+one at a time by default: the runs are GPU-bound); the rate jobs vmap a mixer's three rates
+(seed 0), the seed jobs its best rate (seeds 1 and 2; seed 0 at that rate is the rate job's
+run: a sweep's run equals the single run). Rows go to <workdir>/text.jsonl; a call skips
+finished jobs, resumes a stopped one from its checkpoint (a SIGTERM at --budget_s + --grace_s
+checkpoints it), and starts a mixer's seed job once its rate job is done. --summary prints,
+per mixer, the chosen rate, test bits per byte at each length over the three seeds (mean,
+std) with the position buckets' means, and tokens/s.
+
+Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pass over the
+train split), 590M bytes in all. Assumed ~250k bytes/s a run on one H100 (about 92 MFLOP a
+byte, 6 x 10.7M parameters plus attention, at ~23 TFLOP/s, a tenth of TF32 peak at this
+width): ~40 GPU-minutes of training, plus ~20 for 12 jobs' compilations and evaluations
+(~1.1M bytes scored a run): about 60 GPU-minutes. A call resumed after --budget_s compiles its
+job again (~1 minute). Memory: softmax attention scored at 16K holds float32 scores and
+probabilities of 6 x 16K x 16K per run (~13 GB; ~39 GB for a rate job's three vmapped runs),
+hence the memory fraction above JAX's default 0.75 on an 80 GB H100.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+from absl import app, flags
+
+from lab import cli
+
+CONFIG = "configs/text_small.py"
+GRID = "text"
+RATES = ("3e-4", "1e-3", "3e-3")
+RATE_SEED = 0
+MORE_SEEDS = (1, 2)
+EVAL_LENGTHS = (1024, 4096, 16384)   # T, 4T, 16T of configs/text_small.py
+HEAD_DIM = 64
+PENALTY = "model.options.vla.penalty_scale"
+# (label, overrides of configs/text_small.py): softmax attention with RoPE (the config's),
+# the recurrent mixers with their short convolution and base's impl, VLA with the layer's
+# default penalty scale 1 and with the authors' 1 / sqrt(d_h) (RESULTS.md's "authors'
+# penalty" rows; everything else as the default VLA).
+MIXERS = (
+    ("softmax_rope", {"model.mixer": "softmax"}),
+    ("linear", {"model.mixer": "linear"}),
+    ("deltanet", {"model.mixer": "deltanet"}),
+    ("gated_deltanet", {"model.mixer": "gated_deltanet"}),
+    ("vla", {"model.mixer": "vla"}),
+    ("vla_authors", {"model.mixer": "vla", PENALTY: 1.0 / math.sqrt(HEAD_DIM)}),
+)
+VALIDATION_SET = f"text_T{EVAL_LENGTHS[0]}"
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder of the rows (text.jsonl), runs, logs.")
+_DATA_DIR = flags.DEFINE_string("data_dir", "", "The text cache (experiments/fetch_text.py; "
+                                "default ~/.cache/vla_jax/text).")
+_BUDGET = flags.DEFINE_float("budget_s", 500.0, "No job starts after this many seconds.")
+_GRACE = flags.DEFINE_float("grace_s", 20.0, "Jobs running at budget_s + grace_s are stopped "
+                            "(with a checkpoint).")
+_STOP = flags.DEFINE_float("stop_s", 60.0, "Seconds a stopped job has to checkpoint and exit.")
+_PER_GPU = flags.DEFINE_integer("per_gpu", 1, "Jobs at once.")
+_ONLY = flags.DEFINE_list("only", [], "Run only the mixers of these labels.")
+_OVERRIDE = flags.DEFINE_multi_string("override", [], "FIELD=VALUE, a --config.FIELD=VALUE "
+                                      "for every job (recorded in the rows).")
+_LIST = flags.DEFINE_bool("list", False, "Print the jobs (done or to do) and run none.")
+_SUMMARY = flags.DEFINE_bool("summary", False, "Print the study's results and run nothing.")
+flags.mark_flags_as_required(["workdir"])
+
+
+def _job(grid, label, phase, rates, seeds, data_dir):
+  overrides = dict(MIXERS_BY_LABEL[label])
+  overrides["task.eval_lengths"] = "(" + ",".join(map(str, EVAL_LENGTHS)) + ")"
+  if data_dir:
+    overrides["task.data_dir"] = data_dir
+  return grid.Job(grid=GRID, name=f"text-{label}-{phase}", config=CONFIG, overrides=overrides,
+                  rates=tuple(rates), tag={"grid": GRID, "label": label, "phase": phase},
+                  seeds=tuple(seeds))
+
+
+MIXERS_BY_LABEL = dict(MIXERS)
+
+
+def rate_jobs(grid, labels, data_dir=""):
+  """The first phase: each mixer's three rates at seed RATE_SEED, one job a mixer."""
+  return [_job(grid, label, "rates", RATES, (RATE_SEED,), data_dir) for label in labels]
+
+
+def best_rate(rows, label):
+  """The rate (a float) of `label`'s rate job with the lowest validation bits per byte (runs
+  that diverged or lack a score left out), or None before the job is done."""
+  scores = {}
+  for r in rows:
+    if r.get("label") == label and r.get("phase") == "rates":
+      value = (r.get("validation") or {}).get(VALIDATION_SET, {}).get("bits_per_byte")
+      if value is not None and math.isfinite(value) and not r.get("diverged"):
+        scores[float(r["learning_rate"])] = value
+  return min(scores, key=scores.get) if len(scores) == len(RATES) else None
+
+
+def seed_jobs(grid, rows, labels, data_dir=""):
+  """The second phase: each mixer whose rate job is done, at its best rate, seeds
+  MORE_SEEDS."""
+  jobs = []
+  for label in labels:
+    rate = best_rate(rows, label)
+    if rate is not None:
+      jobs.append(_job(grid, label, "seeds", (grid.rate_name(rate),), MORE_SEEDS, data_dir))
+  return jobs
+
+
+def summary(rows, workdir):
+  """Per mixer: the chosen rate and its runs' test scores at each length (mean and std of
+  bits per byte over seeds, the buckets' means) and tokens/s per run (its jobs' median,
+  divided by their runs: the runs of a job train together)."""
+  out = []
+  for label, _ in MIXERS:
+    rate = best_rate(rows, label)
+    if rate is None:
+      out.append({"label": label, "status": "rate job not done"})
+      continue
+    runs = [r for r in rows if r.get("label") == label and float(r["learning_rate"]) == rate]
+    entry = {"label": label, "learning_rate": rate, "seeds": sorted(r["seed"] for r in runs),
+             "test": {}}
+    for L in EVAL_LENGTHS:
+      name = f"text_T{L}"
+      got = [r["test"][name] for r in runs if name in (r.get("test") or {})]
+      if got:
+        bpb = [g["bits_per_byte"] for g in got]
+        entry["test"][name] = {
+            "bits_per_byte": float(np.mean(bpb)), "std": float(np.std(bpb)),
+            "by_position": np.mean([g["bits_per_byte_by_position"] for g in got],
+                                   axis=0).round(4).tolist()}
+    entry["tokens_per_s_per_run"] = {
+        phase: _tokens_per_run(os.path.join(workdir, "runs", f"text-{label}-{phase}"))
+        for phase in ("rates", "seeds")}
+    out.append(entry)
+  return out
+
+
+def _tokens_per_run(run_dir):
+  """Median tokens/s of a job's logged steps divided by its runs (None without rows)."""
+  from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
+  rows = jsonl.read_rows(os.path.join(run_dir, "metrics.jsonl"))
+  values = [r["tokens_per_s"] / len(r["loss"]) for r in rows
+            if "tokens_per_s" in r and isinstance(r.get("loss"), list)]
+  return round(float(np.median(values))) if values else None
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  cli.quiet_libraries()
+  from lab import grid  # pylint: disable=g-import-not-at-top
+  from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
+
+  if any("=" not in o for o in _OVERRIDE.value):
+    raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")
+  unknown = sorted(set(_ONLY.value) - set(MIXERS_BY_LABEL))
+  if unknown:
+    raise app.UsageError(f"--only: unknown label(s) {unknown}; labels: {list(MIXERS_BY_LABEL)}")
+  overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
+  labels = _ONLY.value or [label for label, _ in MIXERS]
+  here = os.path.dirname(os.path.abspath(__file__))
+  root, workdir = os.path.dirname(here), os.path.abspath(_WORKDIR.value)
+  rows_path = os.path.join(workdir, GRID + ".jsonl")
+  data_dir = _DATA_DIR.value
+  with cli.user_errors("text_study.py"):
+    rows = jsonl.read_rows(rows_path)
+    if _SUMMARY.value:
+      for entry in summary(rows, workdir):
+        print(json.dumps(entry), flush=True)
+      return
+    first = rate_jobs(grid, labels, data_dir)
+    if _LIST.value:
+      print(grid.listing(first + seed_jobs(grid, rows, labels, data_dir), {GRID: rows}, (),
+                         overrides), flush=True)
+      return
+    run = lambda jobs, budget: grid.run_grid(
+        jobs, sweep_script=os.path.join(here, "sweep.py"), root=root, workdir=workdir,
+        seeds=(), overrides=overrides, per_gpu=_PER_GPU.value, budget_s=budget,
+        grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
+    left = _BUDGET.value - run(first, _BUDGET.value)["wall_s"]
+    if left > 0:     # the seed jobs of the mixers whose rate job is done
+      second = seed_jobs(grid, jsonl.read_rows(rows_path), labels, data_dir)
+      run(second, left)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,93 @@
+"""Softmax attention's rotary position embedding: `rotary_embedding` against the float64
+complex-rotation oracle, the relative-position property of the scores, and the layer with
+positions="rope" against the oracle layer. Padding, packing and streaming with RoPE:
+tests/layers/test_masks.py, test_packed_layers.py and test_streaming.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import oracles
+from vla_jax.layers import make_mixer
+from vla_jax.layers.softmax import rotary_embedding
+
+B, T, H, D = 2, 13, 3, 10     # D / 2 = 5 frequencies: an odd number of pairs
+
+
+def test_rotary_embedding_equals_the_complex_rotation(x64):
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((B, T, H, D))
+  positions = rng.integers(0, 5000, (B, T))
+  got = jax.jit(rotary_embedding, static_argnums=2)(x, positions, 500.0)
+  np.testing.assert_allclose(got, oracles.rope(x, positions, 500.0), rtol=0, atol=1e-10)
+  # vmap over the batch, and float32 inputs keep their dtype.
+  np.testing.assert_allclose(jax.vmap(lambda a, p: rotary_embedding(a[None], p[None])[0])(
+      x, positions), oracles.rope(x, positions), rtol=0, atol=1e-10)
+  got32 = rotary_embedding(x.astype(np.float32), positions)
+  assert got32.dtype == jnp.float32
+  np.testing.assert_allclose(got32, oracles.rope(x, positions), rtol=0, atol=1e-3)
+
+
+def test_rope_scores_depend_on_the_relative_position_only(x64):
+  """q_m . k_n after rotation equals q_{m+c} . k_{n+c} for any shift c, and changes with m - n
+  (the rotation is not the identity); norms are kept."""
+  rng = np.random.default_rng(1)
+  q, k = rng.standard_normal((1, 1, H, D)), rng.standard_normal((1, 1, H, D))
+
+  def score(m, n):
+    qm = rotary_embedding(q, np.array([[m]]))
+    kn = rotary_embedding(k, np.array([[n]]))
+    return np.einsum("bthd,bthd->h", qm, kn)
+
+  for m, n in ((0, 0), (7, 2), (2, 7), (100, 31)):
+    want = score(m, n)
+    for c in (1, 17, 4096):
+      np.testing.assert_allclose(score(m + c, n + c), want, rtol=1e-9, atol=1e-9)
+  assert np.abs(score(7, 2) - score(2, 2)).max() > 1e-3
+  assert np.abs(score(7, 2) - score(2, 7)).max() > 1e-3
+  np.testing.assert_allclose(np.linalg.norm(rotary_embedding(q, np.array([[123]])), axis=-1),
+                             np.linalg.norm(q, axis=-1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("conv_size", [0, 4])
+def test_rope_layer_equals_the_oracle(x64, conv_size):
+  m = make_mixer("softmax", H * D, H, options={"positions": "rope", "conv_size": conv_size},
+                 dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(1), (B, T, H * D), jnp.float64)
+  got = nnx.jit(lambda mod, a: mod(a))(m, x)
+  # jax's attention keeps its softmax in float32 even for float64 inputs.
+  np.testing.assert_allclose(got, oracles.mixer(m, x), rtol=1e-6, atol=1e-6)
+  plain = make_mixer("softmax", H * D, H, options={"conv_size": conv_size},
+                     dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+  # RoPE changes the outputs far beyond the tolerance above.
+  assert np.abs(np.asarray(plain(x)) - np.asarray(got)).max() > 1e-4
+
+
+def test_rope_options_are_checked():
+  with pytest.raises(ValueError, match="positions"):
+    make_mixer("softmax", 16, 2, options={"positions": "alibi"}, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="even head_dim"):
+    make_mixer("softmax", 15, 3, options={"positions": "rope"}, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="rope_base"):
+    make_mixer("softmax", 16, 2, options={"positions": "rope", "rope_base": 0.5},
+               rngs=nnx.Rngs(0))
+
+
+def test_rope_stream_continues_the_last_packed_document(x64):
+  """prefill of two packed documents then a step equals the last document alone then the
+  step: the cache's rotated keys and the step's position both restart at the document."""
+  m = make_mixer("softmax", H * D, H, options={"positions": "rope"}, dtype=jnp.float64,
+                 param_dtype=jnp.float64, rngs=nnx.Rngs(0))
+  x = jax.random.normal(jax.random.key(2), (1, T + 1, H * D), jnp.float64)
+  segments = np.array([[0] * 5 + [1] * (T - 5)])
+
+  @nnx.jit
+  def run(mod, prompt, x_t, segment_ids):
+    _, cache = mod.prefill(prompt, mod.init_cache(1, T + 1), segment_ids=segment_ids)
+    return mod.step(x_t, cache)[0]
+
+  packed = run(m, x[:, :T], x[:, T], segments)
+  alone = run(m, x[:, 5:T], x[:, T], None)
+  np.testing.assert_allclose(packed, alone, rtol=1e-6, atol=1e-6)
