@@ -9,8 +9,6 @@ then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay f
     python experiments/check_kernels.py --name=check_h200_d64_long --dims=64 --cases=long \
         --long_T=0
     python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
-    python experiments/check_kernels.py --name=check_h200_mosaic --dims=64,128 --long_T=0 \
-        --backends=mosaic          # the Mosaic state path (Hopper) at both head dims
 
 Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
 where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
@@ -32,8 +30,6 @@ _CASES = flags.DEFINE_enum("cases", "all", ["all", "long"],
                            "all: every precision at T = 4096 and the long cases; long: only "
                            "the long anisotropic cases at --max_T.")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
-_BACKENDS = flags.DEFINE_list("backends", ["auto"], "KernelConfig.backend of the checked cases "
-                              "(auto, triton, mosaic; mosaic needs a Hopper GPU).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "One tiny case on the CPU (interpret mode).")
 flags.mark_flag_as_required("name")
 
@@ -47,7 +43,7 @@ def main(argv):
   from vla_jax.benchmarks import check, records  # pylint: disable=import-outside-toplevel
   cases = (check.smoke_cases() if _SMOKE.value
            else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value,
-                                    _BACKENDS.value, _CASES.value))
+                                    _CASES.value))
   if not cases:
     raise app.UsageError("no cases: --cases=long needs --max_T > 4096")
   print(jax.devices(), flush=True)

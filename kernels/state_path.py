@@ -194,15 +194,11 @@ def state_path(q, e, w, v, S0, *, config=KernelConfig(), heads=None, interpret=N
     (custom VJP: `state_backward.py`).
 
   Raises:
-    ValueError for config.backend="mosaic" (this is the Triton state path; the Mosaic one is
-    `state_path_mosaic.state_path_mosaic`), and as `vla_pallas` for shapes and devices.
+    ValueError, RuntimeError as `vla_pallas` for shapes, options and devices.
   """
   BH, T, dk = e.shape
   dv = v.shape[-1]
   config.validate(dk, dv)
-  if config.backend == "mosaic":
-    raise ValueError("state_path runs the Triton kernels; for the Mosaic GPU state path call "
-                     "vla_jax.kernels.state_path_mosaic.state_path_mosaic")
   C = config.chunk_size
   if T % C:
     raise ValueError(f"T={T} must be a multiple of chunk_size={C} here; pad with zero keys "

@@ -6,17 +6,13 @@ Forward (inference), per call:
                            the unit write directions a_t and A_T;
   3. `state_prep.py`       per chunk U' = T V, W' = T khat, P = tril(Q a^T);
   4. `state_path.py`       the pass over chunk states: o and S_T.
-Steps 1-4 are Triton kernels. With `Plan.state_backend` "mosaic" (Hopper, `KernelConfig.
-backend`) steps 3-4 are instead `state_path_mosaic.py`'s Mosaic GPU kernels, on token-major
-unit keys and write directions (bfloat16 for bfloat16 inputs). For bfloat16 inputs at
-precision DEFAULT the kernels read the caller's [B, T, H, d] arrays in place and pass factors
+Steps 1-4 are Triton kernels. For bfloat16 inputs at precision DEFAULT the kernels read the caller's [B, T, H, d] arrays in place and pass factors
 in bfloat16 (`Plan.low`); otherwise XLA first makes head-major copies (unit keys and u in the
 accumulation dtype). Under differentiation the same kernels run on head-major unit keys (the
 penalty scan also keeping the rows A_t khat_t, its Woodbury rows and A at every chunk start,
 the state path T and the chunk-start states), and the backward is `penalty_backward.py` (the
 rows' cotangents in one parallel kernel, then the u-cotangent kernel) and `state_backward.py` (the reverse pass and
-the chunk-local VJP), or with `Plan.grad_state_backend` "mosaic" the Mosaic state path's own
-VJP (its reverse chain kernel and XLA cotangents).
+the chunk-local VJP).
 """
 
 import functools
@@ -28,7 +24,6 @@ from vla_jax.kernels.config import KernelConfig, compile_target
 from vla_jax.kernels.penalty_backward import penalty_path
 from vla_jax.kernels.penalty_scan import penalty_forward
 from vla_jax.kernels.state_path import planned_state_path, state_forward
-from vla_jax.kernels.state_path_mosaic import state_path_mosaic
 from vla_jax.kernels.state_prep import state_prep
 from vla_jax.ops.checks import compute_dtype
 from vla_jax.ops.utils import unit
@@ -50,10 +45,9 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
     v: [B, T, H, dv] values.
     u: [B, T, H, dk] penalty directions.
     S0: [B, H, dv, dk] initial memory; A0: [B, H, dk, dk] initial penalty inverse (SPD).
-    config: `KernelConfig` (chunk size, precision, value block, state-path backend).
+    config: `KernelConfig` (chunk size, precision, value block).
     interpret: True runs the kernels in Pallas interpret mode (slow, any backend); False
-      compiles them for the GPU (Triton kernels: compute capability >= 8.0; the Mosaic state
-      path: 9.x); None (default) picks interpret mode exactly when `jax.default_backend()`
+      compiles them for the GPU (Triton kernels: compute capability >= 8.0); None (default) picks interpret mode exactly when `jax.default_backend()`
       is not "gpu". The same algorithm runs either way.
 
   Returns:
@@ -64,10 +58,9 @@ def vla_pallas(q, k, v, u, S0, A0, *, config=KernelConfig(), interpret=None):
 
   Raises:
     ValueError for head dims outside {16, 32, 64, 128}, chunk sizes outside 16..128 (powers
-    of two), a bad value block, precision or backend, or inputs the Mosaic backend does not
-    take; RuntimeError, when tracing a compiled call, for a device the kernels cannot run on
-    (not a GPU, compute capability below 8.0, or backend="mosaic" off Hopper), naming it and
-    the alternatives (impl="chunked" runs anywhere).
+    of two), a bad value block or precision; RuntimeError, when tracing a compiled call, for a
+    device the kernels cannot run on (not a GPU, or compute capability below 8.0), naming it
+    and the alternatives (impl="chunked" runs anywhere).
   """
   B, T, H, dk = q.shape
   dv = v.shape[-1]
@@ -111,29 +104,12 @@ def _head_major(x, T_pad):
   return jnp.swapaxes(_pad_time(x, T_pad), 1, 2)
 
 
-def _token_major(x, B, H):
-  """[B * H, T, d] or [B, H, T, d] (or [B, H, N, C, d]) -> [B, T, H, d]."""
-  return jnp.swapaxes(x.reshape(B, H, -1, x.shape[-1]), 1, 2)
-
-
 def _unit_rows(x, eps):
   """`unit` along the last axis, on x viewed as 2-D rows [-1, d]. The same numbers; on a 3-D
   or 4-D view XLA may give the per-row norms (and their VJP's per-row sums) a transposed
   layout: it did for the write directions' norms in the gradient, a 0.92 ms transpose at
   d = 64, T = 4096, B = 8, against 0.07 ms with row views."""
   return unit(x.reshape(-1, x.shape[-1]), eps).reshape(x.shape)
-
-
-def _mosaic_state_path(plan, q, khat, a, v, S0):
-  """o [B, T_pad, H, dv] and S_T [B, H, dv, dk] from `state_path_mosaic` on token-major
-  [B, T_pad, H, d] arrays: q and v as given, the unit keys khat and write directions a in
-  bfloat16 for bfloat16 inputs at precision DEFAULT (its bfloat16 kernels), else in the
-  accumulation dtype (its float32 path: DEFAULT, or HIGHEST for HIGH and HIGHEST)."""
-  P = jax.lax.Precision
-  keys = jnp.bfloat16 if plan.low else jnp.dtype(plan.acc)
-  precision = P.DEFAULT if plan.precision == P.DEFAULT else P.HIGHEST
-  return state_path_mosaic(q, khat.astype(keys), a.astype(keys), v, S0, precision=precision,
-                           interpret=plan.interpret)
 
 
 def _inference_forward(plan, q, k, v, u, S0, A0):
@@ -153,12 +129,6 @@ def _inference_forward(plan, q, k, v, u, S0, A0):
     q_r, v_r = flat(_head_major(q, T_pad)), flat(_head_major(v, T_pad))
   a, A_T = penalty_forward(plan, e, u_r, A0.astype(acc), token_major=plan.low,
                            rows_dtype=plan.store)
-  if plan.state_backend == "mosaic":
-    khat = (_unit_rows(_pad_time(k, T_pad).astype(acc), KEY_EPS) if plan.low
-            else _token_major(e, B, H))
-    o, S_T = _mosaic_state_path(plan, _pad_time(q, T_pad), khat, _token_major(a, B, H),
-                                _pad_time(v, T_pad), S0.astype(acc))
-    return o[:, :T], S_T, A_T.reshape(B, H, dk, dk)
   Up, Wp, P = state_prep(keys, a, q_r, v_r, plan=plan, out_dtype=plan.store, heads=heads)
   o, S_T, _ = state_forward(plan, q_r, a, Up, Wp, P, S0.astype(acc).reshape(B * H, dv, dk),
                             v.dtype, heads=heads)
@@ -179,10 +149,6 @@ def _differentiable_forward(plan, q, k, v, u, S0, A0):
   khat = _head_major(_unit_rows(k.astype(acc), KEY_EPS), T_pad)
   a, A_T = penalty_path(chunks(khat), chunks(_head_major(u, T_pad).astype(acc)),
                         A0.astype(acc), plan)
-  if plan.grad_state_backend == "mosaic":
-    o, S_T = _mosaic_state_path(plan, _pad_time(q, T_pad), _token_major(khat, B, H),
-                                _token_major(a, B, H), _pad_time(v, T_pad), S0.astype(acc))
-    return o[:, :T], S_T, A_T
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
   o, S_T = planned_state_path(plan, _pad_time(q, T_pad), flat(khat),
                               flat(a.reshape(B, H, T_pad, dk)), _pad_time(v, T_pad),

@@ -68,11 +68,10 @@ def _sym(x):
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_forward_and_gradients_float64(x64, shape):
   """o, S_T, A_T against the token-by-token oracle; the gradients for all six inputs against
-  `jax.grad` of impl="scan" (A0's over symmetric perturbations). The Triton state path
-  (backend="triton"; the Mosaic one: `test_mosaic_backend`)."""
+  `jax.grad` of impl="scan" (A0's over symmetric perturbations)."""
   B, T, H, dk, dv, C = shape
   args = vla_inputs(0, B, T, H, dk, dv)
-  cfg = KernelConfig(chunk_size=C, backend="triton")
+  cfg = KernelConfig(chunk_size=C)
   o, S, A = _call(cfg)(*args)
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
   chex.assert_shape(o, (B, T, H, dv))
@@ -98,36 +97,6 @@ def test_forward_float32_and_bfloat16(dtype):
                      S0=np.asarray(args[4], np.float64), A0=np.asarray(args[5], np.float64))
   for name, got, ref in zip("oSA", (o, S, A), want):
     assert_close(got, ref, dtype, name)
-
-
-@pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (np.float32, "HIGHEST")],
-                         ids=["bf16", "f32-highest"])
-def test_mosaic_backend(x64, dtype, precision):
-  """backend="mosaic": the state path as Mosaic GPU kernels (GPU interpret mode) beside the
-  Triton penalty path, at head dim 64 (its smallest), on the inputs' values against the
-  float64 oracle: bfloat16 (its bfloat16 kernels, what "auto" runs on Hopper) forward and all
-  six gradients, against `jax.grad` of impl="scan" in float64; float32 at HIGHEST (its float32
-  path) forward."""
-  B, T, H, d, C = 1, 70, 2, 64, 32     # T: a penalty chunk and a state chunk padded
-  args = vla_inputs(8, B, T, H, d, d, dtype)
-  cfg = KernelConfig(chunk_size=C, precision=getattr(jax.lax.Precision, precision),
-                     backend="mosaic")
-  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float32, dk=d, dv=d, BH=B * H, N=3,
-                  interpret=INTERPRET)
-  assert (plan.state_backend, plan.grad_state_backend) == ("mosaic", "mosaic")
-  exact = [np.asarray(x, np.float64) for x in args]
-  o, S, A = _call(cfg)(*args)
-  chex.assert_type(o, dtype)
-  for name, got, ref in zip("oSA", (o, S, A), oracles.vla(*exact[:4], S0=exact[4], A0=exact[5])):
-    assert_close(got, ref, dtype, name)
-  if dtype != jnp.bfloat16:
-    return
-  w = _weights(9, B, T, H, d, d)
-  got, ref = _grads(cfg)(w, *args), _grads(None)(w, *map(jnp.asarray, exact))
-  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
-    if name == "A0":
-      g, r = _sym(g), _sym(r)
-    assert_close(g, r, dtype, "d" + name)
 
 
 def test_fused_state_loops_float64(x64, monkeypatch):

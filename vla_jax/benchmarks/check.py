@@ -49,17 +49,10 @@ class Case:
   B: int = 1
   H: int = 4
   chunk: int = 64
-  backend: str = "auto"   # KernelConfig.backend
-
-  @property
-  def impl(self):
-    """The row's impl: "pallas" (backend "auto"), else "pallas_<backend>" (as the bench rows)."""
-    return "pallas" if self.backend == "auto" else f"pallas_{self.backend}"
 
 
-def default_cases(dims=(64,), max_T=16384, backends=("auto",), which="all"):
-  """The check behind BENCHMARKS.md's correctness table, for each state-path backend and head
-  dim (B = 1, H = 4). which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST
+def default_cases(dims=(64,), max_T=16384, which="all"):
+  """The check behind BENCHMARKS.md's correctness table, for each head dim (B = 1, H = 4). which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST
   with isotropic and anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u,
   bfloat16 at DEFAULT), then the "long" cases; "long": only those, at max_T (when longer than
   4096): anisotropic u in float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not
@@ -68,17 +61,16 @@ def default_cases(dims=(64,), max_T=16384, backends=("auto",), which="all"):
     raise ValueError(f"which must be 'all' or 'long'; got {which!r}")
   mid = min(4096, max_T)
   cases = []
-  for backend in backends:
-    for d in dims:
-      case = lambda *a: Case(*a, d=d, backend=backend)
-      if which == "all":
-        cases += [case("float32", "HIGHEST", u, mid) for u in ("isotropic", "anisotropic")]
-        cases += [case("float32", "HIGH", "isotropic", mid),
-                  case("float32", "DEFAULT", "isotropic", mid),
-                  case("bfloat16", "DEFAULT", "isotropic", mid)]
-      if max_T > mid:
-        cases += [case("float32", "HIGHEST", "anisotropic", max_T),
-                  case("bfloat16", "DEFAULT", "anisotropic", max_T)]
+  for d in dims:
+    case = lambda *a: Case(*a, d=d)
+    if which == "all":
+      cases += [case("float32", "HIGHEST", u, mid) for u in ("isotropic", "anisotropic")]
+      cases += [case("float32", "HIGH", "isotropic", mid),
+                case("float32", "DEFAULT", "isotropic", mid),
+                case("bfloat16", "DEFAULT", "isotropic", mid)]
+    if max_T > mid:
+      cases += [case("float32", "HIGHEST", "anisotropic", max_T),
+                case("bfloat16", "DEFAULT", "anisotropic", max_T)]
   return cases
 
 
@@ -170,13 +162,12 @@ def _reference_fns(chunk):
 
 
 @functools.cache
-def _pallas_fns(precision, chunk, interpret, backend="auto"):
+def _pallas_fns(precision, chunk, interpret):
   """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
-                     backend=backend)
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
 
   def run(q, k, v, u, S0):
     d = q.shape[-1]
@@ -200,7 +191,7 @@ def check(case, interpret=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
-  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, case.backend)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
   out, grads = fwd(*qkvu, S0), grad(*qkvu, S0, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
@@ -208,7 +199,7 @@ def check(case, interpret=None):
   b, fb, db = bound(case), forward_bound(case), du_bound(case)
   ok = (finite and max(e for n, e in errors.items() if n != "du") <= b and errors["du"] <= db
         and (fb is None or max(errors[n] for n in FORWARD) <= fb))
-  return {**dataclasses.asdict(case), "op": "vla", "impl": case.impl, "pass": "check",
+  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
           "errors": errors, "bound": b, "du_bound": db, "forward_bound": fb,
           "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
