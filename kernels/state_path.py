@@ -115,8 +115,9 @@ def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, *refs, precision, acc, pac
 
 def state_forward(plan, q, w, Up, Wp, P, S0, out_dtype, heads=None, rel=None):
   """The pass over chunk states. q, w, Wp: [BH, N*C, dk]; Up: [BH, N*C, dv]; P: [BH, N*C, C];
-  S0: [BH, dv, dk]; rel: None, or [BH, N*C] int32 chunk-relative document indices. Returns O [BH, N*C, dv] (out_dtype; with heads=H, q is the caller's
-  [B, >= N*C, H, dk] and O is [B, N*C, H, dv]), S_T [BH, dv, dk] and the chunk-start states
+  S0: [BH, dv, dk]; rel: None, or [BH, N*C] int32 chunk-relative document indices. Returns
+  O [BH, N*C, dv] (out_dtype; with heads=H, q is the caller's [B, >= N*C, H, dk] and O is
+  [B, N*C, H, dv]), S_T [BH, dv, dk] and the chunk-start states
   [BH, N, dv, dk], in S0's dtype (the factors may be stored narrower)."""
   BH, NC, dk = w.shape
   dv, C = Up.shape[-1], plan.chunk_size

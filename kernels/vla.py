@@ -6,12 +6,13 @@ Forward (inference), per call:
                            the unit write directions a_t and A_T;
   3. `state_prep.py`       per chunk U' = T V, W' = T khat, P = tril(Q a^T);
   4. `state_path.py`       the pass over chunk states: o and S_T.
-Steps 1-4 are Triton kernels. For bfloat16 inputs at precision DEFAULT the kernels read the caller's [B, T, H, d] arrays in place and pass factors
-in bfloat16 (`Plan.low`); otherwise XLA first makes head-major copies (unit keys and u in the
-accumulation dtype). Under differentiation the same kernels run on head-major unit keys (the
-penalty scan also keeping the rows A_t khat_t, its Woodbury rows and A at every chunk start,
-the state path T and the chunk-start states), and the backward is `penalty_backward.py` (the
-rows' cotangents in one parallel kernel, then the u-cotangent kernel) and `state_backward.py` (the reverse pass and
+Steps 1-4 are Triton kernels. For bfloat16 inputs at precision DEFAULT the kernels read the
+caller's [B, T, H, d] arrays in place and pass factors in bfloat16 (`Plan.low`); otherwise XLA
+first makes head-major copies (unit keys and u in the accumulation dtype). Under
+differentiation the same kernels run on head-major unit keys (the penalty scan also keeping the
+rows A_t khat_t, its Woodbury rows and A at every chunk start, the state path T and the
+chunk-start states), and the backward is `penalty_backward.py` (the rows' cotangents in one
+parallel kernel, then the u-cotangent kernel) and `state_backward.py` (the reverse pass and
 the chunk-local VJP).
 
 Packed documents (`segment_ids`): every kernel takes the tokens' document indices and keeps
@@ -63,8 +64,9 @@ def vla_pallas(q, k, v, u, S0, A0, *, segment_ids=None, lam0=1.0, config=KernelC
       segment_ids).
     config: `KernelConfig` (chunk size, precision, value block).
     interpret: True runs the kernels in Pallas interpret mode (slow, any backend); False
-      compiles them for the GPU (Triton kernels: compute capability >= 8.0); None (default) picks interpret mode exactly when `jax.default_backend()`
-      is not "gpu". The same algorithm runs either way.
+      compiles them for the GPU (Triton kernels: compute capability >= 8.0); None (default)
+      picks interpret mode exactly when `jax.default_backend()` is not "gpu". The same
+      algorithm runs either way.
 
   Returns:
     (o [B, T, H, dv] in v's dtype, S_T [B, H, dv, dk], A_T [B, H, dk, dk]); the states are
@@ -75,9 +77,9 @@ def vla_pallas(q, k, v, u, S0, A0, *, segment_ids=None, lam0=1.0, config=KernelC
 
   Raises:
     ValueError for head dims outside {16, 32, 64, 128}, chunk sizes outside 16..128 (powers
-    of two), a bad value block or precision, bad segment_ids or lam0; RuntimeError, when tracing a compiled call, for a
-    device the kernels cannot run on (not a GPU, or compute capability below 8.0), naming it
-    and the alternatives (impl="chunked" runs anywhere).
+    of two), a bad value block or precision, bad segment_ids or lam0; RuntimeError, when
+    tracing a compiled call, for a device the kernels cannot run on (not a GPU, or compute
+    capability below 8.0), naming it and the alternatives (impl="chunked" runs anywhere).
   """
   B, T, H, dk = q.shape
   dv = v.shape[-1]

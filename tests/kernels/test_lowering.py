@@ -6,6 +6,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
@@ -13,12 +14,13 @@ from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
-def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False):
+def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
+             segment_ids=None):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
   the StableHLO."""
   B, T, H, dk, dv, C = shape
   cfg = KernelConfig(chunk_size=C, precision=precision)
-  fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+  fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
     loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a))
@@ -77,6 +79,23 @@ def test_fused_loops_at_many_programs():
   names = _kernels(jnp.bfloat16, (64, 32, 16, 32, 32, 16))
   assert "vla_state_fwd" in names and "vla_state_bwd" in names
   assert "vla_state_chain" not in names and "vla_state_bwd_chain" not in names
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_packed_documents_lower(dtype):
+  """segment_ids: the packed kernels (document indices, masks, one penalty-scan segment) lower
+  for the H200 in their split forms, their fused forms (many programs) and at d = 128, forward
+  and gradient."""
+  ids = lambda B, T: jnp.asarray(np.arange(B * T).reshape(B, T) // 23, jnp.int32)
+  assert _kernels(dtype, (1, 100, 2, 64, 64, 32), grad=False, segment_ids=ids(1, 100)) == sorted(
+      ["vla_penalty_scan", "vla_state_chain", "vla_state_out", "vla_state_prep"])
+  assert _kernels(dtype, (1, 100, 2, 64, 64, 32), segment_ids=ids(1, 100)) == sorted(
+      ["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+  names = _kernels(dtype, (64, 32, 16, 32, 32, 16), segment_ids=ids(64, 32))
+  assert "vla_state_fwd" in names and "vla_state_bwd" in names
+  local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
+  assert _kernels(dtype, (1, 64, 1, 128, 128, 64), segment_ids=ids(1, 64)) == sorted(
+      ["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD + local_vjp)
 
 
 @pytest.mark.parametrize("precision", ["HIGH", "HIGHEST"])

@@ -52,11 +52,11 @@ class Case:
 
 
 def default_cases(dims=(64,), max_T=16384, which="all"):
-  """The check behind BENCHMARKS.md's correctness table, for each head dim (B = 1, H = 4). which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST
-  with isotropic and anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u,
-  bfloat16 at DEFAULT), then the "long" cases; "long": only those, at max_T (when longer than
-  4096): anisotropic u in float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not
-  grow with T)."""
+  """The check behind BENCHMARKS.md's correctness table, for each head dim (B = 1, H = 4).
+  which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST with isotropic and
+  anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u, bfloat16 at DEFAULT), then
+  the "long" cases; "long": only those, at max_T (when longer than 4096): anisotropic u in
+  float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not grow with T)."""
   if which not in ("all", "long"):
     raise ValueError(f"which must be 'all' or 'long'; got {which!r}")
   mid = min(4096, max_T)
