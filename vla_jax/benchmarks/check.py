@@ -49,6 +49,11 @@ class Case:
   B: int = 1
   H: int = 4
   chunk: int = 64
+  packed: bool = False    # segment_ids: documents of PACKED_MEAN tokens on average
+
+
+# Packed cases: document starts at random tokens, about this many tokens a document.
+PACKED_MEAN = 300
 
 
 def default_cases(dims=(64,), max_T=16384, which="all"):
@@ -56,9 +61,11 @@ def default_cases(dims=(64,), max_T=16384, which="all"):
   which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST with isotropic and
   anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u, bfloat16 at DEFAULT), then
   the "long" cases; "long": only those, at max_T (when longer than 4096): anisotropic u in
-  float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not grow with T)."""
-  if which not in ("all", "long"):
-    raise ValueError(f"which must be 'all' or 'long'; got {which!r}")
+  float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not grow with T); "packed"
+  (also part of "all"): packed documents (`segment_ids`) at T = min(4096, max_T),
+  anisotropic u in float32 at HIGHEST and bfloat16 at DEFAULT."""
+  if which not in ("all", "long", "packed"):
+    raise ValueError(f"which must be 'all', 'long' or 'packed'; got {which!r}")
   mid = min(4096, max_T)
   cases = []
   for d in dims:
@@ -68,6 +75,11 @@ def default_cases(dims=(64,), max_T=16384, which="all"):
       cases += [case("float32", "HIGH", "isotropic", mid),
                 case("float32", "DEFAULT", "isotropic", mid),
                 case("bfloat16", "DEFAULT", "isotropic", mid)]
+    if which in ("all", "packed"):
+      cases += [Case(dtype, precision, "anisotropic", mid, d, packed=True)
+                for dtype, precision in (("float32", "HIGHEST"), ("bfloat16", "DEFAULT"))]
+    if which == "packed":
+      continue
     if max_T > mid:
       cases += [case("float32", "HIGHEST", "anisotropic", max_T),
                 case("bfloat16", "DEFAULT", "anisotropic", max_T)]
@@ -76,7 +88,8 @@ def default_cases(dims=(64,), max_T=16384, which="all"):
 
 def smoke_cases():
   """Tiny CPU cases (interpret mode)."""
-  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16)]
+  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16),
+          Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16, packed=True)]
 
 
 def bound(case):
@@ -129,6 +142,18 @@ def inputs(case, seed=0):
   return [x.astype(dtype) for x in (q, k, v, u)], S0, wo
 
 
+def segment_ids(case, seed=0):
+  """[B, T] int32 document ids of a packed case (starts at random tokens, one in
+  PACKED_MEAN on average, and at token 1 and a chunk boundary), or None."""
+  if not case.packed:
+    return None
+  rng = np.random.default_rng(seed)
+  starts = rng.random((case.B, case.T)) < 1 / PACKED_MEAN
+  starts[:, [1, min(case.chunk, case.T - 1)]] = True
+  starts[:, 0] = False
+  return np.cumsum(starts, axis=1).astype(np.int32)
+
+
 def _loss(run):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
@@ -152,11 +177,11 @@ def _reference_fns(chunk):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
 
-  def run(q, k, v, u, S0):
+  def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=S0.dtype), S0.shape[:2] + (d, d))
     o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
-                           chunk_size=chunk)
+                           chunk_size=chunk, segment_ids=ids)
     return o, st.S, st.A
   return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
 
@@ -169,21 +194,24 @@ def _pallas_fns(precision, chunk, interpret):
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
 
-  def run(q, k, v, u, S0):
+  def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), S0.shape[:2] + (d, d))
-    return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
+    return vla_pallas(q, k, v, u, S0, A0, segment_ids=ids, config=cfg, interpret=interpret)
   return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
 
 
-def reference(qkvu, S0, wo, chunk):
-  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"."""
+def reference(qkvu, S0, wo, chunk, ids=None):
+  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked" (packed
+  documents with ids)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   with jax.enable_x64(True):
-    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0, wo)]
+    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0)]
+    wo = jnp.asarray(np.asarray(wo, np.float64))
     fwd, grad = _reference_fns(chunk)
-    return [np.asarray(x) for x in fwd(*args[:5])], [np.asarray(g) for g in grad(*args)]
+    return ([np.asarray(x) for x in fwd(*args, ids)],
+            [np.asarray(g) for g in grad(*args, ids, wo)])
 
 
 def check(case, interpret=None):
@@ -191,9 +219,10 @@ def check(case, interpret=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
+  ids = segment_ids(case)
   fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
-  out, grads = fwd(*qkvu, S0), grad(*qkvu, S0, wo)
-  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
+  out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
+  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
   b, fb, db = bound(case), forward_bound(case), du_bound(case)
