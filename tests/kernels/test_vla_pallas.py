@@ -196,6 +196,32 @@ def test_impl_pallas_uses_interpret_on_cpu():
   assert rel(o, o_ref) < 1e-5 and rel(st.S, st_ref.S) < 1e-5 and rel(st.A, st_ref.A) < 1e-5
 
 
+def test_impl_pallas_value_width_plus_one(x64):
+  """impl="pallas" with a value width the kernels do not take (d_h + 1, the layers' "delta"
+  readout channel): run on zero value columns, forward and gradients equal impl="scan" in
+  float64, packed documents included."""
+  B, T, H, dk, dv = 2, 37, 1, 16, 17
+  args = vla_inputs(5, B, T, H, dk, dv)
+  ids = _packed_ids(5, B, T, 16)
+
+  def run(impl, *a):
+    o, st = vla_recurrence(*a[:4], initial_state=VLAState(*a[4:]), impl=impl, chunk_size=16,
+                           lam0=LAM0, segment_ids=ids)
+    return o, st.S, st.A
+
+  got, ref = (jax.jit(functools.partial(run, impl))(*args) for impl in ("pallas", "scan"))
+  chex.assert_shape(got[0], (B, T, H, dv))
+  for name, g, r in zip("oSA", got, ref):
+    assert_close(g, r, jnp.float64, name)
+  w = _weights(6, B, T, H, dk, dv)
+  grads = [jax.jit(jax.grad(_loss(functools.partial(run, impl)), argnums=range(1, 7)))(w, *args)
+           for impl in ("pallas", "scan")]
+  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), *grads):
+    if name == "A0":
+      g, r = _sym(g), _sym(r)
+    assert_close(g, r, jnp.float64, "d" + name)
+
+
 @pytest.mark.parametrize("dk,dv,C,block_v,match", [
     (24, 16, 16, None, "dk"), (16, 48, 16, None, "dv"), (16, 16, 256, None, "chunk_size"),
     (16, 32, 16, 8, "block_v")])

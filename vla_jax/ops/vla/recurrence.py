@@ -80,7 +80,8 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
       gradient is symmetric and the same for every impl.
     impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
       "pallas" runs `vla_jax.kernels.vla_pallas` with `KernelConfig(chunk_size, precision)`
-      (head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
+      (key head dims 16, 32, 64 or 128, value widths up to 128, other widths on zero value
+      columns up to the next of those; chunk_size <= 128); on a backend other
       than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
@@ -149,11 +150,20 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     # (d = 64, T = 4096, H200). Only a value at a zero-key token (padding) is dropped here, so
     # that a NaN there reaches no later output and not the final state.
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+    from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
+        SUPPORTED_HEAD_DIMS)
     S0, A0 = initial_state
     v = jnp.where(jnp.any(k != 0, axis=-1, keepdims=True), v, jnp.zeros((), v.dtype))
+    # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
+    # zero value columns up to the next one they do: a zero column of v and of S0 keeps its
+    # row of S at zero (exact), and its outputs are dropped.
+    dv_run = min((d for d in SUPPORTED_HEAD_DIMS if d >= dv), default=dv)
+    if dv_run != dv:
+      v = jnp.pad(v, [(0, 0)] * 3 + [(0, dv_run - dv)])
+      S0 = jnp.pad(S0, [(0, 0), (0, 0), (0, dv_run - dv), (0, 0)])
     o, S, A = vla_pallas(q, k, v, u, S0, A0, segment_ids=segment_ids, lam0=lam0,
                          config=KernelConfig(chunk_size=chunk_size, precision=precision))
-    return o, VLAState(S=S, A=A)
+    return o[..., :dv], VLAState(S=S[:, :, :dv], A=A)
   starts = None if segment_ids is None else document_starts(segment_ids)
   guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
 
