@@ -6,17 +6,8 @@ floor; forward and forward + backward; H = 16, bfloat16, B * T = 32,768 (B = 1 b
     python experiments/bench.py --name=h200_d128 --dims=128
     python experiments/report_benchmarks.py
 
-The state-path backends (kernels/NOTES.md, "Backends"; `lab.benchmarks.rows` lists every
-row family): the whole `vla_pallas` with KernelConfig(backend="triton") against "mosaic", then
-fla beside them, at most 4 minutes on an H200 (expected about 3: the 24 compiles, then fla's
-first call of each pass autotuning for about 45 s; rows are written as they are measured):
-
-    timeout 130 python experiments/bench.py --name=backends_h200 --dims=64,128 \
-        --Ts=4096,32768,131072 --rows=vla_pallas_triton,vla_pallas_mosaic --budget_s=110; \
-    timeout 110 python experiments/bench.py --name=backends_h200_fla --dims=64 \
-        --Ts=4096,32768 --rows=fla_delta_rule --budget_s=100
-
-and the state path alone: --rows=state_path_triton,state_path_mosaic.
+The state path alone (`lab.benchmarks.rows` lists every row family):
+--rows=state_path_triton.
 
 Rows go to --out_dir/<name>.jsonl (default results/bench/), one JSON line each as soon as it
 is measured, after a header line (versions, device, settings). Medians after warm-up, rotating
@@ -32,8 +23,7 @@ from absl import app, flags
 _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
 _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_cudnn, "
-                          "fla_delta_rule; also vla_pallas_triton, vla_pallas_mosaic, "
-                          "state_path_triton, state_path_mosaic).")
+                          "fla_delta_rule; also state_path_triton).")
 _DIMS = flags.DEFINE_list("dims", None, "Head dims (default 64,128).")
 _TS = flags.DEFINE_list("Ts", None, "Sequence lengths (default 1024 ... 131072, every 2x).")
 _PASSES = flags.DEFINE_list("passes", None, "fwd, fwd+bwd or both (default both).")

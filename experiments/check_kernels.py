@@ -3,19 +3,21 @@ r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) a
 (`lab.benchmarks.check.default_cases`, B = 1, H = 4): at T = 4096 float32 at HIGHEST (u
 isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T anisotropic u in
 float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
-then a long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
+packed documents (`segment_ids`, about 300 tokens a document, anisotropic u) in float32 at
+HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; then a long
+bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
     python experiments/check_kernels.py --name=check_h200_d64_long --dims=64 --cases=long \
         --long_T=0
     python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
-    python experiments/check_kernels.py --name=check_h200_mosaic --dims=64,128 --long_T=0 \
-        --backends=mosaic          # the Mosaic state path (Hopper) at both head dims
+    python experiments/check_kernels.py --name=check_h200_packed --dims=64,128 --cases=packed \
+        --long_T=0
 
 Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
 where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
-bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`) or is not finite. --smoke: one
-tiny case on the CPU in interpret mode.
+bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`) or is not finite. --smoke: two
+tiny cases (one packed) on the CPU in interpret mode.
 """
 
 import dataclasses
@@ -28,13 +30,12 @@ _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Out
 _DIMS = flags.DEFINE_list("dims", ["64"], "Head dims (dk = dv) of the checked cases.")
 _MAX_T = flags.DEFINE_integer("max_T", 131072, "T of the long anisotropic cases (none when "
                               "<= 4096; the other cases then run at max_T).")
-_CASES = flags.DEFINE_enum("cases", "all", ["all", "long"],
-                           "all: every precision at T = 4096 and the long cases; long: only "
-                           "the long anisotropic cases at --max_T.")
+_CASES = flags.DEFINE_enum("cases", "all", ["all", "long", "packed"],
+                           "all: every precision at T = 4096, the packed and the long cases; "
+                           "long: only the long anisotropic cases at --max_T; packed: only "
+                           "the packed-document cases.")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
-_BACKENDS = flags.DEFINE_list("backends", ["auto"], "KernelConfig.backend of the checked cases "
-                              "(auto, triton, mosaic; mosaic needs a Hopper GPU).")
-_SMOKE = flags.DEFINE_bool("smoke", False, "One tiny case on the CPU (interpret mode).")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases on the CPU (interpret mode).")
 flags.mark_flag_as_required("name")
 
 
@@ -47,7 +48,7 @@ def main(argv):
   from lab.benchmarks import check, records  # pylint: disable=import-outside-toplevel
   cases = (check.smoke_cases() if _SMOKE.value
            else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value,
-                                    _BACKENDS.value, _CASES.value))
+                                    _CASES.value))
   if not cases:
     raise app.UsageError("no cases: --cases=long needs --max_T > 4096")
   print(jax.devices(), flush=True)

@@ -156,7 +156,26 @@ def unit_tril_inv(nm, precision):
   return jnp.where(v[:, None] >= first, jnp.nan, inv)
 
 
+# ----------------------------------------------------------------------------- documents
+
+def doc_masks(rel):
+  """Masks of one chunk of packed documents from rel [C] int32, the chunk-relative document
+  index (0: the document running at the chunk start; k > 0: the k-th document that starts
+  inside the chunk; `vla.document_indices`): (same [C, C], row and column token in one
+  document; first [C, 1], rel = 0: the token continues from the chunk-start state; last
+  [C, 1], the chunk's last document, whose tokens reach the chunk-end state; keep, a scalar:
+  no document starts in the chunk, so the chunk-start state reaches its end)."""
+  top = jnp.max(rel)
+  col = rel[:, None]
+  return col == rel[None, :], col == 0, col == top, top == 0
+
+
 # ----------------------------------------------------------------------------- block specs
+
+def doc_spec(rows, time=lambda i, j: j):
+  """BlockSpec of `rows` consecutive entries of sequence i's [B * H, T] document indices."""
+  return pl.BlockSpec((None, rows), lambda i, j: (i, time(i, j)))
+
 
 def rows_spec(rows, d, heads=None, time=lambda i, j: j, feature=lambda i, j: 0):
   """BlockSpec of `rows` consecutive tokens of sequence i (grid point (i, j)) and `d` features.

@@ -1,8 +1,8 @@
 """What a user sets (`KernelConfig`) and what the kernels derive from it for one call (`Plan`).
 
-`KernelConfig` holds the four choices a user may reasonably make: the chunk size, the
-precision of the matrix products (JAX's meaning), the value rows per program of the
-sequential state loops and the state path's backend. Everything else is decided per call by
+`KernelConfig` holds the three choices a user may reasonably make: the chunk size, the
+precision of the matrix products (JAX's meaning) and the value rows per program of the
+sequential state loops. Everything else is decided per call by
 `KernelConfig.plan` from the input dtype, the head dims, the number of programs and the GPU
 compiled for (`Target`), each rule with the measurement behind it (H200, H = 16,
 B * T = 32,768 unless said otherwise; kernels/NOTES.md has the profile).
@@ -14,27 +14,15 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.kernels.common import dot_precision
-from vla_jax.kernels.state_path_mosaic import SUPPORTED_HEAD_DIMS as MOSAIC_HEAD_DIMS
-from vla_jax.kernels.state_path_mosaic import compute_capability, target_device
 
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
-BACKENDS = ("auto", "triton", "mosaic")
 
-# GPUs the kernels compile for, by compute capability (major, minor): the Triton kernels need
-# 8.0 or later (bfloat16 and TF32 tensor cores), the Mosaic GPU state path 9.x (Hopper: wgmma
-# and TMA as `state_path_mosaic.py` uses them).
+# The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
 TRITON_MIN_CAPABILITY = (8, 0)
-MOSAIC_CAPABILITY_MAJOR = 9
-# Backend "auto" runs the Triton state path everywhere. The Mosaic state path alone is faster
-# on the H200 (bf16 forward 0.614 against 1.034 ms at d = 64, T = 4096; 1.112 / 2.329 at
-# d = 128), but inside vla_pallas it loses every measured case (whole op, bf16, H = 16,
-# B * T = 32768: forward 1.287 against 1.142 ms at d = 64, T = 4096, 1.911 / 1.678 at 32768,
-# 3.146 / 3.120 at d = 128, T = 4096; forward + backward 5.52 / 3.98 and 13.64 / 12.07 ms;
-# results/bench/backends_h200.jsonl): the token-major bf16 copies it needs of the unit keys
-# and write directions, its own prep instead of the Triton state-prep kernel that shares the
-# penalty scan's rows, and its XLA chunk-local cotangents cost more than the chain saves.
+# Abstract devices (`kernels/lowering.py`) carry no compute capability: these names are 9.0.
+HOPPER_DEVICE_KINDS = ("H100", "H200", "H800", "H20", "GH200")
 
 # Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:
 # forward 1.40 against 1.22 ms at d = 64, 3.32 against 3.26 at d = 128; its longer
@@ -85,20 +73,11 @@ class KernelConfig:
     block_v: value rows BV of the state per program of the sequential state loops (a power of
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).
-    backend: the kernels of the state path (the pass over chunk states and its reverse):
-      "auto" (default) the faster as measured inside `vla_pallas`: today the Triton kernels
-      everywhere (`Plan.state_backend`; the measurement is at the top of this file).
-      "triton": the Triton kernels (compute capability >= 8.0). "mosaic": the Mosaic GPU
-      kernels of `state_path_mosaic.py`, the port to JAX's successor backend (Hopper; head
-      dims 64 or 128, float32 or bfloat16 inputs; its own chunks of 64 tokens, or 32 for
-      float32 products at dk = 128; HIGH runs as HIGHEST there). The penalty path is Triton
-      kernels with every backend.
   """
 
   chunk_size: int = 64
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   block_v: int | None = None
-  backend: str = "auto"
 
   def __post_init__(self):
     p = self.precision
@@ -130,8 +109,6 @@ class KernelConfig:
                            or bv & (bv - 1) or dv % bv):
       raise ValueError(f"block_v must be None or a power of two >= 16 that divides dv={dv}; "
                        f"got {bv!r}")
-    if self.backend not in BACKENDS:
-      raise ValueError(f"backend must be one of {BACKENDS}; got {self.backend!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -140,12 +117,11 @@ class KernelConfig:
     chunks; interpret: Pallas interpret mode; target: the GPU compiled for (`Target`, from
     `compile_target`), None in interpret mode or where unknown.
 
-    Raises ValueError for a backend that does not take these inputs, and RuntimeError for a
-    compiled call whose kernels cannot run on `target` (naming it and the alternatives)."""
+    Raises RuntimeError for a compiled call whose kernels cannot run on `target` (naming it
+    and the alternatives)."""
     P = jax.lax.Precision
     low = bool(low) and self.precision == P.DEFAULT
-    state_backend, grad_state_backend = self._state_backends(acc, dk, dv, interpret,
-                                                             target)
+    _check_target(interpret, target)
     if self.precision == P.HIGHEST:
       kind = "ieee"
     elif self.precision == P.HIGH:
@@ -196,35 +172,17 @@ class KernelConfig:
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
-        adjoint_warps=8 if dk >= 128 else 4,
-        state_backend=state_backend, grad_state_backend=grad_state_backend)
+        adjoint_warps=8 if dk >= 128 else 4)
 
-  def _state_backends(self, acc, dk, dv, interpret, target):
-    """(state path of the inference forward, of the differentiated forward): "triton" or
-    "mosaic", by `backend` ("auto": Triton, as measured); checks that the chosen kernels run
-    on `target`."""
-    capability = None if interpret or target is None else target.capability
-    if capability is not None and capability < TRITON_MIN_CAPABILITY:
-      raise RuntimeError(
-          "the Pallas VLA kernels (Triton) need an NVIDIA GPU of compute capability >= "
-          f"{'%d.%d' % TRITON_MIN_CAPABILITY}; the target is {target}. Use impl='chunked' "
-          "(XLA, any device) or interpret=True (slow).")
-    mosaic_inputs = (dk in MOSAIC_HEAD_DIMS and dv in MOSAIC_HEAD_DIMS
-                     and jnp.dtype(acc) == jnp.float32)
-    if self.backend == "mosaic":
-      if not mosaic_inputs:
-        raise ValueError(
-            f"backend='mosaic' takes dk and dv in {MOSAIC_HEAD_DIMS} and float32 or bfloat16 "
-            f"inputs (float32 states); got dk={dk}, dv={dv}, accumulation "
-            f"{jnp.dtype(acc).name}. Use backend='auto' or 'triton'.")
-      if not interpret and (capability is None or capability[0] != MOSAIC_CAPABILITY_MAJOR):
-        raise RuntimeError(
-            "backend='mosaic' runs the state path as Mosaic GPU kernels, which need a Hopper "
-            f"GPU (compute capability {MOSAIC_CAPABILITY_MAJOR}.x); the target is "
-            f"{target or 'unknown'}. Use backend='auto' or 'triton', impl='chunked', or "
-            "interpret=True.")
-      return "mosaic", "mosaic"
-    return "triton", "triton"
+
+def _check_target(interpret, target):
+  """RuntimeError for a compiled call whose target GPU the Triton kernels do not run on."""
+  capability = None if interpret or target is None else target.capability
+  if capability is not None and capability < TRITON_MIN_CAPABILITY:
+    raise RuntimeError(
+        "the Pallas VLA kernels (Triton) need an NVIDIA GPU of compute capability >= "
+        f"{'%d.%d' % TRITON_MIN_CAPABILITY}; the target is {target}. Use impl='chunked' "
+        "(XLA, any device) or interpret=True (slow).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,9 +219,6 @@ class Plan:
     xla_dot: the XLA products between the kernels (the penalty adjoint's segment sums, the
       chunk-local VJP where it is XLA): `precision`, except three TF32 passes at HIGH (XLA,
       like Triton, runs Precision.HIGH as one TF32 pass on GPUs).
-    state_backend, grad_state_backend: "triton" (`state_prep.py`, `state_path.py`) or
-      "mosaic" (`state_path_mosaic.py`): the state path of the inference forward and of the
-      differentiated forward (and so its backward).
   """
 
   chunk_size: int
@@ -291,8 +246,6 @@ class Plan:
   adjoint_warps: int
   xla_dot: object
   du_dot: object
-  state_backend: str
-  grad_state_backend: str
 
   @property
   def store(self):
@@ -317,8 +270,8 @@ class Target:
 
 def compile_target(interpret):
   """The `Target` of a call: None in interpret mode, else the device it compiles for
-  (`state_path_mosaic.target_device`: the abstract mesh's while lowering for one, else JAX's
-  default device). RuntimeError when that device is not a GPU."""
+  (`target_device`: the abstract mesh's while lowering for one, else JAX's default device).
+  RuntimeError when that device is not a GPU."""
   if interpret:
     return None
   device = target_device()
@@ -336,3 +289,24 @@ def segments_for(BH, N, resident=RESIDENT_AT_4_WARPS):
   11% faster at T = 4096, B = 8 and 16% at T = 32768, B = 1)."""
   S = min(N, max(1, resident // BH))
   return -(-N // S)
+
+
+def target_device():
+  """The device a compiled call targets: the abstract mesh's device while lowering for one
+  (`kernels/lowering.py`), else JAX's default device."""
+  abstract = jax.sharding.get_abstract_mesh().abstract_device
+  return abstract if abstract is not None else jax.devices()[0]
+
+
+def compute_capability(device):
+  """(major, minor) of a GPU `device`'s compute capability, or None where unknown (a ROCm GPU;
+  an abstract device, judged by its name, of a kind other than HOPPER_DEVICE_KINDS)."""
+  capability = getattr(device, "compute_capability", None)
+  if capability is not None:
+    try:
+      major, minor = str(capability).split(".")
+      return int(major), int(minor)
+    except ValueError:
+      return None
+  words = device.device_kind.upper().split()
+  return (9, 0) if any(name in words for name in HOPPER_DEVICE_KINDS) else None

@@ -27,7 +27,7 @@ def abstract_h200():
 def lower_for_h200(fn, *args):
   """`jax.jit(fn)` traced on `args` (arrays or ShapeDtypeStructs) and lowered for CUDA on an
   abstract H200. Returns the `Lowered` object (`.as_text()` is the StableHLO with the Triton
-  and Mosaic GPU calls)."""
+  calls)."""
   with abstract_h200():
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
 

@@ -26,15 +26,25 @@ per (batch * head, segment of up to 8 chunks), carrying
 
 from the later segments' sums (one XLA product per segment, `segment_suffix_starts`). No
 [N, dk, dk] array of sums is written (d = 128, T = 4096, B = 8: 537 MB, 0.68 ms in XLA).
+
+Packed documents (A restarts at reset * I; `docs`: chunk-relative document indices, see
+`common.doc_masks`): the sums over t >= s keep the same document. Z takes reset * dW in place
+of dW A_c for tokens of documents that start inside the chunk and masks tril(dW Y^T) to one
+document; the du kernel masks UW and UZ to one document, adds U E + U E^T only to the chunk's
+last document and carries E <- (E if no document starts in the chunk, else 0) + Z_f^T W over
+the rows of its first document; the segments' E and dA0 (the row's first document only)
+follow the same rule in XLA (`_packed_suffix_starts`).
 """
 
 import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import compiler_params, dot, finite, iota, rows_spec, unit_rows_vjp
+from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, finite, iota,
+                                    rows_spec, unit_rows_vjp)
 from vla_jax.kernels.penalty_scan import penalty_forward
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.vla.recurrence import WRITE_EPS
@@ -45,55 +55,79 @@ DU_SEGMENT_CHUNKS = 8   # chunks a u-cotangent program carries E through (1,024 
 
 # ----------------------------------------------------------------------------- Z kernel
 
-def _z_kernel(ac_ref, y_ref, w_ref, da_ref, z_ref, *, C, precision, acc):
+def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset):
   # One (batch * head, chunk): ac_ref [dk, dk] A at the chunk start; y_ref (Woodbury rows),
   # w_ref (rows A_t khat_t), da_ref (the unit rows' cotangents), z_ref [C, dk]. A and Y enter
   # through `finite`: after a non-finite token they are NaN, and the zero cotangents there
-  # must not turn earlier rows into NaN.
+  # must not turn earlier rows into NaN. Packed documents: refs = (rel_ref [C], z_ref).
   mm = functools.partial(dot, precision=precision)
   r, c, _ = iota(C)
   dW = unit_rows_vjp(w_ref[...].astype(acc), da_ref[...].astype(acc), WRITE_EPS)
   Y = finite(y_ref[...].astype(acc))
-  Z = (mm(dW, finite(ac_ref[...].astype(acc)))
-       - mm(jnp.where(r >= c, mm(dW, Y, tb=True), 0.0), Y))
+  dWA, lower = mm(dW, finite(ac_ref[...].astype(acc))), r >= c
+  if reset is None:
+    (z_ref,) = refs
+  else:
+    rel_ref, z_ref = refs
+    same, first, _, _ = doc_masks(rel_ref[...])
+    dWA, lower = jnp.where(first, dWA, reset * dW), lower & same
+  Z = dWA - mm(jnp.where(lower, mm(dW, Y, tb=True), 0.0), Y)
   z_ref[...] = Z.astype(z_ref.dtype)
 
 
-def row_cotangents(A_chunks, Y, W, da, *, plan, warps):
+def row_cotangents(A_chunks, Y, W, da, *, plan, warps, rel=None, reset=None):
   """Z [BH, N * C, dk] = A_t dW_t of every token (module docstring), grid (B * H, N).
   A_chunks: [BH, >= N, dk, dk] A at each chunk start; Y, W: [BH, >= N * C, dk] the forward
-  scan's Woodbury rows and rows A_t khat_t; da: [BH, N * C, dk] the unit rows' cotangents."""
+  scan's Woodbury rows and rows A_t khat_t; da: [BH, N * C, dk] the unit rows' cotangents.
+  rel: None, or [BH, N * C] int32 chunk-relative document indices (A restarts at `reset` * I
+  at every document start)."""
   BH, T_pad, dk = da.shape
   C = plan.chunk_size
   rows = rows_spec(C, dk)
+  in_specs = [pl.BlockSpec((None, None, dk, dk), lambda i, n: (i, n, 0, 0))] + [rows] * 3
+  args = [A_chunks, Y, W, da]
+  if rel is not None:
+    in_specs, args = in_specs + [doc_spec(C)], args + [rel]
   return pl.pallas_call(
-      functools.partial(_z_kernel, C=C, precision=plan.factor_dot, acc=Y.dtype),
+      functools.partial(_z_kernel, C=C, precision=plan.factor_dot, acc=Y.dtype,
+                        reset=None if rel is None else float(reset)),
       grid=(BH, T_pad // C),
-      in_specs=[pl.BlockSpec((None, None, dk, dk), lambda i, n: (i, n, 0, 0))] + [rows] * 3,
+      in_specs=in_specs,
       out_specs=rows,
       out_shape=jax.ShapeDtypeStruct((BH, T_pad, dk), Y.dtype),
       compiler_params=compiler_params(warps),
       interpret=plan.interpret, name="vla_row_cotangents",
-  )(A_chunks, Y, W, da)
+  )(*args)
 
 
 # ----------------------------------------------------------------------------- du kernel
 
-def _du_kernel(u_ref, w_ref, z_ref, e0_ref, du_ref, *, C, L, precision, acc):
+def _du_kernel(u_ref, w_ref, z_ref, e0_ref, *refs, C, L, precision, acc, packed):
   # u_ref, w_ref, z_ref, du_ref: [L * C, dk] (one segment of L chunks); e0_ref: [dk, dk], E
-  # of the segment's last chunk (the later segments' Z^T W and A_T dA_T A_T).
+  # of the segment's last chunk (the later segments' Z^T W and A_T dA_T A_T). Packed
+  # documents: refs = (rel_ref [L * C], du_ref).
+  rel_ref, du_ref = refs if packed else (None,) + refs
   mm = functools.partial(dot, precision=precision)
   r, c, _ = iota(C)
 
   def body(i, E):
     rows = pl.ds(pl.multiple_of((L - 1 - i) * C, C), C)
     U, W, Z = (ref[rows, :].astype(acc) for ref in (u_ref, w_ref, z_ref))    # [C, dk]
-    UW = jnp.where(r <= c, mm(U, W, tb=True), 0.0)                         # [s, t], t >= s
-    UZ = jnp.where(r <= c, mm(U, Z, tb=True), 0.0)
+    later = r <= c                                                         # [s, t], t >= s
+    if packed:
+      same, first, last, keep = doc_masks(rel_ref[rows])
+      later = later & same
+    UW = jnp.where(later, mm(U, W, tb=True), 0.0)
+    UZ = jnp.where(later, mm(U, Z, tb=True), 0.0)
     # E enters after the masked products: its tile stays out of their shared memory (80 KB a
     # program at d = 64 instead of 112).
-    du = -(mm(UW, Z) + mm(UZ, W) + mm(U, E) + mm(U, E, tb=True))
+    UE = mm(U, E) + mm(U, E, tb=True)
+    if packed:   # E holds the later tokens of the chunk's last document only
+      UE = jnp.where(last, UE, 0.0)
+    du = -(mm(UW, Z) + mm(UZ, W) + UE)
     du_ref[rows, :] = du.astype(du_ref.dtype)
+    if packed:
+      return jnp.where(keep, E, 0.0) + mm(jnp.where(first, Z, 0.0), W, ta=True)
     return E + mm(Z, W, ta=True)                                           # + Z_n^T W_n
 
   jax.lax.fori_loop(0, L, body, e0_ref[...].astype(acc))
@@ -104,66 +138,116 @@ def du_segment_chunks(N, most=DU_SEGMENT_CHUNKS):
   return max(L for L in range(1, min(N, most) + 1) if N % L == 0)
 
 
-def u_cotangents(U, W, Z, E_last, *, plan, warps):
+def u_cotangents(U, W, Z, E_last, *, plan, warps, rel=None):
   """du [B, H, N, C, dk] (module docstring). U, W, Z: [B, H, N, C, dk], N a multiple of L =
-  `du_segment_chunks(N)`; E_last: [B, H, N / L, dk, dk], E of each segment's last chunk.
-  Grid (B * H, N / L)."""
+  `du_segment_chunks(N)`; E_last: [B, H, N / L, dk, dk], E of each segment's last chunk;
+  rel: None, or [B * H, N * C] int32 chunk-relative document indices. Grid (B * H, N / L)."""
   B, H, N, C, dk = U.shape
   L = du_segment_chunks(N)
   S = N // L
   flat = lambda x: x.reshape(B * H, N * C, dk)
   acc = U.dtype
   seg = pl.BlockSpec((None, L * C, dk), lambda b, s: (b, s, 0))
+  in_specs = [seg] * 3 + [pl.BlockSpec((None, None, dk, dk), lambda b, s: (b, s, 0, 0))]
+  args = [flat(U), flat(W), flat(Z), E_last.reshape(B * H, S, dk, dk)]
+  if rel is not None:
+    in_specs, args = in_specs + [doc_spec(L * C)], args + [rel]
   du = pl.pallas_call(
-      functools.partial(_du_kernel, C=C, L=L, precision=plan.du_dot, acc=acc),
+      functools.partial(_du_kernel, C=C, L=L, precision=plan.du_dot, acc=acc,
+                        packed=rel is not None),
       grid=(B * H, S),
-      in_specs=[seg] * 3 + [pl.BlockSpec((None, None, dk, dk), lambda b, s: (b, s, 0, 0))],
+      in_specs=in_specs,
       out_specs=seg,
       out_shape=jax.ShapeDtypeStruct((B * H, N * C, dk), acc),
       compiler_params=compiler_params(warps),
       interpret=plan.interpret, name="vla_adjoint_du",
-  )(flat(U), flat(W), flat(Z), E_last.reshape(B * H, S, dk, dk))
+  )(*args)
   return du.reshape(B, H, N, C, dk)
+
+
+def _packed_suffix_starts(W, Z, A_T, dA_T, A0, L, starts, precision):
+  """`segment_suffix_starts` for packed documents: (E of each segment's last chunk
+  [B, H, N / L, dk, dk], dA0). starts: [B, N * C] bool document starts. E entering a segment's
+  last chunk sums Z^T W over the later tokens of the document running at that chunk's end
+  (and A_T dA_T A_T where that is the row's last document); dA0 = M_0 sym(D_0) M_0 with D_0
+  over the row's first document."""
+  B, H, N, C, dk = W.shape
+  S = N // L
+  mm_full = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+  seg_starts = starts.reshape(B, S, L * C)
+  # Tokens of each segment before its first document start, and whether it has none.
+  first = (jnp.cumsum(seg_starts, axis=-1) == 0)[:, None, :, :, None]
+  keep = ~jnp.any(seg_starts, axis=-1)[:, None, :, None, None]            # [B, 1, S, 1, 1]
+  seg = lambda x: x.reshape(B, H, S, L * C, dk)
+  G = jnp.einsum("bhsti,bhstj->bhsij", jnp.where(first, seg(Z), 0.0), seg(W),
+                 precision=precision)
+  K = mm_full("bhij,bhjk,bhkl->bhil", A_T, dA_T, A_T)
+
+  def step(E, x):   # from the last segment back: E entering segment s - 1's last chunk
+    G_s, keep_s = x
+    return G_s + jnp.where(keep_s, E, 0.0), E
+
+  keeps = jnp.broadcast_to(keep, (B, H, S, 1, 1))
+  _, E = jax.lax.scan(step, K, (jnp.moveaxis(G, 2, 0), jnp.moveaxis(keeps, 2, 0)),
+                      reverse=True)
+  in_first = (jnp.cumsum(starts, axis=-1) == 0).reshape(B, 1, N * C, 1)
+  D0 = (jnp.einsum("bhti,bhtj->bhij", jnp.where(in_first, Z.reshape(B, H, N * C, dk), 0.0),
+                   W.reshape(B, H, N * C, dk), precision=precision)
+        + jnp.where(jnp.any(starts, axis=-1)[:, None, None, None], 0.0, K))
+  M0 = jnp.linalg.inv(A0)
+  M0 = 0.5 * (M0 + jnp.swapaxes(M0, -1, -2))
+  return (jnp.moveaxis(E, 0, 2),
+          mm_full("bhij,bhjk,bhkl->bhil", M0, 0.5 * (D0 + jnp.swapaxes(D0, -1, -2)), M0))
 
 
 # ----------------------------------------------------------------------------- custom VJP
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def penalty_path(khat, u, A0, plan):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 5))
+def penalty_path(khat, u, A0, plan, docs=None, reset=None):
   """(a [B, H, N, C, dk] unit write directions unit(A_t khat_t), A_T [B, H, dk, dk]) of unit
   keys khat and penalty directions u [B, H, N, C, dk] and A0 [B, H, dk, dk] (one dtype), by
   the penalty scan, with the adjoint backward of this module. The returned A0 cotangent is
-  the gradient over symmetric perturbations."""
-  return _forward(khat, u, A0, plan)[:2]
+  the gradient over symmetric perturbations. docs: None, or packed documents (starts
+  [B, N * C] bool, document indices and chunk-relative document indices [B * H, N * C] int32;
+  `vla.document_indices`; a plan of one segment): A restarts at `reset` * I at every start."""
+  return _forward(khat, u, A0, plan, docs, reset)[:2]
 
 
-def _forward(khat, u, A0, plan):
+def _forward(khat, u, A0, plan, docs, reset):
   B, H, N, C, dk = khat.shape
   flat = lambda x: x.reshape(B, H, N * C, dk)
-  a, W, Y, A_chunks, A_T = penalty_forward(plan, flat(khat), flat(u), A0, both=True)
+  a, W, Y, A_chunks, A_T = penalty_forward(plan, flat(khat), flat(u), A0, both=True,
+                                           docs=None if docs is None else docs[1], reset=reset)
   return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, Y, A_chunks
 
 
-def _fwd(khat, u, A0, plan):
-  a, A_T, W, Y, A_chunks = _forward(khat, u, A0, plan)
-  return (a, A_T), (khat, u, A0, W, Y, A_chunks, A_T)
+def _fwd(khat, u, A0, plan, docs, reset):
+  a, A_T, W, Y, A_chunks = _forward(khat, u, A0, plan, docs, reset)
+  return (a, A_T), (khat, u, A0, W, Y, A_chunks, A_T, docs)
 
 
-def _bwd(plan, res, cts):
-  khat, u, A0, W_full, Y, A_chunks, A_T = res
+def _bwd(plan, reset, res, cts):
+  khat, u, A0, W_full, Y, A_chunks, A_T, docs = res
   da, dA_T = cts
   B, H, N, C, dk = khat.shape
   acc = W_full.dtype
   T_pad = N * C
+  rel = None if docs is None else docs[2]
   Z = row_cotangents(A_chunks, Y, W_full, da.astype(acc).reshape(B * H, T_pad, dk),
-                     plan=plan, warps=plan.adjoint_warps).reshape(B, H, N, C, dk)
+                     plan=plan, warps=plan.adjoint_warps, rel=rel,
+                     reset=reset).reshape(B, H, N, C, dk)
   W = W_full[:, :T_pad].reshape(B, H, N, C, dk)
   U = u.astype(acc)
   ends = tuple(finite(x.astype(acc)) for x in (A_T, dA_T)) + (A0.astype(acc),)
   L = du_segment_chunks(N)
-  E_last, dA0 = segment_suffix_starts(W, Z, *ends, L, precision=plan.xla_dot)
-  du = u_cotangents(U, W, Z, E_last, plan=plan, warps=plan.adjoint_warps)
-  return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype)
+  if docs is None:
+    E_last, dA0 = segment_suffix_starts(W, Z, *ends, L, precision=plan.xla_dot)
+  else:
+    E_last, dA0 = _packed_suffix_starts(W, Z, *ends, L, docs[0], precision=plan.xla_dot)
+  du = u_cotangents(U, W, Z, E_last, plan=plan, warps=plan.adjoint_warps, rel=rel)
+  d_docs = None if docs is None else tuple(
+      np.zeros(x.shape, jax.dtypes.float0) for x in docs)
+  return Z.astype(khat.dtype), du.astype(u.dtype), dA0.astype(A0.dtype), d_docs
 
 
 penalty_path.defvjp(_fwd, _bwd)

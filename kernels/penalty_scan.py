@@ -16,6 +16,13 @@ Parallelism: one program per (batch * head, segment). Each sequence is cut into 
 L = `Plan.segment_chunks` chunks (as many segments as fill one wave of programs), and A at each
 segment start comes from `segment_starts.py` (a direct inverse of the prefix sum of u u^T).
 
+Packed documents (`docs`: each token's document index, nondecreasing): A restarts at
+reset * I at every document start. A block then forms X and W from reset * I for the tokens of
+documents that start inside it, masks I + X U^T and tril(E Y^T) to pairs of one document
+(its Cholesky factor is block diagonal: no token meets another document's), and carries
+A <- (reset * I if a document starts in the block, else A) - Y_l^T Y_l over the rows Y_l of
+its last document. Such calls run one segment per sequence (no segment starts).
+
 The one kernel runs in two roles (`penalty_scan`'s `role`):
   "unit"  the inference forward: unit rows a_t (optionally from raw keys read in place);
   "both"  the differentiated forward: unit rows and the adjoint's residuals, namely the rows
@@ -30,8 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (chol_inv, compiler_params, dot, eye, finite, iota,
-                                    rows_spec, unit_rows)
+from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, eye, finite,
+                                    iota, rows_spec, unit_rows)
 from vla_jax.kernels.config import SCAN_BLOCK
 from vla_jax.kernels.segment_starts import segment_start_inverses
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
@@ -41,11 +48,16 @@ ROLES = ("unit", "both")
 
 # ----------------------------------------------------------------------------- kernel
 
-def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc):
+def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc,
+                 reset):
   # Inputs: a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (keys, penalty
-  # directions). Outputs: ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk]
-  # (rows A_t khat_t, Woodbury rows) and ac_ref [L / C, dk, dk] (A at each chunk start); last
+  # directions); with reset (packed documents) also d_ref [L] (document indices). Outputs:
+  # ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk] (rows A_t khat_t,
+  # Woodbury rows) and ac_ref [L / C, dk, dk] (A at each chunk start); last
   # at_ref [dk, dk] (segment-end inverse).
+  d_ref = None
+  if reset is not None:
+    d_ref, *outs = outs
   if role == "both":
     ah_ref, wr_ref, y_ref, ac_ref, at_ref = outs
   else:
@@ -54,36 +66,56 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
   r, c, _ = iota(b)
   one = eye(b, acc)
 
-  def block(j, A):                                        # A: [dk, dk]
+  def block(j, carry):     # carry: A [dk, dk]; packed: (A, document index before the block)
+    A, d_prev = carry if d_ref is not None else (carry, None)
     rows = pl.ds(pl.multiple_of(j * b, b), b)
     U, E = (ref[rows, :].astype(acc) for ref in (u_ref, e_ref))   # [b, dk]
     if unit_keys:
       E = unit_rows(E, KEY_EPS)
-    X = mm(U, A)                                          # [b, dk]
-    Y = mm(chol_inv(one + mm(X, U, tb=True)), finite(X))  # L^-1 X
-    W = mm(E, A) - mm(jnp.where(r >= c, mm(E, Y, tb=True), 0.0), finite(Y))
+    lower = r >= c
+    if d_ref is None:
+      X, EA = mm(U, A), mm(E, A)                          # [b, dk]
+      G = mm(X, U, tb=True)
+    else:   # rows of documents that start in this block begin from reset * I
+      d = d_ref[rows]
+      fresh = d[:, None] != d_prev
+      same = d[:, None] == d[None, :]
+      X = jnp.where(fresh, reset * U, mm(U, A))
+      EA = jnp.where(fresh, reset * E, mm(E, A))
+      G = jnp.where(same, mm(X, U, tb=True), 0.0)
+      lower = lower & same
+    Y = mm(chol_inv(one + G), finite(X))                  # L^-1 X
+    W = EA - mm(jnp.where(lower, mm(E, Y, tb=True), 0.0), finite(Y))
     if wr_ref is not None:   # the adjoint's residuals, non-finite rows as zeros
       wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
       y_ref[rows, :] = finite(Y).astype(y_ref.dtype)
     ah_ref[rows, :] = unit_rows(W, WRITE_EPS).astype(ah_ref.dtype)
-    return A - mm(Y, Y, ta=True)
+    if d_ref is None:
+      return A - mm(Y, Y, ta=True)
+    d_last = jnp.max(d)
+    A = jnp.where(d_last != d_prev, reset * eye(A.shape[0], acc), A)
+    return A - mm(Y, jnp.where(d[:, None] == d_last, Y, 0.0), ta=True), d_last
 
-  A = a0_ref[...].astype(acc)
+  carry = a0_ref[...].astype(acc)
+  if d_ref is not None:
+    carry = (carry, jnp.int32(0))
   if wr_ref is None:
-    A = jax.lax.fori_loop(0, L // b, block, A)
+    carry = jax.lax.fori_loop(0, L // b, block, carry)
   else:
-    def chunk(i, A):
-      ac_ref[i, :, :] = A.astype(ac_ref.dtype)
-      return jax.lax.fori_loop(0, C // b, lambda j, A: block(i * (C // b) + j, A), A)
+    def chunk(i, carry):
+      ac_ref[i, :, :] = (carry if d_ref is None else carry[0]).astype(ac_ref.dtype)
+      return jax.lax.fori_loop(0, C // b, lambda j, carry: block(i * (C // b) + j, carry),
+                               carry)
 
-    A = jax.lax.fori_loop(0, L // C, chunk, A)
+    carry = jax.lax.fori_loop(0, L // C, chunk, carry)
+  A = carry if d_ref is None else carry[0]
   at_ref[...] = (0.5 * (A + A.T)).astype(at_ref.dtype)
 
 
 # ----------------------------------------------------------------------------- wrapper
 
 def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, heads=None,
-                 unit_keys=False):
+                 unit_keys=False, docs=None, reset=None):
   """Rows of every token and the inverse at every segment end (grid (B * H, S)).
 
   Args:
@@ -96,6 +128,9 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
     rows_dtype: dtype of the unit rows (default A_start's).
     heads: None, or H when e and u are token-major [B, S * L, H, dk] (read in place).
     unit_keys: e holds raw keys; the kernel divides each row by max(norm, KEY_EPS).
+    docs: None, or [BH, S * L] int32 document indices (nondecreasing, 0 for the document that
+      continues from A_start; one segment, S = 1): A restarts at `reset` * I (a Python float)
+      at every document start.
 
   Returns:
     role "unit": (unit rows [BH, S * L, dk], A_end [BH, S, dk, dk]); role "both": (unit rows,
@@ -115,16 +150,22 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
     out_specs[1:1] = [rows, rows, pl.BlockSpec((None, L // C, dk, dk), lambda h, s: (h, s, 0, 0))]
     out_shape[1:1] = [jax.ShapeDtypeStruct((BH, S * L, dk), acc)] * 2 + [
         jax.ShapeDtypeStruct((BH, S * L // C, dk, dk), acc)]
+  in_specs, args = [mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)], [A_start, e, u]
+  if docs is not None:
+    if S != 1:
+      raise ValueError(f"packed documents run one segment per sequence; got {S}")
+    in_specs, args = in_specs + [doc_spec(L)], args + [docs]
   return pl.pallas_call(
       functools.partial(_scan_kernel, L=L, C=C, b=SCAN_BLOCK, role=role, unit_keys=unit_keys,
-                        precision=plan.factor_dot, acc=acc),
+                        precision=plan.factor_dot, acc=acc,
+                        reset=None if docs is None else float(reset)),
       grid=(BH, S),
-      in_specs=[mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)],
+      in_specs=in_specs,
       out_specs=out_specs,
       out_shape=out_shape,
       compiler_params=compiler_params(warps),
       interpret=plan.interpret, name="vla_penalty_scan",
-  )(A_start, e, u)
+  )(*args)
 
 
 def segment_starts(plan, e, u, A0, token_major=False):
@@ -149,12 +190,14 @@ def segment_starts(plan, e, u, A0, token_major=False):
   return A_start.reshape(B * H, S, dk, dk), S, L, e, u
 
 
-def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=False):
+def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=False,
+                    docs=None, reset=None):
   """The penalty path's forward over segments.
 
   e, u: [B, T_pad, H, dk] the caller's raw keys and u read in place (token_major, inference
   only), or [B, H, T_pad, dk] head-major unit keys and u in the accumulation dtype.
-  A0: [B, H, dk, dk].
+  A0: [B, H, dk, dk]. docs, reset: packed documents (`penalty_scan`; docs [B * H, T_pad],
+  head-major, with a plan of one segment).
 
   Returns (unit write directions [B * H, T_pad, dk] in rows_dtype, A_T [B * H, dk, dk]); with
   both (the differentiated forward, head-major only) also the adjoint's residuals over the
@@ -170,7 +213,10 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
         -1, S * L, dk)
   out = penalty_scan(A_start, rows(e), rows(u), plan=plan, role="both" if both else "unit",
                      warps=plan.scan_warps, rows_dtype=rows_dtype,
-                     heads=H if token_major else None, unit_keys=token_major)
+                     heads=H if token_major else None, unit_keys=token_major,
+                     docs=None if docs is None else jnp.pad(docs, [(0, 0), (0, S * L - T_pad)],
+                                                            mode="edge"),
+                     reset=reset)
   if both:
     return (out[0][:, :T_pad],) + tuple(out[1:4]) + (out[4][:, -1],)
   return out[0][:, :T_pad], out[1][:, -1]

@@ -26,6 +26,12 @@ registers and no spills at d = 64); where that program's float32 operands do not
 (`Plan.fused_vjp`: head dim 128 without bfloat16 operands, 352 KB of shared memory) the same
 VJP runs as 14 batched XLA products over all chunks.
 
+Packed documents (`rel`; `common.doc_masks`; W' is zero outside the chunk's first document):
+the reverse step is dS_c = keep * (dS_next - (dS_next W^T) W') + dO^T (first * Q - P W'), and
+the chunk-local VJP masks dP and dLm to pairs of one document, takes first * (dO S) into dq
+and first * (dX S) into de (R = T (V - first * E S^T)), and last * W in dR, last * (R dS_next)
+in dw.
+
 Non-finite values at later tokens meet only zero cotangents when the loss reads earlier
 outputs; every value tile enters the products through `finite`, so 0 * NaN never reaches an
 earlier token's cotangent.
@@ -37,8 +43,9 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (BF16, compiler_params, dot, finite, head_rows, iota,
-                                    merge_chunks, rows_spec, split_chunks, token_rows)
+from vla_jax.kernels.common import (BF16, compiler_params, doc_masks, doc_spec, dot, finite,
+                                    head_rows, iota, merge_chunks, rows_spec, split_chunks,
+                                    token_rows)
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS
 
 VJP_WARPS = 8   # the chunk-local VJP program: fewer spills than at 4
@@ -46,46 +53,57 @@ VJP_WARPS = 8   # the chunk-local VJP program: fewer spills than at 4
 
 # ----------------------------------------------------------------------------- kernels
 
-def _reverse_term(do, q, wp, p, mm):
-  """dO^T (Q - P W') [BV, dk]: the state-independent term of one chunk's reverse step."""
+def _reverse_term(do, q, wp, p, mm, rel=None):
+  """dO^T (Q - P W') [BV, dk]: the state-independent term of one chunk's reverse step (packed
+  documents: Q's rows of the chunk's first document only)."""
+  if rel is not None:
+    q = jnp.where(doc_masks(rel)[1], q, 0.0)
   return mm(do, q - mm(p, wp), ta=True)
 
 
-def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref,  # inputs
-                dsn_ref, ds0_ref,                               # outputs
-                *, C, N, precision, acc):
+def _reverse_step(dS, w, wp, rel, mm):
+  """dS - (dS W^T) W' (packed documents: 0 for a chunk with a document start)."""
+  dS = dS - mm(mm(dS, w, tb=True), wp)                   # [BV, C] x [C, dk]
+  return dS if rel is None else jnp.where(doc_masks(rel)[3], dS, 0.0)
+
+
+def _bwd_kernel(do_ref, q_ref, w_ref, wp_ref, p_ref, dst_ref, *refs,
+                C, N, precision, acc, packed):
   # One program = one (batch * head, value block), reverse over chunks:
   #   do_ref: [N*C, BV]   q_ref, w_ref, wp_ref: [N*C, dk]   p_ref: [N*C, C]
   #   dst_ref, ds0_ref: [BV, dk]   dsn_ref: [N, BV, dk] (cotangent of each chunk's S_next)
+  #   packed documents: rel_ref [N*C] before the outputs (dsn_ref, ds0_ref).
+  rel_ref, dsn_ref, ds0_ref = refs if packed else (None,) + refs
   mm = functools.partial(dot, precision=precision)
 
   def body(i, dS):                                       # dS: [BV, dk]
     n = N - 1 - i
     rows = pl.ds(pl.multiple_of(n * C, C), C)
+    rel = None if rel_ref is None else rel_ref[rows]
     dsn_ref[n, :, :] = dS.astype(dsn_ref.dtype)
     do = do_ref[rows, :].astype(acc)                     # [C, BV]
     q, w, wp = (finite(ref[rows, :].astype(acc)) for ref in (q_ref, w_ref, wp_ref))  # [C, dk]
     p = finite(p_ref[rows, :].astype(acc))               # [C, C]
-    dS = dS - mm(mm(dS, w, tb=True), wp)                 # [BV, C] x [C, dk]
-    return dS + _reverse_term(do, q, wp, p, mm)          # [BV, dk]
+    return _reverse_step(dS, w, wp, rel, mm) + _reverse_term(do, q, wp, p, mm, rel)
 
   dS = jax.lax.fori_loop(0, N, body, dst_ref[...].astype(acc))
   ds0_ref[...] = dS.astype(ds0_ref.dtype)
 
 
-def _bwd_terms_kernel(do_ref, q_ref, wp_ref, p_ref, g_ref, *, precision, acc):
+def _bwd_terms_kernel(do_ref, q_ref, wp_ref, p_ref, *refs, precision, acc, packed):
   # One (batch * head, chunk): do_ref: [C, dv]; q_ref, wp_ref: [C, dk]; p_ref: [C, C];
-  # g_ref: [dv, dk] the chunk's term dO^T (Q - P W').
+  # g_ref: [dv, dk] the chunk's term dO^T (Q - P W'); packed: rel_ref [C] before g_ref.
+  rel_ref, g_ref = refs if packed else (None,) + refs
   do = do_ref[...].astype(acc)
   q, wp, p = (finite(ref[...].astype(acc)) for ref in (q_ref, wp_ref, p_ref))
-  g_ref[...] = _reverse_term(do, q, wp, p, functools.partial(dot, precision=precision)).astype(
-      g_ref.dtype)
+  g_ref[...] = _reverse_term(do, q, wp, p, functools.partial(dot, precision=precision),
+                             None if rel_ref is None else rel_ref[...]).astype(g_ref.dtype)
 
 
-def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref,           # inputs
-                      dsn_ref, ds0_ref,                         # outputs
-                      *, C, N, precision, acc):
-  # w_ref, wp_ref: [N*C, dk]; g_ref, dsn_ref: [N, BV, dk]; dst_ref, ds0_ref: [BV, dk].
+def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref, *refs, C, N, precision, acc, packed):
+  # w_ref, wp_ref: [N*C, dk]; g_ref, dsn_ref: [N, BV, dk]; dst_ref, ds0_ref: [BV, dk];
+  # packed: rel_ref [N*C] before the outputs.
+  rel_ref, dsn_ref, ds0_ref = refs if packed else (None,) + refs
   mm = functools.partial(dot, precision=precision)
 
   def body(i, dS):
@@ -93,7 +111,7 @@ def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref,           # inputs
     rows = pl.ds(pl.multiple_of(n * C, C), C)
     dsn_ref[n, :, :] = dS.astype(dsn_ref.dtype)
     w, wp = (finite(ref[rows, :].astype(acc)) for ref in (w_ref, wp_ref))
-    dS = dS - mm(mm(dS, w, tb=True), wp)
+    dS = _reverse_step(dS, w, wp, None if rel_ref is None else rel_ref[rows], mm)
     return dS + g_ref[n, :, :].astype(acc)
 
   dS = jax.lax.fori_loop(0, N, body, dst_ref[...].astype(acc))
@@ -101,33 +119,41 @@ def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref,           # inputs
 
 
 def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref, t_ref,  # in
-                      dq_ref, de_ref, dw_ref, dv_ref,                                    # out
-                      *, precision, acc):
+                      *refs, precision, acc, packed):
   # One (batch * head, chunk): q, e, w, dq, de, dw: [C, dk]; v, do, dv: [C, dv]; p, t: [C, C]
   # (the forward's P and T); s_ref, dsn_ref: [dv, dk] the chunk-start state and the
-  # cotangent of the chunk-end state.
+  # cotangent of the chunk-end state; packed: rel_ref [C] before the outputs.
+  rel_ref, dq_ref, de_ref, dw_ref, dv_ref = refs if packed else (None,) + refs
   mm = functools.partial(dot, precision=precision)
   Q, E, W, P, T, V, S = (finite(ref[...].astype(acc))
                          for ref in (q_ref, e_ref, w_ref, p_ref, t_ref, v_ref, s_ref))
   dO, dSn = do_ref[...].astype(acc), dsn_ref[...].astype(acc)
   r, c, _ = iota(P.shape[0])
-  R = finite(mm(T, V - mm(E, S, tb=True)))                               # [C, dv]
-  dR = mm(P, dO, ta=True) + mm(W, dSn, tb=True)                          # [C, dv]
-  dP = jnp.where(r >= c, mm(dO, R, tb=True), 0.0)                        # [C, C]
+  lower, strict = r >= c, r > c
+  first = last = lambda x: x
+  if packed:
+    same, f, l, _ = doc_masks(rel_ref[...])
+    lower, strict = lower & same, strict & same
+    first, last = (lambda x: jnp.where(f, x, 0.0)), (lambda x: jnp.where(l, x, 0.0))
+  R = finite(mm(T, V - first(mm(E, S, tb=True))))                        # [C, dv]
+  dR = mm(P, dO, ta=True) + mm(last(W), dSn, tb=True)                    # [C, dv]
+  dP = jnp.where(lower, mm(dO, R, tb=True), 0.0)                         # [C, C]
   dX = mm(T, dR, ta=True)                                                # [C, dv]
-  dLm = jnp.where(r > c, -mm(dX, R, tb=True), 0.0)                       # [C, C]
-  dq_ref[...] = (mm(dO, S) + mm(dP, W)).astype(dq_ref.dtype)
-  dw_ref[...] = (mm(dP, Q, ta=True) + mm(R, dSn) + mm(dLm, E, ta=True)).astype(dw_ref.dtype)
-  de_ref[...] = (mm(dLm, W) - mm(dX, S)).astype(de_ref.dtype)
+  dLm = jnp.where(strict, -mm(dX, R, tb=True), 0.0)                      # [C, C]
+  dq_ref[...] = (first(mm(dO, S)) + mm(dP, W)).astype(dq_ref.dtype)
+  dw_ref[...] = (mm(dP, Q, ta=True) + last(mm(R, dSn))
+                 + mm(dLm, E, ta=True)).astype(dw_ref.dtype)
+  de_ref[...] = (mm(dLm, W) - first(mm(dX, S))).astype(de_ref.dtype)
   dv_ref[...] = dX.astype(dv_ref.dtype)
 
 
 # ----------------------------------------------------------------------------- wrappers
 
-def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
+def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None, rel=None):
   """dS_next of every chunk [BH, N, dv, dk] (in next_dtype, default the accumulation dtype)
   and dS_0 [BH, dv, dk]. dO: [BH, N*C, dv]; q, w, Wp: [BH, N*C, dk]; P: [BH, N*C, C];
-  dS_T: [BH, dv, dk]. heads: None, or H when dO and q are token-major [B, N*C, H, d]."""
+  dS_T: [BH, dv, dk]. heads: None, or H when dO and q are token-major [B, N*C, H, d].
+  rel: None, or [BH, N*C] int32 chunk-relative document indices of packed documents."""
   BH, NC, dk = w.shape
   dv, C = dO.shape[-1], plan.chunk_size
   N, BV, acc = NC // C, plan.block_v, Wp.dtype
@@ -137,43 +163,49 @@ def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None):
   out_shape = [jax.ShapeDtypeStruct((BH, N, dv, dk), next_dtype or acc),
                jax.ShapeDtypeStruct((BH, dv, dk), acc)]
   params = compiler_params(STATE_WARPS, STATE_STAGES)
+  packed = rel is not None
+  whole, docs = ([doc_spec(NC, time=lambda b, j: 0)], [rel]) if packed else ([], [])
   if plan.split_backward:
     rows = lambda d, h=None: rows_spec(C, d, h)
     G = pl.pallas_call(
-        functools.partial(_bwd_terms_kernel, precision=plan.state_dot, acc=acc),
+        functools.partial(_bwd_terms_kernel, precision=plan.state_dot, acc=acc, packed=packed),
         grid=(BH, N),
-        in_specs=[rows(dv, heads), rows(dk, heads), rows(dk), rows(C)],
+        in_specs=[rows(dv, heads), rows(dk, heads), rows(dk), rows(C)]
+                 + ([doc_spec(C)] if packed else []),
         out_specs=pl.BlockSpec((None, None, dv, dk), lambda b, n: (b, n, 0, 0)),
         out_shape=jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
         compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_terms",
-    )(dO, q, Wp, P)
+    )(dO, q, Wp, P, *docs)
     return pl.pallas_call(
-        functools.partial(_bwd_chain_kernel, C=C, N=N, precision=plan.state_dot, acc=acc),
+        functools.partial(_bwd_chain_kernel, C=C, N=N, precision=plan.state_dot, acc=acc,
+                          packed=packed),
         grid=(BH, dv // BV),
-        in_specs=[k_spec, k_spec, n_spec, s_spec],
+        in_specs=[k_spec, k_spec, n_spec, s_spec] + whole,
         out_specs=[n_spec, s_spec], out_shape=out_shape,
         compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_chain",
-    )(w, Wp, G, dS_T)
+    )(w, Wp, G, dS_T, *docs)
   seq = lambda d, f=lambda b, j: 0: rows_spec(NC, d, heads, time=lambda b, j: 0, feature=f)
   return pl.pallas_call(
-      functools.partial(_bwd_kernel, C=C, N=N, precision=plan.state_dot, acc=acc),
+      functools.partial(_bwd_kernel, C=C, N=N, precision=plan.state_dot, acc=acc,
+                        packed=packed),
       grid=(BH, dv // BV),
       in_specs=[seq(BV, lambda b, j: j), seq(dk), k_spec, k_spec,
-                pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec],
+                pl.BlockSpec((None, NC, C), lambda b, j: (b, 0, 0)), s_spec] + whole,
       out_specs=[n_spec, s_spec], out_shape=out_shape,
       compiler_params=params, interpret=plan.interpret, name="vla_state_bwd",
-  )(dO, q, w, Wp, P, dS_T)
+  )(dO, q, w, Wp, P, dS_T, *docs)
 
 
-def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None):
+def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None, rel=None):
   """Chunk-local cotangents (dq, de, dw, dv) of the state path (module docstring).
 
   q, e, w: [BH, N*C, dk]; v, dO: [BH, N*C, dv] (with heads=H, q, v and dO are token-major
   [B, N*C, H, d] and dq, dv come back so); S_c, dS_next: [BH, N, dv, dk]; P [BH, N*C, C] and
-  T [BH, N, C, C] the forward's. dq, dv in q's and v's dtypes, de, dw in S_c's."""
+  T [BH, N, C, C] the forward's; rel: None, or [BH, N*C] int32 chunk-relative document
+  indices of packed documents. dq, dv in q's and v's dtypes, de, dw in S_c's."""
   if not plan.fused_vjp:
     q, v, dO = (head_rows(x, heads) for x in (q, v, dO))
-    dq, de, dw, dv = _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T)
+    dq, de, dw, dv = _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T, rel)
     return token_rows(dq, heads), de, dw, token_rows(dv, heads)
   BH, NC, dk = e.shape
   dv, C, acc = v.shape[-1], plan.chunk_size, S_c.dtype
@@ -182,10 +214,10 @@ def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None):
   tok = lambda d: (BH, NC, d) if heads is None else (BH // heads, NC, heads, d)
   grads = pl.pallas_call(
       functools.partial(_local_vjp_kernel, precision=BF16 if plan.low else plan.state_dot,
-                        acc=acc),
+                        acc=acc, packed=rel is not None),
       grid=(BH, NC // C),
       in_specs=[rows(dk, heads), rows(dk), rows(dk), rows(dv, heads), rows(dv, heads), state,
-                state, rows(C), rows(C)],
+                state, rows(C), rows(C)] + ([] if rel is None else [doc_spec(C)]),
       out_specs=[rows(dk, heads), rows(dk), rows(dk), rows(dv, heads)],
       out_shape=[jax.ShapeDtypeStruct(tok(dk), q.dtype),
                  jax.ShapeDtypeStruct((BH, NC, dk), acc),
@@ -193,11 +225,11 @@ def local_vjp(plan, q, e, w, v, dO, S_c, dS_next, P, T, heads=None):
                  jax.ShapeDtypeStruct(tok(dv), v.dtype)],
       compiler_params=compiler_params(VJP_WARPS), interpret=plan.interpret,
       name="vla_state_local_vjp",
-  )(q, e, w, v, dO, S_c, dS_next, P, T.reshape(BH, NC, C))
+  )(q, e, w, v, dO, S_c, dS_next, P, T.reshape(BH, NC, C), *([] if rel is None else [rel]))
   return tuple(g.astype(x.dtype) for g, x in zip(grads, (q, e, w, v)))
 
 
-def _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T):
+def _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T, rel=None):
   """`local_vjp` as batched XLA products over all chunks, head-major (module docstring)."""
   acc, C = S_c.dtype, plan.chunk_size
   mm = lambda spec, a, b: jnp.einsum(spec, a, b, precision=plan.xla_dot)
@@ -206,13 +238,21 @@ def _local_vjp_xla(plan, q, e, w, v, dO, S_c, dS_next, P, T):
   P, T, S_c = finite(split_chunks(P, C)), finite(T), finite(S_c)
   r = jnp.arange(C)
   lower, strict = r[:, None] >= r[None, :], r[:, None] > r[None, :]
-  R = finite(mm("bnij,bnjv->bniv", T, V - mm("bnck,bnvk->bncv", E, S_c)))   # [C, dv]
-  dR = mm("bnij,bniv->bnjv", P, dOc) + mm("bnck,bnvk->bncv", W, dS_next)    # P^T dO + W dSn^T
+  first = last = lambda x: x
+  if rel is not None:
+    rel = rel.reshape(rel.shape[0], -1, C)                                  # [BH, N, C]
+    top = jnp.max(rel, axis=-1, keepdims=True)
+    same = rel[..., :, None] == rel[..., None, :]
+    lower, strict = lower & same, strict & same
+    first = lambda x: jnp.where((rel == 0)[..., None], x, 0)
+    last = lambda x: jnp.where((rel == top)[..., None], x, 0)
+  R = finite(mm("bnij,bnjv->bniv", T, V - first(mm("bnck,bnvk->bncv", E, S_c))))   # [C, dv]
+  dR = mm("bnij,bniv->bnjv", P, dOc) + mm("bnck,bnvk->bncv", last(W), dS_next)
   dP = jnp.where(lower, mm("bniv,bnjv->bnij", dOc, R), 0)
   dX = mm("bnij,bniv->bnjv", T, dR)                                         # T^T dR
   dLm = jnp.where(strict, -mm("bniv,bnjv->bnij", dX, R), 0)
-  dq = mm("bncv,bnvk->bnck", dOc, S_c) + mm("bnij,bnjk->bnik", dP, W)
-  dw = (mm("bnij,bnik->bnjk", dP, Q) + mm("bncv,bnvk->bnck", R, dS_next)
+  dq = first(mm("bncv,bnvk->bnck", dOc, S_c)) + mm("bnij,bnjk->bnik", dP, W)
+  dw = (mm("bnij,bnik->bnjk", dP, Q) + last(mm("bncv,bnvk->bnck", R, dS_next))
         + mm("bnij,bnik->bnjk", dLm, E))
-  de = mm("bnij,bnjk->bnik", dLm, W) - mm("bncv,bnvk->bnck", dX, S_c)
+  de = mm("bnij,bnjk->bnik", dLm, W) - first(mm("bncv,bnvk->bnck", dX, S_c))
   return tuple(merge_chunks(g).astype(x.dtype) for g, x in zip((dq, de, dw, dX), (q, e, w, v)))

@@ -62,9 +62,11 @@ def test_bench_and_check_smoke_then_report(runs):
 
   assert checked.returncode == 0, checked.stderr[-3000:] + checked.stdout[-2000:]
   _, checks = _rows(bench / "check.jsonl")
-  assert [r["status"] for r in checks] == ["ok"], checks
-  assert checks[0]["u"] == "anisotropic" and checks[0]["precision"] == "HIGHEST"
-  assert max(checks[0]["errors"].values()) < 1e-4, checks[0]["errors"]
+  assert [r["status"] for r in checks] == ["ok", "ok"], checks
+  assert [r["packed"] for r in checks] == [False, True], checks
+  for row in checks:
+    assert row["u"] == "anisotropic" and row["precision"] == "HIGHEST"
+    assert max(row["errors"].values()) < 1e-4, row["errors"]
 
   assert reported.returncode == 0, reported.stderr[-3000:]
   text = md.read_text()

@@ -24,8 +24,7 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(chunk_size=48), 16, 16, "chunk_size"), (dict(chunk_size=True), 16, 16, "chunk_size"),
     ({}, 24, 16, "dk"), ({}, 16, 48, "dv"), (dict(block_v=8), 16, 32, "block_v"),
     (dict(block_v=64), 16, 32, "block_v"), (dict(precision="fast"), 16, 16, "precision"),
-    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
-    (dict(backend="pallas"), 16, 16, "backend")])
+    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -145,48 +144,18 @@ H200, A100, B200 = Target("NVIDIA H200", (9, 0)), Target("NVIDIA A100", (8, 0)),
     "NVIDIA B200", (10, 0))
 
 
-def _backends(config=KernelConfig(), **kw):
-  plan = _plan(config, **kw)
-  return plan.state_backend, plan.grad_state_backend
+def test_kernels_run_from_compute_capability_8():
+  """Ampere, Hopper, Blackwell and a GPU of unknown capability plan without error."""
+  for target in (A100, H200, B200, Target("AMD gfx90a", None), None):
+    assert _plan(low=True, dk=128, dv=128, target=target).chunk_size == 64
 
 
-def test_auto_backend_is_the_measured_winner():
-  """The Triton state path everywhere: inside vla_pallas the Mosaic one measured slower on the
-  H200 in every case (kernels/config.py); Hopper, bfloat16 and both head dims included."""
-  triton = ("triton", "triton")
-  for kw in (dict(low=True), dict(low=True, dk=128, dv=128), dict(low=True, dk=64, dv=128),
-             dict(), dict(low=True, acc=jnp.float64, dk=128, dv=128), dict(low=True, dk=32,
-                                                                         dv=32)):
-    assert _backends(target=H200, **kw) == triton, kw
-  assert _backends(KernelConfig(precision=P.HIGHEST), low=True, target=H200) == triton
-  for target in (A100, B200, Target("AMD gfx90a", None), None):
-    assert _backends(low=True, dk=128, dv=128, target=target) == triton, target
-  assert _backends(low=True, dk=128, dv=128, target=H200, interpret=True) == triton
-
-
-def test_forced_backends():
-  """"triton" everywhere it runs; "mosaic" for float32 and bfloat16 inputs at head dims 64
-  and 128, on Hopper or in interpret mode."""
-  triton = KernelConfig(backend="triton")
-  assert _backends(triton, low=True, dk=128, dv=128, target=H200) == ("triton", "triton")
-  mosaic = KernelConfig(backend="mosaic")
-  assert _backends(mosaic, target=H200) == ("mosaic", "mosaic")
-  assert _backends(mosaic, low=True, interpret=True) == ("mosaic", "mosaic")
-  with pytest.raises(ValueError, match="dk and dv in"):
-    _plan(mosaic, dk=32, dv=32, target=H200)
-  with pytest.raises(ValueError, match="float64"):
-    _plan(mosaic, acc=jnp.float64, target=H200)
-
-
-@pytest.mark.parametrize("backend,target,match", [
-    ("mosaic", A100, "Hopper"), ("mosaic", B200, "Hopper"), ("mosaic", None, "Hopper"),
-    ("auto", Target("Tesla T4", (7, 5)), ">= 8.0"),
-    ("triton", Target("Tesla T4", (7, 5)), ">= 8.0")])
-def test_kernels_that_cannot_run_raise(backend, target, match):
+@pytest.mark.parametrize("target,match", [(Target("Tesla T4", (7, 5)), ">= 8.0")])
+def test_kernels_that_cannot_run_raise(target, match):
   """A compiled call whose kernels cannot run on the target GPU: a RuntimeError naming the
   device and the alternatives, before any kernel is lowered."""
   with pytest.raises(RuntimeError, match=match) as err:
-    _plan(KernelConfig(backend=backend), low=True, target=target)
+    _plan(KernelConfig(), low=True, target=target)
   assert "impl='chunked'" in str(err.value)
   if target is not None:
     assert target.kind in str(err.value)

@@ -1,4 +1,4 @@
-"""Lowering for an abstract NVIDIA H200 (no GPU needed): the Triton and Mosaic GPU IR of every
+"""Lowering for an abstract NVIDIA H200 (no GPU needed): the Triton IR of every
 kernel the defaults select is built, forward and gradient, so code that only runs in interpret
 mode cannot land; and the kernels each call runs are the ones the plan says."""
 
@@ -6,6 +6,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import AbstractDevice, AbstractMesh, AxisType, use_abstract_mesh
 
@@ -13,13 +14,13 @@ from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
-def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backend="auto",
-             text=False):
-  """Sorted names of the Pallas kernels (Triton and Mosaic GPU) in the lowered forward (or
-  gradient); with text, also the StableHLO."""
+def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
+             segment_ids=None):
+  """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
+  the StableHLO."""
   B, T, H, dk, dv, C = shape
-  cfg = KernelConfig(chunk_size=C, precision=precision, backend=backend)
-  fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)
+  cfg = KernelConfig(chunk_size=C, precision=precision)
+  fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
     loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a))
@@ -31,9 +32,7 @@ def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, backe
   hlo = lower_for_h200(fn, *args).as_text()
   names = re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo)
   assert hlo.count("__gpu$xla.gpu.triton") == len(names)
-  mosaic = re.findall(r"(vla_mosaic_[a-z_0-9]+?)_mosaic_gpu\b", hlo)
-  assert hlo.count("@mosaic_gpu_v2(") == len(mosaic)
-  names = sorted(names + mosaic)
+  names = sorted(names)
   return (names, hlo) if text else names
 
 
@@ -42,24 +41,16 @@ EXACT_FWD = ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"]   # float
 SPLIT_FWD = ["vla_state_chain", "vla_state_out", "vla_state_prep"]
 SPLIT_BWD = ["vla_adjoint_du", "vla_row_cotangents", "vla_state_bwd_chain",
              "vla_state_bwd_terms"]
-PENALTY_BWD = ["vla_adjoint_du", "vla_row_cotangents"]
-MOSAIC_FWD = ["vla_mosaic_chain", "vla_mosaic_factors", "vla_mosaic_out"]
-# Under differentiation o is not needed to form the gradient (the loss is linear in it): no
-# output kernel; the reverse chain is the float32 chain kernel run backwards.
-MOSAIC_GRAD = ["vla_mosaic_chain", "vla_mosaic_chain_f32", "vla_mosaic_factors"]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d64(dtype):
   """Few programs (the split state loops), segment starts in Pallas, the chunk-local VJP in
-  one kernel; forward and gradient (the Triton state path: backend "auto")."""
+  one kernel; forward and gradient."""
   shape = (1, 100, 2, 64, 64, 32)
   assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + SPLIT_FWD)
-  if dtype == jnp.bfloat16:
-    assert _kernels(dtype, shape, grad=False, backend="mosaic") == sorted(SCAN_FWD + MOSAIC_FWD)
   assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD
                                           + ["vla_state_local_vjp"])
-  assert _kernels(dtype, shape, grad=False, backend="triton") == sorted(SCAN_FWD + SPLIT_FWD)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -67,19 +58,9 @@ def test_default_kernels_d128(dtype):
   """dk = 128: segment starts in XLA; float32 operands take the chunk-local VJP as XLA
   products (the kernel would need 352 KB of shared memory), bfloat16 ones the kernel."""
   shape = (1, 64, 1, 128, 128, 64)
-  if dtype == jnp.bfloat16:
-    assert _kernels(dtype, shape, backend="mosaic") == sorted(
-        ["vla_penalty_scan"] + PENALTY_BWD + MOSAIC_GRAD)
   local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
   assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD
                                           + local_vjp)
-
-
-def test_forced_mosaic_float32_lowers():
-  """backend="mosaic" with float32 inputs: the Mosaic float32 path (XLA factors, the float32
-  chain kernel forward and backwards) beside the Triton penalty path."""
-  assert _kernels(jnp.float32, (1, 64, 1, 64, 64, 32), backend="mosaic") == sorted(
-      SCAN_FWD + PENALTY_BWD + ["vla_mosaic_chain_f32"] * 2)
 
 
 def test_compiling_for_a_cpu_raises_a_clear_error():
@@ -98,6 +79,23 @@ def test_fused_loops_at_many_programs():
   names = _kernels(jnp.bfloat16, (64, 32, 16, 32, 32, 16))
   assert "vla_state_fwd" in names and "vla_state_bwd" in names
   assert "vla_state_chain" not in names and "vla_state_bwd_chain" not in names
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_packed_documents_lower(dtype):
+  """segment_ids: the packed kernels (document indices, masks, one penalty-scan segment) lower
+  for the H200 in their split forms, their fused forms (many programs) and at d = 128, forward
+  and gradient."""
+  ids = lambda B, T: jnp.asarray(np.arange(B * T).reshape(B, T) // 23, jnp.int32)
+  assert _kernels(dtype, (1, 100, 2, 64, 64, 32), grad=False, segment_ids=ids(1, 100)) == sorted(
+      ["vla_penalty_scan", "vla_state_chain", "vla_state_out", "vla_state_prep"])
+  assert _kernels(dtype, (1, 100, 2, 64, 64, 32), segment_ids=ids(1, 100)) == sorted(
+      ["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+  names = _kernels(dtype, (64, 32, 16, 32, 32, 16), segment_ids=ids(64, 32))
+  assert "vla_state_fwd" in names and "vla_state_bwd" in names
+  local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
+  assert _kernels(dtype, (1, 64, 1, 128, 128, 64), segment_ids=ids(1, 64)) == sorted(
+      ["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD + local_vjp)
 
 
 @pytest.mark.parametrize("precision", ["HIGH", "HIGHEST"])

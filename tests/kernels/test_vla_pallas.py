@@ -68,11 +68,10 @@ def _sym(x):
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_forward_and_gradients_float64(x64, shape):
   """o, S_T, A_T against the token-by-token oracle; the gradients for all six inputs against
-  `jax.grad` of impl="scan" (A0's over symmetric perturbations). The Triton state path
-  (backend="triton"; the Mosaic one: `test_mosaic_backend`)."""
+  `jax.grad` of impl="scan" (A0's over symmetric perturbations)."""
   B, T, H, dk, dv, C = shape
   args = vla_inputs(0, B, T, H, dk, dv)
-  cfg = KernelConfig(chunk_size=C, backend="triton")
+  cfg = KernelConfig(chunk_size=C)
   o, S, A = _call(cfg)(*args)
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
   chex.assert_shape(o, (B, T, H, dv))
@@ -98,36 +97,6 @@ def test_forward_float32_and_bfloat16(dtype):
                      S0=np.asarray(args[4], np.float64), A0=np.asarray(args[5], np.float64))
   for name, got, ref in zip("oSA", (o, S, A), want):
     assert_close(got, ref, dtype, name)
-
-
-@pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (np.float32, "HIGHEST")],
-                         ids=["bf16", "f32-highest"])
-def test_mosaic_backend(x64, dtype, precision):
-  """backend="mosaic": the state path as Mosaic GPU kernels (GPU interpret mode) beside the
-  Triton penalty path, at head dim 64 (its smallest), on the inputs' values against the
-  float64 oracle: bfloat16 (its bfloat16 kernels, what "auto" runs on Hopper) forward and all
-  six gradients, against `jax.grad` of impl="scan" in float64; float32 at HIGHEST (its float32
-  path) forward."""
-  B, T, H, d, C = 1, 70, 2, 64, 32     # T: a penalty chunk and a state chunk padded
-  args = vla_inputs(8, B, T, H, d, d, dtype)
-  cfg = KernelConfig(chunk_size=C, precision=getattr(jax.lax.Precision, precision),
-                     backend="mosaic")
-  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float32, dk=d, dv=d, BH=B * H, N=3,
-                  interpret=INTERPRET)
-  assert (plan.state_backend, plan.grad_state_backend) == ("mosaic", "mosaic")
-  exact = [np.asarray(x, np.float64) for x in args]
-  o, S, A = _call(cfg)(*args)
-  chex.assert_type(o, dtype)
-  for name, got, ref in zip("oSA", (o, S, A), oracles.vla(*exact[:4], S0=exact[4], A0=exact[5])):
-    assert_close(got, ref, dtype, name)
-  if dtype != jnp.bfloat16:
-    return
-  w = _weights(9, B, T, H, d, d)
-  got, ref = _grads(cfg)(w, *args), _grads(None)(w, *map(jnp.asarray, exact))
-  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
-    if name == "A0":
-      g, r = _sym(g), _sym(r)
-    assert_close(g, r, dtype, "d" + name)
 
 
 def test_fused_state_loops_float64(x64, monkeypatch):
@@ -227,6 +196,32 @@ def test_impl_pallas_uses_interpret_on_cpu():
   assert rel(o, o_ref) < 1e-5 and rel(st.S, st_ref.S) < 1e-5 and rel(st.A, st_ref.A) < 1e-5
 
 
+def test_impl_pallas_value_width_plus_one(x64):
+  """impl="pallas" with a value width the kernels do not take (d_h + 1, the layers' "delta"
+  readout channel): run on zero value columns, forward and gradients equal impl="scan" in
+  float64, packed documents included."""
+  B, T, H, dk, dv = 2, 37, 1, 16, 17
+  args = vla_inputs(5, B, T, H, dk, dv)
+  ids = _packed_ids(5, B, T, 16)
+
+  def run(impl, *a):
+    o, st = vla_recurrence(*a[:4], initial_state=VLAState(*a[4:]), impl=impl, chunk_size=16,
+                           lam0=LAM0, segment_ids=ids)
+    return o, st.S, st.A
+
+  got, ref = (jax.jit(functools.partial(run, impl))(*args) for impl in ("pallas", "scan"))
+  chex.assert_shape(got[0], (B, T, H, dv))
+  for name, g, r in zip("oSA", got, ref):
+    assert_close(g, r, jnp.float64, name)
+  w = _weights(6, B, T, H, dk, dv)
+  grads = [jax.jit(jax.grad(_loss(functools.partial(run, impl)), argnums=range(1, 7)))(w, *args)
+           for impl in ("pallas", "scan")]
+  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), *grads):
+    if name == "A0":
+      g, r = _sym(g), _sym(r)
+    assert_close(g, r, jnp.float64, "d" + name)
+
+
 @pytest.mark.parametrize("dk,dv,C,block_v,match", [
     (24, 16, 16, None, "dk"), (16, 48, 16, None, "dv"), (16, 16, 256, None, "chunk_size"),
     (16, 32, 16, 8, "block_v")])
@@ -235,3 +230,106 @@ def test_unsupported_shapes_raise(dk, dv, C, block_v, match):
   with pytest.raises(ValueError, match=match):
     vla_pallas(q, q, v, q, jnp.zeros((1, 1, dv, dk)), jnp.eye(dk)[None, None],
                config=KernelConfig(chunk_size=C, block_v=block_v))
+
+
+# Packed documents: per row, starts at random tokens plus a start at a chunk boundary (token
+# C), two starts inside one chunk and a length-1 document; anisotropic u (ill-conditioned M).
+LAM0 = 0.7
+
+
+def _packed_ids(seed, B, T, C):
+  rng = np.random.default_rng(seed)
+  ids = np.zeros((B, T), np.int32)
+  for b in range(B):
+    starts = set(rng.choice(np.arange(1, T), size=T // 8, replace=False).tolist())
+    starts |= {C, C + 3, C + 4} if b == 0 else {1, 2 * C - 1}
+    ids[b] = np.cumsum(np.isin(np.arange(T), sorted(starts))) * 5 + b
+  return ids
+
+
+def _packed_inputs(seed, B, T, H, dk, dv, dtype=np.float64):
+  args = vla_inputs(seed, B, T, H, dk, dv, dtype)
+  u = np.swapaxes(anisotropic_u(np.random.default_rng(seed), B, H, T, dk), 1, 2)
+  args[3] = jnp.asarray(u, dtype)
+  return args
+
+
+def _documents_alone(ids, q, k, v, u, S0, A0):
+  """The float64 oracle on each document alone: (o, S_T, A_T of each row's last document)."""
+  q, k, v, u, S0, A0 = (np.asarray(x, np.float64) for x in (q, k, v, u, S0, A0))
+  o, S, A = np.zeros(v.shape), np.zeros(S0.shape), np.zeros(A0.shape)
+  for b in range(ids.shape[0]):
+    bounds = np.flatnonzero(np.diff(ids[b])) + 1
+    for s, e in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [ids.shape[1]]])):
+      init = dict(S0=S0[b:b + 1], A0=A0[b:b + 1]) if s == 0 else dict(lam0=LAM0)
+      o_d, S_d, A_d = oracles.vla(*(x[b:b + 1, s:e] for x in (q, k, v, u)), **init)
+      o[b, s:e], S[b], A[b] = o_d[0], S_d[0], A_d[0]
+  return o, S, A
+
+
+def _packed_scan(ids):
+  def run(q, k, v, u, S0, A0):
+    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan",
+                           lam0=LAM0, segment_ids=ids)
+    return o, st.S, st.A
+  return run
+
+
+def _packed_check(seed, shape, dtype):
+  """Forward against the documents alone and the six gradients against jax.grad of
+  impl="scan" on the packed rows (float64, on the inputs' values); returns the relative
+  errors."""
+  B, T, H, dk, dv, C = shape
+  ids = _packed_ids(seed, B, T, C)
+  args = _packed_inputs(seed, B, T, H, dk, dv, dtype)
+  cfg = KernelConfig(chunk_size=C)
+  run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
+  o, S, A = jax.jit(run)(*args)
+  chex.assert_type(o, dtype)
+  errors = {}
+  for name, got, ref in zip("oSA", (o, S, A), _documents_alone(ids, *args)):
+    assert_close(got, ref, dtype, name)
+    errors[name] = rel(got, ref)
+  rng = np.random.default_rng(seed + 1)
+  w = [rng.standard_normal(s) for s in ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk))]
+  state = np.float64 if dtype == np.float64 else np.float32
+  got = jax.jit(jax.grad(_loss(run), argnums=range(1, 7)))([x.astype(state) for x in w], *args)
+  with jax.enable_x64(True):
+    exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
+    ref = jax.jit(jax.grad(_loss(_packed_scan(ids)), argnums=range(1, 7)))(
+        [jnp.asarray(x, np.float64) for x in w], *exact)
+  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
+    if name == "A0":
+      g, r = _sym(g), _sym(r)
+    assert_close(g, r, dtype, "d" + name)
+    errors["d" + name] = rel(g, r)
+  return errors
+
+
+@pytest.mark.parametrize("forms", ["split", "fused"])
+def test_packed_documents_float64(x64, monkeypatch, forms):
+  """segment_ids: S and A restart at every document start (inside chunks, at chunk
+  boundaries, several in one chunk); outputs, final state and all six gradients exact in
+  float64. "fused": the single-loop state passes and the XLA chunk-local VJP (what the plan
+  selects at GPU program counts and at head dim 128)."""
+  if forms == "fused":
+    monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 0)
+    monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 0)
+    monkeypatch.setattr(kernel_config, "FUSED_VJP_F32_UP_TO", 0)
+  _packed_check(10, SHAPES[0], np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_packed_documents_float32_and_bfloat16(dtype):
+  """The packed forward and gradients for float32 and bfloat16 inputs (float32 states) within
+  the dtype's tolerance of float64 on the same values."""
+  _packed_check(12, SHAPES[1], dtype)
+
+
+def test_packed_bad_arguments_raise():
+  B, T, H, dk, dv, C = SHAPES[0]
+  args = vla_inputs(0, B, T, H, dk, dv, np.float32)
+  with pytest.raises(ValueError, match=r"segment_ids must have shape \[B, T\]"):
+    vla_pallas(*args, segment_ids=np.zeros((B, T + 1), np.int32), interpret=INTERPRET)
+  with pytest.raises(ValueError, match="lam0 must be a Python number > 0"):
+    vla_pallas(*args, segment_ids=np.zeros((B, T), np.int32), lam0=0.0, interpret=INTERPRET)

@@ -165,7 +165,7 @@ class VLAAttention(nnx.Module):
     (y [B, T, d_model], the cache after x). `attention_mask` ([B, T] bool, True = a real
     token; None: all real) deletes the padded positions; `segment_ids` ([B, T] int, None: one
     document) packs documents, each computed alone (S, A, the convolutions and the additive
-    readout's sum restart; see `vla_jax.layers.common`; impl "pallas" raises)."""
+    readout's sum restart; see `vla_jax.layers.common`)."""
     name = type(self).__name__
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)

@@ -49,42 +49,47 @@ class Case:
   B: int = 1
   H: int = 4
   chunk: int = 64
-  backend: str = "auto"   # KernelConfig.backend
-
-  @property
-  def impl(self):
-    """The row's impl: "pallas" (backend "auto"), else "pallas_<backend>" (as the bench rows)."""
-    return "pallas" if self.backend == "auto" else f"pallas_{self.backend}"
+  packed: bool = False    # segment_ids: documents of PACKED_MEAN tokens on average
 
 
-def default_cases(dims=(64,), max_T=16384, backends=("auto",), which="all"):
-  """The check behind BENCHMARKS.md's correctness table, for each state-path backend and head
-  dim (B = 1, H = 4). which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST
-  with isotropic and anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u,
-  bfloat16 at DEFAULT), then the "long" cases; "long": only those, at max_T (when longer than
-  4096): anisotropic u in float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not
-  grow with T)."""
-  if which not in ("all", "long"):
-    raise ValueError(f"which must be 'all' or 'long'; got {which!r}")
+# Packed cases: document starts at random tokens, about this many tokens a document.
+PACKED_MEAN = 300
+
+
+def default_cases(dims=(64,), max_T=16384, which="all"):
+  """The check behind BENCHMARKS.md's correctness table, for each head dim (B = 1, H = 4).
+  which "all": at T = min(4096, max_T) every precision (float32 at HIGHEST with isotropic and
+  anisotropic u, HIGH and DEFAULT (one-pass TF32) with isotropic u, bfloat16 at DEFAULT), then
+  the "long" cases; "long": only those, at max_T (when longer than 4096): anisotropic u in
+  float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not grow with T); "packed"
+  (also part of "all"): packed documents (`segment_ids`) at T = min(4096, max_T),
+  anisotropic u in float32 at HIGHEST and bfloat16 at DEFAULT."""
+  if which not in ("all", "long", "packed"):
+    raise ValueError(f"which must be 'all', 'long' or 'packed'; got {which!r}")
   mid = min(4096, max_T)
   cases = []
-  for backend in backends:
-    for d in dims:
-      case = lambda *a: Case(*a, d=d, backend=backend)
-      if which == "all":
-        cases += [case("float32", "HIGHEST", u, mid) for u in ("isotropic", "anisotropic")]
-        cases += [case("float32", "HIGH", "isotropic", mid),
-                  case("float32", "DEFAULT", "isotropic", mid),
-                  case("bfloat16", "DEFAULT", "isotropic", mid)]
-      if max_T > mid:
-        cases += [case("float32", "HIGHEST", "anisotropic", max_T),
-                  case("bfloat16", "DEFAULT", "anisotropic", max_T)]
+  for d in dims:
+    case = lambda *a: Case(*a, d=d)
+    if which == "all":
+      cases += [case("float32", "HIGHEST", u, mid) for u in ("isotropic", "anisotropic")]
+      cases += [case("float32", "HIGH", "isotropic", mid),
+                case("float32", "DEFAULT", "isotropic", mid),
+                case("bfloat16", "DEFAULT", "isotropic", mid)]
+    if which in ("all", "packed"):
+      cases += [Case(dtype, precision, "anisotropic", mid, d, packed=True)
+                for dtype, precision in (("float32", "HIGHEST"), ("bfloat16", "DEFAULT"))]
+    if which == "packed":
+      continue
+    if max_T > mid:
+      cases += [case("float32", "HIGHEST", "anisotropic", max_T),
+                case("bfloat16", "DEFAULT", "anisotropic", max_T)]
   return cases
 
 
 def smoke_cases():
   """Tiny CPU cases (interpret mode)."""
-  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16)]
+  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16),
+          Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16, packed=True)]
 
 
 def bound(case):
@@ -137,6 +142,18 @@ def inputs(case, seed=0):
   return [x.astype(dtype) for x in (q, k, v, u)], S0, wo
 
 
+def segment_ids(case, seed=0):
+  """[B, T] int32 document ids of a packed case (starts at random tokens, one in
+  PACKED_MEAN on average, and at token 1 and a chunk boundary), or None."""
+  if not case.packed:
+    return None
+  rng = np.random.default_rng(seed)
+  starts = rng.random((case.B, case.T)) < 1 / PACKED_MEAN
+  starts[:, [1, min(case.chunk, case.T - 1)]] = True
+  starts[:, 0] = False
+  return np.cumsum(starts, axis=1).astype(np.int32)
+
+
 def _loss(run):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
@@ -160,39 +177,41 @@ def _reference_fns(chunk):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
 
-  def run(q, k, v, u, S0):
+  def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=S0.dtype), S0.shape[:2] + (d, d))
     o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
-                           chunk_size=chunk)
+                           chunk_size=chunk, segment_ids=ids)
     return o, st.S, st.A
   return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
 
 
 @functools.cache
-def _pallas_fns(precision, chunk, interpret, backend="auto"):
+def _pallas_fns(precision, chunk, interpret):
   """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
-                     backend=backend)
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
 
-  def run(q, k, v, u, S0):
+  def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), S0.shape[:2] + (d, d))
-    return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
+    return vla_pallas(q, k, v, u, S0, A0, segment_ids=ids, config=cfg, interpret=interpret)
   return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
 
 
-def reference(qkvu, S0, wo, chunk):
-  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"."""
+def reference(qkvu, S0, wo, chunk, ids=None):
+  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked" (packed
+  documents with ids)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   with jax.enable_x64(True):
-    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0, wo)]
+    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0)]
+    wo = jnp.asarray(np.asarray(wo, np.float64))
     fwd, grad = _reference_fns(chunk)
-    return [np.asarray(x) for x in fwd(*args[:5])], [np.asarray(g) for g in grad(*args)]
+    return ([np.asarray(x) for x in fwd(*args, ids)],
+            [np.asarray(g) for g in grad(*args, ids, wo)])
 
 
 def check(case, interpret=None):
@@ -200,15 +219,16 @@ def check(case, interpret=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
-  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, case.backend)
-  out, grads = fwd(*qkvu, S0), grad(*qkvu, S0, wo)
-  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk)
+  ids = segment_ids(case)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
+  out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
+  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
   b, fb, db = bound(case), forward_bound(case), du_bound(case)
   ok = (finite and max(e for n, e in errors.items() if n != "du") <= b and errors["du"] <= db
         and (fb is None or max(errors[n] for n in FORWARD) <= fb))
-  return {**dataclasses.asdict(case), "op": "vla", "impl": case.impl, "pass": "check",
+  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
           "errors": errors, "bound": b, "du_bound": db, "forward_bound": fb,
           "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",

@@ -3,7 +3,7 @@
 Device time (`trace_calls`, `summarise`, `idle_gaps`): a JAX profiler trace of a few calls,
 read back with `jax.profiler.ProfileData`. Every device event is one kernel launch; events are
 grouped by name, summed and divided by the number of calls, and each kernel sorted into a
-class: pallas (the library's Triton and Mosaic GPU kernels, named vla_*), gemm (library
+class: pallas (the library's Triton kernels, named vla_*), gemm (library
 matrix products), copy (memcpy / memset) and xla (every other XLA fusion). The device's idle
 time inside a call (gaps between kernels: launch overhead, host work) comes with its largest
 gaps.
@@ -159,7 +159,7 @@ def launch_params(fn, args):
         continue
       cp = e.params["compiler_params"]
       cp = cp.get("triton", cp) if isinstance(cp, dict) else cp
-      if hasattr(cp, "num_warps"):   # not a Mosaic GPU kernel
+      if hasattr(cp, "num_warps"):   # a Triton kernel
         name = e.params.get("name") or e.params["name_and_src_info"].name
         found[str(name)] = (cp.num_warps, cp.num_stages)
   return found

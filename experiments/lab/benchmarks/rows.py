@@ -1,17 +1,14 @@
 """The row families the benchmark suite times, their inputs and the functions timed.
 
-  vla_pallas         `vla_recurrence(impl="pallas")` (JAX; `KernelConfig(backend="auto")`)
+  vla_pallas         `vla_recurrence(impl="pallas")` (JAX)
   attn_cudnn         `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")`
   fla_delta_rule     flash-linear-attention's `chunk_delta_rule` (PyTorch + Triton): keys
                      l2-normalised when the inputs are made, beta = 1, scale = 1 (o_t = S_t q_t)
-Not in the default suite (--rows selects them):
-  vla_pallas_triton  `vla_pallas` with KernelConfig(backend="triton"), S = 0, A = I
-  vla_pallas_mosaic  the same with backend="mosaic" (Hopper): the state-path backends compared
+Not in the default suite (--rows selects it):
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
                      `vla_pallas` hands them), S0 = 0
-  state_path_mosaic  `state_path_mosaic` on the same [B, T, H, d] inputs
 
 Forward (`fwd`) returns o; forward + backward (`fwd+bwd`) returns o and the cotangent of
 sum(o * c) pulled back to every input, c a fixed random cotangent (as in training, where o
@@ -37,7 +34,7 @@ class RowSpec:
 
   key: str
   op: str                 # what is computed: vla, softmax_attention, deltanet, state_path
-  impl: str               # how: pallas, pallas_triton, pallas_mosaic, cudnn, ...
+  impl: str               # how: pallas, cudnn, triton, ...
   framework: str          # jax or torch
   default: bool = True    # in the suite behind BENCHMARKS.md
 
@@ -45,10 +42,7 @@ class RowSpec:
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
              RowSpec("fla_delta_rule", "deltanet", "fla_chunk_delta_rule", "torch"),
-             RowSpec("vla_pallas_triton", "vla", "pallas_triton", "jax", default=False),
-             RowSpec("vla_pallas_mosaic", "vla", "pallas_mosaic", "jax", default=False),
-             RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
-             RowSpec("state_path_mosaic", "state_path", "mosaic", "jax", default=False))
+             RowSpec("state_path_triton", "state_path", "triton", "jax", default=False))
 BY_KEY = {spec.key: spec for spec in CATALOGUE}
 DEFAULT_ROWS = tuple(spec.key for spec in CATALOGUE if spec.default)
 
@@ -92,36 +86,18 @@ def abstract_inputs(op, B, T, H, d, dtype, backward):
   return jax.eval_shape(lambda: jax_inputs(op, B, T, H, d, dtype, 1, backward))
 
 
-def _vla_backend(backend, chunk):
-  """(q, k, v, u) -> o of `vla_pallas` with KernelConfig(backend=backend), S = 0, A = I."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  config = KernelConfig(chunk_size=chunk, backend=backend)
-
-  def fwd(q, k, v, u):
-    B, _, H, dk = q.shape
-    S0 = jnp.zeros((B, H, v.shape[-1], dk), jnp.float32)
-    A0 = jnp.broadcast_to(jnp.eye(dk, dtype=jnp.float32), (B, H, dk, dk))
-    return vla_pallas(q, k, v, u, S0, A0, config=config)[0]
-  return fwd
-
-
-def _state_path(impl, chunk):
-  """(q, e, w, v) -> o of the state path alone (S0 = 0): the Triton `state_path` (e and w
-  made head-major in the accumulation dtype, q and v read in place) or `state_path_mosaic`."""
+def _state_path(chunk):
+  """(q, e, w, v) -> o of the Triton `state_path` alone (S0 = 0; e and w made head-major in
+  the accumulation dtype, q and v read in place)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, state_path  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels.state_path_mosaic import (  # pylint: disable=import-outside-toplevel
-      state_path_mosaic)
 
   def fwd(q, e, w, v):
     B, T, H, dk = q.shape
     dv = v.shape[-1]
-    if impl == "mosaic":
-      return state_path_mosaic(q, e, w, v, jnp.zeros((B, H, dv, dk), jnp.float32))[0]
     rows = lambda x: jnp.swapaxes(x, 1, 2).reshape(B * H, T, dk).astype(jnp.float32)
     return state_path(q, rows(e), rows(w), v, jnp.zeros((B * H, dv, dk), jnp.float32),
-                      config=KernelConfig(chunk_size=chunk, backend="triton"), heads=H)[0]
+                      config=KernelConfig(chunk_size=chunk), heads=H)[0]
   return fwd
 
 
@@ -129,12 +105,10 @@ def jax_function(op, impl, pass_, chunk=CHUNK):
   """The function one JAX row times: fn(*inputs) -> o, or (o, cotangents)."""
   import jax  # pylint: disable=import-outside-toplevel
   from vla_jax import vla_recurrence  # pylint: disable=import-outside-toplevel
-  if op == "vla" and impl in ("pallas_triton", "pallas_mosaic"):
-    fwd, n = _vla_backend(impl.split("_")[1], chunk), 4
-  elif op == "vla":
+  if op == "vla":
     fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
   elif op == "state_path":
-    fwd, n = _state_path(impl, chunk), 4
+    fwd, n = _state_path(chunk), 4
   elif op == "softmax_attention":
     fwd, n = (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                            implementation=impl)), 3

@@ -89,11 +89,6 @@ class Suite:
       return families.fla_unavailable()
     if spec.impl == "cudnn" and jax.default_backend() != "gpu":
       return "no GPU"
-    if "mosaic" in spec.impl and jax.default_backend() == "gpu":
-      from vla_jax.kernels.state_path_mosaic import (  # pylint: disable=import-outside-toplevel
-          mosaic_supported)
-      if not mosaic_supported():
-        return "the Mosaic GPU kernels need a Hopper GPU (compute capability 9.x)"
     return None
 
   def run_family(self, spec, d, plan, jobs):

@@ -143,9 +143,9 @@ def test_a_part_of_a_model_is_never_the_fastest_row():
   rows_ = [_row("pallas", "vla", "fwd", 4096, 2.0), _row("cudnn", "softmax_attention", "fwd",
                                                           4096, 1.0),
            _row("fla_chunk_delta_rule", "deltanet", "fwd", 4096, 3.0),
-           _row("mosaic", "state_path", "fwd", 4096, 0.5)]
+           _row("triton", "state_path", "fwd", 4096, 0.5)]
   data = _data(rows_)
-  assert "state path mosaic" in data.labels_for(64, "fwd")
+  assert "state path triton" in data.labels_for(64, "fwd")
   assert [line[1] for line in report.fastest_summary(data, 64, "fwd")] == [report.CUDNN]
 
 

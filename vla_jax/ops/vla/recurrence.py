@@ -5,6 +5,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.typing import DTypeLike
+import numpy as np
 
 from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
@@ -58,7 +59,8 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
 
   Non-finite inputs stay causal (`vla_jax.ops.nonfinite`): a NaN or Inf at token t in k, u,
   or in v where k_t != 0, leaves every output before t and its gradient unchanged and finite;
-  o from t on (to the end of its document with `segment_ids`) and the final state are NaN. A
+  o from t on (to the end of its document with `segment_ids`; impl "pallas": to the end of the
+  row) and the final state are NaN. A
   non-finite q_t makes o_t alone NaN.
 
   Float32 accuracy (README.md): the relative error of o against float64 grows like
@@ -83,7 +85,8 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
       gradient is symmetric and the same for every impl.
     impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
       "pallas" runs `vla_jax.kernels.vla_pallas` with `KernelConfig(chunk_size, precision)`
-      (head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
+      (key head dims 16, 32, 64 or 128, value widths up to 128, other widths on zero value
+      columns up to the next of those; chunk_size <= 128); on a backend other
       than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
@@ -96,9 +99,9 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
       IEEE float32 (~1e-6); bfloat16 inputs at DEFAULT multiply bfloat16 operands (~1e-2).
       For "pallas" it sets `KernelConfig.precision`.
     segment_ids: None, or [B, T] int document ids (equal ids = one document; documents are
-      contiguous; a new document starts where the id changes). impl "scan",
-      "associative_scan" and "chunked" (documents may start anywhere inside a chunk);
-      "pallas" raises ValueError. With "chunked", gradients through a row with several
+      contiguous; a new document starts where the id changes), every impl (documents may
+      start anywhere inside a chunk); "pallas" needs lam0 as a Python number. With
+      "chunked", gradients through a row with several
       documents come from autodiff of the penalty path (not its adjoint backward).
 
   Differentiation: every impl supports reverse mode (`jax.grad`, `jax.vjp`). "chunked" and
@@ -125,9 +128,10 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   if segment_ids is not None:
     checks.check_positive("lam0", lam0)
-  if segment_ids is not None and impl is Impl.PALLAS:
-    raise ValueError("segment_ids (packed documents) are not supported by impl='pallas'; use "
-                     "impl='chunked' (or 'scan', 'associative_scan')")
+  if segment_ids is not None and impl is Impl.PALLAS and (
+      isinstance(lam0, jax.core.Tracer) or not np.isscalar(lam0)):
+    raise ValueError("impl='pallas' with segment_ids needs lam0 as a Python number (the "
+                     f"kernels restart A at I / lam0); got {type(lam0).__name__}")
   if initial_state is not None and not isinstance(initial_state, VLAState):
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
                     f"{type(initial_state).__name__}")
@@ -151,11 +155,20 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     # (d = 64, T = 4096, H200). Only a value at a zero-key token (padding) is dropped here, so
     # that a NaN there reaches no later output and not the final state.
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+    from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
+        SUPPORTED_HEAD_DIMS)
     S0, A0 = initial_state
     v = jnp.where(jnp.any(k != 0, axis=-1, keepdims=True), v, jnp.zeros((), v.dtype))
-    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size,
-                                                              precision=precision))
-    return o, VLAState(S=S, A=A)
+    # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
+    # zero value columns up to the next one they do: a zero column of v and of S0 keeps its
+    # row of S at zero (exact), and its outputs are dropped.
+    dv_run = min((d for d in SUPPORTED_HEAD_DIMS if d >= dv), default=dv)
+    if dv_run != dv:
+      v = jnp.pad(v, [(0, 0)] * 3 + [(0, dv_run - dv)])
+      S0 = jnp.pad(S0, [(0, 0), (0, 0), (0, dv_run - dv), (0, 0)])
+    o, S, A = vla_pallas(q, k, v, u, S0, A0, segment_ids=segment_ids, lam0=lam0,
+                         config=KernelConfig(chunk_size=chunk_size, precision=precision))
+    return o[..., :dv], VLAState(S=S[:, :, :dv], A=A)
   starts = None if segment_ids is None else document_starts(segment_ids)
   guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
 
