@@ -13,7 +13,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 from vla_jax.configs import base  # noqa: E402  pylint: disable=wrong-import-position
-from vla_jax.tasks import save_npz  # noqa: E402
+from vla_jax.tasks import IGNORE, save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import jsonl  # noqa: E402
 from vla_jax.training import train as train_lib  # noqa: E402
@@ -60,12 +60,17 @@ def test_tiny_training_loss_falls(tmp_path, tiny_run):
   assert train_rows[0]["compile_s"] > 0 and "steps_per_s" not in train_rows[0]
   assert all(r["steps_per_s"] > 0 for r in train_rows[1:])   # compilation left out
   assert (workdir / "checkpoints" / "40").is_dir()
-  # The checkpoint scores the same on its evaluation set written out as an external .npz.
+  # The checkpoint scores the same on its evaluation set written out as an external .npz,
+  # with as many rows again that have no target: those are not scored (exact_match would be
+  # (32 x + 32) / 64 if they counted as right).
   config = from_config_dict(tiny_config())
-  save_npz(tmp_path / "eval.npz", *config.make_task().eval_sets(0, 32)["mqar"])
+  inputs, labels = config.make_task().eval_sets(0, 32)["mqar"]
+  save_npz(tmp_path / "eval.npz", np.concatenate([inputs, inputs]),
+           np.concatenate([labels, np.full_like(labels, IGNORE)]))
   result = evaluate(str(workdir), npz_path=str(tmp_path / "eval.npz"))
-  assert result["step"] == 40
-  assert result["evals"]["npz"]["accuracy"] == summary["accuracy"]
+  assert result["step"] == 40 and summary["exact_match"] < 1
+  assert result["evals"]["npz"] == {k: summary["evals"]["mqar"][k]
+                                    for k in ("accuracy", "exact_match", "targets")}
 
 
 def test_resume_equals_uninterrupted(tmp_path, tiny_run):
@@ -261,9 +266,18 @@ TRAIN_PY = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'm
             "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
 # A user's mistakes: one line each, exit 1, before anything is trained or written.
 MISTAKES = (
-    ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
+    ("--stop_after=-5", "flag --stop_after=-5: -5 is not a positive integer"),
     ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
                                  "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)"))
+
+# evaluate.py's flags out of range or at odds: a line naming the flag and what it takes.
+EVALUATE_MISTAKES = (
+    (["--eval_examples=0"], "evaluate.py: flag --eval_examples=0: 0 is not a positive integer"),
+    (["--eval_examples=-1"],
+     "evaluate.py: flag --eval_examples=-1: -1 is not a positive integer"),
+    (["--step=-1"], "evaluate.py: flag --step=-1: -1 is not a non-negative integer"),
+    (["--eval_examples=4", "--npz=x.npz"],
+     "--eval_examples does not apply to --npz: the file is scored whole"))
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +300,8 @@ def script_runs(tmp_path_factory, tiny_run):
                                                  "--config.train.eval_examples=8"]),
             ("evaluate_keys", [ROOT / "experiments" / "evaluate.py", f"--workdir={tiny_run[1]}",
                                f"--npz={folder / 'keys.npz'}"])]
+  calls += [(f"evaluate_flag{i}", evaluate_py + flags)
+            for i, (flags, _) in enumerate(EVALUATE_MISTAKES)]
   done = run_scripts(*(argv for _, argv in calls), env=dict(os.environ, JAX_PLATFORMS="cpu"))
   return {name: proc for (name, _), proc in zip(calls, done)}, folder
 
@@ -299,7 +315,8 @@ def test_main_prints_json_and_rejects_bad_config(script_runs):
   assert "steps/s" in proc.stdout
   for i, (_, message) in enumerate(MISTAKES):
     out = runs[f"bad{i}"]
-    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].endswith(message), (
+    lines = out.stderr.strip().splitlines()   # a flag's error adds a line on --helpshort
+    assert out.returncode == 1 and any(line.endswith(message) for line in lines[:1] + lines[-1:]), (
         out.stderr[-3000:])
     assert "Traceback" not in out.stderr and not (folder / f"bad{i}").exists()
   mixer = runs["mixer"]
@@ -310,6 +327,11 @@ def test_main_prints_json_and_rejects_bad_config(script_runs):
   assert ok.returncode == 0 and ok.stderr == "", ok.stderr[-3000:]   # no library INFO logs
   assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
   assert refused.returncode != 0 and "--config.train.eval_examples=8" in refused.stderr
+  for i, (_, message) in enumerate(EVALUATE_MISTAKES):
+    out = runs[f"evaluate_flag{i}"]
+    assert out.returncode != 0 and out.stdout == "", out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()   # a flag's line, or usage then the message
+    assert message in (lines[0], lines[-1]) and "Traceback" not in out.stderr, lines[-3:]
 
 
 def test_head_at_targets_equals_full_head():
@@ -318,7 +340,6 @@ def test_head_at_targets_equals_full_head():
   import jax
   from flax import nnx
   from vla_jax.models import LanguageModel
-  from vla_jax.tasks import IGNORE
   from vla_jax.training.train import check_max_targets, lm_loss, model_loss
   config = tiny_config()
   config.task.update({"form": "zoology", "seq_len": 32, "n_pairs": 4, "vocab_size": 64})
@@ -435,6 +456,25 @@ def test_evaluate_reports_a_users_mistakes_in_one_line(tmp_path, tiny_run, scrip
   save_npz(tmp_path / "vocab.npz", inputs + 16, labels)
   with pytest.raises(ValueError, match="token id .* does not fit vocab_size=16"):
     evaluate(str(tiny_run[1]), npz_path=str(tmp_path / "vocab.npz"))
+
+
+def test_scores_count_only_examples_with_targets():
+  """16 examples, 8 without targets and 8 with every target wrong: exact match 0, not 0.5;
+  no target at all is an error naming the set, not 0 / 0."""
+  counts = np.array([[0, 0]] * 8 + [[1, 3]] * 8)
+  assert train_lib.count_scores(counts) == {"accuracy": 1 / 3, "exact_match": 0.0,
+                                            "targets": 24}
+  counts[8:] = [[2, 2]] * 4 + [[0, 1]] * 4
+  assert train_lib.count_scores(counts)["exact_match"] == 0.5
+  with pytest.raises(ValueError, match="evaluation set npz: no example has a target"):
+    train_lib.count_scores(np.zeros((4, 2), np.int64), where="evaluation set npz")
+
+
+def test_evaluate_checks_eval_examples(tiny_run):
+  """0 is not replaced by the run's setting, and -1 is not a NumPy shape error."""
+  for bad in (0, -1, 2.5):
+    with pytest.raises(ValueError, match=f"eval_examples must be an int >= 1; got {bad}"):
+      evaluate(str(tiny_run[1]), eval_examples=bad)
 
 
 def test_an_evaluation_mesh_splits_the_run_batches():

@@ -177,7 +177,7 @@ class SweepTrainer:
                                for x, y, n in eval_batches(inputs, labels, bs, axis=1)],
                               axis=1)                                # [R, N, 2]
       for r in range(self.size):
-        results[r][name] = count_scores(counts[r])
+        results[r][name] = count_scores(counts[r], where=f"evaluation set {name}")
         if self.task.name == "copy":
           model = self.model(self.run_params(params, r))
           results[r][name].update(generation_scores(model, inputs[r], bs))
