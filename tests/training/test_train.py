@@ -391,6 +391,25 @@ def test_jsonl_rows_survive_a_cut_short_write(tmp_path):
     jsonl.read_rows(str(path))
 
 
+def test_jsonl_rows_are_appended_where_flock_is_not_supported(tmp_path, monkeypatch, caplog):
+  """An object store's FUSE mount or NFS without locking: flock fails; rows are appended
+  without it, with one warning."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import fcntl  # pylint: disable=import-outside-toplevel
+
+  def refuse(*args):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(fcntl, "flock", refuse)
+  monkeypatch.setattr(jsonl, "_said_no_flock", [], raising=False)
+  path = tmp_path / "rows.jsonl"
+  with caplog.at_level("WARNING", logger=jsonl.__name__):
+    jsonl.append_rows(path, [{"step": 1}])
+    jsonl.append_rows(path, [{"step": 2}, {"step": 3}])
+  assert jsonl.read_rows(path) == [{"step": 1}, {"step": 2}, {"step": 3}]
+  assert len(caplog.records) == 1 and "does not support flock" in caplog.text
+
+
 def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, caplog):
   """A run killed while it wrote the row of step 6, before its checkpoint there (checkpoints
   every 4 steps), resumes from step 4; the cut line is dropped rather than glued to the next

@@ -1,11 +1,14 @@
 """JSON-lines files that processes append to and may be killed while writing.
 
 `append_rows` writes a batch of rows in one call with SIGTERM held back, so a stop signal lands
-between batches, not inside one. A SIGKILL during a write can still leave a last line cut
-short: `read_rows` skips it, and the next `append_rows` first truncates it (or ends it with its
-newline when it is a whole row), so that the new rows start on a line of their own and the file
-stays readable. `read_rows` names the file and line of any other malformed line. `write_rows`
-replaces a file's rows at once (through `write_atomic`, which any whole-file write can use).
+between batches, not inside one. Writers of one file take turns through `flock`; on a file
+system without it (see `lock`) rows are appended without, with a warning once per process
+(a workdir's own files have one writer, the run that holds the workdir). A SIGKILL during a
+write can still leave a last line cut short: `read_rows` skips it, and the next `append_rows`
+first truncates it (or ends it with its newline when it is a whole row), so that the new rows
+start on a line of their own and the file stays readable. `read_rows` names the file and line
+of any other malformed line. `write_rows` replaces a file's rows at once (through
+`write_atomic`, which any whole-file write can use).
 """
 
 import fcntl
@@ -15,7 +18,10 @@ import os
 import signal
 import threading
 
+from vla_jax.training import lock
+
 log = logging.getLogger(__name__)
+_said_no_flock = []   # [True] once the warning was given in this process
 
 
 def _lines(rows, **dumps):
@@ -35,7 +41,7 @@ def append_rows(path, rows, **dumps):
   try:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
     try:
-      fcntl.flock(fd, fcntl.LOCK_EX)
+      _take_turn(fd, path)
       _end_last_line(fd, path)
       while data:
         data = data[os.write(fd, data):]
@@ -44,6 +50,20 @@ def append_rows(path, rows, **dumps):
   finally:
     if block:
       signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _take_turn(fd, path):
+  """Waits for the advisory lock on `fd` (released when it is closed); where the file system
+  has no flock, goes on without, saying so once."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+  except OSError as e:
+    if e.errno not in lock.NO_FLOCK_ERRNOS:
+      raise
+    if not _said_no_flock:
+      _said_no_flock.append(True)
+      log.warning("%s: the file system does not support flock; appending rows without it "
+                  "(processes appending to one file at once may mix their lines)", path)
 
 
 def _end_last_line(fd, path):
