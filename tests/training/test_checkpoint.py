@@ -174,6 +174,25 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
   assert "has " in lines[0] and "truncated?" in lines[0] and "restored step 4" in lines[1]
 
 
+def test_a_cut_config_json_is_one_line_naming_it(tmp_path):
+  """A config.json cut short (a full disk, a copy stopped half-way): reading it, or resuming
+  on it, is a ValueError naming the file and what to do, not the JSON parser's bare message."""
+  whole = json.dumps({"model": {"mixer": "vla"}, "train": {"learning_rate": 1e-3}})
+  path = tmp_path / ckpt.CONFIG_FILE
+  path.write_text(whole[:20])
+  for call in (lambda: ckpt.read_config(str(tmp_path)),
+               lambda: ckpt.write_config(str(tmp_path), whole)):
+    with pytest.raises(ValueError, match=rf"^{path} is cut short or damaged \(not JSON: .* at "
+                       r"line 1 column \d+\); it holds the run's settings: remove it to start "
+                       r"the run afresh"):
+      call()
+  ckpt.Checkpointer(tmp_path).save(1, _state(1))
+  path.write_text("[1, 2]")
+  with pytest.raises(ValueError, match=rf"^{path} holds no JSON object but a list; .*: put back "
+                     r"a whole copy of it or use a new workdir$"):
+    ckpt.read_config(str(tmp_path))
+
+
 def test_a_run_from_before_gate_init_resumes_only_with_fla(tmp_path):
   """config.json written before GatedDeltaNet had gate_init lacks it: the same run as
   gate_init "fla", another run than "slow"."""

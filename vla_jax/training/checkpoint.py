@@ -303,8 +303,7 @@ def write_config(workdir, config_json):
         f"{CONFIG_FILE}: the settings of the run to resume are unknown, and resuming with "
         f"other ones would mix two runs; put its {CONFIG_FILE} back, or use a new workdir")
   if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
+    old = _load_config(path, steps)
     new = json.loads(config_json)
     if old.get("sweep") != new.get("sweep"):   # a sweep's stacked state is not a run's
       kind = lambda c: f"a sweep over {c['sweep']}" if c.get("sweep") else "a single run"
@@ -353,8 +352,28 @@ def read_config(workdir):
   if not os.path.isfile(path):
     raise ValueError(f"{workdir} is not a training run's folder: it has no {CONFIG_FILE}"
                      + ("" if os.path.isdir(workdir) else " (the folder does not exist)"))
-  with open(path) as f:
-    return json.load(f)
+  return _load_config(path, checkpoint_steps(workdir))
+
+
+def _load_config(path, steps):
+  """The JSON object in the config.json `path` (of a workdir with checkpoints at `steps`);
+  ValueError naming the file and what to do when it is cut short or damaged."""
+  fix = ("put back a whole copy of it or use a new workdir" if steps else
+         "remove it to start the run afresh (the workdir holds no checkpoint), or use a new "
+         "workdir")
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is cut short or damaged (not JSON: {e.msg} at line {e.lineno} "
+                     f"column {e.colno}); it holds the run's settings: {fix}") from None
+  except UnicodeDecodeError:
+    raise ValueError(f"{path} is damaged (not UTF-8 text); it holds the run's settings: "
+                     f"{fix}") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"{path} holds no JSON object but a {type(config).__name__}; it holds "
+                     f"the run's settings: {fix}")
+  return config
 
 
 def logged_row(metrics_path, step, key="loss"):
