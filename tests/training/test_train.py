@@ -122,6 +122,49 @@ def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny
   assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
 
 
+class Killed(Exception):
+  """What a SIGTERM that reaches no StopSignal does here (in place of ending the process)."""
+
+
+def sigterm_during_save(monkeypatch, step):
+  """Sends SIGTERM when checkpoint `step` starts being saved; a SIGTERM outside a StopSignal
+  raises Killed, as if the process ended there."""
+  save = ckpt.Checkpointer.save
+
+  def saving(self, at, state):
+    if at == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return save(self, at, state)
+
+  def killed(signum, frame):
+    raise Killed(f"signal {signum}")
+
+  monkeypatch.setattr(ckpt.Checkpointer, "save", saving)
+  previous = signal.signal(signal.SIGTERM, killed)
+  return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_sigterm_during_the_last_checkpoint_loses_no_step(tmp_path, tiny_run, monkeypatch):
+  """Checkpoints every 4 steps, stopped after 10: a SIGTERM while checkpoint 10 is written
+  lets it finish (the run then skips its evaluation); the rerun resumes at step 10, not at 8,
+  and follows the uninterrupted run."""
+  _, full = tiny_run
+  config = from_config_dict(tiny_config(checkpoint_every=4))
+  restore = sigterm_during_save(monkeypatch, 10)
+  try:
+    stopped = train_and_evaluate(config, str(tmp_path), stop_after=10, log=lambda s: None)
+  finally:
+    restore()
+  monkeypatch.undo()
+  assert stopped["steps"] == 10 and stopped["evals"] is None
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [8, 10]
+  lines = []
+  train_and_evaluate(config, str(tmp_path), stop_after=12, log=lines.append)
+  assert "resumed from step 10" in lines[0]
+  assert [(r["step"], r["loss"]) for r in _rows(tmp_path)[0]] == [
+      (r["step"], r["loss"]) for r in _rows(full)[0]][:12]
+
+
 def test_a_stopped_run_never_reports_an_earlier_evaluation(tmp_path):
   """Periodic evaluations every 4 steps: stopped after step 6 by stop_after, the summary
   scores step 6 (a fresh evaluation, logged at step 6); stopped there by SIGTERM, it has no

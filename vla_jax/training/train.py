@@ -363,7 +363,10 @@ def _train(trainer, workdir, stop_after, log, start_time):
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
           with progress.paused():
             checkpointer.save(done, state)
-    final = checkpointer.finish(state)
+      # Still inside StopSignal: a SIGTERM during the last save lets it finish (outside, the
+      # signal would end the process mid-save and a rerun would redo the steps since the
+      # previous checkpoint).
+      final = checkpointer.finish(state)
     if results_step != final:   # the summary scores the final step only, never an earlier one
       results = None if stop.requested else run_eval(final)
   finally:
