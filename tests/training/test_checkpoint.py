@@ -2,6 +2,7 @@
 checkpoint is never restored silently, the clean-up deletes only what it wrote, and evaluate.py
 reports a missing or damaged step in one line."""
 
+import errno
 import json
 import logging
 import os
@@ -172,6 +173,34 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
   lines = fallback.stderr.strip().splitlines()
   assert len(lines) == 2, lines   # two warnings, no INFO lines
   assert "has " in lines[0] and "truncated?" in lines[0] and "restored step 4" in lines[1]
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    ValueError("RESOURCE_EXHAUSTED: Error writing local file: Failed to write 268 bytes to "
+               "file 5: No space left on device [os_error_code='28']"),   # tensorstore's
+    OSError(errno.EDQUOT, "Disk quota exceeded")], ids=["enospc", "tensorstore", "edquot"])
+def test_a_save_that_finds_the_disk_full_leaves_the_last_checkpoint(saved, monkeypatch, error):
+  """A full disk while checkpoint 4 is written: one OSError naming it, its partial folder
+  gone, checkpoints 2 and 3 untouched and restorable."""
+  checkpointer, directory = saved
+  orbax = checkpointer._orbax   # pylint: disable=protected-access
+  orbax_save = orbax.save
+
+  def save_then_fill(path, state):
+    orbax_save(path, state)
+    orbax.wait_until_finished()
+    raise error
+
+  monkeypatch.setattr(orbax, "save", save_then_fill)
+  with pytest.raises(OSError) as raised:
+    checkpointer.save(4, _state(4))
+  assert raised.value.errno == (error.errno if isinstance(error, OSError) else errno.ENOSPC)
+  assert raised.value.filename == str(directory / "4")
+  assert sorted(os.listdir(directory)) == ["0", "2", "3", "7"]
+  monkeypatch.undo()
+  restored = ckpt.Checkpointer(directory.parent).restore(_state(0))
+  assert int(restored["step"]) == 3
 
 
 def test_a_cut_config_json_is_one_line_naming_it(tmp_path):

@@ -453,6 +453,27 @@ def test_jsonl_rows_are_appended_where_flock_is_not_supported(tmp_path, monkeypa
   assert len(caplog.records) == 1 and "does not support flock" in caplog.text
 
 
+def test_a_full_disk_names_the_jsonl_file(tmp_path, monkeypatch):
+  """os.write's ENOSPC names no file: append_rows and write_atomic name theirs, and
+  write_atomic leaves the old file whole."""
+  import errno  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "rows.jsonl"
+  jsonl.write_rows(path, [{"step": 1}])
+
+  def full(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "write", full)
+  with pytest.raises(OSError, match=f"No space left on device: '{path}'"):
+    jsonl.append_rows(path, [{"step": 2}])
+  monkeypatch.undo()
+  monkeypatch.setattr(jsonl.os, "replace", full)
+  with pytest.raises(OSError, match=f"No space left on device: '{path}'"):
+    jsonl.write_rows(path, [{"step": 3}])
+  monkeypatch.undo()
+  assert jsonl.read_rows(path) == [{"step": 1}] and os.listdir(tmp_path) == ["rows.jsonl"]
+
+
 def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, caplog):
   """A run killed while it wrote the row of step 6, before its checkpoint there (checkpoints
   every 4 steps), resumes from step 4; the cut line is dropped rather than glued to the next

@@ -19,6 +19,7 @@ Clean-up deletes only checkpoints with checksums.json: an integer-named folder t
 put under checkpoints/ is neither restored nor deleted.
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -144,7 +145,13 @@ class Checkpointer:
 
   def save(self, step, state):
     """Writes `state` as checkpoint `step` (under `<step>.partial`, renamed when complete),
-    then deletes the checkpoints it wrote that are older than the newest `keep`."""
+    then deletes the checkpoints it wrote that are older than the newest `keep`.
+
+    Raises:
+      OSError: ENOSPC or EDQUOT naming the checkpoint when the disk is full (from orbax's
+        errors, whose logs are left out); the partial save is removed and the checkpoints
+        already there stay as they were.
+    """
     step = int(step)
     os.makedirs(self.directory, exist_ok=True)
     final = os.path.join(self.directory, str(step))
@@ -153,10 +160,23 @@ class Checkpointer:
       if name.endswith(PARTIAL) and name[:-len(PARTIAL)].isdigit():
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     leaves = _leaf_records(state)
-    self._orbax.save(os.path.join(partial, ITEM), state)
-    self._orbax.wait_until_finished()
-    record = {"step": step, "leaves": leaves, "files": _file_records(partial)}
-    jsonl.write_atomic(os.path.join(partial, RECORD), json.dumps(record))
+    try:
+      with _quiet_disk_full_logs():
+        try:
+          self._orbax.save(os.path.join(partial, ITEM), state)
+          self._orbax.wait_until_finished()
+        except Exception as e:   # pylint: disable=broad-except  (orbax raises many kinds)
+          if jsonl.disk_full(e) is not None:   # its threads' last errors, quiet here too
+            self._orbax.close()
+          raise
+      record = {"step": step, "leaves": leaves, "files": _file_records(partial)}
+      jsonl.write_atomic(os.path.join(partial, RECORD), json.dumps(record))
+    except Exception as e:   # pylint: disable=broad-except
+      shutil.rmtree(partial, ignore_errors=True)   # the checkpoints there stay as they were
+      code = jsonl.disk_full(e)
+      if code is None:
+        raise
+      raise OSError(code, jsonl.DISK_FULL[code], final) from None
     if os.path.exists(final):   # a damaged checkpoint, or a folder someone put there
       aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
       log.warning("%s: moving the folder already there to %s", final, aside)
@@ -266,6 +286,30 @@ class Checkpointer:
 
   def close(self):
     self._orbax.close()
+
+
+class _DiskFullFilter(logging.Filter):
+  """Drops the error logs (a traceback each) of a write that found the disk full: the save
+  raises it as one OSError."""
+
+  def filter(self, record):
+    text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+    return not (record.levelno >= logging.ERROR
+                and any(message in text for message in jsonl.DISK_FULL.values()))
+
+
+@contextlib.contextmanager
+def _quiet_disk_full_logs():
+  """While orbax saves: its threads log the error of a full disk, with tracebacks, to the
+  "absl" logger before the save raises it."""
+  loggers, quiet = [logging.getLogger(name) for name in ("absl", "asyncio")], _DiskFullFilter()
+  for logger in loggers:
+    logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    for logger in loggers:
+      logger.removeFilter(quiet)
 
 
 def _leaf_specs(tree):

@@ -8,9 +8,12 @@ write can still leave a last line cut short: `read_rows` skips it, and the next 
 first truncates it (or ends it with its newline when it is a whole row), so that the new rows
 start on a line of their own and the file stays readable. `read_rows` names the file and line
 of any other malformed line. `write_rows` replaces a file's rows at once (through
-`write_atomic`, which any whole-file write can use).
+`write_atomic`, which any whole-file write can use). A full disk is an OSError naming the file
+(`disk_full` tells one, also from a library's error that says so); `write_atomic` then leaves
+the old file as it was.
 """
 
+import errno
 import fcntl
 import json
 import logging
@@ -22,6 +25,35 @@ from vla_jax.training import lock
 
 log = logging.getLogger(__name__)
 _said_no_flock = []   # [True] once the warning was given in this process
+DISK_FULL = {errno.ENOSPC: "No space left on device", errno.EDQUOT: "Disk quota exceeded"}
+
+
+def disk_full(error):
+  """ENOSPC or EDQUOT when `error`, or an error it comes from, says that the disk (or the
+  quota) is full, as an OSError or in a library's message; None otherwise."""
+  seen, stack = set(), [error]
+  while stack:
+    e = stack.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno in DISK_FULL:
+      return e.errno
+    text = str(e)
+    for code, message in DISK_FULL.items():
+      if message in text:
+        return code
+    stack += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+  return None
+
+
+def _named(error, path):
+  """`error` as an OSError naming `path` when it says the disk is full (os.write's do not
+  name the file), else `error`."""
+  code = disk_full(error)
+  if code is None or (isinstance(error, OSError) and error.filename):
+    return error
+  return OSError(code, DISK_FULL[code], str(path))
 
 
 def _lines(rows, **dumps):
@@ -45,6 +77,11 @@ def append_rows(path, rows, **dumps):
       _end_last_line(fd, path)
       while data:
         data = data[os.write(fd, data):]
+    except OSError as e:   # a line cut short is repaired by the next append
+      error = _named(e, path)
+      if error is e:
+        raise
+      raise error from None
     finally:
       os.close(fd)
   finally:
@@ -103,9 +140,17 @@ def write_atomic(path, text):
   """Writes `text` to `path` through a temporary file and a rename, so that an interruption
   leaves either the old file or the new one, never a truncated one."""
   tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    error = _named(e, path)
+    if error is e:
+      raise
+    raise error from None
 
 
 def read_rows(path):
