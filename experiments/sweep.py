@@ -63,7 +63,8 @@ def main(argv):
   for row in rows:
     print(json.dumps(row, sort_keys=True), flush=True)
   if _OUT.value:   # all of the job's rows in one write, so that none is left half-written
-    jsonl.append_rows(_OUT.value, rows, sort_keys=True)
+    with cli.user_errors("sweep.py"):   # a full disk: one line
+      jsonl.append_rows(_OUT.value, rows, sort_keys=True)
 
 
 def _parse_list(name, values, kind, what, valid):

@@ -203,6 +203,32 @@ def test_a_save_that_finds_the_disk_full_leaves_the_last_checkpoint(saved, monke
   assert int(restored["step"]) == 3
 
 
+def test_a_checkpoint_removed_while_read_gives_the_newest(saved, monkeypatch, caplog):
+  """A training in the workdir saves step 4 and removes step 3 while step 3 is read (its
+  clean-up): restore reads the newest again, step 4, without a warning; with step=3 it is one
+  line naming the steps kept."""
+  checkpointer, directory = saved
+  training = ckpt.Checkpointer(directory.parent, keep=1)
+  file_crc = ckpt._file_crc   # pylint: disable=protected-access
+  saves = []   # the training's next save, made at the first file read
+
+  def read_while_cleaned(path):
+    if saves:
+      training.save(*saves.pop())   # removes the older checkpoints, one of them half-read
+    return file_crc(path)
+
+  monkeypatch.setattr(ckpt, "_file_crc", read_while_cleaned)
+  saves.append((4, _state(4, scale=4)))
+  with caplog.at_level(logging.WARNING):
+    assert int(checkpointer.restore(_state(0))["step"]) == 4
+  assert checkpointer.steps() == [4] and not caplog.records
+  saves.append((6, _state(6)))
+  with pytest.raises(ValueError, match=rf"^checkpoint 4 in {directory} was removed while it "
+                     r"was read .*: .*\(checkpoints: 6\)$"):
+    checkpointer.restore(_state(0), step=4)
+  training.close()
+
+
 def test_a_cut_config_json_is_one_line_naming_it(tmp_path):
   """A config.json cut short (a full disk, a copy stopped half-way): reading it, or resuming
   on it, is a ValueError naming the file and what to do, not the JSON parser's bare message."""

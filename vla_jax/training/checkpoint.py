@@ -39,6 +39,7 @@ CONFIG_FILE = "config.json"
 ITEM = "default"            # the orbax folder inside a step
 RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to check
 PARTIAL = ".partial"        # suffix of a step being written
+REREADS = 5                 # reads of the newest checkpoint while a training removes old ones
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
          "keep_checkpoints", "tensorboard", "seq_devices", "diagnostics_every")
@@ -193,34 +194,55 @@ class Checkpointer:
     of the right shapes), verified against what was saved.
 
     Without `step`, the latest checkpoint that verifies, with a warning for each later one
-    that does not.
+    that does not. A checkpoint removed while it is read (by the clean-up of a training
+    running in the workdir, which saves newer ones) is no warning: the newest one is tried
+    again, up to `REREADS` times.
 
     Raises:
-      ValueError: no checkpoint (at `step`).
+      ValueError: no checkpoint (at `step`), or the one at `step` was removed while read.
       CheckpointError: the checkpoint at `step` (or, without `step`, every one) does not
-        verify; the message says why.
+        verify; the message says why. Also when the checkpoints changed under every read.
     """
     steps = self.steps()
-    where = f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
+    where = lambda steps: f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
     if step is not None:
       if step not in steps:
-        raise ValueError(f"no checkpoint at step {step} in {where}")
-      return self._restore(step, target)
-    if not steps:
-      raise ValueError(f"no checkpoint in {self.directory}")
-    failures = []
-    for candidate in reversed(steps):
+        raise ValueError(f"no checkpoint at step {step} in {where(steps)}")
       try:
-        state = self._restore(candidate, target)
-      except CheckpointError as e:
-        log.warning("%s; trying the previous checkpoint", e)
-        failures.append(str(e))
-        continue
-      if failures:
-        log.warning("restored step %d of %s instead of the latest", candidate, where)
-      return state
-    raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
-                          + "; ".join(failures))
+        return self._restore(step, target)
+      except CheckpointError:
+        if step in self.steps():
+          raise
+        raise ValueError(f"checkpoint {step} in {self.directory} was removed while it was "
+                         f"read (by the clean-up of a training running there?); choose a step "
+                         f"kept now, or leave the step out for the newest: "
+                         f"{where(self.steps())}") from None
+    for _ in range(REREADS):
+      if not steps:
+        raise ValueError(f"no checkpoint in {self.directory}")
+      failures, changed = [], None
+      for candidate in reversed(steps):
+        try:
+          state = self._restore(candidate, target)
+        except CheckpointError as e:
+          now = self.steps()
+          if now != steps:   # a training there saved and cleaned up meanwhile: read again
+            changed = now
+            break
+          log.warning("%s; trying the previous checkpoint", e)
+          failures.append(str(e))
+          continue
+        if failures:
+          log.warning("restored step %d of %s instead of the latest", candidate, where(steps))
+        return state
+      if changed is None:
+        raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
+                              + "; ".join(failures))
+      steps = changed
+    raise CheckpointError(
+        f"the checkpoints in {self.directory} were removed while read {REREADS} times: a "
+        f"training running there saves and cleans up faster than they are read; score the "
+        f"run once it ends, or rerun")
 
   def _restore(self, step, target):
     path = os.path.join(self.directory, str(step))
@@ -237,13 +259,18 @@ class Checkpointer:
         raise CheckpointError(f"{name}: {RECORD} is of step {record.get('step')}")
       for rel, (size, crc) in sorted(files.items()):
         file = os.path.join(path, rel)
-        if not os.path.isfile(file):
-          raise CheckpointError(f"{name}: file {rel} is missing")
-        if os.path.getsize(file) != size:
-          raise CheckpointError(f"{name}: file {rel} has {os.path.getsize(file)} bytes, not "
-                                f"the {size} written (truncated?)")
-        if _file_crc(file) != crc:
-          raise CheckpointError(f"{name}: file {rel} does not match its checksum (corrupted)")
+        try:
+          if not os.path.isfile(file):
+            raise CheckpointError(f"{name}: file {rel} is missing")
+          if os.path.getsize(file) != size:
+            raise CheckpointError(f"{name}: file {rel} has {os.path.getsize(file)} bytes, "
+                                  f"not the {size} written (truncated?)")
+          if _file_crc(file) != crc:
+            raise CheckpointError(f"{name}: file {rel} does not match its checksum "
+                                  "(corrupted)")
+        except OSError as e:   # removed or unreadable while read
+          raise CheckpointError(f"{name}: file {rel} cannot be read ({_first_line(e)})"
+                                ) from None
       expected = {k: (v["shape"], v["dtype"]) for k, v in _leaf_specs(target).items()}
       saved = {k: (v["shape"], v["dtype"]) for k, v in saved_leaves.items()}
       if saved != expected:
