@@ -26,10 +26,13 @@ _CONFIG = config_flags.DEFINE_config_file(
     "(only its task section; --config.task.* overrides it).")
 _NPZ = flags.DEFINE_string("npz", None, "Optional: an .npz with `inputs` and `labels`.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest that "
-                             "verifies).")
-_EXAMPLES = flags.DEFINE_integer("eval_examples", None, "Examples per evaluation set.")
+                             "verifies).", lower_bound=0)
+_EXAMPLES = flags.DEFINE_integer("eval_examples", None, "Examples per evaluation set (default: "
+                                 "the run's train.eval_examples; not with --npz, which is "
+                                 "scored whole).", lower_bound=1)
 _EVAL_BATCH = flags.DEFINE_integer("eval_batch_size", None, "Rows per evaluation batch "
-                                   "(default: the run's); lower it for long contexts.")
+                                  "(default: the run's); lower it for long contexts.",
+                                  lower_bound=1)
 flags.mark_flags_as_required(["workdir"])
 
 
@@ -45,6 +48,8 @@ def main(argv):
     raise app.UsageError(f"only --config's task section is used (the model and training "
                          f"settings are the run's; --eval_examples sets the examples per set): "
                          f"{' '.join(ignored)}")
+  if _NPZ.value and _EXAMPLES.value is not None:
+    raise app.UsageError("--eval_examples does not apply to --npz: the file is scored whole")
   task = None
   if _CONFIG.value is not None:
     fields = _CONFIG.value.task.to_dict()

@@ -12,6 +12,7 @@ settings and the --tag fields.
 """
 
 import json
+import math
 import sys
 
 from absl import app, flags
@@ -26,7 +27,8 @@ _LRS = flags.DEFINE_list("learning_rates", ["1e-3"], "Peak learning rates.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (resumes from checkpoints).")
 _OUT = flags.DEFINE_string("out", None, "JSONL file the rows are appended to.")
 _TAG = flags.DEFINE_string("tag", "{}", "JSON object of fields added to every row.")
-_STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Stop after this many steps.")
+_STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Stop after this many steps.",
+                                   lower_bound=1)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -43,8 +45,10 @@ def main(argv):
     raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r} ({e})") from e
   if not isinstance(tag, dict):
     raise app.UsageError(f"--tag must be a JSON object; got {_TAG.value!r}")
-  seeds = _parse_list("seeds", _SEEDS.value, int, "integers")
-  rates = _parse_list("learning_rates", _LRS.value, float, "numbers")
+  seeds = _parse_list("seeds", _SEEDS.value, int, "integers in [0, 2**63)",
+                      lambda s: 0 <= s < 2 ** 63)
+  rates = _parse_list("learning_rates", _LRS.value, float, "positive finite numbers",
+                      lambda r: 0 < r < math.inf)
   with cli.user_errors("sweep.py"):
     config = from_config_dict(_CONFIG.value)
     rows = train_sweep(config, seeds, rates, _WORKDIR.value, stop_after=_STOP_AFTER.value,
@@ -59,14 +63,21 @@ def main(argv):
   for row in rows:
     print(json.dumps(row, sort_keys=True), flush=True)
   if _OUT.value:   # all of the job's rows in one write, so that none is left half-written
-    jsonl.append_rows(_OUT.value, rows, sort_keys=True)
+    with cli.user_errors("sweep.py"):   # a full disk: one line
+      jsonl.append_rows(_OUT.value, rows, sort_keys=True)
 
 
-def _parse_list(name, values, kind, what):
+def _parse_list(name, values, kind, what, valid):
+  """`values` (a flag's list) as `kind`s that are `valid`; a UsageError naming the flag and
+  `what` it takes otherwise (an empty list too)."""
   try:
-    return [kind(v) for v in values]
-  except ValueError as e:
-    raise app.UsageError(f"--{name} must be a comma list of {what}; got {values}") from e
+    parsed = [kind(v) for v in values]
+  except ValueError:
+    parsed = None
+  if not parsed or not all(valid(v) for v in parsed):
+    raise app.UsageError(f"--{name} must be a comma list of {what}; got "
+                         f"{','.join(values) or 'nothing'}")
+  return parsed
 
 
 if __name__ == "__main__":

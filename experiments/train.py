@@ -21,7 +21,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment configurat
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output folder (resumes if it has checkpoints).")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None,
-                                   "Stop after this many steps, as an interruption would.")
+                                   "Stop after this many steps, as an interruption would.",
+                                   lower_bound=1)
 flags.mark_flags_as_required(["config"])
 
 

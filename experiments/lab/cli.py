@@ -13,6 +13,7 @@ import sys
 
 from absl import flags
 
+from vla_jax.training import jsonl
 from vla_jax.training import lock
 
 
@@ -71,10 +72,18 @@ USER_ERRORS = (ValueError, lock.WorkdirInUseError)
 
 @contextlib.contextmanager
 def user_errors(program):
-  """Turns a user's mistake (`USER_ERRORS`: a bad setting, file or workdir) into one line on
-  stderr and exit status 1; other exceptions keep their traceback."""
+  """Turns a user's mistake (`USER_ERRORS`: a bad setting, file or workdir) and a full disk
+  (an OSError ENOSPC or EDQUOT, `jsonl.disk_full`) into one line on stderr and exit status 1;
+  other exceptions keep their traceback."""
   try:
     yield
+  except OSError as e:
+    code = jsonl.disk_full(e)
+    if code is None:
+      raise
+    sys.exit(f"{program}: error: {e.filename or 'a file'}: {jsonl.DISK_FULL[code]} (the disk "
+             f"is full): free space there or use a folder on another disk, then rerun (a "
+             f"training run resumes from its last complete checkpoint)")
   except USER_ERRORS as e:
     sys.exit(f"{program}: error: {e}")
 

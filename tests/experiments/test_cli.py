@@ -41,6 +41,14 @@ def test_the_scripts_are_absl_mains_over_the_installed_package():
 
 
 MISTAKE = ["--workdir=x", "--grids=capcity"]
+# sweep.py's flags out of range: the message names the flag and what it takes.
+SWEEP_MISTAKES = (
+    (["--seeds=0,-1"], "--seeds must be a comma list of integers in [0, 2**63); got 0,-1"),
+    (["--learning_rates=1e-3,0"],
+     "--learning_rates must be a comma list of positive finite numbers; got 1e-3,0"),
+    (["--learning_rates=nan"],
+     "--learning_rates must be a comma list of positive finite numbers; got nan"),
+    (["--stop_after=0"], "sweep.py: flag --stop_after=0: 0 is not a positive integer"))
 # Overrides of the grid jobs' tiny runs.
 GRID_OVERRIDES = [f"--override={o}" for o in TINY_MODEL + TINY_TRAIN]
 ZOOLOGY_JOB = "zoology_tuned-T64-d64-gated_deltanet_slow-s4000-lr1e-3_3e-3"
@@ -85,6 +93,9 @@ def runs(tmp_path_factory):
           "--impl=scan", f"--out={d['decode'] / 'decode.jsonl'}"]),
       ("bench_impls_cpu", "bench_impls_cpu", [
           "--lengths=32", "--impls=scan,chunked", "--repeats=1", "--heads=1", "--dim=16"])]
+  calls += [(f"sweep_flag{i}", "sweep", ["--config=configs/mqar_demo.py",
+                                         f"--workdir={d['mixer_sweep'] / 'bad'}", *flags])
+            for i, (flags, _) in enumerate(SWEEP_MISTAKES)]
   done = run_scripts(*([ROOT / "experiments" / f"{script}.py", *args]
                        for _, script, args in calls), cwd=ROOT)
   return {name: proc for (name, _, _), proc in zip(calls, done)}, d
@@ -109,6 +120,16 @@ def test_a_mistake_is_one_line(runs):
   assert out.stderr.strip().splitlines() == [
       "grid.py: error: grid must be one of ('capacity', 'long', 'copy', 'zoology', 'ablation', "
       "'ablation_demo', 'zoology_tuned', 'seed_remedies'); got 'capcity'"]
+
+
+def test_sweep_checks_its_flags(runs):
+  done, folders = runs
+  for i, (_, message) in enumerate(SWEEP_MISTAKES):
+    out = done[f"sweep_flag{i}"]
+    lines = out.stderr.strip().splitlines()   # a flag's line, or usage then the message
+    assert out.returncode != 0 and message in (lines[0], lines[-1]), lines[-3:]
+    assert "Traceback" not in out.stderr
+  assert not (folders["mixer_sweep"] / "bad").exists()
 
 
 def test_grid_lists_runs_then_skips_a_zoology_tuned_job(runs):

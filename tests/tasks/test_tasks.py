@@ -105,6 +105,12 @@ def test_token_metrics():
   preds = np.array([[9, 3, 0], [1, 2, 5]])
   m = token_metrics(preds, labels)
   assert m["accuracy"] == pytest.approx(2 / 3) and m["exact_match"] == 0.5
+  # Examples without targets are not scored; none with a target is an error.
+  labels = np.concatenate([labels, np.full((2, 3), IGNORE)])
+  m = token_metrics(np.concatenate([preds, preds]), labels)
+  assert m["exact_match"] == 0.5 and m["targets"] == 3
+  with pytest.raises(ValueError, match="labels hold no targets"):
+    token_metrics(preds, np.full((2, 3), IGNORE))
 
 
 def test_npz_round_trip_and_errors(tmp_path):

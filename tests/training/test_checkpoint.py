@@ -2,6 +2,7 @@
 checkpoint is never restored silently, the clean-up deletes only what it wrote, and evaluate.py
 reports a missing or damaged step in one line."""
 
+import errno
 import json
 import logging
 import os
@@ -172,6 +173,79 @@ def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_pa
   lines = fallback.stderr.strip().splitlines()
   assert len(lines) == 2, lines   # two warnings, no INFO lines
   assert "has " in lines[0] and "truncated?" in lines[0] and "restored step 4" in lines[1]
+
+
+@pytest.mark.parametrize("error", [
+    OSError(errno.ENOSPC, "No space left on device"),
+    ValueError("RESOURCE_EXHAUSTED: Error writing local file: Failed to write 268 bytes to "
+               "file 5: No space left on device [os_error_code='28']"),   # tensorstore's
+    OSError(errno.EDQUOT, "Disk quota exceeded")], ids=["enospc", "tensorstore", "edquot"])
+def test_a_save_that_finds_the_disk_full_leaves_the_last_checkpoint(saved, monkeypatch, error):
+  """A full disk while checkpoint 4 is written: one OSError naming it, its partial folder
+  gone, checkpoints 2 and 3 untouched and restorable."""
+  checkpointer, directory = saved
+  orbax = checkpointer._orbax   # pylint: disable=protected-access
+  orbax_save = orbax.save
+
+  def save_then_fill(path, state):
+    orbax_save(path, state)
+    orbax.wait_until_finished()
+    raise error
+
+  monkeypatch.setattr(orbax, "save", save_then_fill)
+  with pytest.raises(OSError) as raised:
+    checkpointer.save(4, _state(4))
+  assert raised.value.errno == (error.errno if isinstance(error, OSError) else errno.ENOSPC)
+  assert raised.value.filename == str(directory / "4")
+  assert sorted(os.listdir(directory)) == ["0", "2", "3", "7"]
+  monkeypatch.undo()
+  restored = ckpt.Checkpointer(directory.parent).restore(_state(0))
+  assert int(restored["step"]) == 3
+
+
+def test_a_checkpoint_removed_while_read_gives_the_newest(saved, monkeypatch, caplog):
+  """A training in the workdir saves step 4 and removes step 3 while step 3 is read (its
+  clean-up): restore reads the newest again, step 4, without a warning; with step=3 it is one
+  line naming the steps kept."""
+  checkpointer, directory = saved
+  training = ckpt.Checkpointer(directory.parent, keep=1)
+  file_crc = ckpt._file_crc   # pylint: disable=protected-access
+  saves = []   # the training's next save, made at the first file read
+
+  def read_while_cleaned(path):
+    if saves:
+      training.save(*saves.pop())   # removes the older checkpoints, one of them half-read
+    return file_crc(path)
+
+  monkeypatch.setattr(ckpt, "_file_crc", read_while_cleaned)
+  saves.append((4, _state(4, scale=4)))
+  with caplog.at_level(logging.WARNING):
+    assert int(checkpointer.restore(_state(0))["step"]) == 4
+  assert checkpointer.steps() == [4] and not caplog.records
+  saves.append((6, _state(6)))
+  with pytest.raises(ValueError, match=rf"^checkpoint 4 in {directory} was removed while it "
+                     r"was read .*: .*\(checkpoints: 6\)$"):
+    checkpointer.restore(_state(0), step=4)
+  training.close()
+
+
+def test_a_cut_config_json_is_one_line_naming_it(tmp_path):
+  """A config.json cut short (a full disk, a copy stopped half-way): reading it, or resuming
+  on it, is a ValueError naming the file and what to do, not the JSON parser's bare message."""
+  whole = json.dumps({"model": {"mixer": "vla"}, "train": {"learning_rate": 1e-3}})
+  path = tmp_path / ckpt.CONFIG_FILE
+  path.write_text(whole[:20])
+  for call in (lambda: ckpt.read_config(str(tmp_path)),
+               lambda: ckpt.write_config(str(tmp_path), whole)):
+    with pytest.raises(ValueError, match=rf"^{path} is cut short or damaged \(not JSON: .* at "
+                       r"line 1 column \d+\); it holds the run's settings: remove it to start "
+                       r"the run afresh"):
+      call()
+  ckpt.Checkpointer(tmp_path).save(1, _state(1))
+  path.write_text("[1, 2]")
+  with pytest.raises(ValueError, match=rf"^{path} holds no JSON object but a list; .*: put back "
+                     r"a whole copy of it or use a new workdir$"):
+    ckpt.read_config(str(tmp_path))
 
 
 def test_a_run_from_before_gate_init_resumes_only_with_fla(tmp_path):

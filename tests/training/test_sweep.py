@@ -101,6 +101,24 @@ def test_sigterm_stops_a_sweep_with_a_checkpoint_at_that_step(tmp_path, sweep):
   assert elapsed == sorted(elapsed) and all(r["wall_s"] >= elapsed[-1] > first for r in resumed)
 
 
+def test_a_sigterm_during_a_sweeps_last_checkpoint_loses_no_step(tmp_path, sweep,
+                                                                 monkeypatch):
+  """A SIGTERM while the last checkpoint (step 6 of 6) is written lets it finish; the sweep
+  returns no rows (it was asked to stop), and the rerun only evaluates: the uninterrupted
+  sweep's rows."""
+  restore = test_train.sigterm_during_save(monkeypatch, 6)
+  try:
+    assert train_sweep(tiny_config(), SEEDS, RATES, str(tmp_path), log=lambda s: None) == []
+  finally:
+    restore()
+  monkeypatch.undo()
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["6"]
+  lines = []
+  again = train_sweep(tiny_config(), SEEDS, RATES, str(tmp_path), log=lines.append)
+  assert "resumed from step 6" in lines[0] and "steps 6->6" in lines[1]
+  assert [r["test"] for r in again] == [r["test"] for r in sweep[0]]
+
+
 def test_sweep_stopped_after_training_keeps_its_losses(tmp_path, sweep):
   """A sweep killed after its last step (during evaluation) resumes with no step to run: its
   rows still carry the last logged losses, not NaN read as divergence."""

@@ -13,7 +13,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 from vla_jax.configs import base  # noqa: E402  pylint: disable=wrong-import-position
-from vla_jax.tasks import save_npz  # noqa: E402
+from vla_jax.tasks import IGNORE, save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import jsonl  # noqa: E402
 from vla_jax.training import train as train_lib  # noqa: E402
@@ -60,12 +60,17 @@ def test_tiny_training_loss_falls(tmp_path, tiny_run):
   assert train_rows[0]["compile_s"] > 0 and "steps_per_s" not in train_rows[0]
   assert all(r["steps_per_s"] > 0 for r in train_rows[1:])   # compilation left out
   assert (workdir / "checkpoints" / "40").is_dir()
-  # The checkpoint scores the same on its evaluation set written out as an external .npz.
+  # The checkpoint scores the same on its evaluation set written out as an external .npz,
+  # with as many rows again that have no target: those are not scored (exact_match would be
+  # (32 x + 32) / 64 if they counted as right).
   config = from_config_dict(tiny_config())
-  save_npz(tmp_path / "eval.npz", *config.make_task().eval_sets(0, 32)["mqar"])
+  inputs, labels = config.make_task().eval_sets(0, 32)["mqar"]
+  save_npz(tmp_path / "eval.npz", np.concatenate([inputs, inputs]),
+           np.concatenate([labels, np.full_like(labels, IGNORE)]))
   result = evaluate(str(workdir), npz_path=str(tmp_path / "eval.npz"))
-  assert result["step"] == 40
-  assert result["evals"]["npz"]["accuracy"] == summary["accuracy"]
+  assert result["step"] == 40 and summary["exact_match"] < 1
+  assert result["evals"]["npz"] == {k: summary["evals"]["mqar"][k]
+                                    for k in ("accuracy", "exact_match", "targets")}
 
 
 def test_resume_equals_uninterrupted(tmp_path, tiny_run):
@@ -115,6 +120,49 @@ def test_sigterm_checkpoints_the_step_reached_and_resumes_exactly(tmp_path, tiny
   assert elapsed == sorted(elapsed) and elapsed[7] > first  # the second segment adds on
   assert resumed["wall_s"] >= elapsed[-1] > first
   assert resumed["accuracy"] == _rows(full)[1][-1]["eval"]["mqar"]["accuracy"]
+
+
+class Killed(Exception):
+  """What a SIGTERM that reaches no StopSignal does here (in place of ending the process)."""
+
+
+def sigterm_during_save(monkeypatch, step):
+  """Sends SIGTERM when checkpoint `step` starts being saved; a SIGTERM outside a StopSignal
+  raises Killed, as if the process ended there."""
+  save = ckpt.Checkpointer.save
+
+  def saving(self, at, state):
+    if at == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return save(self, at, state)
+
+  def killed(signum, frame):
+    raise Killed(f"signal {signum}")
+
+  monkeypatch.setattr(ckpt.Checkpointer, "save", saving)
+  previous = signal.signal(signal.SIGTERM, killed)
+  return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_sigterm_during_the_last_checkpoint_loses_no_step(tmp_path, tiny_run, monkeypatch):
+  """Checkpoints every 4 steps, stopped after 10: a SIGTERM while checkpoint 10 is written
+  lets it finish (the run then skips its evaluation); the rerun resumes at step 10, not at 8,
+  and follows the uninterrupted run."""
+  _, full = tiny_run
+  config = from_config_dict(tiny_config(checkpoint_every=4))
+  restore = sigterm_during_save(monkeypatch, 10)
+  try:
+    stopped = train_and_evaluate(config, str(tmp_path), stop_after=10, log=lambda s: None)
+  finally:
+    restore()
+  monkeypatch.undo()
+  assert stopped["steps"] == 10 and stopped["evals"] is None
+  assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == [8, 10]
+  lines = []
+  train_and_evaluate(config, str(tmp_path), stop_after=12, log=lines.append)
+  assert "resumed from step 10" in lines[0]
+  assert [(r["step"], r["loss"]) for r in _rows(tmp_path)[0]] == [
+      (r["step"], r["loss"]) for r in _rows(full)[0]][:12]
 
 
 def test_a_stopped_run_never_reports_an_earlier_evaluation(tmp_path):
@@ -261,9 +309,18 @@ TRAIN_PY = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'm
             "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
 # A user's mistakes: one line each, exit 1, before anything is trained or written.
 MISTAKES = (
-    ("--stop_after=-5", "stop_after must be an int >= 1; got -5"),
+    ("--stop_after=-5", "flag --stop_after=-5: -5 is not a positive integer"),
     ("--config.task.seq_len=64", "--config.task.seq_len: config.task has no field "
                                  "'seq_len' (it has: form, n_pairs, name, pack, vocab_size)"))
+
+# evaluate.py's flags out of range or at odds: a line naming the flag and what it takes.
+EVALUATE_MISTAKES = (
+    (["--eval_examples=0"], "evaluate.py: flag --eval_examples=0: 0 is not a positive integer"),
+    (["--eval_examples=-1"],
+     "evaluate.py: flag --eval_examples=-1: -1 is not a positive integer"),
+    (["--step=-1"], "evaluate.py: flag --step=-1: -1 is not a non-negative integer"),
+    (["--eval_examples=4", "--npz=x.npz"],
+     "--eval_examples does not apply to --npz: the file is scored whole"))
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +343,8 @@ def script_runs(tmp_path_factory, tiny_run):
                                                  "--config.train.eval_examples=8"]),
             ("evaluate_keys", [ROOT / "experiments" / "evaluate.py", f"--workdir={tiny_run[1]}",
                                f"--npz={folder / 'keys.npz'}"])]
+  calls += [(f"evaluate_flag{i}", evaluate_py + flags)
+            for i, (flags, _) in enumerate(EVALUATE_MISTAKES)]
   done = run_scripts(*(argv for _, argv in calls), env=dict(os.environ, JAX_PLATFORMS="cpu"))
   return {name: proc for (name, _), proc in zip(calls, done)}, folder
 
@@ -299,7 +358,8 @@ def test_main_prints_json_and_rejects_bad_config(script_runs):
   assert "steps/s" in proc.stdout
   for i, (_, message) in enumerate(MISTAKES):
     out = runs[f"bad{i}"]
-    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1].endswith(message), (
+    lines = out.stderr.strip().splitlines()   # a flag's error adds a line on --helpshort
+    assert out.returncode == 1 and any(line.endswith(message) for line in lines[:1] + lines[-1:]), (
         out.stderr[-3000:])
     assert "Traceback" not in out.stderr and not (folder / f"bad{i}").exists()
   mixer = runs["mixer"]
@@ -310,6 +370,11 @@ def test_main_prints_json_and_rejects_bad_config(script_runs):
   assert ok.returncode == 0 and ok.stderr == "", ok.stderr[-3000:]   # no library INFO logs
   assert json.loads(ok.stdout.strip().splitlines()[-1])["accuracy"] == last["accuracy"]
   assert refused.returncode != 0 and "--config.train.eval_examples=8" in refused.stderr
+  for i, (_, message) in enumerate(EVALUATE_MISTAKES):
+    out = runs[f"evaluate_flag{i}"]
+    assert out.returncode != 0 and out.stdout == "", out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()   # a flag's line, or usage then the message
+    assert message in (lines[0], lines[-1]) and "Traceback" not in out.stderr, lines[-3:]
 
 
 def test_head_at_targets_equals_full_head():
@@ -318,7 +383,6 @@ def test_head_at_targets_equals_full_head():
   import jax
   from flax import nnx
   from vla_jax.models import LanguageModel
-  from vla_jax.tasks import IGNORE
   from vla_jax.training.train import check_max_targets, lm_loss, model_loss
   config = tiny_config()
   config.task.update({"form": "zoology", "seq_len": 32, "n_pairs": 4, "vocab_size": 64})
@@ -368,6 +432,46 @@ def test_jsonl_rows_survive_a_cut_short_write(tmp_path):
   path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
   with pytest.raises(ValueError, match="rows.jsonl:2"):
     jsonl.read_rows(str(path))
+
+
+def test_jsonl_rows_are_appended_where_flock_is_not_supported(tmp_path, monkeypatch, caplog):
+  """An object store's FUSE mount or NFS without locking: flock fails; rows are appended
+  without it, with one warning."""
+  import errno  # pylint: disable=import-outside-toplevel
+  import fcntl  # pylint: disable=import-outside-toplevel
+
+  def refuse(*args):
+    raise OSError(errno.ENOLCK, "No locks available")
+
+  monkeypatch.setattr(fcntl, "flock", refuse)
+  monkeypatch.setattr(jsonl, "_said_no_flock", [], raising=False)
+  path = tmp_path / "rows.jsonl"
+  with caplog.at_level("WARNING", logger=jsonl.__name__):
+    jsonl.append_rows(path, [{"step": 1}])
+    jsonl.append_rows(path, [{"step": 2}, {"step": 3}])
+  assert jsonl.read_rows(path) == [{"step": 1}, {"step": 2}, {"step": 3}]
+  assert len(caplog.records) == 1 and "does not support flock" in caplog.text
+
+
+def test_a_full_disk_names_the_jsonl_file(tmp_path, monkeypatch):
+  """os.write's ENOSPC names no file: append_rows and write_atomic name theirs, and
+  write_atomic leaves the old file whole."""
+  import errno  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "rows.jsonl"
+  jsonl.write_rows(path, [{"step": 1}])
+
+  def full(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "write", full)
+  with pytest.raises(OSError, match=f"No space left on device: '{path}'"):
+    jsonl.append_rows(path, [{"step": 2}])
+  monkeypatch.undo()
+  monkeypatch.setattr(jsonl.os, "replace", full)
+  with pytest.raises(OSError, match=f"No space left on device: '{path}'"):
+    jsonl.write_rows(path, [{"step": 3}])
+  monkeypatch.undo()
+  assert jsonl.read_rows(path) == [{"step": 1}] and os.listdir(tmp_path) == ["rows.jsonl"]
 
 
 def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, caplog):
@@ -435,6 +539,25 @@ def test_evaluate_reports_a_users_mistakes_in_one_line(tmp_path, tiny_run, scrip
   save_npz(tmp_path / "vocab.npz", inputs + 16, labels)
   with pytest.raises(ValueError, match="token id .* does not fit vocab_size=16"):
     evaluate(str(tiny_run[1]), npz_path=str(tmp_path / "vocab.npz"))
+
+
+def test_scores_count_only_examples_with_targets():
+  """16 examples, 8 without targets and 8 with every target wrong: exact match 0, not 0.5;
+  no target at all is an error naming the set, not 0 / 0."""
+  counts = np.array([[0, 0]] * 8 + [[1, 3]] * 8)
+  assert train_lib.count_scores(counts) == {"accuracy": 1 / 3, "exact_match": 0.0,
+                                            "targets": 24}
+  counts[8:] = [[2, 2]] * 4 + [[0, 1]] * 4
+  assert train_lib.count_scores(counts)["exact_match"] == 0.5
+  with pytest.raises(ValueError, match="evaluation set npz: no example has a target"):
+    train_lib.count_scores(np.zeros((4, 2), np.int64), where="evaluation set npz")
+
+
+def test_evaluate_checks_eval_examples(tiny_run):
+  """0 is not replaced by the run's setting, and -1 is not a NumPy shape error."""
+  for bad in (0, -1, 2.5):
+    with pytest.raises(ValueError, match=f"eval_examples must be an int >= 1; got {bad}"):
+      evaluate(str(tiny_run[1]), eval_examples=bad)
 
 
 def test_an_evaluation_mesh_splits_the_run_batches():

@@ -53,14 +53,22 @@ def token_metrics(predictions, labels):
     predictions, labels: [N, T] ints; positions with label IGNORE are not scored.
 
   Returns:
-    dict with `accuracy` (correct / targets), `exact_match` (share of examples with every
-    target right; examples without targets count as right) and `targets`.
+    dict with `accuracy` (correct / targets), `exact_match` (share of the examples with
+    targets that have every target right; examples without targets are not scored) and
+    `targets`.
+
+  Raises:
+    ValueError: no example has a target (nothing to score).
   """
   mask = labels != IGNORE
   correct = (predictions == labels) & mask
   targets = int(mask.sum())
+  scored = mask.any(axis=1)
+  if not scored.any():
+    raise ValueError(f"labels hold no targets (every label is {IGNORE}, or there are no "
+                     f"examples; shape {labels.shape}): nothing to score")
   return {
-      "accuracy": float(correct.sum() / max(targets, 1)),
-      "exact_match": float(np.mean(correct.sum(1) == mask.sum(1))),
+      "accuracy": float(correct.sum() / targets),
+      "exact_match": float(np.mean(correct.sum(1)[scored] == mask.sum(1)[scored])),
       "targets": targets,
   }

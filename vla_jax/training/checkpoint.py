@@ -19,6 +19,7 @@ Clean-up deletes only checkpoints with checksums.json: an integer-named folder t
 put under checkpoints/ is neither restored nor deleted.
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ CONFIG_FILE = "config.json"
 ITEM = "default"            # the orbax folder inside a step
 RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to check
 PARTIAL = ".partial"        # suffix of a step being written
+REREADS = 5                 # reads of the newest checkpoint while a training removes old ones
 # Settings that do not change the training trajectory and may differ on resume.
 _FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
          "keep_checkpoints", "tensorboard", "seq_devices", "diagnostics_every")
@@ -144,7 +146,13 @@ class Checkpointer:
 
   def save(self, step, state):
     """Writes `state` as checkpoint `step` (under `<step>.partial`, renamed when complete),
-    then deletes the checkpoints it wrote that are older than the newest `keep`."""
+    then deletes the checkpoints it wrote that are older than the newest `keep`.
+
+    Raises:
+      OSError: ENOSPC or EDQUOT naming the checkpoint when the disk is full (from orbax's
+        errors, whose logs are left out); the partial save is removed and the checkpoints
+        already there stay as they were.
+    """
     step = int(step)
     os.makedirs(self.directory, exist_ok=True)
     final = os.path.join(self.directory, str(step))
@@ -153,10 +161,23 @@ class Checkpointer:
       if name.endswith(PARTIAL) and name[:-len(PARTIAL)].isdigit():
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     leaves = _leaf_records(state)
-    self._orbax.save(os.path.join(partial, ITEM), state)
-    self._orbax.wait_until_finished()
-    record = {"step": step, "leaves": leaves, "files": _file_records(partial)}
-    jsonl.write_atomic(os.path.join(partial, RECORD), json.dumps(record))
+    try:
+      with _quiet_disk_full_logs():
+        try:
+          self._orbax.save(os.path.join(partial, ITEM), state)
+          self._orbax.wait_until_finished()
+        except Exception as e:   # pylint: disable=broad-except  (orbax raises many kinds)
+          if jsonl.disk_full(e) is not None:   # its threads' last errors, quiet here too
+            self._orbax.close()
+          raise
+      record = {"step": step, "leaves": leaves, "files": _file_records(partial)}
+      jsonl.write_atomic(os.path.join(partial, RECORD), json.dumps(record))
+    except Exception as e:   # pylint: disable=broad-except
+      shutil.rmtree(partial, ignore_errors=True)   # the checkpoints there stay as they were
+      code = jsonl.disk_full(e)
+      if code is None:
+        raise
+      raise OSError(code, jsonl.DISK_FULL[code], final) from None
     if os.path.exists(final):   # a damaged checkpoint, or a folder someone put there
       aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
       log.warning("%s: moving the folder already there to %s", final, aside)
@@ -173,34 +194,55 @@ class Checkpointer:
     of the right shapes), verified against what was saved.
 
     Without `step`, the latest checkpoint that verifies, with a warning for each later one
-    that does not.
+    that does not. A checkpoint removed while it is read (by the clean-up of a training
+    running in the workdir, which saves newer ones) is no warning: the newest one is tried
+    again, up to `REREADS` times.
 
     Raises:
-      ValueError: no checkpoint (at `step`).
+      ValueError: no checkpoint (at `step`), or the one at `step` was removed while read.
       CheckpointError: the checkpoint at `step` (or, without `step`, every one) does not
-        verify; the message says why.
+        verify; the message says why. Also when the checkpoints changed under every read.
     """
     steps = self.steps()
-    where = f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
+    where = lambda steps: f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
     if step is not None:
       if step not in steps:
-        raise ValueError(f"no checkpoint at step {step} in {where}")
-      return self._restore(step, target)
-    if not steps:
-      raise ValueError(f"no checkpoint in {self.directory}")
-    failures = []
-    for candidate in reversed(steps):
+        raise ValueError(f"no checkpoint at step {step} in {where(steps)}")
       try:
-        state = self._restore(candidate, target)
-      except CheckpointError as e:
-        log.warning("%s; trying the previous checkpoint", e)
-        failures.append(str(e))
-        continue
-      if failures:
-        log.warning("restored step %d of %s instead of the latest", candidate, where)
-      return state
-    raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
-                          + "; ".join(failures))
+        return self._restore(step, target)
+      except CheckpointError:
+        if step in self.steps():
+          raise
+        raise ValueError(f"checkpoint {step} in {self.directory} was removed while it was "
+                         f"read (by the clean-up of a training running there?); choose a step "
+                         f"kept now, or leave the step out for the newest: "
+                         f"{where(self.steps())}") from None
+    for _ in range(REREADS):
+      if not steps:
+        raise ValueError(f"no checkpoint in {self.directory}")
+      failures, changed = [], None
+      for candidate in reversed(steps):
+        try:
+          state = self._restore(candidate, target)
+        except CheckpointError as e:
+          now = self.steps()
+          if now != steps:   # a training there saved and cleaned up meanwhile: read again
+            changed = now
+            break
+          log.warning("%s; trying the previous checkpoint", e)
+          failures.append(str(e))
+          continue
+        if failures:
+          log.warning("restored step %d of %s instead of the latest", candidate, where(steps))
+        return state
+      if changed is None:
+        raise CheckpointError(f"no checkpoint in {self.directory} can be restored: "
+                              + "; ".join(failures))
+      steps = changed
+    raise CheckpointError(
+        f"the checkpoints in {self.directory} were removed while read {REREADS} times: a "
+        f"training running there saves and cleans up faster than they are read; score the "
+        f"run once it ends, or rerun")
 
   def _restore(self, step, target):
     path = os.path.join(self.directory, str(step))
@@ -217,13 +259,18 @@ class Checkpointer:
         raise CheckpointError(f"{name}: {RECORD} is of step {record.get('step')}")
       for rel, (size, crc) in sorted(files.items()):
         file = os.path.join(path, rel)
-        if not os.path.isfile(file):
-          raise CheckpointError(f"{name}: file {rel} is missing")
-        if os.path.getsize(file) != size:
-          raise CheckpointError(f"{name}: file {rel} has {os.path.getsize(file)} bytes, not "
-                                f"the {size} written (truncated?)")
-        if _file_crc(file) != crc:
-          raise CheckpointError(f"{name}: file {rel} does not match its checksum (corrupted)")
+        try:
+          if not os.path.isfile(file):
+            raise CheckpointError(f"{name}: file {rel} is missing")
+          if os.path.getsize(file) != size:
+            raise CheckpointError(f"{name}: file {rel} has {os.path.getsize(file)} bytes, "
+                                  f"not the {size} written (truncated?)")
+          if _file_crc(file) != crc:
+            raise CheckpointError(f"{name}: file {rel} does not match its checksum "
+                                  "(corrupted)")
+        except OSError as e:   # removed or unreadable while read
+          raise CheckpointError(f"{name}: file {rel} cannot be read ({_first_line(e)})"
+                                ) from None
       expected = {k: (v["shape"], v["dtype"]) for k, v in _leaf_specs(target).items()}
       saved = {k: (v["shape"], v["dtype"]) for k, v in saved_leaves.items()}
       if saved != expected:
@@ -268,6 +315,30 @@ class Checkpointer:
     self._orbax.close()
 
 
+class _DiskFullFilter(logging.Filter):
+  """Drops the error logs (a traceback each) of a write that found the disk full: the save
+  raises it as one OSError."""
+
+  def filter(self, record):
+    text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+    return not (record.levelno >= logging.ERROR
+                and any(message in text for message in jsonl.DISK_FULL.values()))
+
+
+@contextlib.contextmanager
+def _quiet_disk_full_logs():
+  """While orbax saves: its threads log the error of a full disk, with tracebacks, to the
+  "absl" logger before the save raises it."""
+  loggers, quiet = [logging.getLogger(name) for name in ("absl", "asyncio")], _DiskFullFilter()
+  for logger in loggers:
+    logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    for logger in loggers:
+      logger.removeFilter(quiet)
+
+
 def _leaf_specs(tree):
   """{path: {shape, dtype}} of `tree`'s arrays (concrete or abstract)."""
   return {jax.tree_util.keystr(path): {"shape": list(np.shape(leaf)),
@@ -303,8 +374,7 @@ def write_config(workdir, config_json):
         f"{CONFIG_FILE}: the settings of the run to resume are unknown, and resuming with "
         f"other ones would mix two runs; put its {CONFIG_FILE} back, or use a new workdir")
   if os.path.exists(path):
-    with open(path) as f:
-      old = json.load(f)
+    old = _load_config(path, steps)
     new = json.loads(config_json)
     if old.get("sweep") != new.get("sweep"):   # a sweep's stacked state is not a run's
       kind = lambda c: f"a sweep over {c['sweep']}" if c.get("sweep") else "a single run"
@@ -353,8 +423,28 @@ def read_config(workdir):
   if not os.path.isfile(path):
     raise ValueError(f"{workdir} is not a training run's folder: it has no {CONFIG_FILE}"
                      + ("" if os.path.isdir(workdir) else " (the folder does not exist)"))
-  with open(path) as f:
-    return json.load(f)
+  return _load_config(path, checkpoint_steps(workdir))
+
+
+def _load_config(path, steps):
+  """The JSON object in the config.json `path` (of a workdir with checkpoints at `steps`);
+  ValueError naming the file and what to do when it is cut short or damaged."""
+  fix = ("put back a whole copy of it or use a new workdir" if steps else
+         "remove it to start the run afresh (the workdir holds no checkpoint), or use a new "
+         "workdir")
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is cut short or damaged (not JSON: {e.msg} at line {e.lineno} "
+                     f"column {e.colno}); it holds the run's settings: {fix}") from None
+  except UnicodeDecodeError:
+    raise ValueError(f"{path} is damaged (not UTF-8 text); it holds the run's settings: "
+                     f"{fix}") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"{path} holds no JSON object but a {type(config).__name__}; it holds "
+                     f"the run's settings: {fix}")
+  return config
 
 
 def logged_row(metrics_path, step, key="loss"):

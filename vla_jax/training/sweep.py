@@ -179,7 +179,7 @@ class SweepTrainer:
               for x, y, n in eval_batches(inputs, labels, bs, axis=1)]
       sums = {k: np.concatenate([s[k] for s in sums], axis=1) for k in sums[0]}  # [R, N, ...]
       for r in range(self.size):
-        results[r][name] = count_scores(sums["counts"][r])
+        results[r][name] = count_scores(sums["counts"][r], where=f"evaluation set {name}")
         if buckets:
           results[r][name].update(text_scores(sums["nll"][r], sums["scored"][r]))
         if self.task.name == "copy":
@@ -229,7 +229,8 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
     lock.WorkdirInUseError: another process is running in `workdir` (see `lock`).
 
   Returns:
-    [] when stopped before the last step; otherwise one dict per run: seed, learning_rate,
+    [] when stopped before the last step or by a SIGTERM (a rerun with the same workdir
+    resumes, or only evaluates); otherwise one dict per run: seed, learning_rate,
     mixer, task, steps, train_loss (None when diverged or unknown), diverged, test and
     validation scores ({set: {accuracy, exact_match, targets, ...}}), wall_s (the whole
     sweep's, over every segment of a resumed one), git_commit (`provenance.git_commit`).
@@ -318,11 +319,11 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
           with progress.paused():
             checkpointer.save(done, state)
+      final = checkpointer.finish(state)   # a SIGTERM during the last save lets it finish
   finally:
     if writer is not None:
       writer.close()
-  final = checkpointer.finish(state)
-  if final < tc.num_steps:
+  if final < tc.num_steps or stop.requested:   # a rerun evaluates
     return []
   test = trainer.evaluate(state["params"], trainer.eval_sets())
   validation = trainer.evaluate(state["params"], trainer.eval_sets(validation=True))

@@ -207,7 +207,7 @@ class Trainer:
               for x, y, n in eval_batches(inputs, labels, bs)]
       sums = ({k: np.concatenate([s[k] for s in sums]) for k in sums[0]} if sums
               else {"counts": np.zeros((0, 2), np.int64)})
-      results[name] = count_scores(sums["counts"])
+      results[name] = count_scores(sums["counts"], where=f"evaluation set {name}")
       if buckets:
         results[name].update(text_scores(sums["nll"], sums["scored"]))
       if name.startswith(copy_task.SET_PREFIX):   # Copy data (from any run's task)
@@ -231,12 +231,22 @@ def eval_batches(inputs, labels, batch_size, axis=0):
     yield x, y, n
 
 
-def count_scores(counts):
+def count_scores(counts, where="evaluation set"):
   """Scores from per-example counts [N, 2] of (correct, targets): accuracy (per target),
-  exact_match (share of examples with every target right) and targets."""
+  exact_match (share of the examples with targets that have every target right; an example
+  without targets is not scored) and targets.
+
+  Raises:
+    ValueError: no example has a target (`where` names the set): there is nothing to score.
+  """
+  counts = np.asarray(counts)
+  scored = counts[:, 1] > 0
+  if not scored.any():
+    raise ValueError(f"{where}: no example has a target (every label is {IGNORE}, or there are "
+                     f"no examples: {len(counts)}): nothing to score")
   targets = int(counts[:, 1].sum())
-  return {"accuracy": float(counts[:, 0].sum() / max(targets, 1)),
-          "exact_match": float(np.mean(counts[:, 0] == counts[:, 1])) if len(counts) else 0.0,
+  return {"accuracy": float(counts[:, 0].sum() / targets),
+          "exact_match": float(np.mean(counts[scored, 0] == counts[scored, 1])),
           "targets": targets}
 
 
@@ -405,7 +415,10 @@ def _train(trainer, workdir, stop_after, log, start_time):
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
           with progress.paused():
             checkpointer.save(done, state)
-    final = checkpointer.finish(state)
+      # Still inside StopSignal: a SIGTERM during the last save lets it finish (outside, the
+      # signal would end the process mid-save and a rerun would redo the steps since the
+      # previous checkpoint).
+      final = checkpointer.finish(state)
     if results_step != final:   # the summary scores the final step only, never an earlier one
       results = None if stop.requested else run_eval(final)
   finally:
@@ -472,7 +485,7 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
     workdir: a training run's folder (holds config.json and checkpoints/).
     task: None for the run's own task, or (name, fields) of another task configuration.
     npz_path: an external `.npz` with `inputs` and `labels` to score instead of a task.
-    eval_examples: examples per evaluation set (default: the run's setting).
+    eval_examples: examples per evaluation set (an int >= 1; default: the run's setting).
     eval_batch_size: rows per evaluation batch (default: the run's setting); lower it for
       contexts much longer than the training one (softmax attention's XLA path holds a
       [rows, heads, T, T] score matrix).
@@ -496,7 +509,7 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
     config = dataclasses.replace(config, train=dataclasses.replace(
         config.train, eval_batch_size=int(eval_batch_size)))
   tc = config.train
-  n = eval_examples or tc.eval_examples
+  n = tc.eval_examples if eval_examples is None else check_int("eval_examples", eval_examples, 1)
   if npz_path:
     eval_sets = {"npz": load_npz(npz_path, config.model.vocab_size)}
   elif task is not None:
