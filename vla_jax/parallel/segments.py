@@ -232,7 +232,7 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
   eye = jnp.eye(dk, dtype=dtype)
   if initial_state is None:
-    checks.check_positive("lam0", lam0)
+    checks.check_lam0(lam0, _impl_of(vla_recurrence, op_kwargs), dtype)
     S0 = jnp.zeros((B, H, dv, dk), dtype)
     A0 = jnp.broadcast_to(eye / lam0, (B, H, dk, dk))
     M0 = jnp.broadcast_to(eye * lam0, (B, H, dk, dk)).astype(dtype)
