@@ -96,9 +96,13 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: SoftmaxAttention(16, 2, 4, rngs=nnx.Rngs(0)), "must equal d_model"),
     (lambda: VLAAttention(16, 2, readout="ratio", rngs=nnx.Rngs(0)), "readout must be one of"),
     (lambda: VLAAttention(16, 2, lam0=0.0, rngs=nnx.Rngs(0)), "lam0"),
+    (lambda: VLAAttention(16, 2, lam0="1", rngs=nnx.Rngs(0)),
+     "lam0 must be a real number .* got str '1'"),
+    (lambda: VLAAttention(16, 2, lam0=1e-4, rngs=nnx.Rngs(0)),
+     r"lam0=0.0001 is below 0.001, the smallest impl='chunked' takes in float32"),
     (lambda: VLAAttention(16, 2, u_init="zeros", rngs=nnx.Rngs(0)), "u_init must be one of"),
 ], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
-        "u_init"])
+        "lam0-str", "lam0-small", "u_init"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
     call()

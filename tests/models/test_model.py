@@ -124,3 +124,40 @@ def test_padding_mask_gives_the_unpadded_logits(mixer):
   np.testing.assert_allclose(got[1][mask], want[1].reshape(18, 32), rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(got[2], want[2], rtol=2e-5, atol=2e-5)
   np.testing.assert_array_equal(got[3], [12, 12])  # 9 real prompt tokens + 3 steps
+
+
+def test_token_ids_out_of_range_are_errors():
+  """Concrete ids outside [0, vocab_size): a ValueError naming the id, its position and
+  vocab_size, from __call__, prefill and step; float tokens are a TypeError."""
+  model = LanguageModel(ModelConfig(mixer="deltanet", **SMALL), rngs=nnx.Rngs(0))
+  tokens = jnp.zeros((2, 6), jnp.int32)
+  cache = model.init_cache(2, 8)
+  for bad, where in ((32, r"\(1, 4\)"), (-1, r"\(1, 4\)")):
+    with pytest.raises(ValueError, match=rf"token id {bad} at position {where} is not in "
+                                         r"\[0, vocab_size=32\)"):
+      model(tokens.at[1, 4].set(bad))
+    with pytest.raises(ValueError, match=rf"token id {bad} at position {where}"):
+      model.prefill(tokens.at[1, 4].set(bad), cache)
+  with pytest.raises(ValueError, match=r"token: token id 40 at position \(0,\)"):
+    model.step(jnp.asarray([40, 0], jnp.int32), cache)
+  with pytest.raises(TypeError, match="int array of token ids"):
+    model(tokens.astype(jnp.float32))
+
+
+@pytest.mark.parametrize("mixer", ["vla", "softmax"])
+def test_bad_token_id_under_jit_stays_in_its_document(mixer):
+  """Under jit ids are not checked: an id of vocab_size (or -1, not wrapped to another token)
+  in document 1 of a packed row makes that document's logits from it on NaN, and leaves
+  documents 0 and 2 as they were."""
+  model = LanguageModel(ModelConfig(mixer=mixer, **SMALL), rngs=nnx.Rngs(0))
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, 32, (1, 24)), jnp.int32)
+  ids = jnp.asarray(np.repeat(np.arange(3), 8)[None], jnp.int32)
+  run = nnx.jit(lambda m, t: m(t, segment_ids=ids))
+  want = np.asarray(run(model, tokens))
+  other = np.r_[0:8, 16:24]
+  for bad in (32, -1):
+    got = np.asarray(run(model, tokens.at[0, 11].set(bad)))
+    assert np.all(np.isnan(got[:, 11:16]))
+    np.testing.assert_allclose(got[:, other], want[:, other], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[:, 8:11], want[:, 8:11], rtol=1e-6, atol=1e-6)

@@ -149,6 +149,10 @@ def test_validation():
                                                                   jnp.zeros((1, 2, 3))))
   with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
     deltanet(q, k, v, beta, initial_state=jnp.zeros((1, 2, 4, 3)))
+  # A positive log decay grows the state (outputs 1.5e13 at +0.5, NaN at +5 before).
+  with pytest.raises(ValueError, match=r"log_decay must be <= 0 .* got 0.5 at \[b, t, h\] = "
+                                       r"\(0, 3, 1\)"):
+    gated_deltanet(q, k, v, beta, jnp.asarray(log_decay).at[0, 3, 1].set(0.5))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

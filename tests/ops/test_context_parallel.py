@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import rel_err, subprocess_env
+from test_properties import SHARDED_CASES, SHARDED_TESTS
 from vla_jax import vla_recurrence
 from vla_jax.parallel import shard_sequence
 
@@ -99,6 +100,23 @@ def _errors(got, ref):
   return {name: rel_err(got[name], ref[name]) for name in ref}
 
 
+def _property_rows(mesh):
+  """tests/ops/test_properties.py's causality and padding checks on the ops sharded over
+  `mesh`: a row {property, op, impl, failure (None or the assertion's message)} each."""
+  import test_properties as props   # pylint: disable=import-outside-toplevel
+  props.MESH = mesh
+  rows = []
+  for op, impl in props.SHARDED_CASES:
+    for test in props.SHARDED_TESTS:
+      try:
+        getattr(props, test)(op, impl)
+        failure = None
+      except AssertionError as e:
+        failure = str(e)[-2000:]
+      rows.append(dict(property=test, op=op, impl=impl, failure=failure))
+  return rows
+
+
 def main():
   """Prints one JSON list of rows {op, impl, dtype, devices, errors} (run with 8 devices)."""
   jax.config.update("jax_enable_x64", True)
@@ -118,6 +136,7 @@ def main():
       got = _results(functools.partial(shard_sequence(op, mesh=meshes[n]), **kw), args, state,
                      seed)
       rows.append(dict(op=name, impl=impl, dtype=dtype, devices=n, errors=_errors(got, ref)))
+  rows += _property_rows(Mesh(np.array(jax.devices()[:4]), ("seq",)))
   # Long and ill-conditioned: float32 at T = 16,384 with rank-4 u, against the float32 op and
   # against the float64 op (the sharded op must be about as accurate as the op itself).
   rng = np.random.default_rng(99)
@@ -167,6 +186,17 @@ def test_sharded_equals_one_device(table, name, impl, dtype, devices):
   errors = _row(table, op=name, impl=impl, dtype=dtype, devices=devices, long=None)["errors"]
   bad = {k: e for k, e in errors.items() if not e < TOL[dtype]}
   assert not bad, bad
+
+
+@pytest.mark.parametrize("test,op,impl", [(t, o, i) for o, i in SHARDED_CASES
+                                           for t in SHARDED_TESTS])
+def test_sharded_properties(table, test, op, impl):
+  """The causality and padding properties (tests/ops/test_properties.py) with the sequence
+  on 4 devices: a NaN or Inf at a token of device 2 leaves every output and gradient before
+  it, on devices 0 to 2, as it was (no 0 * NaN in the folds, the gathers' transposes or a
+  later segment's backward)."""
+  failure = _row(table, property=test, op=op, impl=impl)["failure"]
+  assert failure is None, failure
 
 
 @pytest.mark.parametrize("devices", ENDS)

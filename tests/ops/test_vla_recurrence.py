@@ -14,6 +14,7 @@ from jax.test_util import check_grads
 import oracles
 from conftest import random_inputs, rel_err
 from vla_jax import Impl, VLAState, initial_vla_state, vla_recurrence, vla_step
+from vla_jax.ops.checks import MIN_LAM0_FLOAT32
 from vla_jax.ops.vla.penalty import penalty_u_cotangents
 
 IMPLS = ["scan", "associative_scan", "chunked"]
@@ -253,6 +254,24 @@ def test_float32_chunked_is_stable_at_16k_tokens(u_kind):
   assert rel_err(A, A_ref[0, 0]) < 1e-3
 
 
+@pytest.mark.parametrize("impl", ["scan", "associative_scan", "chunked"])
+def test_float32_at_the_smallest_lam0(impl):
+  """float32 at its impl's smallest lam0 (MIN_LAM0_FLOAT32) is finite and within 3e-3 of the
+  float64 oracle (T = 64, d = 16, unit-scale u); float64 takes a lam0 100x smaller. Below the
+  minimum (rejected), chunked reached 1.4e-2 at 1e-5 and NaN at 1e-7, associative_scan NaN at
+  1e-8 (relative errors at this shape, before the check)."""
+  q, k, v, u = random_inputs(11, 1, 64, 1, 16, 16)
+  lam0 = MIN_LAM0_FLOAT32[impl]
+  run = lambda *a, lam0: vla_recurrence(*a, lam0=lam0, impl=impl, chunk_size=16)[0]
+  o = run(*(x.astype(np.float32) for x in (q, k, v, u)), lam0=lam0)
+  o_ref = oracles.vla(q, k, v, u, lam0=lam0)[0]
+  assert np.all(np.isfinite(np.asarray(o)))
+  assert rel_err(o, o_ref) < 3e-3, rel_err(o, o_ref)
+  with jax.enable_x64(True):
+    o64 = run(*(jnp.asarray(x) for x in (q, k, v, u)), lam0=lam0 / 100)
+  assert rel_err(o64, oracles.vla(q, k, v, u, lam0=lam0 / 100)[0]) < 1e-8
+
+
 class TestValidation:
   args = random_inputs(0, 1, 8, 2, 4, 3, np.float32)
 
@@ -283,6 +302,18 @@ class TestValidation:
   def test_lam0(self, lam0):
     with pytest.raises(ValueError, match="lam0 must be a finite number > 0"):
       self.call(lam0=lam0)
+
+  @pytest.mark.parametrize("lam0", ["1", True, np.ones(2)])
+  def test_lam0_type(self, lam0):
+    with pytest.raises(ValueError, match="lam0 must be a real number"):
+      self.call(lam0=lam0)
+
+  @pytest.mark.parametrize("impl", ["scan", "associative_scan", "chunked", "pallas"])
+  def test_lam0_below_the_float32_minimum(self, impl):
+    low = MIN_LAM0_FLOAT32[impl]
+    with pytest.raises(ValueError, match=rf"lam0={low / 10:g} is below {low:g}, the smallest "
+                                         rf"impl='{impl}' takes in float32"):
+      self.call(lam0=low / 10, impl=impl)
 
   @pytest.mark.parametrize("chunk_size", [8, 48, 512, 64.0])
   def test_chunk_size(self, chunk_size):

@@ -168,3 +168,17 @@ def test_distinct_is_the_full_argsort_sample(num, low, high, size, spare):
     if spare < 0:     # the case meant: rows on both paths
       below = (u < (size + spare * np.sqrt(size) + 10) / (high - low)).sum(axis=1)
       assert (below < size).any() and (below >= size).any()
+
+
+def test_npz_token_id_past_the_vocabulary_is_named(tmp_path):
+  """An id >= vocab_size in an .npz task is an error at load time naming the file, the id,
+  vocab_size, the array and its position."""
+  config = MQARConfig(vocab_size=64, n_pairs=4, seq_len=32)
+  inputs, labels = _mqar(config, n=4)
+  path = tmp_path / "over.npz"
+  inputs = inputs.copy()
+  inputs[2, 5] = 64
+  save_npz(path, inputs, labels)
+  with pytest.raises(ValueError, match=r"over.npz: token id 64 does not fit vocab_size=64 "
+                                       r"\(ids lie in \[0, 64\)\), at inputs\[2, 5\]"):
+    load_npz(path, vocab_size=64)

@@ -23,6 +23,8 @@ row's last document (so a stream continues the last document).
 
 from typing import Any, NamedTuple
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -236,14 +238,20 @@ class ShortConv(nnx.Module):
     else:
       xp = jnp.concatenate([prefix.astype(x.dtype), x], axis=1)
     T = x.shape[1]
+    # A non-finite input is zeroed by selection and its windows' outputs set to NaN after
+    # the SiLU: no 0 * NaN (a zero cotangent through SiLU at NaN) reaches earlier inputs'
+    # gradients.
+    bad = ~jnp.isfinite(xp)
+    xp = jnp.where(bad, jnp.zeros((), xp.dtype), xp)
     if docs is None:
-      window = lambda i: xp[:, i:i + T]
+      window = lambda a, i: a[:, i:i + T]
     else:
       dp = jnp.pad(docs, ((0, 0), (K - 1, 0)))        # the prefix is document 0's
-      window = lambda i: jnp.where((dp[:, i:i + T] == docs)[..., None], xp[:, i:i + T],
-                                   jnp.zeros((), xp.dtype))
-    y = sum(window(i) * w[i] for i in range(K))
-    return jax.nn.silu(y)
+      window = lambda a, i: jnp.where((dp[:, i:i + T] == docs)[..., None], a[:, i:i + T],
+                                      jnp.zeros((), a.dtype))
+    y = sum(window(xp, i) * w[i] for i in range(K))
+    hit = functools.reduce(jnp.logical_or, (window(bad, i) for i in range(K)))
+    return jnp.where(hit, jnp.asarray(jnp.nan, y.dtype), jax.nn.silu(y))
 
   def tail(self, x, prefix=None, length=None, docs=None):
     """The last K-1 inputs of `prefix` followed by x[:, :length] (length [B] int, default all

@@ -8,7 +8,8 @@ from flax import nnx
 from jax.typing import DTypeLike
 
 from vla_jax.layers import common
-from vla_jax.ops import checks
+from vla_jax.ops import checks, nonfinite
+from vla_jax.ops.utils import document_starts
 
 IMPLEMENTATIONS = ("auto", "cudnn", "xla")
 POSITIONS = ("none", "rope")
@@ -73,6 +74,11 @@ class SoftmaxAttention(nnx.Module):
       the scores depend on relative positions; head_dim must be even.
     rope_base: RoPE's frequency base (default 10000).
     dtype, param_dtype: activation and parameter dtypes (default float32).
+
+  Non-finite inputs stay causal, as in the recurrent mixers: a NaN or Inf at token t (of x or
+  of q, k, v) leaves every output before t, and outputs of other packed documents, unchanged
+  and finite, with their input gradients; outputs from t to the end of its document are NaN.
+  Every path (XLA, cuDNN, the KV cache) attends over finite, selected q, k, v.
   """
 
   RECURRENT = False
@@ -139,13 +145,22 @@ class SoftmaxAttention(nnx.Module):
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     q, k, v, _ = self._qkv(x, None, mask, docs)
+    # Non-finite tokens stay causal and inside their document (`vla_jax.ops.nonfinite`):
+    # attention runs on q, k, v whose non-finite tokens are zeroed by selection (a masked
+    # score's zero probability times a NaN value, or a zero cotangent times a NaN key, would
+    # be NaN at every query, in cuDNN's kernel as in XLA's), and o_t is NaN where a key or
+    # value of its own document at or before t, or q_t, was. Pads are masked keys: their k
+    # and v are zeroed first, so they never count.
+    k, v = common.mask_tokens(mask, k, v)
+    starts = None if docs is None else document_starts(docs)
+    guard, q, k, (v,), _ = nonfinite.contain(q, k, (v,), starts=starts)
     allowed = None if mask is None else mask[:, None, None, :]
     if docs is not None:
       same = docs[:, None, :, None] == docs[:, None, None, :]    # [B, 1, T, T]
       allowed = same if allowed is None else same & allowed
     o = jax.nn.dot_product_attention(q, k, v, is_causal=True, mask=allowed,
                                      implementation=self.implementation)
-    return common.mask_tokens(mask, self.out(o))
+    return common.mask_tokens(mask, self.out(guard.outputs(o)))
 
   def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
     """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`,
@@ -186,7 +201,17 @@ class SoftmaxAttention(nnx.Module):
       same = jnp.where(earlier, (docs == 0)[:, :, None],
                        slot_docs[:, None, :] == docs[:, :, None])   # [B, T, L]
       allowed = allowed & same[:, None]
-    o = jax.nn.dot_product_attention(q, keys, values, mask=allowed, implementation="xla")
+    # The cache keeps what was written, NaN included; attention reads it with non-finite
+    # slots zeroed, and o is NaN where an allowed slot (or the query) is non-finite.
+    slot_bad = ~(nonfinite.token_finite(keys) & nonfinite.token_finite(values))  # [B, L, H]
+    reach = jnp.einsum("btl,blh->bth", allowed[:, 0].astype(jnp.float32),
+                       slot_bad.astype(jnp.float32)) > 0
+    q_bad = ~nonfinite.token_finite(q)
+    o = jax.nn.dot_product_attention(nonfinite.zero_where(q_bad, q),
+                                     nonfinite.zero_where(slot_bad, keys),
+                                     nonfinite.zero_where(slot_bad, values), mask=allowed,
+                                     implementation="xla")
+    o = nonfinite.Guard(reach, q_bad).outputs(o)
     if docs is not None:   # the cache keeps the last document only, as the recurrent mixers'
       last = docs[:, -1:]
       written = jnp.where(earlier[0], written & (last == 0), written & (slot_docs == last))

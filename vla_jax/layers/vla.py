@@ -9,6 +9,7 @@ from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
+from vla_jax.ops import checks
 from vla_jax.ops.baselines import elu_plus_one
 from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import vla_step
@@ -82,8 +83,10 @@ class VLAAttention(nnx.Module):
     self.num_heads = num_heads
     self.readout = common.check_choice(name, "readout", readout, READOUTS)
     self.u_init = common.check_choice(name, "u_init", u_init, U_INITS)
-    if not lam0 > 0:
-      raise ValueError(f"{name}: lam0 must be > 0; got {lam0!r}")
+    try:
+      checks.check_lam0(lam0, impl, common.state_dtype(dtype))
+    except ValueError as e:
+      raise ValueError(f"{name}: {e}") from None
     self.lam0 = float(lam0)
     self.penalty_scale = (1.0 / math.sqrt(self.head_dim) if penalty_scale is None
                           else float(penalty_scale))

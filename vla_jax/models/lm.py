@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from vla_jax.layers import common
@@ -175,13 +176,34 @@ class LanguageModel(nnx.Module):
     self.head = (None if config.tie_embeddings else
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
+  def _check_ids(self, tokens, name="tokens"):
+    """Token ids must be ints in [0, vocab_size): a ValueError naming the first offending id,
+    its position and vocab_size when the ids are concrete (an eager call, `generate`'s
+    prompt). Under jit they are tracers and are not checked here: `_embed` turns an id out of
+    range into a NaN embedding (never another token's), whose NaN stays in its own document
+    (the training data is checked when it is made or loaded, `vla_jax.tasks`)."""
+    if not jnp.issubdtype(getattr(tokens, "dtype", np.float64), jnp.integer):
+      raise TypeError(f"{name} must be an int array of token ids; got "
+                      f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if isinstance(tokens, jax.core.Tracer):
+      return
+    ids = np.asarray(tokens)
+    bad = (ids < 0) | (ids >= self.config.vocab_size)
+    if bad.any():
+      position = tuple(int(i) for i in np.argwhere(bad)[0])
+      raise ValueError(f"{name}: token id {int(ids[position])} at position {position} is not "
+                       f"in [0, vocab_size={self.config.vocab_size})")
+
   def _embed(self, tokens, offset, mask=None, docs=None):
     """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model],
     at the positions of `common.token_positions`: with `mask` ([B, T] bool) a token's
     position counts the real tokens before it only, so a padded sequence embeds its real
     tokens as the unpadded one does; with `docs` (`common.document_ids`) positions restart at
     0 at each document start (`offset` counts for the row's first document only)."""
-    x = self.embed(tokens)
+    # An id out of range takes the row past the table (a NaN embedding), negative ones too
+    # (jnp.take would wrap them around to another token's row).
+    vocab = self.config.vocab_size
+    x = self.embed(jnp.where((tokens >= 0) & (tokens < vocab), tokens, vocab))
     if self.config.pos_emb == "none":
       return x
     positions = common.token_positions(tokens.shape, offset, mask, docs)[0]
@@ -207,6 +229,7 @@ class LanguageModel(nnx.Module):
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
+    self._check_ids(tokens)
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
     x = self._embed(tokens, 0, mask, docs)
     for block in self.blocks:
@@ -231,6 +254,10 @@ class LanguageModel(nnx.Module):
     the id changes. Each document's logits equal those of the document alone: positions
     restart at 0, and every mixer restarts its state, convolution and attention there
     (`vla_jax.layers.common`). Both arguments may be given.
+
+    Token ids outside [0, vocab_size) raise ValueError (naming the id, its position and
+    vocab_size) when `tokens` is concrete; under jit they embed as NaN, so the logits of that
+    token and the later ones of its document are NaN, and other documents keep theirs.
     """
     return self._logits(self.features(tokens, attention_mask, segment_ids))
 
@@ -268,6 +295,7 @@ class LanguageModel(nnx.Module):
     cache, and the returned cache (positions included) continues the last. Raises ValueError
     when the tokens do not fit (see `_check_room`; KV caches are checked by their layers)."""
     self._check_room(cache, tokens.shape[1])
+    self._check_ids(tokens)
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
     x = self._embed(tokens, cache.position, mask, docs)
     layers = []
@@ -283,6 +311,7 @@ class LanguageModel(nnx.Module):
       raise ValueError(f"step takes one token per sequence, shape [B]; got shape "
                        f"{getattr(token, 'shape', None)} (use prefill for [B, T])")
     self._check_room(cache, 1)
+    self._check_ids(token, "token")
     x = self._embed(token[:, None], cache.position)[:, 0]
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):

@@ -187,12 +187,17 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final S [B, H, dv, dk].
+
+  Raises:
+    ValueError for a finite positive log decay when log_decay is concrete (under jit it is
+    the caller's to keep; `GatedDeltaNet` makes it <= 0 by construction).
   """
   impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   checks.check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
   if log_decay is not None:
     checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
+    checks.check_log_decay(log_decay)
   dtype = checks.compute_dtype(q, k, v, beta, log_decay)
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
   out_dtype = checks.output_dtype(v)

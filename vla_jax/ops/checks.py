@@ -9,6 +9,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 MIN_CHUNK, MAX_CHUNK = 16, 256
 
@@ -60,15 +61,56 @@ def check_chunk_size(chunk_size):
 
 
 def check_positive(name, value):
-  """Checks a scalar hyperparameter > 0 when its value is known (not traced)."""
+  """Checks a scalar hyperparameter > 0 when its value is known (not traced): a real number
+  (a Python int or float, or a NumPy / JAX scalar; not a str or bool)."""
+  if isinstance(value, jax.core.Tracer):
+    return
+  if (isinstance(value, (str, bytes, bool)) or getattr(value, "shape", ()) != ()
+      or getattr(value, "dtype", None) == bool):
+    raise ValueError(f"{name} must be a real number (int or float) > 0; got "
+                     f"{type(value).__name__} {value!r}")
   try:
     concrete = float(value)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    if isinstance(value, jax.core.Tracer):
-      return
-    raise TypeError(f"{name} must be a positive number; got {value!r}") from None
+  except (TypeError, ValueError):
+    raise ValueError(f"{name} must be a real number (int or float) > 0; got "
+                     f"{type(value).__name__} {value!r}") from None
   if not math.isfinite(concrete) or concrete <= 0:
     raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
+
+
+# The smallest lam0 each VLA impl takes when it computes in float32. The relative error of o
+# against float64 grows like eps ||u||^2 / lam0 (vla_jax/ops/vla/README.md); below these the
+# chunked and associative-scan penalty paths lose every digit, then return NaN
+# (tests/ops/test_vla_recurrence.py measures each impl at its minimum and below it).
+MIN_LAM0_FLOAT32 = {"scan": 1e-4, "associative_scan": 1e-4, "chunked": 1e-3, "pallas": 1e-4}
+
+
+def check_log_decay(log_decay):
+  """A concrete log decay [B, T, H] must be <= 0 where finite (gamma = exp(g) <= 1; a
+  positive g grows the state without bound); NaN and +inf follow the ops' non-finite rule.
+  A traced one (under jit) is not checked."""
+  if log_decay is None or isinstance(log_decay, jax.core.Tracer):
+    return
+  g = np.asarray(log_decay)
+  positive = np.isfinite(g) & (g > 0)
+  if positive.any():
+    where = tuple(int(i) for i in np.argwhere(positive)[0])
+    raise ValueError(f"log_decay must be <= 0 (a decay gamma = exp(log_decay) <= 1); got "
+                     f"{float(g[where]):g} at [b, t, h] = {where}")
+
+
+def check_lam0(lam0, impl, dtype):
+  """lam0 a finite number > 0 and, when `dtype` (the compute dtype) is not float64, at least
+  `MIN_LAM0_FLOAT32[impl]`; checked when lam0 is concrete (a traced lam0 is not)."""
+  check_positive("lam0", lam0)
+  if isinstance(lam0, jax.core.Tracer) or jnp.dtype(dtype) == jnp.float64:
+    return
+  impl = getattr(impl, "value", impl)
+  low = MIN_LAM0_FLOAT32.get(impl)        # an unknown impl is reported where it is parsed
+  if low is not None and float(lam0) < low:
+    raise ValueError(f"lam0={float(lam0):g} is below {low:g}, the smallest impl={impl!r} takes "
+                     f"in float32 (its error grows like eps ||u||^2 / lam0: no correct digits "
+                     f"or NaN below); use lam0 >= {low:g} or float64 inputs (x64)")
 
 
 def compute_dtype(*arrays):

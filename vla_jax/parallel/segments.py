@@ -25,7 +25,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
-from vla_jax.ops import checks
+from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.baselines import (LinearAttentionState, deltanet, elu_plus_one,
                                    gated_deltanet, linear_attention)
 from vla_jax.ops.impl import Impl, parse_impl
@@ -86,6 +86,33 @@ def transition_run(run, v, dk, dtype, split):
   S0 = jnp.concatenate([jnp.zeros((B, H, dv, dk), dtype), eye], axis=2)
   o, S, aux = run(jnp.concatenate([v, zeros_v], axis=-1), S0)
   return o[..., :dv], o[..., dv:], S[:, :, :dv], S[:, :, dv:], aux
+
+
+def contain_segment(axis_name, q, keys, state_inputs=(), writes=(), state_bad=None):
+  """`nonfinite.contain` over a sequence split across `axis_name`, so that a non-finite token
+  stays causal across the devices too: this device's tokens are sanitised, and the
+  breakage of the earlier devices' segments carries into this one.
+
+  Everything after it (the ops on their segments, the folds, the collectives and their
+  transposes) then computes on finite numbers only, forward and backward: a later segment's
+  NaN never meets an earlier one's cotangent (0 * NaN) in a fold or a reduce-scatter.
+
+  Args: as `nonfinite.contain` (this device's tokens), without `starts`.
+  Returns:
+    (outputs guard: NaN where this device's tokens see a broken state; final guard: its
+    `state` marks a final state NaN when any segment broke (the same on every device);
+    q, keys, state_inputs, writes sanitised).
+  """
+  guard, q, keys, state_inputs, writes = nonfinite.contain(q, keys, state_inputs, writes,
+                                                           state_bad)
+  B, T, H = guard.broken.shape
+  end = guard.broken[:, -1] if T else jnp.zeros((B, H), bool)
+  ends = _gather(end, axis_name)                                # [P, B, H]
+  earlier = jnp.arange(ends.shape[0]) < jax.lax.axis_index(axis_name)
+  before = jnp.any(ends & earlier[:, None, None], axis=0)
+  outputs = nonfinite.Guard(guard.broken | before[:, None], guard.query_bad)
+  final = nonfinite.Guard(jnp.any(ends, axis=0)[:, None], jnp.zeros((B, 1, H), bool))
+  return outputs, final, q, keys, state_inputs, writes
 
 
 def _check_no_segment_ids(kwargs):
@@ -205,7 +232,7 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
   eye = jnp.eye(dk, dtype=dtype)
   if initial_state is None:
-    checks.check_positive("lam0", lam0)
+    checks.check_lam0(lam0, _impl_of(vla_recurrence, op_kwargs), dtype)
     S0 = jnp.zeros((B, H, dv, dk), dtype)
     A0 = jnp.broadcast_to(eye / lam0, (B, H, dk, dk))
     M0 = jnp.broadcast_to(eye * lam0, (B, H, dk, dk)).astype(dtype)
@@ -220,6 +247,7 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   if pallas:   # a [v, 0] wider than the kernels' head dims runs as two calls
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         SUPPORTED_HEAD_DIMS)
+  out_guard, end_guard, q, k, (u,), (v,) = contain_segment(axis_name, q, k, (u,), (v,))
   op = functools.partial(vla_recurrence, **op_kwargs)
   stop = jax.lax.stop_gradient
 
@@ -245,7 +273,8 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   o0, x, Psi, Phi, A_end = transition_run(run, values, dk, dtype, split)
   S_in, S_end = fold_states(Psi, Phi, S0, axis_name)
   o = correct_outputs(o0, x, S_in, checks.output_dtype(v))
-  return o, VLAState(S=S_end, A=_from_last(A_end, axis_name))
+  return out_guard.outputs(o), VLAState(S=end_guard.state(S_end),
+                                        A=end_guard.state(_from_last(A_end, axis_name)))
 
 
 def gated_deltanet_segments(q, k, v, beta, log_decay, *, axis_name, initial_state=None,
@@ -268,6 +297,13 @@ def gated_deltanet_segments(q, k, v, beta, log_decay, *, axis_name, initial_stat
   else:
     checks.check_state("initial_state", initial_state, (B, H, dv, dk))
     S0 = initial_state.astype(dtype)
+  out_dtype = checks.output_dtype(v)
+  gate_bad = None
+  if log_decay is not None:   # NaN or +inf breaks the state (-inf is a reset), as in the op
+    gate_bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
+    log_decay = jnp.where(gate_bad, jnp.zeros((), log_decay.dtype), log_decay)
+  out_guard, end_guard, q, k, _, (v, beta) = contain_segment(
+      axis_name, q, k, writes=(v, beta), state_bad=gate_bad)
 
   def run(values, S_start):
     o, S = gated_deltanet(q, k, values, beta, log_decay, initial_state=S_start, **op_kwargs)
@@ -275,7 +311,7 @@ def gated_deltanet_segments(q, k, v, beta, log_decay, *, axis_name, initial_stat
 
   o0, x, Psi, Phi, _ = transition_run(run, v.astype(dtype), dk, dtype, split=False)
   S_in, S_end = fold_states(Psi, Phi, S0, axis_name)
-  return correct_outputs(o0, x, S_in, checks.output_dtype(v)), S_end
+  return out_guard.outputs(correct_outputs(o0, x, S_in, out_dtype)), end_guard.state(S_end)
 
 
 def deltanet_segments(q, k, v, beta, *, axis_name, initial_state=None, **op_kwargs):
@@ -314,18 +350,23 @@ def linear_attention_segments(q, k, v, *, axis_name, feature_map=elu_plus_one, n
                                          jnp.zeros((B, H, df), dtype))
   checks.check_state("initial_state.S", initial_state.S, (B, H, dv, df))
   checks.check_state("initial_state.z", initial_state.z, (B, H, df))
+  out_dtype = checks.output_dtype(v)
+  out_guard, end_guard, q, k, _, (v,) = contain_segment(axis_name, q, k, writes=(v,))
   # A value channel of constant 1 gives this segment's own normaliser z0_t . phi(q_t).
   v1 = jnp.concatenate([v.astype(dtype), jnp.ones((B, T, H, 1), dtype)], axis=-1)
   o, state = linear_attention(q, k, v1, feature_map=None, **op_kwargs)
   S0 = jnp.concatenate([initial_state.S, initial_state.z[:, :, None]], axis=2).astype(dtype)
   Ss = _gather(state.S, axis_name)                              # [P, B, H, dv + 1, df]
-  starts = S0 + jnp.cumsum(Ss, axis=0) - Ss
+  # Exclusive prefix sums: a segment's start holds the earlier segments' sums only (not a
+  # later one added and subtracted again, which would round differently with its values).
+  starts = S0 + jnp.concatenate([jnp.zeros_like(Ss[:1]), jnp.cumsum(Ss[:-1], axis=0)])
   S_in, S_end = starts[jax.lax.axis_index(axis_name)], starts[-1] + Ss[-1]
   o = o + einsum("bthk,bhvk->bthv", q, S_in)
   num, den = o[..., :dv], o[..., dv]
   if normalize:
     num = num / jnp.maximum(den, eps)[..., None]
-  return (num.astype(checks.output_dtype(v)),
+  S_end = end_guard.state(S_end)
+  return (out_guard.outputs(num.astype(out_dtype)),
           LinearAttentionState(S_end[:, :, :dv], S_end[:, :, dv]))
 
 

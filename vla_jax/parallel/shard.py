@@ -36,6 +36,9 @@ def shard_sequence(op, *, axis=SEQ_AXIS, mesh=None):
   summaries, no extra work). Other array arguments (a traced lam0, say) are
   replicated; everything else goes to the op unchanged.
 
+  Non-finite inputs stay causal as in the op: a NaN or Inf at token t leaves every earlier
+  output, and the gradients of a loss on them, unchanged (README.md, "Non-finite inputs").
+
   Args:
     op: one of the four public sequence ops.
     axis: the mesh axis of the sequence (default "seq").

@@ -40,9 +40,13 @@ def check_examples(inputs, labels, vocab_size=None, where="data"):
     raise ValueError(f"{where}: labels hold no targets (every label is {IGNORE}, or there are "
                      f"no examples; shape {labels.shape})")
   if vocab_size is not None:
-    top = max(int(inputs.max(initial=0)), int(labels.max(initial=0)))
-    if top >= vocab_size:
-      raise ValueError(f"{where}: token id {top} does not fit vocab_size={vocab_size}")
+    for name, arr in (("inputs", inputs), ("labels", labels)):
+      over = np.argwhere(arr >= vocab_size)
+      if over.size:
+        row, col = (int(i) for i in over[0])
+        raise ValueError(f"{where}: token id {int(arr[row, col])} does not fit vocab_size="
+                         f"{vocab_size} (ids lie in [0, {vocab_size})), at {name}[{row}, "
+                         f"{col}] (example {row}, position {col})")
   return inputs.astype(np.int32), labels.astype(np.int32)
 
 

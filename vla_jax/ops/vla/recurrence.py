@@ -78,8 +78,11 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     k: [B, T, H, dk] keys (feature-mapped; unit-normalised here with eps = 1e-6).
     v: [B, T, H, dv] values.
     u: [B, T, H, dk] penalty directions.
-    lam0: ridge strength (> 0) of the initial penalty; used when `initial_state` is None and
-      at every document start of `segment_ids`.
+    lam0: ridge strength (> 0, a real number) of the initial penalty; used when
+      `initial_state` is None and at every document start of `segment_ids`. Computing in
+      float32, each impl takes lam0 >= `checks.MIN_LAM0_FLOAT32[impl]` (1e-3 for "chunked",
+      1e-4 for the others; smaller is a ValueError when lam0 is concrete): below, float32
+      has no correct digits left (or gives NaN). float64 inputs take any lam0 > 0.
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
@@ -114,8 +117,9 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     float32, or float64 when any input is float64 (x64 mode).
 
   Raises:
-    ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, lam0 <= 0
-    (when its value is known; a traced lam0 under jit is not checked), a bad chunk_size, an
+    ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, a lam0 that
+    is not a number > 0 or below the float32 minimum (when its value is known; a traced lam0
+    under jit is not checked), a bad chunk_size, an
     unknown impl or precision, or an initial state of the wrong shape or dtype.
   """
   impl = parse_impl(impl)
@@ -136,6 +140,8 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
                     f"{type(initial_state).__name__}")
   dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
+  if initial_state is None or segment_ids is not None:   # lam0 is used
+    checks.check_lam0(lam0, impl, dtype)
   if initial_state is None:
     initial_state = initial_vla_state(B, H, dk, dv, lam0=lam0, dtype=dtype)
   else:
