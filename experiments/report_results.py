@@ -1,10 +1,12 @@
-r"""Regenerates RESULTS.md and its plots from the rows under results/training/.
+r"""Regenerates the generated blocks of RESULTS.md, the full tables and the plots from the rows
+under results/training/.
 
-    python experiments/report_results.py [--results=results] [--out=RESULTS.md]
+    python experiments/report_results.py [--results=results] [--out=RESULTS.md] [--noplots]
 
-Reads results/training/*.jsonl (and results/bench/*.jsonl for the kernel claim; what each file
-holds: results/README.md), writes RESULTS.md and results/plots/*.png (`lab.report`).
-Every number in RESULTS.md comes from those files.
+Reads results/training/ (what each file holds: results/README.md) and rewrites the blocks
+between `<!-- BEGIN GENERATED: name -->` and `<!-- END GENERATED: name -->` in RESULTS.md (the
+findings around them are written by hand and left alone), results/tables/*.md and
+results/plots/*.png (`lab.report`).
 """
 
 from absl import app, flags
@@ -13,7 +15,9 @@ from lab import cli
 
 _RESULTS = flags.DEFINE_string("results", "results", "Folder with training/ and bench/ (the "
                                "rows) and plots/ (written).")
-_OUT = flags.DEFINE_string("out", "RESULTS.md", "The report written.")
+_OUT = flags.DEFINE_string("out", "RESULTS.md", "The report whose generated blocks are "
+                           "rewritten.")
+_PLOTS = flags.DEFINE_bool("plots", True, "Draw the plots too.")
 
 
 def main(argv):
@@ -22,7 +26,7 @@ def main(argv):
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
   from lab import report  # pylint: disable=g-import-not-at-top
   with cli.user_errors("report_results.py"):
-    report.write_results_md(_RESULTS.value, _OUT.value)
+    report.write_results_md(_RESULTS.value, _OUT.value, draw=_PLOTS.value)
   print(f"wrote {_OUT.value}")
 
 

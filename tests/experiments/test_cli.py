@@ -169,7 +169,7 @@ def test_mixer_sweep_writes_a_row_per_run(runs):
 def test_diagnostics_then_report(runs):
   """trained_diagnostics.py trains a tiny VLA model and measures it at a longer T;
   state_norms.py measures random inputs and that run; report_results.py writes sections 1
-  and 2 of a report from these rows (and says the grids are not run)."""
+  and 2 of a report from these rows (and says the grids have no rows)."""
   done, folders = runs
   results = folders["diagnostics"] / "results"
   ok(done["trained_diagnostics"])
@@ -185,10 +185,12 @@ def test_diagnostics_then_report(runs):
 
   ok(done["report_results"])
   text = (folders["diagnostics"] / "RESULTS.md").read_text()
-  assert "| VLA (authors' penalty 1/sqrt(d_h)) | 0 | 40 |" in text
-  assert "| trained MQAR model, T 40, layer 0 |" in text
-  assert "![random inputs](results/plots/state_norms_random.png)" in text
-  assert "## 3. MQAR capacity (the seed's setting)\n\nNot run yet" in text
+  assert "| trained MQAR model, T = 40 |" in text
+  assert ("<!-- BEGIN GENERATED: capacity -->\nNo rows yet: "
+          "`results/training/mqar_capacity_h200.jsonl`.") in text
+  tables = results / "tables"
+  assert "| VLA-a | 0 | 40 |" in (tables / "memory.md").read_text()
+  assert "| trained MQAR model, T 40, layer 0 |" in (tables / "jacobian.md").read_text()
   assert (results / "plots" / "trained_state_norms.png").exists()
 
 

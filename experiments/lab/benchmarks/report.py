@@ -16,6 +16,7 @@ import math
 import os
 from collections import OrderedDict
 
+from lab import markers
 from lab.benchmarks import floor
 
 OP_NAMES = {"vla": "VLA", "softmax_attention": "softmax", "deltanet": "DeltaNet",
@@ -1065,13 +1066,21 @@ def correctness_section(rows):
 
 
 def write_report(paths, out_path, plot_dir=None, command=None):
-  """Reads `paths` (oldest run first), writes `out_path` and the plots (under plot_dir, if
-  given); returns (number of rows, plot paths)."""
+  """Reads `paths` (oldest run first), rewrites the generated block of `out_path` (a new file
+  holds the block alone; `lab.markers`) and the plots (under plot_dir, if given); returns
+  (number of rows, plot paths)."""
   headers, rows = load(paths)
   data = Data(rows)
   device = ", ".join(dict.fromkeys(h.get("device", "?") for _, h in headers)) or "?"
   plot_paths = plots(data, plot_dir, f"{device}; log-log") if plot_dir else []
-  text = render(headers, rows, plot_paths, out_path, command=command)
+  body = render(headers, rows, plot_paths, out_path, command=command)
+  body = body.removeprefix("# Benchmarks\n").strip()
+  if os.path.exists(out_path):   # the hand-written verdict around the block stays as it is
+    with open(out_path) as f:
+      text = f.read()
+  else:
+    text = "# Benchmarks\n\n" + markers.skeleton(["benchmarks"])
+  text = markers.replace_blocks(text, {"benchmarks": body}, out_path)
   with open(out_path, "w") as f:
     f.write(text)
   return len(rows), plot_paths

@@ -1,4 +1,4 @@
-"""RESULTS.md sections on the memory itself: its norm (1), VLA's state Jacobian (2) and decoding
+"""The full tables of RESULTS.md's sections on the memory itself: its norm (1), VLA's state Jacobian (2) and decoding
 with a fixed-size state (8).
 
 Rows: `experiments/state_norms.py` (kinds state_norm_random, jacobian_random, trained),
@@ -7,11 +7,11 @@ Rows: `experiments/state_norms.py` (kinds state_norm_random, jacobian_random, tr
 """
 
 from lab.report import markdown
-from lab.report.markdown import fmt
 from lab.report.rows import AUTHORS_FLAG, name
 
-RANDOM_MIXERS = (("linear_attention", "linear attention"), ("deltanet", "DeltaNet"),
-                 ("gated_deltanet", "Gated DeltaNet"), ("vla", "VLA"))
+# The random-input rows' mixers and their labels (VLA with the authors' penalty scale: VLA-a).
+RANDOM_MIXERS = (("linear_attention", "linear"), ("deltanet", "DeltaNet"),
+                 ("gated_deltanet", "GDN"), ("vla", "VLA-a"))
 
 
 def split_norm_rows(norm_rows, trained_rows):
@@ -44,39 +44,13 @@ def trained_norm_command(models, jacobians, out):
           for e, Ts in sorted(by_examples.items(), key=lambda kv: min(kv[1]))]
 
 
-def norms_finding(random_norm, trained_norms):
-  parts = []
-  if random_norm:
-    t0 = 1000 if 1000 in random_norm else min(random_norm)
-    t1 = max(random_norm)
-    ratio = lambda m: random_norm[t1][m] / random_norm[t0][m]
-    bounded = [(m, n) for m, n in RANDOM_MIXERS[1:] if abs(ratio(m) - 1) < 0.1]
-    parts.append(f"On random inputs linear attention's memory grows from "
-                 f"{random_norm[t0]['linear_attention']:.1f} at t = {t0:,} to "
-                 f"{random_norm[t1]['linear_attention']:.1f} at t = {t1:,}, while "
-                 + (markdown.listed(n for _, n in bounded) + " stay within 10% of their "
-                    f"t = {t0:,} level" if bounded else "the delta-rule memories grow too")
-                 + ".")
-  T = max((r["T"] for r in trained_norms), default=None)
-  if T:
-    nv, nd, nl = (trained_norm_at(trained_norms, m, T) for m in ("vla", "deltanet", "linear"))
-    if nv.get(1000) and nd.get(1000) and nl.get(1000):
-      parts.append(f"Inside trained MQAR models the memory of VLA (the authors' penalty "
-                   f"scale) still grows with T "
-                   f"(x{nv[T] / nv[1000]:.1f} from t = 1,000 to {T:,}, DeltaNet's "
-                   f"x{nd[T] / nd[1000]:.1f}, linear attention's x{nl[T] / nl[1000]:.1f}): "
-                   "far more slowly than linear attention's, but not bounded like DeltaNet's.")
-  return "**Finding.** " + " ".join(parts) if parts else ""
-
-
-def norms_section(kinds, random_plot, trained_plot, rel, plot=None):
-  """Section 1. random_plot: the PNG state_norms.py drew; trained_plot: drawn there by
-  plot(rows, path) when given. Both linked as rel(path)."""
+def norms_tables(kinds):
+  """The full tables of section 1 (markdown blocks) from the diagnostics rows by kind."""
   random_norm = {r["t"]: r for r in kinds.get("state_norm_random", [])}
   models = kinds.get("trained_model", [])
   norms = kinds.get("trained_state_norm", [])
   jacobians = kinds.get("trained_jacobian", [])
-  blocks = ["## 1. Memory norm ||S_t||_F", norms_finding(random_norm, norms)]
+  blocks = []
   if random_norm:
     blocks.append(markdown.bullets([
         "Random inputs: `python experiments/state_norms.py --max_T=65536 --workdir=RUN "
@@ -89,7 +63,6 @@ def norms_section(kinds, random_plot, trained_plot, rel, plot=None):
         ["t"] + [n for _, n in RANDOM_MIXERS],
         [[f"{t:,}"] + [f"{random_norm[t][m]:.1f}" for m, _ in RANDOM_MIXERS]
          for t in sorted(random_norm)]))
-    blocks.append(f"![random inputs]({rel(random_plot)})")
   if models:
     cmds = trained_norm_command(models, jacobians,
                                 "results/training/trained_diagnostics_cpu.jsonl")
@@ -115,41 +88,16 @@ def norms_section(kinds, random_plot, trained_plot, rel, plot=None):
                   "over all tokens:")
     blocks.append(markdown.table(["mixer", "layer", "T"] + [f"t = {t:,}" for t in marks]
                                  + ["max over tokens"], body))
-    if plot:
-      plot(norms, trained_plot)
-    blocks.append(f"![trained models]({rel(trained_plot)})")
   else:
     blocks.append("Inside trained models: not measured yet (`experiments/trained_diagnostics.py`).")
   return blocks
 
 
-def jacobian_finding(kinds):
-  random = (kinds.get("jacobian_random") or [None])[0]
-  every = ([random] if random else []) + kinds.get("trained", []) + kinds.get(
-      "trained_jacobian", [])
-  if not every:
-    return ""
-  top = max(r["max"] for r in every)
-  share = min(r["frac_above_1"] for r in every)
-  spans = [v for r in kinds.get("trained_jacobian", []) for k, v in r.items()
-           if k.startswith("product_span_") and k.endswith("_max")]
-  text = (f"**Finding.** The seed's Prop. 2 (norm exactly 1) holds only where a_t = khat_t: the "
-          f"norm is above 1 for at least {100 * share:.2f}% of the tokens of every set measured, "
-          f"by at most {fmt(top, 4)}" + (f" ({fmt(random['max'], 4)} on random inputs)"
-                                         if random else "") + ".")
-  if spans:
-    text += (f" What matters over a long context are products over spans: in the trained MQAR "
-             f"model they reach {fmt(max(spans), 3)} over spans of up to 1,024 tokens, so a "
-             "perturbation of VLA's memory can grow there (not contractive), where a norm at or "
-             "below 1 would mean the erase steps keep it in check.")
-  return text
-
-
-def jacobian_section(kinds):
-  """Section 2 from the Jacobian rows of both diagnostics files."""
+def jacobian_tables(kinds):
+  """The full table of section 2 from the Jacobian rows of both diagnostics files."""
   random = (kinds.get("jacobian_random") or [None])[0]
   demo, trained = kinds.get("trained", []), kinds.get("trained_jacobian", [])
-  blocks = ["## 2. VLA's state Jacobian I - khat_t a_t^T (Prop. 2)", jacobian_finding(kinds)]
+  blocks = []
   blocks.append(markdown.bullets([
       "`vla_jax.diagnostics.vla_jacobian_norms` measures the spectral norm per token and its "
       "closed form sqrt((3 - 2c + sqrt(5 - 4c)) / 2), c = a_t . khat_t (*closed-form gap*: the "
@@ -179,28 +127,13 @@ def jacobian_section(kinds):
   return blocks
 
 
-def decode_section(rows):
-  """Section 8 from bench_decode.py's rows."""
-  blocks = ["## 8. Decoding: a fixed-size state against a KV cache"]
+def decode_tables(rows):
+  """The full table of section 8 from bench_decode.py's rows."""
+  blocks = []
   if not rows:
-    return blocks + ["Not measured yet: `python experiments/bench_decode.py --out=OUT.jsonl` on "
-                     "a GPU."]
+    return ["Not measured yet: `python experiments/bench_decode.py --out=OUT.jsonl` on a GPU."]
   at = {(r["mixer"], r["context"]): r for r in rows}
   contexts = sorted({r["context"] for r in rows})
-  both = [L for L in contexts if ("vla", L) in at and ("softmax", L) in at]
-  if both:
-    v = [at[("vla", L)]["ms_per_token"] for L in both]
-    ratio = lambda L: at[("softmax", L)]["ms_per_token"] / at[("vla", L)]["ms_per_token"]
-    first, last = both[0], both[-1]
-    speed = (f"a flat {v[0]:.3f}" if f"{min(v):.3f}" == f"{max(v):.3f}" else
-             f"{min(v):.3f} to {max(v):.3f}")
-    blocks.append(
-        f"**Finding.** VLA decodes at {speed} ms per token with "
-        f"{max(at[('vla', L)]['cache_mib_per_seq'] for L in both):.3g} MiB of state per sequence "
-        f"from {first:,} to {last:,} tokens of context, while softmax attention's KV cache grows "
-        f"to {at[('softmax', last)]['cache_mib_per_seq']:.0f} MiB. Softmax attention takes "
-        f"{ratio(first):.2f}x VLA's time per token at {first:,} tokens of context and "
-        f"{ratio(last):.1f}x at {last:,} ({at[('softmax', last)]['ms_per_token']:.3f} ms).")
   blocks.append(markdown.bullets([
       "Rows: `python experiments/bench_decode.py --out=results/training/decode_h200.jsonl` "
       "(NVIDIA H200). One mixer layer, H = 16, d_h = 64 (d_model 1024), bfloat16 activations, "

@@ -133,20 +133,3 @@ def seed_split_note(summary, where, spread=0.5, name_of=name):
               ["setting", "mixer", "test accuracy per seed"],
               [[where(v), name_of(m), ", ".join(f"{a:.3f}" for a in c["test"])]
                for (m, v), c in split]))
-
-
-def penalty_scale_note(summary, where):
-  """Compares VLA's two penalty scales (`vla`: the authors' 1/sqrt(d_h), `vla_p1`: 1) at every
-  setting where both ran: mean test accuracy at each one's chosen rate."""
-  both = sorted(v for (m, v) in summary if m == "vla" and ("vla_p1", v) in summary)
-  if not both:
-    return ""
-  mean = lambda m, v: summary[(m, v)]["test"].mean()
-  ahead = [v for v in both if mean("vla_p1", v) > mean("vla", v) + 0.01]
-  behind = [v for v in both if mean("vla_p1", v) < mean("vla", v) - 0.01]
-  at = lambda vs: ", ".join(f"{where(v)} ({mean('vla_p1', v):.3f} against {mean('vla', v):.3f})"
-                            for v in vs)
-  return (f"VLA's penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at "
-          f"{len(ahead)} of {len(both)} settings" + (f" ({at(ahead)})" if ahead else "")
-          + (f", behind at {at(behind)}" if behind else ", behind at none")
-          + ". Penalty scale 1 is the layer's default (section 9).")

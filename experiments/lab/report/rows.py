@@ -17,15 +17,12 @@ from vla_jax.training import jsonl
 
 MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet",
                "gated_deltanet_slow", "vla", "vla_p1")
-MIXER_NAMES = {"softmax": "softmax", "softmax_conv": "softmax + conv", "linear": "linear",
-               "deltanet": "DeltaNet", "gated_deltanet": "Gated DeltaNet",
-               "gated_deltanet_slow": "Gated DeltaNet, slow gate init",
-               "vla": "VLA (authors' penalty 1/sqrt(d_h))",
-               "vla_p1": "VLA, penalty scale 1 (default)"}
-# Names inside a sentence, where they differ from MIXER_NAMES. VLA's penalty scale defaults to
-# 1 (vla_jax.layers.vla.DEFAULT_PENALTY_SCALE); label vla has the authors' 1/sqrt(d_h).
-PROSE_NAMES = {"vla": "VLA with the authors' penalty scale 1/sqrt(d_h)",
-               "vla_p1": "VLA with penalty scale 1 (the default)"}
+# The short labels of RESULTS.md's tables (defined once, at its top). VLA's penalty scale
+# defaults to 1 (vla_jax.layers.vla.DEFAULT_PENALTY_SCALE): label vla_p1, "VLA"; label vla has the
+# authors' 1/sqrt(d_h), "VLA-a".
+MIXER_NAMES = {"softmax": "softmax", "softmax_conv": "softmax+conv", "linear": "linear",
+               "deltanet": "DeltaNet", "gated_deltanet": "GDN",
+               "gated_deltanet_slow": "GDN-slow", "vla": "VLA-a", "vla_p1": "VLA"}
 # The flag that gives VLA the authors' penalty scale at HEAD_DIM (the layer's None): a command
 # that made VLA rows before the default became 1 needs it to make the same rows again.
 AUTHORS_FLAG = f"--config.model.options.vla.penalty_scale={AUTHORS_PENALTY_SCALE!r}"
@@ -44,17 +41,6 @@ def label(row):
 def name(mixer):
   """The display name of a label ("vla_p1" -> "VLA, penalty scale 1 (default)")."""
   return MIXER_NAMES.get(mixer, mixer)
-
-
-def prose_name(mixer):
-  """The name of a label inside a sentence ("vla_p1" -> "VLA with penalty scale 1 (the
-  default)")."""
-  return PROSE_NAMES.get(mixer, name(mixer))
-
-
-def sentence_start(text):
-  """`text` with its first letter capitalised (names keep their own case otherwise)."""
-  return text[:1].upper() + text[1:]
 
 
 def mixer_rank(mixer):

@@ -18,29 +18,17 @@ import collections
 from lab.grid import (HEAD_DIM, TUNED_STEPS, TUNED_T, ZOOLOGY, ZOOLOGY_WIDTHS,
                       rate_name, tuned_jobs)
 from lab.report import markdown, notes
-from lab.report.mqar import GRID_LABELS, SOLVED, grid_command, mean
-from lab.report.rows import (cell_order, grid_summary, mixers_in, name, prose_name,
-                             settings_sentence, state_floats, usual_rates)
+from lab.report.mqar import GRID_LABELS, SOLVED, grid_command
+from lab.report.rows import (cell_order, grid_summary, mixers_in, name, settings_sentence,
+                             state_floats, usual_rates)
 
 STEPS = 4000   # the zoology grid's training steps
-# Section 5 names both Gated DeltaNet rows by their gate initialisation.
-NAMES = {"gated_deltanet": "Gated DeltaNet (fla gate init)",
-         "gated_deltanet_slow": "Gated DeltaNet (slow gate init)"}
 CELLS = ("Cells: test accuracy at the rate chosen on validation (among the zoology grid's rates "
          "and the tuned rows'), mean ± std (min) over seeds, "
          "@ that rate; \"(of N rates)\" marks a cell swept over another number of rates than "
          "the zoology grid's two, \"edge\" a cell below 0.99 whose chosen rate is still the "
          "lowest or highest it tried; *pending*: the tuned rows are not all in yet (the rates "
          "missing, then the best of the rates run so far).")
-
-
-def zoology_name(m):
-  """A label's name in section 5."""
-  return NAMES.get(m, name(m))
-
-
-def zoology_prose_name(m):
-  return NAMES.get(m, prose_name(m))
 
 
 def where(st):
@@ -110,7 +98,7 @@ def labels_of(summary, pending, steps):
 def short_table(summary, pending, usual, settings):
   labels = labels_of(summary, pending, STEPS)
   return markdown.table(
-      ["setting"] + [zoology_name(m) for m in labels],
+      ["setting"] + [name(m) for m in labels],
       [[f"T = {T}, d_model = {d}"]
        + [cell_text(summary.get((m, (T, d))), pending.get((m, (T, d), STEPS)), usual)
           for m in labels] for T, d in settings])
@@ -121,118 +109,34 @@ def long_table(summary, pending, usual):
   widths = [d for d, _ in ZOOLOGY_WIDTHS]
   return markdown.table(
       ["mixer"] + [f"d_model = {d}" for d in widths],
-      [[zoology_name(m)]
+      [[name(m)]
        + [cell_text(summary.get((m, (TUNED_T, d))), pending.get((m, (TUNED_T, d), TUNED_STEPS)),
                     usual) for d in widths] for m in labels])
 
 
-def long_verdicts(short, long, pending):
-  """{verdict: [(label, d_model, 4,000-step mean, 12,000-step mean)]} of the T = TUNED_T cells
-  whose 12,000-step rows are all in: "converged" (below SOLVED at 4,000 steps, at or above at
-  12,000), "below, inside" (below at both, the 12,000-step rate inside its sweep), "below,
-  edge" (below at both, at an edge of it), "solved" (at or above at both), "worse" (at or above
-  at 4,000 steps only), "unpaired" (its 4,000-step cell pending; mean None when not run)."""
-  out = collections.defaultdict(list)
-  for (m, st), c in sorted(long.items(), key=cell_order):
-    if (m, st, TUNED_STEPS) in pending:
-      continue
-    before, after = mean(short, m, st), float(c["test"].mean())
-    if before is None or (m, st, STEPS) in pending:
-      verdict = "unpaired"
-    elif before >= SOLVED:
-      verdict = "solved" if after >= SOLVED else "worse"
-    elif after >= SOLVED:
-      verdict = "converged"
-    else:
-      verdict = "below, edge" if edge_side(c) else "below, inside"
-    out[verdict].append((m, st[1], before, after))
-  return out
-
-
-def long_notes(short, long, pending):
-  """Bullet items under the 12,000-step table: its cells by verdict (`long_verdicts`), and how
-  many are pending."""
-  verdicts = long_verdicts(short, long, pending)
-  cells = lambda v: ", ".join(
-      f"{zoology_name(m)} at d_model {d} ("
-      + ("pending" if a is None else f"{a:.3f}") + f" -> {b:.3f})"
-      for m, d, a, b in verdicts[v]) + "."
-  steps = f"mean test accuracy at {STEPS:,} -> {TUNED_STEPS:,} steps"
-  texts = {
-      "converged": f"Reach {SOLVED} only with {TUNED_STEPS:,} steps (had not converged; {steps}): ",
-      "below, inside": f"Below {SOLVED} at both, the {TUNED_STEPS:,}-step rate inside its sweep "
-                       f"(the state does not hold the pairs, as trained; {steps}): ",
-      "below, edge": f"Below {SOLVED} at both, the {TUNED_STEPS:,}-step rate at an edge of its "
-                     f"sweep (not decided; {steps}): ",
-      "worse": f"At or above {SOLVED} at {STEPS:,} steps, below at {TUNED_STEPS:,} ({steps}): ",
-      "unpaired": f"No {STEPS:,}-step cell to compare yet ({steps}): "}
-  out = [texts[v] + cells(v) for v in texts if verdicts.get(v)]
+def long_notes(long, pending):
+  """Bullet items under the 12,000-step table: how many of its cells are pending."""
   planned = {(m, st) for m, st, s in pending if s == TUNED_STEPS} | set(long)
   waiting = sum(1 for _, _, s in pending if s == TUNED_STEPS)
-  if waiting:
-    out.append(f"Pending (rows not all in yet): {waiting} of {len(planned)} cells.")
-  return out
+  return [f"Pending (rows not all in yet): {waiting} of {len(planned)} cells."] if waiting else []
 
 
-def zoology_finding(short, long, pending, settings):
-  """Two sentences: the settings each label reaches SOLVED at 4,000 steps (combined sweep),
-  then what 12,000 steps change at T = TUNED_T."""
-  labels = mixers_in(short)
-  counts = {m: sum(1 for st in settings if mean(short, m, st) is not None
-                   and mean(short, m, st) >= SOLVED) for m in labels}
-  ran = {m: sum(1 for st in settings if (m, st) in short) for m in labels}
-  groups = collections.defaultdict(list)
-  for m, k in counts.items():
-    groups[k].append(zoology_prose_name(m)
-                     + (f" (of {ran[m]} run)" if ran[m] != len(settings) else ""))
-  short_pending = sum(1 for _, _, s in pending if s == STEPS)
-  first = (f"Of the {markdown.plural(len(settings), 'setting')} at {STEPS:,} steps, "
-           + markdown.listed(
-               markdown.listed(ms) + (f" reach{'es' if len(ms) == 1 else ''} {SOLVED} at "
-                                      if i == 0 else " at ")
-               + (f"all {k}" if k == len(settings) else str(k))
-               for i, (k, ms) in enumerate(sorted(groups.items(), reverse=True)))
-           + (f" ({markdown.plural(short_pending, 'cell')} pending their tuned rows)"
-              if short_pending else "") + ".")
-  n = dict(ZOOLOGY).get(TUNED_T, "?")
-  long_pending = sum(1 for _, _, s in pending if s == TUNED_STEPS)
-  verdicts = long_verdicts(short, long, pending)
-  decided = sum(len(verdicts.get(v, [])) for v in ("converged", "below, inside", "below, edge"))
-  if not decided:
-    total = len({(m, st) for m, st, s in pending if s == TUNED_STEPS} | set(long))
-    second = (f"At T = {TUNED_T} the rows trained {TUNED_STEPS:,} steps, which tell a run that "
-              f"had not converged from a state that cannot hold {n} pairs, are pending "
-              f"({total - long_pending} of {markdown.plural(total, 'cell')} in).")
-  else:
-    at = lambda v: markdown.listed(f"{zoology_prose_name(m)} at d_model {d}"
-                                   for m, d, _, _ in verdicts.get(v, []))
-    up, inside = verdicts.get("converged", []), verdicts.get("below, inside", [])
-    second = (f"At T = {TUNED_T} ({n} pairs), of the {markdown.plural(decided, 'cell')} below "
-              f"{SOLVED} at {STEPS:,} steps that "
-              + ("has" if decided == 1 else "have") + f" run {TUNED_STEPS:,} steps, {len(up)} "
-              + ("reaches" if len(up) == 1 else "reach") + " it"
-              + (f" ({at('converged')}: not converged at {STEPS:,})" if up else "")
-              + f" and {decided - len(up)} "
-              + ("stays" if decided - len(up) == 1 else "stay") + " below"
-              + (f", {len(inside)} at a rate inside the sweep ({at('below, inside')})"
-                 if inside else "")
-              + (f"; {markdown.plural(long_pending, 'cell')} pending" if long_pending else "")
-              + ".")
-  return f"**Finding.** {first} {second}"
+def settings_run(short):
+  """The (T, d_model) settings of the zoology grid that have rows, in the grid's order."""
+  settings = [(T, d) for T, _ in ZOOLOGY for d, _ in ZOOLOGY_WIDTHS]
+  return [st for st in settings if any(v == st for _, v in short)]
 
 
-def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=None):
-  """Section 5 from the zoology grid's rows and the zoology_tuned grid's (`tuned_rows`); the
-  plot of the combined 4,000-step cells is drawn by plot(summary, n_pairs, path) at
-  `plot_path` and linked as rel(plot_path). Returns (blocks, combined 4,000-step summary)."""
-  blocks = ["## 5. Zoology's MQAR against state size"]
+def zoology_tables(rows, tuned_rows=()):
+  """The full tables of section 5 (markdown blocks) from the zoology grid's rows and the
+  zoology_tuned grid's (`tuned_rows`)."""
+  blocks = []
   tuned_rows = list(tuned_rows)
   short, long, pending, usual = sweep_summaries(rows, tuned_rows)
   if not rows:
-    return blocks + [f"Not run yet: {grid_command('zoology')}."], short
+    return [f"Not run yet: {grid_command('zoology')}."]
   settings = [(T, d) for T, _ in ZOOLOGY for d, _ in ZOOLOGY_WIDTHS]
-  ran = [st for st in settings if any(v == st for _, v in short)]
-  blocks.append(zoology_finding(short, long, pending, ran))
+  ran = settings_run(short)
   short_rows = [r for r in rows + tuned_rows if r.get("steps", STEPS) == STEPS]
   long_rows = [r for r in tuned_rows if r["steps"] == TUNED_STEPS]
   extend_pending = {(m, st) for m, st, s in pending if s == STEPS and (m, st) in short}
@@ -262,7 +166,7 @@ def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=N
                 f"chosen rate (and the rates either side where that cell is below {SOLVED}):")
   blocks.append(long_table(long, pending, usual))
   blocks.append(markdown.bullets([settings_sentence(long_rows) if long_rows else ""]
-                                + long_notes(short, long, pending)))
+                                + long_notes(long, pending)))
   widths = sorted({d for _, d in ran})
   Ts = sorted({T for T, _ in ran})
   families = [("linear, DeltaNet, Gated DeltaNet (S)", "deltanet"), ("VLA (S and A)", "vla")]
@@ -273,16 +177,9 @@ def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=N
       ["d_model"] + [f for f, _ in families] + [f"softmax, T = {T}" for T in Ts],
       [[d] + [f"{state_floats(m, d, Ts[0]):,}" for _, m in families]
        + [f"{state_floats('softmax', d, T):,}" for T in Ts] for d in widths]))
-  if plot_path:
-    if plot:
-      plot(short, dict(ZOOLOGY), plot_path)
-    blocks.append(f"![zoology MQAR: accuracy against state size]({rel(plot_path)})")
   missing = [st for st in settings if st not in ran]
   partial = [(st, [m for m in GRID_LABELS if (m, st) not in short]) for st in ran]
   blocks.append(markdown.bullets([
-      f"The plot and the notes below read the {STEPS:,}-step cells as the table does (a "
-      "pending cell at the best of the rates run so far).",
-      notes.penalty_scale_note(short, where),
       notes.pallas_note(short_rows + long_rows,
                         lambda r: (r["seq_len"], r["d_model"], r["steps"]),
                         lambda k: f"T = {k[0]}, d_model {k[1]}"
@@ -290,10 +187,10 @@ def zoology_section(rows, tuned_rows=(), plot_path=None, rel=lambda p: p, plot=N
       ("Not run yet (device time): " + ", ".join(where(st) for st in missing) + ".")
       if missing else "",
       ("Mixers not yet run at a setting: " + "; ".join(
-          f"T = {T}, d_model {d}: " + " / ".join(zoology_name(m) for m in ms)
+          f"T = {T}, d_model {d}: " + " / ".join(name(m) for m in ms)
           for (T, d), ms in partial if ms) + ".") if any(ms for _, ms in partial) else ""]))
-  blocks += [notes.seed_split_note(short, where, name_of=zoology_name),
+  blocks += [notes.seed_split_note(short, where, name_of=name),
              notes.seed_split_note(long, lambda st: where(st) + f", {TUNED_STEPS:,} steps",
-                                   name_of=zoology_name),
-             notes.edge_rate_note(short, where, name_of=zoology_name, pending=extend_pending)]
-  return blocks, short
+                                   name_of=name),
+             notes.edge_rate_note(short, where, name_of=name, pending=extend_pending)]
+  return blocks

@@ -172,3 +172,48 @@ def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
   kind, value = report.crossover(report.ratio_series(_data(_rows()), 64, "fwd", report.PALLAS,
                                                      report.CUDNN))
   assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
+
+
+# -- BENCHMARKS.md's hand-written verdict, checked against the committed rows --------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def committed():
+  return report.Data(report.load(report.bench_files(str(ROOT / "results" / "bench")))[1])
+
+
+def test_verdict_vla_slower_than_fla_everywhere(committed):
+  """'slower than fla's chunk_delta_rule at every length, by about 1.3-1.9x at head dim 64 and
+  2.5-3.9x at 128'."""
+  for d, lo, hi in ((64, 1.25, 1.95), (128, 2.4, 3.9)):
+    ratios = [r for p in report.PASSES
+              for _, r in report.ratio_series(committed, d, p, report.PALLAS, report.FLA)]
+    assert ratios and lo <= min(ratios) and max(ratios) <= hi, (d, min(ratios), max(ratios))
+
+
+def test_verdict_crossover_against_cudnn(committed):
+  """'beats cuDNN causal attention only past roughly 6k-9k tokens at d = 64 and 13k-17k at
+  d = 128'."""
+  for d, lo, hi in ((64, 6000, 9000), (128, 13000, 17500)):
+    for p in report.PASSES:
+      kind, T = report.crossover(report.ratio_series(committed, d, p, report.PALLAS,
+                                                     report.CUDNN))
+      assert kind == "at" and lo <= T <= hi, (d, p, kind, T)
+
+
+def test_verdict_floor_distance(committed):
+  """'8-17x its hardware floor (fla, measured the same way, 12-20x its own)'."""
+  ours = [x for d, p in report.pairs(committed) for _, x in report.floor_series(committed, d, p)]
+  assert 8 <= min(ours) and max(ours) <= 17.5
+  T = report.field_T(committed, report.fixed_tokens(committed))
+  fla = [ms / fl for d, p in report.pairs(committed, report.FLA)
+         for ms, fl in [report.fla_floor(committed, d, p, T)]]
+  assert 11.5 <= min(fla) and max(fla) <= 20
+
+
+def test_verdict_checks_hold_their_bounds(committed):
+  """'Its forward and gradients hold their float64 error bounds at every precision checked'."""
+  checks = [r for r in committed.rows if r.get("pass") == "check"]
+  assert checks and all(r["status"] == "ok" for r in checks)

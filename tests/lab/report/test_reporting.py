@@ -1,15 +1,13 @@
-"""RESULTS.md is computed from its rows (`lab.report`): best rate on validation, test
-mean over seeds, the notes under each table, the findings, and the committed report itself."""
+"""The tables behind RESULTS.md are computed from their rows (`lab.report`): best rate on
+validation, test mean over seeds, the notes under each full table."""
 
 import json
 import pathlib
-import re
 import shutil
 
 import numpy as np
 
-from lab.report import (copy_task, markdown, memory, mqar, notes, results_markdown, rows,
-                        zoology)
+from lab.report import copy_task, markdown, memory, mqar, notes, rows, zoology
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -28,24 +26,6 @@ def _cell(mixer, accuracies, T=512, d_model=64, steps=4000):
 
 def _text(blocks):
   return "\n\n".join(b for b in blocks if b)
-
-
-def test_committed_results_md_is_what_the_rows_make(tmp_path):
-  """RESULTS.md equals the report regenerated from results/training and results/bench (plots
-  not drawn)."""
-  shutil.copytree(ROOT / "results" / "training", tmp_path / "results" / "training")
-  text = results_markdown(str(tmp_path / "results" / "training"),
-                          str(tmp_path / "results" / "plots"), str(tmp_path), draw=False,
-                          bench_dir=str(ROOT / "results" / "bench"))
-  committed = (ROOT / "RESULTS.md").read_text()
-  assert text == committed
-  sections = [line for line in text.splitlines() if line.startswith("## ")]
-  assert len(sections) == 10
-  for section in text.split("\n## ")[1:]:   # each section opens with its two-sentence finding
-    finding = section.split("\n\n")[1]
-    assert finding.startswith("**Finding.** "), section[:80]
-    ends = re.findall(r"[.!?](?= [A-Z]|$)", finding.removeprefix("**Finding.** "))
-    assert len(ends) == 2, finding
 
 
 def test_best_rate_is_chosen_on_validation():
@@ -67,47 +47,18 @@ def test_zoology_section_from_rows():
   data = [_row("deltanet", lr, s, 1.0 if lr == 1e-3 else 0.5, 1.0 if lr == 1e-3 else 0.4)
           for lr in (1e-3, 3e-3) for s in range(3)]
   data += [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
-  blocks, summary = zoology.zoology_section(data)
+  blocks = zoology.zoology_tables(data)
+  summary = zoology.sweep_summaries(data, [])[0]
   text = _text(blocks)
-  assert "| setting | DeltaNet | VLA (authors' penalty 1/sqrt(d_h)) |" in text
+  assert "| setting | DeltaNet | VLA-a |" in text
   assert ("| T = 64, d_model = 128 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.490 ± 0.339 "
           "(min 0.250) @ 0.003 (of 1 rate) |") in text       # the validated rate; fewer rates
   assert "| 128 | 4,096 | 8,192 | 16,384 |" in text          # state per layer
-  assert ("Of the 1 setting at 4,000 steps, DeltaNet reaches 0.99 at all 1 and VLA with the "
-          "authors' penalty scale 1/sqrt(d_h) at 0. At T = 512 the rows") in text
-  assert ("| T = 64 d_model 128 | VLA (authors' penalty 1/sqrt(d_h)) | 0.250, 0.970, 0.250 |"
+  assert ("| T = 64 d_model 128 | VLA-a | 0.250, 0.970, 0.250 |"
           in text)   # seeds split
   assert "Not run yet (device time): T = 64 d_model 64, " in text
   assert "Mixers not yet run at a setting: T = 64, d_model 128: softmax / " in text
   assert summary[("vla", (64, 128))]["rate"] == 3e-3
-
-
-def test_capacity_finding_names_the_mixers_below_and_their_lowest_cell():
-  """Up to n = d_h and beyond: every mixer reaches 0.99 except those named, with how many n
-  they fall below at and their lowest cell; a mixer with cells not run is named as such."""
-  rows_ = []
-  for n in mqar.PAPER_N:
-    for m, acc in (("softmax_conv", 1.0), ("linear", 0.5 if n in (8, 64) else 1.0)):
-      rows_ += [{"label": m, "mixer": m, "learning_rate": 1e-3, "seed": s, "n_pairs": n,
-                 "test": {"mqar": {"accuracy": acc - 0.001 * s}},
-                 "validation": {"mqar": {"accuracy": acc}}} for s in range(3)]
-  rows_ = [r for r in rows_ if not (r["label"] == "softmax_conv" and r["n_pairs"] == 48)]
-  text = mqar.capacity_finding(rows.grid_summary(rows_, "n_pairs"))
-  assert text == (
-      "**Finding.** Up to n = d_h = 32 pairs, every mixer reaches 0.99 at every n except "
-      "linear (1 of 6 below, lowest 0.499 at n = 8). Beyond it (n = 48, 64), every mixer "
-      "reaches 0.99 at every n except softmax + conv (not run at n = 48) and linear (1 of 2 "
-      "below, lowest 0.499 at n = 64).")
-
-
-def test_penalty_scale_note_compares_the_two_vla_rows():
-  only_vla = {("vla", (64, 128)): {"test": np.array([0.25, 0.97, 0.25])}}
-  assert notes.penalty_scale_note(only_vla, str) == ""          # nothing to compare
-  data = [_row("vla", 3e-3, s, acc, acc) for s, acc in enumerate((0.25, 0.97, 0.25))]
-  data += [_row("vla_p1", 3e-3, s, acc, acc) for s, acc in enumerate((1.0, 0.99, 0.98))]
-  text = _text(zoology.zoology_section(data)[0])
-  assert ("penalty scale: 1 is ahead of the authors' 1/sqrt(d_h) by more than 0.01 at 1 of 1 "
-          "settings (T = 64 d_model 128 (0.990 against 0.490)), behind at none.") in text
 
 
 def test_pallas_note_groups_settings_by_seeds():
@@ -123,15 +74,12 @@ def test_long_section_names_single_rate_settings_and_finds_the_first_failure():
   data = [_row("deltanet", lr, s, 1.0, 1.0, T=1024) for lr in (1e-3, 3e-3) for s in range(3)]
   data += [_row("deltanet", 1e-3, s, 1.0, 1.0, T=2048) for s in range(3)]
   data += [_row("vla", 3e-3, s, 0.5, 0.5, T=2048) for s in range(3)]
-  blocks, summary = mqar.long_section(data)
+  blocks, summary = mqar.long_tables(data)
   text = _text(blocks)
   assert len(summary[("deltanet", 2048)]["rates"]) == 1
   assert "Trained at one rate only" in text
-  assert "T = 2048: DeltaNet 0.001, VLA (authors' penalty 1/sqrt(d_h)) 0.003" in text
+  assert "T = 2048: DeltaNet 0.001, VLA-a 0.003" in text
   assert "T = 1024: DeltaNet" not in text.split("Trained at one rate only")[1]
-  assert ("Every mixer run reaches 0.99 at every T up to 1,024 (8 pairs). At T = 2,048 VLA with "
-          "the authors' penalty scale 1/sqrt(d_h) falls to 0.500, the other 1 stay at or above "
-          "0.99.") in text
 
 
 def test_dtype_note_names_runs_not_in_float32():
@@ -140,7 +88,7 @@ def test_dtype_note_names_runs_not_in_float32():
   data += [dict(_row("deltanet", 1e-3, s, 1.0, 1.0, T=4096), model={"dtype": "float32"})
            for s in range(3)]
   data += [_row("linear", 1e-3, 0, 1.0, 1.0, T=4096)]          # older rows: no dtype recorded
-  text = _text(mqar.long_section(data)[0])
+  text = _text(mqar.long_tables(data)[0])
   assert "Trained with bfloat16 activations" in text
   assert "do not fit in memory there): softmax at T = 4096." in text, text
   assert notes.dtype_note(data[3:], str) == ""
@@ -148,19 +96,19 @@ def test_dtype_note_names_runs_not_in_float32():
 
 def test_long_section_lists_rates_tried_on_fewer_seeds():
   """A rate run on fewer seeds than the cell's other rate is listed with its per-seed test
-  accuracies; the table keeps the better rate by mean validation accuracy; a softmax + conv
+  accuracies; the table keeps the better rate by mean validation accuracy; a softmax+conv
   run (mixer "softmax", label "softmax_conv") is named by its label."""
   data = [_row("vla", 3e-3, s, acc, acc, T=4096) for s, acc in enumerate((1.0, 0.13, 0.14))]
   data += [_row("vla", 1e-3, s, acc, acc, T=4096) for s, acc in ((1, 0.128), (2, 0.129))]
   data += [dict(_row("softmax", 1e-3, 0, 1.0, 1.0, T=4096), label="softmax_conv",
                 model={"dtype": "bfloat16"})]
-  blocks, summary = mqar.long_section(data)
+  blocks, summary = mqar.long_tables(data)
   text = _text(blocks)
   assert summary[("vla", 4096)]["rate"] == 3e-3
-  assert ("VLA (authors' penalty 1/sqrt(d_h)) at T = 4096, rate 0.001, seeds 1, 2: 0.128, "
+  assert ("VLA-a at T = 4096, rate 0.001, seeds 1, 2: 0.128, "
           "0.129.") in text, text
   assert "rate 0.003, seed" not in text
-  assert "softmax + conv at T = 4096." in text
+  assert "softmax+conv at T = 4096." in text
   assert notes.partial_rates_note(data[:3], "seq_len", str) == ""
 
 
@@ -192,7 +140,7 @@ def test_edge_rate_note_counts_cells_below_at_an_edge_of_their_sweep():
   note = notes.edge_rate_note(summary, lambda T: f"T = {T}")
   assert note.startswith("Rate sweep edges: of the 2 cells below 0.99, 0 chose the lowest rate "
                          "tried, 1 the highest and 1 one inside the sweep"), note
-  assert note.endswith("| VLA (authors' penalty 1/sqrt(d_h)) | - | T = 64 @ 0.003 |"), note
+  assert note.endswith("| VLA-a | - | T = 64 @ 0.003 |"), note
   solved = {k: c for k, c in summary.items() if k[0] == "linear"}
   assert notes.edge_rate_note(solved, str) == ""
 
@@ -206,12 +154,12 @@ def test_wider_sweep_note_and_table_mark_cells_off_the_usual_sweep():
                                                                  (3e-3, 0.1)) for s in range(3)]
   summary = rows.grid_summary(data, "seq_len")
   table = mqar.accuracy_table(summary, [64, 128], lambda T: f"T = {T}")
-  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | not run | 0.700 ± 0.000 (min 0.700) @ 0.0003 "
+  assert ("| VLA-a | not run | 0.700 ± 0.000 (min 0.700) @ 0.0003 "
           "(of 3 rates) |") in table
   assert "(of 2 rates)" not in table                       # the usual sweep is not annotated
   note = notes.wider_sweep_note(summary, lambda T: f"T = {T}")
-  assert note == ("Rates added to the usual sweep (0.001, 0.003) at some cells: VLA (authors' "
-                  "penalty 1/sqrt(d_h)) at T = 128: 0.0003 (chosen: 0.0003)."), note
+  assert note == ("Rates added to the usual sweep (0.001, 0.003) at some cells: VLA-a at "
+                  "T = 128: 0.0003 (chosen: 0.0003)."), note
   plain = {k: c for k, c in summary.items() if k[0] != "vla"}
   assert notes.wider_sweep_note(plain, str) == ""
 
@@ -226,11 +174,8 @@ def test_copy_section_chooses_the_rate_at_the_training_length():
             "diverged": None if m == "deltanet" else False}
   data = [row("deltanet", lr, s, e, e) for lr, e in ((1e-3, 0.9), (3e-3, 0.2)) for s in (0, 1)]
   data += [row("vla", 3e-3, s, 0.1 + 0.7 * s, 0.5) for s in (0, 1)]
-  text = _text(copy_task.copy_section(data))
+  text = _text(copy_task.copy_tables(data))
   assert "| DeltaNet | 0.001 | 0.900 ± 0.000 | 0.900 ± 0.000 | 0.000 ± 0.000 |" in text
-  assert "**Finding.** DeltaNet copies strings of the training length best (0.900 exact)" in text
-  assert ("VLA with the authors' penalty scale 1/sqrt(d_h) depends on the seed at L = 64 (exact "
-          "per seed: 0.100, 0.800).") in text
   assert "The rows of DeltaNet record no training loss" in text
 
 
@@ -239,11 +184,9 @@ def test_decode_section_reads_both_mixers():
            "cache_mib_per_seq": mib}
           for m, L, ms, mib in (("vla", 1024, 0.034, 0.5), ("softmax", 1024, 0.034, 5.0),
                                 ("vla", 4096, 0.034, 0.5), ("softmax", 4096, 0.068, 17.0))]
-  text = _text(memory.decode_section(data))
-  assert "VLA decodes at a flat 0.034 ms per token with 0.5 MiB" in text
-  assert "1.00x VLA's time per token at 1,024 tokens of context and 2.0x at 4,096" in text
+  text = _text(memory.decode_tables(data))
   assert "| 4,096 | 0.034 | 29,412 | 0.5 | 0.068 | 14,706 | 17 |" in text
-  assert "Not measured yet" in _text(memory.decode_section([]))
+  assert "Not measured yet" in _text(memory.decode_tables([]))
 
 
 def test_listed_and_table():
@@ -277,15 +220,11 @@ def test_seed_section_escape_and_probe_values(tmp_path):
   assert [r["cond0"] for r in table] == [2.5, 3.5]
   assert [r["align1"] for r in table] == [0.9, 0.8]
   assert [r["state1"] for r in table] == [0.5, 9.0]
-  text = "\n".join(seeds.seed_section(str(tmp_path)))
-  N = "VLA (authors' penalty 1/sqrt(d_h))"
-  assert f"Failed seeds: {N}: 1 of 2 at rate 0.01; no rate tried solves the cell" in text
-  assert f"a . khat set it apart from a seed that solves for {N}." in text   # ranges apart
-  assert "(failed runs end at test accuracy 0.250-0.250, chance 1 / n_pairs = 0.25)" in text
-  assert f"Median escape step of the runs that leave the plateau: {N} 500 at rate 0.01" in text
-  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | "
+  text = "\n".join(seeds.seed_tables(str(tmp_path)))
+  assert seeds.separated(table)   # a . khat sets the failed run apart
+  assert ("| VLA-a | 0.01 | 0 | 0.250 | never | 2.5 / 2.5 | "
           "0.90 / 0.90 | 0.5 |") in text
-  assert "No rows yet" in "\n".join(seeds.seed_section(str(tmp_path / "empty")))
+  assert "No rows yet" in "\n".join(seeds.seed_tables(str(tmp_path / "empty")))
 
 
 def _sweep_files(folder, stem, runs, steps=600):
@@ -303,14 +242,6 @@ def _sweep_files(folder, stem, runs, steps=600):
           for r in runs]
   for name, rows in ((f"{stem}_metrics.jsonl", metrics), (f"{stem}_runs.jsonl", done)):
     (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _finding_sentences(blocks):
-  """The sentences of a section's finding (its second block), as the committed-report check
-  counts them."""
-  finding = blocks[1]
-  assert finding.startswith("**Finding.** "), finding
-  return re.findall(r"[.!?](?= [A-Z]|$)", finding.removeprefix("**Finding.** "))
 
 
 def test_seed_section_with_remedies_compares_each_variant_with_the_defaults(tmp_path):
@@ -336,53 +267,32 @@ def test_seed_section_with_remedies_compares_each_variant_with_the_defaults(tmp_
   _sweep_files(remedies, "T128-d64-lam0-10", [ok(0, 5.0), ok(1, 6.0), ok(2, 7.0)])
   _sweep_files(remedies, "T128-d64-u-identity", [ok(0, 5.0), ok(1, 6.0), fail(2, 5.5)])
   (remedies / "rows.jsonl").write_text(json.dumps({"steps": 600, "label": "defaults"}) + "\n")
-  blocks = seeds.seed_section(str(tmp_path))
-  assert len(_finding_sentences(blocks)) == 2
-  text = _text(blocks)
-  assert ("**Finding.** A failed seed never leaves the plateau that every run starts on (4 of "
-          "the 4 failed runs, every variant; the authors' setting fails 3 of 6 seeds at rate "
-          "0.003).") in text, text[:900]
-  assert ("- Probes: at step 300 cond(A_T) and a . khat do not tell a failing seed from a "
-          "solving one (their ranges overlap in each of the 3 variants and cells with both). "
-          "By chance alone") in text
-  assert ("Fewer seeds fail than with those defaults at every cell with lam0 10 (0 of 3, 0 of 3); "
-          "rate 0.01 makes every seed solve at T = 64, d_model 64 (the learning-rate run); "
-          "9 of 14 jobs pending.") in text
-  D = "defaults (authors' penalty 1/sqrt(d_h))"
+  text = _text(seeds.seed_tables(str(tmp_path)))
+  D = "defaults (VLA-a)"
   assert f"| T = 64, d_model 64 | {D} | 2 of 3 | 400 | 3.0 / 3.0 | 0.90 / 0.90 |" in text
   assert f"| T = 64, d_model 64 | {D}, rate 0.01 | 0 of 2 | 250 | 3.0 / 3.0 | 0.96 / 0.96 |" \
       in text
   assert "| T = 64, d_model 64 | W_u = I | pending |  |  |  |" in text
   assert "| T = 128, d_model 64 | W_u = I | 1 of 3 | 400 | 5.5 / 5.5 | 0.90 / 0.90 |" in text
-  assert f"Failed seeds over the cells run: {D}: 3 of 6; lam0 10: 0 of 6; W_u = I: 1 of 3." \
-      in text
-  assert "`penalty_scale=None` in the layer" in text   # the default and the authors' setting
   assert "**T = 128, d_model 64 (8 pairs), per run**, rate 0.003:" in text
   assert "| lam0 10 | 2 | 0.990 | 400 | 1.5 / 1.5 | 0.90 / 0.90 | 1.0 |" in text
-  assert "**Learning rate, T = 64, d_model 64, rates 0.003 and 0.01**" in text
-  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 0.01 | 1 | 1.000 | 200 | 2.9 / 2.9 | "
+  assert "**Learning rate, T = 64, d_model 64**" in text
+  assert ("| VLA-a | 0.01 | 1 | 1.000 | 200 | 2.9 / 2.9 | "
           "0.97 / 0.97 | 1.0 |") in text
   assert "`seed_remedies-T128-d64-readout-additive`" in text and "pending: `" not in text
 
-  # Without the remedies' files: the learning-rate run's finding and a pending line.
+  # Without the remedies' files: the learning-rate run alone; without either: one line.
   shutil.rmtree(remedies)
-  blocks = seeds.seed_section(str(tmp_path))
-  assert len(_finding_sentences(blocks)) == 2
-  text = _text(blocks)
-  assert text.count("| VLA (authors' penalty 1/sqrt(d_h)) |") == 4
-  assert "Failed seeds per variant" not in text
-  assert (f"rate 0.003): pending: `{seeds.REMEDY_COMMAND}` (rows to "
-          "`results/training/seed_remedies_h200/`).") in text
-  # Without either: one line and both commands.
+  text = _text(seeds.seed_tables(str(tmp_path)))
+  assert text.count("| VLA-a |") == 4
+  assert "| T = 128, d_model 64 | W_u = I | pending |" in text
   shutil.rmtree(lr)
-  text = _text(seeds.seed_section(str(tmp_path)))
-  assert text.startswith("## 9. Why VLA seeds fail\n\nNo rows yet")
-  assert seeds.LR_COMMAND in text and seeds.REMEDY_COMMAND in text
+  assert _text(seeds.seed_tables(str(tmp_path))).startswith("No rows yet")
 
 
 # Zoology rows at T = 512, d_model 64 ({rate: (test, validation)}): linear, VLA and DeltaNet
 # best at the highest rate and Gated DeltaNet at the lowest, all below 0.99 (the tuned grid
-# extends them); softmax + conv solved (not extended).
+# extends them); softmax+conv solved (not extended).
 ZOOLOGY_ROWS = (_cell("linear", {1e-3: (0.01, 0.01), 3e-3: (0.02, 0.02)})
                 + _cell("vla", {1e-3: (0.5, 0.5), 3e-3: (0.7, 0.7)})
                 + _cell("deltanet", {1e-3: (0.6, 0.6), 3e-3: (0.8, 0.8)})
@@ -428,12 +338,13 @@ def test_zoology_section_selects_across_the_combined_sweep():
   chosen rate still at an edge of the combined sweep is flagged; a cell whose tuned rows are
   missing reads pending (its old number labelled as so far); the two Gated DeltaNet rows are
   named by their gate init; the T = 512, 12,000-step table tells converged from below."""
-  blocks, summary = zoology.zoology_section(ZOOLOGY_ROWS, TUNED_ROWS + LONG_ROWS)
+  blocks = zoology.zoology_tables(ZOOLOGY_ROWS, TUNED_ROWS + LONG_ROWS)
+  summary = zoology.sweep_summaries(ZOOLOGY_ROWS, TUNED_ROWS + LONG_ROWS)[0]
   text = _text(blocks)
   assert summary[("linear", (512, 64))]["rate"] == 1e-1
   assert summary[("vla", (512, 64))]["rate"] == 3e-3            # 1e-2 better on test only
-  assert ("| setting | softmax + conv | linear | DeltaNet | Gated DeltaNet (fla gate init) | "
-          "Gated DeltaNet (slow gate init) | VLA (authors' penalty 1/sqrt(d_h)) |") in text
+  assert ("| setting | softmax+conv | linear | DeltaNet | GDN | "
+          "GDN-slow | VLA-a |") in text
   assert ("| T = 512, d_model = 64 | 1.000 ± 0.000 (min 1.000) @ 0.001 | 0.400 ± 0.000 "
           "(min 0.400) @ 0.1 (of 5 rates; edge: the highest rate tried) | pending (1e-2 not "
           "run); so far 0.800 ± 0.000 (min 0.800) @ 0.003 | pending (1e-4 not run); so far "
@@ -444,46 +355,20 @@ def test_zoology_section_selects_across_the_combined_sweep():
   assert "of the 5 cells below 0.99, 1 chose the lowest rate tried, 2 the highest" in edges
   assert "| linear | - | T = 512 d_model 64 @ 0.1 |" in edges
   assert "| DeltaNet | - | T = 512 d_model 64 @ 0.003 (pending) |" in edges
-  assert "| Gated DeltaNet (fla gate init) | T = 512 d_model 64 @ 0.0003 (pending) | - |" in edges
+  assert "| GDN | T = 512 d_model 64 @ 0.0003 (pending) | - |" in edges
   # 12,000 steps: rows per label, the cells not run at that width, pending cells.
-  assert ("| VLA (authors' penalty 1/sqrt(d_h)) | 1.000 ± 0.000 (min 1.000) @ 0.003 (of 3 "
+  assert ("| VLA-a | 1.000 ± 0.000 (min 1.000) @ 0.003 (of 3 "
           "rates) | not run | not run |") in text
-  assert "| Gated DeltaNet (slow gate init) | pending | not run | not run |" in text
-  assert ("(had not converged; mean test accuracy at 4,000 -> 12,000 steps): VLA (authors' "
-          "penalty 1/sqrt(d_h)) at d_model 64 (0.700 -> 1.000).") in text
-  assert "as trained; mean test accuracy at 4,000 -> 12,000 steps): linear at d_model 64 " in text
+  assert "| GDN-slow | pending | not run | not run |" in text
   assert "Pending (rows not all in yet): 4 of 6 cells." in text
-  assert ("of the 2 cells below 0.99 at 4,000 steps that have run 12,000 steps, 1 reaches it "
-          "(VLA with the authors' penalty scale 1/sqrt(d_h) at d_model 64: not converged at "
-          "4,000) and 1 stays below, 1 at a rate inside the "
-          "sweep (linear at d_model 64); 4 cells pending.") in text
 
 
 def test_zoology_section_without_tuned_rows_reads_pending():
   """With no tuned rows every planned cell is pending: the extended cells say so next to the
   two-rate result, the slow gate init and the 12,000-step table hold no number."""
-  text = _text(zoology.zoology_section(ZOOLOGY_ROWS)[0])
+  text = _text(zoology.zoology_tables(ZOOLOGY_ROWS))
   assert "pending (1e-2 not run); so far 0.020 ± 0.000 (min 0.020) @ 0.003 |" in text
   assert "pending (3e-4 not run); so far 0.300 ± 0.000 (min 0.300) @ 0.001 |" in text
   assert "(min 0.900) @ 0.0003" not in text
   table = text[text.index("**T = 512"):text.index("Recurrent state")]
   assert table.count("| pending |") == 6 and "±" not in table
-  assert "(5 cells pending their tuned rows)" in text
-  assert ("At T = 512 the rows trained 12,000 steps, which tell a run that had not converged "
-          "from a state that cannot hold 64 pairs, are pending (0 of 6 cells in).") in text
-
-
-def test_seed_cause_compares_the_w_u_gradient_of_the_two_penalty_scales():
-  """The cause note reads each cell's escapes and the ratio of the W_u gradients; without both
-  variants it is empty."""
-  from lab.report import seeds  # pylint: disable=import-outside-toplevel
-  run = lambda esc, g, acc: {"escape": esc, "u_grad0": g, "accuracy": acc}
-  cell = (64, 64)
-  tables = {cell: {"defaults": [run(1800, 1e-4, 0.98), run(None, 3e-4, 0.25),
-                                run(None, 2e-4, 0.25)],
-                   "penalty-1": [run(700, 4e-3, 1.0), run(900, 6e-3, 1.0),
-                                 run(None, 8e-3, 0.25)]}}
-  text = seeds.cause(tables, [cell])
-  assert "escapes at steps 1800," in text and "2.0e-04 against 6.0e-03" in text
-  assert "(30x)" in text
-  assert seeds.cause({cell: {"defaults": tables[cell]["defaults"]}}, [cell]) == ""
