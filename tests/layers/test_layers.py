@@ -133,9 +133,46 @@ def test_impl_and_chunk_size_are_checked_when_a_layer_is_built():
                            ("vla", dict(chunk_size=10), "VLAAttention: chunk_size must be"),
                            ("deltanet", dict(impl="pallas"), "DeltaNet: impl='pallas'"),
                            ("linear", dict(chunk_size=512), "chunk_size must be"),
-                           ("vla", dict(impl="pallas", chunk_size=256), r"\[16, 128\] for the Pallas")):
+                           ("vla", dict(impl="pallas_interpret", chunk_size=256),
+                            "chunk_size=256 is not one of the kernel's")):
     with pytest.raises(ValueError, match=match):
       make_mixer(mixer, 32, 2, rngs=nnx.Rngs(0), **kw)
+
+
+def test_impl_defaults_to_auto_which_runs_chunked_here():
+  """Every recurrent mixer defaults to impl "auto"; on this CPU it runs "chunked" (the same
+  outputs, packed or not) and logs why."""
+  x = _x(length=20)
+  ids = jnp.repeat(jnp.array([[0, 1]]), 10, axis=1).repeat(B, axis=0)
+  for name in ("vla", "linear", "deltanet", "gated_deltanet"):
+    auto = make_mixer(name, D, H, chunk_size=16, rngs=nnx.Rngs(0))
+    chunked = make_mixer(name, D, H, impl="chunked", chunk_size=16, rngs=nnx.Rngs(0))
+    assert auto.impl == "auto" and type(auto)(D, H, rngs=nnx.Rngs(0)).impl == "auto"
+    for kw in ({}, dict(segment_ids=ids)):
+      np.testing.assert_array_equal(auto(x, **kw), chunked(x, **kw))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(impl="pallas"), "backend is 'cpu'.*impl='pallas_interpret'"),
+    (dict(impl="pallas_interpret", options={"readout": "delta"}), "readout='delta'"),
+    (dict(impl="pallas_interpret", head_dim=24), r"head_dim \(keys\)=24"),
+    (dict(impl="pallas_interpret", chunk_size=256), "chunk_size=256"),
+    (dict(impl="pallas_interpret", dtype=jnp.float16), "dtype=float16"),
+])
+def test_a_kernel_impl_the_kernel_cannot_run_fails_at_construction(kw, match):
+  kw = {"chunk_size": 16, "head_dim": 16, **kw}
+  with pytest.raises(ValueError, match=f"^VLAAttention: impl='{kw['impl']}' cannot run here: "
+                                       f".*{match}"):
+    make_mixer("vla", 32, 2, rngs=nnx.Rngs(0), **kw)
+
+
+def test_a_kernel_impl_with_packing_fails_at_the_call_naming_it():
+  m = make_mixer("vla", 32, 2, impl="pallas_interpret", chunk_size=16, rngs=nnx.Rngs(0))
+  x = jnp.zeros((1, 16, 32))
+  assert m(x).shape == x.shape
+  with pytest.raises(ValueError, match="VLAAttention: impl='pallas_interpret' cannot run here: "
+                                       "the kernel does not take segment_ids"):
+    m(x, segment_ids=jnp.zeros((1, 16), jnp.int32))
 
 
 # A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew

@@ -225,6 +225,13 @@ def test_resume_may_change_remat_only(tmp_path, tiny_run):
   with pytest.raises(ValueError, match="different model configuration"):
     train_and_evaluate(from_config_dict(wider), str(workdir), log=lambda s: None)
 
+def test_packing_with_impl_auto_is_a_valid_config():
+  config = tiny_config()
+  config.task.update({"pack": 2})
+  config.model.update({"impl": "auto"})
+  assert from_config_dict(config).model.impl == "auto"
+
+
 def test_gated_deltanet_gate_init_comes_from_the_config():
   config = tiny_config()
   assert config.model.options.gated_deltanet.gate_init == "fla"
@@ -245,7 +252,15 @@ def test_gated_deltanet_gate_init_comes_from_the_config():
     (lambda c: c.train.update({"end_lr_ratio": -0.5}), "train.end_lr_ratio"),
     (lambda c: c.train.update({"b2": 1.0}), "train.b2"),
     (lambda c: c.train.update({"learning_rate": float("inf")}), "train.learning_rate"),
-], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task", "clip", "end_lr", "b2", "lr"])
+    (lambda c: (c.task.update({"pack": 2}),
+                c.model.update({"impl": "pallas", "num_heads": 1, "head_dim": 16})),
+     "task.pack=2 trains on packed rows .*model.impl='pallas' cannot run here: the kernel "
+     "does not take segment_ids"),
+    (lambda c: c.model.update({"impl": "pallas", "num_heads": 1, "head_dim": 16,
+                               "chunk_size": 256}),
+     "model.impl='pallas' cannot run here: chunk_size=256"),
+], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task", "clip", "end_lr", "b2", "lr",
+        "pack_pallas", "chunk_pallas"])
 def test_bad_configs_fail_before_training(edit, match):
   config = tiny_config()
   config.model.options.vla.update({})

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
-from vla_jax.ops.impl import Impl, parse_impl
+from vla_jax.ops.impl import KERNEL_IMPLS, Impl, parse_impl
 from vla_jax.ops.utils import document_starts, resolve_precision, unit
 from vla_jax.ops.vla.penalty import (penalty_chunked, penalty_chunked_documents,
                                      penalty_prefix_solve, penalty_scan)
@@ -76,10 +76,12 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
-    impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
+    impl: "chunked" (default), "scan", "associative_scan", "pallas" or "pallas_interpret",
+      or an `Impl` ("auto" is the layers': `vla_jax.ops.impl.resolve_impl`).
       "pallas" runs `vla_jax.kernels.vla_pallas` with `KernelConfig(chunk_size, precision)`
       (head dims 16, 32, 64 or 128; chunk_size <= 128); on a backend other
-      than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
+      than GPU its kernels run in Pallas interpret mode (same algorithm, slow), as
+      "pallas_interpret" runs them on any backend.
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
     precision: of the matrix products, for every impl. None (default) follows JAX's default
@@ -93,7 +95,7 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     segment_ids: None, or [B, T] int document ids (equal ids = one document; documents are
       contiguous; a new document starts where the id changes). impl "scan",
       "associative_scan" and "chunked" (documents may start anywhere inside a chunk);
-      "pallas" raises ValueError. With "chunked", gradients through a row with several
+      "pallas" and "pallas_interpret" raise ValueError. With "chunked", gradients through a row with several
       documents come from autodiff of the penalty path (not its adjoint backward).
 
   Differentiation: every impl supports reverse mode (`jax.grad`, `jax.vjp`). "chunked" and
@@ -120,9 +122,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   if segment_ids is not None:
     checks.check_positive("lam0", lam0)
-  if segment_ids is not None and impl is Impl.PALLAS:
-    raise ValueError("segment_ids (packed documents) are not supported by impl='pallas'; use "
-                     "impl='chunked' (or 'scan', 'associative_scan')")
+  if segment_ids is not None and impl in KERNEL_IMPLS:
+    raise ValueError(f"segment_ids (packed documents) are not supported by impl={impl.value!r}; "
+                     "use impl='chunked' (or 'scan', 'associative_scan')")
   if initial_state is not None and not isinstance(initial_state, VLAState):
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
                     f"{type(initial_state).__name__}")
@@ -140,7 +142,7 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
   if T == 0:   # no tokens: the state passes through (a scan needs one element)
     return (jnp.zeros((B, 0, H, dv), out_dtype),
             VLAState(*(x.astype(dtype) for x in initial_state)))
-  if impl is Impl.PALLAS:
+  if impl in KERNEL_IMPLS:
     # The kernels keep non-finite tokens causal themselves (kernels/NOTES.md, "Non-finite
     # inputs") and read q, k, v, u in place; a guard here cost 37% of the bf16 forward
     # (d = 64, T = 4096, H200). Only a value at a zero-key token (padding) is dropped here, so
@@ -148,8 +150,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     S0, A0 = initial_state
     v = jnp.where(jnp.any(k != 0, axis=-1, keepdims=True), v, jnp.zeros((), v.dtype))
-    o, S, A = vla_pallas(q, k, v, u, S0, A0, config=KernelConfig(chunk_size=chunk_size,
-                                                              precision=precision))
+    o, S, A = vla_pallas(q, k, v, u, S0, A0,
+                         config=KernelConfig(chunk_size=chunk_size, precision=precision),
+                         interpret=True if impl is Impl.PALLAS_INTERPRET else None)
     return o, VLAState(S=S, A=A)
   starts = None if segment_ids is None else document_starts(segment_ids)
   guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
