@@ -7,12 +7,16 @@ import pathlib
 import shutil
 import signal
 
+import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 from vla_jax.configs import base  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.configs import mqar_zoology_bf16  # noqa: E402
 from vla_jax.tasks import save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import jsonl  # noqa: E402
@@ -230,6 +234,44 @@ def test_packing_with_impl_auto_is_a_valid_config():
   config.task.update({"pack": 2})
   config.model.update({"impl": "auto"})
   assert from_config_dict(config).model.impl == "auto"
+
+
+def test_mixed_precision_config_trains_a_step_with_float32_parameters_and_states():
+  """configs/mqar_zoology_bf16.py, shrunk: bfloat16 activations, float32 parameters, AdamW
+  moments and recurrent states; one step's loss is finite and within bfloat16 rounding of the
+  float32 model's from the same parameters."""
+  def trainer(dtype):
+    config = mqar_zoology_bf16.get_config("64")
+    config.task.update({"vocab_size": 64, "n_pairs": 4})
+    config.model.update({"d_model": 32, "num_heads": 2, "head_dim": 16, "mlp_ratio": 1,
+                         "num_layers": 1, "impl": "scan", "dtype": dtype})   # quick to compile
+    config.train.update({"batch_size": 4, "eval_examples": 4, "eval_batch_size": 4,
+                         "warmup_steps": 0})     # a step that moves the parameters
+    return train_lib.Trainer(from_config_dict(config))
+
+  mixed = trainer("bfloat16")
+  assert (mixed.config.model.dtype, mixed.config.model.param_dtype) == ("bfloat16", "float32")
+  batch = mixed.task.train_batch(0, 0, 4)
+  before = jax.device_get(mixed.init_state["params"])    # the step donates its state
+  state, metrics = mixed.train_step(mixed.init_state, *batch)
+  loss = float(metrics["loss"])
+  assert np.isfinite(loss)
+  floats = lambda tree: [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  for name in ("params", "opt_state"):
+    assert {x.dtype for x in floats(state[name])} == {jnp.dtype(jnp.float32)}, name
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(floats(state["params"]), floats(before)))
+  model = mixed.model(state["params"])
+  tokens = jnp.asarray(batch[0])
+  assert jax.eval_shape(model.features, tokens).dtype == jnp.bfloat16    # traced, not run
+  _, cache = jax.eval_shape(model.prefill, tokens, model.init_cache(tokens.shape[0]))
+  states = [layer.state for layer in cache.layers]     # VLA's S and A (conv prefixes: inputs)
+  assert {x.dtype for x in floats(states)} == {jnp.dtype(jnp.float32)}
+
+  full = trainer("float32")
+  chex.assert_trees_all_equal(jax.device_get(full.init_state["params"]), before)
+  reference = float(full.train_step(full.init_state, *batch)[1]["loss"])
+  assert abs(loss - reference) <= 2e-2 * reference, (loss, reference)
 
 
 def test_gated_deltanet_gate_init_comes_from_the_config():

@@ -72,8 +72,9 @@ def make_mixer(name: str, d_model: int, num_heads: int, head_dim: int | None = N
 
   `impl` and `chunk_size` go to the recurrent mixers ("auto", the default, runs the Pallas
   kernel where it takes the call, else "chunked": `vla_jax.ops.impl.resolve_impl`); softmax
-  attention has no recurrence and ignores them (its kernel choice is its `implementation` option). `options`
-  holds the mixer's own keyword options (see `mixer_options(name)`); unknown names raise.
+  attention has no recurrence and ignores them (its kernel choice is its `implementation`
+  option). `options` holds the mixer's own keyword options (see `mixer_options(name)`);
+  unknown names raise.
   """
   cls = mixer_class(name)
   options = dict(options or {})

@@ -95,8 +95,9 @@ def vla_recurrence(q, k, v, u, *, lam0=1.0, initial_state=None, impl="chunked",
     segment_ids: None, or [B, T] int document ids (equal ids = one document; documents are
       contiguous; a new document starts where the id changes). impl "scan",
       "associative_scan" and "chunked" (documents may start anywhere inside a chunk);
-      "pallas" and "pallas_interpret" raise ValueError. With "chunked", gradients through a row with several
-      documents come from autodiff of the penalty path (not its adjoint backward).
+      "pallas" and "pallas_interpret" raise ValueError. With "chunked", gradients through a
+      row with several documents come from autodiff of the penalty path (not its adjoint
+      backward).
 
   Differentiation: every impl supports reverse mode (`jax.grad`, `jax.vjp`). "chunked" and
   "pallas" define their own backward (`jax.custom_vjp`), so forward mode (`jax.jvp`,
