@@ -118,7 +118,8 @@ def resolve_impl(impl, *, op: str, platform: str | None, capability=None, dtype,
     (the `Impl` to run, the reason). "auto" gives PALLAS where the op has a Pallas kernel
     (`vla_jax.kernels.config.KERNEL_SUPPORT`) that takes these head dims, chunk size, dtype,
     packing and options, and the platform is an NVIDIA GPU of at least the kernel's compute
-    capability; CHUNKED otherwise. Any other impl is returned as given.
+    capability (platform None: where the backend alone is left to decide); CHUNKED
+    otherwise. Any other impl is returned as given.
 
   Raises:
     ValueError for an unknown impl, and for "pallas" or "pallas_interpret" where the kernel
