@@ -45,8 +45,12 @@ def get_base_config():
       "tie_embeddings": True,
       "pos_emb": "learned",
       "max_len": 0,  # 0: the task's longest sequence
-      "impl": "chunked",
+      # "auto": the Pallas kernel where it takes the call (VLA on an NVIDIA GPU, unpacked
+      # rows), else "chunked"; the choice is logged (vla_jax.ops.impl.resolve_impl).
+      "impl": "auto",
       "chunk_size": 64,
+      # Activations and parameters; "bfloat16" activations with float32 parameters (and so
+      # float32 optimizer state) is mixed precision: configs/mqar_zoology_bf16.py.
       "dtype": "float32",
       "param_dtype": "float32",
       "remat": False,  # True: recompute each block in the backward (less memory)

@@ -24,6 +24,39 @@ TRITON_MIN_CAPABILITY = (8, 0)
 # Abstract devices (`kernels/lowering.py`) carry no compute capability: these names are 9.0.
 HOPPER_DEVICE_KINDS = ("H100", "H200", "H800", "H20", "GH200")
 
+
+@dataclasses.dataclass(frozen=True)
+class KernelSupport:
+  """What the Pallas kernel of one recurrence takes: the facts `vla_jax.ops.impl.resolve_impl`
+  reads (impl "auto" runs the kernel exactly where it takes the call; impl "pallas" is
+  rejected elsewhere, naming the fact).
+
+  Attributes:
+    head_dims: key and value head dims.
+    chunk_sizes: tokens per chunk.
+    dtypes: input dtypes (names).
+    min_capability: the lowest NVIDIA compute capability (major, minor) it compiles for.
+    segment_ids: whether it takes packed documents (`segment_ids`).
+    unsupported: (option, values) pairs: layer options whose values it does not take.
+  """
+
+  head_dims: tuple = SUPPORTED_HEAD_DIMS
+  chunk_sizes: tuple = tuple(2 ** i for i in range(MIN_CHUNK.bit_length() - 1,
+                                                  MAX_CHUNK.bit_length()))
+  dtypes: tuple = ("float32", "bfloat16", "float64")
+  min_capability: tuple = TRITON_MIN_CAPABILITY
+  segment_ids: bool = False
+  unsupported: tuple = ()
+
+
+# The recurrences with a Pallas kernel, by op name ("vla", "deltanet", "gated_deltanet",
+# "linear_attention"); an op without an entry has none. VLA's kernels take packed documents,
+# and its readout "delta" (one more value channel of constant 1, value width d_h + 1) runs on
+# zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`).
+KERNEL_SUPPORT = {
+    "vla": KernelSupport(segment_ids=True),
+}
+
 # Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:
 # forward 1.40 against 1.22 ms at d = 64, 3.32 against 3.26 at d = 128; its longer
 # eliminations cost more than the halved block count saves; NOTES.md, "Penalty scan at d = 128").

@@ -72,7 +72,7 @@ def test_vla_impl_rates_and_only_select_jobs():
 
 
 def test_vla_trains_the_same_with_pallas():
-  """One vmapped sweep step (two seeds) with impl="pallas" (interpret mode) and "scan": one
+  """One vmapped sweep step (two seeds) with impl="pallas_interpret" and "scan": one
   layer, one head, two chunks."""
   def losses(impl):
     c = base.get_base_config()
@@ -83,7 +83,7 @@ def test_vla_trains_the_same_with_pallas():
     trainer = SweepTrainer(from_config_dict(c), [0, 1], [1e-3])
     _, metrics = trainer.train_step(trainer.init_state, *trainer.batch(0))
     return np.asarray(metrics["loss"])
-  np.testing.assert_allclose(losses("pallas"), losses("scan"), rtol=2e-5)
+  np.testing.assert_allclose(losses("pallas_interpret"), losses("scan"), rtol=2e-5)
 
 
 def test_stop_sends_sigterm_then_kills_what_is_left(tmp_path):

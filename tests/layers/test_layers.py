@@ -99,7 +99,7 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: VLAAttention(16, 2, lam0="1", rngs=nnx.Rngs(0)),
      "lam0 must be a real number .* got str '1'"),
     (lambda: VLAAttention(16, 2, lam0=1e-4, rngs=nnx.Rngs(0)),
-     r"lam0=0.0001 is below 0.001, the smallest impl='chunked' takes in float32"),
+     r"lam0=0.0001 is below 0.001, the smallest impl='auto' takes in float32"),
     (lambda: VLAAttention(16, 2, u_init="zeros", rngs=nnx.Rngs(0)), "u_init must be one of"),
 ], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
         "lam0-str", "lam0-small", "u_init"])
@@ -137,9 +137,49 @@ def test_impl_and_chunk_size_are_checked_when_a_layer_is_built():
                            ("vla", dict(chunk_size=10), "VLAAttention: chunk_size must be"),
                            ("deltanet", dict(impl="pallas"), "DeltaNet: impl='pallas'"),
                            ("linear", dict(chunk_size=512), "chunk_size must be"),
-                           ("vla", dict(impl="pallas", chunk_size=256), r"\[16, 128\] for the Pallas")):
+                           ("vla", dict(impl="pallas_interpret", chunk_size=256),
+                            "chunk_size=256 is not one of the kernel's")):
     with pytest.raises(ValueError, match=match):
       make_mixer(mixer, 32, 2, rngs=nnx.Rngs(0), **kw)
+
+
+def test_impl_defaults_to_auto_which_runs_chunked_here():
+  """Every recurrent mixer defaults to impl "auto"; on this CPU it runs "chunked" (the same
+  outputs, packed or not) and logs why."""
+  x = _x(length=20)
+  ids = jnp.repeat(jnp.array([[0, 1]]), 10, axis=1).repeat(B, axis=0)
+  for name in ("vla", "linear", "deltanet", "gated_deltanet"):
+    auto = make_mixer(name, D, H, chunk_size=16, rngs=nnx.Rngs(0))
+    chunked = make_mixer(name, D, H, impl="chunked", chunk_size=16, rngs=nnx.Rngs(0))
+    assert auto.impl == "auto" and type(auto)(D, H, rngs=nnx.Rngs(0)).impl == "auto"
+    for kw in ({}, dict(segment_ids=ids)):
+      np.testing.assert_array_equal(auto(x, **kw), chunked(x, **kw))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(impl="pallas"), "backend is 'cpu'.*impl='pallas_interpret'"),
+    (dict(impl="pallas_interpret", head_dim=24), r"head_dim \(keys\)=24"),
+    (dict(impl="pallas_interpret", chunk_size=256), "chunk_size=256"),
+    (dict(impl="pallas_interpret", dtype=jnp.float16), "dtype=float16"),
+])
+def test_a_kernel_impl_the_kernel_cannot_run_fails_at_construction(kw, match):
+  kw = {"chunk_size": 16, "head_dim": 16, **kw}
+  with pytest.raises(ValueError, match=f"^VLAAttention: impl='{kw['impl']}' cannot run here: "
+                                       f".*{match}"):
+    make_mixer("vla", 32, 2, rngs=nnx.Rngs(0), **kw)
+
+
+@pytest.mark.parametrize("readout", ["additive", "delta"])
+def test_the_kernel_takes_packing_and_the_delta_readout(readout):
+  """VLA on the kernels (interpret mode) with packed rows and either readout equals the
+  chunked form."""
+  kw = dict(chunk_size=16, options={"readout": readout})
+  kernel = make_mixer("vla", 32, 2, impl="pallas_interpret", rngs=nnx.Rngs(0), **kw)
+  chunked = make_mixer("vla", 32, 2, impl="chunked", rngs=nnx.Rngs(0), **kw)
+  x = jax.random.normal(jax.random.key(3), (1, 24, 32))
+  ids = jnp.array([[0] * 5 + [1] * 12 + [2] * 7])
+  for call in ({}, dict(segment_ids=ids)):
+    np.testing.assert_allclose(kernel(x, **call), chunked(x, **call), rtol=0, atol=2e-5)
 
 
 # A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew

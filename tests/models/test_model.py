@@ -46,10 +46,29 @@ def test_too_long_sequence_fails():
     ({"pos_emb": "rope"}, "pos_emb must be one of"),
     ({"mixer_options": {"readout": "softmax"}}, "readout must be one of"),
     ({"mixer": "softmax", "mixer_options": {"lam0": 1.0}}, "does not take option"),
+    ({"impl": "triton"}, "model.impl must be one of 'auto'"),
+    ({"impl": "pallas", "d_model": 24}, r"model.impl='pallas' cannot run here: head_dim"),
+    ({"impl": "pallas_interpret", "num_heads": 1, "chunk_size": 256},
+     "model.impl='pallas_interpret' cannot run here: chunk_size=256"),
+    ({"impl": "pallas", "num_heads": 1, "mixer": "linear"},
+     "no Pallas kernel for 'linear_attention'"),
 ])
 def test_bad_model_configs(change, match):
   with pytest.raises(ValueError, match=match):
     LanguageModel(ModelConfig(**{**SMALL, **change}), rngs=nnx.Rngs(0))
+
+
+def test_impl_defaults_to_auto():
+  """"auto" by default; a valid explicit "pallas" passes validation (the backend is checked
+  when the layers are built: tests/layers/test_layers.py)."""
+  assert ModelConfig(**SMALL).impl == "auto"
+  pallas = ModelConfig(**{**SMALL, "num_heads": 1, "impl": "pallas"})
+  pallas.check_impl()
+  pallas.check_impl(packed=True)          # the VLA kernels take packed documents
+  ModelConfig(**SMALL).check_impl(packed=True)
+  with pytest.raises(ValueError, match="model.impl='pallas' .*no Pallas kernel for 'deltanet'"):
+    ModelConfig(**{**SMALL, "num_heads": 1, "impl": "pallas", "mixer": "deltanet"}).check_impl(
+        packed=True)
 
 
 def test_remat_keeps_the_gradients_and_saves_activation_memory():

@@ -7,12 +7,16 @@ import pathlib
 import shutil
 import signal
 
+import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 from vla_jax.configs import base  # noqa: E402  pylint: disable=wrong-import-position
+from vla_jax.configs import mqar_zoology_bf16  # noqa: E402
 from vla_jax.tasks import IGNORE, save_npz  # noqa: E402
 from vla_jax.training import checkpoint as ckpt  # noqa: E402
 from vla_jax.training import jsonl  # noqa: E402
@@ -273,6 +277,51 @@ def test_resume_may_change_remat_only(tmp_path, tiny_run):
   with pytest.raises(ValueError, match="different model configuration"):
     train_and_evaluate(from_config_dict(wider), str(workdir), log=lambda s: None)
 
+def test_packing_with_impl_auto_is_a_valid_config():
+  config = tiny_config()
+  config.task.update({"pack": 2})
+  config.model.update({"impl": "auto"})
+  assert from_config_dict(config).model.impl == "auto"
+
+
+def test_mixed_precision_config_trains_a_step_with_float32_parameters_and_states():
+  """configs/mqar_zoology_bf16.py, shrunk: bfloat16 activations, float32 parameters, AdamW
+  moments and recurrent states; one step's loss is finite and within bfloat16 rounding of the
+  float32 model's from the same parameters."""
+  def trainer(dtype):
+    config = mqar_zoology_bf16.get_config("64")
+    config.task.update({"vocab_size": 64, "n_pairs": 4})
+    config.model.update({"d_model": 32, "num_heads": 2, "head_dim": 16, "mlp_ratio": 1,
+                         "num_layers": 1, "impl": "scan", "dtype": dtype})   # quick to compile
+    config.train.update({"batch_size": 4, "eval_examples": 4, "eval_batch_size": 4,
+                         "warmup_steps": 0})     # a step that moves the parameters
+    return train_lib.Trainer(from_config_dict(config))
+
+  mixed = trainer("bfloat16")
+  assert (mixed.config.model.dtype, mixed.config.model.param_dtype) == ("bfloat16", "float32")
+  batch = mixed.task.train_batch(0, 0, 4)
+  before = jax.device_get(mixed.init_state["params"])    # the step donates its state
+  state, metrics = mixed.train_step(mixed.init_state, *batch)
+  loss = float(metrics["loss"])
+  assert np.isfinite(loss)
+  floats = lambda tree: [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating)]
+  for name in ("params", "opt_state"):
+    assert {x.dtype for x in floats(state[name])} == {jnp.dtype(jnp.float32)}, name
+  assert any(not np.array_equal(a, b) for a, b in
+             zip(floats(state["params"]), floats(before)))
+  model = mixed.model(state["params"])
+  tokens = jnp.asarray(batch[0])
+  assert jax.eval_shape(model.features, tokens).dtype == jnp.bfloat16    # traced, not run
+  _, cache = jax.eval_shape(model.prefill, tokens, model.init_cache(tokens.shape[0]))
+  states = [layer.state for layer in cache.layers]     # VLA's S and A (conv prefixes: inputs)
+  assert {x.dtype for x in floats(states)} == {jnp.dtype(jnp.float32)}
+
+  full = trainer("float32")
+  chex.assert_trees_all_equal(jax.device_get(full.init_state["params"]), before)
+  reference = float(full.train_step(full.init_state, *batch)[1]["loss"])
+  assert abs(loss - reference) <= 2e-2 * reference, (loss, reference)
+
+
 def test_gated_deltanet_gate_init_comes_from_the_config():
   config = tiny_config()
   assert config.model.options.gated_deltanet.gate_init == "fla"
@@ -293,12 +342,32 @@ def test_gated_deltanet_gate_init_comes_from_the_config():
     (lambda c: c.train.update({"end_lr_ratio": -0.5}), "train.end_lr_ratio"),
     (lambda c: c.train.update({"b2": 1.0}), "train.b2"),
     (lambda c: c.train.update({"learning_rate": float("inf")}), "train.learning_rate"),
-], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task", "clip", "end_lr", "b2", "lr"])
+    (lambda c: c.model.update({"impl": "pallas", "num_heads": 1, "head_dim": 16,
+                               "chunk_size": 256}),
+     "model.impl='pallas' cannot run here: chunk_size=256"),
+], ids=["mixer", "head_dim", "n_pairs", "batch", "field", "task", "clip", "end_lr", "b2", "lr",
+        "chunk_pallas"])
 def test_bad_configs_fail_before_training(edit, match):
   config = tiny_config()
   config.model.options.vla.update({})
   edit(config)
   with pytest.raises(ValueError, match=match):
+    from_config_dict(config, num_devices=4)
+
+
+def test_packing_with_a_kernel_that_cannot_take_it_fails_before_training(monkeypatch):
+  """Packed rows (task.pack > 1) with impl "pallas" are checked against the kernel's facts at
+  configuration time: allowed while the VLA kernel takes segment_ids, refused naming both
+  settings where it would not."""
+  from vla_jax.kernels import config as kernel_config  # pylint: disable=import-outside-toplevel
+  config = tiny_config()
+  config.task.update({"pack": 2})
+  config.model.update({"impl": "pallas", "num_heads": 1, "head_dim": 16})
+  assert from_config_dict(config, num_devices=4).model.impl == "pallas"
+  monkeypatch.setitem(kernel_config.KERNEL_SUPPORT, "vla",
+                      kernel_config.KernelSupport(segment_ids=False))
+  with pytest.raises(ValueError, match="task.pack=2 trains on packed rows .*model.impl='pallas' "
+                                       "cannot run here: the kernel does not take segment_ids"):
     from_config_dict(config, num_devices=4)
 
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from vla_jax.ops import checks
-from vla_jax.ops.impl import Impl, parse_impl
+from vla_jax.ops.impl import KERNEL_IMPLS, Impl, choose_impl, parse_impl
 from vla_jax.ops.utils import document_starts, unit
 
 
@@ -54,15 +54,29 @@ def state_dtype(dtype):
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def check_recurrence_options(name, impl, chunk_size, allowed=None):
+def check_recurrence_options(name, impl, chunk_size, *, op, dtype, head_dims, options=None):
   """`impl` and `chunk_size` checked when a layer is built, not at its first call: returns
-  them (impl as given, when it names one of `allowed`, default every `Impl`)."""
+  (impl as an `Impl`, chunk_size). "auto" is resolved per call (`recurrence_impl`); an
+  explicit "pallas" or "pallas_interpret" that the kernel of `op` cannot run (on this
+  backend, at these head dims, chunk size, dtype or `options`) raises ValueError naming the
+  option (`vla_jax.ops.impl.resolve_impl`)."""
   try:
-    parse_impl(impl, tuple(Impl) if allowed is None else allowed)
+    impl = parse_impl(impl, tuple(Impl))
     chunk_size = checks.check_chunk_size(chunk_size)
   except ValueError as e:
     raise ValueError(f"{name}: {e}") from None
+  if impl in KERNEL_IMPLS:
+    choose_impl(impl, name=name, op=op, dtype=dtype, head_dims=head_dims,
+                chunk_size=chunk_size, options=options)
   return impl, chunk_size
+
+
+def recurrence_impl(name, impl, *, op, dtype, head_dims, chunk_size, docs, options=None):
+  """The `Impl` a layer's call runs (`vla_jax.ops.impl.choose_impl` on JAX's current backend;
+  "auto" logs its choice once): `docs` (`document_ids` or None) says whether the call packs
+  documents. Raises ValueError, naming the layer, for an explicit kernel impl with packing."""
+  return choose_impl(impl, name=name, op=op, dtype=dtype, head_dims=head_dims,
+                     chunk_size=chunk_size, segment_ids=docs is not None, options=options)
 
 
 def resolve_head_dim(name, d_model, num_heads, head_dim):

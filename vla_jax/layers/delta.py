@@ -9,7 +9,7 @@ from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
-from vla_jax.ops.baselines import BASELINE_IMPLS, gated_deltanet
+from vla_jax.ops.baselines import gated_deltanet
 from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import gated_deltanet_step
 
@@ -27,7 +27,10 @@ class DeltaNet(nnx.Module):
 
   Attributes:
     d_model, num_heads, head_dim: widths (inner width num_heads * head_dim).
-    impl, chunk_size: passed straight to the recurrence.
+    impl: "auto" (default): the Pallas kernel where one takes the call, else "chunked"
+      (`vla_jax.ops.impl.resolve_impl`; no delta-rule kernel yet: "chunked"), or "chunked",
+      "scan" or "associative_scan"; "pallas" raises ValueError at construction.
+    chunk_size: tokens per chunk of "chunked".
       Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
       the op runs with T split over it (`vla_jax.parallel.sequence_op`).
     conv_size: the width of a causal depthwise convolution with SiLU on q, k, v (default 4;
@@ -40,16 +43,16 @@ class DeltaNet(nnx.Module):
   GATED = False
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               impl: str | Impl = "chunked", chunk_size: int = 64,
+               impl: str | Impl = "auto", chunk_size: int = 64,
                conv_size: int = common.DEFAULT_CONV_SIZE, out_norm: bool = True,
                dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
-    self.impl, self.chunk_size = common.check_recurrence_options(name, impl, chunk_size,
-                                                                 BASELINE_IMPLS)
     self.dtype = dtype
+    self.impl, self.chunk_size = common.check_recurrence_options(
+        name, impl, chunk_size, **self._kernel_facts())
     inner = num_heads * self.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.q_proj = common.dense(d_model, inner, use_bias=False, **kw)
@@ -60,6 +63,17 @@ class DeltaNet(nnx.Module):
     if self.GATED:
       self._init_gate(d_model, num_heads, rngs, dtype, param_dtype)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
+
+  @classmethod
+  def kernel_facts(cls, head_dim, dtype, options):
+    """What decides whether a Pallas kernel takes the calls of a layer of this head dim,
+    dtype and `options`: `resolve_impl`'s op, dtype and head_dims."""
+    del options
+    return dict(op="gated_deltanet" if cls.GATED else "deltanet", dtype=dtype,
+                head_dims=(head_dim, head_dim))
+
+  def _kernel_facts(self):
+    return self.kernel_facts(self.head_dim, self.dtype, {})
 
   def _features(self, x, conv_prefix, mask=None, docs=None):
     """x [B, T, d_model] -> per-head q, k, v, beta [B, T, H], log decay (or None), conv tails;
@@ -100,9 +114,11 @@ class DeltaNet(nnx.Module):
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
+    impl = common.recurrence_impl(name, self.impl, chunk_size=self.chunk_size, docs=docs,
+                                  **self._kernel_facts())
     q, k, v, beta, log_decay, tails = self._features(x, cache.conv, mask, docs)
     o, S = parallel.sequence_op(gated_deltanet)(q, k, v, beta, log_decay,
-                                                initial_state=cache.state, impl=self.impl,
+                                                initial_state=cache.state, impl=impl,
                                                 chunk_size=self.chunk_size, segment_ids=docs)
     return common.mask_tokens(mask, self.out(o)), common.RecurrentCache(S, tails)
 
@@ -144,7 +160,7 @@ class GatedDeltaNet(DeltaNet):
   GATED = True
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               impl: str | Impl = "chunked", chunk_size: int = 64,
+               impl: str | Impl = "auto", chunk_size: int = 64,
                conv_size: int = common.DEFAULT_CONV_SIZE, out_norm: bool = True,
                gate_init: str = "fla", dtype: DTypeLike = jnp.float32,
                param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs):

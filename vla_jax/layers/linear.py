@@ -7,8 +7,7 @@ from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
-from vla_jax.ops.baselines import (BASELINE_IMPLS, LinearAttentionState, elu_plus_one,
-                                   linear_attention)
+from vla_jax.ops.baselines import LinearAttentionState, elu_plus_one, linear_attention
 from vla_jax.ops.impl import Impl
 from vla_jax.ops.step import linear_attention_step
 
@@ -22,7 +21,10 @@ class LinearAttention(nnx.Module):
 
   Attributes:
     d_model, num_heads, head_dim: widths (inner width num_heads * head_dim).
-    impl, chunk_size: passed straight to `linear_attention`.
+    impl: "auto" (default): the Pallas kernel where one takes the call, else "chunked"
+      (`vla_jax.ops.impl.resolve_impl`; no linear-attention kernel yet: "chunked"), or
+      "chunked", "scan" or "associative_scan"; "pallas" raises ValueError at construction.
+    chunk_size: tokens per chunk of "chunked".
       Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
       the op runs with T split over it (`vla_jax.parallel.sequence_op`).
     normalize: divide by the additive normaliser (default True, the original form).
@@ -35,17 +37,17 @@ class LinearAttention(nnx.Module):
   RECURRENT = True
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               impl: str | Impl = "chunked", chunk_size: int = 64, normalize: bool = True,
+               impl: str | Impl = "auto", chunk_size: int = 64, normalize: bool = True,
                conv_size: int = common.DEFAULT_CONV_SIZE, out_norm: bool = True,
                dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
     name = type(self).__name__
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.num_heads = num_heads
-    self.impl, self.chunk_size = common.check_recurrence_options(name, impl, chunk_size,
-                                                                 BASELINE_IMPLS)
     self.normalize = bool(normalize)
     self.dtype = dtype
+    self.impl, self.chunk_size = common.check_recurrence_options(
+        name, impl, chunk_size, **self._kernel_facts())
     inner = num_heads * self.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.q_proj = common.dense(d_model, inner, use_bias=True, **kw)
@@ -53,6 +55,16 @@ class LinearAttention(nnx.Module):
     self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
     self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
+
+  @classmethod
+  def kernel_facts(cls, head_dim, dtype, options):
+    """What decides whether a Pallas kernel takes the calls of a layer of this head dim,
+    dtype and `options`: `resolve_impl`'s op, dtype and head_dims."""
+    del options
+    return dict(op="linear_attention", dtype=dtype, head_dims=(head_dim, head_dim))
+
+  def _kernel_facts(self):
+    return self.kernel_facts(self.head_dim, self.dtype, {})
 
   def _features(self, x, conv_prefix, mask=None, docs=None):
     """x [B, T, d_model] -> per-head phi(q), phi(k) (in the state dtype), v and conv tails;
@@ -86,10 +98,12 @@ class LinearAttention(nnx.Module):
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
+    impl = common.recurrence_impl(name, self.impl, chunk_size=self.chunk_size, docs=docs,
+                                  **self._kernel_facts())
     q, k, v, tails = self._features(x, cache.conv, mask, docs)
     o, state = parallel.sequence_op(linear_attention)(
         q, k, v, feature_map=None, normalize=self.normalize, initial_state=cache.state,
-        impl=self.impl, chunk_size=self.chunk_size, segment_ids=docs)
+        impl=impl, chunk_size=self.chunk_size, segment_ids=docs)
     return common.mask_tokens(mask, self.out(o)), common.RecurrentCache(state, tails)
 
   def step(self, x_t: jax.Array, cache: common.RecurrentCache

@@ -11,7 +11,7 @@ from vla_jax.layers.delta import DeltaNet, GatedDeltaNet
 from vla_jax.layers.linear import LinearAttention
 from vla_jax.layers.softmax import SoftmaxAttention
 from vla_jax.layers.vla import VLAAttention
-from vla_jax.ops.impl import Impl
+from vla_jax.ops.impl import Impl, parse_impl, resolve_impl
 
 MIXERS = {
     "vla": VLAAttention,
@@ -46,15 +46,35 @@ def check_mixer_options(name, options):
                      f"options are {', '.join(sorted(allowed)) or '(none)'}")
 
 
+def check_mixer_impl(name: str, impl: str | Impl, *, head_dim: int, chunk_size: int,
+                     dtype: DTypeLike, options: Mapping | None = None, packed: bool = False,
+                     platform: str | None = None, capability=None) -> Impl:
+  """Checks `impl` for mixer `name` before any layer is built (a configuration): returns what
+  `resolve_impl` resolves it to (the mixer's own impl for softmax attention, which has no
+  recurrence: `impl` as parsed). `packed`: the calls pass `segment_ids`. `platform` None
+  checks the call's own facts only (head dims, chunk size, dtype, options, packing); with a
+  platform and capability, the backend too. Raises ValueError where the mixer would reject
+  the settings (an explicit "pallas" the kernel does not take, naming the option)."""
+  cls = mixer_class(name)
+  impl = parse_impl(impl, tuple(Impl))
+  if not cls.RECURRENT:
+    return impl
+  return resolve_impl(impl, platform=platform, capability=capability, chunk_size=chunk_size,
+                      segment_ids=packed,
+                      **cls.kernel_facts(head_dim, dtype, dict(options or {})))[0]
+
+
 def make_mixer(name: str, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               impl: str | Impl = "chunked", chunk_size: int = 64,
+               impl: str | Impl = "auto", chunk_size: int = 64,
                options: Mapping | None = None, dtype: DTypeLike = jnp.float32,
                param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs) -> nnx.Module:
   """Builds mixer `name` ("vla", "softmax", "linear", "deltanet", "gated_deltanet").
 
-  `impl` and `chunk_size` go to the recurrent mixers' ops unchanged; softmax attention has no
-  recurrence and ignores them (its kernel choice is its `implementation` option). `options`
-  holds the mixer's own keyword options (see `mixer_options(name)`); unknown names raise.
+  `impl` and `chunk_size` go to the recurrent mixers ("auto", the default, runs the Pallas
+  kernel where it takes the call, else "chunked": `vla_jax.ops.impl.resolve_impl`); softmax
+  attention has no recurrence and ignores them (its kernel choice is its `implementation`
+  option). `options` holds the mixer's own keyword options (see `mixer_options(name)`);
+  unknown names raise.
   """
   cls = mixer_class(name)
   options = dict(options or {})

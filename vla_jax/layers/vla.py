@@ -47,7 +47,15 @@ class VLAAttention(nnx.Module):
   Attributes:
     d_model, num_heads, head_dim: widths; the projections map d_model -> num_heads * head_dim,
       which need not equal d_model.
-    impl, chunk_size: passed straight to `vla_recurrence`.
+    impl: "auto" (default): the Pallas kernel where it takes the call (an NVIDIA GPU of compute
+      capability >= 8.0; head dims, chunk size, dtype, readout and packing the kernel takes:
+      `vla_jax.kernels.config.KERNEL_SUPPORT`), else "chunked"; the choice and its reason
+      are logged (absl INFO) once (`vla_jax.ops.impl.resolve_impl`). Or any form of
+      `vla_recurrence` ("chunked", "scan", "associative_scan", "pallas",
+      "pallas_interpret"); "pallas" where the kernel cannot run (not a GPU, readout "delta",
+      other head dims or chunk sizes) raises ValueError at construction, and with
+      `segment_ids` at the call.
+    chunk_size: tokens per chunk of "chunked" and the kernel.
       Traced under a mesh with a "seq" axis of more than one device (`jax.set_mesh`),
       the op runs with T split over it (`vla_jax.parallel.sequence_op`).
     lam0: ridge strength of the initial penalty (A_0 = I / lam0).
@@ -71,7 +79,7 @@ class VLAAttention(nnx.Module):
   RECURRENT = True
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               impl: str | Impl = "chunked", chunk_size: int = 64, lam0: float = 1.0,
+               impl: str | Impl = "auto", chunk_size: int = 64, lam0: float = 1.0,
                penalty_scale: float | None = DEFAULT_PENALTY_SCALE,
                readout: str = DEFAULT_READOUT,
                readout_eps: float = 1e-6, u_init: str = "random",
@@ -93,14 +101,9 @@ class VLAAttention(nnx.Module):
     if not self.penalty_scale >= 0:
       raise ValueError(f"{name}: penalty_scale must be >= 0; got {penalty_scale!r}")
     self.readout_eps = float(readout_eps)
-    self.impl, self.chunk_size = common.check_recurrence_options(name, impl, chunk_size)
-    if impl in ("pallas", Impl.PALLAS):   # the kernels' own limits (chunk <= 128, head dims)
-      from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-      try:
-        KernelConfig(chunk_size=self.chunk_size).validate(self.head_dim, self.head_dim)
-      except ValueError as e:
-        raise ValueError(f"{name}: {e}") from None
     self.dtype = dtype
+    self.impl, self.chunk_size = common.check_recurrence_options(
+        name, impl, chunk_size, **self._kernel_facts())
     inner = num_heads * self.head_dim
     kw = dict(dtype=dtype, param_dtype=param_dtype, rngs=rngs)
     self.q_proj = common.dense(d_model, inner, use_bias=True, **kw)
@@ -111,6 +114,17 @@ class VLAAttention(nnx.Module):
       self.u_proj.kernel[...] = jnp.eye(inner, dtype=self.u_proj.kernel[...].dtype)
     self.conv = common.short_convs(name, inner, conv_size, **kw)
     self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
+
+  @classmethod
+  def kernel_facts(cls, head_dim, dtype, options):
+    """What decides whether a Pallas kernel takes the calls of a layer of this head dim,
+    dtype and `options` (its keyword options): `resolve_impl`'s op, dtype, head_dims and
+    options."""
+    return dict(op="vla", dtype=dtype, head_dims=(head_dim, head_dim),
+                options={"readout": options.get("readout", DEFAULT_READOUT)})
+
+  def _kernel_facts(self):
+    return self.kernel_facts(self.head_dim, self.dtype, {"readout": self.readout})
 
   def _features(self, x, conv_prefix, mask=None, docs=None):
     """x [B, T, d_model] -> per-head q, k, v (+1 channel for "delta"), u and conv tails; with
@@ -174,9 +188,11 @@ class VLAAttention(nnx.Module):
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
     cache = self.init_cache(x.shape[0]) if cache is None else cache
+    impl = common.recurrence_impl(name, self.impl, chunk_size=self.chunk_size, docs=docs,
+                                  **self._kernel_facts())
     q, k, v, u, tails = self._features(x, cache.conv, mask, docs)
     o, state = parallel.sequence_op(vla_recurrence)(q, k, v, u, initial_state=cache.state,
-                                                    impl=self.impl, chunk_size=self.chunk_size,
+                                                    impl=impl, chunk_size=self.chunk_size,
                                                     lam0=self.lam0, segment_ids=docs)
     y, z = self._readout(o, q, k, cache.norm, docs)
     return common.mask_tokens(mask, y), common.RecurrentCache(state, tails, z)

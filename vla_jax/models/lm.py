@@ -11,7 +11,8 @@ import numpy as np
 from flax import nnx
 
 from vla_jax.layers import common
-from vla_jax.layers.registry import check_mixer_options, make_mixer, mixer_class
+from vla_jax.layers.registry import (check_mixer_impl, check_mixer_options, make_mixer,
+                                     mixer_class)
 from vla_jax.ops import checks
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
@@ -30,9 +31,17 @@ class ModelConfig:
     mlp_ratio: hidden width of the MLP is mlp_ratio * d_model.
     tie_embeddings: the output head reuses the token embedding (True) or is its own matrix.
     pos_emb: "learned" (default), "sinusoidal" or "none".
-    impl, chunk_size: passed straight to the recurrent mixers.
+    impl: the recurrent mixers' form: "auto" (default) runs the Pallas kernel where it takes
+      the call (VLA on an NVIDIA GPU of compute capability >= 8.0, unpacked rows, head dims
+      and chunk size it takes) and "chunked" otherwise, logging the choice once
+      (`vla_jax.ops.impl.resolve_impl`); or "chunked", "scan", "associative_scan", "pallas",
+      "pallas_interpret". An explicit "pallas" the kernel does not take raises at validation.
+    chunk_size: tokens per chunk of the recurrent mixers.
     mixer_options: the mixer's own options as sorted (name, value) pairs.
-    dtype, param_dtype: "float32" | "bfloat16" | "float16" names.
+    dtype, param_dtype: "float32" | "bfloat16" | "float16" names: the activations' and the
+      parameters' dtypes (recurrent states are float32 whatever `dtype`; logits float32).
+      Mixed precision: dtype "bfloat16" with param_dtype "float32" (parameters and so the
+      optimizer state stay float32; `configs/mqar_zoology_bf16.py`).
     remat: recompute each block's activations in the backward pass instead of keeping them
       (`nnx.remat` around every block): the same function and gradients, less activation
       memory for about one more forward pass of compute. Default False.
@@ -48,7 +57,7 @@ class ModelConfig:
   mlp_ratio: int = 4
   tie_embeddings: bool = True
   pos_emb: str = "learned"
-  impl: str = "chunked"
+  impl: str = "auto"
   chunk_size: int = 64
   mixer_options: tuple = ()
   dtype: str = "float32"
@@ -85,6 +94,19 @@ class ModelConfig:
     common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
     if not isinstance(self.remat, bool):
       raise ValueError(f"model.remat must be True or False; got {self.remat!r}")
+    self.check_impl()
+
+  def check_impl(self, packed: bool = False):
+    """Raises ValueError where the recurrent mixers would reject `impl` (an explicit "pallas"
+    at head dims, a chunk size, dtype or mixer options the kernel does not take; `packed`:
+    rows with `segment_ids`), before any layer is built; the backend is checked when the
+    layers are."""
+    try:
+      check_mixer_impl(self.mixer, self.impl, head_dim=self.resolved_head_dim,
+                       chunk_size=self.chunk_size, dtype=DTYPES[self.dtype],
+                       options=self.options, packed=packed)
+    except ValueError as e:
+      raise ValueError(f"model.{e}") from None
 
 
 def sinusoidal_positions(positions, d_model):

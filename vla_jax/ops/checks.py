@@ -82,7 +82,10 @@ def check_positive(name, value):
 # against float64 grows like eps ||u||^2 / lam0 (vla_jax/ops/vla/README.md); below these the
 # chunked and associative-scan penalty paths lose every digit, then return NaN
 # (tests/ops/test_vla_recurrence.py measures each impl at its minimum and below it).
-MIN_LAM0_FLOAT32 = {"scan": 1e-4, "associative_scan": 1e-4, "chunked": 1e-3, "pallas": 1e-4}
+MIN_LAM0_FLOAT32 = {"scan": 1e-4, "associative_scan": 1e-4, "chunked": 1e-3, "pallas": 1e-4,
+                    "pallas_interpret": 1e-4}
+# The layers' impl "auto" runs "pallas" or "chunked", whichever the backend and call allow.
+MIN_LAM0_FLOAT32["auto"] = max(MIN_LAM0_FLOAT32["pallas"], MIN_LAM0_FLOAT32["chunked"])
 
 
 def check_log_decay(log_decay):

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.baselines import (LinearAttentionState, deltanet, elu_plus_one,
                                    gated_deltanet, linear_attention)
-from vla_jax.ops.impl import Impl, parse_impl
+from vla_jax.ops.impl import KERNEL_IMPLS, parse_impl
 from vla_jax.ops.utils import einsum
 from vla_jax.ops.vla import VLAState, vla_recurrence
 
@@ -243,7 +243,7 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
     A0 = _symmetrize(initial_state.A.astype(dtype))
     M0 = _symmetrize(jnp.linalg.inv(A0))
   impl = _impl_of(vla_recurrence, op_kwargs)
-  pallas = impl is Impl.PALLAS
+  pallas = impl in KERNEL_IMPLS
   if pallas:   # a [v, 0] wider than the kernels' head dims runs as two calls
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         SUPPORTED_HEAD_DIMS)

@@ -138,7 +138,9 @@ def from_config_dict(config, num_devices=1) -> ExperimentConfig:
 
   `config.model.options` maps each mixer name to its options; only the chosen mixer's entry
   is used, so `--config.model.mixer=...` switches mixers without editing options.
-  `config.model.max_len = 0` (default) takes the task's longest sequence.
+  `config.model.max_len = 0` (default) takes the task's longest sequence. A `model.impl`
+  that cannot run the model's calls (an explicit "pallas" with task.pack > 1, readout
+  "delta", head dims or a chunk size the kernel does not take) raises ValueError here.
   """
   c = _plain(config)
   for section in ("task", "model", "train"):
@@ -162,6 +164,12 @@ def from_config_dict(config, num_devices=1) -> ExperimentConfig:
     raise ValueError(f"model.max_len={model['max_len']} is shorter than the task's longest "
                      f"sequence ({task.max_len})")
   model_cfg = ModelConfig(**_fields(ModelConfig, model, "model"))
+  pack = task_fields.get("pack", 1)
+  if pack != 1:   # packed rows carry segment_ids: an impl that cannot take them fails here
+    try:
+      model_cfg.check_impl(packed=True)
+    except ValueError as e:
+      raise ValueError(f"task.pack={pack} trains on packed rows (segment_ids), and {e}") from None
 
   train = TrainConfig(**_fields(TrainConfig, dict(c["train"]), "train"))
   train.validate(num_devices)

@@ -10,7 +10,7 @@ import numpy as np
 from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
-from vla_jax.ops.impl import Impl, parse_impl
+from vla_jax.ops.impl import KERNEL_IMPLS, Impl, parse_impl
 from vla_jax.ops.utils import document_starts, resolve_precision, unit
 from vla_jax.ops.vla.penalty import (penalty_chunked, penalty_chunked_documents,
                                      penalty_prefix_solve, penalty_scan)
@@ -86,11 +86,13 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
-    impl: "chunked" (default), "scan", "associative_scan" or "pallas", or an `Impl`.
+    impl: "chunked" (default), "scan", "associative_scan", "pallas" or "pallas_interpret",
+      or an `Impl` ("auto" is the layers': `vla_jax.ops.impl.resolve_impl`).
       "pallas" runs `vla_jax.kernels.vla_pallas` with `KernelConfig(chunk_size, precision)`
       (key head dims 16, 32, 64 or 128, value widths up to 128, other widths on zero value
       columns up to the next of those; chunk_size <= 128); on a backend other
-      than GPU its kernels run in Pallas interpret mode (same algorithm, slow).
+      than GPU its kernels run in Pallas interpret mode (same algorithm, slow), as
+      "pallas_interpret" runs them on any backend.
     chunk_size: tokens per chunk for "chunked" and "pallas", a power of two in [16, 256]
       (default 64); any T works, the tail is padded internally.
     precision: of the matrix products, for every impl. None (default) follows JAX's default
@@ -103,7 +105,7 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
       For "pallas" it sets `KernelConfig.precision`.
     segment_ids: None, or [B, T] int document ids (equal ids = one document; documents are
       contiguous; a new document starts where the id changes), every impl (documents may
-      start anywhere inside a chunk); "pallas" needs lam0 as a Python number. With
+      start anywhere inside a chunk); "pallas" and "pallas_interpret" need lam0 as a Python number. With
       "chunked", gradients through a row with several
       documents come from autodiff of the penalty path (not its adjoint backward).
 
@@ -132,9 +134,9 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   if segment_ids is not None:
     checks.check_positive("lam0", lam0)
-  if segment_ids is not None and impl is Impl.PALLAS and (
+  if segment_ids is not None and impl in KERNEL_IMPLS and (
       isinstance(lam0, jax.core.Tracer) or not np.isscalar(lam0)):
-    raise ValueError("impl='pallas' with segment_ids needs lam0 as a Python number (the "
+    raise ValueError(f"impl={impl.value!r} with segment_ids needs lam0 as a Python number (the "
                      f"kernels restart A at I / lam0); got {type(lam0).__name__}")
   if initial_state is not None and not isinstance(initial_state, VLAState):
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
@@ -155,7 +157,7 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   if T == 0:   # no tokens: the state passes through (a scan needs one element)
     return (jnp.zeros((B, 0, H, dv), out_dtype),
             VLAState(*(x.astype(dtype) for x in initial_state)))
-  if impl is Impl.PALLAS:
+  if impl in KERNEL_IMPLS:
     # The kernels keep non-finite tokens causal themselves (kernels/NOTES.md, "Non-finite
     # inputs") and read q, k, v, u in place; a guard here cost 37% of the bf16 forward
     # (d = 64, T = 4096, H200). Only a value at a zero-key token (padding) is dropped here, so
@@ -173,7 +175,8 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
       v = jnp.pad(v, [(0, 0)] * 3 + [(0, dv_run - dv)])
       S0 = jnp.pad(S0, [(0, 0), (0, 0), (0, dv_run - dv), (0, 0)])
     o, S, A = vla_pallas(q, k, v, u, S0, A0, segment_ids=segment_ids, lam0=lam0,
-                         config=KernelConfig(chunk_size=chunk_size, precision=precision))
+                         config=KernelConfig(chunk_size=chunk_size, precision=precision),
+                         interpret=True if impl is Impl.PALLAS_INTERPRET else None)
     return o[..., :dv], VLAState(S=S[:, :, :dv], A=A)
   starts = None if segment_ids is None else document_starts(segment_ids)
   guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
