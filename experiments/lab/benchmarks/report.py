@@ -907,7 +907,7 @@ def vla_sections(data, plot_paths, out_path):
                table(["d", "row"] + [f"{T:,}" for T in data.Ts], back), ""]
       md += plot_lines(plot_paths, "tokens_per_s_vs_T.png", out_path)
       md += ["Per kernel (a profiler trace, `experiments/profile_kernels.py`) and why: "
-             "`kernels/NOTES.md`, \"Profile\".", ""]
+             "`kernels/DESIGN.md`.", ""]
   return md
 
 
