@@ -96,13 +96,9 @@ class KernelConfig:
 
   Attributes:
     chunk_size: tokens per chunk C, a power of two in [16, 128]. Default 64.
-    precision: `jax.lax.Precision` of the matrix products of every kernel and of the XLA parts:
-      DEFAULT (the default) computes products at the inputs' precision: bfloat16 operands for
-      bfloat16 inputs (float32 sums, float32 states), one-pass TF32 for float32 inputs on a
-      GPU (relative error ~1e-3 against float64); HIGH runs every product as three TF32
-      passes (~1e-6); HIGHEST runs every product in float32 (IEEE, ~1e-6 and slower).
-      Float64 inputs always compute in float64; interpret mode has no TF32 and runs DEFAULT
-      and HIGH float32 products in float32 (bfloat16 operands it emulates).
+    precision: `jax.lax.Precision` of the matrix products of every kernel and of the XLA parts,
+      JAX's meaning (README.md, "Precision"); default DEFAULT. The products it gives each
+      stage, float64 inputs and interpret mode: kernels/DESIGN.md, "Precision".
     block_v: value rows BV of the state per program of the sequential state loops (a power of
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).
