@@ -1,8 +1,10 @@
-r"""Writes BENCHMARKS.md and its plots from the rows in results/bench/*.jsonl (those of
-`experiments/bench.py` and `experiments/check_kernels.py`), oldest run first.
+r"""Rewrites BENCHMARKS.md's generated blocks and its plots from the rows in
+results/bench/*.jsonl (those of `experiments/bench.py` and `experiments/check_kernels.py`),
+oldest run first, and the per-kernel profile (`experiments/profile_kernels.py`). The words
+around the blocks are left as they are; a new file gets every block under a heading.
 
     python experiments/report_benchmarks.py [--bench_dir=results/bench] [--out=BENCHMARKS.md]
-        [--plots=results/plots]
+        [--plots=results/plots] [--profile=results/bench/decisions/profile_h200.json]
 """
 
 import os
@@ -14,6 +16,9 @@ _BENCH_DIR = flags.DEFINE_string("bench_dir", os.path.join("results", "bench"),
 _OUT = flags.DEFINE_string("out", "BENCHMARKS.md", "The markdown file written.")
 _PLOTS = flags.DEFINE_string("plots", os.path.join("results", "plots"),
                              "Folder of the plots ('' for none).")
+_PROFILE = flags.DEFINE_string(
+    "profile", os.path.join("results", "bench", "decisions", "profile_h200.json"),
+    "The per-kernel profile JSON of experiments/profile_kernels.py ('' for none).")
 
 
 def main(argv):
@@ -23,9 +28,10 @@ def main(argv):
   paths = report.bench_files(_BENCH_DIR.value)
   if not paths:
     raise app.UsageError(f"no *.jsonl files in {_BENCH_DIR.value}")
-  command = (f"python3 experiments/report_benchmarks.py --bench_dir={_BENCH_DIR.value} "
-             f"--out={_OUT.value} --plots={_PLOTS.value}")
-  n, plots = report.write_report(paths, _OUT.value, _PLOTS.value or None, command)
+  command = report.regenerate_command(_BENCH_DIR.value, _OUT.value, _PLOTS.value,
+                                     _PROFILE.value)
+  n, plots = report.write_report(paths, _OUT.value, _PLOTS.value or None, command,
+                                 _PROFILE.value or None)
   print(f"wrote {_OUT.value} ({n} rows from {len(paths)} files) and {len(plots)} plots")
 
 

@@ -3,8 +3,8 @@
 `vla_pallas` is the VLA recurrence as a pipeline of kernels with its own backward;
 `state_path` is the generalised delta-rule part alone; `KernelConfig` holds the options a user
 sets (chunk size, precision, value block). Importing this package needs no GPU: on other
-backends the kernels run in Pallas interpret mode. Design, profile and the variants measured
-against it: NOTES.md.
+backends the kernels run in Pallas interpret mode. Design: DESIGN.md; the variants measured
+against it: VARIANTS.md.
 """
 
 from vla_jax.kernels.config import KernelConfig

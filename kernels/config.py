@@ -5,7 +5,7 @@ precision of the matrix products (JAX's meaning) and the value rows per program 
 sequential state loops. Everything else is decided per call by
 `KernelConfig.plan` from the input dtype, the head dims, the number of programs and the GPU
 compiled for (`Target`), each rule with the measurement behind it (H200, H = 16,
-B * T = 32,768 unless said otherwise; kernels/NOTES.md has the profile).
+B * T = 32,768 unless said otherwise; kernels/DESIGN.md, "The plan").
 """
 
 import dataclasses
@@ -59,13 +59,13 @@ KERNEL_SUPPORT = {
 
 # Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:
 # forward 1.40 against 1.22 ms at d = 64, 3.32 against 3.26 at d = 128; its longer
-# eliminations cost more than the halved block count saves; NOTES.md, "Penalty scan at d = 128").
+# eliminations cost more than the halved block count saves; VARIANTS.md, "Penalty scan at d = 128").
 SCAN_BLOCK = 16
 # Programs resident on an H200 at 4 warps (two per SM); the penalty scan cuts each sequence
 # into as many segments as fill one wave (a second, partial wave cost 11% at T = 4096, B = 8).
 RESIDENT_AT_4_WARPS = 264
 # The state loops' warps and pipeline stages (whole op, bf16: 8 warps, 1 or 3 stages all within
-# 3% of these at d = 64 and 128, T = 4096 and 32768; NOTES.md, "Plan knobs re-tuned").
+# 3% of these at d = 64 and 128, T = 4096 and 32768; VARIANTS.md, "Plan knobs re-tuned").
 STATE_WARPS, STATE_STAGES = 4, 2
 # Value rows per program of the state loops: 32 (64 was 15% slower at B = 1 and needs 240 KB
 # of shared memory at dk = 128), or 16 where 32 leaves at most this many programs (d = 64,
@@ -96,13 +96,9 @@ class KernelConfig:
 
   Attributes:
     chunk_size: tokens per chunk C, a power of two in [16, 128]. Default 64.
-    precision: `jax.lax.Precision` of the matrix products of every kernel and of the XLA parts:
-      DEFAULT (the default) computes products at the inputs' precision: bfloat16 operands for
-      bfloat16 inputs (float32 sums, float32 states), one-pass TF32 for float32 inputs on a
-      GPU (relative error ~1e-3 against float64); HIGH runs every product as three TF32
-      passes (~1e-6); HIGHEST runs every product in float32 (IEEE, ~1e-6 and slower).
-      Float64 inputs always compute in float64; interpret mode has no TF32 and runs DEFAULT
-      and HIGH float32 products in float32 (bfloat16 operands it emulates).
+    precision: `jax.lax.Precision` of the matrix products of every kernel and of the XLA parts,
+      JAX's meaning (README.md, "Precision"); default DEFAULT. The products it gives each
+      stage, float64 inputs and interpret mode: kernels/DESIGN.md, "Precision".
     block_v: value rows BV of the state per program of the sequential state loops (a power of
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).

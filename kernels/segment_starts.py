@@ -42,7 +42,7 @@ from vla_jax.ops.utils import spd_inverse
 WARPS = 4     # both kernels (not tuned)
 # Float64 Newton steps on each exact start (d = 64, T = 131,072, anisotropic u, CPU: one step
 # leaves 3.0e-7 relative error at cond(M) = 5.3e4 and 2e-8 at 600; two leave 2.7e-8, the
-# float32 rounding of A; kernels/NOTES.md, variants).
+# float32 rounding of A; kernels/VARIANTS.md, "Segment starts").
 REFINE_STEPS = 2
 HIGHEST = jax.lax.Precision.HIGHEST
 

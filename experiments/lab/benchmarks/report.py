@@ -1,9 +1,11 @@
-"""BENCHMARKS.md and log-log plots, from the JSON lines of `experiments/bench.py` and
-`experiments/check_kernels.py` (results/bench/).
+"""BENCHMARKS.md's generated blocks and log-log plots, from the JSON lines of
+`experiments/bench.py` and `experiments/check_kernels.py` (results/bench/) and the profile JSON
+of `experiments/profile_kernels.py`.
 
-Each section opens with a finding of two sentences computed from the rows (the `*_finding`
-functions: where VLA pallas crosses cuDNN, its ratio to fla, its distance to the floor, ...),
-then its tables and plots; the file list at the top says where the rows come from.
+BENCHMARKS.md is written by hand around marked blocks (`lab.markers`): `blocks` makes each
+block's tables, plots and the fixed notes on how they are computed, never a finding, and
+`write_report` rewrites the blocks only. tests/lab/benchmarks/test_report.py checks that the
+hand-written findings hold on the committed rows.
 
 Files are read oldest run first (by their header's time): a later file's row replaces an
 earlier one with the same key, except that a skipped row never replaces a measured one.
@@ -86,7 +88,7 @@ class Data:
 
   A measured row is *stale* when a later file measured its family again (at other lengths,
   say): the implementation may have changed in between, so the tables show it marked with
-  STALE_MARK and every computed sentence, ratio, crossover and plot leaves it out.
+  STALE_MARK and every ratio, crossover and plot leaves it out.
   """
 
   def __init__(self, rows):
@@ -178,7 +180,7 @@ def tokens_per_s(r):
   return r["B"] * r["T"] / (r["ms"] / 1e3) if r.get("ms") else None
 
 
-# -- verdicts -----------------------------------------------------------------------------------
+# -- ratios and crossovers ----------------------------------------------------------------------
 
 def ratio_series(data, d, pass_, num, den):
   out = []
@@ -224,13 +226,7 @@ def crossing(series):
   return "no single T" if kind == "mixed" else "no data"
 
 
-def crosses(series):
-  """`crossing` in a sentence, after "crosses ...": "at T ~ 8,502", "below T = 1,024"."""
-  text = crossing(series)
-  return text if text.startswith(("below", "beyond")) else "at " + text
-
-
-# -- words --------------------------------------------------------------------------------------
+# -- table cells -------------------------------------------------------------------------------
 
 def joined(items):
   """"a", "a and b", "a, b and c"."""
@@ -242,22 +238,6 @@ def span(lo, hi, unit="x"):
   """"1.52x to 1.94x", or one value when both read the same."""
   a, b = fmt(lo) + unit, fmt(hi) + unit
   return a if a == b else f"{a} to {b}"
-
-
-def where(d, pass_, T=None):
-  """"d = 64, fwd" or "d = 64, fwd, T = 4,096"."""
-  return f"d = {d}, {pass_}" + (f", T = {T:,}" if T is not None else "")
-
-
-def by_dim(data, phrase):
-  """"A (fwd) and B (fwd+bwd) at d = 64; C (fwd) at d = 128" from phrase(d, pass) (None: left
-  out)."""
-  groups = []
-  for d in data.dims:
-    items = [f"{text} ({p})" for p in PASSES for text in [phrase(d, p)] if text]
-    if items:
-      groups.append(f"{joined(items)} at d = {d}")
-  return "; ".join(groups)
 
 
 def pairs(data, lab=PALLAS):
@@ -273,14 +253,6 @@ def floor_series(data, d, pass_):
     if r and r.get("status") == "ok" and r.get("ms") and r.get("floor_ms"):
       out.append((T, r["ms"] / r["floor_ms"]))
   return out
-
-
-def extremes(points):
-  """(smallest, largest) of [(value, *where)] by value (the first of equal ones), or
-  (None, None)."""
-  if not points:
-    return None, None
-  return min(points, key=lambda x: x[0]), max(points, key=lambda x: x[0])
 
 
 def fastest_summary(data, d, pass_):
@@ -306,57 +278,8 @@ def fastest_summary(data, d, pass_):
   return body
 
 
-# -- findings: the two sentences that open each section -----------------------------------------
-
-def fla_relation(ratios):
-  """VLA pallas against fla's chunk_delta_rule, given the ratios of their times: "is slower
-  than fla's chunk_delta_rule at every measured T", or "" without ratios."""
-  if not ratios:
-    return ""
-  if min(ratios) >= 1:
-    return "is slower than fla's chunk_delta_rule at every measured T"
-  if max(ratios) < 1:
-    return "is faster than fla's chunk_delta_rule at every measured T"
-  return (f"is faster than fla's chunk_delta_rule at {sum(r < 1 for r in ratios)} of "
-          f"{len(ratios)} measured points")
-
-
 def fla_ratios(data):
   return [r for d, p in pairs(data) for _, r in ratio_series(data, d, p, PALLAS, FLA)]
-
-
-def verdict_finding(data):
-  """Where VLA pallas crosses cuDNN, how it stands against fla, how often it is the fastest row
-  and how far it runs from its floor."""
-  cross = [(d, p, crossover(ratio_series(data, d, p, PALLAS, CUDNN))) for d, p in pairs(data)]
-  cross = [(d, p, kind, value) for d, p, (kind, value) in cross if kind != "none"]
-  at = sorted((value, d, p) for d, p, kind, value in cross if kind == "at")
-  if at and len(at) == len(cross):
-    (lo, d0, p0), (hi, d1, p1) = at[0], at[-1]
-    first = (f"VLA pallas overtakes cuDNN causal attention between T ~ {lo:,.0f} "
-             f"({where(d0, p0)}) and T ~ {hi:,.0f} ({where(d1, p1)})" if len(at) > 1 else
-             f"VLA pallas overtakes cuDNN causal attention at T ~ {lo:,.0f} ({where(d0, p0)})")
-  elif cross:
-    ahead = sum(kind in ("at", "always") for _, _, kind, _ in cross)
-    first = (f"VLA pallas is faster than cuDNN causal attention at the longest measured T in "
-             f"{ahead} of {len(cross)} head dims and passes")
-  else:
-    first = "VLA pallas has no length measured beside cuDNN causal attention"
-  ratios = fla_ratios(data)
-  first += (f"; it {fla_relation(ratios)} ({span(min(ratios), max(ratios))} its time)."
-            if ratios else ".")
-  wins = n = 0
-  for d, p in pairs(data):
-    body = fastest_summary(data, d, p)
-    n += len(body)
-    wins += sum(line[1] == PALLAS for line in body)
-  floors = [x for d, p in pairs(data) for _, x in floor_series(data, d, p)]
-  second = []
-  if n:
-    second.append(f"is the fastest row at {wins} of {n} measured (head dim, pass, T) points")
-  if floors:
-    second.append(f"takes {span(min(floors), max(floors))} its hardware floor's time")
-  return first + (f" It {joined(second)}." if second else "")
 
 
 def verdict_table(data):
@@ -374,61 +297,6 @@ def verdict_table(data):
                  if fastest else "-"])
   return table(["d", "pass", "crosses cuDNN at", "time / fla's", "closest to fla at",
                 "time / floor", "fastest row at"], body)
-
-
-def crossover_finding(data):
-  """Where VLA pallas crosses cuDNN at each head dim and pass, and the range of the ratio."""
-  points = [(r, d, p, T) for d, p in pairs(data)
-            for T, r in ratio_series(data, d, p, PALLAS, CUDNN)]
-  if not points:
-    return "No length has both VLA pallas and cuDNN causal attention measured."
-  first = ("VLA pallas crosses cuDNN causal attention (faster from there on) "
-           + by_dim(data, lambda d, p: crosses(ratio_series(data, d, p, PALLAS, CUDNN))
-                    if ratio_series(data, d, p, PALLAS, CUDNN) else None) + ".")
-  (lo, *w_lo), (hi, *w_hi) = extremes(points)
-  return (first + f" Its time runs from {fmt(hi)}x cuDNN's ({where(*w_hi)}) to {fmt(lo)}x "
-          f"({where(*w_lo)}).")
-
-
-def fla_finding(data):
-  """VLA pallas against fla: the range of the ratio per head dim and pass, and the T where it
-  is smallest."""
-  ratios = fla_ratios(data)
-  if not ratios:
-    return "No length has both VLA pallas and fla's chunk_delta_rule measured."
-
-  def ratio_span(d, p):
-    series = [r for _, r in ratio_series(data, d, p, PALLAS, FLA)]
-    return span(min(series), max(series)) if series else None
-  best = {}
-  for d, p in pairs(data):
-    series = ratio_series(data, d, p, PALLAS, FLA)
-    if series:
-      best.setdefault(min(series, key=lambda tr: tr[1])[0], []).append(where(d, p))
-  if len(best) == 1:
-    second = f"The ratio is smallest at T = {next(iter(best)):,} at every head dim and pass."
-  else:
-    second = ("The ratio is smallest at " + "; ".join(f"T = {T:,} ({joined(w)})"
-                                                      for T, w in sorted(best.items())) + ".")
-  return (f"VLA pallas {fla_relation(ratios)}, with time ratios of {by_dim(data, ratio_span)}. "
-          + second)
-
-
-def floor_finding(data):
-  """How far VLA pallas runs from its hardware floor: overall and per head dim."""
-  points = [(x, d, p, T) for d, p in pairs(data) for T, x in floor_series(data, d, p)]
-  if not points:
-    return "No VLA pallas row carries a floor."
-  (lo, *w_lo), (hi, *w_hi) = extremes(points)
-  first = (f"VLA pallas takes {fmt(lo)}x ({where(*w_lo)}) to {fmt(hi)}x ({where(*w_hi)}) its "
-           "hardware floor's time." if fmt(lo) != fmt(hi) else
-           f"VLA pallas takes {fmt(lo)}x its hardware floor's time at every measured point.")
-  per_d = []
-  for d in data.dims:
-    xs = [x for x, d_, _, _ in points if d_ == d]
-    if xs:
-      per_d.append(f"{span(min(xs), max(xs))} at d = {d}")
-  return f"{first} By head dim: {joined(per_d)}."
 
 
 def fixed_tokens(data):
@@ -456,35 +324,6 @@ def fla_floor(data, d, pass_, T):
                                             backward=pass_ == "fwd+bwd")
 
 
-def field_finding(data, T):
-  """fla against its own floor at T beside VLA pallas against its own, and where fla's forward
-  crosses cuDNN beside VLA pallas's."""
-  fla, vla = [], []
-  for d, p in pairs(data, FLA):
-    ms_floor = fla_floor(data, d, p, T)
-    if ms_floor:
-      fla.append(ms_floor[0] / ms_floor[1])
-    vla += [x for T_, x in floor_series(data, d, p) if T_ == T]
-  sentences = []
-  if fla:
-    text = (f"At T = {T:,}, fla's chunk_delta_rule takes {span(min(fla), max(fla))} the floor "
-            "time of its own model")
-    if vla:
-      text += f", against {span(min(vla), max(vla))} for VLA pallas over its own"
-    sentences.append(text + ".")
-
-  fla_x, vla_x = [], []
-  for d in data.dims:
-    for lab, out in ((FLA, fla_x), (PALLAS, vla_x)):
-      series = ratio_series(data, d, "fwd", lab, CUDNN)
-      if series:
-        out.append(f"{crosses(series)} (d = {d})")
-  if fla_x:
-    sentences.append(f"Its forward crosses cuDNN causal attention {joined(fla_x)}"
-                     + (f"; VLA pallas's {joined(vla_x)}." if vla_x else "."))
-  return " ".join(sentences) or f"No fla row at T = {T:,}."
-
-
 def backward_ratios(data, d, lab):
   """[(T, fwd+bwd ms / fwd ms)] of `lab` at head dim d."""
   return [(T, data.ms(d, "fwd+bwd", lab, T) / data.ms(d, "fwd", lab, T)) for T in data.Ts
@@ -504,130 +343,6 @@ def growth(data, d, lab, tokens):
 SHORT = {PALLAS: "VLA pallas", CUDNN: "cuDNN", FLA: "fla"}
 
 
-def time_finding(data, tokens):
-  """How forward time grows with T at a fixed number of tokens per call, per row, and the
-  cost of the backward."""
-  sentences = []
-  grown = {lab: [(d, g) for d in data.dims for g in [growth(data, d, lab, tokens)] if g]
-           for lab in SHORT}
-  if grown[PALLAS]:
-    T0, T1 = grown[PALLAS][0][1][:2]
-    dims = lambda lab: [d for d, _ in grown[lab]]
-    phrase = lambda lab: joined(
-        f"x{fmt(b / a)}" + (f" (d = {d})" if lab == PALLAS or dims(lab) != dims(PALLAS) else "")
-        for d, (_, _, a, b) in grown[lab])
-    s = (f"From T = {T0:,} to {T1:,} at {tokens:,} tokens per call, VLA pallas's forward time "
-         f"grows {phrase(PALLAS)}")
-    others = [f"{phrase(lab)} for {SHORT[lab]}" for lab in (FLA, CUDNN) if grown[lab]]
-    sentences.append(s + (f", against {joined(others)}." if others else "."))
-  back = {lab: [r for d in data.dims for _, r in backward_ratios(data, d, lab)] for lab in SHORT}
-  if back[PALLAS]:
-    others = [f"{span(min(back[lab]), max(back[lab]))} for {SHORT[lab]}"
-              for lab in (FLA, CUDNN) if back[lab]]
-    sentences.append(f"Its forward + backward takes {span(min(back[PALLAS]), max(back[PALLAS]))} "
-                     "its forward's time" + (f", against {joined(others)}." if others else "."))
-  return " ".join(sentences) or "VLA pallas has no forward at two lengths."
-
-
-def runs(seq):
-  """[(value, first T, last T)] of consecutive equal values in [(T, value)]."""
-  out = []
-  for T, v in seq:
-    if out and out[-1][0] == v:
-      out[-1] = (v, out[-1][1], T)
-    else:
-      out.append((v, T, T))
-  return out
-
-
-def fastest_phrase(body):
-  """"softmax cudnn up to T = 2,048 and DeltaNet fla_chunk_delta_rule from T = 4,096" from the
-  rows of `fastest_summary`."""
-  spans = runs([(int(line[0].replace(",", "")), line[1]) for line in body])
-  if len(spans) == 1:
-    return f"{spans[0][0]} at every T"
-  parts = []
-  for i, (lab, t0, t1) in enumerate(spans):
-    if i == 0:
-      parts.append(f"{lab} up to T = {t1:,}")
-    elif i == len(spans) - 1:
-      parts.append(f"{lab} from T = {t0:,}")
-    else:
-      parts.append(f"{lab} at T = {t0:,}" + (f" to {t1:,}" if t1 != t0 else ""))
-  return joined(parts)
-
-
-def dim_finding(data, d):
-  """At head dim d: which row is the fastest at each T, and VLA pallas's best place."""
-  bodies = {p: fastest_summary(data, d, p) for p in PASSES}
-  bodies = {p: b for p, b in bodies.items() if b}
-  if not bodies:
-    return f"No length at d = {d} has every baseline measured."
-  phrases = {p: fastest_phrase(b) for p, b in bodies.items()}
-  if len(set(phrases.values())) == 1:
-    first = f"The fastest row is {next(iter(phrases.values()))} in {joined(phrases)}."
-  else:
-    first = "The fastest row is " + "; ".join(f"{ph} ({p})" for p, ph in phrases.items()) + "."
-  places = [(int(line[4].split()[0]), p, int(line[0].replace(",", "")), line[4])
-            for p, b in bodies.items() for line in b if line[4] != "-"]
-  if not places:
-    return first
-  wins = sum(place == 1 for place, *_ in places)
-  best = min(places)[0]
-  firsts = OrderedDict()
-  for place, p, T, text in sorted(places, key=lambda x: (PASSES.index(x[1]), x[2])):
-    if place == best:
-      firsts.setdefault(p, (T, text))
-  at = joined(f"T = {T:,} ({p})" for p, (T, _) in firsts.items())
-  return (first + f" VLA pallas is the fastest row at {wins} of "
-          f"{sum(len(b) for b in bodies.values())} (pass, T) points; its best place, "
-          f"{next(iter(firsts.values()))[1]}, comes first at {at}.")
-
-
-def memory_finding(data):
-  """VLA pallas's peak memory against each other row's, and its peak at the longest T."""
-  ratios, peaks = {}, []
-  for d in data.dims:
-    for p in PASSES:
-      for T in data.Ts:
-        mine = data.get(d, p, PALLAS, T)
-        if not (mine and mine.get("status") == "ok" and mine.get("peak_mib")):
-          continue
-        peaks.append((mine["peak_mib"], d, p, T))
-        for lab in (FLA, CUDNN):
-          r = data.get(d, p, lab, T)
-          if r and r.get("status") == "ok" and r.get("peak_mib"):
-            ratios.setdefault(lab, []).append(mine["peak_mib"] / r["peak_mib"])
-  if not peaks:
-    return "No VLA pallas row carries a peak memory."
-  T_max = max(T for *_, T in peaks)
-  longest = [(mib, d, p) for mib, d, p, T in peaks if T == T_max]
-  sentences = []
-  if ratios:
-    sentences.append("VLA pallas's peak memory is " + joined(
-        f"{span(min(x), max(x))} {SHORT[lab]}'s" for lab, x in ratios.items())
-        + " at the same head dim, pass and T.")
-  (lo, *w_lo), (hi, *w_hi) = extremes(longest)
-  sentences.append(f"At its longest T, {T_max:,}, it peaks at {fmt(lo)} MiB ({where(*w_lo)})"
-                   + (f" to {fmt(hi)} MiB ({where(*w_hi)})." if hi != lo else "."))
-  return " ".join(sentences)
-
-
-def not_measured_finding(data):
-  """How many timed rows carry no time, by status, and the shortest such T."""
-  missing = [r for r in data.timed if r.get("status") != "ok"]
-  counts = OrderedDict()
-  for r in missing:
-    status = cell(r, None)
-    counts[status] = counts.get(status, 0) + 1
-  first = min(missing, key=lambda r: (r["T"], r["d"], PASSES.index(r["pass"])
-                                      if r["pass"] in PASSES else 0))
-  verb = "carries" if len(missing) == 1 else "carry"
-  return (f"{len(missing)} of the {len(data.timed)} timed rows {verb} no time ("
-          + ", ".join(f"{n} {s}" for s, n in counts.items()) + f"). The shortest such T is "
-          f"{first['T']:,} ({label(first)}, {where(first['d'], first['pass'])}).")
-
-
 # -- plots --------------------------------------------------------------------------------------
 
 def plots(data, plot_dir, title):
@@ -638,9 +353,8 @@ def plots(data, plot_dir, title):
   except ImportError:
     return []
   os.makedirs(plot_dir, exist_ok=True)
-  metrics = (("time_vs_T.png", "ms", lambda r: r["ms"]),
-             ("tokens_per_s_vs_T.png", "tokens / s", tokens_per_s),
-             ("memory_vs_T.png", "peak MiB", lambda r: r.get("peak_mib")))
+  metrics = zip(PLOT_NAMES, ("ms", "tokens / s", "peak MiB"),
+                (lambda r: r["ms"], tokens_per_s, lambda r: r.get("peak_mib")))
   dims = [d for d in data.dims if any(data.labels_for(d, p, measured_only=True) for p in PASSES)]
   if not dims:
     return []
@@ -777,7 +491,7 @@ def stale_note(data):
   return [f"{STALE_MARK} Rows from an older run of their row family than its newest file, "
           "left there because the newer run did not measure those lengths; the "
           "implementation may have changed in between. The tables show them marked "
-          f"{STALE_MARK}; every computed sentence, ratio, crossover, floor row and plot leaves "
+          f"{STALE_MARK}; every ratio, crossover, floor row and plot leaves "
           "them out: " + "; ".join(items) + ".", ""]
 
 
@@ -829,143 +543,6 @@ def per_T_table(data, first_header, series_fn):
   return table(["d", "pass"] + first_header + [f"{T:,}" for T in data.Ts], body)
 
 
-def vla_sections(data, plot_paths, out_path):
-  """The sections on VLA pallas against cuDNN, fla and its floor, fla on the same measures and
-  where VLA pallas's time goes."""
-  md = ["## Verdict", "", verdict_finding(data), "", verdict_table(data), ""]
-
-  def cudnn_cells(d, p):
-    series = ratio_series(data, d, p, PALLAS, CUDNN)
-    return [crossing(series)], {T: fmt(r) for T, r in series}
-  if any(ratio_series(data, d, p, PALLAS, CUDNN) for d, p in pairs(data)):
-    md += ["## Crossover against cuDNN causal attention", "", crossover_finding(data), "",
-           "Ratio = VLA pallas time / `jax.nn.dot_product_attention(..., is_causal=True, "
-           "implementation=\"cudnn\")` time; the crossover is interpolated in log-log between "
-           "measured lengths.", "", per_T_table(data, ["crossover"], cudnn_cells), ""]
-  md += plot_lines(plot_paths, "time_vs_T.png", out_path)
-
-  def fla_cells(d, p):
-    series = ratio_series(data, d, p, PALLAS, FLA)
-    rs = [r for _, r in series]
-    return [span(min(rs), max(rs)) if rs else "-"], {T: fmt(r) for T, r in series}
-  if fla_ratios(data):
-    md += ["## VLA pallas against fla `chunk_delta_rule`", "", fla_finding(data), "",
-           "Ratio = VLA pallas time / fla DeltaNet time; above 1 VLA pallas is slower.", "",
-           per_T_table(data, ["range"], fla_cells), ""]
-
-  def floor_cells(d, p):
-    series = floor_series(data, d, p)
-    xs = [x for _, x in series]
-    return [span(min(xs), max(xs)) if xs else "-"], {T: fmt(x) + "x" for T, x in series}
-  if any(floor_series(data, d, p) for d, p in pairs(data)):
-    md += ["## VLA pallas against the hardware floor", "", floor_finding(data), "",
-           "VLA pallas time / floor, with floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s), "
-           "bytes = inputs read and outputs written once, flops = the chunked algorithm's "
-           "matrix products (`experiments/lab/benchmarks/floor.py`; each row's `floor_ms`).", "",
-           per_T_table(data, ["range"], floor_cells), ""]
-
-  tokens = fixed_tokens(data)
-  at_T = field_T(data, tokens)
-  if at_T:
-    body = []
-    for d, p in pairs(data, FLA):
-      ms_floor = fla_floor(data, d, p, at_T)
-      vla = dict(floor_series(data, d, p)).get(at_T)
-      at_target = dict(ratio_series(data, d, p, FLA, CUDNN)).get(TARGET_T)
-      body.append([d, p, fmt(ms_floor[0]) if ms_floor else "-",
-                   fmt(ms_floor[1]) if ms_floor else "-",
-                   fmt(ms_floor[0] / ms_floor[1]) + "x" if ms_floor else "-",
-                   fmt(vla) + "x" if vla else "-",
-                   crossing(ratio_series(data, d, p, FLA, CUDNN)),
-                   crossing(ratio_series(data, d, p, PALLAS, CUDNN)),
-                   fmt(at_target) if at_target else "-"])
-    md += ["## fla's DeltaNet kernel on the same measures", "", field_finding(data, at_T), "",
-           "The floor of fla's model is VLA's without the penalty path "
-           "(`floor.delta_rule_floor_ms`: q, k, v in, o out, the state path's products); VLA "
-           "does the same state path plus a penalty path of about 1.4 times its products.", "",
-           table(["d", "pass", f"fla ms at T = {at_T:,}", "its floor ms", "fla / floor",
-                  "VLA pallas / its floor", "fla crosses cuDNN at", "VLA pallas crosses at",
-                  f"fla / cuDNN at T = {TARGET_T:,}"], body), ""]
-
-  if tokens:
-    grow = []
-    for d in data.dims:
-      for lab in SHORT:
-        g = growth(data, d, lab, tokens)
-        if g:
-          grow.append([d, lab, f"{g[0]:,}", fmt(g[2]), f"{g[1]:,}", fmt(g[3]),
-                       f"x{fmt(g[3] / g[2])}"])
-    back = [[d, lab] + [fmt(dict(backward_ratios(data, d, lab)).get(T)) for T in data.Ts]
-            for d in data.dims for lab in SHORT if backward_ratios(data, d, lab)]
-    if grow or back:
-      md += ["## Where VLA pallas's time goes", "", time_finding(data, tokens), ""]
-      if grow:
-        md += [f"Forward time at {tokens:,} tokens per call (B * T):", "",
-               table(["d", "row", "from T", "ms", "to T", "ms", "growth"], grow), ""]
-      if back:
-        md += ["Forward + backward time / forward time:", "",
-               table(["d", "row"] + [f"{T:,}" for T in data.Ts], back), ""]
-      md += plot_lines(plot_paths, "tokens_per_s_vs_T.png", out_path)
-      md += ["Per kernel (a profiler trace, `experiments/profile_kernels.py`) and why: "
-             "`kernels/NOTES.md`, \"Profile\".", ""]
-  return md
-
-
-def dim_sections(data, plot_paths, out_path):
-  """One section per head dim (milliseconds, fastest row, tokens per second), then the peak
-  memory of every head dim."""
-  md = []
-  for d in data.dims:
-    if not any(data.labels_for(d, p, measured_only=True) for p in PASSES):
-      continue
-    md += [f"## d = {d}", "", dim_finding(data, d), ""]
-    for pass_ in PASSES:
-      if not data.labels_for(d, pass_, measured_only=True):
-        continue
-      md += [f"### {pass_}: milliseconds", "", metric_table(data, d, pass_, lambda r: r["ms"]), ""]
-      body = fastest_summary(data, d, pass_)
-      if body:
-        md += [f"### {pass_}: fastest row per T", "",
-               table(["T", "fastest", "its ms", "VLA pallas ms", "VLA pallas place",
-                      "VLA pallas / fastest"], body), ""]
-      md += [f"### {pass_}: tokens per second (millions)", "",
-             metric_table(data, d, pass_,
-                          lambda r: tokens_per_s(r) / 1e6 if tokens_per_s(r) else None), ""]
-  if md:
-    md += ["## Peak device memory", "", memory_finding(data), ""]
-    for d in data.dims:
-      for pass_ in PASSES:
-        if data.labels_for(d, pass_, measured_only=True):
-          md += [f"### d = {d}, {pass_}: peak device memory (MiB)", "",
-                 metric_table(data, d, pass_, lambda r: r.get("peak_mib")), ""]
-    md += plot_lines(plot_paths, "memory_vs_T.png", out_path)
-  return md
-
-
-def render(headers, rows, plot_paths, out_path, command=None):
-  """The markdown text. `command`: the report command that regenerates it, shown at the top."""
-  data = Data(rows)
-  md = ["# Benchmarks", "",
-        "Generated by `experiments/report_benchmarks.py` from the JSON lines in `results/bench/` "
-        "(written by `experiments/bench.py` and `experiments/check_kernels.py`); every number "
-        "and every sentence below is computed from those rows.", ""]
-  if command:
-    md += [f"Regenerate (files oldest run first; a later file's row replaces an earlier "
-           f"one's): `{command}`", ""]
-  md += provenance(headers, len(rows)) + row_sources(data) + stale_note(data) + METHOD
-  if pairs(data):
-    md += vla_sections(data, plot_paths, out_path)
-  else:
-    md += ["## Verdict", "", "No VLA pallas row has a time.", ""]
-  md += dim_sections(data, plot_paths, out_path)
-  md += correctness_section(rows)
-  missing = not_measured(data)
-  if missing:
-    md += ["## Rows not measured", "", not_measured_finding(data), "",
-           table(["d", "row", "pass", "T", "status", "reason"], missing), ""]
-  return "\n".join(md)
-
-
 FORWARD_ERRORS = ("o", "S", "A")
 
 
@@ -990,49 +567,170 @@ def worst_to_bound(r):
   return max(ratios) if ratios else (None, None)
 
 
-def check_where(r):
-  return (f"d = {r.get('d')}, {r.get('dtype')} {r.get('precision') or '-'}, "
-          f"{r.get('u') or '-'} u, T = {r['T']:,}" if r.get("T") else "")
+# -- the blocks ---------------------------------------------------------------------------------
+
+def verdict_block(data):
+  if not pairs(data):
+    return "No VLA pallas row has a time."
+  return ("Per head dim and pass, over the measured lengths (the sections below have each "
+          "length):\n\n" + verdict_table(data))
 
 
-def correctness_finding(checks):
-  """Whether every check row holds its bounds (which one comes closest), and the worst error
-  per dtype and precision."""
-  failed = [r for r in checks if r.get("status") != "ok"]
-  if failed:
-    first = (f"{len(failed)} of the {len(checks)} check rows fail their bounds: "
-             + "; ".join(check_where(r) for r in failed) + ".")
-  else:
-    close = max((worst_to_bound(r) + (i,) for i, r in enumerate(checks)
-                 if worst_to_bound(r)[0] is not None), default=None)
-    first = f"All {len(checks)} check rows hold their bounds"
-    if close:
-      ratio, name, i = close
-      first += (f"; the closest, {check_where(checks[i])}, has its {name} error at "
-                f"{fmt(ratio, 2)} of its bound")
-    first += "."
-  worst = OrderedDict()
-  for r in sorted(checks, key=lambda r: (str(r.get("dtype")), str(r.get("precision")))):
-    errs = {k: v for k, v in (r.get("errors") or {}).items() if v is not None}
-    if not errs and r.get("rel_err") is not None:
-      errs = {"error": r["rel_err"]}
-    for k, v in errs.items():
-      key = f"{r.get('dtype')} {r.get('precision') or ''}".strip()
-      if key not in worst or v > worst[key][0]:
-        worst[key] = (v, k)
-  if not worst:
-    return first
-  return first + " The worst error per precision: " + joined(
-      f"{fmt(v)} ({k}) in {key}" for key, (v, k) in worst.items()) + "."
+def crossover_block(data, plot_paths, out_path):
+  def cells(d, p):
+    series = ratio_series(data, d, p, PALLAS, CUDNN)
+    return [crossing(series)], {T: fmt(r) for T, r in series}
+  if not any(ratio_series(data, d, p, PALLAS, CUDNN) for d, p in pairs(data)):
+    return "No length has both VLA pallas and cuDNN causal attention measured."
+  return "\n".join(
+      ["Ratio = VLA pallas time / `jax.nn.dot_product_attention(..., is_causal=True, "
+       "implementation=\"cudnn\")` time; the crossover is interpolated in log-log between "
+       "measured lengths.", "", per_T_table(data, ["crossover"], cells), ""]
+      + plot_lines(plot_paths, "time_vs_T.png", out_path))
 
 
-def correctness_section(rows):
-  """Lines of "Correctness against float64": a finding, then the check rows
-  (`experiments/check_kernels.py`) as a table of relative errors against a float64
-  reference."""
+def fla_block(data):
+  def cells(d, p):
+    rs = [r for _, r in ratio_series(data, d, p, PALLAS, FLA)]
+    return [span(min(rs), max(rs)) if rs else "-"], {
+        T: fmt(r) for T, r in ratio_series(data, d, p, PALLAS, FLA)}
+  if not fla_ratios(data):
+    return "No length has both VLA pallas and fla's chunk_delta_rule measured."
+  return ("Ratio = VLA pallas time / fla DeltaNet time; above 1 VLA pallas is slower.\n\n"
+          + per_T_table(data, ["range"], cells))
+
+
+def floor_block(data):
+  def cells(d, p):
+    xs = [x for _, x in floor_series(data, d, p)]
+    return [span(min(xs), max(xs)) if xs else "-"], {
+        T: fmt(x) + "x" for T, x in floor_series(data, d, p)}
+  if not any(floor_series(data, d, p) for d, p in pairs(data)):
+    return "No VLA pallas row carries a floor."
+  return ("VLA pallas time / floor, with floor = max(bytes / 4.2 TB/s, flops / 800 TFLOP/s), "
+          "bytes = inputs read and outputs written once, flops = the chunked algorithm's "
+          "matrix products (`experiments/lab/benchmarks/floor.py`; each row's `floor_ms`).\n\n"
+          + per_T_table(data, ["range"], cells))
+
+
+def field_block(data):
+  at_T = field_T(data, fixed_tokens(data))
+  if not at_T:
+    return "No fla row at the common number of tokens per call."
+  body = []
+  for d, p in pairs(data, FLA):
+    ms_floor = fla_floor(data, d, p, at_T)
+    vla = dict(floor_series(data, d, p)).get(at_T)
+    at_target = dict(ratio_series(data, d, p, FLA, CUDNN)).get(TARGET_T)
+    body.append([d, p, fmt(ms_floor[0]) if ms_floor else "-",
+                 fmt(ms_floor[1]) if ms_floor else "-",
+                 fmt(ms_floor[0] / ms_floor[1]) + "x" if ms_floor else "-",
+                 fmt(vla) + "x" if vla else "-",
+                 crossing(ratio_series(data, d, p, FLA, CUDNN)),
+                 crossing(ratio_series(data, d, p, PALLAS, CUDNN)),
+                 fmt(at_target) if at_target else "-"])
+  return ("The floor of fla's model is VLA's without the penalty path "
+          "(`floor.delta_rule_floor_ms`: q, k, v in, o out, the state path's products); VLA "
+          "does the same state path plus a penalty path of about 1.4 times its products.\n\n"
+          + table(["d", "pass", f"fla ms at T = {at_T:,}", "its floor ms", "fla / floor",
+                   "VLA pallas / its floor", "fla crosses cuDNN at", "VLA pallas crosses at",
+                   f"fla / cuDNN at T = {TARGET_T:,}"], body))
+
+
+def time_block(data, plot_paths, out_path):
+  tokens = fixed_tokens(data)
+  grow, back = [], []
+  if tokens:
+    for d in data.dims:
+      for lab in SHORT:
+        g = growth(data, d, lab, tokens)
+        if g:
+          grow.append([d, lab, f"{g[0]:,}", fmt(g[2]), f"{g[1]:,}", fmt(g[3]),
+                       f"x{fmt(g[3] / g[2])}"])
+    back = [[d, lab] + [fmt(dict(backward_ratios(data, d, lab)).get(T)) for T in data.Ts]
+            for d in data.dims for lab in SHORT if backward_ratios(data, d, lab)]
+  if not (grow or back):
+    return "VLA pallas has no forward at two lengths."
+  md = []
+  if grow:
+    md += [f"Forward time at {tokens:,} tokens per call (B * T):", "",
+           table(["d", "row", "from T", "ms", "to T", "ms", "growth"], grow), ""]
+  if back:
+    md += ["Forward + backward time / forward time:", "",
+           table(["d", "row"] + [f"{T:,}" for T in data.Ts], back), ""]
+  return "\n".join(md + plot_lines(plot_paths, "tokens_per_s_vs_T.png", out_path))
+
+
+def kernel_name(name):
+  """A profiled kernel's name without XLA's `__<n>` suffix of a second launch site."""
+  base, _, n = name.rpartition("__")
+  return base if base and n.isdigit() else name
+
+
+def profile_block(profile, path):
+  """Tables of device time per Pallas kernel (ms, summed over launches), one per call
+  (forward, gradient), a column per (d, T, B), from `experiments/profile_kernels.py`'s JSON."""
+  if not profile or not profile.get("rows"):
+    return "No profile given (`experiments/report_benchmarks.py --profile=FILE.json`)."
+  md = [f"Device time in ms per kernel from a profiler trace, summed over launches "
+        f"(`{path}`: `experiments/profile_kernels.py` on {profile.get('device', '?')}, jax "
+        f"{profile.get('jax', '?')}; bf16, H = 16). Each row lists the trace's largest "
+        "kernels only: \"other Pallas\" is the Pallas time not among them, \"XLA and "
+        "libraries\" every non-Pallas kernel; busy = the sum, wall = first start to last end.", ""]
+  for call in dict.fromkeys(r["call"] for r in profile["rows"]):
+    rows = [r for r in profile["rows"] if r["call"] == call]
+    times = [{} for _ in rows]
+    for t, r in zip(times, rows):
+      for k in r["kernels"]:
+        if k.get("class") == "pallas":
+          t[kernel_name(k["name"])] = t.get(kernel_name(k["name"]), 0) + k["ms"]
+    names = sorted({n for t in times for n in t}, key=lambda n: -max(t.get(n, 0) for t in times))
+    body = [[f"`{n}`"] + [fmt(t.get(n)) if n in t else "-" for t in times] for n in names]
+    rest = [r["classes_ms"].get("pallas", 0) - sum(t.values()) for t, r in zip(times, rows)]
+    body.append(["other Pallas"] + [fmt(x if x > 1e-6 else 0) for x in rest])
+    body.append(["XLA and libraries"] + [fmt(sum(v for c, v in r["classes_ms"].items()
+                                                 if c != "pallas")) for r in rows])
+    body.append(["busy (wall)"] + [f"{fmt(r['busy_ms'])} ({fmt(r['wall_ms'])})" for r in rows])
+    md += [f"### {call}", "",
+           table(["kernel"] + [f"d = {r['d']}, T = {r['T']:,}, B = {r['B']}" for r in rows],
+                 body), ""]
+  return "\n".join(md)
+
+
+def dim_block(data, d):
+  """Milliseconds, the fastest row per T and tokens per second at head dim d, per pass."""
+  md = []
+  for pass_ in PASSES:
+    if not data.labels_for(d, pass_, measured_only=True):
+      continue
+    md += [f"### {pass_}: milliseconds", "", metric_table(data, d, pass_, lambda r: r["ms"]), ""]
+    body = fastest_summary(data, d, pass_)
+    if body:
+      md += [f"### {pass_}: fastest row per T", "",
+             table(["T", "fastest", "its ms", "VLA pallas ms", "VLA pallas place",
+                    "VLA pallas / fastest"], body), ""]
+    md += [f"### {pass_}: tokens per second (millions)", "",
+           metric_table(data, d, pass_,
+                        lambda r: tokens_per_s(r) / 1e6 if tokens_per_s(r) else None), ""]
+  return "\n".join(md)
+
+
+def memory_block(data, plot_paths, out_path):
+  md = []
+  for d in data.dims:
+    for pass_ in PASSES:
+      if data.labels_for(d, pass_, measured_only=True):
+        md += [f"### d = {d}, {pass_}: peak device memory (MiB)", "",
+               metric_table(data, d, pass_, lambda r: r.get("peak_mib")), ""]
+  return "\n".join(md + plot_lines(plot_paths, "memory_vs_T.png", out_path)) or "No timed rows."
+
+
+def correctness_block(rows):
+  """The check rows (`experiments/check_kernels.py`) as a table of relative errors against a
+  float64 reference."""
   checks = [r for r in rows if r.get("pass") == "check"]
   if not checks:
-    return []
+    return "No check rows."
   checks.sort(key=lambda r: (r.get("d") or 0, str(r.get("dtype")), str(r.get("precision")),
                              str(r.get("u")), r.get("T") or 0))
   notes = any(r.get("note") for r in checks)
@@ -1053,34 +751,111 @@ def correctness_section(rows):
                  worst(fwd), worst(grad) if grad else "-", bounds,
                  f"{fmt(ratio, 2)} ({name})" if ratio is not None else "-", r.get("status")]
                 + ([(r.get("note") or "").replace("|", "/")[:120]] if notes else []))
-  return ["## Correctness against float64", "", correctness_finding(checks), "",
-          "Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
+  return ("Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
           "A_T forward; the gradients of a weighted sum of them), on the GPU at the rows' "
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
           "rows normalised, the scale a trained layer gives). Bounds: `bound` on every error, "
           "du's own with anisotropic u, the forward's own at float32 HIGHEST "
-          "(`experiments/lab/benchmarks/check.py`).", "",
-          table(["d", "impl", "dtype", "precision", "u", "T", "B", "worst forward",
-                 "worst gradient", "bounds", "worst / its bound", "status"]
-                + (["note"] if notes else []), body), ""]
+          "(`experiments/lab/benchmarks/check.py`).\n\n"
+          + table(["d", "impl", "dtype", "precision", "u", "T", "B", "worst forward",
+                   "worst gradient", "bounds", "worst / its bound", "status"]
+                  + (["note"] if notes else []), body))
 
 
-def write_report(paths, out_path, plot_dir=None, command=None):
-  """Reads `paths` (oldest run first), rewrites the generated block of `out_path` (a new file
-  holds the block alone; `lab.markers`) and the plots (under plot_dir, if given); returns
-  (number of rows, plot paths)."""
+def not_measured_block(data):
+  missing = not_measured(data)
+  if not missing:
+    return "None: every timed row has a time."
+  return table(["d", "row", "pass", "T", "status", "reason"], missing)
+
+
+def sources_block(headers, rows, data, command=None):
+  md = ["Generated by `experiments/report_benchmarks.py` from the JSON lines in `results/bench/` "
+        "(written by `experiments/bench.py` and `experiments/check_kernels.py`): the tables "
+        "between the generated markers are computed from those rows, the words between them "
+        "are written by hand.", ""]
+  if command:
+    md += [f"Regenerate (files oldest run first; a later file's row replaces an earlier "
+           f"one's): `{command}`", ""]
+  return "\n".join(md + provenance(headers, len(rows)) + row_sources(data) + stale_note(data)
+                   + METHOD)
+
+
+# (block name, the heading a new file gives it); the dims' blocks follow "profile"
+SECTIONS = (("verdict", "## Verdict"), ("sources", "## Rows and method"),
+            ("crossover", "## Crossover against cuDNN causal attention"),
+            ("fla", "## VLA pallas against fla `chunk_delta_rule`"),
+            ("floor", "## VLA pallas against the hardware floor"),
+            ("field", "## fla's DeltaNet kernel on the same measures"),
+            ("time", "## Where VLA pallas's time goes"), ("profile", "## Per-kernel profile"),
+            ("memory", "## Peak device memory"),
+            ("correctness", "## Correctness against float64"),
+            ("not_measured", "## Rows not measured"))
+
+
+def blocks(headers, rows, plot_paths, out_path, command=None, profile=None,
+           profile_path=None):
+  """{block name: markdown} of BENCHMARKS.md, in order: tables, plots and the fixed notes on
+  how they are computed; no findings (those are written by hand around the blocks)."""
+  data = Data(rows)
+  out = {"verdict": verdict_block(data),
+         "sources": sources_block(headers, rows, data, command),
+         "crossover": crossover_block(data, plot_paths, out_path),
+         "fla": fla_block(data), "floor": floor_block(data), "field": field_block(data),
+         "time": time_block(data, plot_paths, out_path),
+         "profile": profile_block(profile, profile_path)}
+  for d in data.dims:
+    if any(data.labels_for(d, p, measured_only=True) for p in PASSES):
+      out[f"d{d}"] = dim_block(data, d)
+  out.update(memory=memory_block(data, plot_paths, out_path), correctness=correctness_block(rows),
+             not_measured=not_measured_block(data))
+  return out
+
+
+def skeleton(names):
+  """A new BENCHMARKS.md: a title, then each block under its heading."""
+  titles = dict(SECTIONS)
+  parts = ["# Benchmarks"]
+  for name in names:
+    title = titles.get(name) or f"## d = {name[1:]}"
+    parts.append(f"{title}\n\n{markers.begin(name)}\n{markers.end(name)}")
+  return "\n\n".join(parts) + "\n"
+
+
+PLOT_NAMES = ("time_vs_T.png", "tokens_per_s_vs_T.png", "memory_vs_T.png")
+
+
+def regenerate_command(bench_dir, out, plots_dir, profile):
+  """The command line BENCHMARKS.md shows for regenerating it with these flags."""
+  return (f"python3 experiments/report_benchmarks.py --bench_dir={bench_dir} --out={out} "
+          f"--plots={plots_dir} --profile={profile}")
+
+
+def load_profile(path):
+  """The JSON of `experiments/profile_kernels.py` at `path`, or None without a path."""
+  if not path:
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def write_report(paths, out_path, plot_dir=None, command=None, profile_path=None):
+  """Reads `paths` (oldest run first) and the profile JSON (if given), rewrites the generated
+  blocks of `out_path` (its other lines stay as written; a new file gets every block under a
+  heading; `lab.markers`) and the plots (under plot_dir, if given); returns (number of rows,
+  plot paths). Raises ValueError when `out_path`'s markers do not match the blocks."""
   headers, rows = load(paths)
   data = Data(rows)
   device = ", ".join(dict.fromkeys(h.get("device", "?") for _, h in headers)) or "?"
   plot_paths = plots(data, plot_dir, f"{device}; log-log") if plot_dir else []
-  body = render(headers, rows, plot_paths, out_path, command=command)
-  body = body.removeprefix("# Benchmarks\n").strip()
-  if os.path.exists(out_path):   # the hand-written verdict around the block stays as it is
+  new = blocks(headers, rows, plot_paths, out_path, command, load_profile(profile_path),
+               profile_path)
+  if os.path.exists(out_path):
     with open(out_path) as f:
       text = f.read()
   else:
-    text = "# Benchmarks\n\n" + markers.skeleton(["benchmarks"])
-  text = markers.replace_blocks(text, {"benchmarks": body}, out_path)
+    text = skeleton(list(new))
+  text = markers.replace_blocks(text, new, out_path)
   with open(out_path, "w") as f:
     f.write(text)
   return len(rows), plot_paths

@@ -1,10 +1,13 @@
-"""`lab.benchmarks.report`: BENCHMARKS.md computed from rows; each section's finding follows
-its rows (a crossover that moves, a ratio whose smallest point moves, a check row that fails)."""
+"""`lab.benchmarks.report`: BENCHMARKS.md's generated blocks follow the rows, regenerating them
+leaves the committed file unchanged, and every claim of its hand-written findings holds on the
+committed rows (each claim a predicate on the rows, named after the finding it checks)."""
 
 import json
+import pathlib
 
 import pytest
 
+from lab import markers
 from lab.benchmarks import check, report
 
 TS = (1024, 2048, 4096, 8192, 16384)
@@ -43,82 +46,66 @@ def _data(rows_):
   return report.Data([dict(r, _order=0) for r in rows_])
 
 
-def test_report_sections_open_with_findings(tmp_path):
+def test_a_new_report_has_every_block_under_its_heading(tmp_path):
   rows_ = _rows() + [dict(_row("cudnn", "softmax_attention", "fwd", 32768, None),
                           status="OOM", note="RESOURCE_EXHAUSTED")]
   _write(tmp_path / "a.jsonl", rows_)
   md = tmp_path / "B.md"
   report.write_report(report.bench_files(str(tmp_path)), str(md))
   text = md.read_text()
-  sections = text.split("\n## ")[1:]
-  assert [s.split("\n")[0] for s in sections] == [
-      "Verdict", "Crossover against cuDNN causal attention",
-      "VLA pallas against fla `chunk_delta_rule`", "VLA pallas against the hardware floor",
-      "fla's DeltaNet kernel on the same measures", "Where VLA pallas's time goes", "d = 64",
-      "Peak device memory", "Rows not measured"]
-  for s in sections:   # a heading, a blank line, then a finding of two sentences
-    finding = s.split("\n")[2]
-    assert finding and not finding.startswith(("|", "#", "!")), s[:300]
-    assert finding.count(". ") + finding.endswith(".") >= 2, finding
+  assert markers.block_names(text) == [
+      "verdict", "sources", "crossover", "fla", "floor", "field", "time", "profile", "d64",
+      "memory", "correctness", "not_measured"]
+  assert [line for line in text.split("\n") if line.startswith("## ")] == [
+      "## Verdict", "## Rows and method", "## Crossover against cuDNN causal attention",
+      "## VLA pallas against fla `chunk_delta_rule`", "## VLA pallas against the hardware floor",
+      "## fla's DeltaNet kernel on the same measures", "## Where VLA pallas's time goes",
+      "## Per-kernel profile", "## d = 64", "## Peak device memory",
+      "## Correctness against float64", "## Rows not measured"]
   assert "| `a.jsonl` | 2026-12-02 00:00 | NVIDIA H200 (gpu) | H 16, B * T 32,768 |" in text
   assert "--out_dir=OUT" in text and "/root/out" not in text
   assert "| VLA pallas | `a.jsonl` (10) |" in text
   assert "| 64 | fwd | T ~ 4,096 | 10x | T = 1,024 (10x) | 100x | 0 of 5 T |" in text
-  assert "1 of the 31 timed rows carries no time (1 OOM)" in text
-  assert "VLA pallas 10 -> 10" not in text   # no generated enumerations left
-  assert report.render(*report.load([str(tmp_path / "a.jsonl")]), [], str(md)) == \
-      report.render(*report.load([str(tmp_path / "a.jsonl")]), [], str(md))
+  assert "| 64 | softmax cudnn | fwd | 32,768 | OOM | RESOURCE_EXHAUSTED |" in text
+  # a hand-written finding between the blocks survives a rewrite
+  md.write_text(text.replace("## d = 64\n", "## d = 64\n\nOur words.\n"))
+  report.write_report(report.bench_files(str(tmp_path)), str(md))
+  assert "## d = 64\n\nOur words.\n" in md.read_text()
+  md.write_text(text.replace(markers.begin("fla"), ""))
+  with pytest.raises(ValueError, match="fla"):
+    report.write_report(report.bench_files(str(tmp_path)), str(md))
 
 
-def test_crossover_finding_follows_the_crossover():
-  early, late = _data(_rows(cudnn_cross=4096)), _data(_rows(cudnn_cross=8192))
-  assert report.crossover_finding(early) == (
-      "VLA pallas crosses cuDNN causal attention (faster from there on) at T ~ 4,096 (fwd) and "
-      "beyond T = 16,384 (fwd+bwd) at d = 64. Its time runs from 30x cuDNN's (d = 64, fwd+bwd, "
-      "T = 1,024) to 0.25x (d = 64, fwd, T = 16,384).")
-  assert "at T ~ 8,192 (fwd)" in report.crossover_finding(late)
-  assert "to 0.5x (d = 64, fwd, T = 16,384)" in report.crossover_finding(late)
-  never = _data([r for r in _rows(cudnn_cross=10 ** 6) if r["pass"] == "fwd"])
-  assert "beyond T = 16,384 (fwd) at d = 64" in report.crossover_finding(never)
-  assert report.verdict_finding(early).startswith(
-      "VLA pallas is faster than cuDNN causal attention at the longest measured T in 1 of 2 "
-      "head dims and passes; it is slower than fla's chunk_delta_rule")
-  assert report.verdict_finding(_data([r for r in _rows() if r["pass"] == "fwd"])).startswith(
-      "VLA pallas overtakes cuDNN causal attention at T ~ 4,096 (d = 64, fwd); it is slower "
-      "than fla's chunk_delta_rule at every measured T (10x its time).")
+def test_the_crossover_follows_the_rows():
+  def cross(rows_, pass_="fwd"):
+    return report.crossover(report.ratio_series(_data(rows_), 64, pass_, report.PALLAS,
+                                                report.CUDNN))
+  kind, T = cross(_rows(cudnn_cross=4096))
+  assert kind == "at" and T == pytest.approx(4096, rel=1e-6)
+  kind, T = cross(_rows(cudnn_cross=8192))
+  assert kind == "at" and T == pytest.approx(8192, rel=1e-6)
+  assert cross(_rows(cudnn_cross=10 ** 6))[0] == "never"
+  assert cross(_rows(), "fwd+bwd")[0] == "never"
+  assert report.crossing(report.ratio_series(_data(_rows()), 64, "fwd+bwd", report.PALLAS,
+                                             report.CUDNN)) == "beyond T = 16,384"
 
 
-def test_fla_finding_follows_the_ratio():
-  closest_long = report.fla_finding(_data(_rows(fla={16384: 5.0})))
-  assert closest_long == (
-      "VLA pallas is slower than fla's chunk_delta_rule at every measured T, with time ratios of "
-      "2x to 10x (fwd) and 10x (fwd+bwd) at d = 64. The ratio is smallest at "
-      "T = 1,024 (d = 64, fwd+bwd); T = 16,384 (d = 64, fwd).")
-  closest_short = report.fla_finding(_data(_rows(fla={2048: 5.0})))
-  assert "T = 2,048 (d = 64, fwd)" in closest_short and "16,384" not in closest_short
-  mixed = report.fla_finding(_data(_rows(fla={16384: 20.0})))
-  assert mixed.startswith("VLA pallas is faster than fla's chunk_delta_rule at 1 of 10 "
-                          "measured points, with time ratios of 0.5x to 10x (fwd)")
+def test_the_fla_ratio_table_follows_the_rows():
+  text = report.fla_block(_data(_rows(fla={16384: 5.0})))
+  assert "| 64 | fwd | 2x to 10x | 10 | 10 | 10 | 10 | 2 |" in text
+  assert "| 64 | fwd+bwd | 10x | 10 | 10 | 10 | 10 | 10 |" in text
 
 
-def test_floor_and_dim_findings_follow_the_rows():
+def test_floor_and_fastest_tables_follow_the_rows():
   rows_ = _rows()
   rows_[0] = dict(rows_[0], floor_ms=2.0)        # d = 64 fwd at T = 1,024: 5x its floor
-  data = _data(rows_)
-  assert report.floor_finding(data) == (
-      "VLA pallas takes 5x (d = 64, fwd, T = 1,024) to 300x (d = 64, fwd+bwd, T = 1,024) its "
-      "hardware floor's time. By head dim: 5x to 300x at d = 64.")
-  assert report.dim_finding(_data(_rows(cudnn_cross=3000, fla={1024: 5.0})), 64) == (
-      "The fastest row is softmax cudnn up to T = 1,024 and DeltaNet fla_chunk_delta_rule from "
-      "T = 2,048 (fwd); softmax cudnn at every T (fwd+bwd). VLA pallas is the fastest row at 0 "
-      "of 10 (pass, T) points; its best place, 2 of 3, comes first at T = 4,096 (fwd).")
-  assert report.dim_finding(_data(_rows(cudnn_cross=3000, fla={1024: 5.0, 2048: 8.0})),
-                            64).startswith(
-      "The fastest row is softmax cudnn up to T = 2,048 and DeltaNet fla_chunk_delta_rule from "
-      "T = 4,096 (fwd)")
+  assert "| 64 | fwd | 5x to 100x | 5x | 100x |" in report.floor_block(_data(rows_))
+  body = report.fastest_summary(_data(_rows(cudnn_cross=3000, fla={1024: 5.0})), 64, "fwd")
+  assert [line[1] for line in body] == [report.CUDNN] + [report.FLA] * 4
+  assert [line[4] for line in body] == ["3 of 3", "3 of 3", "2 of 3", "2 of 3", "2 of 3"]
 
 
-def test_correctness_finding_names_the_worst_errors_and_failures():
+def test_correctness_table_names_each_rows_worst_error_against_its_bound():
   def row(dtype, precision, u, T, errors, status="ok"):
     case = check.Case(dtype, precision, u, T)
     return {**case.__dict__, "op": "vla", "impl": "pallas", "pass": "check", "errors": errors,
@@ -126,16 +113,24 @@ def test_correctness_finding_names_the_worst_errors_and_failures():
             "forward_bound": check.forward_bound(case), "status": status}
   rows_ = [row("float32", "HIGHEST", "anisotropic", 4096, {"o": 1e-6, "S": 1.5e-6, "du": 4e-5}),
            row("bfloat16", "DEFAULT", "anisotropic", 4096, {"o": 1e-2, "du": 0.12})]
-  text = "\n".join(report.correctness_section(rows_))
-  assert ("All 2 check rows hold their bounds; the closest, d = 64, float32 HIGHEST, "
-          "anisotropic u, T = 4,096, has its S error at 0.75 of its bound. The worst error per "
-          "precision: 0.12 (du) in bfloat16 DEFAULT and 4e-05 (du) in float32 HIGHEST.") in text
+  text = report.correctness_block(rows_)
   assert "| 0.03; du 0.3 | 0.4 (du) | ok |" in text
   assert "| 0.001; o, S, A 2e-06 | 0.75 (S) | ok |" in text
-  rows_[1] = dict(rows_[1], errors={"o": 0.05}, status="fail")
-  assert report.correctness_finding(rows_).startswith(
-      "1 of the 2 check rows fail their bounds: d = 64, bfloat16 DEFAULT, anisotropic u, "
-      "T = 4,096.")
+  assert report.worst_to_bound(rows_[0]) == (pytest.approx(0.75), "S")
+
+
+def test_profile_block_sums_launches_and_keeps_the_rest():
+  profile = {"device": "cuda:0", "jax": "0.11.2", "rows": [
+      {"d": 64, "T": 4096, "B": 8, "call": "forward", "wall_ms": 2.0, "busy_ms": 1.5,
+       "classes_ms": {"pallas": 1.2, "xla": 0.3},
+       "kernels": [{"name": "vla_spd_inverse", "class": "pallas", "ms": 0.1},
+                   {"name": "vla_spd_inverse__1", "class": "pallas", "ms": 0.2},
+                   {"name": "vla_penalty_scan", "class": "pallas", "ms": 0.8},
+                   {"name": "loop_add_fusion", "class": "xla", "ms": 0.3}]}]}
+  text = report.profile_block(profile, "p.json")
+  assert "| `vla_penalty_scan` | 0.8 |" in text and "| `vla_spd_inverse` | 0.3 |" in text
+  assert "| other Pallas | 0.1 |" in text and "| XLA and libraries | 0.3 |" in text
+  assert "| busy (wall) | 1.5 (2) |" in text
 
 
 def test_a_part_of_a_model_is_never_the_fastest_row():
@@ -174,46 +169,206 @@ def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
   assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
 
 
-# -- BENCHMARKS.md's hand-written verdict, checked against the committed rows --------------------
+# -- BENCHMARKS.md against the committed rows -----------------------------------------------------
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+BENCH, PLOTS = "results/bench", "results/plots"
+PROFILE = "results/bench/decisions/profile_h200.json"
 
 
 @pytest.fixture(scope="module")
 def committed():
-  return report.Data(report.load(report.bench_files(str(ROOT / "results" / "bench")))[1])
+  """(headers, rows, Data, profile) of the committed files."""
+  headers, rows_ = report.load(report.bench_files(str(ROOT / BENCH)))
+  return headers, rows_, report.Data(rows_), report.load_profile(str(ROOT / PROFILE))
 
 
-def test_verdict_vla_slower_than_fla_everywhere(committed):
-  """'slower than fla's chunk_delta_rule at every length, by about 1.3-1.9x at head dim 64 and
-  2.5-3.9x at 128'."""
-  for d, lo, hi in ((64, 1.25, 1.95), (128, 2.4, 3.9)):
-    ratios = [r for p in report.PASSES
-              for _, r in report.ratio_series(committed, d, p, report.PALLAS, report.FLA)]
-    assert ratios and lo <= min(ratios) and max(ratios) <= hi, (d, min(ratios), max(ratios))
+def test_regenerating_the_blocks_leaves_benchmarks_md_unchanged(committed):
+  headers, rows_, _, profile = committed
+  out = ROOT / "BENCHMARKS.md"
+  text = out.read_text()
+  plots = [str(ROOT / PLOTS / name) for name in report.PLOT_NAMES]
+  blocks = report.blocks(headers, rows_, plots, str(out),
+                         report.regenerate_command(BENCH, "BENCHMARKS.md", PLOTS, PROFILE),
+                         profile, PROFILE)
+  assert markers.block_names(text) == list(blocks)
+  assert markers.replace_blocks(text, blocks) == text
 
 
-def test_verdict_crossover_against_cudnn(committed):
-  """'beats cuDNN causal attention only past roughly 6k-9k tokens at d = 64 and 13k-17k at
-  d = 128'."""
-  for d, lo, hi in ((64, 6000, 9000), (128, 13000, 17500)):
-    for p in report.PASSES:
-      kind, T = report.crossover(report.ratio_series(committed, d, p, report.PALLAS,
-                                                     report.CUDNN))
-      assert kind == "at" and lo <= T <= hi, (d, p, kind, T)
+def _ratios(data, d, num, den, passes=report.PASSES):
+  return [r for p in passes for _, r in report.ratio_series(data, d, p, num, den)]
 
 
-def test_verdict_floor_distance(committed):
-  """'8-17x its hardware floor (fla, measured the same way, 12-20x its own)'."""
-  ours = [x for d, p in report.pairs(committed) for _, x in report.floor_series(committed, d, p)]
-  assert 8 <= min(ours) and max(ours) <= 17.5
-  T = report.field_T(committed, report.fixed_tokens(committed))
-  fla = [ms / fl for d, p in report.pairs(committed, report.FLA)
-         for ms, fl in [report.fla_floor(committed, d, p, T)]]
-  assert 11.5 <= min(fla) and max(fla) <= 20
+# Each claim: a predicate on (data, profile) for one sentence of BENCHMARKS.md's findings.
+
+def slower_than_fla_at_every_length(data, profile):
+  """Verdict: 'slower than fla's chunk_delta_rule at every length measured, by about 1.3-1.9x
+  at head dim 64 and 2.5-3.9x at 128'."""
+  return all((r := _ratios(data, d, report.PALLAS, report.FLA)) and lo <= min(r)
+             and max(r) <= hi for d, lo, hi in ((64, 1.25, 1.95), (128, 2.4, 3.9)))
 
 
-def test_verdict_checks_hold_their_bounds(committed):
-  """'Its forward and gradients hold their float64 error bounds at every precision checked'."""
-  checks = [r for r in committed.rows if r.get("pass") == "check"]
-  assert checks and all(r["status"] == "ok" for r in checks)
+def crosses_cudnn_past_6k_to_17k(data, profile):
+  """Verdict and crossover: 'beats cuDNN causal attention only past roughly 6k-9k tokens at
+  d = 64 and 13k-17k at d = 128'."""
+  return all(kind == "at" and lo <= T <= hi
+             for d, lo, hi in ((64, 6000, 9000), (128, 13000, 17500)) for p in report.PASSES
+             for kind, T in [report.crossover(report.ratio_series(data, d, p, report.PALLAS,
+                                                                  report.CUDNN))])
+
+
+def a_tenth_of_cudnn_at_131k(data, profile):
+  """Crossover: 'at 131,072 tokens VLA pallas needs 7-13% of cuDNN's time'."""
+  r = [dict(report.ratio_series(data, d, p, report.PALLAS, report.CUDNN))[131072]
+       for d, p in report.pairs(data)]
+  return 0.065 <= min(r) and max(r) <= 0.135
+
+
+def fla_gap_smallest_at_the_longest_length(data, profile):
+  """fla: 'The gap narrows as T grows and is smallest at ... 131,072 tokens, in every row'."""
+  return all(min(s, key=lambda tr: tr[1])[0] == max(T for T, _ in s) == 131072
+             for d, p in report.pairs(data)
+             for s in [report.ratio_series(data, d, p, report.PALLAS, report.FLA)])
+
+
+def floor_distance_8_to_17_closer_at_128(data, profile):
+  """Verdict and floor: '8-17x its hardware floor', 'closer at d = 128 than at d = 64'."""
+  x = {d: [v for p in report.PASSES for _, v in report.floor_series(data, d, p)]
+       for d in (64, 128)}
+  return (8 <= min(x[128]) and max(x[64]) <= 17.5 and max(x[128]) < min(x[64]))
+
+
+def fla_as_far_from_its_floor(data, profile):
+  """Verdict and field: 'fla ... sits at 12-20x its own'; 'fla's forward crosses cuDNN near
+  3k-4k tokens at both head dims'."""
+  T = report.field_T(data, report.fixed_tokens(data))
+  fla = [ms / fl for d, p in report.pairs(data, report.FLA)
+         for ms, fl in [report.fla_floor(data, d, p, T)]]
+  cross = [report.crossover(report.ratio_series(data, d, "fwd", report.FLA, report.CUDNN))
+           for d in (64, 128)]
+  return (11.5 <= min(fla) and max(fla) <= 20
+          and all(kind == "at" and 3000 <= T_ <= 4200 for kind, T_ in cross))
+
+
+def forward_time_flat_in_T(data, profile):
+  """Time: 'forward time hardly depends on T (under 1.5x from 1k to 32k), like fla's and unlike
+  attention's'."""
+  tokens = report.fixed_tokens(data)
+  grow = {lab: [g[3] / g[2] for d in data.dims for g in [report.growth(data, d, lab, tokens)]]
+          for lab in (report.PALLAS, report.FLA, report.CUDNN)}
+  return max(grow[report.PALLAS]) < 1.5 and max(grow[report.FLA]) < 1.6 and min(
+      grow[report.CUDNN]) > 10
+
+
+def backward_costs_fewer_forwards(data, profile):
+  """Time: 'Its forward + backward costs fewer forwards than fla's and cuDNN's at every length
+  and head dim'."""
+  return all(dict(report.backward_ratios(data, d, report.PALLAS))[T]
+             < min(dict(report.backward_ratios(data, d, lab))[T] for lab in (report.FLA,
+                                                                            report.CUDNN))
+             for d in data.dims for T, _ in report.backward_ratios(data, d, report.PALLAS))
+
+
+def penalty_scan_leads_the_forward(data, profile):
+  """Profile: 'The penalty scan is the forward's largest kernel, except at d = 64 with B = 1,
+  where the state chain ... takes longer'."""
+  def largest(r):
+    return max(r["kernels"], key=lambda k: k["ms"])["name"]
+  fwd = [r for r in profile["rows"] if r["call"] == "forward"]
+  return all(largest(r) == ("vla_state_chain" if (r["d"], r["B"]) == (64, 1)
+                            else "vla_penalty_scan") for r in fwd)
+
+
+def three_kernels_dominate_the_d128_gradient(data, profile):
+  """Profile: 'At d = 128 three kernels of the gradient ... take half to two thirds of its busy
+  time'."""
+  three = ("vla_state_local_vjp", "vla_penalty_scan", "vla_adjoint_du")
+  shares = [sum(k["ms"] for k in r["kernels"] if k["name"] in three) / r["busy_ms"]
+            for r in profile["rows"] if r["call"] == "gradient" and r["d"] == 128]
+  return shares and 0.5 <= min(shares) and max(shares) <= 2 / 3
+
+
+def fastest_rows_per_dim(data, profile):
+  """d = 64 and d = 128: 'cuDNN is the fastest row up to 2k tokens and fla from 4k on, in both
+  passes; VLA pallas is never the fastest and comes second from 16k (forward) and 8k (forward +
+  backward)'; at d = 128 second 'only from 32k (forward) and 16k'."""
+  second_from = {(64, "fwd"): 16384, (64, "fwd+bwd"): 8192, (128, "fwd"): 32768,
+                 (128, "fwd+bwd"): 16384}
+  for (d, p), T2 in second_from.items():
+    body = report.fastest_summary(data, d, p)
+    Ts = [int(line[0].replace(",", "")) for line in body]
+    if [line[1] for line in body] != [report.CUDNN if T <= 2048 else report.FLA for T in Ts]:
+      return False
+    if [line[4] for line in body] != ["2 of 3" if T >= T2 else "3 of 3" for T in Ts]:
+      return False
+  return True
+
+
+def memory_above_fla_and_cudnn(data, profile):
+  """Memory: '1.1-1.8x fla's and 2.5-3.5x cuDNN's; its largest peak, the d = 128 gradient at
+  131,072 tokens, is about 18 GB'."""
+  ratios = {report.FLA: [], report.CUDNN: []}
+  peaks = []
+  for d, p in report.pairs(data):
+    for T in data.Ts:
+      mine = data.get(d, p, report.PALLAS, T)
+      peaks.append((mine["peak_mib"], d, p, T))
+      for lab in ratios:
+        ratios[lab].append(mine["peak_mib"] / data.get(d, p, lab, T)["peak_mib"])
+  top = max(peaks)
+  return (1.05 <= min(ratios[report.FLA]) and max(ratios[report.FLA]) <= 1.85
+          and 2.45 <= min(ratios[report.CUDNN]) and max(ratios[report.CUDNN]) <= 3.55
+          and top[1:] == (128, "fwd+bwd", 131072) and 17 <= top[0] * 2 ** 20 / 1e9 <= 19.5)
+
+
+def checks_hold_their_bounds(data, profile):
+  """Verdict and correctness: 'Every check row holds its bounds. bf16 errs by about 1e-2 (du up
+  to 0.13 ...), float32 at DEFAULT by about 1e-3, HIGH and HIGHEST by about 1e-6 in the
+  forward; the row closest to its bound is HIGHEST at T = 131,072'."""
+  checks = [r for r in data.rows if r.get("pass") == "check"]
+  def worst(pred, names):
+    return max(v for r in checks if pred(r) for k, v in r["errors"].items()
+               if k in names and v is not None)
+  fwd = report.FORWARD_ERRORS
+  closest = max(checks, key=lambda r: report.worst_to_bound(r)[0])
+  return (checks and all(r["status"] == "ok" for r in checks)
+          and 3e-3 <= worst(lambda r: r["dtype"] == "bfloat16", fwd) <= 3e-2
+          and worst(lambda r: r["dtype"] == "bfloat16", ("du",)) <= 0.13
+          and 3e-4 <= worst(lambda r: r["precision"] == "DEFAULT"
+                            and r["dtype"] == "float32", fwd + ("du",)) <= 3e-3
+          and worst(lambda r: r["precision"] in ("HIGH", "HIGHEST"), fwd) <= 3e-6
+          and (closest["precision"], closest["T"]) == ("HIGHEST", 131072))
+
+
+def one_run_per_head_dim(data, profile):
+  """Rows and method: 'Each head dim's timings come from one run'."""
+  return all(len({r["_file"] for r in data.timed if r["d"] == d and r["status"] == "ok"}) == 1
+             for d in data.dims)
+
+
+CLAIMS = {f.__name__: f for f in (
+    slower_than_fla_at_every_length, crosses_cudnn_past_6k_to_17k, a_tenth_of_cudnn_at_131k,
+    fla_gap_smallest_at_the_longest_length, floor_distance_8_to_17_closer_at_128,
+    fla_as_far_from_its_floor, forward_time_flat_in_T, backward_costs_fewer_forwards,
+    penalty_scan_leads_the_forward, three_kernels_dominate_the_d128_gradient,
+    fastest_rows_per_dim, memory_above_fla_and_cudnn, checks_hold_their_bounds,
+    one_run_per_head_dim)}
+
+
+@pytest.mark.parametrize("claim", sorted(CLAIMS))
+def test_claim_holds_on_the_committed_rows(committed, claim):
+  _, _, data, profile = committed
+  assert CLAIMS[claim](data, profile), CLAIMS[claim].__doc__
+
+
+def test_a_claim_fails_when_its_rows_change(committed):
+  """The predicates read the rows: a faster VLA pallas row at d = 64 breaks the fla and
+  fastest-row claims; a failing check row breaks the correctness claim."""
+  _, rows_, _, profile = committed
+  changed = [dict(r, ms=r["ms"] / 3) if (r.get("impl"), r.get("d"), r.get("T")) == (
+      "pallas", 64, 4096) and r.get("ms") else dict(r) for r in rows_]
+  data = report.Data(changed)
+  assert not slower_than_fla_at_every_length(data, profile)
+  assert not fastest_rows_per_dim(data, profile)
+  failed = [dict(r, status="fail") if r.get("pass") == "check" else r for r in rows_]
+  assert not checks_hold_their_bounds(report.Data(failed), profile)

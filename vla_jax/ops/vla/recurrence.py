@@ -158,7 +158,7 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     return (jnp.zeros((B, 0, H, dv), out_dtype),
             VLAState(*(x.astype(dtype) for x in initial_state)))
   if impl in KERNEL_IMPLS:
-    # The kernels keep non-finite tokens causal themselves (kernels/NOTES.md, "Non-finite
+    # The kernels keep non-finite tokens causal themselves (kernels/DESIGN.md, "Non-finite
     # inputs") and read q, k, v, u in place; a guard here cost 37% of the bf16 forward
     # (d = 64, T = 4096, H200). Only a value at a zero-key token (padding) is dropped here, so
     # that a NaN there reaches no later output and not the final state.
