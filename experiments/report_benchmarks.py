@@ -1,10 +1,12 @@
 r"""Rewrites BENCHMARKS.md's generated blocks and its plots from the rows in
 results/bench/*.jsonl (those of `experiments/bench.py` and `experiments/check_kernels.py`),
-oldest run first, and the per-kernel profile (`experiments/profile_kernels.py`). The words
+oldest run first, the per-kernel profile (`experiments/profile_kernels.py`) and the
+whole-model rows (`experiments/bench_model.py`). The words
 around the blocks are left as they are; a new file gets every block under a heading.
 
     python experiments/report_benchmarks.py [--bench_dir=results/bench] [--out=BENCHMARKS.md]
         [--plots=results/plots] [--profile=results/bench/decisions/profile_h200.json]
+        [--model=results/bench/model/model_h100.jsonl]
 """
 
 import os
@@ -19,19 +21,23 @@ _PLOTS = flags.DEFINE_string("plots", os.path.join("results", "plots"),
 _PROFILE = flags.DEFINE_string(
     "profile", os.path.join("results", "bench", "decisions", "profile_h200.json"),
     "The per-kernel profile JSON of experiments/profile_kernels.py ('' for none).")
+_MODEL = flags.DEFINE_string(
+    "model", os.path.join("results", "bench", "model", "model_h100.jsonl"),
+    "The rows of experiments/bench_model.py ('' for none).")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from lab.benchmarks import report  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import model_report, report  # pylint: disable=import-outside-toplevel
   paths = report.bench_files(_BENCH_DIR.value)
   if not paths:
     raise app.UsageError(f"no *.jsonl files in {_BENCH_DIR.value}")
   command = report.regenerate_command(_BENCH_DIR.value, _OUT.value, _PLOTS.value,
                                      _PROFILE.value)
+  extra = {"model": model_report.block(*model_report.load(_MODEL.value))} if _MODEL.value else {}
   n, plots = report.write_report(paths, _OUT.value, _PLOTS.value or None, command,
-                                 _PROFILE.value or None)
+                                 _PROFILE.value or None, extra)
   print(f"wrote {_OUT.value} ({n} rows from {len(paths)} files) and {len(plots)} plots")
 
 

@@ -227,7 +227,7 @@ def test_vmap_and_grad_compose(x64):
 def test_enum_and_string_impl_are_the_same(x64):
   args = random_inputs(14, 1, 9, 1, 4, 4)
   for impl in Impl:
-    if impl is Impl.PALLAS:
+    if impl in (Impl.PALLAS, Impl.PALLAS_INTERPRET, Impl.AUTO):   # kernels: d 16-128; auto: layers
       continue
     # The same program (traced, not compiled: equal programs give equal results).
     by_enum, by_string = (str(jax.make_jaxpr(functools.partial(vla_recurrence, impl=i))(*args))

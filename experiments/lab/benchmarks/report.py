@@ -36,7 +36,7 @@ def label(row):
   return f"{OP_NAMES.get(row['op'], row['op'])} {row['impl']}"
 
 
-KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u")
+KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u", "packed")
 
 
 def header_time(path):
@@ -732,7 +732,7 @@ def correctness_block(rows):
   if not checks:
     return "No check rows."
   checks.sort(key=lambda r: (r.get("d") or 0, str(r.get("dtype")), str(r.get("precision")),
-                             str(r.get("u")), r.get("T") or 0))
+                             str(r.get("u")), bool(r.get("packed")), r.get("T") or 0))
   notes = any(r.get("note") for r in checks)
   body = []
   for r in checks:
@@ -747,17 +747,20 @@ def correctness_block(rows):
       bounds += f"; o, S, A {fmt(r['forward_bound'])}"
     ratio, name = worst_to_bound(r)
     body.append([r.get("d"), r.get("impl"), r.get("dtype"), r.get("precision") or "-",
-                 r.get("u") or "-", f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
+                 r.get("u") or "-", "yes" if r.get("packed") else "-",
+                 f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
                  worst(fwd), worst(grad) if grad else "-", bounds,
                  f"{fmt(ratio, 2)} ({name})" if ratio is not None else "-", r.get("status")]
                 + ([(r.get("note") or "").replace("|", "/")[:120]] if notes else []))
   return ("Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
           "A_T forward; the gradients of a weighted sum of them), on the GPU at the rows' "
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
-          "rows normalised, the scale a trained layer gives). Bounds: `bound` on every error, "
+          "rows normalised, the scale a trained layer gives); packed rows hold documents of about "
+          "300 tokens (`segment_ids`), checked against impl=\"chunked\" on the same documents. "
+          "Bounds: `bound` on every error, "
           "du's own with anisotropic u, the forward's own at float32 HIGHEST "
           "(`experiments/lab/benchmarks/check.py`).\n\n"
-          + table(["d", "impl", "dtype", "precision", "u", "T", "B", "worst forward",
+          + table(["d", "impl", "dtype", "precision", "u", "packed", "T", "B", "worst forward",
                    "worst gradient", "bounds", "worst / its bound", "status"]
                   + (["note"] if notes else []), body))
 
@@ -788,15 +791,16 @@ SECTIONS = (("verdict", "## Verdict"), ("sources", "## Rows and method"),
             ("floor", "## VLA pallas against the hardware floor"),
             ("field", "## fla's DeltaNet kernel on the same measures"),
             ("time", "## Where VLA pallas's time goes"), ("profile", "## Per-kernel profile"),
-            ("memory", "## Peak device memory"),
+            ("memory", "## Peak device memory"), ("model", "## Whole-model training step"),
             ("correctness", "## Correctness against float64"),
             ("not_measured", "## Rows not measured"))
 
 
 def blocks(headers, rows, plot_paths, out_path, command=None, profile=None,
-           profile_path=None):
+           profile_path=None, extra=None):
   """{block name: markdown} of BENCHMARKS.md, in order: tables, plots and the fixed notes on
-  how they are computed; no findings (those are written by hand around the blocks)."""
+  how they are computed, with `extra` ({name: markdown}, made from other rows) after the memory
+  block; no findings (those are written by hand around the blocks)."""
   data = Data(rows)
   out = {"verdict": verdict_block(data),
          "sources": sources_block(headers, rows, data, command),
@@ -807,7 +811,8 @@ def blocks(headers, rows, plot_paths, out_path, command=None, profile=None,
   for d in data.dims:
     if any(data.labels_for(d, p, measured_only=True) for p in PASSES):
       out[f"d{d}"] = dim_block(data, d)
-  out.update(memory=memory_block(data, plot_paths, out_path), correctness=correctness_block(rows),
+  out.update(memory=memory_block(data, plot_paths, out_path), **(extra or {}),
+             correctness=correctness_block(rows),
              not_measured=not_measured_block(data))
   return out
 
@@ -839,7 +844,7 @@ def load_profile(path):
     return json.load(f)
 
 
-def write_report(paths, out_path, plot_dir=None, command=None, profile_path=None):
+def write_report(paths, out_path, plot_dir=None, command=None, profile_path=None, extra=None):
   """Reads `paths` (oldest run first) and the profile JSON (if given), rewrites the generated
   blocks of `out_path` (its other lines stay as written; a new file gets every block under a
   heading; `lab.markers`) and the plots (under plot_dir, if given); returns (number of rows,
@@ -849,7 +854,7 @@ def write_report(paths, out_path, plot_dir=None, command=None, profile_path=None
   device = ", ".join(dict.fromkeys(h.get("device", "?") for _, h in headers)) or "?"
   plot_paths = plots(data, plot_dir, f"{device}; log-log") if plot_dir else []
   new = blocks(headers, rows, plot_paths, out_path, command, load_profile(profile_path),
-               profile_path)
+               profile_path, extra)
   if os.path.exists(out_path):
     with open(out_path) as f:
       text = f.read()

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from lab import markers
-from lab.benchmarks import check, report
+from lab.benchmarks import check, model_report, report
 
 TS = (1024, 2048, 4096, 8192, 16384)
 
@@ -174,6 +174,7 @@ def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 BENCH, PLOTS = "results/bench", "results/plots"
 PROFILE = "results/bench/decisions/profile_h200.json"
+MODEL = "results/bench/model/model_h100.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +191,8 @@ def test_regenerating_the_blocks_leaves_benchmarks_md_unchanged(committed):
   plots = [str(ROOT / PLOTS / name) for name in report.PLOT_NAMES]
   blocks = report.blocks(headers, rows_, plots, str(out),
                          report.regenerate_command(BENCH, "BENCHMARKS.md", PLOTS, PROFILE),
-                         profile, PROFILE)
+                         profile, PROFILE,
+                         {"model": model_report.block(*model_report.load(str(ROOT / MODEL)))})
   assert markers.block_names(text) == list(blocks)
   assert markers.replace_blocks(text, blocks) == text
 
@@ -372,3 +374,19 @@ def test_a_claim_fails_when_its_rows_change(committed):
   assert not fastest_rows_per_dim(data, profile)
   failed = [dict(r, status="fail") if r.get("pass") == "check" else r for r in rows_]
   assert not checks_hold_their_bounds(report.Data(failed), profile)
+
+
+# -- The whole-model block: each claim of its finding holds on the committed rows ---------------
+
+@pytest.mark.parametrize("claim", model_report.CLAIMS, ids=lambda c: c.__name__)
+def test_the_whole_model_claims_hold(claim):
+  assert claim(model_report.load(str(ROOT / MODEL))[1]), claim.__doc__
+
+
+def test_the_whole_model_claims_can_fail():
+  """A VLA step made twice as slow at 32k breaks the speed claims."""
+  rows_ = model_report.load(str(ROOT / MODEL))[1]
+  slow = [dict(r, ms=2 * r["ms"]) if (r["kind"], r["mixer"], r["T"]) == ("step", "vla", 32768)
+          else r for r in rows_]
+  assert not model_report.vla_step_flat_in_T(slow)
+  assert not model_report.vla_behind_softmax_to_8k_ahead_at_32k(slow)

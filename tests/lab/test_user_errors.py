@@ -1,11 +1,11 @@
-"""The absl mains' shared pieces (`vla_jax.training.cli`): a user's mistake and a full disk
+"""The absl mains' shared pieces (`lab.cli`): a user's mistake and a full disk
 are one line and exit status 1; other errors keep their traceback."""
 
 import errno
 
 import pytest
 
-from vla_jax.training import cli
+from lab import cli
 
 
 def test_user_errors_are_one_line():
