@@ -158,7 +158,9 @@ def op_row(mixer, T, B, head_dim, impl):
   keys = jax.random.split(jax.random.key(3), 5)
   shape = (B, T, H, head_dim)
   q, k, v, u = (jax.random.normal(kk, shape, jnp.bfloat16) for kk in keys[:4])
-  kw = {} if impl is None else {"impl": impl}
+  if impl is None:   # the ops take concrete impls: the one the layers' "auto" runs here
+    impl = "pallas" if jax.default_backend() == "gpu" else "chunked"
+  kw = {"impl": impl}
   if mixer == "vla":
     fn = lambda q, k, v, u: vla_jax.vla_recurrence(q, k, v, u / head_dim ** 0.5, **kw)[0]
     args = (q, k, v, u)
@@ -175,7 +177,7 @@ def op_row(mixer, T, B, head_dim, impl):
         *args)
 
   ms, _ = _median_ms(fwd_bwd, args, _REPS.value)
-  return {"ms": round(ms * _LAYERS.value, 3), "ms_one": round(ms, 3)}
+  return {"ms": round(ms * _LAYERS.value, 3), "ms_one": round(ms, 3), "impl": impl}
 
 
 def fla_row(T, B, head_dim):
