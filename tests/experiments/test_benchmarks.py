@@ -1,6 +1,7 @@
-"""CPU smoke runs of the kernel scripts: experiments/bench.py and check_kernels.py write their
+"""CPU smoke runs of the benchmark scripts: experiments/bench.py and check_kernels.py write their
 rows (tiny shapes, Pallas interpret mode), experiments/report_benchmarks.py turns them into a
-report; every script answers --help."""
+report, experiments/bench_model.py times a tiny model's training step; every script answers
+--help."""
 
 import json
 import os
@@ -29,14 +30,16 @@ def runs(tmp_path_factory):
   (`run_scripts`; the report reads the rows)."""
   tmp_path = tmp_path_factory.mktemp("smoke")
   bench, md = tmp_path / "bench", tmp_path / "B.md"
-  *helps, ran, checked, reported = run_scripts(
+  *helps, ran, checked, reported, model = run_scripts(
       *([os.path.join(EXPERIMENTS, s), "--help"] for s in SCRIPTS),
       [os.path.join(EXPERIMENTS, "bench.py"), "--smoke", "--name=smoke", f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "check_kernels.py"), "--smoke", "--name=check",
        f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "report_benchmarks.py"), f"--bench_dir={bench}", f"--out={md}",
-       f"--plots={tmp_path / 'plots'}"], cwd=ROOT)
-  return dict(zip(SCRIPTS, helps)), (ran, checked, reported), tmp_path
+       f"--plots={tmp_path / 'plots'}"],
+      [os.path.join(EXPERIMENTS, "bench_model.py"), "--smoke", "--mixers=vla",
+       f"--out={tmp_path / 'model.jsonl'}"], cwd=ROOT)
+  return dict(zip(SCRIPTS, helps)), (ran, checked, reported, model), tmp_path
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -48,7 +51,7 @@ def test_help(runs, script):
 
 def test_bench_and_check_smoke_then_report(runs):
   """The three scripts run in order: the report reads the rows."""
-  (ran, checked, reported), tmp_path = runs[1:]
+  (ran, checked, reported, _), tmp_path = runs[1:]
   bench, md = tmp_path / "bench", tmp_path / "B.md"
   assert ran.returncode == 0, ran.stderr[-3000:]
   header, rows = _rows(bench / "smoke.jsonl")
@@ -73,3 +76,17 @@ def test_bench_and_check_smoke_then_report(runs):
   for needle in ("# Benchmarks", "## Verdict", "### fwd: milliseconds", "smoke run",
                  "## Correctness against float64", "anisotropic", "## Rows not measured"):
     assert needle in text, needle
+
+
+def test_bench_model_smoke(runs):
+  """A tiny VLA model's training step, its layer and its op on the CPU: every row measured,
+  fla's skipped without a GPU."""
+  (*_, model), tmp_path = runs[1:]
+  assert model.returncode == 0, model.stderr[-3000:]
+  header, rows = _rows(tmp_path / "model.jsonl")
+  assert header["kind"] == "header" and header["layers"] == 2
+  assert {r["kind"]: r["status"] for r in rows} == {"step": "ok", "layer": "ok", "op": "ok",
+                                                    "fla": "skipped"}, rows
+  step = next(r for r in rows if r["kind"] == "step")
+  assert step["ms"] > 0 and step["tokens_per_s"] > 0 and step["peak_gib"] > 0
+  assert next(r for r in rows if r["kind"] == "op")["impl"] == "chunked"
