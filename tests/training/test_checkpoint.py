@@ -272,3 +272,24 @@ def test_a_run_with_penalty_scale_none_resumes_with_the_authors_float(tmp_path):
   ckpt.write_config(str(tmp_path), config(0.17677669529663687))
   with pytest.raises(ValueError, match="different model configuration"):
     ckpt.write_config(str(tmp_path), config(1.0))
+
+
+def test_a_run_resumes_with_result_free_settings_changed_only(tmp_path):
+  """Every `config.RESULT_FREE` and `config.ROUNDING_ONLY` setting may differ on resume;
+  eval_examples (other evaluation sets, other scores) or the learning rate may not."""
+  from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY  # pylint: disable=import-outside-toplevel
+  def config(**changed):
+    sections = {"task": {"name": "mqar"}, "model": {"mixer": "vla", "remat": False},
+                "train": {"learning_rate": 1e-3, "eval_examples": 16}}
+    for name, value in changed.items():
+      section, field = name.split("__")
+      sections[section][field] = value
+    return json.dumps(sections)
+  ckpt.write_config(str(tmp_path), config())
+  for name in RESULT_FREE + ROUNDING_ONLY:
+    ckpt.write_config(str(tmp_path), config(**{name.replace(".", "__"): "changed"}))
+    ckpt.write_config(str(tmp_path), config())
+  with pytest.raises(ValueError, match=r"different training settings \(eval_examples: 16 -> 8\)"):
+    ckpt.write_config(str(tmp_path), config(train__eval_examples=8))
+  with pytest.raises(ValueError, match="learning_rate: 0.001 -> 0.01"):
+    ckpt.write_config(str(tmp_path), config(train__learning_rate=1e-2))

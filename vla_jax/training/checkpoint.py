@@ -34,18 +34,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vla_jax.training import jsonl
+from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY
 
 CONFIG_FILE = "config.json"
 ITEM = "default"            # the orbax folder inside a step
 RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to check
 PARTIAL = ".partial"        # suffix of a step being written
 REREADS = 5                 # reads of the newest checkpoint while a training removes old ones
-# Settings that do not change the training trajectory and may differ on resume.
-_FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
-         "keep_checkpoints", "tensorboard", "seq_devices", "diagnostics_every")
-# Per section, settings of the same kind (memory against compute only); a config.json written
-# before such a setting existed lacks it.
-_FREE_BY_SECTION = {"task": (), "model": ("remat",)}
+# Per config.json section, the settings a resumed run may change (`config.RESULT_FREE` and
+# `config.ROUNDING_ONLY`); a config.json written before such a setting existed lacks it.
+_FREE_BY_SECTION = {section: tuple(name.split(".", 1)[1] for name in RESULT_FREE + ROUNDING_ONLY
+                                   if name.startswith(section + "."))
+                    for section in ("task", "model", "train")}
 # Mixer options added after runs were made, at the value that reproduces those runs: a
 # config.json written before the option existed lacks it, which is the same run.
 _ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla"}
@@ -379,13 +379,15 @@ def write_config(workdir, config_json):
     if old.get("sweep") != new.get("sweep"):   # a sweep's stacked state is not a run's
       kind = lambda c: f"a sweep over {c['sweep']}" if c.get("sweep") else "a single run"
       raise ValueError(f"{workdir} holds {kind(old)}, not {kind(new)}; use a new workdir")
-    for section, free in _FREE_BY_SECTION.items():
+    for section in ("task", "model"):
+      free = _FREE_BY_SECTION[section]
       if _without(old.get(section), free) != _without(new.get(section), free):
         raise ValueError(f"{workdir} holds a run with a different {section} configuration; "
                          f"use a new workdir (old: {old.get(section)}, new: "
                          f"{new.get(section)})")
-    old_train = {k: v for k, v in old.get("train", {}).items() if k not in _FREE}
-    new_train = {k: v for k, v in new["train"].items() if k not in _FREE}
+    free = _FREE_BY_SECTION["train"]
+    old_train = {k: v for k, v in old.get("train", {}).items() if k not in free}
+    new_train = {k: v for k, v in new["train"].items() if k not in free}
     if old_train != new_train:
       diff = ", ".join(f"{k}: {old_train.get(k)} -> {new_train.get(k)}"
                        for k in sorted(set(old_train) | set(new_train))
