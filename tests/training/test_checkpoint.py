@@ -293,3 +293,29 @@ def test_a_run_resumes_with_result_free_settings_changed_only(tmp_path):
     ckpt.write_config(str(tmp_path), config(train__eval_examples=8))
   with pytest.raises(ValueError, match="learning_rate: 0.001 -> 0.01"):
     ckpt.write_config(str(tmp_path), config(train__learning_rate=1e-2))
+
+
+def test_a_background_save_is_whole_when_waited_for_and_a_full_disk_names_it(tmp_path,
+                                                                             monkeypatch):
+  """async_save (a GPU's default): save returns before the files are recorded and renamed;
+  after `wait` the checkpoints are those a synchronous save leaves, bit for bit, and a full
+  disk in the background is the same one OSError at the next call, the older ones intact."""
+  checkpointer = ckpt.Checkpointer(tmp_path, keep=2, async_save=True)
+  for step in (1, 2, 3):
+    checkpointer.save(step, _state(step, scale=step))
+  checkpointer.wait()
+  assert checkpointer.steps() == [2, 3]
+  chex.assert_trees_all_equal(checkpointer.restore(_state(0)), _state(3, scale=3))
+  def full(*args):   # the disk fills up when checksums.json is written
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(ckpt.jsonl, "write_atomic", full)
+  checkpointer.save(4, _state(4))
+  with pytest.raises(OSError) as raised:
+    checkpointer.finish(_state(4))
+  assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(
+      tmp_path / "checkpoints" / "4")
+  monkeypatch.undo()
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]
+  chex.assert_trees_all_equal(ckpt.Checkpointer(tmp_path).restore(_state(0)),
+                              _state(3, scale=3))
