@@ -53,6 +53,7 @@ import time
 import numpy as np
 
 from vla_jax.training import jsonl
+from vla_jax.training.config import RESULT_FREE
 
 GRIDS = ("capacity", "long", "copy", "zoology", "ablation", "ablation_demo", "zoology_tuned",
          "seed_remedies")
@@ -121,11 +122,6 @@ REMEDY_VARIANTS = (("defaults", {}),
 REMEDY_RATE = "3e-3"
 REMEDY_SEEDS = (0, 1, 2, 3, 4)
 REMEDY_DIAGNOSTICS_EVERY = 50
-# Overrides that do not change a job's results (as `training.checkpoint` lets them change on
-# resume): not recorded in its rows, and they do not make a finished job run again.
-FREE_OVERRIDES = ("train.log_every", "train.eval_every", "train.eval_batch_size",
-                  "train.checkpoint_every", "train.keep_checkpoints", "train.diagnostics_every",
-                  "model.remat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,8 +373,9 @@ def select_jobs(grids, *, rates=None, seeds=None, vla_impl=None, only=None, **gr
 
 
 def result_overrides(overrides):
-  """{field: value} of `overrides` (pairs of strings) that change results: recorded in rows."""
-  return {k: v for k, v in overrides if k not in FREE_OVERRIDES}
+  """{field: value} of `overrides` (pairs of strings) that change results (all but
+  `RESULT_FREE`'s, which a finished job may differ in): recorded in rows."""
+  return {k: v for k, v in overrides if k not in RESULT_FREE}
 
 
 def is_done(job, rows, seeds, overrides=()):

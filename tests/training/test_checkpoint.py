@@ -272,3 +272,50 @@ def test_a_run_with_penalty_scale_none_resumes_with_the_authors_float(tmp_path):
   ckpt.write_config(str(tmp_path), config(0.17677669529663687))
   with pytest.raises(ValueError, match="different model configuration"):
     ckpt.write_config(str(tmp_path), config(1.0))
+
+
+def test_a_run_resumes_with_result_free_settings_changed_only(tmp_path):
+  """Every `config.RESULT_FREE` and `config.ROUNDING_ONLY` setting may differ on resume;
+  eval_examples (other evaluation sets, other scores) or the learning rate may not."""
+  from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY  # pylint: disable=import-outside-toplevel
+  def config(**changed):
+    sections = {"task": {"name": "mqar"}, "model": {"mixer": "vla", "remat": False},
+                "train": {"learning_rate": 1e-3, "eval_examples": 16}}
+    for name, value in changed.items():
+      section, field = name.split("__")
+      sections[section][field] = value
+    return json.dumps(sections)
+  ckpt.write_config(str(tmp_path), config())
+  for name in RESULT_FREE + ROUNDING_ONLY:
+    ckpt.write_config(str(tmp_path), config(**{name.replace(".", "__"): "changed"}))
+    ckpt.write_config(str(tmp_path), config())
+  with pytest.raises(ValueError, match=r"different training settings \(eval_examples: 16 -> 8\)"):
+    ckpt.write_config(str(tmp_path), config(train__eval_examples=8))
+  with pytest.raises(ValueError, match="learning_rate: 0.001 -> 0.01"):
+    ckpt.write_config(str(tmp_path), config(train__learning_rate=1e-2))
+
+
+def test_a_background_save_is_whole_when_waited_for_and_a_full_disk_names_it(tmp_path,
+                                                                             monkeypatch):
+  """async_save (a GPU's default): save returns before the files are recorded and renamed;
+  after `wait` the checkpoints are those a synchronous save leaves, bit for bit, and a full
+  disk in the background is the same one OSError at the next call, the older ones intact."""
+  checkpointer = ckpt.Checkpointer(tmp_path, keep=2, async_save=True)
+  for step in (1, 2, 3):
+    checkpointer.save(step, _state(step, scale=step))
+  checkpointer.wait()
+  assert checkpointer.steps() == [2, 3]
+  chex.assert_trees_all_equal(checkpointer.restore(_state(0)), _state(3, scale=3))
+  def full(*args):   # the disk fills up when checksums.json is written
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(ckpt.jsonl, "write_atomic", full)
+  checkpointer.save(4, _state(4))
+  with pytest.raises(OSError) as raised:
+    checkpointer.finish(_state(4))
+  assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(
+      tmp_path / "checkpoints" / "4")
+  monkeypatch.undo()
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]
+  chex.assert_trees_all_equal(ckpt.Checkpointer(tmp_path).restore(_state(0)),
+                              _state(3, scale=3))

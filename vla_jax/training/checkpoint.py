@@ -16,9 +16,18 @@ one `CheckpointError` line. Without a step, the latest checkpoint that verifies 
 with a warning for each later one that does not. Checkpoints written before checksums.json
 existed are restored with structure, shape, dtype (and, for a single run, finiteness) checks.
 Clean-up deletes only checkpoints with checksums.json: an integer-named folder that someone
-put under checkpoints/ is neither restored nor deleted.
+put under checkpoints/ is neither restored nor deleted. On a GPU, saves are written in the
+background (`Checkpointer.async_save`).
+
+Why not orbax's CheckpointManager (orbax-checkpoint 0.12): it takes every integer-named folder
+for a step, so a user's folder "7" makes it skip the saves of steps 1 to 7 and its keep-N
+clean-up deletes a user's folder "0"; it refuses to save a step at or below its latest one,
+which a run resumed past a damaged checkpoint must do; and it renames a step into place
+before checksums.json could be written into it. Saves here use orbax's asynchronous
+StandardCheckpointer under the same rename, record and clean-up rules instead.
 """
 
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -34,18 +43,18 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vla_jax.training import jsonl
+from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY
 
 CONFIG_FILE = "config.json"
 ITEM = "default"            # the orbax folder inside a step
 RECORD = "checksums.json"   # what `Checkpointer.save` wrote, for `restore` to check
 PARTIAL = ".partial"        # suffix of a step being written
 REREADS = 5                 # reads of the newest checkpoint while a training removes old ones
-# Settings that do not change the training trajectory and may differ on resume.
-_FREE = ("log_every", "eval_every", "eval_examples", "eval_batch_size", "checkpoint_every",
-         "keep_checkpoints", "tensorboard", "seq_devices", "diagnostics_every")
-# Per section, settings of the same kind (memory against compute only); a config.json written
-# before such a setting existed lacks it.
-_FREE_BY_SECTION = {"task": (), "model": ("remat",)}
+# Per config.json section, the settings a resumed run may change (`config.RESULT_FREE` and
+# `config.ROUNDING_ONLY`); a config.json written before such a setting existed lacks it.
+_FREE_BY_SECTION = {section: tuple(name.split(".", 1)[1] for name in RESULT_FREE + ROUNDING_ONLY
+                                   if name.startswith(section + "."))
+                    for section in ("task", "model", "train")}
 # Mixer options added after runs were made, at the value that reproduces those runs: a
 # config.json written before the option existed lacks it, which is the same run.
 _ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla"}
@@ -122,14 +131,18 @@ class Checkpointer:
     keep: checkpoints kept (>= 1).
     finite: whether a checkpoint without checksums.json must hold only finite values (True
       for a single run; a sweep's diverged runs legitimately hold NaN).
+    async_save: write checkpoints in the background (`save`); default: where the state is on
+      a GPU (jax.default_backend() == "gpu"), where writing would stall the steps.
   """
 
-  def __init__(self, workdir, keep=2, finite=True):
+  def __init__(self, workdir, keep=2, finite=True, async_save=None):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     self.keep = keep
     self.finite = finite
+    self.async_save = jax.default_backend() == "gpu" if async_save is None else async_save
     self._orbax = ocp.StandardCheckpointer()
     self._current = None   # the step this object restored or saved last
+    self._pool = self._pending = None   # the thread and Future of a save being written
 
   def steps(self):
     """The steps that hold a checkpoint, ascending (see `checkpoint_steps`)."""
@@ -148,46 +161,78 @@ class Checkpointer:
     """Writes `state` as checkpoint `step` (under `<step>.partial`, renamed when complete),
     then deletes the checkpoints it wrote that are older than the newest `keep`.
 
+    With `async_save`, returns once the arrays are copied to the host (the state may then be
+    donated): the files are written, recorded, renamed and the old checkpoints deleted on a
+    background thread, which the next `save`, `wait`, `restore`, `finish` or `close` waits
+    for, raising its error.
+
     Raises:
       OSError: ENOSPC or EDQUOT naming the checkpoint when the disk is full (from orbax's
         errors, whose logs are left out); the partial save is removed and the checkpoints
         already there stay as they were.
     """
+    self.wait()
     step = int(step)
     os.makedirs(self.directory, exist_ok=True)
-    final = os.path.join(self.directory, str(step))
-    partial = final + PARTIAL
+    partial = os.path.join(self.directory, str(step)) + PARTIAL
     for name in os.listdir(self.directory):   # left by saves that were killed
       if name.endswith(PARTIAL) and name[:-len(PARTIAL)].isdigit():
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
     leaves = _leaf_records(state)
-    try:
-      with _quiet_disk_full_logs():
-        try:
-          self._orbax.save(os.path.join(partial, ITEM), state)
-          self._orbax.wait_until_finished()
-        except Exception as e:   # pylint: disable=broad-except  (orbax raises many kinds)
-          if jsonl.disk_full(e) is not None:   # its threads' last errors, quiet here too
-            self._orbax.close()
-          raise
+    with self._writing_step(step):
+      self._orbax.save(os.path.join(partial, ITEM), state)
+    if self.async_save:
+      self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(1)
+      self._pending = self._pool.submit(self._commit, step, leaves)
+    else:
+      self._commit(step, leaves)
+    self._current = step
+
+  def _commit(self, step, leaves):
+    """Waits for orbax's writes of checkpoint `step`, records its files and `leaves`, renames
+    it into place and deletes the old checkpoints."""
+    final = os.path.join(self.directory, str(step))
+    partial = final + PARTIAL
+    with self._writing_step(step):
+      self._orbax.wait_until_finished()
       record = {"step": step, "leaves": leaves, "files": _file_records(partial)}
       jsonl.write_atomic(os.path.join(partial, RECORD), json.dumps(record))
-    except Exception as e:   # pylint: disable=broad-except
-      shutil.rmtree(partial, ignore_errors=True)   # the checkpoints there stay as they were
-      code = jsonl.disk_full(e)
-      if code is None:
-        raise
-      raise OSError(code, jsonl.DISK_FULL[code], final) from None
     if os.path.exists(final):   # a damaged checkpoint, or a folder someone put there
       aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}"
       log.warning("%s: moving the folder already there to %s", final, aside)
       os.rename(final, aside)
     os.rename(partial, final)
-    self._current = step
     kept = [s for s in self._written() if s <= step][-self.keep:]
     for old in self._written():
       if old < kept[0]:
         shutil.rmtree(os.path.join(self.directory, str(old)))
+
+  @contextlib.contextmanager
+  def _writing_step(self, step):
+    """Around writes of checkpoint `step`: on an error its partial folder is removed (the
+    checkpoints there stay as they were), and a full disk is one OSError naming it."""
+    final = os.path.join(self.directory, str(step))
+    try:
+      with _quiet_disk_full_logs():
+        try:
+          yield
+        except Exception as e:   # pylint: disable=broad-except  (orbax raises many kinds)
+          if jsonl.disk_full(e) is not None:   # its threads' last errors, quiet here too
+            self._orbax.close()
+          raise
+    except Exception as e:   # pylint: disable=broad-except
+      shutil.rmtree(final + PARTIAL, ignore_errors=True)
+      code = jsonl.disk_full(e)
+      if code is None:
+        raise
+      raise OSError(code, jsonl.DISK_FULL[code], final) from None
+
+  def wait(self):
+    """Waits for a save still being written in the background (`async_save`); raises its
+    error."""
+    pending, self._pending = self._pending, None
+    if pending is not None:
+      pending.result()
 
   def restore(self, target, step=None):
     """Restores the state at `step` with the structure and shardings of `target` (a state
@@ -203,6 +248,7 @@ class Checkpointer:
       CheckpointError: the checkpoint at `step` (or, without `step`, every one) does not
         verify; the message says why. Also when the checkpoints changed under every read.
     """
+    self.wait()
     steps = self.steps()
     where = lambda steps: f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
     if step is not None:
@@ -312,7 +358,14 @@ class Checkpointer:
     return step
 
   def close(self):
-    self._orbax.close()
+    """Waits for a save being written (raising its error), then releases orbax's threads."""
+    try:
+      self.wait()
+    finally:
+      self._orbax.close()
+      if self._pool is not None:
+        self._pool.shutdown()
+        self._pool = None
 
 
 class _DiskFullFilter(logging.Filter):
@@ -379,13 +432,15 @@ def write_config(workdir, config_json):
     if old.get("sweep") != new.get("sweep"):   # a sweep's stacked state is not a run's
       kind = lambda c: f"a sweep over {c['sweep']}" if c.get("sweep") else "a single run"
       raise ValueError(f"{workdir} holds {kind(old)}, not {kind(new)}; use a new workdir")
-    for section, free in _FREE_BY_SECTION.items():
+    for section in ("task", "model"):
+      free = _FREE_BY_SECTION[section]
       if _without(old.get(section), free) != _without(new.get(section), free):
         raise ValueError(f"{workdir} holds a run with a different {section} configuration; "
                          f"use a new workdir (old: {old.get(section)}, new: "
                          f"{new.get(section)})")
-    old_train = {k: v for k, v in old.get("train", {}).items() if k not in _FREE}
-    new_train = {k: v for k, v in new["train"].items() if k not in _FREE}
+    free = _FREE_BY_SECTION["train"]
+    old_train = {k: v for k, v in old.get("train", {}).items() if k not in free}
+    new_train = {k: v for k, v in new["train"].items() if k not in free}
     if old_train != new_train:
       diff = ", ".join(f"{k}: {old_train.get(k)} -> {new_train.get(k)}"
                        for k in sorted(set(old_train) | set(new_train))

@@ -14,6 +14,22 @@ from vla_jax.models import ModelConfig
 from vla_jax.tasks import make_task
 
 
+# Settings that change no result, as "section.field": a run made with other values of them logs
+# the same numbers (losses, accuracies, gradient norms, learning rates, evaluation scores) at
+# the steps both log, bit for bit; they change only how often rows are logged, evaluations run
+# and checkpoints are kept, and what is written beside the rows. A run may resume with them
+# changed (`checkpoint.write_config`), and a grid leaves them out of the settings its rows
+# record. Not here: eval_examples (other evaluation sets, other scores) and `ROUNDING_ONLY`.
+RESULT_FREE = ("train.log_every", "train.eval_every", "train.eval_batch_size",
+               "train.checkpoint_every", "train.keep_checkpoints", "train.tensorboard",
+               "train.diagnostics_every")
+# Settings that compute the same function in another order (memory against compute, the
+# sequence split over devices): results agree up to float rounding (model.remat: other last
+# bits of the gradient norm), as on another number of devices. A run may resume with them
+# changed; they are not result-free.
+ROUNDING_ONLY = ("model.remat", "train.seq_devices")
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Attributes:

@@ -1,9 +1,10 @@
 """Stopping a training loop cleanly on SIGTERM, so that a preempted run loses no step.
 
-A job scheduler (or `experiments/grid.py` at its deadline) sends SIGTERM; the loops of
-`train_and_evaluate` and `train_sweep` check `StopSignal.requested` after every step, stop,
-and save a checkpoint at the step they reached. They save every checkpoint, the last one too,
-inside the `StopSignal` block, so a SIGTERM during a save lets it finish. Re-running with the
+A job scheduler (or `experiments/grid.py` at its deadline) sends SIGTERM; the training loop
+(`loop.train_loop`, of `train_and_evaluate` and `train_sweep`) checks `StopSignal.requested`
+after every step, stops, and saves a checkpoint at the step it reached. It saves every
+checkpoint, the last one too, inside the `StopSignal` block, so a SIGTERM during a save lets
+it finish. Re-running with the
 same workdir resumes there, with the same result as an uninterrupted run (batches are a pure
 function of seed and step).
 """

@@ -38,13 +38,10 @@ from vla_jax.models import LanguageModel
 from vla_jax.tasks import registry
 from vla_jax.tasks.common import check_int
 from vla_jax.training import checkpoint as ckpt
-from vla_jax.training import curves
 from vla_jax.training import jsonl
 from vla_jax.training import lock
-from vla_jax.training import preemption
+from vla_jax.training import loop
 from vla_jax.training import probe as probe_lib
-from vla_jax.training import progress as progress_lib
-from vla_jax.training import provenance
 from vla_jax.training.config import ExperimentConfig
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
                                     eval_buckets, eval_counts, generation_scores, model_loss,
@@ -202,14 +199,6 @@ def _prefetch(trainer, start, end, depth=4):
       yield step, batch
 
 
-def _logged_losses(last, step, size):
-  """Per-run losses [size] of `last`, the last metrics row at or before `step`: NaN for no
-  step done yet, None when steps were done but none was logged (unknown)."""
-  if step == 0:
-    return np.full(size, np.nan)
-  return None if last is None else np.asarray(last["loss"], np.float64)
-
-
 def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, stop_after=None,
                 log=print):
   """Trains every (seed, learning rate) pair of `config` at once; resumes from `workdir`.
@@ -255,86 +244,28 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
                      f"({ckpt.read_config(workdir).get('sweep')}); use a new workdir")
   ckpt.write_config(workdir, json.dumps({**json.loads(config.to_json()), "sweep": sweep},
                                         sort_keys=True))
-  # A diverged run's parameters are NaN: its checkpoints may hold non-finite values.
-  checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints, finite=False)
-  state, start = trainer.init_state, 0
-  if checkpointer.latest_step() is not None:
-    state = checkpointer.restore(state)
-    start = int(state["step"])
-    log(f"resumed from step {start} in {checkpointer.directory}")
-  end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
-  log(f"sweep task={trainer.task.name} mixer={config.model.mixer} runs={trainer.size} "
-      f"steps {start}->{end}")
-  metrics_path = os.path.join(workdir, curves.METRICS_FILE)
-  # Losses of the last logged step at or before `start`: a sweep stopped after its last
-  # training step (during evaluation, say) resumes with no step left to log.
-  last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
-  losses = _logged_losses(last, start, trainer.size)
-  before = ckpt.elapsed_of(last)
-  commit = provenance.git_commit()
-  writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR),
-                                     labels=curves.run_labels(workdir))
-            if tc.tensorboard else None)
   probe = trainer.probe_inputs() if tc.diagnostics_every else None
-
-  def run_probe(step):
-    row = probe_lib.row(step, trainer.probe_step(state["params"], probe))
-    jsonl.append_rows(metrics_path, [row])
-    if writer is not None:
-      writer.write(row)
-
-  if probe is not None and start == 0:
-    run_probe(0)
-  progress = progress_lib.Progress(start, end)
-  segment = {}   # added to the segment's first row: its compile time and commit
-  try:
-    with preemption.StopSignal() as stop:
-      for step, batch in _prefetch(trainer, start, end):
-        state, metrics = trainer.train_step(state, *batch)
-        done = step + 1
-        segment = progress.segment_start(done, metrics, commit, log) or segment
-        if done % tc.log_every == 0 or done == end or stop.requested:
-          metrics = jax.device_get(metrics)
-          losses = np.asarray(metrics["loss"], np.float64)
-          rate, timing = progress.describe(done)
-          row = {"step": done, **{k: np.asarray(v, np.float64).tolist()
-                                  for k, v in metrics.items()},
-                 **({"steps_per_s": rate, "tokens_per_s": rate * batch[0].size}
-                    if rate is not None else {}),
-                 "elapsed_s": round(before + time.time() - start_time, 2), **segment}
-          segment = {}
-          jsonl.append_rows(metrics_path, [row])
-          if writer is not None:
-            writer.write(row)
-          finite = losses[np.isfinite(losses)]
-          best = f"{finite.min():.4f}" if finite.size else "nan"
-          log(f"step {done}/{tc.num_steps} loss best {best} median {np.median(losses):.4f} "
-              f"diverged {trainer.size - finite.size}/{trainer.size}{timing}")
-        if probe is not None and done % tc.diagnostics_every == 0:
-          with progress.paused():
-            run_probe(done)
-        if stop.requested:
-          log(f"SIGTERM: stopping at step {done} with a checkpoint")
-          break
-        if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
-          with progress.paused():
-            checkpointer.save(done, state)
-      final = checkpointer.finish(state)   # a SIGTERM during the last save lets it finish
-  finally:
-    if writer is not None:
-      writer.close()
-  if final < tc.num_steps or stop.requested:   # a rerun evaluates
+  out = loop.train_loop(loop.Steps(
+      init_state=trainer.init_state, train_step=trainer.train_step,
+      batches=lambda start, end: _prefetch(trainer, start, end),
+      header=f"sweep task={trainer.task.name} mixer={config.model.mixer} runs={trainer.size}",
+      runs=trainer.size,
+      probe=None if probe is None else lambda params: trainer.probe_step(params, probe)),
+                        workdir, tc, stop_after=stop_after, log=log, start_time=start_time)
+  if out.step < tc.num_steps or out.stopped:   # a rerun evaluates
     return []
-  test = trainer.evaluate(state["params"], trainer.eval_sets())
-  validation = trainer.evaluate(state["params"], trainer.eval_sets(validation=True))
-  wall = round(before + time.time() - start_time, 2)
+  test = trainer.evaluate(out.state["params"], trainer.eval_sets())
+  validation = trainer.evaluate(out.state["params"], trainer.eval_sets(validation=True))
+  wall = out.wall_s()
+  # Per run, the loss of the last logged step (None when unknown: steps done, none logged).
+  losses = None if out.loss is None else np.asarray(out.loss, np.float64)
   rows = []
   for r, (seed, lr) in enumerate(trainer.runs):
     known = losses is not None
     rows.append({"task": trainer.task.name, "mixer": config.model.mixer, "seed": seed,
-                 "learning_rate": lr, "steps": final,
+                 "learning_rate": lr, "steps": out.step,
                  "train_loss": float(losses[r]) if known and math.isfinite(losses[r]) else None,
                  "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
-                 "validation": validation[r], "wall_s": wall, "git_commit": commit})
+                 "validation": validation[r], "wall_s": wall, "git_commit": out.git_commit})
   jsonl.write_rows(os.path.join(workdir, RESULTS_FILE), rows)
   return rows

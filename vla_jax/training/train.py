@@ -2,7 +2,6 @@
 
 import dataclasses
 import functools
-import math
 import os
 import time
 
@@ -19,11 +18,9 @@ from vla_jax.tasks import text as text_task
 from vla_jax.tasks.common import check_examples, check_int
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import curves
-from vla_jax.training import jsonl
 from vla_jax.training import lock
-from vla_jax.training import preemption
+from vla_jax.training import loop
 from vla_jax.training import probe as probe_lib
-from vla_jax.training import progress as progress_lib
 from vla_jax.training import provenance
 from vla_jax.training import sharding
 from vla_jax.training.config import ExperimentConfig, TrainConfig
@@ -164,6 +161,15 @@ class Trainer:
 
   def model(self, params):
     return nnx.merge(self.graphdef, params, self.rest)
+
+  def batches(self, start, end):
+    """Yields (step, device batch) for the steps in [start, end): inputs, labels [B, T] (and
+    the segment ids [B, T] of packed rows) on the mesh."""
+    tc = self.config.train
+    for step in range(start, end):
+      batch = self.task.train_batch(tc.seed, step, tc.batch_size)  # (+ segment_ids packed)
+      check_max_targets(batch[1], self.max_targets, where=f"train batch {step}")
+      yield step, sharding.shard_batch(self.mesh, *batch)
 
   def train_step(self, state, inputs, labels, segment_ids=None):
     """One optimizer step on inputs, labels [B, T] (and the segment ids [B, T] of packed
@@ -334,96 +340,18 @@ def _train(trainer, workdir, stop_after, log, start_time):
   config = trainer.config
   tc = config.train
   ckpt.write_config(workdir, config.to_json())
-  checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints)
-  metrics_path = os.path.join(workdir, METRICS_FILE)
-  state = trainer.init_state
-  start = 0
-  if checkpointer.latest_step() is not None:
-    state = checkpointer.restore(state)
-    start = int(state["step"])
-    log(f"resumed from step {start} in {checkpointer.directory}")
   eval_sets = trainer.task.eval_sets(tc.seed, tc.eval_examples)
-  end = tc.num_steps if stop_after is None else min(tc.num_steps, stop_after)
-  log(f"task={trainer.task.name} mixer={config.model.mixer} devices={trainer.mesh.size} "
-      f"params={sum(p.size for p in jax.tree.leaves(state['params']))} steps {start}->{end}")
-
-  commit = provenance.git_commit()
-  writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR))
-            if tc.tensorboard else None)
-
-  def log_row(row):
-    jsonl.append_rows(metrics_path, [row])
-    if writer is not None:
-      writer.write(row)
-
   probe = (probe_lib.probe_inputs(trainer.task, tc.seed, tc.batch_size)
            if tc.diagnostics_every else None)
-
-  def run_probe(step):
-    log_row(probe_lib.row(step, trainer.probe_step(state["params"], probe)))
-
-  if probe is not None and start == 0:
-    run_probe(0)
-  progress = progress_lib.Progress(start, end)
-
-  def run_eval(step):
-    with progress.paused():
-      results = trainer.evaluate(state["params"], eval_sets)
-      log_row({"step": step, "eval": results, "git_commit": commit})
-    log(f"eval step {step}: " + " ".join(
-        f"{k} acc={v['accuracy']:.4f} exact={v['exact_match']:.4f}"
-        + (f" generated_exact={v['generated_exact_match']:.4f}"
-           if "generated_exact_match" in v else "")
-        + (f" bits/byte={v['bits_per_byte']:.4f}" if "bits_per_byte" in v else "")
-        for k, v in results.items()))
-    return results
-
-  last = ckpt.logged_row(metrics_path, start) if start else None  # read once, at resume
-  before = ckpt.elapsed_of(last)
-  results, results_step, last_loss = None, None, (last["loss"] if last else None)
-  segment = {}   # added to the segment's first training row: its compile time and commit
-  try:
-    with preemption.StopSignal() as stop:
-      for step in range(start, end):
-        batch = trainer.task.train_batch(tc.seed, step, tc.batch_size)  # (+ segment_ids packed)
-        check_max_targets(batch[1], trainer.max_targets, where=f"train batch {step}")
-        state, metrics = trainer.train_step(state, *sharding.shard_batch(trainer.mesh, *batch))
-        done = step + 1
-        segment = progress.segment_start(done, metrics, commit, log) or segment
-        if done % tc.log_every == 0 or done == end or stop.requested:
-          metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-          last_loss = metrics["loss"]
-          rate, timing = progress.describe(done)
-          row = {"step": done, **metrics,
-                 **({"steps_per_s": rate, "tokens_per_s": rate * batch[0].size}
-                    if rate is not None else {}),
-                 "elapsed_s": round(before + time.time() - start_time, 2), **segment}
-          segment = {}
-          log_row(row)
-          log(f"step {done}/{tc.num_steps} loss {metrics['loss']:.4f} "
-              f"acc {metrics['accuracy']:.4f} lr {metrics['lr']:.2e}{timing}")
-          if not math.isfinite(metrics["loss"]):
-            raise FloatingPointError(f"loss became {metrics['loss']} at step {done}")
-        if probe is not None and done % tc.diagnostics_every == 0:
-          with progress.paused():
-            run_probe(done)
-        if tc.eval_every and done % tc.eval_every == 0 and done != tc.num_steps:
-          results, results_step = run_eval(done), done
-        if stop.requested:
-          log(f"SIGTERM: stopping at step {done} with a checkpoint")
-          break
-        if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
-          with progress.paused():
-            checkpointer.save(done, state)
-      # Still inside StopSignal: a SIGTERM during the last save lets it finish (outside, the
-      # signal would end the process mid-save and a rerun would redo the steps since the
-      # previous checkpoint).
-      final = checkpointer.finish(state)
-    if results_step != final:   # the summary scores the final step only, never an earlier one
-      results = None if stop.requested else run_eval(final)
-  finally:
-    if writer is not None:
-      writer.close()
+  params = sum(p.size for p in jax.tree.leaves(trainer.init_state["params"]))
+  out = loop.train_loop(loop.Steps(
+      init_state=trainer.init_state, train_step=trainer.train_step, batches=trainer.batches,
+      header=(f"task={trainer.task.name} mixer={config.model.mixer} "
+              f"devices={trainer.mesh.size} params={params}"),
+      probe=None if probe is None else lambda params: trainer.probe_step(params, probe),
+      evaluate=lambda params: trainer.evaluate(params, eval_sets)),
+                        workdir, tc, stop_after=stop_after, log=log, start_time=start_time)
+  results = out.evals
   return {
       "task": trainer.task.name,
       "mixer": config.model.mixer,
@@ -432,13 +360,13 @@ def _train(trainer, workdir, stop_after, log, start_time):
       **({"bits_per_byte": _headline(results, "bits_per_byte")}
          if trainer.task.name == text_task.TextTask.name else {}),
       "evals": results,
-      "steps": final,
-      "train_loss": last_loss,
-      "wall_s": round(before + time.time() - start_time, 2),
-      "compile_s": progress.compile_s and round(progress.compile_s, 2),
+      "steps": out.step,
+      "train_loss": out.loss,
+      "wall_s": out.wall_s(),
+      "compile_s": out.compile_s and round(out.compile_s, 2),
       "devices": trainer.mesh.size,
       "workdir": os.path.abspath(workdir),
-      "git_commit": commit,
+      "git_commit": out.git_commit,
   }
 
 

@@ -1,0 +1,61 @@
+"""Settings that change no result (`vla_jax.training.config.RESULT_FREE`): a run with every one
+of them changed logs the same numbers, bit for bit, as the run without."""
+
+import dataclasses
+
+import pytest
+
+from vla_jax.models import ModelConfig
+from vla_jax.training import curves, from_config_dict, jsonl, train_and_evaluate
+from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY, TrainConfig
+
+import test_train  # noqa: E402  pylint: disable=wrong-import-position
+
+BASE = {"num_steps": 6, "batch_size": 8, "warmup_steps": 2, "log_every": 2, "eval_every": 0,
+        "eval_examples": 16, "eval_batch_size": 16, "checkpoint_every": 0,
+        "keep_checkpoints": 2, "tensorboard": False, "diagnostics_every": 0}
+# Another value of every RESULT_FREE setting.
+CHANGED = {"train.log_every": 1, "train.eval_every": 3, "train.eval_batch_size": 8,
+           "train.checkpoint_every": 2, "train.keep_checkpoints": 1, "train.tensorboard": True,
+           "train.diagnostics_every": 3}
+
+
+def test_result_free_settings_are_config_fields():
+  fields = {"train": {f.name for f in dataclasses.fields(TrainConfig)},
+            "model": {f.name for f in dataclasses.fields(ModelConfig)}}
+  for name in RESULT_FREE + ROUNDING_ONLY:
+    section, field = name.split(".")
+    assert field in fields[section], name
+  assert not set(RESULT_FREE) & set(ROUNDING_ONLY)
+  assert "train.eval_examples" not in RESULT_FREE + ROUNDING_ONLY
+
+
+def _run(workdir, changed):
+  config = test_train.tiny_config(**BASE)
+  for name, value in changed.items():
+    section, field = name.split(".")
+    getattr(config, section)[field] = value
+  summary = train_and_evaluate(from_config_dict(config), str(workdir), log=lambda s: None)
+  rows = jsonl.read_rows(str(workdir / curves.METRICS_FILE))
+  return summary, rows
+
+
+@pytest.mark.parametrize("changed", [CHANGED], ids=["every_setting"])
+def test_result_free_settings_change_no_logged_number(tmp_path, changed):
+  """The run with every RESULT_FREE setting changed logs more rows (every step, periodic
+  evaluations, diagnostics), and at the steps both log the same losses, accuracies, gradient
+  norms and learning rates, and the same final scores, bit for bit."""
+  assert set(changed) == set(RESULT_FREE)   # a new entry is tested here too
+  base, base_rows = _run(tmp_path / "base", {})
+  other, other_rows = _run(tmp_path / "other", changed)
+  keys = ("loss", "accuracy", "grad_norm", "lr")
+  by_step = {r["step"]: r for r in other_rows if "loss" in r}
+  train_rows = [r for r in base_rows if "loss" in r]
+  assert [r["step"] for r in train_rows] == [2, 4, 6] and len(by_step) == 6
+  for row in train_rows:
+    assert {k: row[k] for k in keys} == {k: by_step[row["step"]][k] for k in keys}, row["step"]
+  final = lambda rows: [r["eval"] for r in rows if "eval" in r and r["step"] == 6]
+  assert final(base_rows) == final(other_rows) and len(final(base_rows)) == 1
+  assert [r["step"] for r in other_rows if "eval" in r] == [3, 6]
+  for key in ("accuracy", "exact_match", "evals", "steps", "train_loss"):
+    assert base[key] == other[key], key
