@@ -54,11 +54,12 @@ class KernelSupport:
 # and its readout "delta" (one more value channel of constant 1, value width d_h + 1) runs on
 # zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`). DeltaNet and
 # linear attention run on the same state path (`kernels/delta_rule.py`), packed documents
-# included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it.
-# Gated DeltaNet has no kernel yet.
+# included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it. Gated
+# DeltaNet's decays run in the same kernels, without packed documents.
 KERNEL_SUPPORT = {
     "vla": KernelSupport(segment_ids=True),
     "deltanet": KernelSupport(segment_ids=True),
+    "gated_deltanet": KernelSupport(segment_ids=False),
     "linear_attention": KernelSupport(segment_ids=True),
 }
 

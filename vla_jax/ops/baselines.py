@@ -261,9 +261,11 @@ def _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size
   caller's dtypes (bfloat16 ones: bfloat16 products at precision DEFAULT); the kernels keep
   non-finite tokens causal themselves."""
   # pylint: disable-next=import-outside-toplevel
-  from vla_jax.kernels.delta_rule import deltanet_pallas
-  if log_decay is not None:
-    raise ValueError(f"impl={impl.value!r} has no Gated DeltaNet kernel yet: log_decay must be "
-                     "None (DeltaNet); use impl='chunked'")
-  return deltanet_pallas(q, k, v, beta, S0, segment_ids=segment_ids,
-                         **_kernel_options(impl, chunk_size, precision))
+  from vla_jax.kernels.delta_rule import deltanet_pallas, gated_deltanet_pallas
+  options = _kernel_options(impl, chunk_size, precision)
+  if log_decay is None:
+    return deltanet_pallas(q, k, v, beta, S0, segment_ids=segment_ids, **options)
+  if segment_ids is not None:
+    raise ValueError(f"impl={impl.value!r}: the Gated DeltaNet kernel does not take "
+                     "segment_ids (packed documents); use impl='chunked'")
+  return gated_deltanet_pallas(q, k, v, beta, log_decay, S0, **options)
