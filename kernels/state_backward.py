@@ -32,6 +32,10 @@ the chunk-local VJP masks dP and dLm to pairs of one document, takes first * (dO
 and first * (dX S) into de (R = T (V - first * E S^T)), and last * W in dR, last * (R dS_next)
 in dw.
 
+Decays (`gate`, Gated DeltaNet): dS_c = exp(G_C) dS_next - (dS_next (exp(G_C - G) W)^T) W'
++ dO^T (exp(G) Q - P W') in the same loops; the chunk-local VJP, which then also gives dG,
+as batched XLA products (`_local_vjp_gated_xla`).
+
 Non-finite values at later tokens meet only zero cotangents when the loss reads earlier
 outputs; every value tile enters the products through `finite`, so 0 * NaN never reaches an
 earlier token's cotangent.

@@ -1,4 +1,5 @@
-"""State path of VLA as Pallas (Triton) kernels: the generalised delta rule without decay.
+"""State path of VLA as Pallas (Triton) kernels: the generalised delta rule (with per-token
+decays for Gated DeltaNet, `gate`; `delta_rule.py`).
 
 Per head, with erase keys e_t (VLA: khat_t) and write keys w_t (VLA: a_t):
 
@@ -23,6 +24,10 @@ indices, `common.doc_masks`; W' from `state_prep` is zero outside the chunk's fi
 O = first * Q S_c^T + P R and S_next = keep * S_c + R^T (last * W), where first marks the
 tokens that continue from S_c, last those of the chunk's last document and keep a chunk
 without a document start.
+
+Decays (`gate`: each chunk's cumulative log decays G, `common.decay_factors`): O = exp(G) Q S_c^T
++ P R and S_next = exp(G_C) S_c + R^T (exp(G_C - G) W), with P, W' from `state_prep` weighted
+by the decays.
 
 Layout: per-token arrays head-major [B * H, N * C, d], or (heads=H) q, v and o the caller's
 token-major [B, N * C, H, d], read and written in place.

@@ -25,6 +25,7 @@ def _auto(**kw):
                                 dict(options={"readout": "additive"}),
                                 dict(options={"readout": "delta"}), dict(segment_ids=True),
                                 dict(platform="cuda"), dict(op="deltanet"),
+                                dict(op="gated_deltanet"),
                                 dict(op="linear_attention", segment_ids=True)])
 def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
   impl, reason = _auto(**kw)
@@ -41,6 +42,7 @@ def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
     (dict(chunk_size=256), "chunk_size=256"),
     (dict(dtype=jnp.float16), "dtype=float16"),
     (dict(op="no_such_op"), "no Pallas kernel for 'no_such_op'"),
+    (dict(op="gated_deltanet", segment_ids=True), "does not take segment_ids"),
 ])
 def test_auto_falls_back_to_chunked_and_says_why(kw, why):
   impl, reason = _auto(**kw)
