@@ -7,7 +7,10 @@ floor; forward and forward + backward; H = 16, bfloat16, B * T = 32,768 (B = 1 b
     python experiments/report_benchmarks.py
 
 The state path alone (`lab.benchmarks.rows` lists every row family):
---rows=state_path_triton.
+--rows=state_path_triton. DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
+
+    python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \
+        --rows=deltanet_pallas,fla_delta_rule,gated_deltanet_pallas,fla_gated_delta_rule
 
 Rows go to --out_dir/<name>.jsonl (default results/bench/), one JSON line each as soon as it
 is measured, after a header line (versions, device, settings). Medians after warm-up, rotating
@@ -23,7 +26,8 @@ from absl import app, flags
 _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
 _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_cudnn, "
-                          "fla_delta_rule; also state_path_triton).")
+                          "fla_delta_rule; also state_path_triton, deltanet_pallas, "
+                          "gated_deltanet_pallas, fla_gated_delta_rule).")
 _DIMS = flags.DEFINE_list("dims", None, "Head dims (default 64,128).")
 _TS = flags.DEFINE_list("Ts", None, "Sequence lengths (default 1024 ... 131072, every 2x).")
 _PASSES = flags.DEFINE_list("passes", None, "fwd, fwd+bwd or both (default both).")

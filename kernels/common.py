@@ -170,6 +170,23 @@ def doc_masks(rel):
   return col == rel[None, :], col == 0, col == top, top == 0
 
 
+# ----------------------------------------------------------------------------- decays
+
+def decay_factors(g):
+  """Decays of one chunk of Gated DeltaNet from g [C], the cumulative log decays G_i (the sum
+  of the chunk's per-token log decays up to token i, each floored: `delta_rule.py`):
+  (D [C, C] = exp(G_i - G_j) for i >= j, else 0; gam [C, 1] = exp(G_i), the decay from the
+  chunk start to token i; rest [C, 1] = exp(G_C - G_i), from token i to the chunk end;
+  last, a scalar exp(G_C), over the whole chunk). The log decays are <= 0, so G is
+  non-increasing: G_C = min G, and every factor is at most 1."""
+  n = g.shape[0]
+  r, c, _ = iota(n)
+  diff = g[:, None] - g[None, :]
+  D = jnp.where(r >= c, jnp.exp(jnp.where(r >= c, diff, 0.0)), 0.0)
+  end = jnp.min(g)
+  return D, jnp.exp(g)[:, None], jnp.exp(end - g)[:, None], jnp.exp(end)
+
+
 # ----------------------------------------------------------------------------- block specs
 
 def doc_spec(rows, time=lambda i, j: j):

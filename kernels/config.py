@@ -52,9 +52,15 @@ class KernelSupport:
 # The recurrences with a Pallas kernel, by op name ("vla", "deltanet", "gated_deltanet",
 # "linear_attention"); an op without an entry has none. VLA's kernels take packed documents,
 # and its readout "delta" (one more value channel of constant 1, value width d_h + 1) runs on
-# zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`).
+# zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`). DeltaNet and
+# linear attention run on the same state path (`kernels/delta_rule.py`), packed documents
+# included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it. Gated
+# DeltaNet's decays run in the same kernels, without packed documents.
 KERNEL_SUPPORT = {
     "vla": KernelSupport(segment_ids=True),
+    "deltanet": KernelSupport(segment_ids=True),
+    "gated_deltanet": KernelSupport(segment_ids=False),
+    "linear_attention": KernelSupport(segment_ids=True),
 }
 
 # Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:

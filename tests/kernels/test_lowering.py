@@ -156,3 +156,31 @@ def test_high_runs_three_tf32_passes_everywhere():
     products = _products(jax.grad(loss, argnums=range(6)), args)
     assert {w for w, _ in products} >= {"xla", "vla_row_cotangents", "vla_adjoint_du"}
     assert {p for _, p in products} <= allowed, sorted(products)
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["deltanet", "gated_deltanet"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_delta_rule_kernels_lower(dtype, gated):
+  """DeltaNet and Gated DeltaNet on the state path (`kernels/delta_rule.py`), forward and
+  gradient: the Triton IR of the state-path kernels (the decays' exponentials and chunk-end
+  minimum included) is built; Gated DeltaNet's chunk-local VJP is XLA products."""
+  from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
+      deltanet_pallas, gated_deltanet_pallas)
+  B, T, H, d, C = 1, 100, 2, 64, 32
+  cfg = KernelConfig(chunk_size=C)
+  spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
+  args = [spec(B, T, H, d), spec(B, T, H, d), spec(B, T, H, d), spec(B, T, H, dt=jnp.float32)]
+  if gated:
+    args.append(spec(B, T, H, dt=jnp.float32))
+  args.append(spec(B, H, d, d, dt=jnp.float32))
+  op = gated_deltanet_pallas if gated else deltanet_pallas
+  fwd = lambda *a: op(*a, config=cfg, interpret=False)
+  loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32)) for x in fwd(*a))
+  for fn, want in ((fwd, SPLIT_FWD),
+                   (jax.grad(loss, argnums=range(len(args))),
+                    SPLIT_FWD + ["vla_state_bwd_chain", "vla_state_bwd_terms"]
+                    + ([] if gated else ["vla_state_local_vjp"]))):
+    hlo = lower_for_h200(fn, *args).as_text()
+    names = re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo)
+    assert hlo.count("__gpu$xla.gpu.triton") == len(names)
+    assert sorted(names) == sorted(want)

@@ -50,8 +50,6 @@ def test_too_long_sequence_fails():
     ({"impl": "pallas", "d_model": 24}, r"model.impl='pallas' cannot run here: head_dim"),
     ({"impl": "pallas_interpret", "num_heads": 1, "chunk_size": 256},
      "model.impl='pallas_interpret' cannot run here: chunk_size=256"),
-    ({"impl": "pallas", "num_heads": 1, "mixer": "linear"},
-     "no Pallas kernel for 'linear_attention'"),
 ])
 def test_bad_model_configs(change, match):
   with pytest.raises(ValueError, match=match):
@@ -66,9 +64,15 @@ def test_impl_defaults_to_auto():
   pallas.check_impl()
   pallas.check_impl(packed=True)          # the VLA kernels take packed documents
   ModelConfig(**SMALL).check_impl(packed=True)
-  with pytest.raises(ValueError, match="model.impl='pallas' .*no Pallas kernel for 'deltanet'"):
-    ModelConfig(**{**SMALL, "num_heads": 1, "impl": "pallas", "mixer": "deltanet"}).check_impl(
+  for mixer in ("deltanet", "linear"):     # their kernels take packed documents too
+    ModelConfig(**{**SMALL, "num_heads": 1, "impl": "pallas", "mixer": mixer}).check_impl(
         packed=True)
+  ModelConfig(**{**SMALL, "num_heads": 1, "impl": "pallas", "mixer": "gated_deltanet"}
+              ).check_impl()
+  with pytest.raises(ValueError,
+                     match="model.impl='pallas' .*kernel does not take segment_ids"):
+    ModelConfig(**{**SMALL, "num_heads": 1, "impl": "pallas",
+                   "mixer": "gated_deltanet"}).check_impl(packed=True)
 
 
 def test_remat_keeps_the_gradients_and_saves_activation_memory():

@@ -1,5 +1,7 @@
 """Linear attention, DeltaNet and Gated DeltaNet: every impl against float64 NumPy oracles,
-state hand-over, gradients across impls and input validation."""
+state hand-over, gradients across impls and input validation. The Pallas impls (interpret
+mode here) on one ragged shape; tests/kernels/test_delta_rule.py checks their kernels in
+float32 and bfloat16."""
 
 import functools
 
@@ -140,8 +142,8 @@ def test_validation():
     deltanet(q, k, v, beta[:, :4])
   with pytest.raises(ValueError, match=r"log_decay must have rank 3 \[B, T, H\]"):
     gated_deltanet(q, k, v, beta, log_decay[..., None])
-  with pytest.raises(ValueError, match="impl='pallas' is not available here"):
-    deltanet(q, k, v, beta, impl="pallas")
+  with pytest.raises(ValueError, match="impl='auto' is not available here"):
+    deltanet(q, k, v, beta, impl="auto")
   with pytest.raises(TypeError, match="k must have a floating dtype"):
     linear_attention(q, k.astype(np.int8), v)
   with pytest.raises(ValueError, match=r"initial_state.z must have shape \(1, 2, 4\)"):
@@ -199,3 +201,71 @@ def test_no_tokens_pass_the_state_through(impl):
   o, state = vla_recurrence(q, k, v, u, initial_state=init, impl=impl)
   chex.assert_shape(o, (1, 0, 2, 3))
   chex.assert_trees_all_equal(state, init)
+
+
+def _packed_ids(B, T):
+  """Three documents a row, one starting inside the first chunk of 16 and one at token 31."""
+  return np.repeat(np.array([[0] * 7 + [1] * 24 + [2] * (T - 31)]), B, axis=0)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one_document", "packed"])
+def test_pallas_impls_match_oracle_chunked_and_their_gradients(x64, packed):
+  """impl 'pallas' (interpret mode off GPUs) and 'pallas_interpret' of DeltaNet and linear
+  attention (normalised, from an initial state; v 5 wide, run on zero columns up to 16; T a
+  ragged 40): outputs and states equal the oracles (one document) or 'chunked' (packed), and
+  so do the gradients of q, k, v, beta and the initial state."""
+  B, T, H, dk, dv = 1, 40, 2, 16, 5
+  q, k, v, _ = random_inputs(14, B, T, H, dk, dv)
+  beta, _ = gates(15, B, T, H)
+  rng = np.random.default_rng(16)
+  S0, z0 = rng.standard_normal((B, H, dv, dk)) / 4, rng.uniform(0.5, 1.0, (B, H, dk))
+  ids = _packed_ids(B, T) if packed else None
+  kernel = "pallas_interpret" if packed else "pallas"
+
+  def run(impl):
+    def f(q, k, v, beta, S0, z0):
+      o1, S = deltanet(q, k, v, beta, initial_state=S0, impl=impl, chunk_size=16,
+                       segment_ids=ids)
+      o2, st = linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=16,
+                                initial_state=LinearAttentionState(S0, z0), segment_ids=ids)
+      return o1, S, o2, st.S, st.z
+    loss = lambda *a: sum(jnp.sum(jnp.sin(x)) for x in f(*a))
+    return jax.jit(lambda *a: (f(*a), jax.grad(loss, argnums=range(6))(*a)))
+
+  args = (q, k, v, beta, S0, z0)
+  got, grads = run(kernel)(*args)
+  want, grads_ref = run("chunked")(*args)
+  if not packed:
+    want = (oracles.gated_deltanet(q, k, v, beta, S0=S0)
+            + oracles.linear_attention(q, k, v, normalize=True, S0=S0, z0=z0))
+  for name, x, r in zip(("o", "S", "o_linear", "S_linear", "z"), got, want):
+    assert rel_err(x, r) < 1e-10, name
+  for name, g, r in zip(("q", "k", "v", "beta", "S0", "z0"), grads, grads_ref):
+    assert rel_err(g, r) < 1e-10, "d" + name
+
+
+def test_gated_deltanet_pallas_matches_oracle_and_scan_gradients(x64):
+  """impl 'pallas_interpret' of Gated DeltaNet (v 5 wide, a hard reset, T a ragged 40):
+  outputs and state equal the oracle's, gradients 'scan''s; packed documents are refused."""
+  B, T, H, dk, dv = 1, 40, 2, 16, 5
+  q, k, v, _ = random_inputs(17, B, T, H, dk, dv)
+  beta, log_decay = gates(18, B, T, H)
+  log_decay[0, 12, 1] = -np.inf
+  S0 = np.random.default_rng(19).standard_normal((B, H, dv, dk)) / 4
+
+  def run(impl):
+    f = lambda *a: gated_deltanet(*a[:5], initial_state=a[5], impl=impl, chunk_size=16)
+    loss = lambda *a: (lambda o, S: jnp.sum(jnp.sin(o)) + jnp.sum(S ** 2))(*f(*a))
+    return jax.jit(lambda *a: (f(*a), jax.grad(loss, argnums=range(6))(*a)))
+
+  args = (q, k, v, beta, log_decay, S0)
+  (o, S), grads = run("pallas_interpret")(*args)
+  o_ref, S_ref = oracles.gated_deltanet(q, k, v, beta, log_decay, S0=S0)
+  assert rel_err(o, o_ref) < 1e-10 and rel_err(S, S_ref) < 1e-10
+  for name, g, r in zip(("q", "k", "v", "beta", "log_decay", "S0"), grads,
+                        run("scan")(*args)[1]):
+    assert rel_err(g, r) < 1e-10, "d" + name
+  with pytest.raises(ValueError, match="Gated DeltaNet kernel does not take segment_ids"):
+    gated_deltanet(*args[:5], impl="pallas_interpret", segment_ids=_packed_ids(B, T))
+  with pytest.raises(ValueError, match="chunk_size must be a power of two in \\[16, 128\\]"):
+    deltanet(q, k, v, beta, impl="pallas_interpret", chunk_size=256)

@@ -24,7 +24,9 @@ def _auto(**kw):
                                 dict(chunk_size=16), dict(chunk_size=128),
                                 dict(options={"readout": "additive"}),
                                 dict(options={"readout": "delta"}), dict(segment_ids=True),
-                                dict(platform="cuda")])
+                                dict(platform="cuda"), dict(op="deltanet"),
+                                dict(op="gated_deltanet"),
+                                dict(op="linear_attention", segment_ids=True)])
 def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
   impl, reason = _auto(**kw)
   assert impl is Impl.PALLAS and "runs 'pallas'" in reason
@@ -39,9 +41,8 @@ def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
     (dict(head_dims=(64, 65)), "head_dim \\(values\\)=65"),
     (dict(chunk_size=256), "chunk_size=256"),
     (dict(dtype=jnp.float16), "dtype=float16"),
-    (dict(op="deltanet"), "no Pallas kernel for 'deltanet'"),
-    (dict(op="gated_deltanet"), "no Pallas kernel for 'gated_deltanet'"),
-    (dict(op="linear_attention"), "no Pallas kernel for 'linear_attention'"),
+    (dict(op="no_such_op"), "no Pallas kernel for 'no_such_op'"),
+    (dict(op="gated_deltanet", segment_ids=True), "does not take segment_ids"),
 ])
 def test_auto_falls_back_to_chunked_and_says_why(kw, why):
   impl, reason = _auto(**kw)
@@ -55,7 +56,7 @@ def test_auto_falls_back_to_chunked_and_says_why(kw, why):
     ("pallas", dict(capability=(7, 0)), "compute capability 7.0"),
     ("pallas", dict(head_dims=(40, 40)), "head_dim \\(keys\\)=40"),
     ("pallas", dict(chunk_size=256), "chunk_size=256"),
-    ("pallas", dict(op="deltanet"), "no Pallas kernel for 'deltanet'"),
+    ("pallas", dict(op="no_such_op"), "no Pallas kernel for 'no_such_op'"),
     ("pallas", dict(platform=None, chunk_size=256), "chunk_size=256"),   # configuration time
 ])
 def test_explicit_kernel_impls_the_kernel_cannot_run_are_rejected(impl, kw, match):
@@ -84,9 +85,9 @@ def test_the_ops_take_concrete_impls_only():
 
 
 def test_the_kernel_facts_are_one_table(monkeypatch):
-  """Flipping a fact of `KERNEL_SUPPORT` (packing and an option value in the VLA kernel, a
-  DeltaNet kernel) changes what "auto" runs and what "pallas" refuses, with nothing else
-  edited."""
+  """Flipping a fact of `KERNEL_SUPPORT` (packing and an option value in the VLA kernel, the
+  DeltaNet kernel removed and restored) changes what "auto" runs and what "pallas" refuses,
+  with nothing else edited."""
   for kw in (dict(segment_ids=True), dict(options={"readout": "delta"})):
     assert _auto(**kw)[0] is Impl.PALLAS
   monkeypatch.setitem(kernel_config.KERNEL_SUPPORT, "vla", kernel_config.KernelSupport(
@@ -99,7 +100,10 @@ def test_the_kernel_facts_are_one_table(monkeypatch):
                              ("pallas_interpret", dict(platform="cpu"))):
       with pytest.raises(ValueError, match=f"impl='{explicit}' cannot run here: .*{why}"):
         resolve_impl(explicit, **{**H100, **VLA, **target, **kw})
-  assert _auto(op="deltanet")[0] is Impl.CHUNKED
+  assert _auto(op="deltanet")[0] is Impl.PALLAS
+  monkeypatch.delitem(kernel_config.KERNEL_SUPPORT, "deltanet")
+  impl, reason = _auto(op="deltanet")
+  assert impl is Impl.CHUNKED and "no Pallas kernel for 'deltanet'" in reason, reason
   monkeypatch.setitem(kernel_config.KERNEL_SUPPORT, "deltanet", kernel_config.KernelSupport())
   assert _auto(op="deltanet")[0] is Impl.PALLAS
 

@@ -1,8 +1,10 @@
 """Baseline recurrences on the same generalised delta-rule core as VLA.
 
 Each takes [B, T, H, D] inputs, an optional initial state and `impl` in {"scan",
-"associative_scan", "chunked"}, and returns (o [B, T, H, dv] in v's dtype, final state) with
-the state in float32 (float64 when an input is float64). Each takes `segment_ids` ([B, T] int
+"associative_scan", "chunked", "pallas", "pallas_interpret"} ("pallas": the Pallas kernels of
+`vla_jax.kernels.delta_rule`, on the state path VLA's kernels share; `KERNEL_SUPPORT` in
+`vla_jax.kernels.config` says what they take), and returns (o [B, T, H, dv] in v's dtype,
+final state) with the state in float32 (float64 when an input is float64). Each takes `segment_ids` ([B, T] int
 document ids, or None) for packed rows: the state restarts at 0 (by selection) at every token
 whose id differs from the previous token's, the row's first document continues from the
 initial state, and the final state is the last document's (see `vla_recurrence`).
@@ -24,11 +26,12 @@ import jax.numpy as jnp
 from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
-from vla_jax.ops.impl import Impl, parse_impl
-from vla_jax.ops.utils import document_starts, resolve_precision, unit
+from vla_jax.ops.impl import KERNEL_IMPLS, Impl, parse_impl
+from vla_jax.ops.utils import (document_starts, in_first_document, resolve_precision,
+                               segment_cumsum, unit)
 
 KEY_EPS = 1e-6
-BASELINE_IMPLS = (Impl.SCAN, Impl.ASSOCIATIVE_SCAN, Impl.CHUNKED)
+BASELINE_IMPLS = (Impl.SCAN, Impl.ASSOCIATIVE_SCAN, Impl.CHUNKED) + KERNEL_IMPLS
 
 
 class LinearAttentionState(NamedTuple):
@@ -56,6 +59,14 @@ def _core(impl, chunk_size, precision):
       return jnp.zeros(q.shape[:3] + v.shape[-1:], v.dtype), S0
     return core(q, e, w, v, log_decay, S0, starts, precision=precision)
   return run
+
+
+def _kernel_options(impl, chunk_size, precision):
+  """The keyword arguments of `vla_jax.kernels.delta_rule`'s ops for `impl` "pallas" or
+  "pallas_interpret" (interpret mode on any backend; "pallas" picks it off GPUs)."""
+  from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
+  return dict(config=KernelConfig(chunk_size=chunk_size, precision=precision),
+              interpret=True if impl is Impl.PALLAS_INTERPRET else None)
 
 
 def _starts(segment_ids):
@@ -119,6 +130,7 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(initial_state).__name__}")
   out_dtype = checks.output_dtype(v)
+  in_dtypes = q.dtype, k.dtype, v.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
   if feature_map is not None:
     q, k = feature_map(q), feature_map(k)
@@ -129,6 +141,22 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
   checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
   starts = _starts(segment_ids)
+  if impl in KERNEL_IMPLS:
+    # The kernels keep non-finite tokens causal themselves (`vla_jax.kernels.delta_rule`);
+    # phi(q), phi(k) and v go in the caller's dtypes (bfloat16 ones: bfloat16 products at
+    # precision DEFAULT); the normaliser z is a prefix sum in XLA.
+    from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
+        linear_attention_pallas)
+    num, S = linear_attention_pallas(
+        q.astype(in_dtypes[0]), k.astype(in_dtypes[1]), v.astype(in_dtypes[2]),
+        initial_state.S.astype(dtype), segment_ids=segment_ids,
+        **_kernel_options(impl, chunk_size, resolve_precision(precision)))
+    z = _running_normaliser(k, initial_state.z.astype(dtype), starts)      # [B, T, H, dk]
+    if normalize:
+      den = jnp.sum(z * q, axis=-1)
+      num = num / jnp.maximum(den, eps)[..., None]
+    z_T = z[:, -1] if T else initial_state.z.astype(dtype)
+    return num.astype(out_dtype), LinearAttentionState(S, z_T)
   guard, q, k, _, (v,) = nonfinite.contain(q, k, writes=(v,), starts=starts)
   # The normaliser z is one more value channel of constant 1: row dv of the state.
   v1 = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), dtype)], axis=-1)
@@ -140,6 +168,15 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     num = num / jnp.maximum(den, eps)[..., None]
   return (guard.outputs(num.astype(out_dtype)),
           LinearAttentionState(guard.state(S[:, :, :dv]), guard.state(S[:, :, dv])))
+
+
+def _running_normaliser(k, z0, starts):
+  """z_t = z_0 + sum_{s <= t} k_s [B, T, H, dk], restarting at 0 at document starts (the row's
+  first document continues from z0 [B, H, dk])."""
+  if starts is None:
+    return z0[:, None] + jnp.cumsum(k, axis=1)
+  first = in_first_document(starts)[:, :, None, None]
+  return segment_cumsum(k, starts) + jnp.where(first, z0[:, None], jnp.zeros((), k.dtype))
 
 
 def deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array, *,
@@ -201,6 +238,9 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
   dtype = checks.compute_dtype(q, k, v, beta, log_decay)
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
   out_dtype = checks.output_dtype(v)
+  if impl in KERNEL_IMPLS:
+    return _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size,
+                            resolve_precision(precision))
   q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
   gate_bad = None
   if log_decay is not None:   # NaN or +inf breaks the state; -inf is a reset
@@ -214,3 +254,18 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
   o, S = _core(impl, chunk_size, resolve_precision(precision))(
       q, khat, beta[..., None] * khat, v, log_decay, S0, starts)
   return guard.outputs(o.astype(out_dtype)), guard.state(S)
+
+
+def _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size, precision):
+  """`gated_deltanet` on the Pallas kernels (`vla_jax.kernels.delta_rule`): q, k and v in the
+  caller's dtypes (bfloat16 ones: bfloat16 products at precision DEFAULT); the kernels keep
+  non-finite tokens causal themselves."""
+  # pylint: disable-next=import-outside-toplevel
+  from vla_jax.kernels.delta_rule import deltanet_pallas, gated_deltanet_pallas
+  options = _kernel_options(impl, chunk_size, precision)
+  if log_decay is None:
+    return deltanet_pallas(q, k, v, beta, S0, segment_ids=segment_ids, **options)
+  if segment_ids is not None:
+    raise ValueError(f"impl={impl.value!r}: the Gated DeltaNet kernel does not take "
+                     "segment_ids (packed documents); use impl='chunked'")
+  return gated_deltanet_pallas(q, k, v, beta, log_decay, S0, **options)

@@ -26,7 +26,8 @@ class Impl(str, enum.Enum):
     O(T d^3) work, O(T d^2) memory: a parallel reference, not a fast path.
   CHUNKED: chunkwise matmul form, C x C triangular systems per chunk and one sequential
     pass over chunk states. O(T C d + T d^2) work.
-  PALLAS: the fused GPU kernel (VLA only; see `vla_jax.kernels`).
+  PALLAS: the Pallas GPU kernels (VLA, DeltaNet, Gated DeltaNet, linear attention;
+    `vla_jax.kernels`, whose `config.KERNEL_SUPPORT` says what each takes).
   PALLAS_INTERPRET: the same kernel in Pallas interpret mode, on any backend (slow: for
     tests of the kernel path on a CPU).
   """

@@ -4,7 +4,13 @@
   attn_cudnn         `jax.nn.dot_product_attention(..., is_causal=True, implementation="cudnn")`
   fla_delta_rule     flash-linear-attention's `chunk_delta_rule` (PyTorch + Triton): keys
                      l2-normalised when the inputs are made, beta = 1, scale = 1 (o_t = S_t q_t)
-Not in the default suite (--rows selects it):
+Not in the default suite (--rows selects them):
+  deltanet_pallas    `deltanet(impl="pallas")` (JAX; the state path's kernels, `kernels/
+                     delta_rule.py`): raw keys (unit-normalised by the op), beta = 1
+  gated_deltanet_pallas  `gated_deltanet(impl="pallas")`: as deltanet_pallas, plus per-token
+                     log decays g = log sigmoid(N(0, 1) + GATE_SHIFT) (float32)
+  fla_gated_delta_rule  flash-linear-attention's `chunk_gated_delta_rule`, inputs as
+                     fla_delta_rule plus the same log decays
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -26,6 +32,8 @@ DIMS = (64, 128)
 TS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 CHUNK = 64
 PASSES = ("fwd", "fwd+bwd")
+# Gated DeltaNet rows: log decays log sigmoid(N(0, 1) + GATE_SHIFT), mean about -0.07 a token.
+GATE_SHIFT = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +50,11 @@ class RowSpec:
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
              RowSpec("fla_delta_rule", "deltanet", "fla_chunk_delta_rule", "torch"),
-             RowSpec("state_path_triton", "state_path", "triton", "jax", default=False))
+             RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
+             RowSpec("deltanet_pallas", "deltanet", "pallas", "jax", default=False),
+             RowSpec("gated_deltanet_pallas", "gated_deltanet", "pallas", "jax", default=False),
+             RowSpec("fla_gated_delta_rule", "gated_deltanet", "fla_chunk_gated_delta_rule",
+                     "torch", default=False))
 BY_KEY = {spec.key: spec for spec in CATALOGUE}
 DEFAULT_ROWS = tuple(spec.key for spec in CATALOGUE if spec.default)
 
@@ -55,7 +67,9 @@ def batch_for(T, tokens=TOKENS):
 
 def jax_inputs(op, B, T, H, d, dtype, seed, backward):
   """Inputs of one call ([B, T, H, d]; VLA: q, k, v, u with u scaled by 1 / sqrt(d); the
-  state path: q, e, w, v with unit keys), plus the cotangent for forward + backward."""
+  state path: q, e, w, v with unit keys; DeltaNet: q, k, v, beta = 1 [B, T, H]; Gated
+  DeltaNet: also the log decays [B, T, H] (float32)), plus the cotangent for forward +
+  backward."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   ks = jax.random.split(jax.random.PRNGKey(seed), 5)
@@ -71,6 +85,10 @@ def jax_inputs(op, B, T, H, d, dtype, seed, backward):
     xs = tuple(normal(x).astype(dtype) for x in ks[:3])
   if op == "vla":
     xs += (normal(ks[3], 1 / np.sqrt(d)).astype(dtype),)
+  if op in ("deltanet", "gated_deltanet"):
+    xs += (jnp.ones((B, T, H), dtype),)
+  if op == "gated_deltanet":
+    xs += (jax.nn.log_sigmoid(jax.random.normal(ks[3], (B, T, H), jnp.float32) + GATE_SHIFT),)
   if backward:
     xs += (jax.random.normal(ks[4], shape, jnp.float32).astype(dtype),)
   return xs
@@ -104,11 +122,17 @@ def _state_path(chunk):
 def jax_function(op, impl, pass_, chunk=CHUNK):
   """The function one JAX row times: fn(*inputs) -> o, or (o, cotangents)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from vla_jax import vla_recurrence  # pylint: disable=import-outside-toplevel
+  from vla_jax import (deltanet, gated_deltanet,  # pylint: disable=import-outside-toplevel
+                       vla_recurrence)
   if op == "vla":
     fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
   elif op == "state_path":
     fwd, n = _state_path(chunk), 4
+  elif op == "deltanet":
+    fwd, n = (lambda q, k, v, beta: deltanet(q, k, v, beta, impl=impl, chunk_size=chunk)[0]), 4
+  elif op == "gated_deltanet":
+    fwd, n = (lambda q, k, v, beta, g: gated_deltanet(q, k, v, beta, g, impl=impl,
+                                                      chunk_size=chunk)[0]), 5
   elif op == "softmax_attention":
     fwd, n = (lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                            implementation=impl)), 3
@@ -125,8 +149,12 @@ def jax_function(op, impl, pass_, chunk=CHUNK):
 
 # ----------------------------------------------------------------------------- torch rows
 
-def fla_unavailable():
-  """None when fla and a CUDA device are usable, else the reason they are not."""
+FLA_MODULES = {"deltanet": "fla.ops.delta_rule", "gated_deltanet": "fla.ops.gated_delta_rule"}
+
+
+def fla_unavailable(op="deltanet"):
+  """None when fla (its module for `op`) and a CUDA device are usable, else the reason they
+  are not."""
   try:
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError as err:
@@ -134,13 +162,15 @@ def fla_unavailable():
   if not torch.cuda.is_available():
     return "no GPU"
   try:
-    importlib.import_module("fla.ops.delta_rule")
+    importlib.import_module(FLA_MODULES[op])
   except Exception as err:  # pylint: disable=broad-except
     return f"fla import failed: {type(err).__name__}: {err}"
   return None
 
 
-def fla_input_sets(B, T, H, d, dtype, n_sets, backward):
+def fla_input_sets(B, T, H, d, dtype, n_sets, backward, op="deltanet"):
+  """q, k (l2-normalised), v, beta = 1 [B, T, H] (Gated DeltaNet: then the log decays, float32,
+  before beta, fla's argument order), and the cotangent of o for forward + backward."""
   import torch  # pylint: disable=import-outside-toplevel
   import torch.nn.functional as F  # pylint: disable=import-outside-toplevel
   dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
@@ -151,6 +181,9 @@ def fla_input_sets(B, T, H, d, dtype, n_sets, backward):
     q, v = rnd().to(dt), rnd().to(dt)
     k = F.normalize(rnd(), p=2, dim=-1).to(dt)
     xs = [q, k, v, torch.ones(B, T, H, device="cuda", dtype=dt)]
+    if op == "gated_deltanet":
+      noise = torch.randn(B, T, H, device="cuda", dtype=torch.float32, generator=g)
+      xs.insert(3, F.logsigmoid(noise + GATE_SHIFT))
     if backward:
       for x in xs:
         x.requires_grad_(True)
@@ -159,23 +192,23 @@ def fla_input_sets(B, T, H, d, dtype, n_sets, backward):
   return sets
 
 
-def fla_call(pass_):
-  """inputs -> zero-argument callable running one forward (or forward + backward)."""
+def fla_call(pass_, op="deltanet"):
+  """inputs -> zero-argument callable running one forward (or forward + backward) of fla's
+  `chunk_delta_rule` (op "deltanet") or `chunk_gated_delta_rule` ("gated_deltanet")."""
   import torch  # pylint: disable=import-outside-toplevel
-  from fla.ops.delta_rule import chunk_delta_rule  # pylint: disable=import-outside-toplevel
+  module = importlib.import_module(FLA_MODULES[op])
+  fn = module.chunk_gated_delta_rule if op == "gated_deltanet" else module.chunk_delta_rule
 
   def make(inputs):
     if pass_ == "fwd":
-      q, k, v, beta = inputs
-
       def call():
         with torch.no_grad():
-          return chunk_delta_rule(q, k, v, beta, scale=1.0)[0]
+          return fn(*inputs, scale=1.0)[0]
       return call
-    q, k, v, beta, cot = inputs
+    *args, cot = inputs
 
     def call_bwd():
-      o = chunk_delta_rule(q, k, v, beta, scale=1.0)[0]
-      return o, torch.autograd.grad((o.float() * cot.float()).sum(), (q, k, v, beta))
+      o = fn(*args, scale=1.0)[0]
+      return o, torch.autograd.grad((o.float() * cot.float()).sum(), tuple(args))
     return call_bwd
   return make

@@ -86,7 +86,7 @@ class Suite:
   def unavailable(self, spec):
     import jax  # pylint: disable=import-outside-toplevel
     if spec.framework == "torch":
-      return families.fla_unavailable()
+      return families.fla_unavailable(spec.op)
     if spec.impl == "cudnn" and jax.default_backend() != "gpu":
       return "no GPU"
     return None
@@ -151,8 +151,9 @@ class Suite:
                                min_reps=s.min_reps, max_reps=s.max_reps, cap_s=s.cap_s,
                                compiled=job.result() if job is not None else None)
       else:
-        sets = families.fla_input_sets(B, T, s.heads, d, s.dtype, s.sets, pass_ != "fwd")
-        res = measure.time_torch(families.fla_call(pass_), sets, cap_s=s.cap_s)
+        sets = families.fla_input_sets(B, T, s.heads, d, s.dtype, s.sets, pass_ != "fwd",
+                                       spec.op)
+        res = measure.time_torch(families.fla_call(pass_, spec.op), sets, cap_s=s.cap_s)
       res.update(status="ok", note=None)
       if res["over_cap"]:
         res["note"] = f"one call over the {s.cap_s} s cap: 1 run timed, larger T skipped"
