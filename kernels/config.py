@@ -38,6 +38,9 @@ class KernelSupport:
     min_capability: the lowest NVIDIA compute capability (major, minor) it compiles for.
     segment_ids: whether it takes packed documents (`segment_ids`).
     unsupported: (option, values) pairs: layer options whose values it does not take.
+    auto: whether impl "auto" runs it: only once it has been checked against float64 on a
+      GPU (`experiments/check_kernels.py`); until then it runs where impl "pallas" or
+      "pallas_interpret" asks for it.
   """
 
   head_dims: tuple = SUPPORTED_HEAD_DIMS
@@ -47,6 +50,7 @@ class KernelSupport:
   min_capability: tuple = TRITON_MIN_CAPABILITY
   segment_ids: bool = False
   unsupported: tuple = ()
+  auto: bool = True
 
 
 # The recurrences with a Pallas kernel, by op name ("vla", "deltanet", "gated_deltanet",
@@ -55,12 +59,13 @@ class KernelSupport:
 # zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`). DeltaNet and
 # linear attention run on the same state path (`kernels/delta_rule.py`), packed documents
 # included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it. Gated
-# DeltaNet's decays run in the same kernels, without packed documents.
+# DeltaNet's decays run in the same kernels, without packed documents. The three baselines'
+# kernels are checked in interpret mode only: "auto" takes them once a GPU check has passed.
 KERNEL_SUPPORT = {
     "vla": KernelSupport(segment_ids=True),
-    "deltanet": KernelSupport(segment_ids=True),
-    "gated_deltanet": KernelSupport(segment_ids=False),
-    "linear_attention": KernelSupport(segment_ids=True),
+    "deltanet": KernelSupport(segment_ids=True, auto=False),
+    "gated_deltanet": KernelSupport(segment_ids=False, auto=False),
+    "linear_attention": KernelSupport(segment_ids=True, auto=False),
 }
 
 # Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:

@@ -84,6 +84,13 @@ def _kernel_problem(op, dtype, head_dims, chunk_size, segment_ids, options):
   return None
 
 
+def _kernel_checked(op):
+  """Whether impl "auto" may run the kernel of `op` (`KernelSupport.auto`)."""
+  # pylint: disable-next=import-outside-toplevel
+  from vla_jax.kernels.config import KERNEL_SUPPORT
+  return KERNEL_SUPPORT[op].auto
+
+
 def _platform_problem(platform, capability, min_capability):
   """None when the compiled kernel runs on (platform, capability), else why not; an unknown
   capability is a problem of its own (second value True)."""
@@ -117,7 +124,8 @@ def resolve_impl(impl, *, op: str, platform: str | None, capability=None, dtype,
 
   Returns:
     (the `Impl` to run, the reason). "auto" gives PALLAS where the op has a Pallas kernel
-    (`vla_jax.kernels.config.KERNEL_SUPPORT`) that takes these head dims, chunk size, dtype,
+    (`vla_jax.kernels.config.KERNEL_SUPPORT`, one checked on a GPU) that takes these head
+    dims, chunk size, dtype,
     packing and options, and the platform is an NVIDIA GPU of at least the kernel's compute
     capability (platform None: where the backend alone is left to decide); CHUNKED
     otherwise. Any other impl is returned as given.
@@ -142,6 +150,9 @@ def resolve_impl(impl, *, op: str, platform: str | None, capability=None, dtype,
     if unknown and impl is Impl.PALLAS:   # asked for: the kernel checks the device itself
       problem = None
   if impl is Impl.AUTO:
+    if problem is None and not _kernel_checked(op):
+      problem = (f"the Pallas kernel for {op!r} is not yet checked on a GPU (impl='pallas' "
+                 "runs it)")
     if problem is not None:
       return Impl.CHUNKED, f"impl='auto' runs 'chunked': {problem}"
     where = (f" on {platform} (compute capability {'%d.%d' % tuple(capability)})"
