@@ -206,25 +206,29 @@ def _packed(impl):
 
 @pytest.mark.parametrize("impl", ["scan", "chunked", "pallas"])
 def test_non_finite_token_stays_in_its_document(impl):
-  """With segment_ids, a NaN or Inf at token t of one document makes its outputs from t on to
-  the document's end NaN (for q: o_t alone) and the final state NaN only when the row's last
-  document holds it; every other output and every gradient of a loss on those outputs are as
-  in the clean run (bit for bit for the XLA forms; the kernels within float32 rounding) and
-  finite, the other documents' included."""
+  """With segment_ids, a NaN or Inf at token t of one document (in one entry or all) makes
+  its outputs from t to the document's end NaN (for q: o_t alone) and the final state NaN only
+  when the row's last document holds it; every other output and every gradient of a loss on
+  those outputs are as in the clean run (bit for bit for the XLA forms; the kernels within
+  float32 rounding) and finite, the other documents' included."""
   tol = 1e-5 if impl == "pallas" else 0.0
-  x = _inputs(4, length=T)
-  for t, name, value in [(20, "q", np.inf), (20, "k", np.nan), (20, "v", np.inf),
-                         (20, "u", np.nan), (33, "k", np.inf), (33, "v", np.nan)]:
+  x = _inputs(4)
+  # (token, input, value, the entry set, or None for the whole token)
+  for t, name, value, entry in [(20, "q", np.inf, None), (20, "k", np.nan, 3),
+                                (20, "v", np.inf, None), (20, "u", np.nan, 0),
+                                (33, "k", np.inf, None), (33, "v", np.nan, 5)]:
     end = t + 1 if name == "q" else min(e for e in DOCS if e > t)
     weights = np.random.default_rng(7).standard_normal((B, T, H, D))
     weights[:, t:end] = 0.0                              # a loss on every other output
     weights = jnp.asarray(weights, jnp.float32)
     o_ref, state_ref, grads_ref = _packed(impl)(x, weights)
-    o, state, grads = _packed(impl)(_set_token(x, name, t, value), weights)
+    where = (slice(None), t) if entry is None else (slice(None), t, slice(None), entry)
+    bad = x[name].at[where].set(value)
+    o, state, grads = _packed(impl)({**x, name: bad}, weights)
     o, o_ref = np.asarray(o), np.asarray(o_ref)
     kept = np.ones(T, bool)
     kept[t:end] = False
-    case = (name, value, t)
+    case = (name, value, t, entry)
     assert np.all(np.isnan(o[:, ~kept])), case
     assert np.all(np.isfinite(o[:, kept])), case
     np.testing.assert_allclose(o[:, kept], o_ref[:, kept], rtol=tol, atol=tol, err_msg=str(case))
