@@ -1,7 +1,9 @@
 """Properties every sequence op keeps, for every impl: causality (a perturbed, NaN or Inf token
-t changes no output or gradient before t), exact padding (appended zero-key tokens with any q
-and v, NaN included, change nothing before them and not the final state) and bounded gradients
-at zero keys. Small shapes; "pallas" runs in interpret mode.
+t changes no output or gradient before t, and leaves every gradient finite), containment in a
+packed document (VLA: a NaN or Inf changes no other document's outputs or gradients), exact
+padding (appended zero-key tokens with any q and v, NaN included, change nothing before them
+and not the final state) and bounded gradients at zero keys. Small shapes; "pallas" runs in
+interpret mode off a GPU.
 
 The same checks run on the ops with their sequence sharded over 4 simulated CPU devices
 (`vla_jax.parallel.shard_sequence`, `SHARDED_CASES`) in the subprocess of
@@ -120,21 +122,30 @@ def _assert_earlier_unchanged(got, want, t, tol=0.0):
     np.testing.assert_allclose(a, a_ref, rtol=tol, atol=tol, err_msg=what)
 
 
+def _assert_gradients_finite(got):
+  """Every gradient finite, at the bad token and after it too (one NaN there would make a
+  parameter's gradient, summed over tokens, NaN)."""
+  for name, g in got[2].items():
+    assert np.all(np.isfinite(np.asarray(g))), f"non-finite gradient of {name}"
+
+
 @pytest.mark.parametrize("op,impl", CASES)
 def test_later_token_changes_nothing_before_it(op, impl):
   """Token T0 perturbed, NaN or Inf in any one input: outputs and gradients before T0 are
-  unchanged and finite; a non-finite state input makes o[T0] NaN."""
+  unchanged and finite, later gradients finite; a non-finite state input (or query) makes
+  o[T0] NaN."""
   fn = _outputs_and_grads(op, impl, T0)
   x = _inputs(0)
   want = fn(x)
   _, names, state_inputs = OPS[op]
   rng = np.random.default_rng(1)
-  for name in names if impl != "pallas" else ("v",):     # pallas: interpret mode is slow
+  for name in names:
     perturbed = x[name].at[:, T0].add(rng.standard_normal(x[name][:, T0].shape))
     _assert_earlier_unchanged(fn({**x, name: perturbed}), want, T0)
-    for value in [np.nan, np.inf] if name == "v" else [np.nan]:
+    for value in [np.nan, np.inf] if name in ("q", "v") else [np.nan]:
       got = fn(_set_token(x, name, T0, value))
       _assert_earlier_unchanged(got, want, T0)
+      _assert_gradients_finite(got)
       if name in state_inputs or name == "q":
         assert np.all(np.isnan(np.asarray(got[0][:, T0]))), (name, value)
 
@@ -175,16 +186,61 @@ def test_zero_key_gradient_is_bounded(op, impl):
     assert np.max(norms[:, T0]) <= np.max(real), (name, np.max(norms[:, T0]), np.max(real))
 
 
-@pytest.mark.parametrize("impl", ["scan", "chunked"])
-def test_nan_in_a_packed_document_stays_in_it(impl):
-  """With segment_ids, a NaN in one document's v leaves the next document's outputs as they
-  were (the state restarts there), while its own later outputs are NaN."""
+# Three documents; the bad token sits in the middle one (inside a chunk, not its first token)
+# or in the last one (whose state the row returns).
+DOCS = (0, 14, 30, T)
+
+
+@functools.lru_cache(maxsize=None)
+def _packed(impl):
+  """jit of (x, weights) -> (o, state, gradient of sum(o * weights)) for `DOCS` packed."""
+  ids = jnp.asarray(np.repeat(np.arange(len(DOCS) - 1), np.diff(DOCS))[None], jnp.int32)
+
+  def run(x, weights):
+    fn = lambda y: vla_recurrence(y["q"], y["k"], y["v"], y["u"], impl=impl, chunk_size=C,
+                                  segment_ids=ids)
+    o, state = fn(x)
+    return o, state, jax.grad(lambda y: jnp.sum(fn(y)[0] * weights))(x)
+  return jax.jit(run)
+
+
+@pytest.mark.parametrize("impl", ["scan", "chunked", "pallas"])
+def test_non_finite_token_stays_in_its_document(impl):
+  """With segment_ids, a NaN or Inf at token t of one document (in one entry or all) makes
+  its outputs from t to the document's end NaN (for q: o_t alone) and the final state NaN only
+  when the row's last document holds it; every other output and every gradient of a loss on
+  those outputs are as in the clean run (bit for bit for the XLA forms; the kernels within
+  float32 rounding) and finite, the other documents' included."""
+  tol = 1e-5 if impl == "pallas" else 0.0
   x = _inputs(4)
-  ids = jnp.asarray(np.repeat(np.arange(2), [20, T - 20])[None], jnp.int32)
-  run = jax.jit(lambda v: vla_recurrence(x["q"], x["k"], v, x["u"], impl=impl, chunk_size=C,
-                                         segment_ids=ids)[0])
-  want = np.asarray(run(x["v"]))
-  got = np.asarray(run(x["v"].at[:, 10].set(np.nan)))
-  np.testing.assert_array_equal(got[:, :10], want[:, :10])
-  assert np.all(np.isnan(got[:, 10:20]))
-  np.testing.assert_array_equal(got[:, 20:], want[:, 20:])
+  # (token, input, value, the entry set, or None for the whole token)
+  for t, name, value, entry in [(20, "q", np.inf, None), (20, "k", np.nan, 3),
+                                (20, "v", np.inf, None), (20, "u", np.nan, 0),
+                                (33, "k", np.inf, None), (33, "v", np.nan, 5)]:
+    end = t + 1 if name == "q" else min(e for e in DOCS if e > t)
+    weights = np.random.default_rng(7).standard_normal((B, T, H, D))
+    weights[:, t:end] = 0.0                              # a loss on every other output
+    weights = jnp.asarray(weights, jnp.float32)
+    o_ref, state_ref, grads_ref = _packed(impl)(x, weights)
+    where = (slice(None), t) if entry is None else (slice(None), t, slice(None), entry)
+    bad = x[name].at[where].set(value)
+    o, state, grads = _packed(impl)({**x, name: bad}, weights)
+    o, o_ref = np.asarray(o), np.asarray(o_ref)
+    kept = np.ones(T, bool)
+    kept[t:end] = False
+    case = (name, value, t, entry)
+    assert np.all(np.isnan(o[:, ~kept])), case
+    assert np.all(np.isfinite(o[:, kept])), case
+    np.testing.assert_allclose(o[:, kept], o_ref[:, kept], rtol=tol, atol=tol, err_msg=str(case))
+    for n, g in grads.items():
+      g = np.asarray(g)
+      assert np.all(np.isfinite(g)), (n,) + case
+      np.testing.assert_allclose(g, np.asarray(grads_ref[n]), rtol=tol, atol=tol,
+                                 err_msg=f"gradient of {n} {case}")
+    last_doc = t >= DOCS[-2] and name != "q"
+    for s, s_ref in zip(jax.tree.leaves(state), jax.tree.leaves(state_ref)):
+      s = np.asarray(s)
+      if last_doc:
+        assert np.all(np.isnan(s)), case
+      else:
+        np.testing.assert_allclose(s, np.asarray(s_ref), rtol=tol, atol=tol, err_msg=str(case))

@@ -9,12 +9,18 @@ unchanged and are zero at the replaced ones), and then mark what a sequential pa
 made non-finite as NaN:
 
   - a non-finite token of the state's inputs (k, u, a gate) makes its own output and every
-    later one NaN, and the final state NaN;
+    later one of its document NaN (packed documents: `starts`), and the final state NaN when
+    the row's last document holds it;
   - a non-finite value (or write strength) of a token whose key is zero writes nothing
     (padding is exact whatever v is); with a non-zero key it counts as a state input;
   - a non-finite query makes its own output NaN only.
 
 For finite inputs every select is the identity: the outputs are bit-identical.
+
+`contain` zeroes whole tokens, q included. `contain_entries` is its form for ops that run on
+fused kernels (the Pallas VLA kernels): it zeroes the non-finite entries of the state's inputs
+only (a select each, with no reduction over the token in front of it) and leaves q to the
+op, whose non-finite outputs `Guard.outputs` then marks NaN.
 """
 
 from typing import NamedTuple
@@ -37,16 +43,20 @@ def zero_where(bad, x):
 
 
 class Guard(NamedTuple):
-  """Where a sequence's state broke (`broken` [B, T, H]: some token s <= t had a non-finite
-  state input) and which queries were non-finite (`query_bad` [B, T, H])."""
+  """Where a sequence's state broke (`broken` [B, T, H]: some token s <= t of t's document had
+  a non-finite state input) and which queries were non-finite (`query_bad` [B, T, H], or None
+  where the op ran its queries as they were and a non-finite query leaves its own output
+  non-finite: `contain_entries`)."""
 
   broken: jax.Array
-  query_bad: jax.Array
+  query_bad: jax.Array | None
 
   def outputs(self, o):
-    """o [B, T, H, dv] with NaN at tokens whose state is broken or whose query is bad."""
-    return jnp.where((self.broken | self.query_bad)[..., None],
-                     jnp.asarray(jnp.nan, o.dtype), o)
+    """o [B, T, H, dv] with NaN at tokens whose state is broken or whose query is bad (with
+    `query_bad` None: at o's non-finite entries)."""
+    bad = self.broken[..., None]
+    bad = bad | (~jnp.isfinite(o) if self.query_bad is None else self.query_bad[..., None])
+    return jnp.where(bad, jnp.asarray(jnp.nan, o.dtype), o)
 
   def state(self, x):
     """A final state array [B, H, ...], NaN for sequences whose state broke."""
@@ -57,12 +67,28 @@ class Guard(NamedTuple):
     return jnp.where(last, jnp.asarray(jnp.nan, x.dtype), x)
 
 
-def _segmented_or(pair_a, pair_b):
-  """Associative combine of (document start seen, bad seen) over time: a start clears what
-  came before it."""
-  start_a, bad_a = pair_a
-  start_b, bad_b = pair_b
-  return start_a | start_b, bad_b | (bad_a & ~start_b)
+def breakage(bad, starts=None):
+  """[B, T, H] bool: some token s <= t of t's document is bad (bad [B, T, H]; starts None for
+  one document a row, or [B, T] bool document starts, where the breakage restarts). Two
+  cumulative maxima of token positions (the second over [B, T] only)."""
+  pos = jnp.arange(bad.shape[1], dtype=jnp.int32)
+  last_bad = jax.lax.cummax(jnp.where(bad, pos[:, None], -1), axis=1)     # [B, T, H]
+  if starts is None:
+    return last_bad >= 0
+  first = jax.lax.cummax(jnp.where(starts, pos, 0), axis=1)   # [B, T]: its document's first token
+  return last_bad >= first[:, :, None]
+
+
+def _breaking(keys, key_ok, state_oks, write_oks, state_bad):
+  """[B, T, H] bool: the tokens whose non-finite inputs break the state (module docstring)."""
+  bad = ~key_ok if state_bad is None else state_bad | ~key_ok
+  for ok in state_oks:
+    bad = bad | ~ok
+  if write_oks:
+    writes_something = jnp.any(keys != 0, axis=-1)    # a NaN key counts as non-zero
+    for ok in write_oks:
+      bad = bad | (writes_something & ~ok)
+  return bad
 
 
 def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
@@ -80,22 +106,31 @@ def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
   Returns:
     (`Guard`, q, keys, state_inputs, writes), each array with its non-finite tokens zeroed.
   """
-  fin = lambda x: token_finite(x)
-  q_ok, k_ok = fin(q), fin(keys)
-  bad = ~k_ok if state_bad is None else state_bad | ~k_ok
-  ok_state = [fin(x) for x in state_inputs]
-  for ok in ok_state:
-    bad = bad | ~ok
-  ok_writes = [fin(x) for x in writes]
-  if writes:
-    writes_something = jnp.any(keys != 0, axis=-1)    # a NaN key counts as non-zero
-    for ok in ok_writes:
-      bad = bad | (writes_something & ~ok)
-  if starts is None:
-    broken = jax.lax.cummax(bad.astype(jnp.int32), axis=1).astype(bool)
-  else:
-    starts = jnp.broadcast_to(starts[:, :, None], bad.shape)
-    broken = jax.lax.associative_scan(_segmented_or, (starts, bad), axis=1)[1]
+  q_ok, k_ok = token_finite(q), token_finite(keys)
+  ok_state = [token_finite(x) for x in state_inputs]
+  ok_writes = [token_finite(x) for x in writes]
+  broken = breakage(_breaking(keys, k_ok, ok_state, ok_writes, state_bad), starts)
   clean = lambda xs, oks: tuple(zero_where(~ok, x) for x, ok in zip(xs, oks))
   return (Guard(broken, ~q_ok), zero_where(~q_ok, q), zero_where(~k_ok, keys),
           clean(state_inputs, ok_state), clean(writes, ok_writes))
+
+
+def contain_entries(keys, state_inputs=(), writes=(), starts=None):
+  """`contain` for an op that reads its queries as they are and keeps a non-finite query's
+  effect to that query's own output (the Pallas kernels do): the other inputs' non-finite
+  entries (not whole tokens) are replaced by zeros, one select each with no reduction in front
+  of it, so the op computes on finite numbers only. What a bad token's remaining entries then
+  compute is marked NaN (`Guard.outputs`, `Guard.state`), and in reverse mode meets zero
+  cotangents only.
+
+  Args: as `contain`, without q and state_bad.
+
+  Returns:
+    (`Guard` with query_bad None, keys, state_inputs, writes), each array with its non-finite
+    entries zeroed.
+  """
+  broken = breakage(_breaking(keys, token_finite(keys), [token_finite(x) for x in state_inputs],
+                              [token_finite(x) for x in writes], None), starts)
+  clean = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+  return (Guard(broken, None), clean(keys), tuple(clean(x) for x in state_inputs),
+          tuple(clean(x) for x in writes))

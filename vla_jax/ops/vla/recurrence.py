@@ -59,9 +59,9 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
 
   Non-finite inputs stay causal (`vla_jax.ops.nonfinite`): a NaN or Inf at token t in k, u,
   or in v where k_t != 0, leaves every output before t and its gradient unchanged and finite;
-  o from t on (to the end of its document with `segment_ids`; impl "pallas": to the end of the
-  row) and the final state are NaN. A
-  non-finite q_t makes o_t alone NaN.
+  o from t on (to the end of its document with `segment_ids`) and the final state (where the
+  row's last document holds t) are NaN; outputs and gradients of the other documents are as
+  without it. A non-finite q_t makes o_t alone NaN.
 
   Float32 accuracy (README.md): the relative error of o against float64 grows like
   eps * max_t ||u_t||^2 / lam0 in every impl (about 3e-7 at a ratio of 1, 3e-4 at 1e4,
@@ -157,16 +157,17 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   if T == 0:   # no tokens: the state passes through (a scan needs one element)
     return (jnp.zeros((B, 0, H, dv), out_dtype),
             VLAState(*(x.astype(dtype) for x in initial_state)))
+  starts = None if segment_ids is None else document_starts(segment_ids)
   if impl in KERNEL_IMPLS:
-    # The kernels keep non-finite tokens causal themselves (kernels/DESIGN.md, "Non-finite
-    # inputs") and read q, k, v, u in place; a guard here cost 37% of the bf16 forward
-    # (d = 64, T = 4096, H200). Only a value at a zero-key token (padding) is dropped here, so
-    # that a NaN there reaches no later output and not the final state.
+    # The kernels keep a non-finite input from earlier tokens (kernels/DESIGN.md, "Non-finite
+    # inputs") but not from the later documents of a packed row, so they run on k, u, v with
+    # their non-finite entries zeroed (a select each; a value at a zero-key token then writes
+    # nothing, as padding must); q they keep to its own output, which is marked NaN.
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         SUPPORTED_HEAD_DIMS)
+    guard, k, (u,), (v,) = nonfinite.contain_entries(k, (u,), (v,), starts=starts)
     S0, A0 = initial_state
-    v = jnp.where(jnp.any(k != 0, axis=-1, keepdims=True), v, jnp.zeros((), v.dtype))
     # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
     # zero value columns up to the next one they do: a zero column of v and of S0 keeps its
     # row of S at zero (exact), and its outputs are dropped.
@@ -177,8 +178,8 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     o, S, A = vla_pallas(q, k, v, u, S0, A0, segment_ids=segment_ids, lam0=lam0,
                          config=KernelConfig(chunk_size=chunk_size, precision=precision),
                          interpret=True if impl is Impl.PALLAS_INTERPRET else None)
-    return o[..., :dv], VLAState(S=S[:, :, :dv], A=A)
-  starts = None if segment_ids is None else document_starts(segment_ids)
+    return (guard.outputs(o[..., :dv]),
+            VLAState(S=guard.state(S[:, :, :dv]), A=guard.state(A)))
   guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
 
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
