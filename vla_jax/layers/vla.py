@@ -1,6 +1,7 @@
 """`VLAAttention`: the Variational Linear Attention mixer (Pandey & Singh, 2026)."""
 
 import math
+import numbers
 
 import jax.numpy as jnp
 from flax import nnx
@@ -20,8 +21,22 @@ U_INITS = ("random", "identity")
 # Chosen by measurement on MQAR (it learns fastest; see vla_jax/layers/README.md).
 DEFAULT_READOUT = "none"
 # Chosen by measurement on zoology's MQAR (fewer failed seeds, better or tied at every cell;
-# RESULTS.md sections 9 and 5, vla_jax/layers/README.md). None: the authors' 1 / sqrt(head_dim).
+# RESULTS.md sections 9 and 5, vla_jax/layers/README.md).
 DEFAULT_PENALTY_SCALE = 1.0
+# The penalty_scale that names the authors' choice, 1 / sqrt(head_dim).
+INV_SQRT_DH = "inv_sqrt_dh"
+
+
+def penalty_scale_value(name, penalty_scale, head_dim):
+  """The norm of u that `penalty_scale` (a number >= 0 or `INV_SQRT_DH`) gives at `head_dim`;
+  ValueError naming the option otherwise (None included)."""
+  if isinstance(penalty_scale, str) and penalty_scale == INV_SQRT_DH:
+    return 1.0 / math.sqrt(head_dim)
+  if (isinstance(penalty_scale, numbers.Real) and not isinstance(penalty_scale, bool)
+      and penalty_scale >= 0):
+    return float(penalty_scale)
+  raise ValueError(f"{name}: penalty_scale must be a number >= 0 or {INV_SQRT_DH!r} (the "
+                   f"authors' 1 / sqrt(head_dim)); got {penalty_scale!r}")
 
 
 class VLAAttention(RecurrentMixer):
@@ -48,8 +63,9 @@ class VLAAttention(RecurrentMixer):
       `RecurrentMixer` (the op: `vla_recurrence`, whose kernel support is
       `vla_jax.kernels.config`'s table).
     lam0: ridge strength of the initial penalty (A_0 = I / lam0).
-    penalty_scale: norm of u per head (default `DEFAULT_PENALTY_SCALE`, 1); None gives
-      1 / sqrt(head_dim), the authors' choice. 1 is the default by measurement: fewer failed
+    penalty_scale: norm of u per head: a number >= 0 (default `DEFAULT_PENALTY_SCALE`, 1) or
+      "inv_sqrt_dh" (`INV_SQRT_DH`): 1 / sqrt(head_dim), the authors' choice. The attribute
+      holds the number. 1 is the default by measurement: fewer failed
       seeds on zoology's MQAR and better or tied at every cell (RESULTS.md sections 9 and 5).
     readout: "none" | "additive" | "delta" (default `DEFAULT_READOUT`).
     readout_eps: the floor of the readout's denominator (default 1e-6).
@@ -69,7 +85,7 @@ class VLAAttention(RecurrentMixer):
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
                impl: str | Impl = "auto", chunk_size: int = 64, lam0: float = 1.0,
-               penalty_scale: float | None = DEFAULT_PENALTY_SCALE,
+               penalty_scale: float | str = DEFAULT_PENALTY_SCALE,
                readout: str = DEFAULT_READOUT,
                readout_eps: float = 1e-6, u_init: str = "random",
                conv_size: int = common.DEFAULT_CONV_SIZE,
@@ -84,10 +100,7 @@ class VLAAttention(RecurrentMixer):
     except ValueError as e:
       raise ValueError(f"{name}: {e}") from None
     self.lam0 = float(lam0)
-    self.penalty_scale = (1.0 / math.sqrt(self.head_dim) if penalty_scale is None
-                          else float(penalty_scale))
-    if not self.penalty_scale >= 0:
-      raise ValueError(f"{name}: penalty_scale must be >= 0; got {penalty_scale!r}")
+    self.penalty_scale = penalty_scale_value(name, penalty_scale, self.head_dim)
     self.readout_eps = float(readout_eps)
     self._build(d_model, impl=impl, chunk_size=chunk_size, conv_size=conv_size,
                 out_norm=out_norm, param_dtype=param_dtype, rngs=rngs)
