@@ -1,26 +1,11 @@
 """`RecurrentMixer`: the skeleton that VLA, DeltaNet, Gated DeltaNet and linear attention share.
 
-A recurrent mixer projects x [B, T, d_model] to q, k, v (W_q, W_k, W_v, then the optional short
-convolution), turns them into the inputs of its recurrence, runs the recurrence from a cache
-and reads the output out through `common.OutputProjection`. The checks, the impl choice
-(`common.check_recurrence_options` at construction, `common.recurrence_impl` per call),
-padding and packing (`vla_jax.layers.common`), and `__call__` / `prefill` / `step` /
-`init_cache` with their `common.RecurrentCache` live here; a subclass supplies
-
-  OP, RECURRENCE, STEP      the op's name in the kernels' support table, the op
-                            (`(q, k, v, ..., initial_state=, impl=, chunk_size=, segment_ids=,
-                            **recurrence_options)` -> (o, state)) and its one-token form
-                            (`(state, q_t, k_t, v_t, ..., **step_options)` -> (o_t, state));
-  QK_BIAS, KERNEL_OPTIONS   whether W_q and W_k have a bias; the options (name: default)
-                            that decide whether a kernel takes the calls;
-  _init_params              its own parameters, drawn after W_q, W_k, W_v (and
-                            `_init_late_params`, drawn after the convolution);
-  _inputs                   the projected q, k, v -> the recurrence's inputs [B, T, H, ...];
-  _initial_state            the empty state; `_initial_norm` and `_readout` where the readout
-                            carries a state of its own (VLA's "additive" sum).
-
-Parameters are drawn in that order (W_q, W_k, W_v, `_init_params`, the convolutions,
-`_init_late_params`, W_o), so a seed gives the same parameters whatever the subclass.
+The checks, the impl choice (`common.check_recurrence_options` at construction,
+`common.recurrence_impl` per call), padding and packing (`vla_jax.layers.common`), the
+parameter order, and `__call__` / `prefill` / `step` / `init_cache` with their
+`common.RecurrentCache` live here once. A subclass supplies its op and step (class attributes),
+its own parameters, the inputs of its op from the projected q, k, v, its empty state, and, if
+its readout carries a state (VLA's "additive" sum), its readout.
 """
 
 import jax
@@ -36,7 +21,9 @@ class RecurrentMixer(nnx.Module):
   """The shared skeleton of the recurrent mixers, x [B, T, d_model] -> [B, T, d_model].
 
   A subclass's `__init__` calls `super().__init__` (widths and dtype), checks its own options,
-  then `self._build(...)` (impl and chunk size, then the parameters).
+  then `self._build(...)`: impl and chunk size, then the parameters in a fixed order (W_q, W_k,
+  W_v, `_init_params`, the convolutions, `_init_late_params`, W_o: the order of the seed's
+  draws).
 
   Attributes:
     d_model, num_heads, head_dim: widths; the projections map d_model -> num_heads * head_dim
@@ -57,11 +44,15 @@ class RecurrentMixer(nnx.Module):
   """
 
   RECURRENT = True
+  # The op's name in the kernels' support table (`vla_jax.kernels.config`).
   OP: str
-  RECURRENCE = None   # a staticmethod in each subclass
+  # The op, (q, k, v, ..., initial_state=, impl=, chunk_size=, segment_ids=,
+  # **_recurrence_options()) -> (o, state), and its one-token form, (state, q_t, k_t, v_t, ...,
+  # **_step_options()) -> (o_t, state): staticmethods in each subclass.
+  RECURRENCE = None
   STEP = None
-  QK_BIAS = False
-  KERNEL_OPTIONS: dict = {}
+  QK_BIAS = False          # whether W_q and W_k have a bias (W_v has none)
+  KERNEL_OPTIONS: dict = {}  # {option: default} of the options a kernel may not take
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
                dtype: DTypeLike = jnp.float32):
