@@ -10,12 +10,11 @@ def mixer_options():
   recurrent model here learns MQAR (vla_jax/layers/README.md); set 0 for the authors' layer.
   """
   return ml_collections.ConfigDict({
-      # penalty_scale 1: the layer's default (vla_jax/layers/README.md). The authors' choice,
-      # 1 / sqrt(head_dim), is None in a config file; flags cannot give None for a float, so on
-      # the command line give its value (1 / sqrt(32) = 0.17677669529663687 for d_h 32), as
-      # the grids' "vla" rows do (lab.grid.AUTHORS_PENALTY_SCALE).
+      # penalty_scale: a number (1, the layer's default: vla_jax/layers/README.md) or
+      # "inv_sqrt_dh", the authors' 1 / sqrt(head_dim), as the grids' "vla" rows use
+      # (--config.model.options.vla.penalty_scale=inv_sqrt_dh).
       "vla": {"readout": "none", "lam0": 1.0,
-              "penalty_scale": ml_collections.FieldReference(1.0, field_type=float),
+              "penalty_scale": ml_collections.FieldReference(1.0, field_type=object),
               "conv_size": 4,
               "out_norm": True,
               "u_init": "random"},

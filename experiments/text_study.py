@@ -46,7 +46,6 @@ RATES = ("3e-4", "1e-3", "3e-3")
 RATE_SEED = 0
 MORE_SEEDS = (1, 2)
 EVAL_LENGTHS = (1024, 4096, 16384)   # T, 4T, 16T of configs/text_small.py
-HEAD_DIM = 64
 PENALTY = "model.options.vla.penalty_scale"
 # (label, overrides of configs/text_small.py): softmax attention with RoPE (the config's),
 # the recurrent mixers with their short convolution and base's impl, VLA with the layer's
@@ -58,7 +57,7 @@ MIXERS = (
     ("deltanet", {"model.mixer": "deltanet"}),
     ("gated_deltanet", {"model.mixer": "gated_deltanet"}),
     ("vla", {"model.mixer": "vla"}),
-    ("vla_authors", {"model.mixer": "vla", PENALTY: 1.0 / math.sqrt(HEAD_DIM)}),
+    ("vla_authors", {"model.mixer": "vla", PENALTY: "inv_sqrt_dh"}),
 )
 VALIDATION_SET = f"text_T{EVAL_LENGTHS[0]}"
 

@@ -196,7 +196,7 @@ def vla_layer_inputs(model, tokens):
   for block in model.blocks:
     if isinstance(block.mixer, VLAAttention):
       h = block.norm1(x).astype(block.mixer.dtype)
-      q, k, v, u, _ = block.mixer._features(h, None)  # pylint: disable=protected-access
+      (q, k, v, u), _ = block.mixer.features(h)
       layers.append({"q": q, "k": k, "v": v, "u": u, "lam0": block.mixer.lam0})
     x = block(x)
   if not layers:

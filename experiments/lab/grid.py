@@ -37,14 +37,12 @@ Grids (the settings of RESULTS.md):
 
 VLA's penalty scale: the layer's default is 1 (vla_jax.layers.vla.DEFAULT_PENALTY_SCALE); the
 rows labelled "vla", and every ablation and seed_remedies variant but the penalty ones, were
-made with the authors' 1 / sqrt(d_h) and keep it: their jobs pin AUTHORS_PENALTY_SCALE (a
-flag cannot give the layer's None).
+made with the authors' 1 / sqrt(d_h) and keep it: their jobs pin AUTHORS_PENALTY_SCALE.
 """
 
 import collections
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -52,6 +50,7 @@ import time
 
 import numpy as np
 
+from vla_jax.layers.vla import INV_SQRT_DH
 from vla_jax.training import jsonl
 from vla_jax.training.config import RESULT_FREE
 
@@ -62,9 +61,8 @@ DEFAULT_SEEDS = (0, 1, 2)   # the seeds of a job that carries none (`Job.seeds`)
 # (tests/lab/test_grid.py checks each job's config).
 HEAD_DIM = 32
 PENALTY = "model.options.vla.penalty_scale"
-# The authors' penalty scale 1 / sqrt(d_h) (the layer's penalty_scale=None) as the float a flag
-# can give: 0.17677669529663687, bit for bit what the layer computes for None at d_h 32.
-AUTHORS_PENALTY_SCALE = 1.0 / math.sqrt(HEAD_DIM)
+# The authors' penalty scale 1 / sqrt(d_h), by name.
+AUTHORS_PENALTY_SCALE = INV_SQRT_DH
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
 # mixers' short convolution, the like-for-like backbone; vla is VLA with the authors' penalty
 # scale (pinned: the layer's default is now 1), vla_p1 with penalty scale 1 (the default; named

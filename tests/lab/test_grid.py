@@ -300,7 +300,7 @@ def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
     assert job.overrides == {"model.mixer": "vla", "task.n_pairs": n, "model.d_model": 64,
                              "model.num_heads": 2, "train.num_steps": 4000,
                              "train.diagnostics_every": 50,   # the authors' penalty scale
-                             "model.options.vla.penalty_scale": 1 / np.sqrt(32), **extra[variant]}
+                             "model.options.vla.penalty_scale": "inv_sqrt_dh", **extra[variant]}
     assert job.tag == {"grid": "seed_remedies", "seq_len": T, "n_pairs": n, "d_model": 64,
                        "label": variant, "steps": 4000}
   base_options = base.mixer_options()["vla"]
@@ -331,12 +331,12 @@ def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
 
 def test_vla_rows_keep_the_authors_penalty_scale_and_vla_p1_the_default():
   """The layer's default penalty scale is 1; the rows labelled vla, and the ablation and
-  seed_remedies variants but the penalty ones, were made with 1 / sqrt(d_h) and keep it, at
-  the d_h of each job's config."""
+  seed_remedies variants but the penalty ones, were made with 1 / sqrt(d_h) and keep it by name
+  ("inv_sqrt_dh"); every job's config has the d_h the report assumes (HEAD_DIM)."""
   import importlib  # pylint: disable=import-outside-toplevel
   from vla_jax.layers.vla import DEFAULT_PENALTY_SCALE  # pylint: disable=import-outside-toplevel
   assert DEFAULT_PENALTY_SCALE == 1.0 == base.mixer_options()["vla"]["penalty_scale"]
-  assert grid.AUTHORS_PENALTY_SCALE == 1.0 / np.sqrt(grid.HEAD_DIM)
+  assert grid.AUTHORS_PENALTY_SCALE == "inv_sqrt_dh"
   scales = {}
   for g in grid.GRIDS:
     for job in grid.grid_jobs(g, zoology_rows=ROWS):
@@ -349,7 +349,7 @@ def test_vla_rows_keep_the_authors_penalty_scale_and_vla_p1_the_default():
       assert config.model.head_dim == grid.HEAD_DIM, job.name
       label = job.tag.get("label") if "variant" not in job.tag else job.tag["variant"]
       scales.setdefault(label, set()).add(config.model.options.vla.penalty_scale)
-  authors = 1.0 / np.sqrt(grid.HEAD_DIM)
+  authors = "inv_sqrt_dh"
   assert scales.pop("vla_p1") == scales.pop("penalty-1") == {1.0}
   assert scales.pop("penalty-0") == {0.0}
   assert scales == {label: {authors} for label in scales} and "vla" in scales

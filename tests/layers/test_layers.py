@@ -119,12 +119,19 @@ def test_u_init_identity_sets_w_u_only():
 
 
 
-def test_penalty_scale_defaults_to_1_and_none_is_the_authors():
-  """1 is the default (RESULTS.md sections 9 and 5); None keeps the authors' 1 / sqrt(d_h)."""
+def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
+  """1 is the default (RESULTS.md sections 9 and 5); "inv_sqrt_dh" is the authors'
+  1 / sqrt(d_h); None, negative numbers and other strings are refused naming the option."""
   assert VLAAttention(D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
-  authors = VLAAttention(D, H, penalty_scale=None, rngs=nnx.Rngs(0))
-  assert authors.penalty_scale == 1.0 / np.sqrt(D // H)
+  for head_dim in (None, 5):
+    authors = VLAAttention(D, H, head_dim, penalty_scale="inv_sqrt_dh", rngs=nnx.Rngs(0))
+    assert authors.penalty_scale == 1.0 / np.sqrt(head_dim or D // H)
   assert make_mixer("vla", D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
+  assert make_mixer("vla", D, H, options={"penalty_scale": 0}, rngs=nnx.Rngs(0)
+                    ).penalty_scale == 0.0
+  for bad in (None, -0.5, "inv_sqrt", True, float("nan")):
+    with pytest.raises(ValueError, match="penalty_scale must be a number >= 0 or 'inv_sqrt_dh'"):
+      VLAAttention(D, H, penalty_scale=bad, rngs=nnx.Rngs(0))
 
 def test_registry_covers_all_mixers():
   assert set(MIXERS) == {"vla", "softmax", "linear", "deltanet", "gated_deltanet"}

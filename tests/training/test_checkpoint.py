@@ -261,17 +261,25 @@ def test_a_run_from_before_gate_init_resumes_only_with_fla(tmp_path):
     ckpt.write_config(str(tmp_path), config(["gate_init", "slow"]))
 
 
-def test_a_run_with_penalty_scale_none_resumes_with_the_authors_float(tmp_path):
-  """penalty_scale None (1 / sqrt(d_h), the configs' default before 1) is the float the grids
-  now pass for the authors' setting: the same run; 1 is another."""
+def test_a_config_with_penalty_scale_none_fails_naming_the_option(tmp_path):
+  """penalty_scale None (a config.json from before "inv_sqrt_dh" named the authors' scale) is
+  refused on resume and on reading, naming the option and its value now; "inv_sqrt_dh" and
+  its float at d_h 32 are two configurations."""
   def config(scale):
     return json.dumps({"model": {"mixer": "vla", "d_model": 64, "num_heads": 2, "head_dim": 32,
                                  "mixer_options": [["lam0", 1.0], ["penalty_scale", scale]]},
                        "train": {"learning_rate": 1e-3}})
-  ckpt.write_config(str(tmp_path), config(None))
-  ckpt.write_config(str(tmp_path), config(0.17677669529663687))
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / ckpt.CONFIG_FILE).write_text(config(None))
+  for call in (lambda: ckpt.write_config(str(old), config("inv_sqrt_dh")),
+               lambda: ckpt.read_config(str(old))):
+    with pytest.raises(ValueError, match=r"penalty_scale None.*\"inv_sqrt_dh\""):
+      call()
+  ckpt.write_config(str(tmp_path), config("inv_sqrt_dh"))
+  ckpt.write_config(str(tmp_path), config("inv_sqrt_dh"))
   with pytest.raises(ValueError, match="different model configuration"):
-    ckpt.write_config(str(tmp_path), config(1.0))
+    ckpt.write_config(str(tmp_path), config(1 / np.sqrt(32)))
 
 
 def test_a_run_resumes_with_result_free_settings_changed_only(tmp_path):

@@ -8,6 +8,7 @@ real token) under which padded positions are deleted (see `vla_jax.layers.common
 from vla_jax.layers.common import RecurrentCache
 from vla_jax.layers.delta import DeltaNet, GatedDeltaNet
 from vla_jax.layers.linear import LinearAttention
+from vla_jax.layers.recurrent import RecurrentMixer
 from vla_jax.layers.registry import MIXERS, make_mixer, mixer_options
 from vla_jax.layers.softmax import KVCache, SoftmaxAttention
 from vla_jax.layers.vla import VLAAttention
@@ -21,6 +22,7 @@ __all__ = [
     "MIXERS",
     "make_mixer",
     "mixer_options",
+    "RecurrentMixer",
     "RecurrentCache",
     "KVCache",
 ]

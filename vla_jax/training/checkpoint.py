@@ -31,7 +31,6 @@ import concurrent.futures
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import time
@@ -456,20 +455,10 @@ def _without(section, keys):
     return section
   out = {k: v for k, v in section.items() if k not in keys}
   if isinstance(out.get("mixer_options"), list):     # [[name, value], ...]
-    out["mixer_options"] = [_authors_penalty(out, o) for o in out["mixer_options"]
+    out["mixer_options"] = [o for o in out["mixer_options"]
                             if not (len(o) == 2 and o[0] in _ADDED_OPTIONS
                                     and _ADDED_OPTIONS[o[0]] == o[1])]
   return out
-
-
-def _authors_penalty(model, option):
-  """VLA's option ["penalty_scale", None] (the authors' 1 / sqrt(d_h), the configs' default
-  before it became 1) as the float the layer computes for it, which the grids now pass: the
-  same run either way."""
-  if model.get("mixer") != "vla" or list(option) != ["penalty_scale", None]:
-    return option
-  head_dim = model.get("head_dim") or model.get("d_model", 0) // model.get("num_heads", 1)
-  return ["penalty_scale", 1.0 / math.sqrt(head_dim)] if head_dim else option
 
 
 def read_config(workdir):
@@ -483,7 +472,8 @@ def read_config(workdir):
 
 def _load_config(path, steps):
   """The JSON object in the config.json `path` (of a workdir with checkpoints at `steps`);
-  ValueError naming the file and what to do when it is cut short or damaged."""
+  ValueError naming the file and what to do when it is cut short or damaged, or holds VLA's
+  penalty_scale None (the layer takes a number or "inv_sqrt_dh")."""
   fix = ("put back a whole copy of it or use a new workdir" if steps else
          "remove it to start the run afresh (the workdir holds no checkpoint), or use a new "
          "workdir")
@@ -499,6 +489,12 @@ def _load_config(path, steps):
   if not isinstance(config, dict):
     raise ValueError(f"{path} holds no JSON object but a {type(config).__name__}; it holds "
                      f"the run's settings: {fix}")
+  model = config.get("model")
+  options = model.get("mixer_options") if isinstance(model, dict) else None
+  if isinstance(options, list) and ["penalty_scale", None] in options:
+    raise ValueError(f"{path} has mixer option penalty_scale None, which the layer no longer "
+                     "takes; the authors' 1 / sqrt(head_dim) it meant is \"inv_sqrt_dh\": "
+                     "write that in its place")
   return config
 
 

@@ -23,9 +23,9 @@ MIXER_ORDER = ("softmax", "softmax_conv", "linear", "deltanet", "gated_deltanet"
 MIXER_NAMES = {"softmax": "softmax", "softmax_conv": "softmax+conv", "linear": "linear",
                "deltanet": "DeltaNet", "gated_deltanet": "GDN",
                "gated_deltanet_slow": "GDN-slow", "vla": "VLA-a", "vla_p1": "VLA"}
-# The flag that gives VLA the authors' penalty scale at HEAD_DIM (the layer's None): a command
-# that made VLA rows before the default became 1 needs it to make the same rows again.
-AUTHORS_FLAG = f"--config.model.options.vla.penalty_scale={AUTHORS_PENALTY_SCALE!r}"
+# The flag that gives VLA the authors' penalty scale 1/sqrt(d_h): a command that made VLA rows
+# before the default became 1 needs it to make the same rows again.
+AUTHORS_FLAG = f"--config.model.options.vla.penalty_scale={AUTHORS_PENALTY_SCALE}"
 
 
 def read(path):
