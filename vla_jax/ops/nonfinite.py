@@ -18,9 +18,9 @@ made non-finite as NaN:
 For finite inputs every select is the identity: the outputs are bit-identical.
 
 `contain` zeroes whole tokens, q included. `contain_entries` is its form for ops that run on
-fused kernels (the Pallas kernels of VLA and the baselines): it zeroes the non-finite entries of the state's inputs
-only (a select each, with no reduction over the token in front of it) and leaves q to the
-op, whose non-finite outputs `Guard.outputs` then marks NaN.
+fused kernels (the Pallas kernels of VLA and the baselines): it zeroes the non-finite
+entries of the state's inputs only (a select each, with no reduction over the token in front
+of it) and leaves q to the op, whose non-finite outputs `Guard.outputs` then marks NaN.
 """
 
 from typing import NamedTuple
