@@ -1,6 +1,6 @@
 """Properties every sequence op keeps, for every impl: causality (a perturbed, NaN or Inf token
 t changes no output or gradient before t, and leaves every gradient finite), containment in a
-packed document (VLA: a NaN or Inf changes no other document's outputs or gradients), exact
+packed document (a NaN or Inf changes no other document's outputs or gradients), exact
 padding (appended zero-key tokens with any q and v, NaN included, change nothing before them
 and not the final state) and bounded gradients at zero keys. Small shapes; "pallas" runs in
 interpret mode off a GPU.
@@ -62,7 +62,7 @@ OPS = {
 # The baselines share the delta-rule core with VLA: its associative scan runs with VLA only
 # (each compiles slowly).
 CASES = ([("vla", impl) for impl in XLA_IMPLS + ("pallas",)]
-         + [(op, impl) for op in OPS if op != "vla" for impl in ("scan", "chunked")])
+         + [(op, impl) for op in OPS if op != "vla" for impl in ("scan", "chunked", "pallas")])
 # Sharded over 4 devices (T = 40: 10 tokens a device, T0 on the third): every op once, VLA
 # with its sequential and its chunked penalty path (the shard's own steps are the same for
 # every impl: sanitised tokens, then the op on each segment, a gather and a fold).
@@ -192,51 +192,85 @@ DOCS = (0, 14, 30, T)
 
 
 @functools.lru_cache(maxsize=None)
-def _packed(impl):
+def _packed(op, impl):
   """jit of (x, weights) -> (o, state, gradient of sum(o * weights)) for `DOCS` packed."""
   ids = jnp.asarray(np.repeat(np.arange(len(DOCS) - 1), np.diff(DOCS))[None], jnp.int32)
+  names = OPS[op][1]
 
   def run(x, weights):
-    fn = lambda y: vla_recurrence(y["q"], y["k"], y["v"], y["u"], impl=impl, chunk_size=C,
-                                  segment_ids=ids)
+    x = {n: x[n] for n in names}
+    fn = lambda y: PACKED_OPS[op](y, impl=impl, chunk_size=C, segment_ids=ids)
     o, state = fn(x)
     return o, state, jax.grad(lambda y: jnp.sum(fn(y)[0] * weights))(x)
   return jax.jit(run)
 
 
-@pytest.mark.parametrize("impl", ["scan", "chunked", "pallas"])
-def test_non_finite_token_stays_in_its_document(impl):
+PACKED_OPS = {
+    "vla": lambda x, **kw: vla_recurrence(x["q"], x["k"], x["v"], x["u"], **kw),
+    "deltanet": lambda x, **kw: deltanet(x["q"], x["k"], x["v"], x["beta"], **kw),
+    "gated_deltanet": lambda x, **kw: gated_deltanet(x["q"], x["k"], x["v"], x["beta"],
+                                                     x["g"], **kw),
+    "linear": lambda x, **kw: linear_attention(x["q"], x["k"], x["v"], feature_map=None, **kw),
+}
+# (token, input, value, the entry set, or None for the whole token); "u" stands for the op's
+# own state input (beta, the log decay; linear attention has none). Tokens 20 and 33 lie in
+# the middle and the last document.
+PACKED_CORRUPTIONS = [(20, "q", np.inf, None), (20, "k", np.nan, 3), (20, "v", np.inf, None),
+                      (20, "u", np.nan, 0), (33, "k", np.inf, None), (33, "v", np.nan, 5)]
+PACKED_CASES = ([("vla", impl) for impl in ("scan", "chunked", "pallas")]
+                + [(op, impl) for op in ("deltanet", "gated_deltanet", "linear")
+                   for impl in ("chunked", "pallas")])
+
+
+@pytest.mark.parametrize("op,impl", PACKED_CASES)
+def test_non_finite_token_stays_in_its_document(op, impl):
   """With segment_ids, a NaN or Inf at token t of one document (in one entry or all) makes
   its outputs from t to the document's end NaN (for q: o_t alone) and the final state NaN only
   when the row's last document holds it; every other output and every gradient of a loss on
   those outputs are as in the clean run (bit for bit for the XLA forms; the kernels within
-  float32 rounding) and finite, the other documents' included."""
+  float32 rounding) and finite, the other documents' included. The Gated DeltaNet kernel
+  takes no segment_ids: the op refuses them."""
+  if (op, impl) == ("gated_deltanet", "pallas"):
+    x = _inputs(4)
+    with pytest.raises(ValueError, match="segment_ids"):
+      _packed(op, impl)(x, jnp.ones((B, T, H, D), jnp.float32))
+    return
   tol = 1e-5 if impl == "pallas" else 0.0
   x = _inputs(4)
-  # (token, input, value, the entry set, or None for the whole token)
-  for t, name, value, entry in [(20, "q", np.inf, None), (20, "k", np.nan, 3),
-                                (20, "v", np.inf, None), (20, "u", np.nan, 0),
-                                (33, "k", np.inf, None), (33, "v", np.nan, 5)]:
+  extra = {"vla": "u", "deltanet": "beta", "gated_deltanet": "g", "linear": None}[op]
+  for t, name, value, entry in PACKED_CORRUPTIONS:
+    if name == "u":
+      if extra is None:
+        continue
+      name = extra
     end = t + 1 if name == "q" else min(e for e in DOCS if e > t)
     weights = np.random.default_rng(7).standard_normal((B, T, H, D))
     weights[:, t:end] = 0.0                              # a loss on every other output
     weights = jnp.asarray(weights, jnp.float32)
-    o_ref, state_ref, grads_ref = _packed(impl)(x, weights)
-    where = (slice(None), t) if entry is None else (slice(None), t, slice(None), entry)
+    o_ref, state_ref, grads_ref = _packed(op, impl)(x, weights)
+    where = (slice(None), t)
+    if entry is not None and x[name].ndim == 4:
+      where = where + (slice(None), entry)
     bad = x[name].at[where].set(value)
-    o, state, grads = _packed(impl)({**x, name: bad}, weights)
+    o, state, grads = _packed(op, impl)({**x, name: bad}, weights)
     o, o_ref = np.asarray(o), np.asarray(o_ref)
     kept = np.ones(T, bool)
     kept[t:end] = False
-    case = (name, value, t, entry)
+    case = (op, name, value, t, entry)
     assert np.all(np.isnan(o[:, ~kept])), case
     assert np.all(np.isfinite(o[:, kept])), case
     np.testing.assert_allclose(o[:, kept], o_ref[:, kept], rtol=tol, atol=tol, err_msg=str(case))
     for n, g in grads.items():
-      g = np.asarray(g)
+      g, g_ref = np.array(g), np.array(grads_ref[n])
       assert np.all(np.isfinite(g)), (n,) + case
-      np.testing.assert_allclose(g, np.asarray(grads_ref[n]), rtol=tol, atol=tol,
-                                 err_msg=f"gradient of {n} {case}")
+      if n == name:
+        # The corrupted entries reach only outputs the loss leaves out: their gradient is zero
+        # (by selection) here and zero up to rounding in the clean run (the chunked forms mix
+        # a chunk's decays).
+        assert np.all(g[where] == 0.0), (n,) + case
+        np.testing.assert_allclose(g_ref[where], 0.0, atol=1e-6, err_msg=str(case))
+        g[where] = g_ref[where] = 0.0
+      np.testing.assert_allclose(g, g_ref, rtol=tol, atol=tol, err_msg=f"gradient of {n} {case}")
     last_doc = t >= DOCS[-2] and name != "q"
     for s, s_ref in zip(jax.tree.leaves(state), jax.tree.leaves(state_ref)):
       s = np.asarray(s)

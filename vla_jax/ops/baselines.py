@@ -142,11 +142,13 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   checks.check_state("initial_state.z", initial_state.z, (B, H, dk))
   starts = _starts(segment_ids)
   if impl in KERNEL_IMPLS:
-    # The kernels keep non-finite tokens causal themselves (`vla_jax.kernels.delta_rule`);
     # phi(q), phi(k) and v go in the caller's dtypes (bfloat16 ones: bfloat16 products at
-    # precision DEFAULT); the normaliser z is a prefix sum in XLA.
+    # precision DEFAULT), with the non-finite entries of phi(k) and v zeroed and o and the
+    # state marked NaN after them, as `vla_recurrence` does (`_deltanet_kernel`); the
+    # normaliser z is a prefix sum in XLA.
     from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
         linear_attention_pallas)
+    guard, k, _, (v,) = nonfinite.contain_entries(k, writes=(v,), starts=starts)
     num, S = linear_attention_pallas(
         q.astype(in_dtypes[0]), k.astype(in_dtypes[1]), v.astype(in_dtypes[2]),
         initial_state.S.astype(dtype), segment_ids=segment_ids,
@@ -156,7 +158,8 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
       den = jnp.sum(z * q, axis=-1)
       num = num / jnp.maximum(den, eps)[..., None]
     z_T = z[:, -1] if T else initial_state.z.astype(dtype)
-    return num.astype(out_dtype), LinearAttentionState(S, z_T)
+    return (guard.outputs(num.astype(out_dtype)),
+            LinearAttentionState(guard.state(S), guard.state(z_T)))
   guard, q, k, _, (v,) = nonfinite.contain(q, k, writes=(v,), starts=starts)
   # The normaliser z is one more value channel of constant 1: row dv of the state.
   v1 = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), dtype)], axis=-1)
@@ -258,14 +261,28 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
 
 def _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size, precision):
   """`gated_deltanet` on the Pallas kernels (`vla_jax.kernels.delta_rule`): q, k and v in the
-  caller's dtypes (bfloat16 ones: bfloat16 products at precision DEFAULT); the kernels keep
-  non-finite tokens causal themselves."""
+  caller's dtypes (bfloat16 ones: bfloat16 products at precision DEFAULT).
+
+  The kernels keep a non-finite token from earlier tokens but not from the later documents of
+  a packed row, and a non-finite input's own gradient may be non-finite, so they run on k, v,
+  beta with their non-finite entries zeroed and a NaN or +inf log decay set to 0
+  (`nonfinite.contain_entries`, the XLA forms' rules); o is marked NaN from the bad token to
+  its document's end and the final state when the row's last document holds it. q goes in as
+  it is: a non-finite query leaves its own output non-finite, which is marked NaN."""
   # pylint: disable-next=import-outside-toplevel
   from vla_jax.kernels.delta_rule import deltanet_pallas, gated_deltanet_pallas
   options = _kernel_options(impl, chunk_size, precision)
-  if log_decay is None:
-    return deltanet_pallas(q, k, v, beta, S0, segment_ids=segment_ids, **options)
-  if segment_ids is not None:
+  if log_decay is not None and segment_ids is not None:
     raise ValueError(f"impl={impl.value!r}: the Gated DeltaNet kernel does not take "
                      "segment_ids (packed documents); use impl='chunked'")
-  return gated_deltanet_pallas(q, k, v, beta, log_decay, S0, **options)
+  gate_bad = None
+  if log_decay is not None:   # NaN or +inf breaks the state; -inf is a reset
+    gate_bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
+    log_decay = jnp.where(gate_bad, jnp.zeros((), log_decay.dtype), log_decay)
+  guard, k, _, (v, beta) = nonfinite.contain_entries(k, writes=(v, beta), state_bad=gate_bad,
+                                                     starts=_starts(segment_ids))
+  if log_decay is None:
+    o, S = deltanet_pallas(q, k, v, beta, S0, segment_ids=segment_ids, **options)
+  else:
+    o, S = gated_deltanet_pallas(q, k, v, beta, log_decay, S0, **options)
+  return guard.outputs(o), guard.state(S)

@@ -18,9 +18,9 @@ made non-finite as NaN:
 For finite inputs every select is the identity: the outputs are bit-identical.
 
 `contain` zeroes whole tokens, q included. `contain_entries` is its form for ops that run on
-fused kernels (the Pallas VLA kernels): it zeroes the non-finite entries of the state's inputs
-only (a select each, with no reduction over the token in front of it) and leaves q to the
-op, whose non-finite outputs `Guard.outputs` then marks NaN.
+fused kernels (the Pallas kernels of VLA and the baselines): it zeroes the non-finite
+entries of the state's inputs only (a select each, with no reduction over the token in front
+of it) and leaves q to the op, whose non-finite outputs `Guard.outputs` then marks NaN.
 """
 
 from typing import NamedTuple
@@ -115,7 +115,7 @@ def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
           clean(state_inputs, ok_state), clean(writes, ok_writes))
 
 
-def contain_entries(keys, state_inputs=(), writes=(), starts=None):
+def contain_entries(keys, state_inputs=(), writes=(), state_bad=None, starts=None):
   """`contain` for an op that reads its queries as they are and keeps a non-finite query's
   effect to that query's own output (the Pallas kernels do): the other inputs' non-finite
   entries (not whole tokens) are replaced by zeros, one select each with no reduction in front
@@ -123,14 +123,15 @@ def contain_entries(keys, state_inputs=(), writes=(), starts=None):
   compute is marked NaN (`Guard.outputs`, `Guard.state`), and in reverse mode meets zero
   cotangents only.
 
-  Args: as `contain`, without q and state_bad.
+  Args: as `contain`, without q (an input with its own rule, a gate, goes in as state_bad,
+    already made finite by the caller).
 
   Returns:
     (`Guard` with query_bad None, keys, state_inputs, writes), each array with its non-finite
     entries zeroed.
   """
   broken = breakage(_breaking(keys, token_finite(keys), [token_finite(x) for x in state_inputs],
-                              [token_finite(x) for x in writes], None), starts)
+                              [token_finite(x) for x in writes], state_bad), starts)
   clean = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
   return (Guard(broken, None), clean(keys), tuple(clean(x) for x in state_inputs),
           tuple(clean(x) for x in writes))
