@@ -81,6 +81,24 @@ def model_config(mixer, T, head_dim, impl):
                      head_dim=head_dim, dtype="bfloat16", param_dtype="float32", **kw)
 
 
+OPS = {"vla": "vla", "deltanet": "deltanet", "gated_deltanet": "gated_deltanet",
+       "linear": "linear_attention"}
+
+
+def ran_impl(layer, mixer, config):
+  """What the layer runs here: softmax attention's kernel choice, or the recurrence's impl
+  with "auto" resolved on this backend (`vla_jax.ops.impl.resolve_impl`)."""
+  from vla_jax.ops import impl as impl_lib  # pylint: disable=import-outside-toplevel
+  if mixer not in OPS:
+    return str(getattr(layer, "implementation", None))
+  platform, capability = impl_lib.current_target()
+  chosen, _ = impl_lib.resolve_impl(
+      layer.impl, op=OPS[mixer], platform=platform, capability=capability,
+      dtype=config.dtype, head_dims=(config.resolved_head_dim,) * 2,
+      chunk_size=config.chunk_size, options=config.options)
+  return chosen.value
+
+
 def step_row(mixer, T, B, head_dim, impl):
   """The training step of the whole model."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -118,11 +136,10 @@ def step_row(mixer, T, B, head_dim, impl):
 
   ms, loss = _median_ms(call, (tokens,), _REPS.value)
   n_params = sum(int(p.size) for p in jax.tree.leaves(params))
-  mixer_impl = getattr(model.blocks[0].mixer, "impl", None)
-  mixer_impl = getattr(model.blocks[0].mixer, "implementation", mixer_impl)
+  mixer_impl = ran_impl(model.blocks[0].mixer, mixer, config)
   return {"ms": round(ms, 3), "tokens_per_s": round(B * T / ms * 1e3),
           "peak_gib": _peak_gib(compiled), "compile_s": round(compile_s, 1),
-          "params_m": round(n_params / 1e6, 1), "impl": str(getattr(mixer_impl, "value", mixer_impl)),
+          "params_m": round(n_params / 1e6, 1), "impl": mixer_impl,
           "loss": float(loss)}
 
 

@@ -89,4 +89,5 @@ def test_bench_model_smoke(runs):
                                                     "fla": "skipped"}, rows
   step = next(r for r in rows if r["kind"] == "step")
   assert step["ms"] > 0 and step["tokens_per_s"] > 0 and step["peak_gib"] > 0
+  assert step["impl"] == "chunked"   # "auto" resolved on this CPU
   assert next(r for r in rows if r["kind"] == "op")["impl"] == "chunked"
