@@ -57,6 +57,8 @@ def get_base_config():
   })
   config.train = ml_collections.ConfigDict({
       "seed": 0,
+      # None: the data follow the seed; an int seeds the data alone (--config.train.data_seed=3).
+      "data_seed": ml_collections.config_dict.placeholder(int),
       "batch_size": 64,
       "num_steps": 2000,
       "learning_rate": 1e-3,

@@ -1,8 +1,11 @@
 """Settings that change no result (`vla_jax.training.config.RESULT_FREE`): a run with every one
-of them changed logs the same numbers, bit for bit, as the run without."""
+of them changed logs the same numbers, bit for bit, as the run without; `train.data_seed`
+seeds the data alone."""
 
 import dataclasses
 
+import jax
+import numpy as np
 import pytest
 
 from vla_jax.models import ModelConfig
@@ -59,3 +62,28 @@ def test_result_free_settings_change_no_logged_number(tmp_path, changed):
   assert [r["step"] for r in other_rows if "eval" in r] == [3, 6]
   for key in ("accuracy", "exact_match", "evals", "steps", "train_loss"):
     assert base[key] == other[key], key
+
+
+def test_data_seed_seeds_the_data_alone():
+  """train.data_seed: the batches, evaluation sets and probe batch of a run follow it, its
+  parameters follow train.seed; None (the default) keeps the data on the seed."""
+  from vla_jax.training.config import data_seed_of  # pylint: disable=import-outside-toplevel
+  from vla_jax.training.train import Trainer  # pylint: disable=import-outside-toplevel
+
+  def trainer(seed, data_seed):
+    config = test_train.tiny_config(seed=seed, data_seed=data_seed)
+    return Trainer(from_config_dict(config, num_devices=1))
+
+  def first_batch(t):
+    return np.asarray(next(iter(t.batches(0, 1)))[1][0])
+
+  a, b, c, d = trainer(0, 5), trainer(1, 5), trainer(0, None), trainer(0, 0)
+  np.testing.assert_array_equal(first_batch(a), first_batch(b))      # the same data
+  assert not np.array_equal(first_batch(a), first_batch(c))
+  np.testing.assert_array_equal(first_batch(c), first_batch(d))      # None: the seed's
+  leaves = lambda t: jax.tree.leaves(t.init_state["params"])
+  assert not all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(b)))
+  assert all(np.array_equal(x, y) for x, y in zip(leaves(a), leaves(c)))
+  assert data_seed_of(a.config.train) == 5 and data_seed_of(c.config.train, 7) == 7
+  with pytest.raises(ValueError, match="train.data_seed must be None or an int >= 0"):
+    trainer(0, -1)

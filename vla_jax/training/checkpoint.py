@@ -57,6 +57,13 @@ _FREE_BY_SECTION = {section: tuple(name.split(".", 1)[1] for name in RESULT_FREE
 # Mixer options added after runs were made, at the value that reproduces those runs: a
 # config.json written before the option existed lacks it, which is the same run.
 _ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla"}
+# Training settings added since the first runs, at the default that changes nothing: a run
+# written before them resumes.
+_ADDED_TRAIN = {"data_seed": None}
+
+
+def _added_default(key, value):
+  return key in _ADDED_TRAIN and value == _ADDED_TRAIN[key]
 
 log = logging.getLogger(__name__)
 
@@ -438,8 +445,10 @@ def write_config(workdir, config_json):
                          f"use a new workdir (old: {old.get(section)}, new: "
                          f"{new.get(section)})")
     free = _FREE_BY_SECTION["train"]
-    old_train = {k: v for k, v in old.get("train", {}).items() if k not in free}
-    new_train = {k: v for k, v in new["train"].items() if k not in free}
+    old_train = {k: v for k, v in old.get("train", {}).items()
+                 if k not in free and not _added_default(k, v)}
+    new_train = {k: v for k, v in new["train"].items()
+                 if k not in free and not _added_default(k, v)}
     if old_train != new_train:
       diff = ", ".join(f"{k}: {old_train.get(k)} -> {new_train.get(k)}"
                        for k in sorted(set(old_train) | set(new_train))

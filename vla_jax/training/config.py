@@ -33,7 +33,11 @@ ROUNDING_ONLY = ("model.remat", "train.seq_devices")
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
   """Attributes:
-    seed: seeds the parameters and the data (batches are a pure function of (seed, step)).
+    seed: seeds the parameters, and the data unless `data_seed` is set (batches are a pure
+      function of (data seed, step)).
+    data_seed: None (default: the data follow `seed`) or an int >= 0 that seeds the data alone
+      (training batches, evaluation sets, the probe batch), so that the parameters' and the
+      data's share of a run's outcome can be told apart (`data_seed_of`).
     batch_size: global batch, split over all devices.
     num_steps: optimizer steps.
     learning_rate, warmup_steps, weight_decay, b1, b2: AdamW with linear warmup (at most
@@ -55,6 +59,7 @@ class TrainConfig:
   """
 
   seed: int = 0
+  data_seed: int | None = None
   batch_size: int = 64
   num_steps: int = 1000
   learning_rate: float = 1e-3
@@ -97,6 +102,9 @@ class TrainConfig:
       if not ok:
         raise ValueError(f"train.{name} must be in [{lo}, {hi}{']' if closed else ')'}; "
                          f"got {value!r}")
+    if self.data_seed is not None and (not isinstance(self.data_seed, int) or isinstance(
+        self.data_seed, bool) or self.data_seed < 0):
+      raise ValueError(f"train.data_seed must be None or an int >= 0; got {self.data_seed!r}")
     if not isinstance(self.tensorboard, bool):
       raise ValueError(f"train.tensorboard must be True or False; got {self.tensorboard!r}")
     seq_devices = self.seq_devices if seq_devices is None else seq_devices
@@ -109,6 +117,14 @@ class TrainConfig:
         raise ValueError(f"train.{name}={getattr(self, name)} must be divisible by the "
                          f"number of devices ({data_devices}) along the data axis for data "
                          "parallelism")
+
+
+def data_seed_of(train: TrainConfig, seed: int | None = None) -> int:
+  """The seed of a run's data: `train.data_seed`, or where that is None the run's seed
+  (`seed`, default `train.seed`)."""
+  if train.data_seed is not None:
+    return train.data_seed
+  return train.seed if seed is None else seed
 
 
 @dataclasses.dataclass(frozen=True)

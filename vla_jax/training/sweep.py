@@ -42,7 +42,7 @@ from vla_jax.training import jsonl
 from vla_jax.training import lock
 from vla_jax.training import loop
 from vla_jax.training import probe as probe_lib
-from vla_jax.training.config import ExperimentConfig
+from vla_jax.training.config import ExperimentConfig, data_seed_of
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
                                     eval_buckets, eval_counts, generation_scores, model_loss,
                                     most_targets, make_optimizer, text_scores)
@@ -140,7 +140,8 @@ class SweepTrainer:
     """Host batches of every run at `step`: inputs, labels [R, B, T], and segment ids
     [R, B, T] for a packed task (runs of one seed share their data)."""
     bs = self.config.train.batch_size
-    data = {s: self.task.train_batch(s, step, bs) for s in self.seeds}
+    data = {s: self.task.train_batch(data_seed_of(self.config.train, s), step, bs)
+            for s in self.seeds}
     for s in self.seeds:
       check_max_targets(data[s][1], self.max_targets, where=f"seed {s} train batch {step}")
     return tuple(np.stack([data[s][i] for s, _ in self.runs])
@@ -149,7 +150,8 @@ class SweepTrainer:
   def probe_inputs(self):
     """Every run's probe batch (`probe.probe_inputs` of its seed): inputs [R, B, T]."""
     bs = self.config.train.batch_size
-    data = {s: probe_lib.probe_inputs(self.task, s, bs) for s in self.seeds}
+    data = {s: probe_lib.probe_inputs(self.task, data_seed_of(self.config.train, s), bs)
+            for s in self.seeds}
     return np.stack([data[s] for s, _ in self.runs])
 
   def eval_sets(self, validation=False):
@@ -157,7 +159,7 @@ class SweepTrainer:
     with validation=True its validation sets (`task.validation_sets`)."""
     n = self.config.train.eval_examples
     sets = self.task.validation_sets if validation else self.task.eval_sets
-    per_seed = {s: sets(s, n) for s in self.seeds}
+    per_seed = {s: sets(data_seed_of(self.config.train, s), n) for s in self.seeds}
     names = list(per_seed[self.seeds[0]])
     return {name: (np.stack([per_seed[s][name][0] for s, _ in self.runs]),
                    np.stack([per_seed[s][name][1] for s, _ in self.runs])) for name in names}

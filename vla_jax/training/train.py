@@ -23,7 +23,7 @@ from vla_jax.training import loop
 from vla_jax.training import probe as probe_lib
 from vla_jax.training import provenance
 from vla_jax.training import sharding
-from vla_jax.training.config import ExperimentConfig, TrainConfig
+from vla_jax.training.config import ExperimentConfig, TrainConfig, data_seed_of
 
 METRICS_FILE = curves.METRICS_FILE
 
@@ -167,7 +167,7 @@ class Trainer:
     the segment ids [B, T] of packed rows) on the mesh."""
     tc = self.config.train
     for step in range(start, end):
-      batch = self.task.train_batch(tc.seed, step, tc.batch_size)  # (+ segment_ids packed)
+      batch = self.task.train_batch(data_seed_of(tc), step, tc.batch_size)  # (+ segment_ids)
       check_max_targets(batch[1], self.max_targets, where=f"train batch {step}")
       yield step, sharding.shard_batch(self.mesh, *batch)
 
@@ -340,8 +340,8 @@ def _train(trainer, workdir, stop_after, log, start_time):
   config = trainer.config
   tc = config.train
   ckpt.write_config(workdir, config.to_json())
-  eval_sets = trainer.task.eval_sets(tc.seed, tc.eval_examples)
-  probe = (probe_lib.probe_inputs(trainer.task, tc.seed, tc.batch_size)
+  eval_sets = trainer.task.eval_sets(data_seed_of(tc), tc.eval_examples)
+  probe = (probe_lib.probe_inputs(trainer.task, data_seed_of(tc), tc.batch_size)
            if tc.diagnostics_every else None)
   params = sum(p.size for p in jax.tree.leaves(trainer.init_state["params"]))
   out = loop.train_loop(loop.Steps(
@@ -442,9 +442,9 @@ def evaluate(workdir, *, task=None, npz_path=None, eval_examples=None, step=None
     eval_sets = {"npz": load_npz(npz_path, config.model.vocab_size)}
   elif task is not None:
     from vla_jax.tasks import make_task  # pylint: disable=import-outside-toplevel
-    eval_sets = make_task(task[0], task[1]).eval_sets(tc.seed, n)
+    eval_sets = make_task(task[0], task[1]).eval_sets(data_seed_of(tc), n)
   else:
-    eval_sets = config.make_task().eval_sets(tc.seed, n)
+    eval_sets = config.make_task().eval_sets(data_seed_of(tc), n)
   longest = max(x.shape[1] for x, _ in eval_sets.values())
   if longest > config.model.max_len:
     if config.model.pos_emb == "learned":
