@@ -204,6 +204,37 @@ def vla_layer_inputs(model, tokens):
   return layers
 
 
+def key_collinearity(k):
+  """How alike a layer's key directions are: k [B, T, H, d] -> the mean over examples and heads
+  of mean_{s != t} |cos(k_s, k_t)| over the T tokens (0: orthogonal keys, 1: one direction).
+  Writes of strength 1 along nearly collinear keys erase each other. Zero keys count as
+  orthogonal to every other key. float32 scalar; T >= 2."""
+  k = jnp.asarray(k, jnp.float32)
+  T = k.shape[1]
+  if T < 2:
+    raise ValueError(f"key_collinearity needs at least 2 tokens; got k of shape {k.shape}")
+  norm = jnp.linalg.norm(k, axis=-1, keepdims=True)
+  khat = jnp.where(norm > 1e-6, k / jnp.maximum(norm, 1e-6), 0.0)
+  gram = jnp.abs(jnp.einsum("bshd,bthd->bhst", khat, khat))
+  off = jnp.sum(gram, axis=(-2, -1)) - jnp.trace(gram, axis1=-2, axis2=-1)
+  return jnp.mean(off / (T * (T - 1)))
+
+
+def recurrent_layer_keys(model, tokens):
+  """[(block index, k [B, T, H, d_h])]: the keys every recurrent layer of a `LanguageModel`
+  gives its recurrence on `tokens` (after the projection, convolution and feature map), as
+  `key_collinearity` reads them."""
+  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  out = []
+  for i, block in enumerate(model.blocks):
+    if getattr(block.mixer, "RECURRENT", False):
+      h = block.norm1(x).astype(block.mixer.dtype)
+      inputs, _ = block.mixer.features(h)
+      out.append((i, inputs[1]))
+    x = block(x)
+  return out
+
+
 def layer_state_norms(model, tokens):
   """||S_t||_F inside every recurrent layer of a `LanguageModel`, token by token.
 

@@ -181,3 +181,14 @@ def test_penalty_conditioning_and_write_directions_match_oracle(x64):
   np.testing.assert_allclose(diagnostics.penalty_conditioning(0 * u, (9,)), 1.0)
   with pytest.raises(ValueError, match=r"positions must be token counts in \[1, T=9\]"):
     diagnostics.penalty_conditioning(u, (0, 9))
+
+
+def test_key_collinearity_reads_zero_for_orthogonal_and_one_for_collinear_keys():
+  eye = np.eye(4, dtype=np.float32)                                     # 4 orthogonal keys
+  orthogonal = np.broadcast_to(eye[None, :, None, :], (2, 4, 3, 4))
+  assert float(diagnostics.key_collinearity(orthogonal)) == 0.0
+  one_way = np.broadcast_to(np.array([1.0, 2.0, 0.0, -1.0], np.float32), (2, 5, 3, 4))
+  signs = np.where(np.arange(5) % 2, -3.0, 0.5)[None, :, None, None]   # |cos| ignores sign, scale
+  np.testing.assert_allclose(diagnostics.key_collinearity(one_way * signs), 1.0, rtol=1e-6)
+  with pytest.raises(ValueError, match="at least 2 tokens"):
+    diagnostics.key_collinearity(one_way[:, :1])

@@ -18,7 +18,7 @@ from vla_jax.training.sweep import train_sweep
 import test_train  # noqa: E402  pylint: disable=wrong-import-position
 
 VLA_KEYS = {"cond_A.t1", "cond_A.t3", "cond_A.t7", "align_mean", "align_p10", "u_norm_mean",
-            "u_norm_min", "state_norm_end", "param.q_proj", "param.k_proj", "param.v_proj",
+            "u_norm_min", "state_norm_end", "key_cos_mean", "param.q_proj", "param.k_proj", "param.v_proj",
             "param.u_proj", "param.conv", "param.out", "param.mlp", "param.norms"}
 GRAD_GROUPS = {"q_proj", "k_proj", "v_proj", "u_proj", "conv", "out", "mlp", "norms"}
 
@@ -116,3 +116,7 @@ def test_vla_layer_metrics_match_float64_references():
   S = oracles.vla(q, k, v, u)[1]
   np.testing.assert_allclose(got["layer0.state_norm_end"],
                              np.median(np.linalg.norm(S, axis=(-2, -1))), rtol=1e-4)
+  khat = k / np.linalg.norm(k, axis=-1, keepdims=True)                # [B, T, H, d]
+  cos = np.abs(np.einsum("bshd,bthd->bhst", khat, khat))
+  off = ~np.eye(16, dtype=bool)
+  np.testing.assert_allclose(got["layer0.key_cos_mean"], cos[..., off].mean(), rtol=1e-5)

@@ -17,6 +17,8 @@ Names; i is the block index; statistics over examples and heads unless said:
                                    k_proj, v_proj, u_proj, conv, out = the readout's LayerNorm
                                    and W_o), mlp, and norms (the block's two LayerNorms)
   layer<i>.state_norm_end          median of ||S_T||_F (recurrent mixers)
+  layer<i>.key_cos_mean            mean |cos| between the key directions of two tokens of an
+                                   example (`diagnostics.key_collinearity`; recurrent mixers)
 VLA layers only:
   layer<i>.cond_A.t<t>             median of cond(A_t) = cond(M_t), M_t = lam0 I + sum u_s u_s^T,
                                    at t = T/8, T/2 and T (`diagnostics.penalty_conditioning`)
@@ -116,6 +118,9 @@ def probe_metrics(model_of, params, inputs) -> dict:
   recurrent = [i for i, b in enumerate(model.blocks) if getattr(b.mixer, "RECURRENT", False)]
   for i, trace in zip(recurrent, diagnostics.layer_state_norms(model, inputs)):
     out[f"layer{i}.state_norm_end"] = jnp.median(trace[:, -1].reshape(-1))
+  if inputs.shape[1] >= 2:
+    for i, k in diagnostics.recurrent_layer_keys(model, inputs):
+      out[f"layer{i}.key_cos_mean"] = diagnostics.key_collinearity(k)
   vla = [i for i, b in enumerate(model.blocks) if isinstance(b.mixer, VLAAttention)]
   if vla:
     for i, layer in zip(vla, diagnostics.vla_layer_inputs(model, inputs)):
