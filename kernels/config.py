@@ -25,6 +25,18 @@ TRITON_MIN_CAPABILITY = (8, 0)
 HOPPER_DEVICE_KINDS = ("H100", "H200", "H800", "H20", "GH200")
 
 
+def pad_value_width(v, S0):
+  """(v, S0, dv_run): values v [B, T, H, dv] and a state S0 [B, H, dv, dk] of a width dv the
+  kernels do not take run on zero value columns up to the next width they do (a zero column
+  of v and of S0 keeps its row of S at zero: exact); the caller drops the extra outputs."""
+  dv = v.shape[-1]
+  dv_run = min((d for d in SUPPORTED_HEAD_DIMS if d >= dv), default=dv)
+  if dv_run != dv:
+    v = jnp.pad(v, [(0, 0)] * 3 + [(0, dv_run - dv)])
+    S0 = jnp.pad(S0, [(0, 0), (0, 0), (0, dv_run - dv), (0, 0)])
+  return v, S0, dv_run
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelSupport:
   """What the Pallas kernel of one recurrence takes: the facts `vla_jax.ops.impl.resolve_impl`

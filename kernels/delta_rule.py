@@ -38,7 +38,7 @@ import math
 
 import jax.numpy as jnp
 
-from vla_jax.kernels.config import SUPPORTED_HEAD_DIMS, KernelConfig, compile_target
+from vla_jax.kernels.config import KernelConfig, compile_target, pad_value_width
 from vla_jax.kernels.state_path import planned_state_path
 from vla_jax.kernels.vla import default_interpret, document_indices
 from vla_jax.ops.checks import check_segment_ids, compute_dtype
@@ -107,24 +107,18 @@ def _run(q, e, w, v, S0, k, acc, segment_ids, config, interpret, log_decay=None)
     raise ValueError(f"q, k must be [B, T, H, dk], v [B, T, H, dv] and S0 [B, H, dv, dk] "
                      f"alike; got q {q.shape}, k {w.shape}, v {v.shape}, S0 {S0.shape}")
   segment_ids = check_segment_ids(segment_ids, B, T)
-  # A width the kernels do not take runs on zero value columns up to the next one they do (a
-  # zero column of v and of S0 keeps its row of S at zero: exact); the extra outputs are
-  # dropped.
-  dv_run = min((d for d in SUPPORTED_HEAD_DIMS if d >= dv), default=dv)
+  v, S0, dv_run = pad_value_width(v, S0)     # the extra outputs are dropped below
   config.validate(dk, dv_run)
   interpret = default_interpret() if interpret is None else bool(interpret)
   C = config.chunk_size
   N = -(-T // C)
   T_pad = N * C
   if T == 0:
-    return jnp.zeros((B, 0, H, dv), v.dtype), S0.astype(acc)
+    return jnp.zeros((B, 0, H, dv), v.dtype), S0[:, :, :dv].astype(acc)
   # A token with a zero key writes nothing, whatever its value and beta (padding).
   writes = jnp.any(k != 0, axis=-1, keepdims=True)
   w = jnp.where(writes, w, jnp.zeros((), acc))
   v = jnp.where(writes, v, jnp.zeros((), v.dtype))
-  if dv_run != dv:
-    v = jnp.pad(v, [(0, 0)] * 3 + [(0, dv_run - dv)])
-    S0 = jnp.pad(S0, [(0, 0), (0, 0), (0, dv_run - dv), (0, 0)])
   pad = lambda x: jnp.pad(x, [(0, 0), (0, T_pad - T)] + [(0, 0)] * (x.ndim - 2))
   rows = lambda x: jnp.swapaxes(pad(x), 1, 2).reshape(B * H, T_pad, dk)
   w = rows(w)

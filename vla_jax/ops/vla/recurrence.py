@@ -165,16 +165,12 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     # nothing, as padding must); q they keep to its own output, which is marked NaN.
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
-        SUPPORTED_HEAD_DIMS)
+        pad_value_width)
     guard, k, (u,), (v,) = nonfinite.contain_entries(k, (u,), (v,), starts=starts)
     S0, A0 = initial_state
     # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
-    # zero value columns up to the next one they do: a zero column of v and of S0 keeps its
-    # row of S at zero (exact), and its outputs are dropped.
-    dv_run = min((d for d in SUPPORTED_HEAD_DIMS if d >= dv), default=dv)
-    if dv_run != dv:
-      v = jnp.pad(v, [(0, 0)] * 3 + [(0, dv_run - dv)])
-      S0 = jnp.pad(S0, [(0, 0), (0, 0), (0, dv_run - dv), (0, 0)])
+    # zero value columns; its outputs are dropped.
+    v, S0, _ = pad_value_width(v, S0)
     o, S, A = vla_pallas(q, k, v, u, S0, A0, segment_ids=segment_ids, lam0=lam0,
                          config=KernelConfig(chunk_size=chunk_size, precision=precision),
                          interpret=True if impl is Impl.PALLAS_INTERPRET else None)
