@@ -245,11 +245,8 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
     return _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size,
                             resolve_precision(precision))
   q, k, v, beta = (x.astype(dtype) for x in (q, k, v, beta))
-  gate_bad = None
-  if log_decay is not None:   # NaN or +inf breaks the state; -inf is a reset
-    log_decay = log_decay.astype(dtype)
-    gate_bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
-    log_decay = jnp.where(gate_bad, jnp.zeros((), dtype), log_decay)
+  gate_bad, log_decay = nonfinite.gate_breaks(
+      None if log_decay is None else log_decay.astype(dtype))
   starts = _starts(segment_ids)
   guard, q, k, _, (v, beta) = nonfinite.contain(q, k, writes=(v, beta), state_bad=gate_bad,
                                                 starts=starts)
@@ -275,10 +272,7 @@ def _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size
   if log_decay is not None and segment_ids is not None:
     raise ValueError(f"impl={impl.value!r}: the Gated DeltaNet kernel does not take "
                      "segment_ids (packed documents); use impl='chunked'")
-  gate_bad = None
-  if log_decay is not None:   # NaN or +inf breaks the state; -inf is a reset
-    gate_bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
-    log_decay = jnp.where(gate_bad, jnp.zeros((), log_decay.dtype), log_decay)
+  gate_bad, log_decay = nonfinite.gate_breaks(log_decay)
   guard, k, _, (v, beta) = nonfinite.contain_entries(k, writes=(v, beta), state_bad=gate_bad,
                                                      starts=_starts(segment_ids))
   if log_decay is None:

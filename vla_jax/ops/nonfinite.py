@@ -67,6 +67,16 @@ class Guard(NamedTuple):
     return jnp.where(last, jnp.asarray(jnp.nan, x.dtype), x)
 
 
+def gate_breaks(log_decay):
+  """(gate_bad, log_decay) of a gate's per-token log decays [B, T, H] (or (None, None)):
+  NaN or +inf breaks the state (`state_bad` of `contain`) and goes on as 0; -inf is a reset
+  and stays."""
+  if log_decay is None:
+    return None, None
+  bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
+  return bad, jnp.where(bad, jnp.zeros((), log_decay.dtype), log_decay)
+
+
 def breakage(bad, starts=None):
   """[B, T, H] bool: some token s <= t of t's document is bad (bad [B, T, H]; starts None for
   one document a row, or [B, T] bool document starts, where the breakage restarts). Two

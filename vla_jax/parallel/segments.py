@@ -298,10 +298,7 @@ def gated_deltanet_segments(q, k, v, beta, log_decay, *, axis_name, initial_stat
     checks.check_state("initial_state", initial_state, (B, H, dv, dk))
     S0 = initial_state.astype(dtype)
   out_dtype = checks.output_dtype(v)
-  gate_bad = None
-  if log_decay is not None:   # NaN or +inf breaks the state (-inf is a reset), as in the op
-    gate_bad = jnp.isnan(log_decay) | (log_decay == jnp.inf)
-    log_decay = jnp.where(gate_bad, jnp.zeros((), log_decay.dtype), log_decay)
+  gate_bad, log_decay = nonfinite.gate_breaks(log_decay)   # as in the op
   out_guard, end_guard, q, k, _, (v, beta) = contain_segment(
       axis_name, q, k, writes=(v, beta), state_bad=gate_bad)
 
