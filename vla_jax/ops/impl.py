@@ -61,13 +61,17 @@ def parse_impl(impl: str | Impl, allowed: tuple[Impl, ...] = OP_IMPLS) -> Impl:
   return parsed
 
 
+def _kernel_support():
+  """`vla_jax.kernels.config.KERNEL_SUPPORT` (the kernels import the ops: not at the top)."""
+  from vla_jax.kernels.config import KERNEL_SUPPORT  # pylint: disable=import-outside-toplevel
+  return KERNEL_SUPPORT
+
+
 def _kernel_problem(op, dtype, head_dims, chunk_size, segment_ids, options):
   """None when the Pallas kernel of `op` takes the call, else why not (naming the option)."""
-  # pylint: disable-next=import-outside-toplevel
-  from vla_jax.kernels.config import KERNEL_SUPPORT     # kernels import the ops: not at the top
-  support = KERNEL_SUPPORT.get(op)
+  support = _kernel_support().get(op)
   if support is None:
-    return f"there is no Pallas kernel for {op!r} (kernels: {', '.join(KERNEL_SUPPORT)})"
+    return f"there is no Pallas kernel for {op!r} (kernels: {', '.join(_kernel_support())})"
   for arg, d in zip(("head_dim (keys)", "head_dim (values)"), head_dims):
     if d not in support.head_dims:
       return f"{arg}={d} is not one of the kernel's head dims {support.head_dims}"
@@ -82,13 +86,6 @@ def _kernel_problem(op, dtype, head_dims, chunk_size, segment_ids, options):
     if option in options and options[option] in values:
       return f"the kernel does not take {option}={options[option]!r}"
   return None
-
-
-def _kernel_checked(op):
-  """Whether impl "auto" may run the kernel of `op` (`KernelSupport.auto`)."""
-  # pylint: disable-next=import-outside-toplevel
-  from vla_jax.kernels.config import KERNEL_SUPPORT
-  return KERNEL_SUPPORT[op].auto
 
 
 def _platform_problem(platform, capability, min_capability):
@@ -143,14 +140,12 @@ def resolve_impl(impl, *, op: str, platform: str | None, capability=None, dtype,
                             options)
   on_device = problem is None and platform is not None and impl is not Impl.PALLAS_INTERPRET
   if on_device:
-    # pylint: disable-next=import-outside-toplevel
-    from vla_jax.kernels.config import KERNEL_SUPPORT
     problem, unknown = _platform_problem(platform, capability,
-                                         KERNEL_SUPPORT[op].min_capability)
+                                         _kernel_support()[op].min_capability)
     if unknown and impl is Impl.PALLAS:   # asked for: the kernel checks the device itself
       problem = None
   if impl is Impl.AUTO:
-    if problem is None and not _kernel_checked(op):
+    if problem is None and not _kernel_support()[op].auto:
       problem = (f"the Pallas kernel for {op!r} is not yet checked on a GPU (impl='pallas' "
                  "runs it)")
     if problem is not None:
