@@ -25,7 +25,6 @@ library defaults otherwise (impl "auto" where the mixer has one).
 
 import json
 import os
-import statistics
 import time
 
 from absl import app, flags
@@ -60,17 +59,11 @@ def _peak_gib(compiled):
   return round(total / GIB, 3)
 
 
-def _median_ms(fn, args, reps, warmup=2):
-  import jax  # pylint: disable=import-outside-toplevel
-  out = None
-  for _ in range(warmup):
-    out = jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(reps):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * statistics.median(times), out
+def _median_ms(fn, args):
+  """Median milliseconds of fn(*args) over --reps calls after 2 warm-up calls, each waited for
+  (`lab.benchmarks.measure.median_seconds`)."""
+  from lab.benchmarks import measure  # pylint: disable=import-outside-toplevel
+  return 1e3 * measure.median_seconds(fn, args, repeats=_REPS.value, warmup=2)
 
 
 def model_config(mixer, T, head_dim, impl):
@@ -134,7 +127,8 @@ def step_row(mixer, T, B, head_dim, impl):
     out[0], loss = compiled(out[0], tokens)
     return loss
 
-  ms, loss = _median_ms(call, (tokens,), _REPS.value)
+  ms = _median_ms(call, (tokens,))
+  loss = call(tokens)
   n_params = sum(int(p.size) for p in jax.tree.leaves(params))
   mixer_impl = ran_impl(model.blocks[0].mixer, mixer, config)
   return {"ms": round(ms, 3), "tokens_per_s": round(B * T / ms * 1e3),
@@ -161,7 +155,7 @@ def layer_row(mixer, T, B, head_dim, impl):
     f = lambda p, x: nnx.merge(graphdef, p)(x).astype(jnp.float32).sum()
     return jax.grad(f, argnums=(0, 1))(params, x)
 
-  ms, _ = _median_ms(fwd_bwd, (params, x), _REPS.value)
+  ms = _median_ms(fwd_bwd, (params, x))
   return {"ms": round(ms * _LAYERS.value, 3), "ms_one": round(ms, 3)}
 
 
@@ -193,7 +187,7 @@ def op_row(mixer, T, B, head_dim, impl):
     return jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), argnums=tuple(range(len(args))))(
         *args)
 
-  ms, _ = _median_ms(fwd_bwd, args, _REPS.value)
+  ms = _median_ms(fwd_bwd, args)
   return {"ms": round(ms * _LAYERS.value, 3), "ms_one": round(ms, 3), "impl": impl}
 
 
