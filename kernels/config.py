@@ -195,11 +195,13 @@ class KernelConfig:
     if bv is None:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
     programs = BH * (dv // bv)
-    # Exact segment starts (float64 Grams, prefix sums and Newton steps; segment_starts.py)
-    # where products are about float32 accurate and states float32: direct float32 starts
-    # err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU), against
-    # 1.1e-6 exact. Not for bfloat16 or one-pass TF32 products, whose own error dominates.
-    exact = jnp.dtype(acc) == jnp.float32 and kind in ("ieee", "tf32x3")
+    # Exact segment starts (float64 prefix sums and Newton steps; segment_starts.py) where
+    # products are about float32 accurate or bfloat16, and states float32: direct float32
+    # starts err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU),
+    # against 1.1e-6 exact. With bfloat16 inputs that error, small beside the products' own,
+    # reaches the state's columns that no write erases and adds up over the sequence
+    # (kernels/DESIGN.md, "Precision"). Not for one-pass TF32 products (not measured).
+    exact = jnp.dtype(acc) == jnp.float32 and kind in ("ieee", "tf32x3", "bf16")
     # The float32 Newton step on direct segment-start inverses is dropped for bfloat16 inputs
     # at DEFAULT (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225
     # against 0.123 ms at d = 64, T = 4096, B = 8) and for exact starts (float64 steps
@@ -247,9 +249,12 @@ class Plan:
     low: bfloat16 inputs at precision DEFAULT: bfloat16 product operands in the penalty and
       state-prep kernels and the chunk-local VJP, factors passed between the inference
       forward's kernels in bfloat16 (half the bytes; d = 64, T = 4096: forward 2.12 -> 1.61
-      ms with the in-place layout below), and the inference kernels reading the caller's
-      [B, T, H, d] arrays in place (no XLA transposes; the kernels make the unit keys).
-    factor_dot: the penalty scan's and the row-cotangent kernel's products.
+      ms with the in-place layout below), except the write directions a (float32: their
+      rounding adds up in the state where u is anisotropic; kernels/DESIGN.md, "Precision"),
+      and the inference kernels reading the caller's [B, T, H, d] arrays in place (no XLA
+      transposes; the kernels make the unit keys).
+    factor_dot: the penalty scan's and the row-cotangent kernel's products (in bfloat16 mode
+      the carried A and A_c as two bfloat16 parts, `common.split_operand`).
     scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
       (one wave of programs); segments: segments per sequence.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error

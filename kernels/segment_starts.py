@@ -11,23 +11,31 @@ M_s by ~eps ||M_s|| in every direction, and the Cholesky adds as much (the carri
 segment rounds relative to ||A|| and does not). cond(M_s) grows with T when u is anisotropic,
 so two forms, by `Plan.exact_starts`:
 
-  - exact (float32 states at precision HIGH or HIGHEST): the Grams and their prefix sums in
-    float64 (XLA; each product of two float32 numbers is exact in float64), M_0 = A_0^-1 and
-    every M_s^-1 first as a float32 direct inverse X (the kernel below, or XLA at dk = 128),
-    then `REFINE_STEPS` Newton steps X <- X + X (I - M X) in float64 (the residual I - M X is
-    ~eps * cond and cancels: only float64 forms it). Error ~eps, independent of T.
-  - direct (bfloat16 inputs at DEFAULT, one-pass TF32, float64 states): Grams, prefix sums
-    and inverses in the states' dtype; for bfloat16 and TF32 the products' own error
-    dominates, and float64's eps * cond is ~1e-12.
+  - exact (float32 states at precision HIGH or HIGHEST, and bfloat16 inputs at DEFAULT): the
+    Grams and their prefix sums in float64 (XLA; each product of two float32 numbers is exact
+    in float64), M_0 = A_0^-1 and every M_s^-1 first as a float32 direct inverse X (the
+    kernel below, or XLA at dk = 128), then `REFINE_STEPS` Newton steps
+    X <- X + X (I - M X) in float64 (the residual I - M X is ~eps * cond and cancels: only
+    float64 forms it). Error ~eps, independent of T. For bfloat16 u the Grams are the float32
+    ones of the direct form (each product of two bfloat16 numbers is exact in float32; only
+    the sums round, by ~eps ||G_j|| per segment, not eps ||M_s||), summed in float64: error
+    ~eps * sqrt(T L) / lambda_min(M_s) instead of ~eps * T / lambda_min (3e-4 against 5e-4
+    at T = 16384, d = 32, cond 4e4, growing slower with T). bfloat16 needs it although its
+    products round by far more: a start's error reaches the state's columns along u's
+    dominant directions, which no write erases (kernels/DESIGN.md, "Precision").
+  - direct (one-pass TF32, float64 states): Grams, prefix sums and inverses in the states'
+    dtype; for TF32 the products' own error dominates (not measured for anisotropic u at
+    long T), and float64's eps * cond is ~1e-12.
 
 Kernels, by key head dim (`Plan.inverse_kernel`):
-  - dk <= 64: the Grams in `vla_segment_grams` (direct form; one program per (sequence,
-    segment), C tokens a step, reading u in place), and each inverse in one program of
+  - dk <= 64: the Grams in `vla_segment_grams` (direct form and bfloat16 exact form; one
+    program per (sequence, segment), C tokens a step, reading u in place), and each inverse
+    in one program of
     `vla_spd_inverse`: a Cholesky by dk elimination steps on the whole [dk, dk] matrix, or a
     block Cholesky on 32 x 32 tiles (`Plan.inverse_tile`), then A = L^-T L^-1 and, with
     `Plan.newton_step`, a float32 step A <- A + A (I - M A). A_0^-1 takes a second launch.
-  - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, batched
-    Cholesky inverses (`vla_jax.ops.utils.spd_inverse`).
+  - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, float32
+    Grams of each segment and batched Cholesky inverses (`vla_jax.ops.utils.spd_inverse`).
 """
 
 import functools
@@ -159,23 +167,38 @@ def segment_start_inverses(u, A0, S, L, *, plan, token_major=False):
   (module docstring: exact or direct, by `plan.exact_starts`).
 
   u: [B, H, T_pad, dk] head-major (zero-padded to S * L here), or with token_major the
-  caller's [B, S * L, H, dk] (any float dtype, read in place; direct form only). A0:
-  [B, H, dk, dk]."""
+  caller's [B, S * L, H, dk] (any float dtype, read in place; not for the exact form with
+  float64 Grams). A0: [B, H, dk, dk]."""
   B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
   inverse = functools.partial(_direct_inverses, plan=plan)
   if plan.exact_starts:
-    return _exact_start_inverses(u, A0, S, L, inverse)
+    # bfloat16 u (bfloat16 products): every product u_i u_j is exact in float32, and the
+    # float32 Grams only round their sums; float32 u takes float64 Grams.
+    grams = _segment_grams(u, S, L, plan, token_major) if plan.low else None
+    return _exact_start_inverses(u, A0, S, L, inverse, grams)
+  grams = jnp.cumsum(_segment_grams(u, S, L, plan, token_major), axis=2)
   if not plan.inverse_kernel:
     M0 = spd_inverse(A0, solve=True)
-    return inverse(M0[:, :, None] + _gram_prefix_xla(u, S, L, token_major).astype(A0.dtype),
-                   newton=plan.newton_step)
+    return inverse(M0[:, :, None] + grams.astype(A0.dtype), newton=plan.newton_step)
+  M = inverse(A0[:, :, None], newton=False) + grams
+  return inverse(M, newton=plan.newton_step)
+
+
+def _segment_grams(u, S, L, plan, token_major):
+  """The Grams G_s of segments 0..S-2, [B, H, S - 1, dk, dk] in the accumulation dtype: the
+  `vla_segment_grams` kernel (`Plan.gram_dot` products) at dk <= 64, XLA (HIGHEST) at 128.
+  u as in `segment_start_inverses`."""
+  if token_major:
+    B, _, H, dk = u.shape
+  else:
+    B, H, _, dk = u.shape
+  if not plan.inverse_kernel:
+    return _grams_xla(u, S, L, token_major).astype(plan.acc)
   if not token_major:
     pad = S * L - u.shape[2]
     u = jnp.pad(u, [(0, 0), (0, 0), (0, pad), (0, 0)]).reshape(B * H, S * L, dk)
   grams = segment_grams(u, S, L, plan=plan, heads=H if token_major else None)
-  grams = jnp.cumsum(grams, axis=1).reshape(B, H, S - 1, dk, dk)
-  M = inverse(A0[:, :, None], newton=False) + grams
-  return inverse(M, newton=plan.newton_step)
+  return grams.reshape(B, H, S - 1, dk, dk)
 
 
 def _direct_inverses(M, *, plan, newton):
@@ -190,19 +213,22 @@ def _direct_inverses(M, *, plan, newton):
                             interpret=plan.interpret).reshape(M.shape)
 
 
-def _exact_start_inverses(u, A0, S, L, inverse):
-  """The exact form (module docstring) for float32 u [B, H, T_pad, dk] (T_pad > (S - 1) L)
-  and A0 [B, H, dk, dk]: float64 Grams and prefix sums, float32 direct inverses, float64
-  Newton steps. The float64 parts are XLA products, sums and casts traced under
-  `jax.enable_x64` (no float64 enters a Pallas kernel, none leaves this function)."""
+def _exact_start_inverses(u, A0, S, L, inverse, grams=None):
+  """The exact form (module docstring) for A0 [B, H, dk, dk] and float32 u [B, H, T_pad, dk]
+  (T_pad > (S - 1) L): float64 Grams and prefix sums, float32 direct inverses, float64
+  Newton steps; or from given float32 Grams [B, H, S - 1, dk, dk] (bfloat16 u, whose products
+  are exact in float32; u unused), summed in float64. The float64 parts are XLA products, sums
+  and casts traced under `jax.enable_x64` (no float64 enters a Pallas kernel, none leaves
+  this function)."""
   f32 = A0.dtype
   X0 = inverse(A0[:, :, None], newton=False)                 # ~A0^-1, float32
   with jax.enable_x64(True):
     M0 = _newton_float64(X0, A0[:, :, None])                 # A0^-1 to ~eps (float64)
-    U = u[:, :, :(S - 1) * L].astype(jnp.float64)
-    U = U.reshape(U.shape[0], U.shape[1], S - 1, L, U.shape[-1])
-    grams = jnp.einsum("bhsli,bhslj->bhsij", U, U, precision=HIGHEST)
-    M = M0 + jnp.cumsum(grams, axis=2)                       # [B, H, S - 1, dk, dk]
+    if grams is None:
+      U = u[:, :, :(S - 1) * L].astype(jnp.float64)
+      U = U.reshape(U.shape[0], U.shape[1], S - 1, L, U.shape[-1])
+      grams = jnp.einsum("bhsli,bhslj->bhsij", U, U, precision=HIGHEST)
+    M = M0 + jnp.cumsum(grams.astype(jnp.float64), axis=2)   # [B, H, S - 1, dk, dk]
     M_f32 = M.astype(f32)
   X = inverse(M_f32, newton=False)
   with jax.enable_x64(True):
@@ -221,16 +247,15 @@ def _newton_float64(X, M, steps=REFINE_STEPS):
   return 0.5 * (X + jnp.swapaxes(X, -1, -2))
 
 
-def _gram_prefix_xla(u, S, L, token_major):
-  """The sum of u u^T before each of segments 1..S-1 in XLA (HIGHEST products):
-  [B, H, S - 1, dk, dk]. u as in `segment_start_inverses`."""
+def _grams_xla(u, S, L, token_major):
+  """The Grams of segments 0..S-2 in XLA (HIGHEST products on u in float32, or u's wider
+  dtype): [B, H, S - 1, dk, dk]. u as in `segment_start_inverses`."""
+  u = u.astype(jnp.promote_types(u.dtype, jnp.float32))
   if token_major:
     B, _, H, dk = u.shape
-    U = u.reshape(B, S, L, H, dk)
-    gram = jnp.einsum("bslhi,bslhj->bhsij", U, U, precision=HIGHEST,
-                      preferred_element_type=jnp.promote_types(u.dtype, jnp.float32))
-    return jnp.cumsum(gram, axis=2)[:, :, :-1]
+    U = u[:, :(S - 1) * L].reshape(B, S - 1, L, H, dk)
+    return jnp.einsum("bslhi,bslhj->bhsij", U, U, precision=HIGHEST)
   B, H, T_pad, dk = u.shape
-  U = jnp.pad(u, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)]).reshape(B, H, S, L, dk)
-  gram = jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=HIGHEST)
-  return jnp.cumsum(gram, axis=2)[:, :, :-1]
+  U = jnp.pad(u, [(0, 0), (0, 0), (0, max(0, S * L - T_pad)), (0, 0)])[:, :, :(S - 1) * L]
+  U = U.reshape(B, H, S - 1, L, dk)
+  return jnp.einsum("bhnci,bhncj->bhnij", U, U, precision=HIGHEST)

@@ -176,8 +176,12 @@ def _inference_forward(plan, q, k, v, u, S0, A0):
     flat = lambda x: x.reshape(B * H, *x.shape[2:])
     keys, heads = flat(e), None
     q_r, v_r = flat(_head_major(q, T_pad)), flat(_head_major(v, T_pad))
+  # The write directions in the accumulation dtype, also for bfloat16 inputs: the state's
+  # directions that the keys' writes miss (those of large penalty, where a_t has almost no
+  # component) are never erased, so a rounding of a_t there accumulates in S over the whole
+  # sequence (kernels/DESIGN.md, "Precision").
   a, A_T = penalty_forward(plan, e, u_r, A0.astype(acc), token_major=plan.low,
-                           rows_dtype=plan.store)
+                           rows_dtype=acc)
   Up, Wp, P = state_prep(keys, a, q_r, v_r, plan=plan, out_dtype=plan.store, heads=heads)
   o, S_T, _ = state_forward(plan, q_r, a, Up, Wp, P, S0.astype(acc).reshape(B * H, dv, dk),
                             v.dtype, heads=heads)

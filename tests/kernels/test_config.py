@@ -94,12 +94,12 @@ def test_scan_warps_and_segments():
 
 def test_segment_start_inverses():
   """The Pallas inverse at dk <= 64, XLA at 128. Exact starts for float32 states at HIGH and
-  HIGHEST (bfloat16 inputs there too), not for bfloat16 or one-pass TF32 products or float64;
-  the float32 Newton step only on direct starts of float32 DEFAULT and float64, 32 x 32 tiles
-  without it."""
+  HIGHEST (bfloat16 inputs there too) and with bfloat16 products, not for one-pass TF32
+  products or float64; the float32 Newton step only on direct starts of float32 DEFAULT and
+  float64, 32 x 32 tiles without it."""
   assert _plan().inverse_kernel and not _plan(dk=128, dv=128).inverse_kernel
   f32, bf, f64 = _plan(), _plan(low=True), _plan(acc=jnp.float64)
-  assert not (f32.exact_starts or bf.exact_starts or f64.exact_starts)
+  assert bf.exact_starts and not (f32.exact_starts or f64.exact_starts)
   assert f32.newton_step and f32.inverse_tile is None and f64.newton_step
   assert not bf.newton_step and bf.inverse_tile == 32
   assert _plan(low=True, dk=16, dv=16).inverse_tile is None

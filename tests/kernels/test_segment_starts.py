@@ -1,7 +1,7 @@
 """Segment-start inverses of the penalty scan (`segment_starts.py`): the Gram kernel, the
 inverse kernel (whole matrix and 32 x 32 tiles, with and without the Newton step), the XLA
-form at dk = 128 and the exact float32 starts at long T with anisotropic u, against float64
-NumPy."""
+form at dk = 128 and the exact starts at long T with anisotropic u (float32, and bfloat16 u
+read in place), against float64 NumPy."""
 
 import jax
 import jax.numpy as jnp
@@ -82,3 +82,27 @@ def test_exact_starts_anisotropic_long_T(inverse_kernel):
     err = rel(A[0, 0, s - 1], np.linalg.inv(M))
     assert err < 1e-6, (s, err)
   assert np.linalg.cond(M) > 1e3
+
+
+def test_exact_starts_bfloat16_u_read_in_place():
+  """bfloat16 products (the inference forward: unit-norm anisotropic u read in place as
+  [B, T, H, dk]), lam0 = 0.1, T = 16384, d = 32 (cond(M) ~4e4): the exact starts (the Gram
+  kernel's float32 Grams, whose products are exact for bfloat16 u, float64 prefix sums and
+  Newton steps) err at most 3e-4 against the float64 inverse; the direct float32 form errs
+  >= 2x more at the last start (eps * cond(M))."""
+  B, H, S, T, dk, lam0 = 1, 1, 16, 16384, 32, 0.1
+  L = T // S
+  u = jnp.asarray(np.swapaxes(anisotropic_u(np.random.default_rng(3), B, H, T, dk, norm=1.0),
+                              1, 2), jnp.bfloat16)
+  A0 = jnp.asarray(np.broadcast_to(np.eye(dk) / lam0, (B, H, dk, dk)), jnp.float32)
+  u64 = np.asarray(u, np.float64)[0, :, 0]
+  want = [np.linalg.inv(lam0 * np.eye(dk) + u64[:s * L].T @ u64[:s * L]) for s in range(1, S)]
+  errors = {}
+  for exact in (True, False):
+    plan = plan_for(KernelConfig(chunk_size=64), jnp.bfloat16, dk, dk, B * H, T // 64,
+                    exact_starts=exact)
+    A = jax.jit(lambda u, A0: segment_start_inverses(u, A0, S, L, plan=plan,
+                                                     token_major=True))(u, A0)
+    errors[exact] = [rel(A[0, 0, s], want[s]) for s in range(S - 1)]
+  assert plan_for(KernelConfig(), jnp.bfloat16, dk, dk, 1, 4).exact_starts
+  assert max(errors[True]) < 3e-4 and 2 * errors[True][-1] < errors[False][-1], errors
