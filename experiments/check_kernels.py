@@ -4,8 +4,11 @@ r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) a
 isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T anisotropic u in
 float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
 packed documents (`segment_ids`, about 300 tokens a document, anisotropic u) in float32 at
-HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; then a long
-bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
+HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; the drift
+cases (`check.drift_cases`: bfloat16, unit-norm u isotropic and anisotropic, lam0 0.1 and 1,
+B = 1, H = 2, at --drift_Ts; o against impl="chunked" in float32 at HIGHEST, anisotropic within
+1.5x of isotropic, and a Markdown table of them printed at the end); then a long bfloat16
+forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
     python experiments/check_kernels.py --name=check_h200_d64_long --dims=64 --cases=long \
@@ -13,11 +16,13 @@ bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fi
     python experiments/check_kernels.py --name=check_h200_d128 --dims=128 --max_T=4096 --long_T=0
     python experiments/check_kernels.py --name=check_h200_packed --dims=64,128 --cases=packed \
         --long_T=0
+    python experiments/check_kernels.py --name=drift_h200_d64 --dims=64 --cases=drift --long_T=0
 
-Rows (pass "check", and one "long") go to --out_dir/<name>.jsonl (default results/bench/),
-where `experiments/report_benchmarks.py` tabulates them. Exits 1 when a case exceeds its
-bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`) or is not finite. --smoke: two
-tiny cases (one packed) on the CPU in interpret mode.
+Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
+results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
+when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
+`DRIFT_RATIO`) or is not finite.
+--smoke: two tiny cases (one packed) and a tiny drift pair on the CPU in interpret mode.
 """
 
 import dataclasses
@@ -30,12 +35,16 @@ _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Out
 _DIMS = flags.DEFINE_list("dims", ["64"], "Head dims (dk = dv) of the checked cases.")
 _MAX_T = flags.DEFINE_integer("max_T", 131072, "T of the long anisotropic cases (none when "
                               "<= 4096; the other cases then run at max_T).")
-_CASES = flags.DEFINE_enum("cases", "all", ["all", "long", "packed"],
-                           "all: every precision at T = 4096, the packed and the long cases; "
-                           "long: only the long anisotropic cases at --max_T; packed: only "
-                           "the packed-document cases.")
+_CASES = flags.DEFINE_enum("cases", "all", ["all", "long", "packed", "drift"],
+                           "all: every precision at T = 4096, the packed, the long and the "
+                           "drift cases; long: only the long anisotropic cases at --max_T; "
+                           "packed: only the packed-document cases; drift: only the drift "
+                           "cases.")
+_DRIFT_TS = flags.DEFINE_list("drift_Ts", [str(t) for t in (16384, 131072)],
+                              "T of the drift cases (none: an empty list).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
-_SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases on the CPU (interpret mode).")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
+                            "the CPU (interpret mode).")
 flags.mark_flag_as_required("name")
 
 
@@ -46,20 +55,33 @@ def main(argv):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import check, records  # pylint: disable=import-outside-toplevel
-  cases = (check.smoke_cases() if _SMOKE.value
-           else check.default_cases([int(d) for d in _DIMS.value], _MAX_T.value,
-                                    _CASES.value))
-  if not cases:
-    raise app.UsageError("no cases: --cases=long needs --max_T > 4096")
+  dims = [int(d) for d in _DIMS.value]
+  if _SMOKE.value:
+    cases, drift_cases = check.smoke_cases(), check.smoke_drift_cases()
+  else:
+    cases = ([] if _CASES.value == "drift"
+             else check.default_cases(dims, _MAX_T.value, _CASES.value))
+    drift_cases = (check.drift_cases(dims, [int(t) for t in _DRIFT_TS.value])
+                   if _CASES.value in ("all", "drift") else [])
+  if not cases and not drift_cases:
+    raise app.UsageError("no cases: --cases=long needs --max_T > 4096, --cases=drift "
+                         "--drift_Ts")
   print(jax.devices(), flush=True)
   rec = records.Recorder(os.path.join(_OUT_DIR.value, _NAME.value + ".jsonl"))
   rec.header({"suite": "check", "cases": [dataclasses.asdict(c) for c in cases],
+              "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
   for case in cases:
     row = rec.row(**check.check(case))
     if row["status"] != "ok":
       failed.append(row)
+  # Each drift row's verdict compares it with its isotropic twin: recorded once all ran.
+  drift_rows = [rec.row(**r) for r in check.drift_verdicts(
+      [check.drift(case) for case in drift_cases])]
+  failed += [r for r in drift_rows if r["status"] != "ok"]
+  if drift_rows:
+    print(check.drift_table(drift_rows), flush=True)
   if _LONG_T.value and not _SMOKE.value:
     row = rec.row(**check.long_run(_LONG_T.value))
     if row["status"] != "ok":

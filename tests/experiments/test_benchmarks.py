@@ -64,8 +64,13 @@ def test_bench_and_check_smoke_then_report(runs):
     assert skipped and all(r["status"] == "skipped" for r in skipped), skipped
 
   assert checked.returncode == 0, checked.stderr[-3000:] + checked.stdout[-2000:]
-  _, checks = _rows(bench / "check.jsonl")
+  _, rows = _rows(bench / "check.jsonl")
+  checks = [r for r in rows if r["pass"] == "check"]
+  drift = [r for r in rows if r["pass"] == "drift"]
   assert [r["status"] for r in checks] == ["ok", "ok"], checks
+  assert [(r["u"], r["status"]) for r in drift] == [("isotropic", "ok"), ("anisotropic", "ok")]
+  assert all(0 < r["errors"]["o"] < 3e-2 and len(r["o_quarters"]) == 4 for r in drift), drift
+  assert "| anisotropic |" in checked.stdout
   assert [r["packed"] for r in checks] == [False, True], checks
   for row in checks:
     assert row["u"] == "anisotropic" and row["precision"] == "HIGHEST"

@@ -10,6 +10,14 @@ a bound per (dtype, precision) on all of them (du, ill-conditioned with anisotro
 grow with T. One row per case (pass "check"); a long run
 (bfloat16 forward + backward at B = 1, H = 16) must finish, finite, without running out of
 memory.
+
+Drift cases (pass "drift"): bfloat16 inputs with u of unit norm (the layer's default penalty
+scale), isotropic or anisotropic, A0 = I / lam0, B = 1, H = 2, long T; the forward's o against
+impl="chunked" in float32 at HIGHEST (its own error ~1e-6), over the whole sequence and per
+quarter of it. An anisotropic row passes when its error is within `DRIFT_RATIO` of the
+isotropic row's at the same d, T and lam0 (`drift_verdicts`): the write directions have almost
+no component along the dominant directions of u, the state's columns there are never erased,
+and a rounding there adds up over the sequence.
 """
 
 import dataclasses
@@ -86,10 +94,38 @@ def default_cases(dims=(64,), max_T=16384, which="all"):
   return cases
 
 
+# Drift cases: T, lam0, and the most an anisotropic row's error may exceed the isotropic one's.
+DRIFT_TS = (16384, 131072)
+DRIFT_LAM0 = (0.1, 1.0)
+DRIFT_RATIO = 1.5
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftCase:
+  u: str          # "isotropic" or "anisotropic", rows of norm 1
+  T: int
+  lam0: float
+  d: int = 64
+  B: int = 1
+  H: int = 2
+  chunk: int = 64
+
+
+def drift_cases(dims=(64,), Ts=DRIFT_TS):
+  """Isotropic and anisotropic u at every lam0 of DRIFT_LAM0, for each head dim and T."""
+  return [DriftCase(u, T, lam0, d) for d in dims for T in Ts for lam0 in DRIFT_LAM0
+          for u in ("isotropic", "anisotropic")]
+
+
 def smoke_cases():
   """Tiny CPU cases (interpret mode)."""
   return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16),
           Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16, packed=True)]
+
+
+def smoke_drift_cases():
+  """A tiny CPU drift pair (interpret mode)."""
+  return [DriftCase(u, 64, 1.0, 16, chunk=16) for u in ("isotropic", "anisotropic")]
 
 
 def bound(case):
@@ -235,28 +271,83 @@ def check(case, interpret=None):
           "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None):
-  """A bfloat16 forward + backward at length T: seconds of the first (compiling) and second
-  call, peak device memory, finiteness (a row with pass "long")."""
+# ----------------------------------------------------------------------------- drift
+
+def drift_inputs(case, seed=0):
+  """(q, k, v, u) bfloat16 [B, T, H, d] with unit-norm u, S0 [B, H, d, d] and A0 = I / lam0
+  (float32)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  B, T, H, d = case.B, case.T, case.H, case.d
+  ks = jax.random.split(jax.random.PRNGKey(seed), 5)
+  q, k, v = (jax.random.normal(x, (B, T, H, d), jnp.float32) for x in ks[:3])
+  u = penalty_directions(ks[3], B, T, H, d, case.u) * np.sqrt(d)
+  S0 = jax.random.normal(ks[4], (B, H, d, d), jnp.float32) / 8
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32) / case.lam0, (B, H, d, d))
+  return [x.astype(jnp.bfloat16) for x in (q, k, v, u)], S0, A0
+
+
+@functools.cache
+def _drift_fns(chunk, interpret):
+  """Jitted o of `vla_pallas` (bfloat16, DEFAULT) and of impl="chunked" in float32 at HIGHEST,
+  both (q, k, v, u, S0, A0) -> o (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  case = Case("bfloat16", "DEFAULT", "isotropic", T, d, B, H, chunk)
-  qkvu, S0, wo = inputs(case, seed=7)
-  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk)
-  run = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
-  step = jax.jit(jax.value_and_grad(_loss(run), argnums=range(4)))
-  times = []
-  for _ in range(2):
-    t0 = time.perf_counter()
-    val, grads = step(*qkvu, wo)
-    jax.block_until_ready(grads)
-    times.append(time.perf_counter() - t0)
-  stats = jax.devices()[0].memory_stats() or {}
-  finite = bool(jnp.isfinite(val)) and all(bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
-                                           for g in grads)
-  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "long",
-          "first_s": round(times[0], 2), "ms": 1e3 * times[1], "finite": finite,
-          "peak_gib": stats.get("peak_bytes_in_use", 0) / 2 ** 30,
-          "status": "ok" if finite else "fail"}
+
+  def pallas(q, k, v, u, S0, A0):
+    return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
+
+  def chunked(q, k, v, u, S0, A0):
+    f32 = lambda x: x.astype(jnp.float32)
+    return vla_recurrence(f32(q), f32(k), f32(v), f32(u), initial_state=VLAState(S0, A0),
+                          impl="chunked", chunk_size=chunk, precision="highest")[0]
+  return jax.jit(pallas), jax.jit(chunked)
+
+
+def drift(case, interpret=None):
+  """One drift row: o's relative error against impl="chunked" in float32 at HIGHEST, over the
+  sequence ("o") and per quarter of it ("o_quarters"), and whether it is finite; status is set
+  by `drift_verdicts`."""
+  t0 = time.perf_counter()
+  qkvu, S0, A0 = drift_inputs(case)
+  pallas, chunked = _drift_fns(case.chunk, interpret)
+  o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
+  ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
+  quarter = case.T // 4
+  quarters = [rel(o[:, i * quarter:(i + 1) * quarter], ref[:, i * quarter:(i + 1) * quarter])
+              for i in range(4)]
+  finite = bool(np.isfinite(o).all())
+  return {**dataclasses.asdict(case), "dtype": "bfloat16", "precision": "DEFAULT",
+          "op": "vla", "impl": "pallas", "pass": "drift", "reference": "chunked float32 HIGHEST",
+          "errors": {"o": rel(o, ref)}, "o_quarters": quarters, "finite": finite,
+          "note": None if finite else "non-finite output",
+          "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def drift_verdicts(rows, ratio=DRIFT_RATIO):
+  """The drift rows with "ratio" (error / the isotropic row's at the same d, T, lam0) and
+  "status": "ok" when finite and (anisotropic) within `ratio`, else "fail"."""
+  iso = {(r["d"], r["T"], r["lam0"]): r["errors"]["o"] for r in rows if r["u"] == "isotropic"}
+  out = []
+  for r in rows:
+    base = iso.get((r["d"], r["T"], r["lam0"]))
+    x = r["errors"]["o"] / base if base else None
+    ok = r["finite"] and (r["u"] == "isotropic" or (x is not None and x <= ratio))
+    out.append({**r, "ratio": x, "bound_ratio": ratio, "status": "ok" if ok else "fail"})
+  return out
+
+
+def drift_table(rows):
+  """The drift rows as a Markdown table: o's error per (d, T, lam0, u), its ratio to isotropic
+  u's, and per quarter of the sequence."""
+  lines = ["| d | T | lam0 | u | o error | / isotropic | quarters | status |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for r in sorted(rows, key=lambda r: (r["d"], r["T"], r["lam0"], r["u"] != "isotropic")):
+    ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+    quarters = " ".join(f"{x:.1e}" for x in r["o_quarters"])
+    lines.append(f"| {r['d']} | {r['T']} | {r['lam0']:g} | {r['u']} | {r['errors']['o']:.2e} "
+                 f"| {ratio} | {quarters} | {r['status']} |")
+  return "\n".join(lines)

@@ -99,3 +99,15 @@ def test_anisotropic_u_is_ill_conditioned():
   assert cond(u) > 5 * cond(iso), (cond(u), cond(iso))
   assert check.bound(check.Case("float32", "HIGHEST", "anisotropic", 4096)) == 1e-3
   assert check.bound(check.Case("bfloat16", "DEFAULT", "isotropic", 4096)) == 3e-2
+
+
+def test_drift_verdicts():
+  """`drift_verdicts` holds each anisotropic drift row to DRIFT_RATIO times its isotropic
+  twin's error (same d, T, lam0)."""
+  row = lambda u, e: {"d": 16, "T": 256, "lam0": 0.1, "u": u, "errors": {"o": e},
+                      "finite": True, "o_quarters": [e] * 4}
+  got = check.drift_verdicts([row("isotropic", 1e-2), row("anisotropic", 1.4e-2)])
+  assert [r["status"] for r in got] == ["ok", "ok"] and got[1]["ratio"] == pytest.approx(1.4)
+  got = check.drift_verdicts([row("isotropic", 1e-2), row("anisotropic", 1.6e-2)])
+  assert got[1]["status"] == "fail"
+  assert "| anisotropic |" in check.drift_table(got)
