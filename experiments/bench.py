@@ -7,7 +7,13 @@ floor; forward and forward + backward; H = 16, bfloat16, B * T = 32,768 (B = 1 b
     python experiments/report_benchmarks.py
 
 The state path alone (`lab.benchmarks.rows` lists every row family):
---rows=state_path_triton. DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
+--rows=state_path_triton. The penalty scan's two block factors (`KernelConfig.block_factor`)
+in one run:
+
+    python experiments/bench.py --name=block_factor_h200 --dims=64,128 \
+        --Ts=4096,32768,131072 --rows=vla_kernel_elimination,vla_kernel_newton
+
+DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
 
     python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \
         --rows=deltanet_pallas,fla_delta_rule,gated_deltanet_pallas,fla_gated_delta_rule
@@ -26,7 +32,8 @@ from absl import app, flags
 _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
 _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_cudnn, "
-                          "fla_delta_rule; also state_path_triton, deltanet_pallas, "
+                          "fla_delta_rule; also vla_kernel_elimination, vla_kernel_newton, "
+                          "state_path_triton, deltanet_pallas, "
                           "gated_deltanet_pallas, fla_gated_delta_rule).")
 _DIMS = flags.DEFINE_list("dims", None, "Head dims (default 64,128).")
 _TS = flags.DEFINE_list("Ts", None, "Sequence lengths (default 1024 ... 131072, every 2x).")

@@ -18,6 +18,9 @@ forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
         --long_T=0
     python experiments/check_kernels.py --name=drift_h200_d64 --dims=64 --cases=drift --long_T=0
 
+--block_factor=newton checks the penalty scan's Newton block factor (`KernelConfig`);
+--newton_fallback adds each case's fraction of blocks where it falls back to the elimination.
+
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
@@ -42,6 +45,11 @@ _CASES = flags.DEFINE_enum("cases", "all", ["all", "long", "packed", "drift"],
                            "cases.")
 _DRIFT_TS = flags.DEFINE_list("drift_Ts", [str(t) for t in (16384, 131072)],
                               "T of the drift cases (none: an empty list).")
+_BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "elimination", ["elimination", "newton"],
+                                  "KernelConfig.block_factor of the checked calls.")
+_FALLBACK = flags.DEFINE_bool("newton_fallback", False,
+                              "Also report each case's fraction of penalty-scan blocks where "
+                              "block_factor 'newton' falls back to the elimination.")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
                             "the CPU (interpret mode).")
@@ -72,13 +80,14 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
+  options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value)
   for case in cases:
-    row = rec.row(**check.check(case))
+    row = rec.row(**check.check(case, **options))
     if row["status"] != "ok":
       failed.append(row)
   # Each drift row's verdict compares it with its isotropic twin: recorded once all ran.
   drift_rows = [rec.row(**r) for r in check.drift_verdicts(
-      [check.drift(case) for case in drift_cases])]
+      [check.drift(case, **options) for case in drift_cases])]
   failed += [r for r in drift_rows if r["status"] != "ok"]
   if drift_rows:
     print(check.drift_table(drift_rows), flush=True)

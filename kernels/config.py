@@ -18,6 +18,8 @@ from vla_jax.kernels.common import dot_precision
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
+# How the penalty scan factors each block's I + X U^T (`KernelConfig.block_factor`).
+BLOCK_FACTORS = ("elimination", "newton")
 
 # The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
 TRITON_MIN_CAPABILITY = (8, 0)
@@ -125,11 +127,17 @@ class KernelConfig:
     block_v: value rows BV of the state per program of the sequential state loops (a power of
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).
+    block_factor: how the penalty scan gets L^-1 of each 16-token block's I + X U^T = L L^T:
+      "elimination" (default; 16 dependent elimination steps, `common.chol_inv`) or "newton"
+      (two Newton steps of 16 x 16 products where ||X U^T||_F <= 0.25, the elimination
+      elsewhere; `common.guarded_chol_inv`). The same function to float32 rounding; which is
+      faster on a GPU is open (kernels/DESIGN.md, "Open questions").
   """
 
   chunk_size: int = 64
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   block_v: int | None = None
+  block_factor: str = "elimination"
 
   def __post_init__(self):
     p = self.precision
@@ -161,6 +169,9 @@ class KernelConfig:
                            or bv & (bv - 1) or dv % bv):
       raise ValueError(f"block_v must be None or a power of two >= 16 that divides dv={dv}; "
                        f"got {bv!r}")
+    if self.block_factor not in BLOCK_FACTORS:
+      raise ValueError(f"block_factor must be one of {BLOCK_FACTORS}; got "
+                       f"{self.block_factor!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -211,7 +222,12 @@ class KernelConfig:
     return Plan(
         chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
         precision=self.precision, low=low,
-        factor_dot=prec(kind), scan_warps=scan_warps, segment_chunks=seg,
+        factor_dot=prec(kind), block_factor=self.block_factor,
+        # Newton steps for the block factor: one TF32 pass where the scan's products are
+        # bfloat16 or one-pass TF32 (its L^-1 then enters Y = L^-1 X rounded to bfloat16 or
+        # TF32 anyway), the scan's own kind at HIGH and HIGHEST.
+        newton_dot=prec("tf32" if kind == "bf16" else kind),
+        scan_warps=scan_warps, segment_chunks=seg,
         segments=-(-N // seg), exact_starts=exact,
         inverse_kernel=dk <= INVERSE_KERNEL_UP_TO, inverse_dot=prec(accurate),
         gram_dot=prec("bf16" if low else accurate), newton_step=newton,
@@ -255,6 +271,7 @@ class Plan:
       transposes; the kernels make the unit keys).
     factor_dot: the penalty scan's and the row-cotangent kernel's products (in bfloat16 mode
       the carried A and A_c as two bfloat16 parts, `common.split_operand`).
+    block_factor: `KernelConfig.block_factor`; newton_dot: the products of its Newton steps.
     scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
       (one wave of programs); segments: segments per sequence.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
@@ -284,6 +301,8 @@ class Plan:
   precision: jax.lax.Precision
   low: bool
   factor_dot: object
+  block_factor: str
+  newton_dot: object
   scan_warps: int
   segment_chunks: int
   segments: int

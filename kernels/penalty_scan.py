@@ -10,10 +10,12 @@ start; the chunkwise identity of VLA.md section 4 on 16-token blocks):
     A <- A - Y^T Y                                              the inverse after the block
 
 A [dk, dk] stays in registers; the other values are [b, dk] and [b, b]; the b x b Cholesky is
-b elimination steps on one small value (`common.chol_inv`). With bfloat16 products A enters
-U A and E A as two bfloat16 parts (`common.split_operand`): one would round it by 2^-9 of its
-largest entries in every product, which over a long segment outgrows A's small eigenvalues
-when u is anisotropic (kernels/DESIGN.md, "Penalty scan").
+b elimination steps on one small value (`common.chol_inv`), or with `Plan.block_factor`
+"newton" two Newton steps of b x b products where ||X U^T||_F <= 0.25
+(`common.guarded_chol_inv`; `block_deviations` gives that norm for every block). With
+bfloat16 products A enters U A and E A as two bfloat16 parts (`common.split_operand`): one
+would round it by 2^-9 of its largest entries in every product, which over a long segment
+outgrows A's small eigenvalues when u is anisotropic (kernels/DESIGN.md, "Penalty scan").
 
 Parallelism: one program per (batch * head, segment). Each sequence is cut into S segments of
 L = `Plan.segment_chunks` chunks (as many segments as fill one wave of programs), and A at each
@@ -41,7 +43,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, dot_parts, eye,
-                                    finite, iota, rows_spec, split_operand, unit_rows)
+                                    finite, guarded_chol_inv, iota, rows_spec, split_operand,
+                                    unit_rows)
 from vla_jax.kernels.config import SCAN_BLOCK
 from vla_jax.kernels.segment_starts import segment_start_inverses
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
@@ -52,7 +55,7 @@ ROLES = ("unit", "both")
 # ----------------------------------------------------------------------------- kernel
 
 def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc,
-                 reset):
+                 reset, newton_dot):
   # Inputs: a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (keys, penalty
   # directions); with reset (packed documents) also d_ref [L] (document indices). Outputs:
   # ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk] (rows A_t khat_t,
@@ -68,6 +71,8 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
   mm = functools.partial(dot, precision=precision)
   r, c, _ = iota(b)
   one = eye(b, acc)
+  block_inverse = (chol_inv if newton_dot is None
+                   else functools.partial(guarded_chol_inv, precision=newton_dot))
 
   def block(j, carry):     # carry: A [dk, dk]; packed: (A, document index before the block)
     A, d_prev = carry if d_ref is not None else (carry, None)
@@ -90,7 +95,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
       EA = jnp.where(fresh, reset * E, EA)
       G = jnp.where(same, mm(X, U, tb=True), 0.0)
       lower = lower & same
-    Y = mm(chol_inv(one + G), finite(X))                  # L^-1 X
+    Y = mm(block_inverse(one + G), finite(X))             # L^-1 X
     W = EA - mm(jnp.where(lower, mm(E, Y, tb=True), 0.0), finite(Y))
     if wr_ref is not None:   # the adjoint's residuals, non-finite rows as zeros
       wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
@@ -164,7 +169,8 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
   return pl.pallas_call(
       functools.partial(_scan_kernel, L=L, C=C, b=SCAN_BLOCK, role=role, unit_keys=unit_keys,
                         precision=plan.factor_dot, acc=acc,
-                        reset=None if docs is None else float(reset)),
+                        reset=None if docs is None else float(reset),
+                        newton_dot=plan.newton_dot if plan.block_factor == "newton" else None),
       grid=(BH, S),
       in_specs=in_specs,
       out_specs=out_specs,
@@ -172,6 +178,26 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
       compiler_params=compiler_params(warps),
       interpret=plan.interpret, name="vla_penalty_scan",
   )(*args)
+
+
+def block_deviations(u, Y, A_chunks, C, b=SCAN_BLOCK):
+  """||G - I||_F = ||U A U^T||_F of every b-token block of the penalty scan (U its rows of u,
+  A the inverse at its start): what `KernelConfig.block_factor` "newton" holds against
+  `common.NEWTON_RADIUS`, from the scan's residuals (role "both", no packed documents):
+  A = A_c - Y_s^T Y_s over the rows s of the chunk's earlier blocks (XLA, HIGHEST).
+
+  Args: u [BH, N * C, dk]; Y [BH, >= N * C, dk] Woodbury rows; A_chunks [BH, >= N, dk, dk].
+  Returns [BH, N * C / b]."""
+  BH, T, dk = u.shape
+  N = T // C
+  mm = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
+  U = u.reshape(BH, N, C, dk)
+  P = mm("bnid,bnde,bnje->bnij", U, A_chunks[:, :N], U)            # U A_c U^T
+  block = jnp.arange(C) // b
+  K = jnp.where(block[None, :] < block[:, None],                   # U Y^T, earlier blocks
+                mm("bnid,bnjd->bnij", U, Y[:, :T].reshape(BH, N, C, dk)), 0.0)
+  D = jnp.where(block[:, None] == block[None, :], P - mm("bnis,bnjs->bnij", K, K), 0.0)
+  return jnp.sqrt(jnp.sum(D * D, axis=-1).reshape(BH, N * C // b, b).sum(-1))
 
 
 def segment_starts(plan, e, u, A0, token_major=False):

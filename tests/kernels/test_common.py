@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from kernel_checks import assert_close, rel
-from vla_jax.kernels.common import (BF16, causal_dot, chol_inv, dot, finite, split_operand,
+from vla_jax.kernels.common import (BF16, NEWTON_RADIUS, causal_dot, chol_inv, dot, finite,
+                                    guarded_chol_inv, newton_chol_inv, split_operand,
                                     unit_rows, unit_rows_vjp, unit_tril_inv)
 
 HI = jax.lax.Precision.HIGHEST
@@ -24,6 +25,29 @@ def test_chol_inv_and_unit_tril_inv_float64(x64):
   assert_close(chol_inv(jnp.asarray(G)), np.linalg.inv(np.linalg.cholesky(G)), jnp.float64)
   N = np.tril(np.random.default_rng(1).standard_normal((32, 32)) / 4, -1)
   assert_close(unit_tril_inv(jnp.asarray(N), HI), np.linalg.inv(np.eye(32) + N), jnp.float64)
+
+
+def _near_identity(n, radius, seed=0):
+  """I + X X^T scaled to ||G - I||_F = radius."""
+  X = np.random.default_rng(seed).standard_normal((n, n))
+  D = X @ X.T
+  return np.eye(n) + radius * D / np.linalg.norm(D)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+def test_newton_chol_inv_and_its_guard(x64, dtype):
+  """newton_chol_inv at ||G - I||_F = NEWTON_RADIUS matches L^-1 to the dtype's rounding (as
+  chol_inv does), and so does guarded_chol_inv; beyond the radius two Newton steps are far off
+  (1e-1 at ||G - I||_F = 4) and the guard gives chol_inv's result."""
+  tol = {np.float64: 1e-14, np.float32: 2e-6}[dtype]
+  for radius, near in ((NEWTON_RADIUS, True), (4.0, False)):
+    G = _near_identity(16, radius)
+    ref = np.linalg.inv(np.linalg.cholesky(G))
+    g = jnp.asarray(G, dtype)
+    newton, guarded = newton_chol_inv(g, HI), guarded_chol_inv(g, HI)
+    assert rel(guarded, ref) < tol and rel(chol_inv(g), ref) < tol
+    assert (rel(newton, ref) < tol) == near and (near or rel(newton, ref) > 1e-2)
+    assert not np.asarray(newton)[np.triu_indices(16, 1)].any()       # lower triangular
 
 
 def test_split_operand_keeps_float32_accuracy():
@@ -91,4 +115,14 @@ def test_factorisations_keep_non_finite_rows_later():
                   jnp.float32)
   clean, got = unit_tril_inv(N, HI), unit_tril_inv(N.at[9, 2].set(jnp.nan), HI)
   np.testing.assert_array_equal(got[:9], clean[:9])
+  assert np.isnan(np.asarray(got[9:])).all()
+
+
+def test_guarded_chol_inv_keeps_non_finite_rows_later():
+  """A non-finite row j of g near I: the guard takes the elimination (whose rows < j are
+  those of g's finite part), rows >= j NaN."""
+  G = jnp.asarray(_near_identity(16, 0.1), jnp.float32)
+  bad = G.at[9, :].set(jnp.nan).at[:, 9].set(jnp.nan)
+  got = guarded_chol_inv(bad, HI)
+  np.testing.assert_array_equal(got[:9], chol_inv(G)[:9])
   assert np.isnan(np.asarray(got[9:])).all()

@@ -24,7 +24,8 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(chunk_size=48), 16, 16, "chunk_size"), (dict(chunk_size=True), 16, 16, "chunk_size"),
     ({}, 24, 16, "dk"), ({}, 16, 48, "dv"), (dict(block_v=8), 16, 32, "block_v"),
     (dict(block_v=64), 16, 32, "block_v"), (dict(precision="fast"), 16, 16, "precision"),
-    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision")])
+    (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
+    (dict(block_factor="cholesky"), 16, 16, "block_factor")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -50,6 +51,9 @@ def test_default_products_follow_the_inputs():
   assert f32.state_apply_dot == P.DEFAULT and f32.state_dot == P.DEFAULT
   assert (f32.inverse_dot, f32.gram_dot) == (TF32X3, TF32X3) and not f32.low
   assert f32.store == jnp.float32
+  # The Newton block factor's products: one TF32 pass for bfloat16 and one-pass TF32 scans.
+  assert bf.block_factor == "elimination" and bf.newton_dot == f32.newton_dot == TF32
+  assert _plan(KernelConfig(block_factor="newton")).block_factor == "newton"
 
 
 @pytest.mark.parametrize("low", [False, True])
@@ -57,7 +61,7 @@ def test_highest_makes_every_product_float32(low):
   """HIGHEST: no TF32 and no bfloat16 anywhere, and nothing stored narrower."""
   plan = _plan(KernelConfig(precision=P.HIGHEST), low=low)
   products = (plan.factor_dot, plan.inverse_dot, plan.gram_dot, plan.state_factor_dot,
-              plan.state_apply_dot, plan.state_dot)
+              plan.state_apply_dot, plan.state_dot, plan.newton_dot)
   assert all(p == P.HIGHEST for p in products), products
   assert not plan.low and plan.store == jnp.float32 and plan.exact_starts
 
@@ -65,7 +69,7 @@ def test_highest_makes_every_product_float32(low):
 def test_high_is_three_tf32_passes():
   plan = _plan(KernelConfig(precision=P.HIGH), low=True)
   products = (plan.factor_dot, plan.inverse_dot, plan.gram_dot, plan.state_factor_dot,
-              plan.state_apply_dot, plan.state_dot)
+              plan.state_apply_dot, plan.state_dot, plan.newton_dot)
   assert all(p == TF32X3 for p in products), products
   assert plan.scan_warps == 4   # three-pass products at one warp spill
 

@@ -15,11 +15,11 @@ from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
-             segment_ids=None):
+             segment_ids=None, block_factor="elimination"):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
   the StableHLO."""
   B, T, H, dk, dv, C = shape
-  cfg = KernelConfig(chunk_size=C, precision=precision)
+  cfg = KernelConfig(chunk_size=C, precision=precision, block_factor=block_factor)
   fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
@@ -109,6 +109,20 @@ def test_precisions_lower(precision):
   assert "xf64>" in hlo
   _, hlo = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), grad=False, text=True)
   assert "xf64>" not in hlo
+
+
+@pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "HIGHEST")],
+                         ids=["bf16", "f32_highest"])
+def test_newton_block_factor_lowers(dtype, precision):
+  """block_factor="newton": the penalty scan's guarded Newton steps (a branch on one scalar
+  per block, inside the block loop) lower, forward and gradient, packed documents too."""
+  shape, p = (1, 100, 2, 64, 64, 32), getattr(jax.lax.Precision, precision)
+  fwd = EXACT_FWD if precision == "HIGHEST" else SCAN_FWD
+  assert _kernels(dtype, shape, p, block_factor="newton") == sorted(
+      fwd + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
+  ids = jnp.asarray(np.arange(100).reshape(1, 100) // 23, jnp.int32)
+  assert "vla_penalty_scan" in _kernels(dtype, shape, p, grad=False, segment_ids=ids,
+                                        block_factor="newton")
 
 
 def _products(fn, args):

@@ -11,7 +11,8 @@ import pytest
 from kernel_checks import (anisotropic_u, assert_close, isotropic_u, penalty_rows_np, plan_for,
                            rel, unit_np)
 from vla_jax.kernels import KernelConfig
-from vla_jax.kernels.penalty_scan import penalty_forward
+from vla_jax.kernels.common import NEWTON_RADIUS
+from vla_jax.kernels.penalty_scan import block_deviations, penalty_forward
 
 B, H, dk, C = 1, 2, 32, 16
 
@@ -128,3 +129,33 @@ def test_bfloat16_one_long_segment_anisotropic_u():
   for lam0 in (0.1, 1.0):
     assert errors["anisotropic", lam0] <= 1.5 * errors["isotropic", lam0], errors
   assert max(errors.values()) < 1e-2, errors
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32_highest"])
+def test_newton_block_factor(x64, dtype):
+  """block_factor="newton" against the float64 oracle: unit-norm anisotropic u from
+  A0 = 10 I (lam0 = 0.1), so that the early blocks' ||G - I||_F exceed NEWTON_RADIUS (the
+  elimination) and the later ones do not (Newton steps); two segments. `block_deviations`
+  (from the scan's residuals) gives the oracle's ||U A U^T||_F of every block."""
+  T, b = 192, 16
+  rng = np.random.default_rng(4)
+  k = rng.standard_normal((B, T, H, dk))
+  u = np.swapaxes(anisotropic_u(rng, B, H, T, dk, norm=1.0), 1, 2)
+  A0 = np.broadcast_to(10 * np.eye(dk), (B, H, dk, dk))
+  N = T // C
+  cfg = KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST, block_factor="newton")
+  plan = plan_for(cfg, dtype, dk, dk, B * H, N, segment_chunks=N // 2, segments=2)
+  head = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), dtype)
+  a, W, Y, A_chunks, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
+      head(unit_np(k, 1e-6)), head(u), jnp.asarray(A0, dtype))
+  W_ref, A_ref = _reference(k, u, A0)
+  assert_close(W, W_ref, dtype, "W")
+  assert_close(a, unit_np(W_ref, 1e-12), dtype, "a")
+  assert_close(A_T, A_ref, dtype, "A_T")
+  dev = np.asarray(block_deviations(head(u).reshape(B * H, T, dk), Y, A_chunks, C))
+  U = np.swapaxes(u, 1, 2).reshape(B * H, T, dk)
+  want = [[np.linalg.norm(U[i, j:j + b] @ (A0[0, 0] if j == 0 else _reference(
+      k[:, :j], u[:, :j], A0)[1][i]) @ U[i, j:j + b].T) for j in range(0, T, b)]
+      for i in range(B * H)]
+  np.testing.assert_allclose(dev, want, rtol=1e-4)
+  assert (dev > NEWTON_RADIUS).any() and (dev <= NEWTON_RADIUS).any(), dev

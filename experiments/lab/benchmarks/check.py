@@ -223,12 +223,13 @@ def _reference_fns(chunk):
 
 
 @functools.cache
-def _pallas_fns(precision, chunk, interpret):
+def _pallas_fns(precision, chunk, interpret, block_factor="elimination"):
   """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
+                     block_factor=block_factor)
 
   def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
@@ -250,13 +251,15 @@ def reference(qkvu, S0, wo, chunk, ids=None):
             [np.asarray(g) for g in grad(*args, ids, wo)])
 
 
-def check(case, interpret=None):
-  """One row: the case, its errors against float64, bound, status ("ok" or "fail")."""
+def check(case, interpret=None, block_factor="elimination", fallback=False):
+  """One row: the case, its errors against float64, bound, status ("ok" or "fail");
+  `vla_pallas` with `KernelConfig.block_factor`; with fallback, also "newton_fallback"
+  (`newton_fallback_rate`; None for packed documents)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
   ids = segment_ids(case)
-  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, block_factor)
   out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
@@ -264,11 +267,84 @@ def check(case, interpret=None):
   b, fb, db = bound(case), forward_bound(case), du_bound(case)
   ok = (finite and max(e for n, e in errors.items() if n != "du") <= b and errors["du"] <= db
         and (fb is None or max(errors[n] for n in FORWARD) <= fb))
+  rate = None
+  if fallback and not case.packed:
+    A0 = jnp.broadcast_to(jnp.eye(case.d, dtype=jnp.float32), S0.shape)
+    rate = newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, case.precision, interpret)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
-          "errors": errors, "bound": b, "du_bound": db, "forward_bound": fb,
-          "status": "ok" if ok else "fail",
+          "block_factor": block_factor, "errors": errors, "bound": b, "du_bound": db,
+          "forward_bound": fb, "newton_fallback": rate, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}
+
+
+@functools.cache
+def _deviation_fn(precision, chunk, interpret):
+  """Jitted (k, u, A0) -> ||G - I||_F of every 16-token block of the penalty scan (as the
+  differentiated forward runs it: head-major unit keys and u in float32)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import config, penalty_scan  # pylint: disable=import-outside-toplevel
+  from vla_jax.ops.utils import unit  # pylint: disable=import-outside-toplevel
+  from vla_jax.ops.vla.recurrence import KEY_EPS  # pylint: disable=import-outside-toplevel
+  cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
+
+  def deviations(k, u, A0):
+    B, T, H, d = u.shape
+    T_pad = -(-T // chunk) * chunk
+    plan = cfg.plan(low=k.dtype == jnp.bfloat16, acc=jnp.float32, dk=d, dv=d, BH=B * H,
+                    N=T_pad // chunk, interpret=interpret,
+                    target=config.compile_target(interpret))
+    heads = lambda x: jnp.pad(jnp.swapaxes(x.astype(jnp.float32), 1, 2),
+                              [(0, 0), (0, 0), (0, T_pad - T), (0, 0)])
+    uh = heads(u)
+    khat = heads(unit(k.astype(jnp.float32), KEY_EPS))
+    _, _, Y, A_chunks, _ = penalty_scan.penalty_forward(plan, khat, uh, A0, both=True)
+    return penalty_scan.block_deviations(uh.reshape(B * H, T_pad, d), Y, A_chunks, chunk)
+  return jax.jit(deviations)
+
+
+def newton_fallback_rate(k, u, A0, chunk, precision, interpret=None):
+  """The fraction of the penalty scan's 16-token blocks (of the first T tokens) where
+  `KernelConfig.block_factor` "newton" falls back to the elimination: ||G - I||_F >
+  `NEWTON_RADIUS`, from the scan's own residuals (`penalty_scan.block_deviations`). k, u:
+  [B, T, H, d]; A0: [B, H, d, d] float32."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels.common import NEWTON_RADIUS  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels.config import SCAN_BLOCK  # pylint: disable=import-outside-toplevel
+  if interpret is None:
+    interpret = jax.default_backend() != "gpu"
+  dev = np.asarray(_deviation_fn(precision, chunk, interpret)(k, u, A0))
+  blocks = -(-u.shape[1] // SCAN_BLOCK)
+  return float(np.mean(dev[:, :blocks] > NEWTON_RADIUS))
+
+
+def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None):
+  """A bfloat16 forward + backward at length T: seconds of the first (compiling) and second
+  call, peak device memory, finiteness (a row with pass "long")."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+  case = Case("bfloat16", "DEFAULT", "isotropic", T, d, B, H, chunk)
+  qkvu, S0, wo = inputs(case, seed=7)
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  cfg = KernelConfig(chunk_size=chunk)
+  run = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
+  step = jax.jit(jax.value_and_grad(_loss(run), argnums=range(4)))
+  times = []
+  for _ in range(2):
+    t0 = time.perf_counter()
+    val, grads = step(*qkvu, wo)
+    jax.block_until_ready(grads)
+    times.append(time.perf_counter() - t0)
+  stats = jax.devices()[0].memory_stats() or {}
+  finite = bool(jnp.isfinite(val)) and all(bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
+                                           for g in grads)
+  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "long",
+          "first_s": round(times[0], 2), "ms": 1e3 * times[1], "finite": finite,
+          "peak_gib": stats.get("peak_bytes_in_use", 0) / 2 ** 30,
+          "status": "ok" if finite else "fail"}
 
 
 # ----------------------------------------------------------------------------- drift
@@ -288,14 +364,14 @@ def drift_inputs(case, seed=0):
 
 
 @functools.cache
-def _drift_fns(chunk, interpret):
+def _drift_fns(chunk, interpret, block_factor="elimination"):
   """Jitted o of `vla_pallas` (bfloat16, DEFAULT) and of impl="chunked" in float32 at HIGHEST,
   both (q, k, v, u, S0, A0) -> o (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk)
+  cfg = KernelConfig(chunk_size=chunk, block_factor=block_factor)
 
   def pallas(q, k, v, u, S0, A0):
     return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
@@ -307,13 +383,13 @@ def _drift_fns(chunk, interpret):
   return jax.jit(pallas), jax.jit(chunked)
 
 
-def drift(case, interpret=None):
+def drift(case, interpret=None, block_factor="elimination", fallback=False):
   """One drift row: o's relative error against impl="chunked" in float32 at HIGHEST, over the
   sequence ("o") and per quarter of it ("o_quarters"), and whether it is finite; status is set
-  by `drift_verdicts`."""
+  by `drift_verdicts`. block_factor, fallback: as in `check`."""
   t0 = time.perf_counter()
   qkvu, S0, A0 = drift_inputs(case)
-  pallas, chunked = _drift_fns(case.chunk, interpret)
+  pallas, chunked = _drift_fns(case.chunk, interpret, block_factor)
   o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
   ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
   quarter = case.T // 4
@@ -322,7 +398,10 @@ def drift(case, interpret=None):
   finite = bool(np.isfinite(o).all())
   return {**dataclasses.asdict(case), "dtype": "bfloat16", "precision": "DEFAULT",
           "op": "vla", "impl": "pallas", "pass": "drift", "reference": "chunked float32 HIGHEST",
-          "errors": {"o": rel(o, ref)}, "o_quarters": quarters, "finite": finite,
+          "block_factor": block_factor, "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
+          "finite": finite,
+          "newton_fallback": (newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, "DEFAULT",
+                                                   interpret) if fallback else None),
           "note": None if finite else "non-finite output",
           "seconds": round(time.perf_counter() - t0, 1)}
 
@@ -343,11 +422,12 @@ def drift_verdicts(rows, ratio=DRIFT_RATIO):
 def drift_table(rows):
   """The drift rows as a Markdown table: o's error per (d, T, lam0, u), its ratio to isotropic
   u's, and per quarter of the sequence."""
-  lines = ["| d | T | lam0 | u | o error | / isotropic | quarters | status |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  lines = ["| d | T | lam0 | u | o error | / isotropic | quarters | Newton fallback | status |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in sorted(rows, key=lambda r: (r["d"], r["T"], r["lam0"], r["u"] != "isotropic")):
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
     quarters = " ".join(f"{x:.1e}" for x in r["o_quarters"])
+    rate = "-" if r.get("newton_fallback") is None else f"{r['newton_fallback']:.1%}"
     lines.append(f"| {r['d']} | {r['T']} | {r['lam0']:g} | {r['u']} | {r['errors']['o']:.2e} "
-                 f"| {ratio} | {quarters} | {r['status']} |")
+                 f"| {ratio} | {quarters} | {rate} | {r['status']} |")
   return "\n".join(lines)

@@ -11,6 +11,10 @@ Not in the default suite (--rows selects them):
                      log decays g = log sigmoid(N(0, 1) + GATE_SHIFT) (float32)
   fla_gated_delta_rule  flash-linear-attention's `chunk_gated_delta_rule`, inputs as
                      fla_delta_rule plus the same log decays
+  vla_kernel_elimination, vla_kernel_newton
+                     `vla_pallas` itself (S0 = 0, A0 = I; no op wrapper) with
+                     `KernelConfig.block_factor` "elimination" or "newton": the penalty scan's
+                     two block factors, timed in one run
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -50,6 +54,9 @@ class RowSpec:
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
              RowSpec("fla_delta_rule", "deltanet", "fla_chunk_delta_rule", "torch"),
+             RowSpec("vla_kernel_elimination", "vla", "kernel_elimination", "jax",
+                     default=False),
+             RowSpec("vla_kernel_newton", "vla", "kernel_newton", "jax", default=False),
              RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
              RowSpec("deltanet_pallas", "deltanet", "pallas", "jax", default=False),
              RowSpec("gated_deltanet_pallas", "gated_deltanet", "pallas", "jax", default=False),
@@ -119,12 +126,29 @@ def _state_path(chunk):
   return fwd
 
 
+def _vla_kernel(chunk, block_factor):
+  """(q, k, v, u) -> o of `vla_pallas` with `KernelConfig.block_factor` (S0 = 0, A0 = I)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
+  cfg = KernelConfig(chunk_size=chunk, block_factor=block_factor)
+
+  def fwd(q, k, v, u):
+    B, _, H, dk = q.shape
+    dv = v.shape[-1]
+    S0 = jnp.zeros((B, H, dv, dk), jnp.float32)
+    A0 = jnp.broadcast_to(jnp.eye(dk, dtype=jnp.float32), (B, H, dk, dk))
+    return vla_pallas(q, k, v, u, S0, A0, config=cfg)[0]
+  return fwd
+
+
 def jax_function(op, impl, pass_, chunk=CHUNK):
   """The function one JAX row times: fn(*inputs) -> o, or (o, cotangents)."""
   import jax  # pylint: disable=import-outside-toplevel
   from vla_jax import (deltanet, gated_deltanet,  # pylint: disable=import-outside-toplevel
                        vla_recurrence)
-  if op == "vla":
+  if op == "vla" and impl.startswith("kernel_"):
+    fwd, n = _vla_kernel(chunk, impl[len("kernel_"):]), 4
+  elif op == "vla":
     fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
   elif op == "state_path":
     fwd, n = _state_path(chunk), 4

@@ -111,3 +111,17 @@ def test_drift_verdicts():
   got = check.drift_verdicts([row("isotropic", 1e-2), row("anisotropic", 1.6e-2)])
   assert got[1]["status"] == "fail"
   assert "| anisotropic |" in check.drift_table(got)
+
+
+def test_newton_fallback_rate():
+  """The fraction of penalty-scan blocks with ||U A U^T||_F > NEWTON_RADIUS, against NumPy
+  (A0 = 10 I, unit-norm anisotropic u: the early blocks exceed it, the later ones do not)."""
+  B, T, H, d = 1, 256, 1, 16
+  (_, k, _, u), _, A0 = check.drift_inputs(check.DriftCase("anisotropic", T, 0.1, d, B, H, 16))
+  rate = check.newton_fallback_rate(k, u, A0, 16, "DEFAULT", interpret=True)
+  U = np.asarray(u, np.float64)[0, :, 0]
+  A, over = np.asarray(A0, np.float64)[0, 0], []
+  for j in range(0, T, 16):
+    over.append(np.linalg.norm(U[j:j + 16] @ A @ U[j:j + 16].T) > 0.25)
+    A = np.linalg.inv(np.linalg.inv(A) + U[j:j + 16].T @ U[j:j + 16])
+  assert 0 < rate < 1 and rate == pytest.approx(np.mean(over)), (rate, over)
