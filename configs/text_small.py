@@ -9,7 +9,7 @@ recurrent ones their short convolution) and impl is base's default. No position 
 (`pos_emb="none"`): softmax attention gets rotary embeddings (`positions="rope"`), the
 recurrent mixers have their order and short convolution, so every model runs at contexts
 longer than it was trained on (`--config.task.eval_lengths`; experiments/evaluate.py). The
-study plan: experiments/text/configs.py.
+study: experiments/text_study.py.
 """
 
 from vla_jax.configs import base
