@@ -792,7 +792,9 @@ SECTIONS = (("verdict", "## Verdict"), ("sources", "## Rows and method"),
             ("floor", "## VLA pallas against the hardware floor"),
             ("field", "## fla's DeltaNet kernel on the same measures"),
             ("time", "## Where VLA pallas's time goes"), ("profile", "## Per-kernel profile"),
-            ("memory", "## Peak device memory"), ("model", "## Whole-model training step"),
+            ("memory", "## Peak device memory"),
+            ("baselines", "## Baseline kernels against fla"),
+            ("model", "## Whole-model training step"),
             ("correctness", "## Correctness against float64"),
             ("not_measured", "## Rows not measured"))
 
