@@ -122,3 +122,29 @@ def plot_seed_runs(panels, path):
       ax.set_xlabel("step")
     row[0].legend(fontsize=7)
   _save(fig, path)
+
+
+def plot_text(entries, curve_data, path):
+  """The language-modelling figure (`lab.report.text`'s summary entries and curves), three
+  panels: test bits per byte against evaluation length, by position at T, training curves."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  for e in entries:
+    if e["test"]:
+      Ls = sorted(e["test"])
+      axes[0].plot(Ls, [e["test"][L][0] for L in Ls], "o-", label=e["name"])
+    if e["by_position"]:
+      axes[1].plot(range(1, len(e["by_position"]) + 1), e["by_position"], "o-",
+                   label=e["name"])
+    if e["label"] in curve_data:
+      steps, bpb, _ = curve_data[e["label"]]
+      axes[2].plot(steps, bpb, label=e["name"])
+  axes[0].set(xscale="log", xlabel="evaluation length (bytes)", ylabel="test bits per byte",
+              title="length extrapolation")
+  axes[1].set(xlabel="position bucket (of T, in order)", ylabel="test bits per byte",
+              title="by position at T")
+  axes[2].set(xlabel="step", ylabel="training loss (bits per byte)", title="training")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  _save(fig, path)

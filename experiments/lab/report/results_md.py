@@ -13,7 +13,7 @@ import numpy as np
 
 from lab import markers
 from lab.grid import ABLATION_VARIANTS, PAPER_N, TUNED_STEPS, TUNED_T, ZOOLOGY, ZOOLOGY_WIDTHS
-from lab.report import copy_task, markdown, memory, mqar, plots, seeds, zoology
+from lab.report import copy_task, markdown, memory, mqar, plots, seeds, text, zoology
 from lab.report.rows import grid_summary, mixers_in, name, read
 
 FILES = {
@@ -32,7 +32,7 @@ FILES = {
 }
 PLOTS = {"capacity": "mqar_capacity.png", "zoology": "zoology_state_size.png",
          "trained_norms": "trained_state_norms.png", "random_norms": "state_norms_random.png",
-         "seed_remedies": "seed_remedies_h200.png"}
+         "seed_remedies": "seed_remedies_h200.png", "text": "text_lm.png"}
 # Drawn by `experiments/plot_run.py` from the section 9 run (not by this report).
 SEED_PLOT = "seed_failures_h200.png"
 # The full tables, one file each under results/tables/: (file stem, title).
@@ -58,6 +58,8 @@ class Results:
   copy: dict          # copy_task.copy_summary
   remedies: dict      # {(T, d_model): {variant: run table}} (seeds.remedy_tables)
   lr: dict            # {label: run table} of the learning-rate run (seeds.lr_tables)
+  text: list          # text.summary of the language-modelling study's rows
+  text_curves: dict   # text.curves of its jobs
 
 
 def load(rows_dir):
@@ -71,7 +73,9 @@ def load(rows_dir):
       long=grid_summary(rows["long"], "seq_len"), zoology=short, zoology_long=long,
       pending=pending, copy=copy_task.copy_summary(rows["copy"]) if rows["copy"] else {},
       remedies=seeds.remedy_tables(os.path.join(rows_dir, seeds.REMEDY_FOLDER))[0],
-      lr=seeds.lr_tables(os.path.join(rows_dir, seeds.FOLDER)))
+      lr=seeds.lr_tables(os.path.join(rows_dir, seeds.FOLDER)),
+      text=text.summary(read(text.rows_file(rows_dir) or "")),
+      text_curves=text.curves(os.path.join(rows_dir, text.RUNS_FOLDER)))
 
 
 # -- compact tables -------------------------------------------------------------------------------
@@ -290,12 +294,17 @@ def generated_blocks(res, out_dir, results_dir):
       "decode": (("decode",), lambda: decode_block(res, link("decode"))),
       "seed_failures": ((), lambda: seeds_block(res, link("seed_failures"), plot("seed_remedies"),
                                                 plot(SEED_PLOT))),
+      "text": ((), lambda: text.block(
+          res.text, res.text_curves,
+          f"![bits per byte against length, by position, training curves]({plot('text')})")),
   }
   out = {}
   for block, (keys, make) in makers.items():
     missing = [FILES[k] for k in keys if not res.rows[k]]
     if block == "seed_failures" and not res.remedies:
       missing = [seeds.REMEDY_FOLDER + "/"]
+    if block == "text" and not res.text:
+      missing = [text.ROWS_GLOB]
     out[block] = (make() if not missing else
                   "No rows yet: " + ", ".join(f"`results/training/{f}`" for f in missing) + ".")
   return out
@@ -311,6 +320,8 @@ def draw_plots(res, plots_dir):
     plots.plot_zoology(res.zoology, dict(ZOOLOGY), path("zoology"))
   if res.kinds.get("trained_state_norm"):
     plots.plot_trained_norms(res.kinds["trained_state_norm"], path("trained_norms"))
+  if res.text:
+    plots.plot_text(res.text, res.text_curves, path("text"))
   panels = seeds.curve_panels(res.rows_dir)
   if panels:
     plots.plot_seed_runs(panels, path("seed_remedies"))
