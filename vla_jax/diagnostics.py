@@ -187,7 +187,8 @@ def vla_layer_inputs(model, tokens):
 
   Returns:
     One dict per VLA layer with q, k, v, u ([B, T, H, d_h]; v has one more channel with the
-    "delta" readout) and lam0: feed them to `state_norm_trace` or `vla_jacobian_norms`.
+    "delta" readout), beta ([B, T, H], None without the layer's `beta`) and lam0: feed them
+    to `state_norm_trace` or `vla_jacobian_norms`.
   """
   from vla_jax.layers.vla import VLAAttention  # pylint: disable=import-outside-toplevel
 
@@ -196,8 +197,11 @@ def vla_layer_inputs(model, tokens):
   for block in model.blocks:
     if isinstance(block.mixer, VLAAttention):
       h = block.norm1(x).astype(block.mixer.dtype)
-      (q, k, v, u), _ = block.mixer.features(h)
-      layers.append({"q": q, "k": k, "v": v, "u": u, "lam0": block.mixer.lam0})
+      inputs, _ = block.mixer.features(h)
+      q, k, v, u = inputs[:4]
+      layers.append({"q": q, "k": k, "v": v, "u": u,
+                     "beta": inputs[4] if len(inputs) > 4 else None,
+                     "lam0": block.mixer.lam0})
     x = block(x)
   if not layers:
     raise ValueError(f"the model has no VLA layer (mixer={model.config.mixer!r})")

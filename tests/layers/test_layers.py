@@ -24,7 +24,9 @@ CASES = [("vla", {"conv_size": 0}), ("vla", {"readout": "additive"}),
          ("vla", {"readout": "delta", "conv_size": 0}), ("vla", {}), ("softmax", {}),
          ("softmax", {"conv_size": 4}), ("linear", {"conv_size": 0}),
          ("linear", {"normalize": False, "conv_size": 3}), ("deltanet", {"conv_size": 0}),
-         ("deltanet", {}), ("gated_deltanet", {"conv_size": 0}), ("gated_deltanet", {})]
+         ("deltanet", {}), ("gated_deltanet", {"conv_size": 0}), ("gated_deltanet", {}),
+         ("vla", {"qk_map": "silu_l2"}),
+         ("vla", {"qk_map": "silu_l2", "beta": True, "readout": "delta", "conv_size": 0})]
 IDS = [n + "".join(f"-{k}={v}" for k, v in o.items()) for n, o in CASES]
 
 
@@ -101,8 +103,13 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: VLAAttention(16, 2, lam0=1e-4, rngs=nnx.Rngs(0)),
      r"lam0=0.0001 is below 0.001, the smallest impl='auto' takes in float32"),
     (lambda: VLAAttention(16, 2, u_init="zeros", rngs=nnx.Rngs(0)), "u_init must be one of"),
+    (lambda: VLAAttention(16, 2, qk_map="relu", rngs=nnx.Rngs(0)),
+     "qk_map must be one of 'elu1', 'silu_l2'; got 'relu'"),
+    (lambda: VLAAttention(16, 2, beta=1, rngs=nnx.Rngs(0)), "beta must be True or False"),
+    (lambda: VLAAttention(16, 2, qk_map="silu_l2", readout="additive", rngs=nnx.Rngs(0)),
+     "qk_map='silu_l2' .* readout='additive'"),
 ], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
-        "lam0-str", "lam0-small", "u_init"])
+        "lam0-str", "lam0-small", "u_init", "qk_map", "beta", "silu_l2-additive"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
     call()
@@ -117,6 +124,24 @@ def test_u_init_identity_sets_w_u_only():
     np.testing.assert_array_equal(getattr(identity, name).kernel[...],
                                   getattr(default, name).kernel[...])
 
+
+
+def test_beta_projection_is_drawn_last_and_the_kernels_refuse_beta():
+  """With `beta` every other parameter is the layer's without it (W_beta is drawn last); an
+  explicit kernel impl refuses the layer at construction naming the option, and "auto" runs
+  "chunked" (the same outputs)."""
+  default = nnx.state(VLAAttention(D, H, rngs=nnx.Rngs(0)), nnx.Param)
+  with_beta = nnx.state(VLAAttention(D, H, beta=True, rngs=nnx.Rngs(0)), nnx.Param)
+  assert set(with_beta) == set(default) | {"beta_proj"}
+  chex.assert_trees_all_equal({k: with_beta[k] for k in default}, dict(default))
+  with pytest.raises(ValueError, match=r"^VLAAttention: impl='pallas_interpret' cannot run "
+                                       r"here: the kernel does not take beta=True"):
+    make_mixer("vla", 32, 2, head_dim=16, impl="pallas_interpret", chunk_size=16,
+               options={"beta": True}, rngs=nnx.Rngs(0))
+  x = _x(length=20)
+  auto, chunked = (make_mixer("vla", D, H, impl=impl, chunk_size=16, options={"beta": True},
+                              rngs=nnx.Rngs(0)) for impl in ("auto", "chunked"))
+  np.testing.assert_array_equal(auto(x), chunked(x))
 
 
 def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():

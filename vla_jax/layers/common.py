@@ -27,6 +27,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from vla_jax.ops import checks
@@ -200,6 +201,20 @@ def check_choice(name, arg, value, choices):
     raise ValueError(f"{name}: {arg} must be one of {', '.join(map(repr, choices))}; "
                      f"got {value!r}")
   return value
+
+
+def check_bool(name, arg, value):
+  """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}: {arg} must be True or False; got {value!r}")
+  return bool(value)
+
+
+def check_positive_int(name, arg, value):
+  """`value` if it is an int >= 1, else ValueError naming the layer and option."""
+  if not checks.is_int(value) or value < 1:
+    raise ValueError(f"{name}: {arg} must be an int >= 1; got {value!r}")
+  return int(value)
 
 
 def dense(d_in, d_out, *, use_bias, dtype, param_dtype, rngs):
