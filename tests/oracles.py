@@ -215,6 +215,10 @@ def _delta_mixer(m, x):
         S = gamma[b, t, h] * S
         S = S + beta[b, t, h] * np.outer(v[b, t, h] - S @ k[b, t, h], k[b, t, h])
         o[b, t, h] = S @ q[b, t, h]
+  if m.output_gate:   # fla's gated RMSNorm per head: RMSNorm(o) * w * silu(W_g x)
+    if m.o_norm.weight is not None:
+      o = o / np.sqrt((o ** 2).mean(-1, keepdims=True) + m.o_norm.eps) * _p(m.o_norm.weight)
+    o = o * _silu(_heads(_lin(x, m.g_proj), H))
   return _readout(o, m.out)
 
 

@@ -175,9 +175,10 @@ class VLAAttention(RecurrentMixer):
     return jnp.zeros((batch_size, self.num_heads, self.head_dim),
                      common.state_dtype(self.dtype))
 
-  def _readout(self, o, inputs, norm, docs=None):
+  def _readout(self, o, inputs, norm, docs=None, x=None):
     """o [B, T, H, dv(+1)] -> (y [B, T, d_model], the additive readout's running sum z, which
     restarts at each document of `docs`)."""
+    del x
     q, k = inputs[:2]
     f = jnp.promote_types(o.dtype, jnp.float32)
     z = norm
