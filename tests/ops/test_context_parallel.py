@@ -29,11 +29,13 @@ DEVICES = (2, 4, 8)
 # Pallas op on 4 (T = 64: one chunk a device).
 ENDS = (2, 8)
 TOL = {"float64": 1e-10, "float32": 1e-5}
-# (op, impl, dtype, device counts): every op in float64 at a small shape; float32 is checked
+# (op, impl, dtype, device counts): every op in float64 at a small shape ("vla_beta":
+# vla_recurrence with a write strength beta); float32 is checked
 # on VLA at T = 16,384 (test_float32_long_anisotropic) and on the Pallas op (interpret mode,
 # a tiny shape, whose kernels take float32 or bfloat16 products).
 CASES = [("vla_recurrence", "chunked", "float64", ENDS),
          ("vla_recurrence", "pallas", "float32", (4,)),
+         ("vla_beta", "chunked", "float64", (2,)),
          ("deltanet", "chunked", "float64", (8,)),
          ("gated_deltanet", "chunked", "float64", (2,)),
          ("linear_attention", "chunked", "float64", (8,))]
@@ -56,12 +58,12 @@ def _inputs(name, impl, dtype, seed, T=None):
   v = cast(rng.standard_normal((B, T, H, dv)))
   S0 = cast(rng.standard_normal((B, H, dv, dk)) / 4)
   kw = dict(impl=impl, chunk_size=C)
-  if name == "vla_recurrence":
+  beta = cast(rng.uniform(0.05, 1.0, (B, T, H)))
+  if name in ("vla_recurrence", "vla_beta"):
     u = cast(rng.standard_normal((B, T, H, dk)) / np.sqrt(dk))
     R = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
     A0 = cast(np.linalg.inv(np.eye(dk) + R @ np.swapaxes(R, -1, -2)))
-    return (q, k, v, u), VLAState(S0, A0), kw
-  beta = cast(rng.uniform(0.05, 1.0, (B, T, H)))
+    return (q, k, v, u) + ((beta,) if name == "vla_beta" else ()), VLAState(S0, A0), kw
   if name == "deltanet":
     return (q, k, v, beta), S0, kw
   if name == "gated_deltanet":
@@ -129,7 +131,7 @@ def main():
   meshes = {n: Mesh(np.array(jax.devices()[:n]), ("seq",)) for n in DEVICES}
   rows = []
   for seed, (name, impl, dtype, devices) in enumerate(CASES):
-    op = getattr(vla_jax, name)
+    op = getattr(vla_jax, "vla_recurrence" if name == "vla_beta" else name)
     args, state, kw = _inputs(name, impl, dtype, seed)
     ref = _results(functools.partial(op, **kw), args, state, seed)
     for n in devices:

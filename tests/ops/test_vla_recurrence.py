@@ -380,3 +380,73 @@ def test_forward_mode_of_scan_matches_reverse_mode_of_chunked(x64):
   assert rel_err(projected, jvp_scan) < 1e-9, (projected, jvp_scan)
   with pytest.raises(TypeError, match="custom_vjp"):   # when traced (nothing compiles)
     jax.jit(lambda a, t: jax.jvp(_loss("chunked"), a, t))(args, tangents)
+
+
+# A learned write strength beta [B, T, H]: S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T.
+
+def _beta(seed, B, T, H, dtype=np.float64):
+  return np.random.default_rng(seed).uniform(0.05, 1.0, (B, T, H)).astype(dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_beta_matches_oracle_float64(x64, impl):
+  """Every XLA form with a write strength: the float64 oracle's outputs and state, T not a
+  multiple of the chunk, dk > dv; a zero-key token with beta = NaN writes nothing."""
+  B, T, H, dk, dv = 2, 37, 2, 8, 5
+  q, k, v, u = random_inputs(41, B, T, H, dk, dv)
+  beta = _beta(42, B, T, H)
+  k[:, 9], u[:, 9] = 0.0, 0.0
+  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u, lam0=0.5, beta=beta)
+  beta[:, 9] = np.nan
+  o, state = jax.jit(functools.partial(vla_recurrence, impl=impl, chunk_size=16, lam0=0.5))(
+      q, k, v, u, beta)
+  assert rel_err(o, o_ref) < TOL[np.float64]
+  assert rel_err(state.S, S_ref) < TOL[np.float64]
+  assert rel_err(state.A, A_ref) < TOL[np.float64]
+  # beta = 1 is the recurrence without beta, and beta changes the outputs.
+  assert rel_err(o, oracles.vla(q, k, v, u, lam0=0.5)[0]) > 1e-2
+
+
+def test_beta_float32_chunked_matches_oracle():
+  q, k, v, u = random_inputs(43, 1, 45, 2, 16, 8, np.float32)
+  beta = _beta(44, 1, 45, 2, np.float32)
+  o, state = jax.jit(functools.partial(vla_recurrence, impl="chunked", chunk_size=16))(
+      q, k, v, u, beta)
+  o_ref, S_ref, _ = oracles.vla(q, k, v, u, beta=beta)
+  assert rel_err(o, o_ref) < TOL[np.float32]
+  assert rel_err(state.S, S_ref) < TOL[np.float32]
+
+
+def _beta_loss(impl):
+  def loss(q, k, v, u, beta):
+    o, st = vla_recurrence(q, k, v, u, beta, impl=impl, chunk_size=16)
+    w = jnp.sin(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))
+    return jnp.sum(w * o) + jnp.sum(jnp.cos(st.S))
+  return loss
+
+
+def test_beta_gradients_agree_across_impls_and_with_finite_differences(x64):
+  """d/d(q, k, v, u, beta) of every XLA form equal scan's (two chunks), and scan's equal
+  finite differences (a smaller shape)."""
+  B, T, H, dk, dv = GRAD_SHAPE
+  args = random_inputs(45, B, T, H, dk, dv) + (_beta(46, B, T, H),)
+  grads = {impl: jax.jit(jax.grad(_beta_loss(impl), argnums=tuple(range(5))))(*args)
+           for impl in IMPLS}
+  for impl in IMPLS[1:]:
+    for name, g, g_ref in zip(["q", "k", "v", "u", "beta"], grads[impl], grads["scan"]):
+      assert rel_err(g, g_ref) < 1e-9, (impl, name, rel_err(g, g_ref))
+  assert float(np.abs(grads["scan"][4]).min()) > 0
+  small = random_inputs(47, 1, 6, 1, 3, 2) + (_beta(48, 1, 6, 1),)
+  check_grads(jax.jit(_beta_loss("scan")), small, order=1, modes=("rev",), atol=1e-6,
+              rtol=1e-6)
+
+
+def test_beta_is_checked_and_refused_by_the_kernels():
+  q, k, v, u = random_inputs(0, 1, 8, 2, 16, 16, np.float32)
+  with pytest.raises(ValueError, match=r"beta must have rank 3 \[B, T, H\]"):
+    vla_recurrence(q, k, v, u, q)
+  with pytest.raises(ValueError, match="beta has T=4"):
+    vla_recurrence(q, k, v, u, _beta(0, 1, 4, 2, np.float32))
+  for impl in ("pallas", "pallas_interpret"):
+    with pytest.raises(ValueError, match=f"impl='{impl}' does not take beta"):
+      vla_recurrence(q, k, v, u, _beta(0, 1, 8, 2, np.float32), impl=impl)

@@ -261,6 +261,26 @@ def test_a_run_from_before_gate_init_resumes_only_with_fla(tmp_path):
     ckpt.write_config(str(tmp_path), config(["gate_init", "slow"]))
 
 
+@pytest.mark.parametrize("mixer,same,other", [
+    ("gated_deltanet", [["output_gate", False], ["expand_v", 1]],
+     [["output_gate", True], ["expand_v", 2]]),
+    ("vla", [["qk_map", "elu1"], ["beta", False]], [["qk_map", "silu_l2"], ["beta", False]]),
+    ("vla", [["qk_map", "elu1"], ["beta", False]], [["qk_map", "elu1"], ["beta", True]])])
+def test_a_run_from_before_the_new_options_resumes_only_at_their_old_values(
+    tmp_path, mixer, same, other):
+  """config.json written before Gated DeltaNet's output gate and value expansion, or VLA's
+  qk_map and beta, lacks them: the same run as the values it was made with (no gate, values
+  of the key width; ELU + 1, no write strength), another run than the new defaults."""
+  def config(*options):
+    return json.dumps({"model": {"mixer": mixer,
+                                 "mixer_options": [["conv_size", 4], *options]},
+                       "train": {"learning_rate": 1e-3}})
+  ckpt.write_config(str(tmp_path), config())
+  ckpt.write_config(str(tmp_path), config(*same))
+  with pytest.raises(ValueError, match="different model configuration"):
+    ckpt.write_config(str(tmp_path), config(*other))
+
+
 def test_a_config_with_penalty_scale_none_fails_naming_the_option(tmp_path):
   """penalty_scale None (a config.json from before "inv_sqrt_dh" named the authors' scale) is
   refused on resume and on reading, naming the option and its value now; "inv_sqrt_dh" and

@@ -56,7 +56,8 @@ _FREE_BY_SECTION = {section: tuple(name.split(".", 1)[1] for name in RESULT_FREE
                     for section in ("task", "model", "train")}
 # Mixer options added after runs were made, at the value that reproduces those runs: a
 # config.json written before the option existed lacks it, which is the same run.
-_ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla"}
+_ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla", "qk_map": "elu1", "beta": False,
+                  "output_gate": False, "expand_v": 1}
 # Training settings added since the first runs, at the default that changes nothing: a run
 # written before them resumes.
 _ADDED_TRAIN = {"data_seed": None}
