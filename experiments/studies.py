@@ -100,8 +100,8 @@ def main(argv):
       return
     if _LIST.value:
       rows = jsonl.read_rows(rows_path)
-      print(grid.listing(pick(studies.jobs(study, rows)), {study: rows}, (), overrides),
-            flush=True)
+      print(grid.listing(pick(studies.jobs(study, rows, overrides)), {study: rows}, (),
+                         overrides), flush=True)
       return
     per_gpu = _PER_GPU.value or PER_GPU[study]
     if per_gpu > 1:
@@ -109,7 +109,7 @@ def main(argv):
     left, started = _BUDGET.value, set()
     while left > 0:   # the baselines plan more jobs as their sweeps finish
       rows = jsonl.read_rows(rows_path)
-      todo = [j for j in pick(studies.jobs(study, rows)) if j.name not in started
+      todo = [j for j in pick(studies.jobs(study, rows, overrides)) if j.name not in started
               and not grid.is_done(j, rows, (), overrides)]
       if not todo:
         break
@@ -120,7 +120,7 @@ def main(argv):
           grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
       left -= summary["wall_s"]
   rows = jsonl.read_rows(rows_path)
-  print(grid.listing(pick(studies.jobs(study, rows)), {study: rows}, (), overrides),
+  print(grid.listing(pick(studies.jobs(study, rows, overrides)), {study: rows}, (), overrides),
         flush=True)
 
 

@@ -156,10 +156,14 @@ def _baseline(label, mixer, head_dim, extra, d_model, steps, rates, name=None, t
               rates, {**cell_tag, "label": label, "head_dim": head_dim, **dict(tag)}, seeds, env)
 
 
-def baseline_jobs(rows=()):
+def baseline_jobs(rows=(), overrides=None):
   """The baselines study from its rows so far: the collapsed job at both precisions, the
   4,000-step sweeps, then a 12,000-step job at the rate chosen on validation
-  (`lab.grid.best_rate_table`) for each cell whose sweep has every rate and seed in `rows`."""
+  (`lab.grid.best_rate_table`) for each cell whose sweep has every rate and seed in `rows`
+  (those made with `overrides`, the driver's (FIELD, VALUE) pairs, where given; else any)."""
+  if overrides is not None:
+    wanted = grid.result_overrides(overrides)
+    rows = [r for r in rows if r.get("overrides", {}) == wanted]
   out = []
   c = COLLAPSE
   for precision in c["precisions"]:
@@ -173,13 +177,13 @@ def baseline_jobs(rows=()):
   out += [_baseline(label, mixer, head_dim, extra, d, BASELINE_STEPS, rates)
           for d in BASELINE_WIDTHS for label, mixer, head_dim, extra, rates in BASELINES]
   swept = {job.name: job for job in out}
-  chosen = grid.best_rate_table([r for r in rows if r.get("job") in swept],
-                                steps=BASELINE_STEPS)
+  chosen = grid.best_rate_table([r for r in rows if r.get("job") in swept])
   for d in BASELINE_WIDTHS:
     for label, mixer, head_dim, extra, rates in BASELINES:
       job = swept[f"baselines-T{BASELINE_T}-d{d}-{label}-s{BASELINE_STEPS}"]
       cell = chosen.get((BASELINE_T, d, label))
-      if cell is None or not grid.is_done(job, rows, ()):
+      have = {(r.get("seed"), r.get("learning_rate")) for r in rows if r.get("job") == job.name}
+      if cell is None or not all((s, float(lr)) in have for s in job.seeds for lr in job.rates):
         continue
       rate = grid.rate_name(cell["rate"])
       out.append(_baseline(label, mixer, head_dim, extra, d, BASELINE_LONG_STEPS, (rate,),
@@ -187,11 +191,11 @@ def baseline_jobs(rows=()):
   return out
 
 
-def jobs(study, rows=()):
-  """The jobs of `study` (one of STUDIES), in start order; `rows` (the study's rows so far)
-  plan the baselines' 12,000-step jobs."""
+def jobs(study, rows=(), overrides=None):
+  """The jobs of `study` (one of STUDIES), in start order; `rows` (the study's rows so far,
+  those made with `overrides` where given) plan the baselines' 12,000-step jobs."""
   makers = {"weights_or_data": weights_or_data_jobs, "fix": fix_jobs,
-            "authors": authors_jobs, "baselines": lambda: baseline_jobs(rows)}
+            "authors": authors_jobs, "baselines": lambda: baseline_jobs(rows, overrides)}
   if study not in makers:
     raise ValueError(f"study must be one of {', '.join(STUDIES)}; got {study!r}")
   return makers[study]()

@@ -79,6 +79,11 @@ def test_baselines_plan_the_long_job_at_the_rate_chosen_on_validation():
   assert long[0].overrides["model.options.gated_deltanet.output_gate"] is True
   partial = _baseline_rows("gdn_fla", 64, {"3e-4": 0.2, "1e-3": 0.9, "3e-3": 0.5}, (0, 1))
   assert not [j for j in studies.jobs("baselines", partial) if "-s12000-" in j.name]
+  # Made with an override: planned for a driver with that override only (or any, None).
+  smoke = [dict(r, overrides={"train.num_steps": "4"}, steps=4) for r in rows]
+  plan = lambda o: [j.name for j in studies.jobs("baselines", smoke, o) if "-s12000-" in j.name]
+  assert plan([("train.num_steps", "4")]) == plan(None) == [long[0].name]
+  assert plan(()) == []
 
 
 def _fake_workdir(workdir):
