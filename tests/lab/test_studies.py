@@ -65,7 +65,8 @@ def _baseline_rows(label, d_model, accuracies, seeds=(0, 1, 2)):
   """Sweep rows of one 4,000-step baseline cell: {rate: validation accuracy}."""
   job = f"baselines-T512-d{d_model}-{label}-s4000"
   return [{"job": job, "grid": "baselines", "label": label, "mixer": "x", "seq_len": 512,
-           "d_model": d_model, "steps": 4000, "seed": s, "learning_rate": float(rate), "overrides": {},
+           "d_model": d_model, "steps": 4000, "seed": s, "learning_rate": float(rate),
+           "overrides": {},
            "validation": {"mqar": {"accuracy": acc}}, "test": {"mqar": {"accuracy": acc}}}
           for rate, acc in accuracies.items() for s in seeds]
 
