@@ -1,5 +1,6 @@
 """Byte-level language modelling on real text (`vla_jax.tasks.text`), the small model: about
-10M parameters (d_model 384, 6 layers, 6 heads of 64), context T = 1024.
+10M parameters (d_model 384, 6 layers, 6 heads of 64; Gated DeltaNet, with fla's output gate
+and values twice the key width, 14M), context T = 1024.
 
     python experiments/fetch_text.py                      # once: the corpus cache
     python experiments/train.py --config=configs/text_small.py --config.model.mixer=deltanet

@@ -1,5 +1,6 @@
 r"""The byte-level language-modelling study (planned): six mixers at the small size
-(configs/text_small.py, ~10.7-11.7M parameters, T = 1024) and equal tokens, three learning
+(configs/text_small.py, ~10.7-11.7M parameters, Gated DeltaNet with fla's output gate and
+values twice the key width 14.3M; T = 1024) and equal tokens, three learning
 rates each, then the best rate (by validation bits per byte) with two more seeds; every run
 scored on the test split at T, 4T and 16T (length extrapolation) in bits per byte, overall
 and by position bucket, and its training throughput in tokens/s.

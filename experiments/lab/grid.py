@@ -143,6 +143,8 @@ class Job:
     tag: fields added to every row (grid, label, the setting).
     seeds: the job's own seeds (ints), or () for the grid driver's (`DEFAULT_SEEDS` unless
       told otherwise).
+    env: (name, value) pairs of environment variables the job's process gets on top of the
+      driver's (JAX_DEFAULT_MATMUL_PRECISION, say); its tag should say what they change.
   """
   grid: str
   name: str
@@ -151,6 +153,7 @@ class Job:
   rates: tuple
   tag: dict
   seeds: tuple = ()
+  env: tuple = ()
 
 
 def job_seeds(job, seeds):
@@ -409,7 +412,8 @@ def listing(jobs, rows, seeds, overrides=()):
     steps += len(job.rates) * n_seeds * int(settings.get("train.num_steps", 0))
     lines.append(" ".join([("done" if done else "todo"), job.name, "rates",
                            ",".join(job.rates)] + [f"{k}={v}" for k, v in shown.items()]
-                          + ([f"seeds={','.join(map(str, job.seeds))}"] if job.seeds else [])))
+                          + ([f"seeds={','.join(map(str, job.seeds))}"] if job.seeds else [])
+                          + [f"{k}={v}" for k, v in job.env]))
   lines.append(f"{len(jobs)} jobs ({todo} to do), {runs} runs"
                + (f", {steps:,} run-steps" if steps else ""))
   return "\n".join(lines)
@@ -511,7 +515,8 @@ def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(),
       if job is None:
         continue
       todo.remove(job)
-      env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
+      env = dict(os.environ, **dict(job.env),
+                 **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
       # Appended: a resumed job's log keeps the earlier attempts (an out-of-memory trace).
       with open(log_path(job), "a") as f:
         f.write(f"{START_MARK}{time.strftime('%Y-%m-%dT%H:%M:%S')} start, GPU {gpu or '-'}"

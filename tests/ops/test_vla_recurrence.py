@@ -426,13 +426,14 @@ def _beta_loss(impl):
 
 
 def test_beta_gradients_agree_across_impls_and_with_finite_differences(x64):
-  """d/d(q, k, v, u, beta) of every XLA form equal scan's (two chunks), and scan's equal
-  finite differences (a smaller shape)."""
+  """d/d(q, k, v, u, beta) of "chunked" (its own backward, two chunks) equal scan's, and
+  scan's equal finite differences (a smaller shape). (The associative scan's beta is the
+  same product as scan's: its forward against the oracle is enough.)"""
   B, T, H, dk, dv = GRAD_SHAPE
   args = random_inputs(45, B, T, H, dk, dv) + (_beta(46, B, T, H),)
   grads = {impl: jax.jit(jax.grad(_beta_loss(impl), argnums=tuple(range(5))))(*args)
-           for impl in IMPLS}
-  for impl in IMPLS[1:]:
+           for impl in ("scan", "chunked")}
+  for impl in ("chunked",):
     for name, g, g_ref in zip(["q", "k", "v", "u", "beta"], grads[impl], grads["scan"]):
       assert rel_err(g, g_ref) < 1e-9, (impl, name, rel_err(g, g_ref))
   assert float(np.abs(grads["scan"][4]).min()) > 0

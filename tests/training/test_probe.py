@@ -124,10 +124,11 @@ def test_vla_layer_metrics_match_float64_references():
 
 @pytest.mark.parametrize("mixer,options,names", [
     ("gated_deltanet", {}, {"beta_mean", "beta_p10", "decay_mean", "decay_p10", "decay_p90"}),
-    ("vla", {"beta": True}, {"beta_mean", "beta_p10"}), ("linear", {}, set())])
+    ("vla", {"beta": True}, {"beta_mean", "beta_p10"})])
 def test_write_strengths_and_decays(mixer, options, names):
   """The probe's beta and decay statistics are those of the inputs the layer gives its
-  recurrence (float64 NumPy over tokens, examples and heads); a layer without them has none."""
+  recurrence (float64 NumPy over tokens, examples and heads); a layer without them has none
+  (VLA without beta: test_a_run_logs_finite_diagnostics_and_gradient_norms_by_group)."""
   config = ModelConfig(vocab_size=13, max_len=16, mixer=mixer, d_model=8, num_heads=2,
                        num_layers=1, mixer_options=options)
   graphdef, params, rest = nnx.split(LanguageModel(config, rngs=nnx.Rngs(3)), nnx.Param, ...)

@@ -62,8 +62,8 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
   no gradient spikes); norms are scale-safe (keys up to the float32 range).
 
   Non-finite inputs stay causal (`vla_jax.ops.nonfinite`): a NaN or Inf at token t in k, u,
-  or in v or beta where k_t != 0, leaves every output before t and its gradient unchanged and finite;
-  o from t on (to the end of its document with `segment_ids`) and the final state (where the
+  or in v or beta where k_t != 0, leaves every output before t and its gradient unchanged and
+  finite; o from t on (to the end of its document with `segment_ids`) and the final state (where the
   row's last document holds t) are NaN; outputs and gradients of the other documents are as
   without it. A non-finite q_t makes o_t alone NaN.
 
