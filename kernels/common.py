@@ -32,6 +32,26 @@ def dot(a, b, *, ta=False, tb=False, precision):
   return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=out)
 
 
+def split_operand(x, precision):
+  """The parts of a float32 value x that products of `precision` take as one operand without
+  losing x's accuracy: with `BF16`, (hi, lo) in bfloat16, hi = x rounded and lo = x - hi (exact
+  in float32) rounded, so that hi + lo is x to ~2^-17 of each entry (one bfloat16 operand
+  rounds by 2^-9); else (x,)."""
+  if precision != BF16:
+    return (x,)
+  hi = x.astype(jnp.bfloat16)
+  return hi, (x - hi.astype(x.dtype)).astype(jnp.bfloat16)
+
+
+def dot_parts(a, parts, *, precision):
+  """a @ x for x given as the parts of `split_operand` (the sum of one product per part), in
+  a's dtype."""
+  y = dot(a, parts[0], precision=precision)
+  for p in parts[1:]:
+    y = y + dot(a, p, precision=precision)
+  return y
+
+
 def dot_precision(kind, acc, interpret):
   """The `precision` argument of `dot` for products of kind "bf16" (bfloat16 operands, float32
   sums), "tf32" (one TF32 pass), "tf32x3" (three TF32 passes, about float32 accuracy) or "ieee"

@@ -43,8 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, finite, iota,
-                                    rows_spec, unit_rows_vjp)
+from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts,
+                                    finite, iota, rows_spec, split_operand, unit_rows_vjp)
 from vla_jax.kernels.penalty_scan import penalty_forward
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.vla.recurrence import WRITE_EPS
@@ -64,7 +64,10 @@ def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset):
   r, c, _ = iota(C)
   dW = unit_rows_vjp(w_ref[...].astype(acc), da_ref[...].astype(acc), WRITE_EPS)
   Y = finite(y_ref[...].astype(acc))
-  dWA, lower = mm(dW, finite(ac_ref[...].astype(acc))), r >= c
+  # A_c as a split operand (two bfloat16 parts in bfloat16 mode, as in the scan).
+  dWA = dot_parts(dW, split_operand(finite(ac_ref[...].astype(acc)), precision),
+                  precision=precision)
+  lower = r >= c
   if reset is None:
     (z_ref,) = refs
   else:

@@ -10,7 +10,10 @@ start; the chunkwise identity of VLA.md section 4 on 16-token blocks):
     A <- A - Y^T Y                                              the inverse after the block
 
 A [dk, dk] stays in registers; the other values are [b, dk] and [b, b]; the b x b Cholesky is
-b elimination steps on one small value (`common.chol_inv`).
+b elimination steps on one small value (`common.chol_inv`). With bfloat16 products A enters
+U A and E A as two bfloat16 parts (`common.split_operand`): one would round it by 2^-9 of its
+largest entries in every product, which over a long segment outgrows A's small eigenvalues
+when u is anisotropic (kernels/DESIGN.md, "Penalty scan").
 
 Parallelism: one program per (batch * head, segment). Each sequence is cut into S segments of
 L = `Plan.segment_chunks` chunks (as many segments as fill one wave of programs), and A at each
@@ -37,8 +40,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, eye, finite,
-                                    iota, rows_spec, unit_rows)
+from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, dot_parts, eye,
+                                    finite, iota, rows_spec, split_operand, unit_rows)
 from vla_jax.kernels.config import SCAN_BLOCK
 from vla_jax.kernels.segment_starts import segment_start_inverses
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
@@ -73,15 +76,18 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
     if unit_keys:
       E = unit_rows(E, KEY_EPS)
     lower = r >= c
+    # A as a split operand: in bfloat16 mode two bfloat16 parts (one would round the carried
+    # inverse by 2^-9 of its largest entries in every product, `split_operand`).
+    A_parts = split_operand(A, precision)
+    X, EA = (dot_parts(x, A_parts, precision=precision) for x in (U, E))    # [b, dk]
     if d_ref is None:
-      X, EA = mm(U, A), mm(E, A)                          # [b, dk]
       G = mm(X, U, tb=True)
     else:   # rows of documents that start in this block begin from reset * I
       d = d_ref[rows]
       fresh = d[:, None] != d_prev
       same = d[:, None] == d[None, :]
-      X = jnp.where(fresh, reset * U, mm(U, A))
-      EA = jnp.where(fresh, reset * E, mm(E, A))
+      X = jnp.where(fresh, reset * U, X)
+      EA = jnp.where(fresh, reset * E, EA)
       G = jnp.where(same, mm(X, U, tb=True), 0.0)
       lower = lower & same
     Y = mm(chol_inv(one + G), finite(X))                  # L^-1 X

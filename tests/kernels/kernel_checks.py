@@ -49,14 +49,20 @@ def vla_inputs(seed, B, T, H, dk, dv, dtype=np.float64):
           + [jnp.asarray(x, state) for x in (S0, A0)])
 
 
-def anisotropic_u(rng, B, H, T, d, rank=4, noise=0.01):
+def anisotropic_u(rng, B, H, T, d, rank=4, noise=0.01, norm=None):
   """Penalty directions [B, H, T, d] that make M_t ill-conditioned, as a trained layer's do:
   per head `rank` fixed directions with normal weights plus `noise` times isotropic noise,
-  rows normalised to 1 / sqrt(d) (cond(M_T) grows like T / (d lam0))."""
+  rows normalised to `norm` (default 1 / sqrt(d); cond(M_T) grows like T norm^2 / lam0)."""
   basis = rng.standard_normal((H, rank, d))
   u = (np.einsum("bhtr,hrd->bhtd", rng.standard_normal((B, H, T, rank)), basis)
        + noise * rng.standard_normal((B, H, T, d)))
-  return u / np.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(d)
+  return u / np.linalg.norm(u, axis=-1, keepdims=True) * (norm or 1 / np.sqrt(d))
+
+
+def isotropic_u(rng, B, H, T, d, norm=1.0):
+  """Penalty directions [B, H, T, d]: normal rows normalised to `norm`."""
+  u = rng.standard_normal((B, H, T, d))
+  return u / np.linalg.norm(u, axis=-1, keepdims=True) * norm
 
 
 def unit_np(x, eps):

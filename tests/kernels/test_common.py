@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernel_checks import assert_close
-from vla_jax.kernels.common import (causal_dot, chol_inv, dot, finite, unit_rows,
-                                    unit_rows_vjp, unit_tril_inv)
+from kernel_checks import assert_close, rel
+from vla_jax.kernels.common import (BF16, causal_dot, chol_inv, dot, finite, split_operand,
+                                    unit_rows, unit_rows_vjp, unit_tril_inv)
 
 HI = jax.lax.Precision.HIGHEST
 
@@ -24,6 +24,18 @@ def test_chol_inv_and_unit_tril_inv_float64(x64):
   assert_close(chol_inv(jnp.asarray(G)), np.linalg.inv(np.linalg.cholesky(G)), jnp.float64)
   N = np.tril(np.random.default_rng(1).standard_normal((32, 32)) / 4, -1)
   assert_close(unit_tril_inv(jnp.asarray(N), HI), np.linalg.inv(np.eye(32) + N), jnp.float64)
+
+
+def test_split_operand_keeps_float32_accuracy():
+  """bfloat16 products with a float32 operand split in two parts: ~2^-17 relative error on
+  the operand (one part: 2^-9); other precisions take the operand whole."""
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.standard_normal((32, 32)) * np.logspace(-3, 3, 32), jnp.float32)
+  hi, lo = split_operand(x, BF16)
+  assert hi.dtype == lo.dtype == jnp.bfloat16
+  err = np.abs(np.asarray(hi, np.float64) + np.asarray(lo, np.float64) - np.asarray(x))
+  assert (err <= 2.0 ** -17 * np.abs(np.asarray(x))).all()
+  assert split_operand(x, HI) == (x,)
 
 
 def test_unit_rows_vjp_float64(x64):
