@@ -43,7 +43,7 @@ def main(argv):
                                      _PROFILE.value)
   extra = {}
   if _BASELINES.value:
-    extra["baselines"] = baseline_report.block(*baseline_report.load(_BASELINES.value))
+    extra["baselines"] = baseline_report.block(*model_report.load(_BASELINES.value))
   if _MODEL.value:
     extra["model"] = model_report.block(*model_report.load(_MODEL.value))
   n, plots = report.write_report(paths, _OUT.value, _PLOTS.value or None, command,

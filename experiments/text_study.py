@@ -176,12 +176,10 @@ def main(argv):
   from lab import grid  # pylint: disable=g-import-not-at-top
   from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
 
-  if any("=" not in o for o in _OVERRIDE.value):
-    raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")
+  overrides = cli.field_overrides(_OVERRIDE.value)
   unknown = sorted(set(_ONLY.value) - set(MIXERS_BY_LABEL))
   if unknown:
     raise app.UsageError(f"--only: unknown label(s) {unknown}; labels: {list(MIXERS_BY_LABEL)}")
-  overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
   labels = _ONLY.value or [label for label, _ in MIXERS]
   here = os.path.dirname(os.path.abspath(__file__))
   root, workdir = os.path.dirname(here), os.path.abspath(_WORKDIR.value)

@@ -124,6 +124,15 @@ def start_processes(program):
   return distributed.is_primary()
 
 
+def field_overrides(values, flag="override"):
+  """[(FIELD, VALUE)] of the values of a repeated --override FIELD=VALUE flag; absl's
+  UsageError naming the flag when one has no "=" (the program then prints it in one line)."""
+  from absl import app  # pylint: disable=import-outside-toplevel
+  if any("=" not in v for v in values):
+    raise app.UsageError(f"--{flag} takes FIELD=VALUE; got {list(values)}")
+  return [tuple(v.split("=", 1)) for v in values]
+
+
 def quiet_libraries():
   """Keeps the libraries' INFO logs (absl, orbax, jax) off stderr: warnings still show."""
   from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel

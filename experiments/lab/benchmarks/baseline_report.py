@@ -2,9 +2,7 @@
 kernels (`vla_jax.kernels.delta_rule`) beside fla's `chunk_delta_rule` /
 `chunk_gated_delta_rule` and VLA's kernel, all measured in one `experiments/bench.py` run
 (results/bench/baselines/), as a table of milliseconds and ratios to fla's kernel for the
-same recurrence."""
-
-import json
+same recurrence (the file read by `model_report.load`)."""
 
 from lab.benchmarks.report import fmt, table
 
@@ -18,20 +16,6 @@ ROWS = (("DeltaNet, Pallas", "deltanet", "pallas"),
 FLA = {"deltanet": "fla_chunk_delta_rule", "gated_deltanet": "fla_chunk_gated_delta_rule",
        "vla": "fla_chunk_delta_rule"}
 FLA_OP = {"vla": "deltanet"}
-
-
-def load(path):
-  """(header, rows) of a bench.py JSON-lines file."""
-  header, rows = {}, []
-  with open(path) as f:
-    for line in f:
-      if line.strip():
-        obj = json.loads(line)
-        if obj.get("kind") == "header":
-          header = obj
-        else:
-          rows.append(obj)
-  return header, rows
 
 
 def _ms(rows, op, impl, d, pass_, T):

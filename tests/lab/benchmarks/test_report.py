@@ -194,7 +194,7 @@ def test_regenerating_the_blocks_leaves_benchmarks_md_unchanged(committed):
                          report.regenerate_command(BENCH, "BENCHMARKS.md", PLOTS, PROFILE),
                          profile, PROFILE,
                          {"baselines": baseline_report.block(
-                             *baseline_report.load(str(ROOT / BASELINES))),
+                             *model_report.load(str(ROOT / BASELINES))),
                           "model": model_report.block(*model_report.load(str(ROOT / MODEL)))})
   assert markers.block_names(text) == list(blocks)
   assert markers.replace_blocks(text, blocks) == text
