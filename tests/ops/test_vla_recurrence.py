@@ -262,7 +262,9 @@ def test_float32_at_the_smallest_lam0(impl):
   1e-8 (relative errors at this shape, before the check)."""
   q, k, v, u = random_inputs(11, 1, 64, 1, 16, 16)
   lam0 = MIN_LAM0_FLOAT32[impl]
-  run = lambda *a, lam0: vla_recurrence(*a, lam0=lam0, impl=impl, chunk_size=16)[0]
+  # Jitted: one program a dtype (eagerly, each operation compiles on its own).
+  run = lambda *a, lam0: jax.jit(functools.partial(
+      vla_recurrence, lam0=lam0, impl=impl, chunk_size=16))(*a)[0]
   o = run(*(x.astype(np.float32) for x in (q, k, v, u)), lam0=lam0)
   o_ref = oracles.vla(q, k, v, u, lam0=lam0)[0]
   assert np.all(np.isfinite(np.asarray(o)))
