@@ -173,6 +173,11 @@ def test_impl_and_chunk_size_are_checked_when_a_layer_is_built():
       make_mixer(mixer, 32, 2, rngs=nnx.Rngs(0), **kw)
 
 
+# A mixer's forward pass, jitted: one program a configuration, rather than one eager dispatch
+# (and one small compilation) per operation.
+_forward = nnx.jit(lambda m, x, **kw: m(x, **kw))
+
+
 def test_impl_defaults_to_auto_which_runs_chunked_here():
   """Every recurrent mixer defaults to impl "auto"; on this CPU it runs "chunked" (the same
   outputs; VLA packed too). What "auto" runs where is `resolve_impl`'s (tests/ops/test_impl.py)."""
@@ -184,7 +189,7 @@ def test_impl_defaults_to_auto_which_runs_chunked_here():
     if name == "vla":
       chunked = make_mixer(name, D, H, impl="chunked", chunk_size=16, rngs=nnx.Rngs(0))
       for kw in ({}, dict(segment_ids=ids)):
-        np.testing.assert_array_equal(auto(x, **kw), chunked(x, **kw))
+        np.testing.assert_array_equal(_forward(auto, x, **kw), _forward(chunked, x, **kw))
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -209,7 +214,8 @@ def test_the_kernel_takes_packing_and_the_delta_readout():
   x = jax.random.normal(jax.random.key(3), (1, 24, 32))
   ids = jnp.array([[0] * 5 + [1] * 12 + [2] * 7])
   for call in ({}, dict(segment_ids=ids)):
-    np.testing.assert_allclose(kernel(x, **call), chunked(x, **call), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(_forward(kernel, x, **call), _forward(chunked, x, **call),
+                               rtol=0, atol=2e-5)
 
 
 # A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew

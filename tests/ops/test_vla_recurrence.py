@@ -86,13 +86,17 @@ def test_split_sequence_equals_one_call(x64, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
-  q, k, v, u = random_inputs(6, 1, 24, 2, 8, 8)
+  """21 tokens spread over 37 with 16 padding steps between and around them; the padded
+  sequence has the shape and settings of test_matches_oracle_float64's second case (its
+  program, compiled once)."""
+  B, T, H, dk, dv, C = SHAPES[1]
+  q, k, v, u = random_inputs(6, B, T - 16, H, dk, dv)
   rng = np.random.default_rng(7)
-  pad_at = np.sort(rng.choice(40, 16, replace=False))
-  keep = np.setdiff1d(np.arange(40), pad_at)
+  pad_at = np.sort(rng.choice(T, 16, replace=False))
+  keep = np.setdiff1d(np.arange(T), pad_at)
   def spread(x, fill):
-    y = np.full((1, 40) + x.shape[2:], fill, x.dtype) if fill is not None else (
-        rng.standard_normal((1, 40) + x.shape[2:]))
+    y = np.full((B, T) + x.shape[2:], fill, x.dtype) if fill is not None else (
+        rng.standard_normal((B, T) + x.shape[2:]))
     y[:, keep] = x
     return y
   # Padded steps: zero k and u, arbitrary (random) q and v.
@@ -100,8 +104,8 @@ def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
   kp, up = spread(k, 0.0), spread(u, 0.0)
   # Against the float64 oracle of the unpadded sequence (what the impl computes for it,
   # test_matches_oracle_float64).
-  o, S, A = oracles.vla(q, k, v, u)
-  op, state_p = run(impl, qp, kp, vp, up)
+  o, S, A = oracles.vla(q, k, v, u, lam0=0.5)
+  op, state_p = run(impl, qp, kp, vp, up, chunk_size=C, lam0=0.5)
   np.testing.assert_allclose(op[:, keep], o, rtol=1e-10, atol=1e-12)
   chex.assert_trees_all_close(state_p, VLAState(S, A), rtol=1e-10, atol=1e-12)
 
@@ -262,7 +266,9 @@ def test_float32_at_the_smallest_lam0(impl):
   1e-8 (relative errors at this shape, before the check)."""
   q, k, v, u = random_inputs(11, 1, 64, 1, 16, 16)
   lam0 = MIN_LAM0_FLOAT32[impl]
-  run = lambda *a, lam0: vla_recurrence(*a, lam0=lam0, impl=impl, chunk_size=16)[0]
+  # Jitted: one program a dtype (eagerly, each operation compiles on its own).
+  run = lambda *a, lam0: jax.jit(functools.partial(
+      vla_recurrence, lam0=lam0, impl=impl, chunk_size=16))(*a)[0]
   o = run(*(x.astype(np.float32) for x in (q, k, v, u)), lam0=lam0)
   o_ref = oracles.vla(q, k, v, u, lam0=lam0)[0]
   assert np.all(np.isfinite(np.asarray(o)))
