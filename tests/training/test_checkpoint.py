@@ -149,17 +149,13 @@ def test_a_checkpoint_from_orbaxs_checkpoint_manager_still_restores(tmp_path):
 def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_path):
   """evaluate.py on a run with checkpoints 4 and 8: --step=7 is one line naming the steps
   there are; with step 8 truncated it warns and scores step 4, without library INFO logs."""
-  from vla_jax.configs import base  # pylint: disable=import-outside-toplevel
+  import test_train  # pylint: disable=import-outside-toplevel
   from vla_jax.training import (  # pylint: disable=import-outside-toplevel
       from_config_dict, train_and_evaluate)
-  config = base.get_base_config()
-  config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
-  config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
-                       "impl": "scan", "num_layers": 1})
-  config.train.update({"batch_size": 8, "num_steps": 8, "warmup_steps": 2, "eval_every": 0,
-                       "checkpoint_every": 4, "eval_examples": 16, "eval_batch_size": 16})
+  # test_train.py's tiny run (the programs it compiles), stopped after step 8.
+  config = from_config_dict(test_train.tiny_config(checkpoint_every=4))
   workdir = tmp_path / "run"
-  train_and_evaluate(from_config_dict(config), str(workdir), log=lambda s: None)
+  train_and_evaluate(config, str(workdir), stop_after=8, log=lambda s: None)
   evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={workdir}"]
   _truncate(workdir / "checkpoints" / "8")
   missing, fallback = run_scripts(evaluate_py + ["--step=7"], evaluate_py,

@@ -376,11 +376,15 @@ def test_packing_with_a_kernel_that_cannot_take_it_fails_before_training(monkeyp
     from_config_dict(config, num_devices=4)
 
 
+# tiny_config()'s run (its compiled programs, from the compilation cache) by flags.
 TRAIN_PY = [ROOT / "experiments" / "train.py", f"--config={ROOT / 'configs' / 'mqar_demo.py'}",
-            "--config.task.n_pairs=3", "--config.model.d_model=16", "--config.model.head_dim=8",
-            "--config.train.num_steps=3", "--config.train.eval_examples=16",
-            "--config.train.eval_batch_size=16", "--config.train.batch_size=8",
-            "--config.model.num_layers=1", "--config.model.impl=scan"]   # quick to compile
+            "--config.task.n_pairs=3", "--config.task.vocab_size=16", "--config.model.d_model=16",
+            "--config.model.head_dim=8", "--config.model.mlp_ratio=2",
+            "--config.model.chunk_size=64", "--config.model.num_layers=1",
+            "--config.model.impl=scan", "--config.train.num_steps=40",
+            "--config.train.learning_rate=1e-2", "--config.train.warmup_steps=4",
+            "--config.train.eval_examples=32", "--config.train.eval_batch_size=16",
+            "--config.train.batch_size=16"]
 # A user's mistakes: one line each, exit 1, before anything is trained or written.
 MISTAKES = (
     ("--stop_after=-5", "flag --stop_after=-5: -5 is not a positive integer"),
@@ -428,7 +432,7 @@ def test_main_prints_json_and_rejects_bad_config(script_runs):
   proc = runs["train"]
   assert proc.returncode == 0, proc.stderr[-3000:]
   last = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 3
+  assert last["task"] == "mqar" and last["mixer"] == "vla" and last["steps"] == 40
   assert "steps/s" in proc.stdout
   for i, (_, message) in enumerate(MISTAKES):
     out = runs[f"bad{i}"]
