@@ -13,18 +13,26 @@ def mixer_options():
       # penalty_scale: a number (1, the layer's default: vla_jax/layers/README.md) or
       # "inv_sqrt_dh", the authors' 1 / sqrt(head_dim), as the grids' "vla" rows use
       # (--config.model.options.vla.penalty_scale=inv_sqrt_dh).
+      # qk_map "elu1" (the authors' ELU + 1) or "silu_l2" (DeltaNet's); beta: a learned write
+      # strength (vla_jax.layers.vla.VLAAttention).
       "vla": {"readout": "none", "lam0": 1.0,
               "penalty_scale": ml_collections.FieldReference(1.0, field_type=object),
               "conv_size": 4,
               "out_norm": True,
-              "u_init": "random"},
+              "u_init": "random",
+              "qk_map": "elu1",
+              "beta": False},
       # conv_size 0: standard attention; 4 gives it the recurrent mixers' short convolution.
       "softmax": {"implementation": "auto", "conv_size": 0},
       "linear": {"normalize": True, "conv_size": 4, "out_norm": True},
-      "deltanet": {"conv_size": 4, "out_norm": True},
+      "deltanet": {"conv_size": 4, "out_norm": True, "output_gate": False, "expand_v": 1},
       # gate_init "slow": a gate that forgets 10x more slowly at initialisation
-      # (vla_jax.layers.delta.GatedDeltaNet); "fla" is the paper's code.
-      "gated_deltanet": {"conv_size": 4, "out_norm": True, "gate_init": "fla"},
+      # (vla_jax.layers.delta.GatedDeltaNet); "fla" is the paper's code, as are the output
+      # gate (gated RMSNorm) and values twice the key width. The results' Gated DeltaNet rows
+      # made before these two were options have output_gate False, expand_v 1
+      # (results/README.md).
+      "gated_deltanet": {"conv_size": 4, "out_norm": True, "gate_init": "fla",
+                         "output_gate": True, "expand_v": 2},
   })
 
 

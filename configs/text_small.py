@@ -1,5 +1,6 @@
 """Byte-level language modelling on real text (`vla_jax.tasks.text`), the small model: about
-10M parameters (d_model 384, 6 layers, 6 heads of 64), context T = 1024.
+10M parameters (d_model 384, 6 layers, 6 heads of 64; Gated DeltaNet, with fla's output gate
+and values twice the key width, 14M), context T = 1024.
 
     python experiments/fetch_text.py                      # once: the corpus cache
     python experiments/train.py --config=configs/text_small.py --config.model.mixer=deltanet
@@ -9,7 +10,7 @@ recurrent ones their short convolution) and impl is base's default. No position 
 (`pos_emb="none"`): softmax attention gets rotary embeddings (`positions="rope"`), the
 recurrent mixers have their order and short convolution, so every model runs at contexts
 longer than it was trained on (`--config.task.eval_lengths`; experiments/evaluate.py). The
-study plan: experiments/text/configs.py.
+study: experiments/text_study.py.
 """
 
 from vla_jax.configs import base

@@ -66,12 +66,18 @@ def _median_ms(fn, args):
   return 1e3 * measure.median_seconds(fn, args, repeats=_REPS.value, warmup=2)
 
 
+# Mixer options of the timed models: Gated DeltaNet as the rows of results/bench/model/ were
+# made, without fla's output gate and value expansion (the layer's defaults since).
+MIXER_OPTIONS = {"gated_deltanet": {"output_gate": False, "expand_v": 1}}
+
+
 def model_config(mixer, T, head_dim, impl):
   from vla_jax.models import ModelConfig  # pylint: disable=import-outside-toplevel
   kw = {} if impl is None else {"impl": impl}
   return ModelConfig(vocab_size=_VOCAB.value, max_len=T, mixer=mixer, d_model=_D_MODEL.value,
                      num_layers=_LAYERS.value, num_heads=_D_MODEL.value // head_dim,
-                     head_dim=head_dim, dtype="bfloat16", param_dtype="float32", **kw)
+                     head_dim=head_dim, dtype="bfloat16", param_dtype="float32",
+                     mixer_options=MIXER_OPTIONS.get(mixer, {}), **kw)
 
 
 OPS = {"vla": "vla", "deltanet": "deltanet", "gated_deltanet": "gated_deltanet",

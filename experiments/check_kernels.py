@@ -8,7 +8,10 @@ HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; th
 cases (`check.drift_cases`: bfloat16, unit-norm u isotropic and anisotropic, lam0 0.1 and 1,
 B = 1, H = 2, at --drift_Ts; o against impl="chunked" in float32 at HIGHEST, anisotropic within
 1.5x of isotropic, and a Markdown table of them printed at the end); then a long bfloat16
-forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
+forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit. With --ops naming
+baselines (deltanet, gated_deltanet, linear_attention), their Pallas kernels the same way
+(`lab.benchmarks.check_baselines`: float32 at HIGHEST and bfloat16 at T = 4096 and --max_T,
+packed documents where the kernel takes them).
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
     python experiments/check_kernels.py --name=check_h200_d64_long --dims=64 --cases=long \
@@ -17,6 +20,8 @@ forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit.
     python experiments/check_kernels.py --name=check_h200_packed --dims=64,128 --cases=packed \
         --long_T=0
     python experiments/check_kernels.py --name=drift_h200_d64 --dims=64 --cases=drift --long_T=0
+    python experiments/check_kernels.py --name=check_h200_baselines --dims=64,128 \
+        --ops=deltanet,gated_deltanet,linear_attention --max_T=32768 --long_T=0
 
 --block_factor=newton checks the penalty scan's Newton block factor (`KernelConfig`);
 --newton_fallback adds each case's fraction of blocks where it falls back to the elimination.
@@ -25,7 +30,8 @@ Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (defau
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
 `DRIFT_RATIO`) or is not finite.
---smoke: two tiny cases (one packed) and a tiny drift pair on the CPU in interpret mode.
+--smoke: two tiny cases (one packed), a tiny drift pair and a tiny case of each baseline in
+--ops, on the CPU in interpret mode.
 """
 
 import dataclasses
@@ -51,8 +57,11 @@ _FALLBACK = flags.DEFINE_bool("newton_fallback", False,
                               "Also report each case's fraction of penalty-scan blocks where "
                               "block_factor 'newton' falls back to the elimination.")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
+_OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
+                        "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
+                        "--block_factor and --newton_fallback apply to vla).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
-                            "the CPU (interpret mode).")
+                            "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
 flags.mark_flag_as_required("name")
 
 
@@ -62,15 +71,25 @@ def main(argv):
   if _SMOKE.value:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax  # pylint: disable=import-outside-toplevel
-  from lab.benchmarks import check, records  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from lab.benchmarks import check, check_baselines, records
+  unknown = set(_OPS.value) - {"vla", *check_baselines.OPS}
+  if unknown or not _OPS.value:
+    raise app.UsageError(f"--ops: unknown {sorted(unknown)}; choose from vla, "
+                         f"{', '.join(check_baselines.OPS)}")
   dims = [int(d) for d in _DIMS.value]
-  if _SMOKE.value:
+  baselines = [op for op in _OPS.value if op != "vla"]
+  cases, drift_cases = [], []
+  if "vla" in _OPS.value and _SMOKE.value:
     cases, drift_cases = check.smoke_cases(), check.smoke_drift_cases()
-  else:
+  elif "vla" in _OPS.value:
     cases = ([] if _CASES.value == "drift"
              else check.default_cases(dims, _MAX_T.value, _CASES.value))
     drift_cases = (check.drift_cases(dims, [int(t) for t in _DRIFT_TS.value])
                    if _CASES.value in ("all", "drift") else [])
+  if baselines:
+    cases += ([c for c in check_baselines.smoke_cases() if c.op in baselines] if _SMOKE.value
+              else check_baselines.default_cases(dims, _MAX_T.value, baselines))
   if not cases and not drift_cases:
     raise app.UsageError("no cases: --cases=long needs --max_T > 4096, --cases=drift "
                          "--drift_Ts")
@@ -82,7 +101,8 @@ def main(argv):
   failed = []
   options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value)
   for case in cases:
-    row = rec.row(**check.check(case, **options))
+    row = rec.row(**(check_baselines.check_case(case)
+                     if isinstance(case, check_baselines.Case) else check.check(case, **options)))
     if row["status"] != "ok":
       failed.append(row)
   # Each drift row's verdict compares it with its isotropic twin: recorded once all ran.
@@ -91,7 +111,7 @@ def main(argv):
   failed += [r for r in drift_rows if r["status"] != "ok"]
   if drift_rows:
     print(check.drift_table(drift_rows), flush=True)
-  if _LONG_T.value and not _SMOKE.value:
+  if _LONG_T.value and not _SMOKE.value and "vla" in _OPS.value:
     row = rec.row(**check.long_run(_LONG_T.value))
     if row["status"] != "ok":
       failed.append(row)

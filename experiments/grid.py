@@ -92,9 +92,7 @@ def main(argv):
   from lab import grid  # pylint: disable=g-import-not-at-top
   from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
 
-  if any("=" not in o for o in _OVERRIDE.value):
-    raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")
-  overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
+  overrides = cli.field_overrides(_OVERRIDE.value)
   here = os.path.dirname(os.path.abspath(__file__))
   root, workdir = os.path.dirname(here), os.path.abspath(_WORKDIR.value)
   with cli.user_errors("grid.py"):

@@ -7,6 +7,7 @@ around the blocks are left as they are; a new file gets every block under a head
     python experiments/report_benchmarks.py [--bench_dir=results/bench] [--out=BENCHMARKS.md]
         [--plots=results/plots] [--profile=results/bench/decisions/profile_h200.json]
         [--model=results/bench/model/model_h100.jsonl]
+        [--baselines=results/bench/baselines/h100_delta.jsonl]
 """
 
 import os
@@ -24,18 +25,27 @@ _PROFILE = flags.DEFINE_string(
 _MODEL = flags.DEFINE_string(
     "model", os.path.join("results", "bench", "model", "model_h100.jsonl"),
     "The rows of experiments/bench_model.py ('' for none).")
+_BASELINES = flags.DEFINE_string(
+    "baselines", os.path.join("results", "bench", "baselines", "h100_delta.jsonl"),
+    "The rows of one experiments/bench.py run of the baseline kernels beside fla's ('' for "
+    "none; kept apart from --bench_dir, whose rows a later file replaces across devices).")
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  from lab.benchmarks import model_report, report  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from lab.benchmarks import baseline_report, model_report, report
   paths = report.bench_files(_BENCH_DIR.value)
   if not paths:
     raise app.UsageError(f"no *.jsonl files in {_BENCH_DIR.value}")
   command = report.regenerate_command(_BENCH_DIR.value, _OUT.value, _PLOTS.value,
                                      _PROFILE.value)
-  extra = {"model": model_report.block(*model_report.load(_MODEL.value))} if _MODEL.value else {}
+  extra = {}
+  if _BASELINES.value:
+    extra["baselines"] = baseline_report.block(*model_report.load(_BASELINES.value))
+  if _MODEL.value:
+    extra["model"] = model_report.block(*model_report.load(_MODEL.value))
   n, plots = report.write_report(paths, _OUT.value, _PLOTS.value or None, command,
                                  _PROFILE.value or None, extra)
   print(f"wrote {_OUT.value} ({n} rows from {len(paths)} files) and {len(plots)} plots")

@@ -8,7 +8,8 @@ JSON row per run to --out.
 Each run equals `experiments/train.py` with that seed and `--config.train.learning_rate`
 (`vla_jax.training.sweep`). Re-running with the same --workdir resumes from its checkpoint.
 Rows carry test and validation scores (choose a rate on validation, report test), the task's
-settings and the --tag fields.
+settings and the --tag fields. Several hosts: as experiments/train.py (--coordinator_address,
+--num_processes, --process_id); process 0 prints and writes the rows.
 """
 
 import json
@@ -30,12 +31,14 @@ _TAG = flags.DEFINE_string("tag", "{}", "JSON object of fields added to every ro
 _STOP_AFTER = flags.DEFINE_integer("stop_after", None, "Stop after this many steps.",
                                    lower_bound=1)
 flags.mark_flags_as_required(["config", "workdir"])
+cli.define_process_flags()
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   cli.quiet_libraries()   # libraries' INFO logs only with --verbosity=0
+  primary = cli.start_processes("sweep.py")
   from vla_jax.training import from_config_dict, jsonl  # pylint: disable=g-import-not-at-top
   from vla_jax.training.sweep import train_sweep  # pylint: disable=g-import-not-at-top
 
@@ -60,6 +63,8 @@ def main(argv):
                      "impl": model.impl, "mixer_options": dict(model.mixer_options),
                      "dtype": model.dtype},
            "batch_size": config.train.batch_size} for row in rows]
+  if not primary:
+    return
   for row in rows:
     print(json.dumps(row, sort_keys=True), flush=True)
   if _OUT.value:   # all of the job's rows in one write, so that none is left half-written

@@ -1,5 +1,6 @@
 r"""The byte-level language-modelling study (planned): six mixers at the small size
-(configs/text_small.py, ~10.7-11.7M parameters, T = 1024) and equal tokens, three learning
+(configs/text_small.py, ~10.7-11.7M parameters, Gated DeltaNet with fla's output gate and
+values twice the key width 14.3M; T = 1024) and equal tokens, three learning
 rates each, then the best rate (by validation bits per byte) with two more seeds; every run
 scored on the test split at T, 4T and 16T (length extrapolation) in bits per byte, overall
 and by position bucket, and its training throughput in tokens/s.
@@ -18,8 +19,9 @@ one at a time by default: the runs are GPU-bound); the rate jobs vmap a mixer's 
 run: a sweep's run equals the single run). Rows go to <workdir>/text.jsonl; a call skips
 finished jobs, resumes a stopped one from its checkpoint (a SIGTERM at --budget_s + --grace_s
 checkpoints it), and starts a mixer's seed job once its rate job is done. --summary prints,
-per mixer, the chosen rate, test bits per byte at each length over the three seeds (mean,
-std) with the position buckets' means, and tokens/s.
+per mixer, the rates tried, the chosen rate, test bits per byte at each length over the three
+seeds (mean, std) with the position buckets' means, and tokens/s. `--rates=1e-3` is the
+study's cheapest version: one run a mixer, no seed jobs (6 runs, about a fifth of the cost).
 
 Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pass over the
 train split), 590M bytes in all. Assumed ~250k bytes/s a run on one H100 (about 92 MFLOP a
@@ -70,6 +72,8 @@ _GRACE = flags.DEFINE_float("grace_s", 20.0, "Jobs running at budget_s + grace_s
 _STOP = flags.DEFINE_float("stop_s", 60.0, "Seconds a stopped job has to checkpoint and exit.")
 _PER_GPU = flags.DEFINE_integer("per_gpu", 1, "Jobs at once.")
 _ONLY = flags.DEFINE_list("only", [], "Run only the mixers of these labels.")
+_RATES = flags.DEFINE_list("rates", list(RATES), "The rate jobs' learning rates (one rate "
+                           "and no seed jobs: the study's cheapest version, one run a mixer).")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "FIELD=VALUE, a --config.FIELD=VALUE "
                                       "for every job (recorded in the rows).")
 _LIST = flags.DEFINE_bool("list", False, "Print the jobs (done or to do) and run none.")
@@ -90,47 +94,56 @@ def _job(grid, label, phase, rates, seeds, data_dir):
 MIXERS_BY_LABEL = dict(MIXERS)
 
 
-def rate_jobs(grid, labels, data_dir=""):
-  """The first phase: each mixer's three rates at seed RATE_SEED, one job a mixer."""
-  return [_job(grid, label, "rates", RATES, (RATE_SEED,), data_dir) for label in labels]
+def rate_jobs(grid, labels, data_dir="", rates=RATES):
+  """The first phase: each mixer's rates (default the three) at seed RATE_SEED, one job a
+  mixer."""
+  return [_job(grid, label, "rates", rates, (RATE_SEED,), data_dir) for label in labels]
 
 
-def best_rate(rows, label):
+def rates_run(rows, label):
+  """The rates (strings, as RATES) of `label`'s rate-job rows."""
+  return tuple(sorted({str(r["learning_rate"]) for r in rows
+                       if r.get("label") == label and r.get("phase") == "rates"}, key=float))
+
+
+def best_rate(rows, label, rates=RATES):
   """The rate (a float) of `label`'s rate job with the lowest validation bits per byte (runs
-  that diverged or lack a score left out), or None before the job is done."""
+  that diverged or lack a score left out), or None before every one of `rates` is scored."""
   scores = {}
   for r in rows:
     if r.get("label") == label and r.get("phase") == "rates":
       value = (r.get("validation") or {}).get(VALIDATION_SET, {}).get("bits_per_byte")
       if value is not None and math.isfinite(value) and not r.get("diverged"):
         scores[float(r["learning_rate"])] = value
-  return min(scores, key=scores.get) if len(scores) == len(RATES) else None
+  wanted = {float(r) for r in rates}
+  return min(scores, key=scores.get) if wanted <= set(scores) else None
 
 
-def seed_jobs(grid, rows, labels, data_dir=""):
-  """The second phase: each mixer whose rate job is done, at its best rate, seeds
-  MORE_SEEDS."""
+def seed_jobs(grid, rows, labels, data_dir="", rates=RATES):
+  """The second phase: each mixer whose rate job (all three rates) is done, at its best
+  rate, seeds MORE_SEEDS."""
   jobs = []
   for label in labels:
-    rate = best_rate(rows, label)
+    rate = best_rate(rows, label, rates) if len(rates) > 1 else None
     if rate is not None:
       jobs.append(_job(grid, label, "seeds", (grid.rate_name(rate),), MORE_SEEDS, data_dir))
   return jobs
 
 
 def summary(rows, workdir):
-  """Per mixer: the chosen rate and its runs' test scores at each length (mean and std of
-  bits per byte over seeds, the buckets' means) and tokens/s per run (its jobs' median,
-  divided by their runs: the runs of a job train together)."""
+  """Per mixer: the rates tried, the chosen rate and its runs' test scores at each length
+  (mean and std of bits per byte over seeds, the buckets' means) and tokens/s per run (its
+  jobs' median, divided by their runs: the runs of a job train together)."""
   out = []
   for label, _ in MIXERS:
-    rate = best_rate(rows, label)
+    tried = rates_run(rows, label)
+    rate = best_rate(rows, label, tried) if tried else None
     if rate is None:
       out.append({"label": label, "status": "rate job not done"})
       continue
     runs = [r for r in rows if r.get("label") == label and float(r["learning_rate"]) == rate]
-    entry = {"label": label, "learning_rate": rate, "seeds": sorted(r["seed"] for r in runs),
-             "test": {}}
+    entry = {"label": label, "rates_tried": [float(r) for r in tried], "learning_rate": rate,
+             "seeds": sorted(r["seed"] for r in runs), "test": {}}
     for L in EVAL_LENGTHS:
       name = f"text_T{L}"
       got = [r["test"][name] for r in runs if name in (r.get("test") or {})]
@@ -163,12 +176,10 @@ def main(argv):
   from lab import grid  # pylint: disable=g-import-not-at-top
   from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
 
-  if any("=" not in o for o in _OVERRIDE.value):
-    raise app.UsageError(f"--override takes FIELD=VALUE; got {_OVERRIDE.value}")
+  overrides = cli.field_overrides(_OVERRIDE.value)
   unknown = sorted(set(_ONLY.value) - set(MIXERS_BY_LABEL))
   if unknown:
     raise app.UsageError(f"--only: unknown label(s) {unknown}; labels: {list(MIXERS_BY_LABEL)}")
-  overrides = [tuple(o.split("=", 1)) for o in _OVERRIDE.value]
   labels = _ONLY.value or [label for label, _ in MIXERS]
   here = os.path.dirname(os.path.abspath(__file__))
   root, workdir = os.path.dirname(here), os.path.abspath(_WORKDIR.value)
@@ -180,9 +191,14 @@ def main(argv):
       for entry in summary(rows, workdir):
         print(json.dumps(entry), flush=True)
       return
-    first = rate_jobs(grid, labels, data_dir)
+    rates = tuple(_RATES.value)
+    bad = [r for r in rates if r not in RATES]
+    if bad or not rates:
+      raise app.UsageError(f"--rates: {bad or 'none'}; choose from {list(RATES)}")
+    first = rate_jobs(grid, labels, data_dir, rates)
     if _LIST.value:
-      print(grid.listing(first + seed_jobs(grid, rows, labels, data_dir), {GRID: rows}, (),
+      print(grid.listing(first + seed_jobs(grid, rows, labels, data_dir, rates), {GRID: rows},
+                         (),
                          overrides), flush=True)
       return
     run = lambda jobs, budget: grid.run_grid(
@@ -191,7 +207,7 @@ def main(argv):
         grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
     left = _BUDGET.value - run(first, _BUDGET.value)["wall_s"]
     if left > 0:     # the seed jobs of the mixers whose rate job is done
-      second = seed_jobs(grid, jsonl.read_rows(rows_path), labels, data_dir)
+      second = seed_jobs(grid, jsonl.read_rows(rows_path), labels, data_dir, rates)
       run(second, left)
 
 

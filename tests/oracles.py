@@ -9,9 +9,11 @@ def _unit(x, eps=1e-6):
   return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
 
 
-def vla(q, k, v, u, lam0=1.0, S0=None, A0=None):
-  """q, k, u: [B, T, H, dk]; v: [B, T, H, dv] -> o [B, T, H, dv], S [B, H, dv, dk], A."""
+def vla(q, k, v, u, lam0=1.0, S0=None, A0=None, beta=None):
+  """q, k, u: [B, T, H, dk]; v: [B, T, H, dv] -> o [B, T, H, dv], S [B, H, dv, dk], A.
+  beta: None (writes of strength 1) or [B, T, H]: S_t = S + beta_t (v_t - S khat_t) a_t^T."""
   q, k, v, u = (np.asarray(x, np.float64) for x in (q, k, v, u))
+  beta = (np.ones(q.shape[:3]) if beta is None else np.asarray(beta, np.float64))
   B, T, H, dk = q.shape
   dv = v.shape[-1]
   o = np.zeros((B, T, H, dv))
@@ -26,7 +28,7 @@ def vla(q, k, v, u, lam0=1.0, S0=None, A0=None):
         z = a_inv @ u[b, t, h]
         a_inv = a_inv - np.outer(z, z) / (1.0 + u[b, t, h] @ z)
         a = _unit(a_inv @ khat, 1e-12)
-        s = s + np.outer(v[b, t, h] - s @ khat, a)
+        s = s + beta[b, t, h] * np.outer(v[b, t, h] - s @ khat, a)
         o[b, t, h] = s @ q[b, t, h]
       S[b, h], A[b, h] = s, a_inv
   return o, S, A
@@ -152,7 +154,13 @@ def _vla_mixer(m, x):
   H = m.num_heads
   q, kr, v = _projections(m, x)
   u = m.penalty_scale * _unit(_heads(kr @ _p(m.u_proj.kernel), H))
-  q, k, v = _elu1(_heads(q, H)), _elu1(_heads(kr, H)), _heads(v, H)
+  if m.qk_map == "silu_l2":
+    if m.conv is None:
+      q, kr = _silu(q), _silu(kr)
+    q, k, v = _unit(_heads(q, H)), _heads(kr, H), _heads(v, H)
+  else:
+    q, k, v = _elu1(_heads(q, H)), _elu1(_heads(kr, H)), _heads(v, H)
+  beta = (1 / (1 + np.exp(-_lin(x, m.beta_proj))) if m.beta else np.ones(q.shape[:3]))
   if m.readout == "delta":
     v = np.concatenate([v, np.ones(v.shape[:-1] + (1,))], -1)
   Bn, Tn, Hn, dk = q.shape
@@ -165,7 +173,7 @@ def _vla_mixer(m, x):
         w = A @ u[b, t, h]
         A = A - np.outer(w, w) / (1 + u[b, t, h] @ w)
         a = _unit(A @ kh, 1e-12)
-        S = S + np.outer(v[b, t, h] - S @ kh, a)
+        S = S + beta[b, t, h] * np.outer(v[b, t, h] - S @ kh, a)
         z = z + k[b, t, h]
         o[b, t, h] = S @ q[b, t, h]
         if m.readout == "additive":
@@ -207,6 +215,10 @@ def _delta_mixer(m, x):
         S = gamma[b, t, h] * S
         S = S + beta[b, t, h] * np.outer(v[b, t, h] - S @ k[b, t, h], k[b, t, h])
         o[b, t, h] = S @ q[b, t, h]
+  if m.output_gate:   # fla's gated RMSNorm per head: RMSNorm(o) * w * silu(W_g x)
+    if m.o_norm.weight is not None:
+      o = o / np.sqrt((o ** 2).mean(-1, keepdims=True) + m.o_norm.eps) * _p(m.o_norm.weight)
+    o = o * _silu(_heads(_lin(x, m.g_proj), H))
   return _readout(o, m.out)
 
 

@@ -187,7 +187,8 @@ def vla_layer_inputs(model, tokens):
 
   Returns:
     One dict per VLA layer with q, k, v, u ([B, T, H, d_h]; v has one more channel with the
-    "delta" readout) and lam0: feed them to `state_norm_trace` or `vla_jacobian_norms`.
+    "delta" readout), beta ([B, T, H], None without the layer's `beta`) and lam0: feed them
+    to `state_norm_trace` or `vla_jacobian_norms`.
   """
   from vla_jax.layers.vla import VLAAttention  # pylint: disable=import-outside-toplevel
 
@@ -196,8 +197,11 @@ def vla_layer_inputs(model, tokens):
   for block in model.blocks:
     if isinstance(block.mixer, VLAAttention):
       h = block.norm1(x).astype(block.mixer.dtype)
-      (q, k, v, u), _ = block.mixer.features(h)
-      layers.append({"q": q, "k": k, "v": v, "u": u, "lam0": block.mixer.lam0})
+      inputs, _ = block.mixer.features(h)
+      q, k, v, u = inputs[:4]
+      layers.append({"q": q, "k": k, "v": v, "u": u,
+                     "beta": inputs[4] if len(inputs) > 4 else None,
+                     "lam0": block.mixer.lam0})
     x = block(x)
   if not layers:
     raise ValueError(f"the model has no VLA layer (mixer={model.config.mixer!r})")
@@ -220,17 +224,21 @@ def key_collinearity(k):
   return jnp.mean(off / (T * (T - 1)))
 
 
-def recurrent_layer_keys(model, tokens):
-  """[(block index, k [B, T, H, d_h])]: the keys every recurrent layer of a `LanguageModel`
-  gives its recurrence on `tokens` (after the projection, convolution and feature map), as
-  `key_collinearity` reads them."""
+def recurrent_layer_inputs(model, tokens):
+  """[(block index, {name: array})]: the inputs every recurrent layer of a `LanguageModel`
+  gives its recurrence on `tokens`, by the mixer's `INPUT_NAMES` (those it does not use left
+  out): q, k, v [B, T, H, d] after the projection, convolution and feature map (the keys as
+  `key_collinearity` reads them), VLA's u, the write strengths beta [B, T, H] (DeltaNet,
+  Gated DeltaNet, VLA with `beta`) and Gated DeltaNet's log decays [B, T, H]."""
   x = model._embed(tokens, 0)  # pylint: disable=protected-access
   out = []
   for i, block in enumerate(model.blocks):
-    if getattr(block.mixer, "RECURRENT", False):
-      h = block.norm1(x).astype(block.mixer.dtype)
-      inputs, _ = block.mixer.features(h)
-      out.append((i, inputs[1]))
+    mixer = block.mixer
+    if getattr(mixer, "RECURRENT", False):
+      h = block.norm1(x).astype(mixer.dtype)
+      inputs, _ = mixer.features(h)
+      out.append((i, {name: a for name, a in zip(mixer.INPUT_NAMES, inputs)
+                      if a is not None}))
     x = block(x)
   return out
 

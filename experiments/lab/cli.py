@@ -1,7 +1,9 @@
-"""What the absl mains in experiments/ share: flags that fail with one line, and a user's
-mistakes reported as one line on stderr (exit status 1) instead of a traceback.
+"""What the absl mains in experiments/ share: flags that fail with one line, a user's
+mistakes reported as one line on stderr (exit status 1) instead of a traceback, and the flags
+of a run of several processes.
 
     app.run(main, flags_parser=cli.parse_flags)      # and in main: `with cli.user_errors():`
+    cli.define_process_flags()                       # and first in main: cli.start_processes()
 """
 
 import contextlib
@@ -86,6 +88,49 @@ def user_errors(program):
              f"training run resumes from its last complete checkpoint)")
   except USER_ERRORS as e:
     sys.exit(f"{program}: error: {e}")
+
+
+def define_process_flags():
+  """Defines --coordinator_address, --num_processes and --process_id: one process of a run of
+  several (`vla_jax.training.distributed`), for a main that trains."""
+  flags.DEFINE_string(
+      "coordinator_address", None, "host:port of process 0 in a run of several processes "
+      "(one per host), the same for every process. Without it and the two flags below, the "
+      "run has one process unless JAX_COORDINATOR_ADDRESS is set; values not given come from "
+      "JAX_COORDINATOR_ADDRESS or a SLURM, Open MPI, Kubernetes or Cloud TPU job.")
+  flags.DEFINE_integer("num_processes", None, "Processes of the run (see "
+                       "--coordinator_address).", lower_bound=1)
+  flags.DEFINE_integer("process_id", None, "This process's index in [0, --num_processes); "
+                       "process 0 writes the run's files.", lower_bound=0)
+  flags.register_validator(
+      "coordinator_address", lambda a: a is None or re.fullmatch(r".+:\d{1,5}", a) is not None,
+      message="--coordinator_address must be host:port, such as localhost:12345")
+  flags.register_multi_flags_validator(
+      ["num_processes", "process_id"],
+      lambda f: None in (f["num_processes"], f["process_id"])
+      or f["process_id"] < f["num_processes"],
+      message="--process_id must be below --num_processes")
+
+
+def start_processes(program):
+  """Joins the run of several processes that `define_process_flags`' flags (or the
+  environment) describe, before anything uses JAX's devices; nothing for a run of one. A
+  mistake exits with one line (`user_errors`). Returns whether this process writes the run's
+  files and output (process 0)."""
+  from vla_jax.training import distributed  # pylint: disable=import-outside-toplevel
+  with user_errors(program):
+    distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
+                           flags.FLAGS.process_id)
+  return distributed.is_primary()
+
+
+def field_overrides(values, flag="override"):
+  """[(FIELD, VALUE)] of the values of a repeated --override FIELD=VALUE flag; absl's
+  UsageError naming the flag when one has no "=" (the program then prints it in one line)."""
+  from absl import app  # pylint: disable=import-outside-toplevel
+  if any("=" not in v for v in values):
+    raise app.UsageError(f"--{flag} takes FIELD=VALUE; got {list(values)}")
+  return [tuple(v.split("=", 1)) for v in values]
 
 
 def quiet_libraries():

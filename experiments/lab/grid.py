@@ -38,6 +38,10 @@ Grids (the settings of RESULTS.md):
 VLA's penalty scale: the layer's default is 1 (vla_jax.layers.vla.DEFAULT_PENALTY_SCALE); the
 rows labelled "vla", and every ablation and seed_remedies variant but the penalty ones, were
 made with the authors' 1 / sqrt(d_h) and keep it: their jobs pin AUTHORS_PENALTY_SCALE.
+
+Gated DeltaNet: the layer's defaults are fla's output gate with gated RMSNorm and values twice
+the key width; the rows labelled "gated_deltanet" and "gated_deltanet_slow" were made without
+either and keep that: their jobs pin EARLIER_GDN.
 """
 
 import collections
@@ -63,6 +67,10 @@ HEAD_DIM = 32
 PENALTY = "model.options.vla.penalty_scale"
 # The authors' penalty scale 1 / sqrt(d_h), by name.
 AUTHORS_PENALTY_SCALE = INV_SQRT_DH
+# Gated DeltaNet as the grids' rows were made: no output gate (the LayerNorm over the merged
+# heads), values of the key width (the layer's defaults are fla's since).
+EARLIER_GDN = {"model.options.gated_deltanet.output_gate": False,
+               "model.options.gated_deltanet.expand_v": 1}
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
 # mixers' short convolution, the like-for-like backbone; vla is VLA with the authors' penalty
 # scale (pinned: the layer's default is now 1), vla_p1 with penalty scale 1 (the default; named
@@ -70,7 +78,7 @@ AUTHORS_PENALTY_SCALE = INV_SQRT_DH
 MIXERS = (("softmax", "softmax", {}),
           ("softmax_conv", "softmax", {"model.options.softmax.conv_size": 4}),
           ("linear", "linear", {}), ("deltanet", "deltanet", {}),
-          ("gated_deltanet", "gated_deltanet", {}),
+          ("gated_deltanet", "gated_deltanet", EARLIER_GDN),
           ("vla", "vla", {PENALTY: AUTHORS_PENALTY_SCALE}),
           ("vla_p1", "vla", {PENALTY: 1.0}))
 # The zoology_tuned grid's labels: Gated DeltaNet's gate initialisation named in the overrides
@@ -79,7 +87,7 @@ TUNED_MIXERS = tuple(
     (label, mixer, {**extra, "model.options.gated_deltanet.gate_init": "fla"}
      if mixer == "gated_deltanet" else extra) for label, mixer, extra in MIXERS) + (
     ("gated_deltanet_slow", "gated_deltanet",
-     {"model.options.gated_deltanet.gate_init": "slow"}),)
+     {**EARLIER_GDN, "model.options.gated_deltanet.gate_init": "slow"}),)
 # A label without rows of its own starts from the sweep its baseline label was given.
 TUNED_BASELINE = {"gated_deltanet_slow": "gated_deltanet"}
 # Learning rates on a log grid of half-decades: a sweep is extended to the next one past an edge.
@@ -135,6 +143,8 @@ class Job:
     tag: fields added to every row (grid, label, the setting).
     seeds: the job's own seeds (ints), or () for the grid driver's (`DEFAULT_SEEDS` unless
       told otherwise).
+    env: (name, value) pairs of environment variables the job's process gets on top of the
+      driver's (JAX_DEFAULT_MATMUL_PRECISION, say); its tag should say what they change.
   """
   grid: str
   name: str
@@ -143,6 +153,7 @@ class Job:
   rates: tuple
   tag: dict
   seeds: tuple = ()
+  env: tuple = ()
 
 
 def job_seeds(job, seeds):
@@ -401,7 +412,8 @@ def listing(jobs, rows, seeds, overrides=()):
     steps += len(job.rates) * n_seeds * int(settings.get("train.num_steps", 0))
     lines.append(" ".join([("done" if done else "todo"), job.name, "rates",
                            ",".join(job.rates)] + [f"{k}={v}" for k, v in shown.items()]
-                          + ([f"seeds={','.join(map(str, job.seeds))}"] if job.seeds else [])))
+                          + ([f"seeds={','.join(map(str, job.seeds))}"] if job.seeds else [])
+                          + [f"{k}={v}" for k, v in job.env]))
   lines.append(f"{len(jobs)} jobs ({todo} to do), {runs} runs"
                + (f", {steps:,} run-steps" if steps else ""))
   return "\n".join(lines)
@@ -503,7 +515,8 @@ def run_grid(jobs, *, sweep_script, root, workdir, seeds, overrides=(), gpus=(),
       if job is None:
         continue
       todo.remove(job)
-      env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
+      env = dict(os.environ, **dict(job.env),
+                 **({"CUDA_VISIBLE_DEVICES": gpu} if gpu else {}))
       # Appended: a resumed job's log keeps the earlier attempts (an out-of-memory trace).
       with open(log_path(job), "a") as f:
         f.write(f"{START_MARK}{time.strftime('%Y-%m-%dT%H:%M:%S')} start, GPU {gpu or '-'}"

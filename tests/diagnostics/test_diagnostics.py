@@ -12,14 +12,24 @@ from vla_jax import diagnostics, vla_recurrence
 from vla_jax.models import LanguageModel, ModelConfig
 from vla_jax.ops.vla.penalty import penalty_scan  # rows A_t khat_t, checked against the oracle
 
+# The op-level diagnostics, jitted (the mixer, lam0, span and positions static): one program
+# each rather than one eager compilation per operation and shape. Bad arguments raise when
+# traced, as eagerly.
+_state_norm_trace = jax.jit(diagnostics.state_norm_trace, static_argnums=0,
+                            static_argnames="lam0")
+_jacobian_norms = jax.jit(diagnostics.vla_jacobian_norms, static_argnames="lam0")
+_product_norms = jax.jit(diagnostics.vla_jacobian_product_norms, static_argnames=("span", "lam0"))
+_conditioning = jax.jit(diagnostics.penalty_conditioning, static_argnums=1,
+                        static_argnames="lam0")
+_write_directions = jax.jit(diagnostics.khat_and_write_directions, static_argnums=2)
+
 
 def test_state_norm_trace_matches_oracle_final_states(x64):
   q, k, v, u = random_inputs(31, 1, 12, 2, 4, 3)
   rng = np.random.default_rng(32)
   beta = rng.uniform(0.1, 1.0, (1, 12, 2))
   log_decay = -rng.uniform(0, 0.3, (1, 12, 2))
-  traces = {mixer: diagnostics.state_norm_trace(mixer, q, k, v, u=u, beta=beta,
-                                                log_decay=log_decay)
+  traces = {mixer: _state_norm_trace(mixer, q, k, v, u=u, beta=beta, log_decay=log_decay)
             for mixer in ("vla", "linear_attention", "deltanet", "gated_deltanet")}
   for t in (1, 7, 12):
     cut = lambda *xs: [x[:, :t] for x in xs]
@@ -51,7 +61,7 @@ def test_state_norm_trace_needs_its_inputs():
 
 def test_jacobian_norms_match_dense_and_closed_form(x64):
   q, k, v, u = random_inputs(33, 2, 30, 2, 6, 6)
-  out = diagnostics.vla_jacobian_norms(k, u, lam0=0.7)
+  out = _jacobian_norms(k, u, lam0=0.7)
   khat = k / np.linalg.norm(k, axis=-1, keepdims=True)
   np.testing.assert_allclose(out["measured"], out["closed_form"], rtol=1e-10)
   assert np.all(out["measured"] >= 1.0 - 1e-12) and np.all(out["measured"] < 1.6181)
@@ -64,7 +74,7 @@ def test_jacobian_norms_match_dense_and_closed_form(x64):
   np.testing.assert_allclose(out["cosine"][0, 4, 0], a @ khat[0, 4, 0], rtol=1e-10)
   # A padding token (k = u = 0) leaves the state alone: J = I, norm 1 by both measures.
   at7 = np.arange(30)[None, :, None, None] == 7
-  pad = diagnostics.vla_jacobian_norms(np.where(at7, 0.0, k), np.where(at7, 0.0, u), lam0=0.7)
+  pad = _jacobian_norms(np.where(at7, 0.0, k), np.where(at7, 0.0, u), lam0=0.7)
   np.testing.assert_allclose(pad["measured"][:, 7], 1.0, rtol=1e-12)
   np.testing.assert_allclose(pad["closed_form"], pad["measured"], rtol=1e-10)
 
@@ -78,10 +88,10 @@ def test_closed_form_extremes():
 
 def test_jacobian_product_norms(x64):
   _, k, _, u = random_inputs(34, 1, 10, 1, 4, 4)
-  prod = diagnostics.vla_jacobian_product_norms(k, u, span=3)
+  prod = _product_norms(k, u, span=3)
   assert prod.shape == (1, 3, 1)
-  single = diagnostics.vla_jacobian_norms(k, u)["measured"]
-  np.testing.assert_allclose(diagnostics.vla_jacobian_product_norms(k, u, span=1)[:, :, 0],
+  single = _jacobian_norms(k, u)["measured"]
+  np.testing.assert_allclose(_product_norms(k, u, span=1)[:, :, 0],
                              single[:, :, 0], rtol=1e-10)
   khat = k / np.linalg.norm(k, axis=-1, keepdims=True)
   W, _ = penalty_scan(khat, u, np.broadcast_to(np.eye(4), (1, 1, 4, 4)))
@@ -91,7 +101,7 @@ def test_jacobian_product_norms(x64):
     P = P @ (np.eye(4) - np.outer(khat[0, t, 0], a[0, t, 0]))
   np.testing.assert_allclose(prod[0, 1, 0], np.linalg.norm(P, 2), rtol=1e-10)
   with pytest.raises(ValueError, match="span must be an int"):
-    diagnostics.vla_jacobian_product_norms(k, u, span=0)
+    _product_norms(k, u, span=0)
 
 
 # The model-level diagnostics and the references they are checked against, each compiled
@@ -158,8 +168,8 @@ def test_layer_state_norms_follow_the_layers_memory(x64, mixer):
     np.testing.assert_allclose(trace[:, -1], norm, rtol=1e-5)
   if mixer == "vla":  # and the whole trace is state_norm_trace on the layer's inputs
     first = _layer_inputs(model, tokens)[0]
-    want = jax.jit(diagnostics.state_norm_trace, static_argnums=0, static_argnames="lam0")(
-        "vla", first["q"], first["k"], first["v"], u=first["u"], lam0=float(first["lam0"]))
+    want = _state_norm_trace("vla", first["q"], first["k"], first["v"], u=first["u"],
+                             lam0=float(first["lam0"]))
     np.testing.assert_allclose(traces[0], want, rtol=1e-5)
 
 
@@ -167,8 +177,8 @@ def test_penalty_conditioning_and_write_directions_match_oracle(x64):
   q, k, v, u = random_inputs(35, 2, 9, 2, 5, 3)
   u = 3.0 * u      # ||u|| ~ 3: cond(A_t) reaches ~10 within 9 tokens
   positions = (1, 4, 9)
-  cond = diagnostics.penalty_conditioning(u, positions, lam0=0.5)
-  khat, a = diagnostics.khat_and_write_directions(k, u, lam0=0.5)
+  cond = _conditioning(u, positions, lam0=0.5)
+  khat, a = _write_directions(k, u, 0.5)
   assert cond.shape == (2, 3, 2) and khat.shape == a.shape == (2, 9, 2, 5)
   for p, t in enumerate(positions):
     A = oracles.vla(*(x[:, :t] for x in (q, k, v, u)), lam0=0.5)[2]     # A_t [B, H, dk, dk]
@@ -178,9 +188,9 @@ def test_penalty_conditioning_and_write_directions_match_oracle(x64):
     np.testing.assert_allclose(a[:, t - 1], w / np.linalg.norm(w, axis=-1, keepdims=True),
                                rtol=1e-10)
   assert cond.max() > 5.0     # the inputs test a spread spectrum, not A ~ I
-  np.testing.assert_allclose(diagnostics.penalty_conditioning(0 * u, (9,)), 1.0)
+  np.testing.assert_allclose(_conditioning(0 * u, (9,)), 1.0)
   with pytest.raises(ValueError, match=r"positions must be token counts in \[1, T=9\]"):
-    diagnostics.penalty_conditioning(u, (0, 9))
+    _conditioning(u, (0, 9))
 
 
 def test_key_collinearity_reads_zero_for_orthogonal_and_one_for_collinear_keys():

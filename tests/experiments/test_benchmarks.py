@@ -34,7 +34,7 @@ def runs(tmp_path_factory):
       *([os.path.join(EXPERIMENTS, s), "--help"] for s in SCRIPTS),
       [os.path.join(EXPERIMENTS, "bench.py"), "--smoke", "--name=smoke", f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "check_kernels.py"), "--smoke", "--name=check",
-       f"--out_dir={bench}"],
+       "--ops=vla,linear_attention", f"--out_dir={bench}"],
       [os.path.join(EXPERIMENTS, "report_benchmarks.py"), f"--bench_dir={bench}", f"--out={md}",
        f"--plots={tmp_path / 'plots'}"],
       [os.path.join(EXPERIMENTS, "bench_model.py"), "--smoke", "--mixers=vla",
@@ -67,19 +67,23 @@ def test_bench_and_check_smoke_then_report(runs):
   _, rows = _rows(bench / "check.jsonl")
   checks = [r for r in rows if r["pass"] == "check"]
   drift = [r for r in rows if r["pass"] == "drift"]
-  assert [r["status"] for r in checks] == ["ok", "ok"], checks
+  assert [r["status"] for r in checks] == ["ok", "ok", "ok"], checks
+  assert [(r["op"], r["packed"]) for r in checks] == [
+      ("vla", False), ("vla", True), ("linear_attention", False)], checks
   assert [(r["u"], r["status"]) for r in drift] == [("isotropic", "ok"), ("anisotropic", "ok")]
   assert all(0 < r["errors"]["o"] < 3e-2 and len(r["o_quarters"]) == 4 for r in drift), drift
   assert "| anisotropic |" in checked.stdout
-  assert [r["packed"] for r in checks] == [False, True], checks
   for row in checks:
-    assert row["u"] == "anisotropic" and row["precision"] == "HIGHEST"
+    assert row["u"] == ("anisotropic" if row["op"] == "vla" else None)
+    assert row["precision"] == "HIGHEST"
     assert max(row["errors"].values()) < 1e-4, row["errors"]
+  assert set(checks[-1]["errors"]) == {"o", "S", "dq", "dk", "dv"}
 
   assert reported.returncode == 0, reported.stderr[-3000:]
   text = md.read_text()
   for needle in ("# Benchmarks", "## Verdict", "### fwd: milliseconds", "smoke run",
-                 "## Correctness against float64", "anisotropic", "## Rows not measured"):
+                 "## Correctness against float64", "anisotropic", "linear_attention",
+                 "## Rows not measured"):
     assert needle in text, needle
 
 

@@ -213,7 +213,8 @@ def test_zoology_tuned_jobs():
   assert slow.grid == "zoology_tuned" and slow.config == "configs/mqar_zoology.py:512"
   assert slow.overrides == {"model.mixer": "gated_deltanet", "task.n_pairs": 64,
                             "model.d_model": 64, "model.num_heads": 2, "train.num_steps": 4000,
-                            "model.options.gated_deltanet.gate_init": "slow"}
+                            "model.options.gated_deltanet.gate_init": "slow",
+                            **grid.EARLIER_GDN}
   assert slow.tag == {"grid": "zoology_tuned", "seq_len": 512, "n_pairs": 64, "d_model": 64,
                       "label": "gated_deltanet_slow", "steps": 4000, "gate_init": "slow"}
   assert jobs[6].overrides["model.options.gated_deltanet.gate_init"] == "fla"
@@ -353,6 +354,24 @@ def test_vla_rows_keep_the_authors_penalty_scale_and_vla_p1_the_default():
   assert scales.pop("vla_p1") == scales.pop("penalty-1") == {1.0}
   assert scales.pop("penalty-0") == {0.0}
   assert scales == {label: {authors} for label in scales} and "vla" in scales
+
+def test_gated_deltanet_rows_keep_the_layer_they_were_made_with():
+  """Every grid job of Gated DeltaNet pins no output gate and values of the key width (the
+  layer's defaults are fla's since), so that its command makes its rows again."""
+  from vla_jax.layers.registry import mixer_options  # pylint: disable=import-outside-toplevel
+  defaults = mixer_options("gated_deltanet")
+  assert (defaults["output_gate"], defaults["expand_v"]) == (True, 2)
+  assert grid.EARLIER_GDN == {"model.options.gated_deltanet.output_gate": False,
+                              "model.options.gated_deltanet.expand_v": 1}
+  jobs = [j for g in grid.GRIDS for j in grid.grid_jobs(g, zoology_rows=ROWS)
+          if j.overrides["model.mixer"] == "gated_deltanet"]
+  assert len(jobs) > 20
+  assert all(grid.EARLIER_GDN.items() <= j.overrides.items() for j in jobs)
+  cmd = grid.sweep_command(jobs[0], sweep_script="sweep.py", root="/repo", workdir="/out",
+                           seeds=[0])
+  assert {"--config.model.options.gated_deltanet.output_gate=False",
+          "--config.model.options.gated_deltanet.expand_v=1"} <= set(cmd)
+
 
 def test_listing_names_each_job_and_whether_it_is_done():
   jobs = grid.grid_jobs("zoology_tuned", zoology_rows=ROWS)[:3]

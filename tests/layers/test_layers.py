@@ -24,7 +24,11 @@ CASES = [("vla", {"conv_size": 0}), ("vla", {"readout": "additive"}),
          ("vla", {"readout": "delta", "conv_size": 0}), ("vla", {}), ("softmax", {}),
          ("softmax", {"conv_size": 4}), ("linear", {"conv_size": 0}),
          ("linear", {"normalize": False, "conv_size": 3}), ("deltanet", {"conv_size": 0}),
-         ("deltanet", {}), ("gated_deltanet", {"conv_size": 0}), ("gated_deltanet", {})]
+         ("deltanet", {}), ("gated_deltanet", {"conv_size": 0}), ("gated_deltanet", {}),
+         ("gated_deltanet", {"output_gate": False, "expand_v": 1}),
+         ("deltanet", {"output_gate": True, "expand_v": 2, "out_norm": False}),
+         ("vla", {"qk_map": "silu_l2"}),
+         ("vla", {"qk_map": "silu_l2", "beta": True, "readout": "delta", "conv_size": 0})]
 IDS = [n + "".join(f"-{k}={v}" for k, v in o.items()) for n, o in CASES]
 
 
@@ -101,8 +105,13 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: VLAAttention(16, 2, lam0=1e-4, rngs=nnx.Rngs(0)),
      r"lam0=0.0001 is below 0.001, the smallest impl='auto' takes in float32"),
     (lambda: VLAAttention(16, 2, u_init="zeros", rngs=nnx.Rngs(0)), "u_init must be one of"),
+    (lambda: VLAAttention(16, 2, qk_map="relu", rngs=nnx.Rngs(0)),
+     "qk_map must be one of 'elu1', 'silu_l2'; got 'relu'"),
+    (lambda: VLAAttention(16, 2, beta=1, rngs=nnx.Rngs(0)), "beta must be True or False"),
+    (lambda: VLAAttention(16, 2, qk_map="silu_l2", readout="additive", rngs=nnx.Rngs(0)),
+     "qk_map='silu_l2' .* readout='additive'"),
 ], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
-        "lam0-str", "lam0-small", "u_init"])
+        "lam0-str", "lam0-small", "u_init", "qk_map", "beta", "silu_l2-additive"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
     call()
@@ -117,6 +126,20 @@ def test_u_init_identity_sets_w_u_only():
     np.testing.assert_array_equal(getattr(identity, name).kernel[...],
                                   getattr(default, name).kernel[...])
 
+
+
+def test_beta_projection_is_drawn_last_and_the_kernels_refuse_beta():
+  """With `beta` every other parameter is the layer's without it (W_beta is drawn last); an
+  explicit kernel impl refuses the layer at construction naming the option ("auto" then runs
+  "chunked": tests/ops/test_impl.py)."""
+  default = nnx.state(VLAAttention(D, H, rngs=nnx.Rngs(0)), nnx.Param)
+  with_beta = nnx.state(VLAAttention(D, H, beta=True, rngs=nnx.Rngs(0)), nnx.Param)
+  assert set(with_beta) == set(default) | {"beta_proj"}
+  chex.assert_trees_all_equal({k: with_beta[k] for k in default}, dict(default))
+  with pytest.raises(ValueError, match=r"^VLAAttention: impl='pallas_interpret' cannot run "
+                                       r"here: the kernel does not take beta=True"):
+    make_mixer("vla", 32, 2, head_dim=16, impl="pallas_interpret", chunk_size=16,
+               options={"beta": True}, rngs=nnx.Rngs(0))
 
 
 def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
@@ -150,6 +173,11 @@ def test_impl_and_chunk_size_are_checked_when_a_layer_is_built():
       make_mixer(mixer, 32, 2, rngs=nnx.Rngs(0), **kw)
 
 
+# A mixer's forward pass, jitted: one program a configuration, rather than one eager dispatch
+# (and one small compilation) per operation.
+_forward = nnx.jit(lambda m, x, **kw: m(x, **kw))
+
+
 def test_impl_defaults_to_auto_which_runs_chunked_here():
   """Every recurrent mixer defaults to impl "auto"; on this CPU it runs "chunked" (the same
   outputs; VLA packed too). What "auto" runs where is `resolve_impl`'s (tests/ops/test_impl.py)."""
@@ -161,7 +189,7 @@ def test_impl_defaults_to_auto_which_runs_chunked_here():
     if name == "vla":
       chunked = make_mixer(name, D, H, impl="chunked", chunk_size=16, rngs=nnx.Rngs(0))
       for kw in ({}, dict(segment_ids=ids)):
-        np.testing.assert_array_equal(auto(x, **kw), chunked(x, **kw))
+        np.testing.assert_array_equal(_forward(auto, x, **kw), _forward(chunked, x, **kw))
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -186,7 +214,8 @@ def test_the_kernel_takes_packing_and_the_delta_readout():
   x = jax.random.normal(jax.random.key(3), (1, 24, 32))
   ids = jnp.array([[0] * 5 + [1] * 12 + [2] * 7])
   for call in ({}, dict(segment_ids=ids)):
-    np.testing.assert_allclose(kernel(x, **call), chunked(x, **call), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(_forward(kernel, x, **call), _forward(chunked, x, **call),
+                               rtol=0, atol=2e-5)
 
 
 # A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew
@@ -247,6 +276,37 @@ def test_gated_deltanet_gate_init_decay_range(gate_init, dt_range, decay_range):
   fla_a, fla_dt = _gate(GatedDeltaNet(64, H, head_dim=1, rngs=nnx.Rngs(0)))
   np.testing.assert_array_equal(a, fla_a)
   np.testing.assert_allclose(dt, fla_dt * (lo / 1e-3), rtol=1e-4)
+
+
+def test_gated_deltanet_defaults_are_the_paper_codes_and_deltanet_keeps_its_own():
+  """Gated DeltaNet: fla's output gate (gated RMSNorm in place of the merged LayerNorm) and
+  values twice the key width; DeltaNet: neither. The options are checked, naming them."""
+  gdn, dn = (make_mixer(n, 32, 2, rngs=nnx.Rngs(0)) for n in ("gated_deltanet", "deltanet"))
+  assert (gdn.output_gate, gdn.expand_v, gdn.value_head_dim) == (True, 2, 32)
+  assert gdn.out.norm is None and gdn.o_norm.weight[...].shape == (32,)
+  assert gdn.v_proj.kernel[...].shape == (32, 64) and gdn.g_proj.kernel[...].shape == (32, 64)
+  assert gdn.out.proj.kernel[...].shape == (64, 32)
+  assert (dn.output_gate, dn.expand_v, dn.value_head_dim) == (False, 1, 16)
+  assert dn.out.norm is not None and not hasattr(dn, "g_proj")
+  for bad, match in (({"expand_v": 0}, "expand_v must be an int >= 1; got 0"),
+                     ({"expand_v": 1.5}, "expand_v must be an int >= 1; got 1.5"),
+                     ({"output_gate": "yes"}, "output_gate must be True or False")):
+    with pytest.raises(ValueError, match=f"GatedDeltaNet: {match}"):
+      make_mixer("gated_deltanet", 32, 2, options=bad, rngs=nnx.Rngs(0))
+
+
+def test_gated_deltanet_kernel_takes_the_wider_values():
+  """Values of twice the key width run on the kernels (interpret mode) as on "chunked"; a
+  value width the kernels do not take is refused at construction, naming it."""
+  kw = dict(chunk_size=16, head_dim=16)
+  kernel, chunked = (make_mixer("gated_deltanet", 32, 2, impl=impl, rngs=nnx.Rngs(0), **kw)
+                     for impl in ("pallas_interpret", "chunked"))
+  x = jax.random.normal(jax.random.key(3), (1, 24, 32))
+  f = nnx.jit(lambda m, x: m(x))
+  np.testing.assert_allclose(f(kernel, x), f(chunked, x), rtol=0, atol=2e-5)
+  with pytest.raises(ValueError, match=r"head_dim \(values\)=48 is not one of the kernel's"):
+    make_mixer("gated_deltanet", 32, 2, impl="pallas_interpret", options={"expand_v": 3},
+               rngs=nnx.Rngs(0), **kw)
 
 
 def test_gated_deltanet_gate_init_is_checked():

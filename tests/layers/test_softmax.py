@@ -61,13 +61,14 @@ def test_rope_layer_equals_the_oracle(x64, conv_size):
   m = make_mixer("softmax", H * D, H, options={"positions": "rope", "conv_size": conv_size},
                  dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (B, T, H * D), jnp.float64)
-  got = nnx.jit(lambda mod, a: mod(a))(m, x)
+  forward = nnx.jit(lambda mod, a: mod(a))
+  got = forward(m, x)
   # jax's attention keeps its softmax in float32 even for float64 inputs.
   np.testing.assert_allclose(got, oracles.mixer(m, x), rtol=1e-6, atol=1e-6)
   plain = make_mixer("softmax", H * D, H, options={"conv_size": conv_size},
                      dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(0))
   # RoPE changes the outputs far beyond the tolerance above.
-  assert np.abs(np.asarray(plain(x)) - np.asarray(got)).max() > 1e-4
+  assert np.abs(np.asarray(forward(plain, x)) - np.asarray(got)).max() > 1e-4
 
 
 def test_rope_options_are_checked():

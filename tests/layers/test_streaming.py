@@ -21,7 +21,8 @@ B, T, PROMPT, D_MODEL, HEADS = 2, 21, 13, 16, 2
 MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4}),
           ("vla", {"readout": "delta"}), ("softmax", {}), ("softmax", {"conv_size": 4}),
           ("softmax", {"positions": "rope"}), ("linear", {"conv_size": 4}),
-          ("deltanet", {}), ("gated_deltanet", {"conv_size": 3})]
+          ("deltanet", {}), ("gated_deltanet", {"conv_size": 3}),
+          ("vla", {"qk_map": "silu_l2", "beta": True})]
 IDS = [name + "".join(f"-{k}={v}" for k, v in opts.items()) for name, opts in MIXERS]
 # The model's prefill and step hand each layer its own cache whatever the mixer: in float32
 # one mixer of each family and cache (VLA's default, attention's KV cache and a convolution,

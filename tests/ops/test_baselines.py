@@ -71,10 +71,13 @@ def test_deltanets_match_oracle(x64, shape, impl, gated):
 def test_hard_resets_and_large_decays_match_oracle(impl, dtype, tol):
   """log_decay = -inf (a reset) and -1e4 at single tokens, with the chunked form's chunk
   boundaries elsewhere: finite and equal to the float64 oracle (the chunked form floors each
-  token's log decay at 2 log(eps), a reset to working precision)."""
+  token's log decay at 2 log(eps), a reset to working precision). The shapes of
+  test_deltanets_match_oracle's first case and of test_float32_matches_oracle (their programs,
+  compiled once)."""
+  B, T, H, dk, dv, _ = SHAPES[0] if dtype == np.float64 else (2, 45, 2, 16, 8, 16)
   with jax.enable_x64(dtype == np.float64):
-    q, k, v, _ = random_inputs(6, 1, 40, 2, 8, 4, dtype)
-    beta, log_decay = gates(7, 1, 40, 2, dtype)
+    q, k, v, _ = random_inputs(6, B, T, H, dk, dv, dtype)
+    beta, log_decay = gates(7, B, T, H, dtype)
     log_decay[:, 10, 0] = -np.inf
     log_decay[:, 21, 1] = -1e4
     o_ref, S_ref = oracles.gated_deltanet(*(x.astype(np.float64) for x in (q, k, v, beta,

@@ -1,9 +1,10 @@
 """Sequence-sharded ops (`vla_jax.parallel`) against the single-device ops: outputs, final
-state and every gradient, on 2, 4 or 8 simulated CPU devices.
+state and every gradient, on 2, 4 or 8 simulated CPU devices; causality and exact padding of
+the sharded ops (tests/ops/test_properties.py's properties).
 
 The multi-device checks run in one subprocess (`XLA_FLAGS=--xla_force_host_platform_device_
-count=8`; this process has one CPU device) that prints a JSON table of relative errors; the
-tests read their rows from it."""
+count=8`; this process has one CPU device) that prints a JSON table of relative errors and
+property failures; the tests read their rows from it."""
 
 import functools
 import json
@@ -17,7 +18,6 @@ import numpy as np
 import pytest
 
 from conftest import rel_err, subprocess_env
-from test_properties import SHARDED_CASES, SHARDED_TESTS
 from vla_jax import vla_recurrence
 from vla_jax.parallel import shard_sequence
 
@@ -29,15 +29,29 @@ DEVICES = (2, 4, 8)
 # Pallas op on 4 (T = 64: one chunk a device).
 ENDS = (2, 8)
 TOL = {"float64": 1e-10, "float32": 1e-5}
-# (op, impl, dtype, device counts): every op in float64 at a small shape; float32 is checked
+# (op, impl, dtype, device counts): every op in float64 at a small shape ("vla_beta":
+# vla_recurrence with a write strength beta); float32 is checked
 # on VLA at T = 16,384 (test_float32_long_anisotropic) and on the Pallas op (interpret mode,
 # a tiny shape, whose kernels take float32 or bfloat16 products).
 CASES = [("vla_recurrence", "chunked", "float64", ENDS),
          ("vla_recurrence", "pallas", "float32", (4,)),
+         ("vla_beta", "chunked", "float64", (2,)),
          ("deltanet", "chunked", "float64", (8,)),
          ("gated_deltanet", "chunked", "float64", (2,)),
          ("linear_attention", "chunked", "float64", (8,))]
 LONG_T = 16384
+# The causality and padding properties of tests/ops/test_properties.py with the sequence
+# sharded, checked with the programs of the XLA cases above (each op on its most devices,
+# float64, T = 160, from its initial state; linear attention on raw q and k, unnormalised, as
+# in test_properties.py): one op an impl, as the sharded fold is the same for every impl.
+# "later_token": a token on a later device than the first, perturbed, NaN or Inf in any one
+# input, changes no output or gradient before it and leaves every gradient finite (its own
+# output NaN); "padding": the last PAD tokens with zero keys (zero u, zero log decay) and NaN
+# and Inf q and v leave the outputs before them, their gradients and the final state as the
+# op on one device leaves them (which equal the unpadded sequence's: test_properties.py).
+PROPERTY_OPS = [(name, max(devices)) for name, impl, _, devices in CASES if impl == "chunked"]
+PROPERTIES = ("later_token", "padding")
+PAD = 12
 
 
 # ------------------------------------------------------------------------------------------
@@ -56,12 +70,12 @@ def _inputs(name, impl, dtype, seed, T=None):
   v = cast(rng.standard_normal((B, T, H, dv)))
   S0 = cast(rng.standard_normal((B, H, dv, dk)) / 4)
   kw = dict(impl=impl, chunk_size=C)
-  if name == "vla_recurrence":
+  beta = cast(rng.uniform(0.05, 1.0, (B, T, H)))
+  if name in ("vla_recurrence", "vla_beta"):
     u = cast(rng.standard_normal((B, T, H, dk)) / np.sqrt(dk))
     R = rng.standard_normal((B, H, dk, dk)) / np.sqrt(dk)
     A0 = cast(np.linalg.inv(np.eye(dk) + R @ np.swapaxes(R, -1, -2)))
-    return (q, k, v, u), VLAState(S0, A0), kw
-  beta = cast(rng.uniform(0.05, 1.0, (B, T, H)))
+    return (q, k, v, u) + ((beta,) if name == "vla_beta" else ()), VLAState(S0, A0), kw
   if name == "deltanet":
     return (q, k, v, beta), S0, kw
   if name == "gated_deltanet":
@@ -78,17 +92,25 @@ def _anisotropic_u(rng, B, T, H, d):
   return u / np.linalg.norm(u, axis=-1, keepdims=True) / np.sqrt(d)
 
 
-def _results(fn, args, state, seed):
-  """Outputs, final state and the gradients of a random linear function of both."""
-  out_shape = jax.eval_shape(lambda a, s: fn(*a, initial_state=s), args, state)
-  rng = np.random.default_rng(seed)
-  cts = jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype), out_shape)
-
+def _program(fn):
+  """jit of (args, state, cts) -> ((o, final state), (args' and state's cotangents)): the op's
+  outputs and the pullback of the output cotangents cts."""
   @jax.jit
   def run(args, state, cts):
     out, pull = jax.vjp(lambda a, s: fn(*a, initial_state=s), args, state)
     return out, pull(cts)
-  (o, final), (d_args, d_state) = run(args, state, cts)
+  return run
+
+
+def _cotangents(fn, args, state, seed):
+  """Random cotangents of the outputs (o, final state) of fn, in their dtypes."""
+  out_shape = jax.eval_shape(lambda a, s: fn(*a, initial_state=s), args, state)
+  rng = np.random.default_rng(seed)
+  return jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype), out_shape)
+
+
+def _named(result):
+  (o, final), (d_args, d_state) = result
   named = {"o": o}
   named.update({f"state.{i}": x for i, x in enumerate(jax.tree.leaves(final))})
   named.update({f"d_arg{i}": x for i, x in enumerate(d_args) if x is not None})
@@ -96,24 +118,91 @@ def _results(fn, args, state, seed):
   return named
 
 
+def _results(fn, args, state, seed):
+  """Outputs, final state and the gradients of a random linear function of both."""
+  return _named(_program(fn)(args, state, _cotangents(fn, args, state, seed)))
+
+
 def _errors(got, ref):
   return {name: rel_err(got[name], ref[name]) for name in ref}
 
 
-def _property_rows(mesh):
-  """tests/ops/test_properties.py's causality and padding checks on the ops sharded over
-  `mesh`: a row {property, op, impl, failure (None or the assertion's message)} each."""
-  import test_properties as props   # pylint: disable=import-outside-toplevel
-  props.MESH = mesh
+def _loss_before(cts, t):
+  """cts with the output cotangent zero from token t on and the final state's zero: the
+  gradients of a loss on the outputs before t."""
+  o_ct, state_ct = cts
+  return (o_ct.at[:, t:].set(0), jax.tree.map(jnp.zeros_like, state_ct))
+
+
+def _replace(args, i, x):
+  return args[:i] + (jnp.asarray(x, args[i].dtype),) + args[i + 1:]
+
+
+def _later_token(run, args, state, cts, t):
+  """Token t perturbed, NaN or Inf (q and v) in each input: the outputs and gradients before t
+  equal the clean run's bit for bit (the same program) and are finite; with a non-finite
+  input every gradient is finite and o[t] is NaN (every token input carries state or is q)."""
+  cts = _loss_before(cts, t)
+  (o_ref, _), (d_ref, _) = run(args, state, cts)
+  rng = np.random.default_rng(1)
+  for i, x in enumerate(args):
+    for value in ["perturbed", np.nan] + ([np.inf] if i in (0, 2) else []):
+      y = np.array(x)
+      y[:, t] = y[:, t] + rng.standard_normal(y[:, t].shape) if value == "perturbed" else value
+      (o, _), (d_args, _) = run(_replace(args, i, y), state, cts)
+      case = f"input {i} {value} at t = {t}"
+      pairs = [("o", o, o_ref)] + [(f"d_arg{j}", g, r) for j, (g, r) in enumerate(zip(d_args,
+                                                                                   d_ref))]
+      for what, a, a_ref in pairs:
+        a, a_ref = np.asarray(a[:, :t]), np.asarray(a_ref[:, :t])
+        assert np.all(np.isfinite(a)), f"non-finite {what} before t: {case}"
+        np.testing.assert_array_equal(a, a_ref, err_msg=f"{what}: {case}")
+      if value != "perturbed":
+        for j, g in enumerate(d_args):
+          assert np.all(np.isfinite(np.asarray(g))), f"non-finite d_arg{j}: {case}"
+        assert np.all(np.isnan(np.asarray(o[:, t]))), case
+
+
+def _padding(name, run, ref_run, args, state, cts):
+  """The last PAD tokens with zero keys (u, log decay) and NaN and Inf v and q: the outputs
+  before them, the gradients of a loss on those and the final state, sharded, equal the op's
+  on one device (float64 rounding) and are finite."""
+  T = args[0].shape[1]
+  cut = T - PAD
+  padded = [np.array(x) for x in args]
+  for i in [1] + {"vla_recurrence": [3], "gated_deltanet": [4]}.get(name, []):
+    padded[i][:, cut:] = 0.0
+  padded[2][:, cut:cut + 4] = np.nan
+  padded[2][:, cut + 4] = np.inf
+  padded[0][:, T - 2] = np.nan
+  padded = tuple(jnp.asarray(y, x.dtype) for x, y in zip(args, padded))
+  cts = _loss_before(cts, cut)
+  got, want = (_named(f(padded, state, cts)) for f in (run, ref_run))
+  for key, x in got.items():
+    if key.startswith("d_state"):
+      continue
+    a, a_ref = (np.asarray(y if key.startswith("state") else y[:, :cut]) for y in (x, want[key]))
+    assert np.all(np.isfinite(a)), f"non-finite {key}"
+    assert rel_err(a, a_ref) < TOL["float64"], (key, rel_err(a, a_ref))
+
+
+def _property_rows(cases):
+  """A row {property, op, devices, failure (None or the assertion's message)} for each of
+  PROPERTIES and PROPERTY_OPS; cases: {name: (sharded program, one-device program, args,
+  state, cts)}."""
   rows = []
-  for op, impl in props.SHARDED_CASES:
-    for test in props.SHARDED_TESTS:
+  for name, n in PROPERTY_OPS:
+    sharded, one, args, state, cts = cases[name]
+    t = (2 if n > 2 else 1) * (args[0].shape[1] // n) + 5   # inside a chunk, not its first
+    checks = {"later_token": lambda: _later_token(sharded, args, state, cts, t),
+              "padding": lambda: _padding(name, sharded, one, args, state, cts)}
+    for prop in PROPERTIES:
       try:
-        getattr(props, test)(op, impl)
+        checks[prop]()
         failure = None
       except AssertionError as e:
         failure = str(e)[-2000:]
-      rows.append(dict(property=test, op=op, impl=impl, failure=failure))
+      rows.append(dict(property=prop, op=name, devices=n, failure=failure))
   return rows
 
 
@@ -127,16 +216,26 @@ def main():
   from jax.sharding import Mesh   # pylint: disable=import-outside-toplevel
   assert jax.device_count() == 8, jax.devices()
   meshes = {n: Mesh(np.array(jax.devices()[:n]), ("seq",)) for n in DEVICES}
-  rows = []
+  rows, properties = [], {}
   for seed, (name, impl, dtype, devices) in enumerate(CASES):
-    op = getattr(vla_jax, name)
+    op = getattr(vla_jax, "vla_recurrence" if name == "vla_beta" else name)
     args, state, kw = _inputs(name, impl, dtype, seed)
-    ref = _results(functools.partial(op, **kw), args, state, seed)
+    fns = {1: functools.partial(op, **kw)}
+    fns.update({n: functools.partial(shard_sequence(op, mesh=meshes[n]), **kw) for n in devices})
+    cts = _cotangents(fns[1], args, state, seed)
+    programs = {n: _program(fn) for n, fn in fns.items()}
+    ref = _named(programs[1](args, state, cts))
     for n in devices:
-      got = _results(functools.partial(shard_sequence(op, mesh=meshes[n]), **kw), args, state,
-                     seed)
+      got = _named(programs[n](args, state, cts))
       rows.append(dict(op=name, impl=impl, dtype=dtype, devices=n, errors=_errors(got, ref)))
-  rows += _property_rows(Mesh(np.array(jax.devices()[:4]), ("seq",)))
+    if impl == "chunked":
+      n = max(devices)
+      if name == "linear_attention":   # raw q, k, unnormalised (two more small programs)
+        kw = dict(kw, normalize=False, feature_map=None)
+        programs = {1: _program(functools.partial(op, **kw)),
+                    n: _program(functools.partial(shard_sequence(op, mesh=meshes[n]), **kw))}
+      properties[name] = (programs[n], programs[1], args, state, cts)
+  rows += _property_rows(properties)
   # Long and ill-conditioned: float32 at T = 16,384 with rank-4 u, against the float32 op and
   # against the float64 op (the sharded op must be about as accurate as the op itself).
   rng = np.random.default_rng(99)
@@ -188,14 +287,14 @@ def test_sharded_equals_one_device(table, name, impl, dtype, devices):
   assert not bad, bad
 
 
-@pytest.mark.parametrize("test,op,impl", [(t, o, i) for o, i in SHARDED_CASES
-                                           for t in SHARDED_TESTS])
-def test_sharded_properties(table, test, op, impl):
+@pytest.mark.parametrize("prop,name,devices", [(p, n, d) for n, d in PROPERTY_OPS
+                                               for p in PROPERTIES])
+def test_sharded_properties(table, prop, name, devices):
   """The causality and padding properties (tests/ops/test_properties.py) with the sequence
-  on 4 devices: a NaN or Inf at a token of device 2 leaves every output and gradient before
-  it, on devices 0 to 2, as it was (no 0 * NaN in the folds, the gathers' transposes or a
-  later segment's backward)."""
-  failure = _row(table, property=test, op=op, impl=impl)["failure"]
+  sharded (PROPERTY_OPS): a NaN or Inf at a token of device 2 (of 8; device 1 of 2) leaves
+  every output and gradient before it as it was (no 0 * NaN in the folds, the gathers'
+  transposes or a later segment's backward); NaN and Inf at zero-key pads reach nothing."""
+  failure = _row(table, property=prop, op=name, devices=devices)["failure"]
   assert failure is None, failure
 
 

@@ -24,6 +24,7 @@ def _auto(**kw):
                                 dict(chunk_size=16), dict(chunk_size=128),
                                 dict(options={"readout": "additive"}),
                                 dict(options={"readout": "delta"}), dict(segment_ids=True),
+                                dict(options={"beta": False}),
                                 dict(platform="cuda")])
 def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
   impl, reason = _auto(**kw)
@@ -41,7 +42,7 @@ def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
     (dict(dtype=jnp.float16), "dtype=float16"),
     (dict(op="no_such_op"), "no Pallas kernel for 'no_such_op'"),
     (dict(op="gated_deltanet", segment_ids=True), "does not take segment_ids"),
-    (dict(op="deltanet"), "kernel for 'deltanet' is not yet checked on a GPU"),
+    (dict(options={"beta": True}), "does not take beta=True"),
     (dict(op="gated_deltanet"), "kernel for 'gated_deltanet' is not yet checked on a GPU"),
     (dict(op="linear_attention"), "kernel for 'linear_attention' is not yet checked on a GPU"),
 ])
@@ -101,13 +102,15 @@ def test_the_kernel_facts_are_one_table(monkeypatch):
                              ("pallas_interpret", dict(platform="cpu"))):
       with pytest.raises(ValueError, match=f"impl='{explicit}' cannot run here: .*{why}"):
         resolve_impl(explicit, **{**H100, **VLA, **target, **kw})
-  # The baselines' kernels: "pallas" runs them; "auto" once they are marked checked on a GPU.
-  assert _auto(op="deltanet")[0] is Impl.CHUNKED
-  assert resolve_impl("pallas", **{**H100, **VLA, "op": "deltanet"})[0] is Impl.PALLAS
-  monkeypatch.setitem(kernel_config.KERNEL_SUPPORT, "deltanet",
-                      kernel_config.KernelSupport(segment_ids=True))
+  # The baselines' kernels: "pallas" runs them; "auto" once they are marked checked on a GPU
+  # (DeltaNet's is; Gated DeltaNet's not yet).
   for kw in ({}, dict(segment_ids=True)):
     assert _auto(op="deltanet", **kw)[0] is Impl.PALLAS
+  assert _auto(op="gated_deltanet")[0] is Impl.CHUNKED
+  assert resolve_impl("pallas", **{**H100, **VLA, "op": "gated_deltanet"})[0] is Impl.PALLAS
+  monkeypatch.setitem(kernel_config.KERNEL_SUPPORT, "deltanet",
+                      kernel_config.KernelSupport(segment_ids=True, auto=False))
+  assert _auto(op="deltanet")[0] is Impl.CHUNKED
   monkeypatch.delitem(kernel_config.KERNEL_SUPPORT, "deltanet")
   impl, reason = _auto(op="deltanet")
   assert impl is Impl.CHUNKED and "no Pallas kernel for 'deltanet'" in reason, reason

@@ -5,9 +5,8 @@ padding (appended zero-key tokens with any q and v, NaN included, change nothing
 and not the final state) and bounded gradients at zero keys. Small shapes; "pallas" runs in
 interpret mode off a GPU.
 
-The same checks run on the ops with their sequence sharded over 4 simulated CPU devices
-(`vla_jax.parallel.shard_sequence`, `SHARDED_CASES`) in the subprocess of
-tests/ops/test_context_parallel.py, which sets `MESH`."""
+The causality and padding properties of the ops with their sequence sharded over simulated
+CPU devices: tests/ops/test_context_parallel.py."""
 
 import functools
 
@@ -18,37 +17,28 @@ import pytest
 
 from vla_jax.ops.baselines import deltanet, gated_deltanet, linear_attention
 from vla_jax.ops.vla.recurrence import vla_recurrence
-from vla_jax.parallel import shard_sequence
 
 B, T, H, D, C = 1, 40, 2, 16, 16
 T0 = 21                       # the corrupted token: inside the second chunk, not its first
 XLA_IMPLS = ("scan", "associative_scan", "chunked")
-# None: the ops run on this process' device. A `jax.sharding.Mesh` with an axis "seq": they run
-# with their sequence split over it (set by the multi-device subprocess only).
-MESH = None
-
-
-def _op(op):
-  return op if MESH is None else shard_sequence(op, mesh=MESH)
 
 
 def _vla(impl, x):
-  o, (S, A) = _op(vla_recurrence)(x["q"], x["k"], x["v"], x["u"], impl=impl, chunk_size=C)
+  o, (S, A) = vla_recurrence(x["q"], x["k"], x["v"], x["u"], impl=impl, chunk_size=C)
   return o, (S, A)
 
 
 def _deltanet(impl, x):
-  return _op(deltanet)(x["q"], x["k"], x["v"], x["beta"], impl=impl, chunk_size=C)
+  return deltanet(x["q"], x["k"], x["v"], x["beta"], impl=impl, chunk_size=C)
 
 
 def _gated(impl, x):
-  return _op(gated_deltanet)(x["q"], x["k"], x["v"], x["beta"], x["g"], impl=impl,
-                             chunk_size=C)
+  return gated_deltanet(x["q"], x["k"], x["v"], x["beta"], x["g"], impl=impl, chunk_size=C)
 
 
 def _linear(impl, x):
-  o, (S, z) = _op(linear_attention)(x["q"], x["k"], x["v"], feature_map=None, impl=impl,
-                                    chunk_size=C)
+  o, (S, z) = linear_attention(x["q"], x["k"], x["v"], feature_map=None, impl=impl,
+                               chunk_size=C)
   return o, (S, z)
 
 
@@ -63,13 +53,6 @@ OPS = {
 # (each compiles slowly).
 CASES = ([("vla", impl) for impl in XLA_IMPLS + ("pallas",)]
          + [(op, impl) for op in OPS if op != "vla" for impl in ("scan", "chunked", "pallas")])
-# Sharded over 4 devices (T = 40: 10 tokens a device, T0 on the third): every op once, VLA
-# with its sequential and its chunked penalty path (the shard's own steps are the same for
-# every impl: sanitised tokens, then the op on each segment, a gather and a fold).
-# The sharded fold is the same for every impl: one impl an op.
-SHARDED_CASES = [("vla", "chunked"), ("deltanet", "chunked"),
-                 ("gated_deltanet", "chunked"), ("linear", "chunked")]
-SHARDED_TESTS = ("test_later_token_changes_nothing_before_it", "test_zero_key_padding_is_exact")
 
 
 def _inputs(seed, length=T):

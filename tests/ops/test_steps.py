@@ -37,8 +37,8 @@ def inputs(dtype):
 
 def full_pass(name, q, k, v, u, beta, log_decay):
   """The float64 NumPy oracle of op `name` over the whole sequence: (o, final state)."""
-  if name == "vla":
-    o, S, A = oracles.vla(q, k, v, u)
+  if name in ("vla", "vla_beta"):
+    o, S, A = oracles.vla(q, k, v, u, beta=beta if name == "vla_beta" else None)
     return o, VLAState(S, A)
   if name == "linear_attention":
     o, S, z = oracles.linear_attention(q, k, v, normalize=True)
@@ -49,6 +49,8 @@ def full_pass(name, q, k, v, u, beta, log_decay):
 CASES = {
     "vla": (lambda q, k, v, u, b, g, **kw: vla_recurrence(q, k, v, u, **kw),
             lambda s, q, k, v, u, b, g: vla_step(s, q, k, v, u)),
+    "vla_beta": (lambda q, k, v, u, b, g, **kw: vla_recurrence(q, k, v, u, b, **kw),
+                 lambda s, q, k, v, u, b, g: vla_step(s, q, k, v, u, b)),
     "linear_attention": (
         lambda q, k, v, u, b, g, **kw: linear_attention(q, k, v, normalize=True, **kw),
         lambda s, q, k, v, u, b, g: linear_attention_step(s, q, k, v, normalize=True)),

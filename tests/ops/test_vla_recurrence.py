@@ -86,13 +86,17 @@ def test_split_sequence_equals_one_call(x64, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
-  q, k, v, u = random_inputs(6, 1, 24, 2, 8, 8)
+  """21 tokens spread over 37 with 16 padding steps between and around them; the padded
+  sequence has the shape and settings of test_matches_oracle_float64's second case (its
+  program, compiled once)."""
+  B, T, H, dk, dv, C = SHAPES[1]
+  q, k, v, u = random_inputs(6, B, T - 16, H, dk, dv)
   rng = np.random.default_rng(7)
-  pad_at = np.sort(rng.choice(40, 16, replace=False))
-  keep = np.setdiff1d(np.arange(40), pad_at)
+  pad_at = np.sort(rng.choice(T, 16, replace=False))
+  keep = np.setdiff1d(np.arange(T), pad_at)
   def spread(x, fill):
-    y = np.full((1, 40) + x.shape[2:], fill, x.dtype) if fill is not None else (
-        rng.standard_normal((1, 40) + x.shape[2:]))
+    y = np.full((B, T) + x.shape[2:], fill, x.dtype) if fill is not None else (
+        rng.standard_normal((B, T) + x.shape[2:]))
     y[:, keep] = x
     return y
   # Padded steps: zero k and u, arbitrary (random) q and v.
@@ -100,8 +104,8 @@ def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
   kp, up = spread(k, 0.0), spread(u, 0.0)
   # Against the float64 oracle of the unpadded sequence (what the impl computes for it,
   # test_matches_oracle_float64).
-  o, S, A = oracles.vla(q, k, v, u)
-  op, state_p = run(impl, qp, kp, vp, up)
+  o, S, A = oracles.vla(q, k, v, u, lam0=0.5)
+  op, state_p = run(impl, qp, kp, vp, up, chunk_size=C, lam0=0.5)
   np.testing.assert_allclose(op[:, keep], o, rtol=1e-10, atol=1e-12)
   chex.assert_trees_all_close(state_p, VLAState(S, A), rtol=1e-10, atol=1e-12)
 
@@ -262,7 +266,9 @@ def test_float32_at_the_smallest_lam0(impl):
   1e-8 (relative errors at this shape, before the check)."""
   q, k, v, u = random_inputs(11, 1, 64, 1, 16, 16)
   lam0 = MIN_LAM0_FLOAT32[impl]
-  run = lambda *a, lam0: vla_recurrence(*a, lam0=lam0, impl=impl, chunk_size=16)[0]
+  # Jitted: one program a dtype (eagerly, each operation compiles on its own).
+  run = lambda *a, lam0: jax.jit(functools.partial(
+      vla_recurrence, lam0=lam0, impl=impl, chunk_size=16))(*a)[0]
   o = run(*(x.astype(np.float32) for x in (q, k, v, u)), lam0=lam0)
   o_ref = oracles.vla(q, k, v, u, lam0=lam0)[0]
   assert np.all(np.isfinite(np.asarray(o)))
@@ -380,3 +386,74 @@ def test_forward_mode_of_scan_matches_reverse_mode_of_chunked(x64):
   assert rel_err(projected, jvp_scan) < 1e-9, (projected, jvp_scan)
   with pytest.raises(TypeError, match="custom_vjp"):   # when traced (nothing compiles)
     jax.jit(lambda a, t: jax.jvp(_loss("chunked"), a, t))(args, tangents)
+
+
+# A learned write strength beta [B, T, H]: S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T.
+
+def _beta(seed, B, T, H, dtype=np.float64):
+  return np.random.default_rng(seed).uniform(0.05, 1.0, (B, T, H)).astype(dtype)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_beta_matches_oracle_float64(x64, impl):
+  """Every XLA form with a write strength: the float64 oracle's outputs and state, T not a
+  multiple of the chunk, dk > dv; a zero-key token with beta = NaN writes nothing."""
+  B, T, H, dk, dv = 2, 37, 2, 8, 5
+  q, k, v, u = random_inputs(41, B, T, H, dk, dv)
+  beta = _beta(42, B, T, H)
+  k[:, 9], u[:, 9] = 0.0, 0.0
+  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u, lam0=0.5, beta=beta)
+  beta[:, 9] = np.nan
+  o, state = jax.jit(functools.partial(vla_recurrence, impl=impl, chunk_size=16, lam0=0.5))(
+      q, k, v, u, beta)
+  assert rel_err(o, o_ref) < TOL[np.float64]
+  assert rel_err(state.S, S_ref) < TOL[np.float64]
+  assert rel_err(state.A, A_ref) < TOL[np.float64]
+  # beta = 1 is the recurrence without beta, and beta changes the outputs.
+  assert rel_err(o, oracles.vla(q, k, v, u, lam0=0.5)[0]) > 1e-2
+
+
+def test_beta_float32_chunked_matches_oracle():
+  q, k, v, u = random_inputs(43, 1, 45, 2, 16, 8, np.float32)
+  beta = _beta(44, 1, 45, 2, np.float32)
+  o, state = jax.jit(functools.partial(vla_recurrence, impl="chunked", chunk_size=16))(
+      q, k, v, u, beta)
+  o_ref, S_ref, _ = oracles.vla(q, k, v, u, beta=beta)
+  assert rel_err(o, o_ref) < TOL[np.float32]
+  assert rel_err(state.S, S_ref) < TOL[np.float32]
+
+
+def _beta_loss(impl):
+  def loss(q, k, v, u, beta):
+    o, st = vla_recurrence(q, k, v, u, beta, impl=impl, chunk_size=16)
+    w = jnp.sin(jnp.arange(o.size, dtype=o.dtype).reshape(o.shape))
+    return jnp.sum(w * o) + jnp.sum(jnp.cos(st.S))
+  return loss
+
+
+def test_beta_gradients_agree_across_impls_and_with_finite_differences(x64):
+  """d/d(q, k, v, u, beta) of "chunked" (its own backward, two chunks) equal scan's, and
+  scan's equal finite differences (a smaller shape). (The associative scan's beta is the
+  same product as scan's: its forward against the oracle is enough.)"""
+  B, T, H, dk, dv = GRAD_SHAPE
+  args = random_inputs(45, B, T, H, dk, dv) + (_beta(46, B, T, H),)
+  grads = {impl: jax.jit(jax.grad(_beta_loss(impl), argnums=tuple(range(5))))(*args)
+           for impl in ("scan", "chunked")}
+  for impl in ("chunked",):
+    for name, g, g_ref in zip(["q", "k", "v", "u", "beta"], grads[impl], grads["scan"]):
+      assert rel_err(g, g_ref) < 1e-9, (impl, name, rel_err(g, g_ref))
+  assert float(np.abs(grads["scan"][4]).min()) > 0
+  small = random_inputs(47, 1, 6, 1, 3, 2) + (_beta(48, 1, 6, 1),)
+  check_grads(jax.jit(_beta_loss("scan")), small, order=1, modes=("rev",), atol=1e-6,
+              rtol=1e-6)
+
+
+def test_beta_is_checked_and_refused_by_the_kernels():
+  q, k, v, u = random_inputs(0, 1, 8, 2, 16, 16, np.float32)
+  with pytest.raises(ValueError, match=r"beta must have rank 3 \[B, T, H\]"):
+    vla_recurrence(q, k, v, u, q)
+  with pytest.raises(ValueError, match="beta has T=4"):
+    vla_recurrence(q, k, v, u, _beta(0, 1, 4, 2, np.float32))
+  for impl in ("pallas", "pallas_interpret"):
+    with pytest.raises(ValueError, match=f"impl='{impl}' does not take beta"):
+      vla_recurrence(q, k, v, u, _beta(0, 1, 8, 2, np.float32), impl=impl)

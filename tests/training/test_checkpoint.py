@@ -149,17 +149,13 @@ def test_a_checkpoint_from_orbaxs_checkpoint_manager_still_restores(tmp_path):
 def test_evaluate_py_names_missing_steps_and_falls_back_over_damaged_ones(tmp_path):
   """evaluate.py on a run with checkpoints 4 and 8: --step=7 is one line naming the steps
   there are; with step 8 truncated it warns and scores step 4, without library INFO logs."""
-  from vla_jax.configs import base  # pylint: disable=import-outside-toplevel
+  import test_train  # pylint: disable=import-outside-toplevel
   from vla_jax.training import (  # pylint: disable=import-outside-toplevel
       from_config_dict, train_and_evaluate)
-  config = base.get_base_config()
-  config.task.update({"vocab_size": 16, "n_pairs": 3, "form": "short"})
-  config.model.update({"d_model": 16, "num_heads": 2, "head_dim": 8, "mlp_ratio": 2,
-                       "impl": "scan", "num_layers": 1})
-  config.train.update({"batch_size": 8, "num_steps": 8, "warmup_steps": 2, "eval_every": 0,
-                       "checkpoint_every": 4, "eval_examples": 16, "eval_batch_size": 16})
+  # test_train.py's tiny run (the programs it compiles), stopped after step 8.
+  config = from_config_dict(test_train.tiny_config(checkpoint_every=4))
   workdir = tmp_path / "run"
-  train_and_evaluate(from_config_dict(config), str(workdir), log=lambda s: None)
+  train_and_evaluate(config, str(workdir), stop_after=8, log=lambda s: None)
   evaluate_py = [ROOT / "experiments" / "evaluate.py", f"--workdir={workdir}"]
   _truncate(workdir / "checkpoints" / "8")
   missing, fallback = run_scripts(evaluate_py + ["--step=7"], evaluate_py,
@@ -259,6 +255,26 @@ def test_a_run_from_before_gate_init_resumes_only_with_fla(tmp_path):
   ckpt.write_config(str(tmp_path), config(["gate_init", "fla"]))
   with pytest.raises(ValueError, match="different model configuration"):
     ckpt.write_config(str(tmp_path), config(["gate_init", "slow"]))
+
+
+@pytest.mark.parametrize("mixer,same,other", [
+    ("gated_deltanet", [["output_gate", False], ["expand_v", 1]],
+     [["output_gate", True], ["expand_v", 2]]),
+    ("vla", [["qk_map", "elu1"], ["beta", False]], [["qk_map", "silu_l2"], ["beta", False]]),
+    ("vla", [["qk_map", "elu1"], ["beta", False]], [["qk_map", "elu1"], ["beta", True]])])
+def test_a_run_from_before_the_new_options_resumes_only_at_their_old_values(
+    tmp_path, mixer, same, other):
+  """config.json written before Gated DeltaNet's output gate and value expansion, or VLA's
+  qk_map and beta, lacks them: the same run as the values it was made with (no gate, values
+  of the key width; ELU + 1, no write strength), another run than the new defaults."""
+  def config(*options):
+    return json.dumps({"model": {"mixer": mixer,
+                                 "mixer_options": [["conv_size", 4], *options]},
+                       "train": {"learning_rate": 1e-3}})
+  ckpt.write_config(str(tmp_path), config())
+  ckpt.write_config(str(tmp_path), config(*same))
+  with pytest.raises(ValueError, match="different model configuration"):
+    ckpt.write_config(str(tmp_path), config(*other))
 
 
 def test_a_config_with_penalty_scale_none_fails_naming_the_option(tmp_path):

@@ -65,12 +65,12 @@ def _events(logdir):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  """A tiny 8-step run logging every 2 steps, evaluating at 4 and 8, with TensorBoard."""
+  """test_train.py's tiny run (the programs it compiles) stopped after 8 of its 40 steps,
+  logging every 2 steps, evaluating at 4 and 8, with TensorBoard."""
   workdir = tmp_path_factory.mktemp("curves") / "run"
   lines = []
-  config = from_config_dict(test_train.tiny_config(num_steps=8, log_every=2, eval_every=4,
-                                                   tensorboard=True))
-  summary = train_and_evaluate(config, str(workdir), log=lines.append)
+  config = from_config_dict(test_train.tiny_config(log_every=2, eval_every=4, tensorboard=True))
+  summary = train_and_evaluate(config, str(workdir), stop_after=8, log=lines.append)
   return workdir, summary, lines
 
 
@@ -79,7 +79,7 @@ def test_progress_lines_report_compilation_once_then_rates_and_time_left(run):
   compiled = [l for l in lines if "with compilation" in l]
   assert compiled == [f"step 1 took {summary['compile_s']:.1f} s with compilation; steps/s "
                       "figures leave it out"]
-  steps = [l for l in lines if l.startswith("step ") and "/8 " in l]
+  steps = [l for l in lines if l.startswith("step ") and "/40 " in l]
   assert len(steps) == 4 and all(re.search(r"[\d.]+ steps/s, \d+:\d\d:\d\d left$", l)
                                  for l in steps[:-1])
   rows = [r for r in jsonl.read_rows(str(workdir / "metrics.jsonl")) if "loss" in r]

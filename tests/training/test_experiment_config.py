@@ -14,9 +14,10 @@ from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY, TrainConfig
 
 import test_train  # noqa: E402  pylint: disable=wrong-import-position
 
-BASE = {"num_steps": 6, "batch_size": 8, "warmup_steps": 2, "log_every": 2, "eval_every": 0,
-        "eval_examples": 16, "eval_batch_size": 16, "checkpoint_every": 0,
-        "keep_checkpoints": 2, "tensorboard": False, "diagnostics_every": 0}
+# test_train.py's tiny run (the programs it compiles), stopped after step STOP.
+BASE = {"log_every": 2, "eval_every": 0, "checkpoint_every": 0, "keep_checkpoints": 2,
+        "tensorboard": False, "diagnostics_every": 0}
+STOP = 6
 # Another value of every RESULT_FREE setting.
 CHANGED = {"train.log_every": 1, "train.eval_every": 3, "train.eval_batch_size": 8,
            "train.checkpoint_every": 2, "train.keep_checkpoints": 1, "train.tensorboard": True,
@@ -38,7 +39,8 @@ def _run(workdir, changed):
   for name, value in changed.items():
     section, field = name.split(".")
     getattr(config, section)[field] = value
-  summary = train_and_evaluate(from_config_dict(config), str(workdir), log=lambda s: None)
+  summary = train_and_evaluate(from_config_dict(config), str(workdir), stop_after=STOP,
+                               log=lambda s: None)
   rows = jsonl.read_rows(str(workdir / curves.METRICS_FILE))
   return summary, rows
 

@@ -120,3 +120,33 @@ def test_vla_layer_metrics_match_float64_references():
   cos = np.abs(np.einsum("bshd,bthd->bhst", khat, khat))
   off = ~np.eye(16, dtype=bool)
   np.testing.assert_allclose(got["layer0.key_cos_mean"], cos[..., off].mean(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("mixer,options,names", [
+    ("gated_deltanet", {}, {"beta_mean", "beta_p10", "decay_mean", "decay_p10", "decay_p90"}),
+    ("vla", {"beta": True}, {"beta_mean", "beta_p10"})])
+def test_write_strengths_and_decays(mixer, options, names):
+  """The probe's beta and decay statistics are those of the inputs the layer gives its
+  recurrence (float64 NumPy over tokens, examples and heads); a layer without them has none
+  (VLA without beta: test_a_run_logs_finite_diagnostics_and_gradient_norms_by_group)."""
+  config = ModelConfig(vocab_size=13, max_len=16, mixer=mixer, d_model=8, num_heads=2,
+                       num_layers=1, mixer_options=options)
+  graphdef, params, rest = nnx.split(LanguageModel(config, rngs=nnx.Rngs(3)), nnx.Param, ...)
+  model_of = lambda p: nnx.merge(graphdef, p, rest)
+  tokens = jax.random.randint(jax.random.key(4), (3, 16), 0, 13)
+  got, layers = jax.jit(lambda p, x: (probe.probe_metrics(model_of, p, x),
+                                      diagnostics.recurrent_layer_inputs(model_of(p), x)))(
+                                          params, tokens)
+  assert {k.split(".", 1)[1] for k in got
+          if k.split(".", 1)[1].startswith(("beta_", "decay_"))} == names
+  (_, layer), = layers
+  if "beta_mean" in names:
+    beta = np.asarray(layer["beta"], np.float64)
+    np.testing.assert_allclose(got["layer0.beta_mean"], beta.mean(), rtol=1e-5)
+    np.testing.assert_allclose(got["layer0.beta_p10"], np.percentile(beta, 10), rtol=1e-5)
+  if "decay_mean" in names:
+    decay = np.exp(np.asarray(layer["log_decay"], np.float64))
+    assert 0 < decay.min() and decay.max() < 1
+    for key, want in (("mean", decay.mean()), ("p10", np.percentile(decay, 10)),
+                      ("p90", np.percentile(decay, 90))):
+      np.testing.assert_allclose(got[f"layer0.decay_{key}"], want, rtol=1e-5)

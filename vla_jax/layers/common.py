@@ -27,6 +27,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from vla_jax.ops import checks
@@ -202,6 +203,20 @@ def check_choice(name, arg, value, choices):
   return value
 
 
+def check_bool(name, arg, value):
+  """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name}: {arg} must be True or False; got {value!r}")
+  return bool(value)
+
+
+def check_positive_int(name, arg, value):
+  """`value` if it is an int >= 1, else ValueError naming the layer and option."""
+  if not checks.is_int(value) or value < 1:
+    raise ValueError(f"{name}: {arg} must be an int >= 1; got {value!r}")
+  return int(value)
+
+
 def dense(d_in, d_out, *, use_bias, dtype, param_dtype, rngs):
   return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
                     rngs=rngs)
@@ -299,19 +314,23 @@ DEFAULT_CONV_SIZE = 4
 
 
 def short_convs(name, features, conv_size, *, dtype, param_dtype, rngs):
-  """Three `ShortConv`s of width `conv_size` (for q, k and v), or None for `conv_size` 0."""
+  """Three `ShortConv`s of width `conv_size` (for q, k and v) over `features` channels (an int,
+  or the three widths), or None for `conv_size` 0."""
   if not checks.is_int(conv_size) or conv_size < 0:
     raise ValueError(f"{name}: conv_size must be an int >= 0 (0: no convolution); got "
                      f"{conv_size!r}")
   if not conv_size:
     return None
-  return nnx.List([ShortConv(features, int(conv_size), dtype=dtype, param_dtype=param_dtype,
-                             rngs=rngs) for _ in range(3)])
+  widths = (features,) * 3 if checks.is_int(features) else tuple(features)
+  return nnx.List([ShortConv(f, int(conv_size), dtype=dtype, param_dtype=param_dtype,
+                             rngs=rngs) for f in widths])
 
 
-def empty_prefixes(convs, batch_size, features):
-  """Zero prefixes for each `ShortConv` of `convs` (None: no convolution, returns ())."""
-  return tuple(c.empty_prefix(batch_size, features) for c in convs) if convs else ()
+def empty_prefixes(convs, batch_size):
+  """Zero prefixes for each `ShortConv` of `convs`, each of its own width (None: no
+  convolution, returns ())."""
+  return (tuple(c.empty_prefix(batch_size, c.kernel.shape[1]) for c in convs) if convs
+          else ())
 
 
 def convolve(convs, tensors, prefixes=None, mask=None, docs=None):

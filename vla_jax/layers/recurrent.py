@@ -27,7 +27,10 @@ class RecurrentMixer(nnx.Module):
 
   Attributes:
     d_model, num_heads, head_dim: widths; the projections map d_model -> num_heads * head_dim
-      (head_dim None: d_model // num_heads).
+      (head_dim None: d_model // num_heads), W_v to num_heads * value_head_dim.
+    value_head_dim: the width of a head's values (head_dim unless a subclass widens them
+      before `_build`: `DeltaNet`'s expand_v); the state is [value_head_dim, head_dim] per
+      head.
     impl: "auto" (default): the Pallas kernel where one takes the call (`vla_jax.kernels.config`
       support table), else "chunked"; the choice and its reason are logged (absl INFO) once
       (`vla_jax.ops.impl.resolve_impl`). Or "chunked", "scan", "associative_scan", "pallas",
@@ -53,10 +56,13 @@ class RecurrentMixer(nnx.Module):
   STEP = None
   QK_BIAS = False          # whether W_q and W_k have a bias (W_v has none)
   KERNEL_OPTIONS: dict = {}  # {option: default} of the options a kernel may not take
+  # The names of `_inputs`' arrays, in order (an input a layer does not use is None or absent).
+  INPUT_NAMES = ("q", "k", "v")
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
                dtype: DTypeLike = jnp.float32):
     self.head_dim = common.resolve_head_dim(type(self).__name__, d_model, num_heads, head_dim)
+    self.value_head_dim = self.head_dim
     self.num_heads = num_heads
     self.dtype = dtype
 
@@ -66,14 +72,15 @@ class RecurrentMixer(nnx.Module):
     self.impl, self.chunk_size = common.check_recurrence_options(
         name, impl, chunk_size, **self._kernel_facts())
     inner = self.num_heads * self.head_dim
+    values = self.num_heads * self.value_head_dim
     kw = dict(dtype=self.dtype, param_dtype=param_dtype, rngs=rngs)
     self.q_proj = common.dense(d_model, inner, use_bias=self.QK_BIAS, **kw)
     self.k_proj = common.dense(d_model, inner, use_bias=self.QK_BIAS, **kw)
-    self.v_proj = common.dense(d_model, inner, use_bias=False, **kw)
+    self.v_proj = common.dense(d_model, values, use_bias=False, **kw)
     self._init_params(d_model, inner, **kw)
-    self.conv = common.short_convs(name, inner, conv_size, **kw)
+    self.conv = common.short_convs(name, (inner, inner, values), conv_size, **kw)
     self._init_late_params(d_model, **kw)
-    self.out = common.OutputProjection(inner, d_model, out_norm=out_norm, **kw)
+    self.out = common.OutputProjection(values, d_model, out_norm=out_norm, **kw)
 
   def _init_params(self, d_model, inner, *, dtype, param_dtype, rngs):
     """The subclass's parameters drawn after W_q, W_k, W_v (none by default)."""
@@ -86,12 +93,21 @@ class RecurrentMixer(nnx.Module):
     """What decides whether a Pallas kernel takes the calls of a layer of this head dim,
     dtype and `options` (its keyword options; missing ones at their defaults):
     `resolve_impl`'s op, dtype, head_dims and options."""
-    return dict(op=cls.OP, dtype=dtype, head_dims=(head_dim, head_dim),
+    return dict(op=cls.OP, dtype=dtype,
+                head_dims=(head_dim, cls.value_width(head_dim, options)),
                 options={k: options.get(k, d) for k, d in cls.KERNEL_OPTIONS.items()})
 
+  @classmethod
+  def value_width(cls, head_dim: int, options) -> int:
+    """The value head width a layer of this head dim and `options` has (head_dim unless the
+    subclass widens its values)."""
+    del options
+    return head_dim
+
   def _kernel_facts(self):
-    return self.kernel_facts(self.head_dim, self.dtype,
-                             {k: getattr(self, k) for k in self.KERNEL_OPTIONS})
+    facts = self.kernel_facts(self.head_dim, self.dtype,
+                              {k: getattr(self, k) for k in self.KERNEL_OPTIONS})
+    return dict(facts, head_dims=(self.head_dim, self.value_head_dim))
 
   def _recurrence_options(self):
     """Keyword options of `RECURRENCE` beyond the skeleton's (none by default)."""
@@ -117,10 +133,11 @@ class RecurrentMixer(nnx.Module):
     del batch_size
     return ()
 
-  def _readout(self, o, inputs, norm, docs=None):
-    """o [B, T, H, D] -> (y [B, T, d_model], the readout's state after o); by default
-    W_o LayerNorm(merge_heads(o)), with no state."""
-    del inputs, docs
+  def _readout(self, o, inputs, norm, docs=None, x=None):
+    """o [B, T, H, dv] -> (y [B, T, d_model], the readout's state after o); by default
+    W_o LayerNorm(merge_heads(o)), with no state. x: the layer's input [B, T, d_model], 0 at
+    the pads (for a readout gated by it)."""
+    del inputs, docs, x
     return self.out(o), norm
 
   def features(self, x: jax.Array, conv_prefix: tuple | None = None, *,
@@ -142,7 +159,7 @@ class RecurrentMixer(nnx.Module):
     del max_len
     return common.RecurrentCache(
         state=self._initial_state(batch_size),
-        conv=common.empty_prefixes(self.conv, batch_size, self.num_heads * self.head_dim),
+        conv=common.empty_prefixes(self.conv, batch_size),
         norm=self._initial_norm(batch_size))
 
   def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
@@ -164,7 +181,7 @@ class RecurrentMixer(nnx.Module):
     o, state = parallel.sequence_op(self.RECURRENCE)(
         *inputs, initial_state=cache.state, impl=impl, chunk_size=self.chunk_size,
         segment_ids=docs, **self._recurrence_options())
-    y, norm = self._readout(o, inputs, cache.norm, docs)
+    y, norm = self._readout(o, inputs, cache.norm, docs, x=common.mask_tokens(mask, x))
     return common.mask_tokens(mask, y), common.RecurrentCache(state, tails, norm)
 
   def step(self, x_t: jax.Array, cache: common.RecurrentCache
@@ -172,10 +189,11 @@ class RecurrentMixer(nnx.Module):
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); work and memory independent
     of the tokens before."""
     common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
-    inputs, tails = self.features(x_t[:, None].astype(self.dtype), cache.conv)
+    x = x_t[:, None].astype(self.dtype)
+    inputs, tails = self.features(x, cache.conv)
     o_t, state = self.STEP(cache.state, *(None if a is None else a[:, 0] for a in inputs),
                            **self._step_options())
-    y, norm = self._readout(o_t[:, None], inputs, cache.norm)
+    y, norm = self._readout(o_t[:, None], inputs, cache.norm, x=x)
     return y[:, 0], common.RecurrentCache(state, tails, norm)
 
   def __call__(self, x: jax.Array, *, attention_mask: jax.Array | None = None,

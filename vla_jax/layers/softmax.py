@@ -172,7 +172,7 @@ class SoftmaxAttention(nnx.Module):
     shape = (batch_size, int(max_len), self.num_heads, self.head_dim)
     return KVCache(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype),
                    jnp.zeros(shape[:2], jnp.bool_), jnp.zeros((), jnp.int32),
-                   common.empty_prefixes(self.conv, batch_size, self.q_proj.out_features))
+                   common.empty_prefixes(self.conv, batch_size))
 
   def _attend_cache(self, x, cache, mask=None, docs=None):
     """Writes x's keys and values at cache.index and attends over the real tokens written;

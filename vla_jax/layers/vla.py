@@ -3,6 +3,7 @@
 import math
 import numbers
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.typing import DTypeLike
@@ -18,6 +19,9 @@ from vla_jax.ops.vla import initial_vla_state, vla_recurrence
 
 READOUTS = ("none", "additive", "delta")
 U_INITS = ("random", "identity")
+# The query/key feature maps: "elu1", the authors' ELU + 1 (the default), and "silu_l2",
+# DeltaNet's SiLU then unit norm (`vla_jax.layers.delta.DeltaNet`).
+QK_MAPS = ("elu1", "silu_l2")
 # Chosen by measurement on MQAR (it learns fastest; see vla_jax/layers/README.md).
 DEFAULT_READOUT = "none"
 # Chosen by measurement on zoology's MQAR (fewer failed seeds, better or tied at every cell;
@@ -46,10 +50,15 @@ class VLAAttention(RecurrentMixer):
 
       q = phi(W_q x + b_q),  k_raw = W_k x + b_k,  k = phi(k_raw),  v = W_v x
       u = penalty_scale * (W_u k_raw) / ||W_u k_raw||             (penalty direction)
-      (o_t, state) = vla_recurrence(q, k, v, u; lam0)             o_t = S_t q_t
+      (o_t, state) = vla_recurrence(q, k, v, u[, beta]; lam0)     o_t = S_t q_t
       y = W_o LayerNorm(merge_heads(readout(o)))
 
-  with phi = ELU + 1. Readouts:
+  with phi = ELU + 1 (qk_map "elu1", the authors'), or DeltaNet's query/key path (qk_map
+  "silu_l2": q = unit(silu(.)), k = silu(.), which the op makes unit: keys of either sign,
+  far less alike at initialisation than ELU + 1's positive ones). With `beta`, each write
+  has a learned strength beta_t = sigmoid(W_beta x_t + b_beta) per token and head, as in
+  DeltaNet (`vla_recurrence`'s beta: S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T).
+  Readouts:
     "none":     y_t = S_t q_t.
     "additive": y_t = S_t q_t / max(z_t . q_t, eps), z_t = sum_{s<=t} phi(k_s): the linear-
                 attention ratio of the authors' code (it shrinks outputs roughly as 1/t).
@@ -75,26 +84,40 @@ class VLAAttention(RecurrentMixer):
     conv_size: as `RecurrentMixer`; the convolution acts on the projected q, k and v before
       the feature map (default 4, the setting every experiment uses: without it the layer does
       not learn MQAR, see vla_jax/layers/README.md); 0 for none, the authors' layer.
+    qk_map: "elu1" (default; the authors' ELU + 1) or "silu_l2" (DeltaNet's: SiLU, which the
+      convolution already applies, then unit norm); `QK_MAPS`. "silu_l2" does not take the
+      "additive" readout (its denominator sums positive features).
+    beta: a learned write strength (default False: every write of strength 1, the authors'
+      recurrence). Its projection `beta_proj` (d_model -> num_heads, with bias) is drawn
+      after every other parameter, so that the others are the layer's draws without it. The
+      Pallas kernels do not take it: "auto" runs "chunked", "pallas" raises ValueError.
   """
 
   OP = "vla"
   RECURRENCE = staticmethod(vla_recurrence)
   STEP = staticmethod(vla_step)
   QK_BIAS = True
-  KERNEL_OPTIONS = {"readout": DEFAULT_READOUT}
+  KERNEL_OPTIONS = {"readout": DEFAULT_READOUT, "beta": False}
+  INPUT_NAMES = ("q", "k", "v", "u", "beta")
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
                impl: str | Impl = "auto", chunk_size: int = 64, lam0: float = 1.0,
                penalty_scale: float | str = DEFAULT_PENALTY_SCALE,
                readout: str = DEFAULT_READOUT,
                readout_eps: float = 1e-6, u_init: str = "random",
-               conv_size: int = common.DEFAULT_CONV_SIZE,
-               out_norm: bool = True, dtype: DTypeLike = jnp.float32,
+               conv_size: int = common.DEFAULT_CONV_SIZE, qk_map: str = "elu1",
+               beta: bool = False, out_norm: bool = True, dtype: DTypeLike = jnp.float32,
                param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs):
     super().__init__(d_model, num_heads, head_dim, dtype=dtype)
     name = type(self).__name__
     self.readout = common.check_choice(name, "readout", readout, READOUTS)
     self.u_init = common.check_choice(name, "u_init", u_init, U_INITS)
+    self.qk_map = common.check_choice(name, "qk_map", qk_map, QK_MAPS)
+    self.beta = common.check_bool(name, "beta", beta)
+    if self.qk_map == "silu_l2" and self.readout == "additive":
+      raise ValueError(f"{name}: qk_map='silu_l2' gives queries and keys of either sign, and "
+                       "readout='additive' divides by z_t . q_t, a sum of positive features "
+                       "(ELU + 1's): use readout 'none' or 'delta', or qk_map 'elu1'")
     try:
       checks.check_lam0(lam0, impl, common.state_dtype(dtype))
     except ValueError as e:
@@ -104,6 +127,9 @@ class VLAAttention(RecurrentMixer):
     self.readout_eps = float(readout_eps)
     self._build(d_model, impl=impl, chunk_size=chunk_size, conv_size=conv_size,
                 out_norm=out_norm, param_dtype=param_dtype, rngs=rngs)
+    if self.beta:   # drawn last: the other parameters are the draws of the layer without it
+      self.beta_proj = common.dense(d_model, num_heads, use_bias=True, dtype=dtype,
+                                    param_dtype=param_dtype, rngs=rngs)
 
   def _init_params(self, d_model, inner, **kw):
     self.u_proj = common.dense(inner, inner, use_bias=False, **kw)
@@ -114,16 +140,26 @@ class VLAAttention(RecurrentMixer):
     return {"lam0": self.lam0}
 
   def _inputs(self, x, q, k_raw, v, mask):
-    """Per-head q, k, v (+1 channel for "delta") and u; k, v and u are 0 at the pads."""
+    """Per-head q, k, v (+1 channel for "delta"), u and with `beta` the write strengths
+    [B, T, H] (in the state dtype); k, v, u and beta are 0 at the pads."""
     H = self.num_heads
     u = self.penalty_scale * common.l2_normalize(common.split_heads(self.u_proj(k_raw), H))
-    q = elu_plus_one(common.split_heads(q, H))
-    k = elu_plus_one(common.split_heads(k_raw, H))
+    if self.qk_map == "silu_l2":   # DeltaNet's path: the convolution ends in SiLU
+      if self.conv is None:
+        q, k_raw = jax.nn.silu(q), jax.nn.silu(k_raw)
+      q = common.l2_normalize(common.split_heads(q, H))
+      k = common.split_heads(k_raw, H)
+    else:
+      q = elu_plus_one(common.split_heads(q, H))
+      k = elu_plus_one(common.split_heads(k_raw, H))
     v = common.split_heads(v, H)
     if self.readout == "delta":
       v = jnp.concatenate([v, jnp.ones(v.shape[:-1] + (1,), v.dtype)], axis=-1)
     k, v, u = common.mask_tokens(mask, k, v, u)
-    return q, k, v, u
+    if not self.beta:
+      return q, k, v, u
+    beta = jax.nn.sigmoid(self.beta_proj(x).astype(common.state_dtype(self.dtype)))
+    return q, k, v, u, common.mask_tokens(mask, beta)
 
   def _initial_state(self, batch_size):
     """S = 0, A = I / lam0."""
@@ -139,9 +175,10 @@ class VLAAttention(RecurrentMixer):
     return jnp.zeros((batch_size, self.num_heads, self.head_dim),
                      common.state_dtype(self.dtype))
 
-  def _readout(self, o, inputs, norm, docs=None):
+  def _readout(self, o, inputs, norm, docs=None, x=None):
     """o [B, T, H, dv(+1)] -> (y [B, T, d_model], the additive readout's running sum z, which
     restarts at each document of `docs`)."""
+    del x
     q, k = inputs[:2]
     f = jnp.promote_types(o.dtype, jnp.float32)
     z = norm

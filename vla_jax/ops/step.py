@@ -34,13 +34,15 @@ def _check_state_arrays(prefix, arrays, shapes):
 
 
 def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
-             u_t: jax.Array, *, lam0: float = 1.0) -> tuple[jax.Array, VLAState]:
+             u_t: jax.Array, beta_t: jax.Array | None = None, *, lam0: float = 1.0
+             ) -> tuple[jax.Array, VLAState]:
   """One VLA token (see `vla_recurrence` for the recurrence).
 
   Args:
     state: `VLAState(S [B, H, dv, dk], A [B, H, dk, dk])` in float32/float64, or None for
       S = 0, A = I / lam0.
     q_t, k_t, u_t: [B, H, dk]; v_t: [B, H, dv].
+    beta_t: None (a write of strength 1) or [B, H] write strengths.
     lam0: initial ridge, used only when `state` is None.
 
   Returns:
@@ -48,9 +50,11 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   """
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
   checks.check_step_tokens("u_t", u_t, batch=B, heads=H, dim=dk)
+  if beta_t is not None:
+    checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if state is None:
     state = initial_vla_state(B, H, dk, dv, lam0=lam0,
-                              dtype=checks.compute_dtype(q_t, k_t, v_t, u_t))
+                              dtype=checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t))
   elif not isinstance(state, VLAState):
     raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
   _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
@@ -58,7 +62,10 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   q_t, k_t, v_t, u_t = (x.astype(dtype) for x in (q_t, k_t, v_t, u_t))
   khat = unit(k_t, KEY_EPS)
   w_t, A = penalty_step(state.A, khat, u_t)
-  o_t, S = delta_rule_step(state.S, q_t, khat, unit(w_t, WRITE_EPS), v_t, None)
+  a_t = unit(w_t, WRITE_EPS)
+  if beta_t is not None:
+    a_t = beta_t.astype(dtype)[..., None] * a_t
+  o_t, S = delta_rule_step(state.S, q_t, khat, a_t, v_t, None)
   return o_t.astype(out_dtype), VLAState(S=S, A=A)
 
 

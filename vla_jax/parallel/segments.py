@@ -209,12 +209,13 @@ def segment_start_A(u, A0, M0, run_chain, axis_name):
 # ------------------------------------------------------------------------------------------
 # The ops, one device's segment each.
 
-def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kwargs):
+def vla_segments(q, k, v, u, beta=None, *, axis_name, lam0=1.0, initial_state=None,
+                 **op_kwargs):
   """`vla_recurrence` on this device's segment of a sequence split over `axis_name`.
 
   Args:
-    q, k, u: [B, T, H, dk]; v: [B, T, H, dv]: this device's tokens (the devices of the axis
-      hold consecutive segments, in axis order).
+    q, k, u: [B, T, H, dk]; v: [B, T, H, dv]; beta: None or [B, T, H] write strengths: this
+      device's tokens (the devices of the axis hold consecutive segments, in axis order).
     lam0, initial_state: as `vla_recurrence` (the state before the first segment, the same
       on every device).
     op_kwargs: passed to `vla_recurrence` (impl, chunk_size, ...).
@@ -226,10 +227,12 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   B, T, H, dk = checks.check_tokens("q", q)
   dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
   checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+  if beta is not None:
+    checks.check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
   if initial_state is not None and not isinstance(initial_state, VLAState):
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
                     f"{type(initial_state).__name__}")
-  dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
+  dtype = checks.compute_dtype(q, k, v, u, beta, *(initial_state or ()))
   eye = jnp.eye(dk, dtype=dtype)
   if initial_state is None:
     checks.check_lam0(lam0, _impl_of(vla_recurrence, op_kwargs), dtype)
@@ -247,7 +250,9 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   if pallas:   # a [v, 0] wider than the kernels' head dims runs as two calls
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         SUPPORTED_HEAD_DIMS)
-  out_guard, end_guard, q, k, (u,), (v,) = contain_segment(axis_name, q, k, (u,), (v,))
+  out_guard, end_guard, q, k, (u,), writes = contain_segment(
+      axis_name, q, k, (u,), (v,) if beta is None else (v, beta))
+  v, beta = writes if len(writes) == 2 else (writes[0], None)
   op = functools.partial(vla_recurrence, **op_kwargs)
   stop = jax.lax.stop_gradient
 
@@ -262,8 +267,11 @@ def vla_segments(q, k, v, u, *, axis_name, lam0=1.0, initial_state=None, **op_kw
   blank = lambda x: jnp.concatenate([jnp.zeros((B, dk) + x.shape[2:], x.dtype), x], axis=1)
   q_p, k_p, u_p = blank(q), blank(k), jnp.concatenate([probes.astype(u.dtype), u], axis=1)
 
+  beta_p = None if beta is None else blank(beta)
+
   def run(values, S_start):   # with the probe tokens first; their outputs are dropped
-    o, state = op(q_p, k_p, blank(values), u_p, initial_state=VLAState(S_start, A_start))
+    o, state = op(q_p, k_p, blank(values), u_p, beta_p,
+                  initial_state=VLAState(S_start, A_start))
     return o[:, dk:], state.S, state.A
 
   # The XLA impls compute in the state dtype whatever v's dtype: values in that dtype keep

@@ -25,6 +25,14 @@ clean-up deletes a user's folder "0"; it refuses to save a step at or below its 
 which a run resumed past a damaged checkpoint must do; and it renames a step into place
 before checksums.json could be written into it. Saves here use orbax's asynchronous
 StandardCheckpointer under the same rename, record and clean-up rules instead.
+
+With several processes (`distributed`) every process calls `save` and `restore` alike: orbax
+writes and reads the arrays from every process (its multi-host path: process 0 writes the
+metadata, each process its devices' shards, with barriers between), and process 0 alone
+clears stale partial folders, writes checksums.json, renames the step into place and deletes
+old steps; a barrier keeps the others from starting a save before those folders are cleared.
+Every process verifies and restores the same checkpoint (they read one shared folder) and
+checks that they agree on its step.
 """
 
 import concurrent.futures
@@ -41,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vla_jax.training import distributed
 from vla_jax.training import jsonl
 from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY
 
@@ -56,7 +65,8 @@ _FREE_BY_SECTION = {section: tuple(name.split(".", 1)[1] for name in RESULT_FREE
                     for section in ("task", "model", "train")}
 # Mixer options added after runs were made, at the value that reproduces those runs: a
 # config.json written before the option existed lacks it, which is the same run.
-_ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla"}
+_ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla", "qk_map": "elu1", "beta": False,
+                  "output_gate": False, "expand_v": 1}
 # Training settings added since the first runs, at the default that changes nothing: a run
 # written before them resumes.
 _ADDED_TRAIN = {"data_seed": None}
@@ -170,7 +180,8 @@ class Checkpointer:
     With `async_save`, returns once the arrays are copied to the host (the state may then be
     donated): the files are written, recorded, renamed and the old checkpoints deleted on a
     background thread, which the next `save`, `wait`, `restore`, `finish` or `close` waits
-    for, raising its error.
+    for, raising its error. With several processes only process 0 records, renames and
+    deletes (see the module docstring).
 
     Raises:
       OSError: ENOSPC or EDQUOT naming the checkpoint when the disk is full (from orbax's
@@ -179,15 +190,21 @@ class Checkpointer:
     """
     self.wait()
     step = int(step)
-    os.makedirs(self.directory, exist_ok=True)
+    primary = distributed.is_primary()
     partial = os.path.join(self.directory, str(step)) + PARTIAL
-    for name in os.listdir(self.directory):   # left by saves that were killed
-      if name.endswith(PARTIAL) and name[:-len(PARTIAL)].isdigit():
-        shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-    leaves = _leaf_records(state)
+    if primary:
+      os.makedirs(self.directory, exist_ok=True)
+      for name in os.listdir(self.directory):   # left by saves that were killed
+        if name.endswith(PARTIAL) and name[:-len(PARTIAL)].isdigit():
+          shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+    distributed.barrier(f"checkpoint {step}: stale partial folders cleared")
+    leaves = _leaf_records(state) if primary else None
     with self._writing_step(step):
       self._orbax.save(os.path.join(partial, ITEM), state)
-    if self.async_save:
+    if not primary:   # orbax finishes this process's part; process 0 commits the step
+      if not self.async_save:
+        self._orbax.wait_until_finished()
+    elif self.async_save:
       self._pool = self._pool or concurrent.futures.ThreadPoolExecutor(1)
       self._pending = self._pool.submit(self._commit, step, leaves)
     else:
@@ -195,8 +212,8 @@ class Checkpointer:
     self._current = step
 
   def _commit(self, step, leaves):
-    """Waits for orbax's writes of checkpoint `step`, records its files and `leaves`, renames
-    it into place and deletes the old checkpoints."""
+    """Waits for orbax's writes of checkpoint `step` (every process's: orbax's own barrier),
+    records its files and `leaves`, renames it into place and deletes the old checkpoints."""
     final = os.path.join(self.directory, str(step))
     partial = final + PARTIAL
     with self._writing_step(step):
@@ -250,10 +267,17 @@ class Checkpointer:
     again, up to `REREADS` times.
 
     Raises:
-      ValueError: no checkpoint (at `step`), or the one at `step` was removed while read.
+      ValueError: no checkpoint (at `step`), or the one at `step` was removed while read;
+        the processes of a multi-process run restored different steps.
       CheckpointError: the checkpoint at `step` (or, without `step`, every one) does not
         verify; the message says why. Also when the checkpoints changed under every read.
     """
+    state = self._restore_verified(target, step)
+    distributed.agree(int(state["step"]), "the checkpoint step to resume from")
+    return state
+
+  def _restore_verified(self, target, step):
+    """`restore` on this process."""
     self.wait()
     steps = self.steps()
     where = lambda steps: f"{self.directory} (checkpoints: {', '.join(map(str, steps)) or 'none'})"
@@ -421,7 +445,8 @@ def _tree_difference(saved, expected):
 
 
 def write_config(workdir, config_json):
-  """Writes config.json, or checks that an existing one (a run being resumed) matches.
+  """Writes config.json, or checks that an existing one (a run being resumed) matches. Every
+  process of a run checks; process 0 writes.
 
   Raises ValueError when the settings of a run to resume are unknown: checkpoints without
   config.json (deleted, say) would otherwise be resumed with whatever settings are given."""
@@ -455,8 +480,9 @@ def write_config(workdir, config_json):
                        if old_train.get(k) != new_train.get(k))
       raise ValueError(f"{workdir} holds a run with different training settings ({diff}); "
                        "resuming would not reproduce it; use a new workdir")
-  os.makedirs(workdir, exist_ok=True)
-  jsonl.write_atomic(path, config_json)
+  if distributed.is_primary():
+    os.makedirs(workdir, exist_ok=True)
+    jsonl.write_atomic(path, config_json)
 
 
 def _without(section, keys):

@@ -5,10 +5,14 @@ It resumes from the workdir's latest checkpoint that verifies, runs the steps, a
 row every `train.log_every` steps (and at the last step, and at a SIGTERM's), probes the layers
 every `train.diagnostics_every` steps, evaluates every `train.eval_every` steps and at the end,
 saves a checkpoint every `train.checkpoint_every` steps and at the end, and stops after the step
-in flight on SIGTERM with a checkpoint at that step (`preemption.StopSignal`). Progress lines give
-the first step's compile time apart and steps/s without it (`progress.Progress`). What differs
-between a run and a sweep is given by `Steps`: the step, the batches, the probe, the evaluation
-and the state's shape (`Steps.runs`).
+in flight on SIGTERM with a checkpoint at that step (`preemption.stop_request`). Progress lines
+give the first step's compile time apart and steps/s without it (`progress.Progress`). What
+differs between a run and a sweep is given by `Steps`: the step, the batches, the probe, the
+evaluation and the state's shape (`Steps.runs`).
+
+With several processes (`distributed`) every process runs the loop alike (each step, metric
+read, probe, evaluation and checkpoint is a collective operation), and process 0 alone writes
+the rows and calls `log`.
 """
 
 import dataclasses
@@ -22,6 +26,7 @@ import numpy as np
 
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import curves
+from vla_jax.training import distributed
 from vla_jax.training import jsonl
 from vla_jax.training import preemption
 from vla_jax.training import probe as probe_lib
@@ -101,7 +106,7 @@ def train_loop(steps: Steps, workdir, train, *, stop_after=None, log=print, star
     workdir: the run's folder: checkpoints/, metrics.jsonl and, with `train.tensorboard`, tb/.
     train: the `TrainConfig`.
     stop_after: stop with a checkpoint once this many steps are done; None runs to the end.
-    log: called with each progress line.
+    log: called with each progress line (on process 0).
     start_time: when this segment started (default now): the origin of the rows' elapsed_s.
 
   Returns:
@@ -112,6 +117,9 @@ def train_loop(steps: Steps, workdir, train, *, stop_after=None, log=print, star
   """
   start_time = time.time() if start_time is None else start_time
   tc = train
+  primary = distributed.is_primary()
+  if not primary:
+    log = lambda line: None
   checkpointer = ckpt.Checkpointer(workdir, keep=tc.keep_checkpoints, finite=steps.runs is None)
   state, start = steps.init_state, 0
   if checkpointer.latest_step() is not None:
@@ -129,10 +137,11 @@ def train_loop(steps: Steps, workdir, train, *, stop_after=None, log=print, star
   commit = provenance.git_commit()
   writer = (curves.TensorBoardWriter(os.path.join(workdir, curves.TENSORBOARD_DIR),
                                      labels=curves.run_labels(workdir))
-            if tc.tensorboard else None)
+            if tc.tensorboard and primary else None)
 
   def log_row(row):
-    jsonl.append_rows(metrics_path, [row])
+    if primary:
+      jsonl.append_rows(metrics_path, [row])
     if writer is not None:
       writer.write(row)
 
@@ -153,10 +162,13 @@ def train_loop(steps: Steps, workdir, train, *, stop_after=None, log=print, star
   evals, evals_step = None, None
   segment = {}   # added to the segment's first training row: its compile time and commit
   try:
-    with preemption.StopSignal() as stop:
+    with preemption.stop_request() as stop:
       for step, batch in steps.batches(start, end):
         state, metrics = steps.train_step(state, *batch)
         done = step + 1
+        # Asked once a step, before waiting for its results (several processes agree on the
+        # step to stop after; `requested` changes only here then).
+        stop.reached(done - start)
         segment = progress.segment_start(done, metrics, commit, log) or segment
         if done % tc.log_every == 0 or done == end or stop.requested:
           values = _values(jax.device_get(metrics), steps.runs)
@@ -183,9 +195,9 @@ def train_loop(steps: Steps, workdir, train, *, stop_after=None, log=print, star
         if tc.checkpoint_every and done % tc.checkpoint_every == 0 and done != end:
           with progress.paused():
             checkpointer.save(done, state)
-      # Still inside StopSignal: a SIGTERM during the last save lets it finish (outside, the
-      # signal would end the process mid-save and a rerun would redo the steps since the
-      # previous checkpoint).
+      # Still inside the stop request: a SIGTERM during the last save lets it finish (outside,
+      # the signal would end a process of one mid-save and a rerun would redo the steps since
+      # the previous checkpoint).
       final = checkpointer.finish(state)
     if steps.evaluate is not None and evals_step != final:   # scores of the final step only
       evals = None if stop.requested else run_eval(final, state["params"])

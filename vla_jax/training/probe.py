@@ -19,6 +19,10 @@ Names; i is the block index; statistics over examples and heads unless said:
   layer<i>.state_norm_end          median of ||S_T||_F (recurrent mixers)
   layer<i>.key_cos_mean            mean |cos| between the key directions of two tokens of an
                                    example (`diagnostics.key_collinearity`; recurrent mixers)
+  layer<i>.beta_mean, beta_p10     the write strengths beta_t over tokens (DeltaNet, Gated
+                                   DeltaNet, VLA with `beta`)
+  layer<i>.decay_mean, decay_p10,  the per-token decays gamma_t = exp(g_t) of Gated DeltaNet's
+    decay_p90                      gate (1: keeps the state, 0: forgets it)
 VLA layers only:
   layer<i>.cond_A.t<t>             median of cond(A_t) = cond(M_t), M_t = lam0 I + sum u_s u_s^T,
                                    at t = T/8, T/2 and T (`diagnostics.penalty_conditioning`)
@@ -100,10 +104,32 @@ def vla_layer_metrics(layer: dict) -> dict:
   return out
 
 
+def gate_metrics(layer: dict) -> dict:
+  """The write strengths' and decays' statistics of one recurrent layer.
+
+  Args:
+    layer: {name: array} of `diagnostics.recurrent_layer_inputs` (beta, log_decay [B, T, H]
+      where the layer has them).
+
+  Returns:
+    {"beta_mean", "beta_p10"} with beta, {"decay_mean", "decay_p10", "decay_p90"} of
+    exp(log_decay) with a gate: scalars over tokens, examples and heads.
+  """
+  out = {}
+  if "beta" in layer:
+    beta = layer["beta"].astype(jnp.float32).reshape(-1)
+    out.update({"beta_mean": jnp.mean(beta), "beta_p10": jnp.percentile(beta, 10.0)})
+  if "log_decay" in layer:
+    decay = jnp.exp(layer["log_decay"].astype(jnp.float32)).reshape(-1)
+    out.update({"decay_mean": jnp.mean(decay), "decay_p10": jnp.percentile(decay, 10.0),
+                "decay_p90": jnp.percentile(decay, 90.0)})
+  return out
+
+
 def probe_metrics(model_of, params, inputs) -> dict:
-  """The probe diagnostics of one run (parameter norms, state norms, VLA's cond(A_t),
-  alignment and ||u||; see the module docstring); jit- and vmap-able (a sweep maps it over
-  its stacked runs).
+  """The probe diagnostics of one run (parameter norms, state norms, key collinearity, write
+  strengths and decays, VLA's cond(A_t), alignment and ||u||; see the module docstring); jit-
+  and vmap-able (a sweep maps it over its stacked runs).
 
   Args:
     model_of: params -> `LanguageModel` (`Trainer.model`, `SweepTrainer.model`).
@@ -118,9 +144,10 @@ def probe_metrics(model_of, params, inputs) -> dict:
   recurrent = [i for i, b in enumerate(model.blocks) if getattr(b.mixer, "RECURRENT", False)]
   for i, trace in zip(recurrent, diagnostics.layer_state_norms(model, inputs)):
     out[f"layer{i}.state_norm_end"] = jnp.median(trace[:, -1].reshape(-1))
-  if inputs.shape[1] >= 2:
-    for i, k in diagnostics.recurrent_layer_keys(model, inputs):
-      out[f"layer{i}.key_cos_mean"] = diagnostics.key_collinearity(k)
+  for i, layer in diagnostics.recurrent_layer_inputs(model, inputs):
+    if inputs.shape[1] >= 2:
+      out[f"layer{i}.key_cos_mean"] = diagnostics.key_collinearity(layer["k"])
+    out.update({f"layer{i}.{name}": value for name, value in gate_metrics(layer).items()})
   vla = [i for i, b in enumerate(model.blocks) if isinstance(b.mixer, VLAAttention)]
   if vla:
     for i, layer in zip(vla, diagnostics.vla_layer_inputs(model, inputs)):

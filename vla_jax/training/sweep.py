@@ -17,7 +17,10 @@ a learning rate can be chosen on validation and reported on test.
 
 The stacked state is checkpointed with orbax under `workdir`, so an interrupted sweep resumes
 at its last checkpoint; batches are a pure function of (seed, step). A SIGTERM stops the sweep
-after the step in flight, with a checkpoint at that step (`preemption.StopSignal`).
+after the step in flight, with a checkpoint at that step (`preemption.stop_request`).
+
+The sweep is data-parallel as a single run is: the stacked state is replicated over a data
+mesh of every device (of every process, `distributed`), each batch [R, B, T] split along B.
 """
 
 import concurrent.futures
@@ -33,15 +36,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vla_jax.models import LanguageModel
 from vla_jax.tasks import registry
 from vla_jax.tasks.common import check_int
 from vla_jax.training import checkpoint as ckpt
+from vla_jax.training import distributed
 from vla_jax.training import jsonl
-from vla_jax.training import lock
 from vla_jax.training import loop
 from vla_jax.training import probe as probe_lib
+from vla_jax.training import sharding
 from vla_jax.training.config import ExperimentConfig, data_seed_of
 from vla_jax.training.train import (check_max_targets, count_scores, eval_batches,
                                     eval_buckets, eval_counts, generation_scores, model_loss,
@@ -58,12 +63,18 @@ def _stack(trees):
 class SweepTrainer:
   """The stacked state and the vmapped steps of R runs of one `ExperimentConfig`.
 
+  Args:
+    config, seeds, learning_rates: the experiment and its runs.
+    mesh: a data mesh (`sharding.make_mesh`; default: every device of every process): the
+      state is replicated over it, every batch [R, B, T] split along B.
+
   Attributes:
     runs: [(seed, learning_rate)] in stacking order (seeds outer, rates inner).
-    init_state: {"step": int32 [], "params": pytree with leading axis R, "opt_state": same}.
+    init_state: {"step": int32 [], "params": pytree with leading axis R, "opt_state": same},
+      replicated on the mesh.
   """
 
-  def __init__(self, config: ExperimentConfig, seeds, learning_rates):
+  def __init__(self, config: ExperimentConfig, seeds, learning_rates, mesh=None):
     seeds = [int(s) for s in seeds]
     rates = [float(r) for r in learning_rates]
     if not seeds or not rates:
@@ -74,9 +85,11 @@ class SweepTrainer:
     bad = [r for r in rates if not (r > 0 and math.isfinite(r))]
     if bad:
       raise ValueError(f"learning rates must be positive and finite; got {bad}")
-    if config.train.seq_devices != 1:   # the stacked runs share one device
-      raise ValueError(f"a sweep runs on one device; train.seq_devices must be 1, got "
-                       f"{config.train.seq_devices}")
+    if config.train.seq_devices != 1:
+      raise ValueError(f"a sweep splits batches, not sequences; train.seq_devices must be 1, "
+                       f"got {config.train.seq_devices}")
+    self.mesh = mesh or sharding.make_mesh()
+    config.train.validate(self.mesh.size, self.mesh.shape[sharding.SEQ_AXIS])
     self.config = config
     self.seeds, self.rates = seeds, rates
     self.runs = [(s, r) for s in seeds for r in rates]
@@ -92,11 +105,17 @@ class SweepTrainer:
     params = _stack([per_seed[s] for s, _ in self.runs])
     self.tx, _ = make_optimizer(dataclasses.replace(config.train, learning_rate=1.0))
     self.lrs = jnp.asarray([r for _, r in self.runs], jnp.float32)
-    self.init_state = {"step": jnp.zeros((), jnp.int32), "params": params,
-                       "opt_state": jax.vmap(self.tx.init)(params)}
-    self.train_step = jax.jit(self._train_step, donate_argnums=0)
+    self.init_state = sharding.replicate(self.mesh, {
+        "step": jnp.zeros((), jnp.int32), "params": params,
+        "opt_state": jax.vmap(self.tx.init)(params)})
+    repl = sharding.replicated(self.mesh)
+    self._stacked = NamedSharding(self.mesh, P(None, sharding.DATA_AXIS))   # [R, B, ...]
+    self._jit_train_step = jax.jit(self._train_step,
+                                   in_shardings=(repl,) + (self._stacked,) * 3,
+                                   out_shardings=(repl, repl), donate_argnums=0)
     self.eval_step = jax.jit(jax.vmap(self._eval_one, in_axes=(0, 0, 0, None, None)),
-                             static_argnums=(3, 4))
+                             in_shardings=(repl, self._stacked, self._stacked),
+                             out_shardings=repl, static_argnums=(3, 4))
     # params, probe inputs [R, B, T] -> {name: [R]} (`probe`).
     self.probe_step = jax.jit(jax.vmap(functools.partial(probe_lib.probe_metrics, self.model)))
 
@@ -125,6 +144,10 @@ class SweepTrainer:
       metrics.update(probe_lib.group_norms(grads, "grad"))
     return params, opt_state, metrics
 
+  def train_step(self, state, inputs, labels, segment_ids=None):
+    """One step of every run (`_train_step`), jitted; donates `state`."""
+    return self._jit_train_step(state, inputs, labels, segment_ids)
+
   def _train_step(self, state, inputs, labels, segment_ids=None):
     """inputs, labels (segment_ids of packed rows, or None): [R, B, T]. Returns the new state
     and per-run metrics [R]: loss, accuracy, grad_norm (and with train.diagnostics_every the
@@ -146,6 +169,10 @@ class SweepTrainer:
       check_max_targets(data[s][1], self.max_targets, where=f"seed {s} train batch {step}")
     return tuple(np.stack([data[s][i] for s, _ in self.runs])
                  for i in range(len(data[self.seeds[0]])))
+
+  def device_batch(self, step):
+    """`batch(step)` on the mesh, split along B (each process transfers its devices' rows)."""
+    return tuple(sharding.put(self._stacked, a) for a in self.batch(step))
 
   def probe_inputs(self):
     """Every run's probe batch (`probe.probe_inputs` of its seed): inputs [R, B, T]."""
@@ -174,7 +201,8 @@ class SweepTrainer:
       most = most_targets(labels)     # the head runs at target positions only
       buckets = eval_buckets(name)
       sums = [jax.tree.map(lambda a, n=n: np.asarray(a)[:, :n],
-                           self.eval_step(params, x, y, most, buckets))
+                           self.eval_step(params, sharding.put(self._stacked, x),
+                                          sharding.put(self._stacked, y), most, buckets))
               for x, y, n in eval_batches(inputs, labels, bs, axis=1)]
       sums = {k: np.concatenate([s[k] for s in sums], axis=1) for k in sums[0]}  # [R, N, ...]
       for r in range(self.size):
@@ -188,16 +216,18 @@ class SweepTrainer:
 
 
 def _prefetch(trainer, start, end, depth=4):
-  """Yields trainer.batch(step) for step in [start, end), generated ahead on worker threads."""
+  """Yields trainer.device_batch(step) for step in [start, end), generated ahead on worker
+  threads."""
   # Several workers: NumPy's generators and sorts release the GIL, and task data (MQAR at
   # zoology's vocabulary, T = 512: ~6 ms a batch of 128 per seed on a slow CPU core) can
   # otherwise bound the step rate, more so with many processes sharing the host's cores.
   with concurrent.futures.ThreadPoolExecutor(min(depth, 4)) as pool:
-    pending = [pool.submit(trainer.batch, s) for s in range(start, min(end, start + depth))]
+    pending = [pool.submit(trainer.device_batch, s)
+               for s in range(start, min(end, start + depth))]
     for step in range(start, end):
       batch = pending.pop(0).result()
       if step + depth < end:
-        pending.append(pool.submit(trainer.batch, step + depth))
+        pending.append(pool.submit(trainer.device_batch, step + depth))
       yield step, batch
 
 
@@ -216,8 +246,11 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
       A SIGTERM stops the sweep the same way, after the step in flight.
     log: called with progress lines.
 
+  With several processes (`distributed`) every process calls it alike and gets the rows;
+  process 0 writes the files and calls `log`.
+
   Raises:
-    lock.WorkdirInUseError: another process is running in `workdir` (see `lock`).
+    lock.WorkdirInUseError: another run holds `workdir` (see `lock`).
 
   Returns:
     [] when stopped before the last step or by a SIGTERM (a rerun with the same workdir
@@ -231,7 +264,7 @@ def train_sweep(config: ExperimentConfig, seeds, learning_rates, workdir, *, sto
   if stop_after is not None:
     check_int("stop_after", stop_after, 1)
   trainer = SweepTrainer(config, seeds, learning_rates)
-  with lock.WorkdirLock(workdir):
+  with distributed.hold_workdir(workdir):
     return _train_sweep(trainer, workdir, stop_after, log, start_time)
 
 
@@ -269,5 +302,6 @@ def _train_sweep(trainer, workdir, stop_after, log, start_time):
                  "train_loss": float(losses[r]) if known and math.isfinite(losses[r]) else None,
                  "diverged": not math.isfinite(losses[r]) if known else None, "test": test[r],
                  "validation": validation[r], "wall_s": wall, "git_commit": out.git_commit})
-  jsonl.write_rows(os.path.join(workdir, RESULTS_FILE), rows)
+  if distributed.is_primary():
+    jsonl.write_rows(os.path.join(workdir, RESULTS_FILE), rows)
   return rows

@@ -18,7 +18,7 @@ from vla_jax.tasks import text as text_task
 from vla_jax.tasks.common import check_examples, check_int
 from vla_jax.training import checkpoint as ckpt
 from vla_jax.training import curves
-from vla_jax.training import lock
+from vla_jax.training import distributed
 from vla_jax.training import loop
 from vla_jax.training import probe as probe_lib
 from vla_jax.training import provenance
@@ -142,13 +142,13 @@ class Trainer:
         "opt_state": self.tx.init(params),
     })
     repl = sharding.replicated(self.mesh)
-    data = sharding.batch_sharding(self.mesh)
     tokens = sharding.token_sharding(self.mesh)
     self._jit_train_step = jax.jit(self._on_mesh(self._train_step),
                                    in_shardings=(repl, tokens, tokens, tokens),
                                    out_shardings=(repl, repl), donate_argnums=0)
+    # Sums replicated: every process reads them whole (one process or several).
     self.eval_step = jax.jit(self._on_mesh(self._eval_step), in_shardings=(repl, tokens, tokens),
-                             out_shardings=data, static_argnums=(3, 4))
+                             out_shardings=repl, static_argnums=(3, 4))
     # params, probe inputs -> {name: scalar} (`probe`; train.diagnostics_every > 0).
     self.probe_step = jax.jit(functools.partial(probe_lib.probe_metrics, self.model))
 
@@ -164,7 +164,8 @@ class Trainer:
 
   def batches(self, start, end):
     """Yields (step, device batch) for the steps in [start, end): inputs, labels [B, T] (and
-    the segment ids [B, T] of packed rows) on the mesh."""
+    the segment ids [B, T] of packed rows) on the mesh. Each process draws the global batch
+    of (seed, step) and transfers the part its devices hold (`sharding.shard_batch`)."""
     tc = self.config.train
     for step in range(start, end):
       batch = self.task.train_batch(data_seed_of(tc), step, tc.batch_size)  # (+ segment_ids)
@@ -302,6 +303,10 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
   `workdir/tb`. Progress lines give
   steps/s without compilation, evaluations and checkpoints, and the time left.
 
+  A run of several processes (`distributed.initialize` first) calls this on every process
+  with the same arguments: the mesh then spans every process's devices, process 0 writes the
+  files and calls `log` (`distributed`), and every process returns the summary.
+
   Args:
     config: an `ExperimentConfig` (see `vla_jax.training.config.from_config_dict`).
     workdir: output folder.
@@ -310,28 +315,30 @@ def train_and_evaluate(config: ExperimentConfig, workdir, *, stop_after=None, me
       `config.train.num_steps`. None runs to the end. A SIGTERM stops the run too, after
       the step in flight, with a checkpoint at that step and no evaluation (`evals` None
       unless a periodic one fell on that step); rerunning with the same workdir resumes
-      there.
+      there. With several processes a SIGTERM to any of them stops all after the same step
+      (`preemption.PreemptionSync`).
     mesh: a `jax.sharding.Mesh` with axes "data" and "seq" (`sharding.make_mesh`; default:
-      every visible device, train.seq_devices of them along each sequence).
-    log: called with each progress line.
+      every device of every process, train.seq_devices of them along each sequence).
+    log: called with each progress line (on process 0).
 
   Raises:
-    lock.WorkdirInUseError: another process is running in `workdir` (see `lock`).
+    lock.WorkdirInUseError: another run holds `workdir` (see `lock`).
 
   Returns:
     A summary dict: task, mixer, accuracy (first evaluation set), exact_match, for the text
-    task bits_per_byte (first set), evals (all sets), steps, train_loss (the last logged), wall_s (over every segment of a resumed run,
-    as the metrics rows' `elapsed_s`), compile_s (this segment's first step; None when it
-    trained none), devices, workdir, git_commit (`provenance.git_commit`). The scores are
+    task bits_per_byte (first set), evals (all sets), steps, train_loss (the last logged),
+    wall_s (over every segment of a resumed run, as the metrics rows' `elapsed_s`),
+    compile_s (this segment's first step; None when it trained none), devices (of every
+    process), processes, workdir, git_commit (`provenance.git_commit`). The scores are
     always those of step `steps`, never of an earlier periodic evaluation: a run stopped by
-    SIGTERM has accuracy, exact_match and evals None. No NaN appears, so the summary dumps as strict
-    JSON.
+    SIGTERM has accuracy, exact_match and evals None. No NaN appears, so the summary dumps as
+    strict JSON.
   """
   start_time = time.time()
   if stop_after is not None:
     check_int("stop_after", stop_after, 1)
   trainer = Trainer(config, mesh)
-  with lock.WorkdirLock(workdir):
+  with distributed.hold_workdir(workdir):
     return _train(trainer, workdir, stop_after, log, start_time)
 
 
@@ -365,6 +372,7 @@ def _train(trainer, workdir, stop_after, log, start_time):
       "wall_s": out.wall_s(),
       "compile_s": out.compile_s and round(out.compile_s, 2),
       "devices": trainer.mesh.size,
+      "processes": jax.process_count(),
       "workdir": os.path.abspath(workdir),
       "git_commit": out.git_commit,
   }

@@ -12,7 +12,8 @@ NAMES = {"vla": "VLA", "softmax": "softmax (cuDNN)", "gated_deltanet": "Gated De
 
 
 def load(path):
-  """(header, rows) of a bench_model.py JSON-lines file."""
+  """(header, rows) of a JSON-lines file of a header line and rows (bench_model.py's, one
+  bench.py run's)."""
   header, rows = {}, []
   with open(path) as f:
     for line in f:

@@ -731,7 +731,8 @@ def correctness_block(rows):
   checks = [r for r in rows if r.get("pass") == "check"]
   if not checks:
     return "No check rows."
-  checks.sort(key=lambda r: (r.get("d") or 0, str(r.get("dtype")), str(r.get("precision")),
+  checks.sort(key=lambda r: (r.get("op") != "vla", str(r.get("op")), r.get("d") or 0,
+                             str(r.get("dtype")), str(r.get("precision")),
                              str(r.get("u")), bool(r.get("packed")), r.get("T") or 0))
   notes = any(r.get("note") for r in checks)
   body = []
@@ -746,21 +747,21 @@ def correctness_block(rows):
     if r.get("forward_bound"):
       bounds += f"; o, S, A {fmt(r['forward_bound'])}"
     ratio, name = worst_to_bound(r)
-    body.append([r.get("d"), r.get("impl"), r.get("dtype"), r.get("precision") or "-",
+    body.append([r.get("op") or "vla", r.get("d"), r.get("impl"), r.get("dtype"), r.get("precision") or "-",
                  r.get("u") or "-", "yes" if r.get("packed") else "-",
                  f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
                  worst(fwd), worst(grad) if grad else "-", bounds,
                  f"{fmt(ratio, 2)} ({name})" if ratio is not None else "-", r.get("status")]
                 + ([(r.get("note") or "").replace("|", "/")[:120]] if notes else []))
   return ("Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
-          "A_T forward; the gradients of a weighted sum of them), on the GPU at the rows' "
+          "A_T forward (the baselines: o, S_T); the gradients of a weighted sum of them), on the GPU at the rows' "
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
           "rows normalised, the scale a trained layer gives); packed rows hold documents of about "
           "300 tokens (`segment_ids`), checked against impl=\"chunked\" on the same documents. "
           "Bounds: `bound` on every error, "
           "du's own with anisotropic u, the forward's own at float32 HIGHEST "
-          "(`experiments/lab/benchmarks/check.py`).\n\n"
-          + table(["d", "impl", "dtype", "precision", "u", "packed", "T", "B", "worst forward",
+          "(`experiments/lab/benchmarks/check.py`, the baselines' in `check_baselines.py`).\n\n"
+          + table(["op", "d", "impl", "dtype", "precision", "u", "packed", "T", "B", "worst forward",
                    "worst gradient", "bounds", "worst / its bound", "status"]
                   + (["note"] if notes else []), body))
 
@@ -791,7 +792,9 @@ SECTIONS = (("verdict", "## Verdict"), ("sources", "## Rows and method"),
             ("floor", "## VLA pallas against the hardware floor"),
             ("field", "## fla's DeltaNet kernel on the same measures"),
             ("time", "## Where VLA pallas's time goes"), ("profile", "## Per-kernel profile"),
-            ("memory", "## Peak device memory"), ("model", "## Whole-model training step"),
+            ("memory", "## Peak device memory"),
+            ("baselines", "## Baseline kernels against fla"),
+            ("model", "## Whole-model training step"),
             ("correctness", "## Correctness against float64"),
             ("not_measured", "## Rows not measured"))
 

@@ -122,3 +122,67 @@ def plot_seed_runs(panels, path):
       ax.set_xlabel("step")
     row[0].legend(fontsize=7)
   _save(fig, path)
+
+
+def plot_text(entries, curve_data, path):
+  """The language-modelling figure (`lab.report.text`'s summary entries and curves), three
+  panels: test bits per byte against evaluation length, by position at T, training curves."""
+  plt = _pyplot()
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  for e in entries:
+    if e["test"]:
+      Ls = sorted(e["test"])
+      axes[0].plot(Ls, [e["test"][L][0] for L in Ls], "o-", label=e["name"])
+    if e["by_position"]:
+      axes[1].plot(range(1, len(e["by_position"]) + 1), e["by_position"], "o-",
+                   label=e["name"])
+    if e["label"] in curve_data:
+      steps, bpb, _ = curve_data[e["label"]]
+      axes[2].plot(steps, bpb, label=e["name"])
+  axes[0].set(xscale="log", xlabel="evaluation length (bytes)", ylabel="test bits per byte",
+              title="length extrapolation")
+  axes[1].set(xlabel="position bucket (of T, in order)", ylabel="test bits per byte",
+              title="by position at T")
+  axes[2].set(xlabel="step", ylabel="training loss (bits per byte)", title="training")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  _save(fig, path)
+
+
+def plot_weights_or_data(summary, steps, solved, path):
+  """Two panels: the escape step by initialisation seed (rows) and data seed (columns), failed
+  runs crossed; layer 0's key collinearity through training, solved runs blue, failed red.
+  summary: `lab.report.studies.weights_or_data_summary`; steps: the runs' training steps (the
+  colour scale's top); solved: the test accuracy from which a run is solved."""
+  plt = _pyplot()
+  grid, inits, datas = summary["grid"], summary["inits"], summary["datas"]
+  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+  escape = lambda p: grid[p]["escape"] if p in grid and grid[p]["escape"] is not None else None
+  z = np.array([[np.nan if escape((i, d)) is None else escape((i, d)) for d in datas]
+                for i in inits], np.float64)
+  im = ax.imshow(z, cmap="viridis", vmin=0, vmax=steps, origin="upper")
+  for a, i in enumerate(inits):
+    for b, d in enumerate(datas):
+      r = grid.get((i, d))
+      if r is None:
+        ax.text(b, a, "pending", ha="center", va="center", fontsize=7)
+      elif r["accuracy"] < solved:
+        ax.text(b, a, "x", ha="center", va="center", color="C3", fontsize=14)
+  ax.set_xticks(range(len(datas)), [str(d) for d in datas])
+  ax.set_yticks(range(len(inits)), [str(i) for i in inits])
+  ax.set_xlabel("data seed")
+  ax.set_ylabel("initialisation seed")
+  ax.set_title("step leaving the plateau (x: failed)")
+  fig.colorbar(im, ax=ax)
+  for r in grid.values():
+    series = r["probes"].get("layer0.key_cos_mean", [])
+    if series:
+      ax2.plot([p[0] for p in series], [p[1] for p in series],
+               color="C0" if r["accuracy"] >= solved else "C3", lw=1, alpha=0.7)
+  ax2.plot([], [], color="C0", label=f"solved (test >= {solved})")
+  ax2.plot([], [], color="C3", label="failed")
+  ax2.set_xlabel("step")
+  ax2.set_ylabel("layer 0 key collinearity (mean |cos|)")
+  ax2.legend(fontsize=8)
+  _save(fig, path)

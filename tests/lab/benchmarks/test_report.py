@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from lab import markers
-from lab.benchmarks import check, model_report, report
+from lab.benchmarks import baseline_report, check, model_report, report
 
 TS = (1024, 2048, 4096, 8192, 16384)
 
@@ -175,6 +175,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 BENCH, PLOTS = "results/bench", "results/plots"
 PROFILE = "results/bench/decisions/profile_h200.json"
 MODEL = "results/bench/model/model_h100.jsonl"
+BASELINES = "results/bench/baselines/h100_delta.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +193,9 @@ def test_regenerating_the_blocks_leaves_benchmarks_md_unchanged(committed):
   blocks = report.blocks(headers, rows_, plots, str(out),
                          report.regenerate_command(BENCH, "BENCHMARKS.md", PLOTS, PROFILE),
                          profile, PROFILE,
-                         {"model": model_report.block(*model_report.load(str(ROOT / MODEL)))})
+                         {"baselines": baseline_report.block(
+                             *model_report.load(str(ROOT / BASELINES))),
+                          "model": model_report.block(*model_report.load(str(ROOT / MODEL)))})
   assert markers.block_names(text) == list(blocks)
   assert markers.replace_blocks(text, blocks) == text
 

@@ -36,8 +36,8 @@ def initial_vla_state(batch: int, heads: int, dk: int, dv: int, *, lam0: float =
   return VLAState(S=jnp.zeros((batch, heads, dv, dk), dtype), A=A)
 
 
-def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
-                   lam0: float = 1.0, initial_state: VLAState | None = None,
+def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array,
+                   beta: jax.Array | None = None, *, lam0: float = 1.0, initial_state: VLAState | None = None,
                    impl: str | Impl = "chunked", chunk_size: int = 64,
                    segment_ids: jax.Array | None = None,
                    precision: str | jax.lax.Precision | None = None) -> tuple[jax.Array, VLAState]:
@@ -46,8 +46,12 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
       khat_t = k_t / ||k_t||   (0 where ||k_t|| <= eps = 1e-6)
       A_t = A_{t-1} - z_t z_t^T / (1 + u_t^T z_t),   z_t = A_{t-1} u_t   (Sherman-Morrison)
       a_t = A_t khat_t / ||A_t khat_t||   (0 where <= 1e-12)                (unit write direction)
-      S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T                          (erase khat, write a)
+      S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T                   (erase khat, write a)
       o_t = S_t q_t
+
+with beta_t = 1 (the authors' recurrence) unless a write strength `beta` is given: then
+S_t is S_{t-1} moved a fraction beta_t of the way to the write of strength 1 (beta_t = 1:
+the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
 
   A_t = (lam0 I + sum_{s<=t} u_s u_s^T)^-1 is the inverse of the least-squares penalty, so S_t
   is the online solution of min_S sum_s ||v_s - S khat_s||^2 + tr(S M_t S^T).
@@ -58,8 +62,8 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   no gradient spikes); norms are scale-safe (keys up to the float32 range).
 
   Non-finite inputs stay causal (`vla_jax.ops.nonfinite`): a NaN or Inf at token t in k, u,
-  or in v where k_t != 0, leaves every output before t and its gradient unchanged and finite;
-  o from t on (to the end of its document with `segment_ids`) and the final state (where the
+  or in v or beta where k_t != 0, leaves every output before t and its gradient unchanged and
+  finite; o from t on (to the end of its document with `segment_ids`) and the final state (where the
   row's last document holds t) are NaN; outputs and gradients of the other documents are as
   without it. A non-finite q_t makes o_t alone NaN.
 
@@ -78,6 +82,10 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     k: [B, T, H, dk] keys (feature-mapped; unit-normalised here with eps = 1e-6).
     v: [B, T, H, dv] values.
     u: [B, T, H, dk] penalty directions.
+    beta: None (default: every write of strength 1) or [B, T, H] write strengths (usually in
+      (0, 1), the layer's sigmoid(W_beta x)): the write key is beta_t a_t. A value at a token
+      whose key is zero is still dropped, whatever beta is. Not taken by the Pallas kernels
+      (impl "pallas" and "pallas_interpret" raise ValueError naming it).
     lam0: ridge strength (> 0, a real number) of the initial penalty; used when
       `initial_state` is None and at every document start of `segment_ids`. Computing in
       float32, each impl takes lam0 >= `checks.MIN_LAM0_FLOAT32[impl]` (1e-3 for "chunked",
@@ -131,6 +139,12 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   checks.check_tokens("k", k, batch=B, time=T, heads=H, dim=dk)
   dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
   checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
+  if beta is not None:
+    checks.check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
+    if impl in KERNEL_IMPLS:
+      raise ValueError(f"impl={impl.value!r} does not take beta (a write strength): the "
+                       "kernels write with strength 1; use impl='chunked' (or 'scan', "
+                       "'associative_scan')")
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   if segment_ids is not None:
     checks.check_positive("lam0", lam0)
@@ -141,7 +155,7 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
   if initial_state is not None and not isinstance(initial_state, VLAState):
     raise TypeError("initial_state must be a VLAState(S, A) or None; got "
                     f"{type(initial_state).__name__}")
-  dtype = checks.compute_dtype(q, k, v, u, *(initial_state or ()))
+  dtype = checks.compute_dtype(q, k, v, u, beta, *(initial_state or ()))
   if initial_state is None or segment_ids is not None:   # lam0 is used
     checks.check_lam0(lam0, impl, dtype)
   if initial_state is None:
@@ -176,8 +190,10 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
                          interpret=True if impl is Impl.PALLAS_INTERPRET else None)
     return (guard.outputs(o[..., :dv]),
             VLAState(S=guard.state(S[:, :, :dv]), A=guard.state(A)))
-  guard, q, k, (u,), (v,) = nonfinite.contain(q, k, (u,), (v,), starts=starts)
-
+  # beta is a write, as v: non-finite where the key is zero, it writes nothing.
+  guard, q, k, (u,), writes = nonfinite.contain(q, k, (u,), (v,) if beta is None else (v, beta),
+                                                starts=starts)
+  v, beta = writes if len(writes) == 2 else (writes[0], None)
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)
@@ -197,6 +213,9 @@ def vla_recurrence(q: jax.Array, k: jax.Array, v: jax.Array, u: jax.Array, *,
     else:
       W, A = penalty_chunked_documents(khat, u, A0, chunk_size, *docs, precision)
     core = lambda *args, **kw: delta_rule_chunked(*args[:6], chunk_size, args[6], **kw)
-  o, S = core(q, khat, unit(W, WRITE_EPS), v, None, S0, starts, precision=precision)
+  a = unit(W, WRITE_EPS)
+  if beta is not None:
+    a = beta.astype(dtype)[..., None] * a
+  o, S = core(q, khat, a, v, None, S0, starts, precision=precision)
   return (guard.outputs(o.astype(out_dtype)),
           VLAState(S=guard.state(S), A=guard.state(A)))
