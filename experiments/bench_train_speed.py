@@ -5,7 +5,8 @@ T = 8,192 and 32,768 (d_model 512, 8 heads of 64, bfloat16, batch 8), each with 
 default impl): one short train.py run each, one at a time (`lab.benchmarks.train_speed`).
 
     python experiments/bench_train_speed.py --workdir=OUT --out=OUT/train_speed.jsonl
-    ... the same command again resumes a file cut short (same commit and device), then
+    ... the same command again resumes a file cut short (same commit and device; the commit
+    is `VLA_JAX_GIT_COMMIT` where the tree is not a git checkout), then
     cp OUT/train_speed.jsonl results/bench/train_speed/train_speed.jsonl
     python experiments/report_benchmarks.py     # BENCHMARKS.md "Training speed with ..."
 
@@ -33,8 +34,10 @@ _SETTINGS = flags.DEFINE_list("settings", [], "Settings to run (all when empty):
                               "long_8192, long_32768.")
 _COLUMNS = flags.DEFINE_list("columns", [], "Columns to run (all when empty): vla, "
                              "vla_chunked, softmax, gated_deltanet, deltanet.")
-_BUDGET = flags.DEFINE_float("budget_s", 480.0, "No run starts after this many seconds.")
-_TIMEOUT = flags.DEFINE_float("timeout_s", 240.0, "A run without its last row by then is "
+# A call within 10 minutes: the last run starts by budget_s and ends by timeout_s (a run takes
+# well under a minute).
+_BUDGET = flags.DEFINE_float("budget_s", 420.0, "No run starts after this many seconds.")
+_TIMEOUT = flags.DEFINE_float("timeout_s", 150.0, "A run without its last row by then is "
                               "stopped (status timeout).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "T = 64, a tiny model, 4 steps (a CPU check).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the runs' commands and the estimate; "

@@ -187,7 +187,7 @@ def _tail(text, n=400):
   return " ".join(text.split())[-n:]
 
 
-def measure(run, *, root, workdir, platform, env=None, timeout_s=240.0, stop_s=20.0,
+def measure(run, *, root, workdir, platform, env=None, timeout_s=150.0, stop_s=20.0,
             poll_s=0.2):
   """Runs `run` in `workdir`/runs/<name> (a fresh folder; its log in `workdir`/logs) until its
   last metrics row is written, stops it and returns the row's fields (without device and
@@ -247,7 +247,7 @@ def _header_matches(header, fresh):
   return all(header.get(k) == fresh.get(k) for k in keep)
 
 
-def run_all(runs, *, root, workdir, out, smoke=False, budget_s=480.0, timeout_s=240.0,
+def run_all(runs, *, root, workdir, out, smoke=False, budget_s=420.0, timeout_s=150.0,
             stop_s=20.0, restart=False, log=print):
   """Measures `runs` one at a time, none started after `budget_s`, and writes their rows to
   `out` (the module docstring: resumed or started anew). Returns the rows written by this
