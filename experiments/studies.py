@@ -1,5 +1,5 @@
-r"""Runs one of four studies of VLA's failing seeds, the authors' layer and the baselines, each
-a list of experiments/sweep.py jobs (`lab.studies`), resumable over calls.
+r"""Runs one of five studies of VLA's failing seeds, the authors' layer, the baselines and mixed
+precision, each a list of experiments/sweep.py jobs (`lab.studies`), resumable over calls.
 
     python experiments/studies.py --study=weights_or_data --workdir=OUT/weights_or_data
     ... the same command again (OUT kept) until --list shows every job done, then
@@ -29,6 +29,13 @@ writes its rows):
                    all, 2 jobs a GPU (GDN at T = 512 ran out of memory at 9 at once), four to
                    six calls; --only=collapse runs the collapse part alone, --only=-d64- the
                    smaller width.
+  parity           12 jobs (3 mixers x 2 cells x float32 / bfloat16) x 3 seeds, 2,000 steps,
+                   T = 256 and 512, d_model 128, 6 at once (72,000 run-steps; a 3-seed
+                   T = 512 job ran 68-89 steps/s alone on the H200, about 126 in all at 4 at
+                   once, so the 12,000 job-steps at T = 512 take about 100 s and those at
+                   T = 256, half the tokens, about 50 s, with two waves of start-up and
+                   compilation, 30-40 s each): about 4 minutes on the H200, 4-5 on one H100,
+                   one call.
 
 Each call runs the jobs not done yet, none started after --budget_s, stops (with a checkpoint)
 those still running at --budget_s + --grace_s, and a later call resumes them; the baselines'
@@ -46,8 +53,9 @@ from absl import app, flags
 
 from lab import cli
 
-# Jobs a GPU by study: all at once for the small ones; two at T = 512.
-PER_GPU = {"weights_or_data": 5, "fix": 8, "authors": 6, "baselines": 2}
+# Jobs a GPU by study: all at once for the small ones; two at T = 512 for the baselines' sweeps
+# of 9 runs, six of 3 runs for the parity study (half its jobs at T = 512).
+PER_GPU = {"weights_or_data": 5, "fix": 8, "authors": 6, "baselines": 2, "parity": 6}
 CAPACITY_ROWS = "results/training/mqar_capacity_h200.jsonl"
 
 _STUDY = flags.DEFINE_enum("study", None, list(PER_GPU), "The study to run.")

@@ -1,5 +1,6 @@
-"""Four studies of VLA's failing seeds, the authors' layer and the baselines: their jobs, and
-their rows and run files read from a workdir or from their copy under results/training/.
+"""Five studies of VLA's failing seeds, the authors' layer, the baselines and mixed precision:
+their jobs, and their rows and run files read from a workdir or from their copy under
+results/training/.
 
 Each study is a list of `lab.grid.Job`s (experiments/sweep.py calls that vmap a job's seeds and
 rates in one process), run by `lab.grid.run_grid` from experiments/studies.py; its rows go to
@@ -33,6 +34,13 @@ sweep_results.jsonl: the runs in the lists' order).
                    rows had it: `lab.grid.EARLIER_GDN`) again with its gate values probed
                    every 100 steps, at JAX's default matmul precision and at "highest"
                    (JAX_DEFAULT_MATMUL_PRECISION, recorded in the rows' "matmul_precision").
+  parity           mixed precision against float32: VLA (its defaults, pinned), DeltaNet and
+                   Gated DeltaNet as fla configures it (the layer's defaults, pinned) at two
+                   zoology cells (T = 256 / 16 pairs and T = 512 / 64 pairs, d_model 128, 4
+                   heads), seeds 0-2, PARITY_STEPS steps, each at the rate the zoology rows
+                   chose for its mixer and cell (`PARITY_RATES`), once with
+                   configs/mqar_zoology.py (float32) and once with configs/mqar_zoology_bf16.py
+                   (bfloat16 activations, float32 parameters and states; the rows' "precision").
 
 A study's copy under results/training/studies/<study>/ (`export`): rows.jsonl (the rows file),
 and per job `<stem>_metrics.jsonl` (metrics.jsonl without parameter norms, floats to 4
@@ -46,7 +54,7 @@ import os
 from lab import grid
 from vla_jax.training import jsonl
 
-STUDIES = ("weights_or_data", "fix", "authors", "baselines")
+STUDIES = ("weights_or_data", "fix", "authors", "baselines", "parity")
 # Where `export` puts a study's files, under results/training (the report reads them there).
 EXPORT_FOLDER = "studies"
 
@@ -104,6 +112,33 @@ BASELINES = (
 COLLAPSE = dict(d_model=128, rate="1e-3", steps=4000, diagnostics_every=100,
                 precisions=("default", "highest"))
 PRECISION_ENV = "JAX_DEFAULT_MATMUL_PRECISION"
+
+# Mixed precision against float32: (label, mixer, overrides) with each layer's defaults pinned
+# (VLA's as VLA_DEFAULTS; Gated DeltaNet's are fla's: output gate with gated RMSNorm, values
+# twice the key width, fla's gate initialisation).
+PARITY_MIXERS = (
+    ("vla", "vla", VLA_DEFAULTS),
+    ("deltanet", "deltanet", {}),
+    ("gdn_fla", "gated_deltanet",
+     {GDN + "output_gate": True, GDN + "expand_v": 2, GDN + "gate_init": "fla"}),
+)
+PARITY_CELLS = ((256, 16, 128, 4), (512, 64, 128, 4))     # (T, n_pairs, d_model, heads)
+# The rate the zoology rows chose on validation for the mixer and cell (4,000 steps,
+# results/training/mqar_zoology_h200.jsonl with zoology_tuned_h200.jsonl, as RESULTS.md section
+# 5 chooses; tests/lab/test_studies.py checks these against those rows): VLA's are the rows of
+# penalty scale 1 (label vla_p1, the layer's default); Gated DeltaNet's are the rows of the
+# earlier layer (label gated_deltanet: no output gate, values of the key width), the only
+# Gated DeltaNet rows at d_model 128, which at T = 512 stayed near chance at every rate.
+PARITY_RATES = {("vla", 256): "1e-2", ("vla", 512): "3e-3",
+                ("deltanet", 256): "1e-3", ("deltanet", 512): "3e-3",
+                ("gdn_fla", 256): "3e-3", ("gdn_fla", 512): "1e-3"}
+PARITY_ZOOLOGY_LABELS = {"vla": "vla_p1", "deltanet": "deltanet", "gdn_fla": "gated_deltanet"}
+# (name in job names and rows, config file): float32, then bfloat16 activations with float32
+# parameters and states.
+PARITY_PRECISIONS = (("float32", "configs/mqar_zoology.py"),
+                     ("bfloat16", "configs/mqar_zoology_bf16.py"))
+PARITY_SEEDS = (0, 1, 2)
+PARITY_STEPS = 2000
 
 
 def _job(study, name, config, overrides, rates, tag, seeds, env=()):
@@ -191,11 +226,27 @@ def baseline_jobs(rows=(), overrides=None):
   return out
 
 
+def parity_jobs():
+  """The parity study: per mixer and cell, the float32 job and then the bfloat16 one (so that
+  the two of a cell run at once and a stopped call leaves pairs)."""
+  out = []
+  for label, mixer, extra in PARITY_MIXERS:
+    for T, n, d_model, heads in PARITY_CELLS:
+      cell, tag = _zoology(T, n, d_model, heads, PARITY_STEPS)
+      for precision, config in PARITY_PRECISIONS:
+        out.append(_job("parity", f"T{T}-d{d_model}-{label}-{precision}", f"{config}:{T}",
+                        {"model.mixer": mixer, **cell, **extra},
+                        (PARITY_RATES[(label, T)],),
+                        {**tag, "label": label, "precision": precision}, PARITY_SEEDS))
+  return out
+
+
 def jobs(study, rows=(), overrides=None):
   """The jobs of `study` (one of STUDIES), in start order; `rows` (the study's rows so far,
   those made with `overrides` where given) plan the baselines' 12,000-step jobs."""
   makers = {"weights_or_data": weights_or_data_jobs, "fix": fix_jobs,
-            "authors": authors_jobs, "baselines": lambda: baseline_jobs(rows, overrides)}
+            "authors": authors_jobs, "baselines": lambda: baseline_jobs(rows, overrides),
+            "parity": parity_jobs}
   if study not in makers:
     raise ValueError(f"study must be one of {', '.join(STUDIES)}; got {study!r}")
   return makers[study]()

@@ -1,12 +1,15 @@
 """lab.studies and experiments/studies.py: every study's jobs build valid configurations and pin
-their settings, the baselines plan their 12,000-step jobs from finished sweeps, a study's files
-go to its results folder and back, and the script lists, summarises and exports without
-training (the CPU smoke that trains every study's jobs a few steps is the script's docstring's
+their settings, the baselines plan their 12,000-step jobs from finished sweeps, the parity
+study's rates are those the zoology rows chose, a study's files go to its results folder and
+back, and the script lists, summarises and exports without training; one parity job (mixed
+precision) trains two steps of a tiny model on the CPU, then its table and export read its rows
+(the CPU smoke that trains every study's jobs at their sizes is the script's docstring's
 command with --override=train.num_steps=4; not run here: minutes a job)."""
 
 import importlib
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -14,7 +17,8 @@ from conftest import run_scripts
 from lab import grid, studies
 from vla_jax.training import from_config_dict, jsonl
 
-STUDY = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "studies.py"
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+STUDY = ROOT / "experiments" / "studies.py"
 
 
 def _config(job):
@@ -26,7 +30,8 @@ def _config(job):
 
 
 @pytest.mark.parametrize("study,n_jobs,runs", [("weights_or_data", 5, 25), ("fix", 8, 80),
-                                                ("authors", 6, 54), ("baselines", 10, 78)])
+                                                ("authors", 6, 54), ("baselines", 10, 78),
+                                                ("parity", 12, 36)])
 def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
   jobs = studies.jobs(study)
   assert len(jobs) == n_jobs and len({j.name for j in jobs}) == n_jobs
@@ -59,6 +64,20 @@ def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
     assert (fla.head_dim, fla.num_heads, fla.options["expand_v"]) == (32, 2, 2)
     matched = [from_config_dict(_config(j)).model for j in jobs if "_h64" in j.name]
     assert {(m.head_dim, m.num_heads * 64) for m in matched} == {(64, 64), (64, 128)}
+  if study == "parity":   # each (mixer, cell) once per precision, at one rate
+    pairs = {}
+    for job in jobs:
+      exp = from_config_dict(_config(job))
+      task, T = dict(exp.task_fields), job.tag["seq_len"]
+      assert (exp.model.dtype, exp.model.param_dtype) == (job.tag["precision"], "float32")
+      assert (exp.model.d_model, exp.model.num_heads, task["seq_len"], task["n_pairs"]) == (
+          128, 4, T, {256: 16, 512: 64}[T])
+      assert job.rates == (studies.PARITY_RATES[(job.tag["label"], T)],)
+      if exp.model.mixer == "gated_deltanet":
+        assert (exp.model.options["output_gate"], exp.model.options["expand_v"],
+                exp.model.options["gate_init"]) == (True, 2, "fla")
+      pairs.setdefault((job.tag["label"], T), []).append(job.tag["precision"])
+    assert len(pairs) == 6 and set(map(tuple, pairs.values())) == {("float32", "bfloat16")}
 
 
 def _baseline_rows(label, d_model, accuracies, seeds=(0, 1, 2)):
@@ -85,6 +104,19 @@ def test_baselines_plan_the_long_job_at_the_rate_chosen_on_validation():
   plan = lambda o: [j.name for j in studies.jobs("baselines", smoke, o) if "-s12000-" in j.name]
   assert plan([("train.num_steps", "4")]) == plan(None) == [long[0].name]
   assert plan(()) == []
+
+
+def test_parity_rates_are_those_the_zoology_rows_chose():
+  """Each parity rate is the one the committed zoology rows (4,000 steps) chose on validation
+  for its mixer's zoology label and cell, as RESULTS.md section 5 chooses."""
+  rows = [r for f in ("mqar_zoology_h200.jsonl", "zoology_tuned_h200.jsonl")
+          for r in jsonl.read_rows(str(ROOT / "results" / "training" / f))]
+  chosen = grid.best_rate_table(rows, steps=4000)
+  for (label, T), rate in studies.PARITY_RATES.items():
+    cell = (T, 128, studies.PARITY_ZOOLOGY_LABELS[label])
+    assert grid.rate_name(chosen[cell]["rate"]) == rate, (label, T)
+  assert set(studies.PARITY_RATES) == {(label, T) for label, *_ in studies.PARITY_MIXERS
+                                       for T, *_ in studies.PARITY_CELLS}
 
 
 def _fake_workdir(workdir):
@@ -149,3 +181,34 @@ def test_the_script_lists_summarises_and_exports(tmp_path):
   assert "| 1 | 2 | 0.250 | never | 0.99 / 0.12 | n/a |" in text
   assert export.stdout.startswith("copied the rows and 1 jobs' files")
   assert json.loads((tmp_path / "out" / "rows.jsonl").read_text().splitlines()[0])["seed"] == 0
+
+
+# A tiny model on the CPU: the job's config and settings but for the widths, batch and steps.
+TINY = ["train.num_steps=2", "train.batch_size=2", "train.eval_examples=2",
+        "train.eval_batch_size=2", "train.warmup_steps=1", "model.d_model=16",
+        "model.num_heads=2", "model.head_dim=8", "model.mlp_ratio=1"]
+
+
+def test_a_mixed_precision_parity_job_trains_then_reads_in_its_table(tmp_path):
+  """The bfloat16 Gated DeltaNet job (configs/mqar_zoology_bf16.py) trains its three seeds two
+  steps; its rows say bfloat16 activations and float32 parameters, --summary puts them in the
+  bfloat16 column (its float32 pair pending) and --export copies them."""
+  work, job = tmp_path / "work", "parity-T256-d128-gdn_fla-bfloat16"
+  common = [STUDY, "--study=parity", f"--workdir={work}"]
+  ran, summary, export = run_scripts(
+      [*common, f"--only={job}", *(f"--override={o}" for o in TINY)],
+      [*common, "--summary"], [*common, f"--export={tmp_path / 'out'}"], cwd=ROOT)
+  assert ran.returncode == 0, ran.stderr[-3000:]
+  assert f"done {job} rates 3e-3 num_steps=2" in ran.stdout, ran.stdout[-2000:]
+  rows = jsonl.read_rows(str(work / "parity.jsonl"))
+  assert [r["seed"] for r in rows] == [0, 1, 2]
+  for r in rows:
+    assert (r["job"], r["precision"], r["label"], r["seq_len"]) == (job, "bfloat16", "gdn_fla",
+                                                                      256)
+    assert r["model"]["dtype"] == "bfloat16" and r["model"]["mixer_options"]["expand_v"] == 2
+  assert summary.returncode == 0, summary.stderr[-3000:]
+  assert re.search(r"\| GDN-fla \(d_h 32, values 64\) \| 256 \(16\) \| 0\.003 \| pending \| "
+                   r"\d\.\d{3} \(\d of 3\) \| - \|", summary.stdout), summary.stdout
+  assert "| VLA | 512 (64) | 0.003 | pending | pending | - |" in summary.stdout
+  assert export.stdout.startswith("copied the rows and 1 jobs' files"), export.stdout
+  assert studies.load(str(tmp_path / "out"), "parity").rows == rows

@@ -11,4 +11,6 @@ check_kernels.py, profile_kernels.py): one module per job.
   profile   per-kernel device time from a profiler trace; offline register/spill report
   context_parallel  the sequence-sharded op on one device against the plain op
                     (experiments/bench_context_parallel.py)
+  train_speed  steps/s of short experiments/train.py runs with the library defaults
+               (experiments/bench_train_speed.py) and their BENCHMARKS.md block
 """

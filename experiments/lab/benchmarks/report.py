@@ -795,6 +795,7 @@ SECTIONS = (("verdict", "## Verdict"), ("sources", "## Rows and method"),
             ("memory", "## Peak device memory"),
             ("baselines", "## Baseline kernels against fla"),
             ("model", "## Whole-model training step"),
+            ("train_speed", "## Training speed with the library defaults"),
             ("correctness", "## Correctness against float64"),
             ("not_measured", "## Rows not measured"))
 

@@ -49,7 +49,8 @@ TABLES = (("memory", "Memory norm ||S_t||_F"), ("jacobian", "VLA's state Jacobia
            "plateau"),
           ("seed_fix", "VLA with DeltaNet's query/key path and a learned write strength"),
           ("authors_layer", "The authors' layer as published"),
-          ("baselines_t512", "Baselines as their authors configure them, T = 512"))
+          ("baselines_t512", "Baselines as their authors configure them, T = 512"),
+          ("bf16_parity", "Mixed precision against float32"))
 
 
 @dataclasses.dataclass

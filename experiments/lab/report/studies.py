@@ -1,4 +1,4 @@
-"""What the four studies of `lab.studies` show: per-run tables, summaries, RESULTS.md's blocks
+"""What the five studies of `lab.studies` show: per-run tables, summaries, RESULTS.md's blocks
 and the weights-or-data plot, from a study's `lab.studies.StudyData` (experiments/studies.py
 --summary prints the same tables from its workdir).
 
@@ -366,10 +366,59 @@ def baselines_tables(data, full=False):
   return blocks
 
 
+# -- mixed precision against float32 ---------------------------------------------------------
+
+def parity_cells(rows):
+  """{(label, T): {precision: [test accuracy per seed]}} of the parity rows."""
+  out = collections.defaultdict(lambda: collections.defaultdict(list))
+  for r in sorted(rows, key=lambda r: r["seed"]):
+    out[(r["label"], r["seq_len"])][r["precision"]].append(accuracy(r))
+  return out
+
+
+def parity_tables(data, full=False):
+  """Per mixer and cell, the mean test accuracy in float32 and in mixed precision (seeds
+  >= SOLVED of N each) and their difference; full=True: every run."""
+  if not data.rows:
+    return [not_run("parity")]
+  cells = parity_cells(data.rows)
+  f32, bf16 = (p for p, _ in studies.PARITY_PRECISIONS)
+  body = []
+  for label, _, _ in studies.PARITY_MIXERS:
+    for T, n, _, _ in studies.PARITY_CELLS:
+      got = cells.get((label, T), {})
+      a, b = got.get(f32), got.get(bf16)
+      diff = "-" if not (a and b) else f"{np.mean(b) - np.mean(a):+.3f}"
+      body.append([label_name(label), f"{T} ({n})",
+                   f"{float(studies.PARITY_RATES[(label, T)]):g}",
+                   _cell_text(a) if a else "pending", _cell_text(b) if b else "pending", diff])
+  _, _, d_model, heads = studies.PARITY_CELLS[0]
+  blocks = [f"Zoology's MQAR, d_model {d_model} ({heads} heads of 32), {studies.PARITY_STEPS:,} "
+            f"steps, seeds {', '.join(map(str, studies.PARITY_SEEDS))}, each mixer at the rate "
+            "the zoology rows chose for it (section 5; Gated DeltaNet's: the earlier layer's). "
+            "Mean test accuracy (seeds >= "
+            f"{SOLVED} of N) in float32 and in mixed precision (bfloat16 activations, float32 "
+            "parameters and recurrent states, `configs/mqar_zoology_bf16.py`); difference: "
+            "bfloat16 - float32:",
+            markdown.table(["mixer", "T (pairs)", "rate", "float32", "bfloat16",
+                            "difference"], body)]
+  if full:
+    for label, _, _ in studies.PARITY_MIXERS:
+      for T, _, _, _ in studies.PARITY_CELLS:
+        runs = sorted((r for r in data.rows if (r["label"], r["seq_len"]) == (label, T)),
+                      key=lambda r: (r["precision"] != f32, r["seed"]))
+        if runs:
+          blocks += [f"**{label_name(label)}, T = {T}**, per run:",
+                     markdown.table(["precision", "seed", "test accuracy", "train loss"],
+                                    [[r["precision"], r["seed"], f"{accuracy(r):.3f}",
+                                      markdown.fmt(r.get("train_loss"))] for r in runs])]
+  return blocks
+
+
 # -- the report ------------------------------------------------------------------------------
 
 BLOCKS = {"weights_or_data": "weights_or_data", "seed_fix": "fix", "authors_layer": "authors",
-          "baselines_t512": "baselines"}
+          "baselines_t512": "baselines", "bf16_parity": "parity"}
 
 
 def load_all(training_dir):
@@ -386,6 +435,8 @@ def tables(study, data, capacity_rows=(), full=False):
     return fix_tables(data, full)
   if study == "authors":
     return authors_tables(data, capacity_rows)
+  if study == "parity":
+    return parity_tables(data, full)
   return baselines_tables(data, full)
 
 

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from lab import markers
-from lab.benchmarks import baseline_report, check, model_report, report
+from lab.benchmarks import baseline_report, check, model_report, report, train_speed
 
 TS = (1024, 2048, 4096, 8192, 16384)
 
@@ -169,6 +169,50 @@ def test_files_merge_oldest_first_and_stale_rows_are_marked(tmp_path):
   assert kind == "at" and value == pytest.approx(4096, rel=1e-6)
 
 
+def test_train_speed_block_reads_each_runs_last_row(tmp_path):
+  """One cell per (setting, column): steps/s and the impl, the status of a failed run, "not
+  run" without a row, the VLA auto / chunked ratio; a resumed file's later row wins."""
+  def row(column, steps_per_s, status="ok", impl="pallas", setting="long_8192"):
+    return {"setting": setting, "column": column, "config": "configs/mqar_long.py:8192",
+            "T": 8192, "d_model": 512, "heads": 8, "head_dim": 64, "dtype": "bfloat16",
+            "batch": 8, "steps": 80, "window": 40, "steps_per_s": steps_per_s, "impl": impl,
+            "status": status}
+  header = {"kind": "header", "time": "2026-12-07T10:00:00+00:00", "device": "NVIDIA H100",
+            "git_commit": "0123456789abcdef", "smoke": False}
+  path = tmp_path / "speed.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in [
+      header, row("vla", 10.0, "error"), row("vla", 51.2), row("vla_chunked", 20.0, impl="chunked"),
+      row("softmax", None, "OOM", impl="cudnn")]) + "\n")
+  text = train_speed.block(str(path))
+  assert text.startswith("NVIDIA H100, commit 0123456, 2026-12-07T10:00 UTC: steps/s")
+  assert ("| `configs/mqar_long.py:8192` | 8,192 | d_model 512, 8 x 64, bfloat16 | 8 | "
+          "last 40 of 80 | 51.2 (pallas) | 20 (chunked) | OOM | not run | not run | 2.56x |"
+          in text), text
+  assert "zoology" not in text            # a setting without rows has no line
+  assert train_speed.block(str(tmp_path / "none.jsonl")).startswith("Not run yet: `python "
+                                                                     "experiments/bench_train")
+
+
+def test_train_speed_plan_names_each_run_and_refuses_unknown_names():
+  runs = train_speed.plan()
+  assert len(runs) == len(train_speed.SETTINGS) * len(train_speed.COLUMNS) == 15
+  long = next(r for r in runs if r.name == "long_32768-vla_chunked")
+  assert long.config == "configs/mqar_long.py:32768"
+  assert {k: long.overrides[k] for k in ("model.mixer", "model.impl", "model.d_model",
+                                         "model.dtype", "train.batch_size", "train.eval_every",
+                                         "train.checkpoint_every")} == {
+      "model.mixer": "vla", "model.impl": "chunked", "model.d_model": 512,
+      "model.dtype": "bfloat16", "train.batch_size": 8, "train.eval_every": 0,
+      "train.checkpoint_every": 0}
+  assert "model.impl" not in next(r for r in runs if r.name == "long_32768-vla").overrides
+  smoke = train_speed.plan(["zoology_512"], ["softmax"], smoke=True)
+  assert [(r.config, r.steps, r.overrides["train.log_every"]) for r in smoke] == [
+      ("configs/mqar_zoology.py:64", 4, 2)]
+  with pytest.raises(ValueError, match="columns must be among vla, vla_chunked"):
+    train_speed.plan(columns=["vla_pallas"])
+  assert 200 < train_speed.estimate_s(runs) < 300     # about 4-5 minutes of one H100
+
+
 # -- BENCHMARKS.md against the committed rows -----------------------------------------------------
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
@@ -176,6 +220,7 @@ BENCH, PLOTS = "results/bench", "results/plots"
 PROFILE = "results/bench/decisions/profile_h200.json"
 MODEL = "results/bench/model/model_h100.jsonl"
 BASELINES = "results/bench/baselines/h100_delta.jsonl"
+TRAIN_SPEED = "results/bench/train_speed/train_speed.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +240,8 @@ def test_regenerating_the_blocks_leaves_benchmarks_md_unchanged(committed):
                          profile, PROFILE,
                          {"baselines": baseline_report.block(
                              *model_report.load(str(ROOT / BASELINES))),
-                          "model": model_report.block(*model_report.load(str(ROOT / MODEL)))})
+                          "model": model_report.block(*model_report.load(str(ROOT / MODEL))),
+                          "train_speed": train_speed.block(str(ROOT / TRAIN_SPEED))})
   assert markers.block_names(text) == list(blocks)
   assert markers.replace_blocks(text, blocks) == text
 

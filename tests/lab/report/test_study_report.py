@@ -1,5 +1,6 @@
 """lab.report.studies: escape steps and probe values per run, the weights-or-data variance
-shares, each study's tables from synthetic rows, and "not run yet" without them."""
+shares, each study's tables from synthetic rows (the parity study's float32 and bfloat16 means
+and their difference), and "not run yet" without them."""
 
 import numpy as np
 import pytest
@@ -129,3 +130,20 @@ def test_authors_table_reads_the_published_rate_and_the_chosen_one():
   assert "| n = 4 | 0.300 (0 of 3) | 0.001 | 0.990 (3 of 3) | 1.000 (3 of 3) |" in text
   assert "| n = 8 | pending |" in text
   assert np.isclose(report.state_floats(_row("vla", 64, 1, 0, 1, 1, mixer="vla")), 4096)
+
+
+def test_parity_table_sets_each_precision_beside_the_other():
+  def rows(label, T, precision, accuracies):
+    return [{"label": label, "seq_len": T, "precision": precision, "seed": s,
+             "learning_rate": 3e-3, "test": {"mqar": {"accuracy": a}}, "train_loss": 0.25}
+            for s, a in enumerate(accuracies)]
+  data = studies.StudyData("parity", rows("vla", 512, "bfloat16", (0.95, 0.5, 0.97))
+                           + rows("vla", 512, "float32", (0.99, 0.98, 0.2))
+                           + rows("deltanet", 256, "float32", (1.0, 1.0, 1.0)), {})
+  text = "\n\n".join(report.tables("parity", data, full=True))
+  assert "| VLA | 512 (64) | 0.003 | 0.723 (2 of 3) | 0.807 (2 of 3) | +0.083 |" in text
+  assert "| DeltaNet | 256 (16) | 0.001 | 1.000 (3 of 3) | pending | - |" in text
+  assert "| GDN-fla (d_h 32, values 64) | 512 (64) | 0.001 | pending | pending | - |" in text
+  per_run = text.split("**VLA, T = 512**, per run:")[1]
+  assert per_run.index("| float32 | 2 | 0.200 | 0.25 |") < per_run.index(
+      "| bfloat16 | 0 | 0.950 | 0.25 |")
