@@ -13,6 +13,13 @@ in one run:
     python experiments/bench.py --name=block_factor_h200 --dims=64,128 \
         --Ts=4096,32768,131072 --rows=vla_kernel_elimination,vla_kernel_newton
 
+The state chains' two steps (`KernelConfig.state_chain`; the chains run where the plan splits
+the state loops: at d = 64 from T = 32768 on, B = 1, and the reverse chain also at 4096; at
+d = 128 at every T):
+
+    python experiments/bench.py --name=state_chain_h200 --dims=64,128 \
+        --Ts=4096,32768,131072 --rows=vla_kernel_chain_residual,vla_kernel_chain_transfer
+
 DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
 
     python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \
@@ -33,6 +40,7 @@ _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
 _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_cudnn, "
                           "fla_delta_rule; also vla_kernel_elimination, vla_kernel_newton, "
+                          "vla_kernel_chain_residual, vla_kernel_chain_transfer, "
                           "state_path_triton, deltanet_pallas, "
                           "gated_deltanet_pallas, fla_gated_delta_rule).")
 _DIMS = flags.DEFINE_list("dims", None, "Head dims (default 64,128).")

@@ -25,6 +25,12 @@ packed documents where the kernel takes them).
 
 --block_factor=newton checks the penalty scan's Newton block factor (`KernelConfig`);
 --newton_fallback adds each case's fraction of blocks where it falls back to the elimination.
+--state_chain=transfer checks the transfer-matrix state chains (`KernelConfig.state_chain`;
+they run where the plan splits the state loops, as in every case here: B = 1), the long run
+included:
+
+    python experiments/check_kernels.py --name=check_h200_d64_transfer --dims=64 \
+        --state_chain=transfer
 
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
@@ -56,10 +62,13 @@ _BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "elimination", ["elimination",
 _FALLBACK = flags.DEFINE_bool("newton_fallback", False,
                               "Also report each case's fraction of penalty-scan blocks where "
                               "block_factor 'newton' falls back to the elimination.")
+_STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transfer"],
+                                 "KernelConfig.state_chain of the checked calls (vla).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
-                        "--block_factor and --newton_fallback apply to vla).")
+                        "--block_factor, --newton_fallback and --state_chain apply to "
+                        "vla).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
                             "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
 flags.mark_flag_as_required("name")
@@ -99,7 +108,8 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
-  options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value)
+  options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value,
+                 state_chain=_STATE_CHAIN.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case)
                      if isinstance(case, check_baselines.Case) else check.check(case, **options)))
@@ -112,7 +122,7 @@ def main(argv):
   if drift_rows:
     print(check.drift_table(drift_rows), flush=True)
   if _LONG_T.value and not _SMOKE.value and "vla" in _OPS.value:
-    row = rec.row(**check.long_run(_LONG_T.value))
+    row = rec.row(**check.long_run(_LONG_T.value, state_chain=_STATE_CHAIN.value))
     if row["status"] != "ok":
       failed.append(row)
   print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),

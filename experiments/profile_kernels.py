@@ -5,6 +5,8 @@ H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
     python experiments/profile_kernels.py --name=profile_h200 --Ts=4096,32768 --dims=64,128
     python experiments/profile_kernels.py --resources --dims=64,128    # offline, no GPU: registers,
                                                                # spills, shared memory, SASS
+    python experiments/profile_kernels.py --name=profile_h200_transfer --Ts=32768,131072 \
+        --dims=64,128 --state_chain=transfer    # the transfer-matrix state chains
 
 Prints per call the busy time of each kernel class (pallas, gemm, copy, xla), the idle time
 inside the call and the largest kernels, and writes the rows to --out_dir/<name>.json.
@@ -30,6 +32,8 @@ _PLANE = flags.DEFINE_string("plane", "/device:GPU:", "Trace planes read (prefix
                              "/host:CPU).")
 _RESOURCES = flags.DEFINE_bool("resources", False, "Offline resource report instead.")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU smoke).")
+_STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transfer"],
+                                 "KernelConfig.state_chain of the profiled calls.")
 
 
 def main(argv):
@@ -37,11 +41,14 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
+  config = KernelConfig(state_chain=_STATE_CHAIN.value)
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value
     if _RESOURCES.value:
-      fwd, grad, xs = profile.vla_calls(B, T, H, d, _DTYPE.value, interpret=False)
+      fwd, grad, xs = profile.vla_calls(B, T, H, d, _DTYPE.value, interpret=False,
+                                        config=config)
       spec = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in xs]
       for call, fn in (("forward", fwd), ("gradient", grad)):
         for r in profile.kernel_resources(fn, spec):
@@ -49,7 +56,8 @@ def main(argv):
           print(json.dumps(rows[-1]), flush=True)
       continue
     fwd, grad, xs = profile.vla_calls(B, T, H, d, _DTYPE.value,
-                                      interpret=True if _INTERPRET.value else None)
+                                      interpret=True if _INTERPRET.value else None,
+                                      config=config)
     for call, fn in (("forward", fwd), ("gradient", grad)):
       row = {"d": d, "T": T, "B": B, "H": H, "dtype": _DTYPE.value, "call": call,
              **profile.profile_row(fn, xs, _REPS.value, _PLANE.value)}
@@ -64,7 +72,8 @@ def main(argv):
   path = os.path.join(_OUT_DIR.value, _NAME.value + ".json")
   with open(path, "w") as f:
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
-               "resources": _RESOURCES.value, "rows": rows}, f, indent=1)
+               "resources": _RESOURCES.value, "state_chain": _STATE_CHAIN.value,
+               "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")
 
 

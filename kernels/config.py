@@ -20,6 +20,9 @@ MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
 # How the penalty scan factors each block's I + X U^T (`KernelConfig.block_factor`).
 BLOCK_FACTORS = ("elimination", "newton")
+# How the state chain kernels step from one chunk-start state to the next
+# (`KernelConfig.state_chain`).
+STATE_CHAINS = ("residual", "transfer")
 
 # The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
 TRITON_MIN_CAPABILITY = (8, 0)
@@ -135,12 +138,20 @@ class KernelConfig:
       (two Newton steps of 16 x 16 products where ||X U^T||_F <= 0.25, the elimination
       elsewhere; `common.guarded_chol_inv`). The same function to float32 rounding; which is
       faster on a GPU is open (kernels/DESIGN.md, "Open questions").
+    state_chain: the step of the state chain kernels (`Plan.split_output`, `split_backward`:
+      few programs or dk = 128): "residual" (default; R = U' - W' S^T, S <- S + R^T W, two
+      dependent products a chunk) or "transfer" (S <- S Phi + Psi with Phi = I - W'^T W,
+      Psi = U'^T W in the state's dtype, each chunk's formed during the step before: one
+      dependent product a chunk; the reverse chain likewise with Phi^T). The same map to
+      float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
+      questions").
   """
 
   chunk_size: int = 64
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   block_v: int | None = None
   block_factor: str = "elimination"
+  state_chain: str = "residual"
 
   def __post_init__(self):
     p = self.precision
@@ -175,6 +186,9 @@ class KernelConfig:
     if self.block_factor not in BLOCK_FACTORS:
       raise ValueError(f"block_factor must be one of {BLOCK_FACTORS}; got "
                        f"{self.block_factor!r}")
+    if self.state_chain not in STATE_CHAINS:
+      raise ValueError(f"state_chain must be one of {STATE_CHAINS}; got "
+                       f"{self.state_chain!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -244,6 +258,7 @@ class KernelConfig:
         block_v=bv,
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
+        state_chain=self.state_chain,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=8 if dk >= 128 else 4)
 
@@ -289,6 +304,7 @@ class Plan:
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
+    state_chain: `KernelConfig.state_chain`, the step of those chains.
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).
@@ -321,6 +337,7 @@ class Plan:
   block_v: int
   split_output: bool
   split_backward: bool
+  state_chain: str
   fused_vjp: bool
   adjoint_warps: int
   xla_dot: object

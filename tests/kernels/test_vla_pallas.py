@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import oracles
-from kernel_checks import INTERPRET, anisotropic_u, assert_close, isotropic_u, rel, vla_inputs
+from kernel_checks import (INTERPRET, TOL, anisotropic_u, assert_close, isotropic_u, rel,
+                           vla_inputs)
 from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels import config as kernel_config
 from vla_jax.ops.vla import VLAState, vla_recurrence
@@ -179,6 +180,60 @@ def test_bfloat16_anisotropic_u_does_not_drift():
     assert errors["anisotropic", lam0] <= 1.5 * errors["isotropic", lam0], errors
 
 
+def _transfer_check(dtype, state_chain="transfer"):
+  """o, S_T, A_T and the six gradients of `vla_pallas` with `state_chain` at B = 1, H = 2,
+  T = 300 (19 chunks of 16 and a ragged tail), anisotropic u, against float64 on the same
+  values (the oracle; jax.grad of impl="scan"): forward within the dtype's tolerance, the
+  gradients too (bfloat16: in norm, as the element-wise u-cotangent, a difference of nearly
+  cancelling rounded terms, errs by up to 1.3x its RMS at 6 of 9,600 entries in either
+  chain form). Returns the relative errors."""
+  B, T, H, d, C = 1, 300, 2, 16, 16
+  args = vla_inputs(9, B, T, H, d, d, dtype)
+  rng = np.random.default_rng(9)
+  args[3] = jnp.asarray(np.swapaxes(anisotropic_u(rng, B, H, T, d), 1, 2), dtype)
+  cfg = KernelConfig(chunk_size=C, state_chain=state_chain)
+  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=args[4].dtype, dk=d, dv=d, BH=B * H,
+                  N=-(-T // C), interpret=INTERPRET)
+  assert plan.split_output and plan.split_backward and plan.state_chain == state_chain
+  o, S, A = _call(cfg)(*args)
+  w = _weights(10, B, T, H, d, d)
+  got = _grads(cfg)([x.astype(args[4].dtype) for x in w], *args)
+  with jax.enable_x64(True):
+    exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
+    want = oracles.vla(*exact[:4], S0=exact[4], A0=exact[5])
+    ref = _grads(None)([jnp.asarray(x, jnp.float64) for x in w], *exact)
+  errors = {}
+  for name, g, r in zip("oSA", (o, S, A), want):
+    assert_close(g, r, dtype, name)
+    errors[name] = rel(g, r)
+  for name, g, r in zip(("dq", "dk", "dv", "du", "dS0", "dA0"), got, ref):
+    if name == "dA0":
+      g, r = (0.5 * (x + np.swapaxes(x, -1, -2)) for x in map(np.asarray, (g, r)))
+    errors[name] = rel(g, r)
+    if dtype == jnp.bfloat16:
+      assert errors[name] < TOL["bfloat16"], (name, errors[name])
+    else:
+      assert_close(g, r, dtype, name)
+  return errors
+
+
+def test_transfer_state_chain_float64(x64):
+  """KernelConfig(state_chain="transfer"): the state chains step S <- S Phi + Psi (reverse
+  dS <- dS Phi^T + G), forward and gradients against float64 (`_transfer_check`)."""
+  _transfer_check(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_transfer_state_chain_float32_and_bfloat16(dtype):
+  """The same for float32 and bfloat16 inputs (float32 states; Phi and Psi float32), within
+  the dtype's tolerance of float64; with bfloat16 inputs no error above 1.25x the residual
+  chain's (measured: equal to three digits; bfloat16 Phi would add 20-65% on a GPU)."""
+  errors = _transfer_check(dtype)
+  if dtype == jnp.bfloat16:
+    base = _transfer_check(dtype, "residual")
+    assert all(errors[n] <= 1.25 * base[n] for n in errors), (errors, base)
+
+
 @functools.cache
 def _grads_before(config, t):
   """The gradients in the six inputs of sum(wo * o[:, :t]), jitted."""
@@ -300,14 +355,14 @@ def _packed_scan(ids):
   return run
 
 
-def _packed_check(seed, shape, dtype):
+def _packed_check(seed, shape, dtype, state_chain="residual"):
   """Forward against the documents alone and the six gradients against jax.grad of
   impl="scan" on the packed rows (float64, on the inputs' values); returns the relative
   errors."""
   B, T, H, dk, dv, C = shape
   ids = _packed_ids(seed, B, T, C)
   args = _packed_inputs(seed, B, T, H, dk, dv, dtype)
-  cfg = KernelConfig(chunk_size=C)
+  cfg = KernelConfig(chunk_size=C, state_chain=state_chain)
   run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
   o, S, A = jax.jit(run)(*args)
   chex.assert_type(o, dtype)
@@ -331,17 +386,19 @@ def _packed_check(seed, shape, dtype):
   return errors
 
 
-@pytest.mark.parametrize("forms", ["split", "fused"])
+@pytest.mark.parametrize("forms", ["split", "fused", "transfer"])
 def test_packed_documents_float64(x64, monkeypatch, forms):
   """segment_ids: S and A restart at every document start (inside chunks, at chunk
   boundaries, several in one chunk); outputs, final state and all six gradients exact in
   float64. "fused": the single-loop state passes and the XLA chunk-local VJP (what the plan
-  selects at GPU program counts and at head dim 128)."""
+  selects at GPU program counts and at head dim 128); "transfer": the split forms with
+  state_chain "transfer" (S Phi dropped in a chunk where a document starts)."""
   if forms == "fused":
     monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 0)
     monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 0)
     monkeypatch.setattr(kernel_config, "FUSED_VJP_F32_UP_TO", 0)
-  _packed_check(10, SHAPES[0], np.float64)
+  _packed_check(10, SHAPES[0], np.float64,
+                "transfer" if forms == "transfer" else "residual")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])

@@ -33,7 +33,7 @@ COPY_MARKS = ("memcpy", "memset")
 
 def vla_calls(B, T, H, d, dtype="bfloat16", interpret=None, config=None):
   """(forward, gradient, inputs): jitted `vla_pallas` forward and gradient (of sum(o), with
-  respect to q, k, v, u) at the kernels' defaults, and one input set."""
+  respect to q, k, v, u) with `config` (default: the kernels' defaults), and one input set."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import rows  # pylint: disable=import-outside-toplevel

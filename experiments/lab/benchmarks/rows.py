@@ -15,6 +15,10 @@ Not in the default suite (--rows selects them):
                      `vla_pallas` itself (S0 = 0, A0 = I; no op wrapper) with
                      `KernelConfig.block_factor` "elimination" or "newton": the penalty scan's
                      two block factors, timed in one run
+  vla_kernel_chain_residual, vla_kernel_chain_transfer
+                     the same with `KernelConfig.state_chain` "residual" or "transfer": the
+                     state chains' two steps (they run where the plan splits the state loops:
+                     few programs, e.g. B = 1 at long T, or d = 128)
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -57,6 +61,10 @@ CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("vla_kernel_elimination", "vla", "kernel_elimination", "jax",
                      default=False),
              RowSpec("vla_kernel_newton", "vla", "kernel_newton", "jax", default=False),
+             RowSpec("vla_kernel_chain_residual", "vla", "kernel_chain_residual", "jax",
+                     default=False),
+             RowSpec("vla_kernel_chain_transfer", "vla", "kernel_chain_transfer", "jax",
+                     default=False),
              RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
              RowSpec("deltanet_pallas", "deltanet", "pallas", "jax", default=False),
              RowSpec("gated_deltanet_pallas", "gated_deltanet", "pallas", "jax", default=False),
@@ -126,11 +134,18 @@ def _state_path(chunk):
   return fwd
 
 
-def _vla_kernel(chunk, block_factor):
-  """(q, k, v, u) -> o of `vla_pallas` with `KernelConfig.block_factor` (S0 = 0, A0 = I)."""
+# The `KernelConfig` options of the vla_kernel_* rows, by impl.
+KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
+                  "kernel_newton": {"block_factor": "newton"},
+                  "kernel_chain_residual": {"state_chain": "residual"},
+                  "kernel_chain_transfer": {"state_chain": "transfer"}}
+
+
+def _vla_kernel(chunk, options):
+  """(q, k, v, u) -> o of `vla_pallas` with the `KernelConfig` options (S0 = 0, A0 = I)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk, block_factor=block_factor)
+  cfg = KernelConfig(chunk_size=chunk, **options)
 
   def fwd(q, k, v, u):
     B, _, H, dk = q.shape
@@ -146,8 +161,8 @@ def jax_function(op, impl, pass_, chunk=CHUNK):
   import jax  # pylint: disable=import-outside-toplevel
   from vla_jax import (deltanet, gated_deltanet,  # pylint: disable=import-outside-toplevel
                        vla_recurrence)
-  if op == "vla" and impl.startswith("kernel_"):
-    fwd, n = _vla_kernel(chunk, impl[len("kernel_"):]), 4
+  if op == "vla" and impl in KERNEL_OPTIONS:
+    fwd, n = _vla_kernel(chunk, KERNEL_OPTIONS[impl]), 4
   elif op == "vla":
     fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
   elif op == "state_path":

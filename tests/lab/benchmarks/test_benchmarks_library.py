@@ -53,6 +53,34 @@ def test_state_path_family():
   assert err < 1e-2, err
 
 
+def test_state_chain_families():
+  """vla_kernel_chain_residual and vla_kernel_chain_transfer: outside the default suite; each
+  traces forward and forward + backward with its `KernelConfig.state_chain` (its chain
+  kernels, and not the other's, in the program; B = 1: the plan splits the state loops)."""
+  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
+  chains = {"vla_kernel_chain_residual": ("vla_state_chain", "vla_state_bwd_chain"),
+            "vla_kernel_chain_transfer": ("vla_state_chain_transfer",
+                                          "vla_state_bwd_chain_transfer")}
+  assert not set(chains) & set(rows.DEFAULT_ROWS) and set(chains) <= set(rows.BY_KEY)
+  every = {n for names in chains.values() for n in names}
+  for key, (fwd_chain, bwd_chain) in chains.items():
+    spec = rows.BY_KEY[key]
+    for pass_ in rows.PASSES:
+      args = rows.abstract_inputs(spec.op, 1, 64, 2, 16, jnp.float32, pass_ != "fwd")
+      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_, chunk=16))(*args)
+      kernels = {where for where, _ in equations(jaxpr)} & every
+      assert kernels == ({fwd_chain} if pass_ == "fwd" else {fwd_chain, bwd_chain}), (
+          key, pass_, kernels)
+
+
+def test_check_takes_the_state_chain():
+  """`check.check` (what check_kernels --state_chain runs) with state_chain "transfer" on the
+  smoke case: within its float64 bounds, the option recorded in the row."""
+  row = check.check(check.smoke_cases()[0], interpret=True, state_chain="transfer")
+  assert row["status"] == "ok" and row["state_chain"] == "transfer", row
+  assert max(row["errors"].values()) < 1e-4, row["errors"]
+
+
 def test_floor():
   fl = floor.delta_rule_floor_ms(1, 32768, 16, 64)
   assert fl == pytest.approx(max(4 * 32768 * 16 * 64 * 2 / 4.2e12,
