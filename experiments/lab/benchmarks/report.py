@@ -19,7 +19,7 @@ import os
 from collections import OrderedDict
 
 from lab import markers
-from lab.benchmarks import floor
+from lab.benchmarks import check, floor
 
 OP_NAMES = {"vla": "VLA", "softmax_attention": "softmax", "deltanet": "DeltaNet",
             "gated_deltanet": "Gated DeltaNet", "linear_attention": "linear attn",
@@ -36,7 +36,8 @@ def label(row):
   return f"{OP_NAMES.get(row['op'], row['op'])} {row['impl']}"
 
 
-KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u", "packed")
+KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u", "packed", "lam0",
+       "block_factor", "state_chain")
 
 
 def header_time(path):
@@ -766,6 +767,21 @@ def correctness_block(rows):
                   + (["note"] if notes else []), body))
 
 
+def drift_block(rows):
+  """The drift rows (`experiments/check_kernels.py --cases=drift`) as a table: bfloat16 o's
+  error against impl="chunked" in float32 at HIGHEST, over the sequence and per quarter, with
+  unit-norm u isotropic and anisotropic."""
+  drift = [r for r in rows if r.get("pass") == "drift"]
+  if not drift:
+    return "No drift rows."
+  return ("bfloat16 inputs, unit-norm u (the layer's default penalty scale) isotropic or "
+          "anisotropic (a few dominant directions), A_0 = I / lam0, B = 1, H = 2: the relative "
+          "error of `vla_pallas`'s o against impl=\"chunked\" in float32 at HIGHEST, over the "
+          "sequence and per quarter of it; an anisotropic row fails beyond "
+          f"{check.DRIFT_RATIO}x its isotropic twin's error, any row when o is not finite "
+          "(`lab.benchmarks.check.drift`).\n\n" + check.drift_table(check.drift_verdicts(drift)))
+
+
 def not_measured_block(data):
   missing = not_measured(data)
   if not missing:
@@ -797,6 +813,7 @@ SECTIONS = (("verdict", "## Verdict"), ("sources", "## Rows and method"),
             ("model", "## Whole-model training step"),
             ("train_speed", "## Training speed with the library defaults"),
             ("correctness", "## Correctness against float64"),
+            ("drift", "## bfloat16 over long sequences"),
             ("not_measured", "## Rows not measured"))
 
 
@@ -816,7 +833,7 @@ def blocks(headers, rows, plot_paths, out_path, command=None, profile=None,
     if any(data.labels_for(d, p, measured_only=True) for p in PASSES):
       out[f"d{d}"] = dim_block(data, d)
   out.update(memory=memory_block(data, plot_paths, out_path), **(extra or {}),
-             correctness=correctness_block(rows),
+             correctness=correctness_block(rows), drift=drift_block(rows),
              not_measured=not_measured_block(data))
   return out
 

@@ -55,13 +55,14 @@ def test_a_new_report_has_every_block_under_its_heading(tmp_path):
   text = md.read_text()
   assert markers.block_names(text) == [
       "verdict", "sources", "crossover", "fla", "floor", "field", "time", "profile", "d64",
-      "memory", "correctness", "not_measured"]
+      "memory", "correctness", "drift", "not_measured"]
   assert [line for line in text.split("\n") if line.startswith("## ")] == [
       "## Verdict", "## Rows and method", "## Crossover against cuDNN causal attention",
       "## VLA pallas against fla `chunk_delta_rule`", "## VLA pallas against the hardware floor",
       "## fla's DeltaNet kernel on the same measures", "## Where VLA pallas's time goes",
       "## Per-kernel profile", "## d = 64", "## Peak device memory",
-      "## Correctness against float64", "## Rows not measured"]
+      "## Correctness against float64", "## bfloat16 over long sequences",
+      "## Rows not measured"]
   assert "| `a.jsonl` | 2026-12-02 00:00 | NVIDIA H200 (gpu) | H 16, B * T 32,768 |" in text
   assert "--out_dir=OUT" in text and "/root/out" not in text
   assert "| VLA pallas | `a.jsonl` (10) |" in text
@@ -117,6 +118,23 @@ def test_correctness_table_names_each_rows_worst_error_against_its_bound():
   assert "| 0.03; du 0.3 | 0.4 (du) | ok |" in text
   assert "| 0.001; o, S, A 2e-06 | 0.75 (S) | ok |" in text
   assert report.worst_to_bound(rows_[0]) == (pytest.approx(0.75), "S")
+
+
+def test_drift_rows_of_each_lam0_are_kept_and_a_non_finite_row_fails(tmp_path):
+  def row(u, lam0, err, finite=True):
+    return {**check.DriftCase(u, 16384, lam0, 64).__dict__, "op": "vla", "impl": "pallas",
+            "pass": "drift", "dtype": "bfloat16", "precision": "DEFAULT",
+            "errors": {"o": err}, "o_quarters": [err] * 4, "finite": finite}
+  rows_ = [row("isotropic", 1.0, 6e-3), row("anisotropic", 1.0, 6.5e-3),
+           row("isotropic", 0.1, float("nan"), finite=False), row("anisotropic", 0.1, 7e-3)]
+  path = tmp_path / "drift.jsonl"
+  path.write_text("\n".join(json.dumps(r) for r in
+                            [{"kind": "header", "time": "2026-01-01T00:00:00"}] + rows_) + "\n")
+  _, merged = report.load([str(path)])
+  text = report.drift_block(merged)
+  assert "| 64 | 16384 | 1 | anisotropic | 6.50e-03 | 1.08 |" in text
+  assert "| 64 | 16384 | 0.1 | isotropic | nan |" in text and "| fail |" in text
+  assert text.count("| ok |") == 2
 
 
 def test_profile_block_sums_launches_and_keeps_the_rest():
