@@ -77,14 +77,14 @@ class KernelSupport:
 # strength 1, so a layer with a learned write strength (`beta`) runs "chunked". DeltaNet and
 # linear attention run on the same state path (`kernels/delta_rule.py`), packed documents
 # included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it. Gated
-# DeltaNet's decays run in the same kernels, without packed documents. DeltaNet's kernel has
-# passed the GPU check (BENCHMARKS.md, "Correctness against float64"; its time beside fla's:
-# "Baseline kernels against fla"); Gated DeltaNet's and linear attention's are checked in
-# interpret mode only: "auto" takes them once a GPU check has passed.
+# DeltaNet's decays run in the same kernels, without packed documents. DeltaNet's and Gated
+# DeltaNet's kernels have passed the GPU check (BENCHMARKS.md, "Correctness against float64";
+# their times beside fla's: "Baseline kernels against fla"); linear attention's is checked in
+# interpret mode only: "auto" takes it once a GPU check has passed.
 KERNEL_SUPPORT = {
     "vla": KernelSupport(segment_ids=True, unsupported=(("beta", (True,)),)),
     "deltanet": KernelSupport(segment_ids=True),
-    "gated_deltanet": KernelSupport(segment_ids=False, auto=False),
+    "gated_deltanet": KernelSupport(segment_ids=False),
     "linear_attention": KernelSupport(segment_ids=True, auto=False),
 }
 
