@@ -23,6 +23,8 @@ BLOCK_FACTORS = ("elimination", "newton")
 # How the state chain kernels step from one chunk-start state to the next
 # (`KernelConfig.state_chain`).
 STATE_CHAINS = ("residual", "transfer")
+# How the state-prep kernel forms T = (I + N)^-1 of each chunk (`KernelConfig.tril_inverse`).
+TRIL_INVERSES = ("doubling", "blocks")
 
 # The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
 TRITON_MIN_CAPABILITY = (8, 0)
@@ -145,6 +147,12 @@ class KernelConfig:
       dependent product a chunk; the reverse chain likewise with Phi^T). The same map to
       float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
       questions").
+    tril_inverse: how the state-prep kernel forms T = (I + N)^-1 of each chunk: "doubling"
+      (default; log2 C rounds of [C, C] products on the whole matrix, `common.unit_tril_inv`)
+      or "blocks" (forward substitution on each 16 x 16 diagonal tile, then merges of pairs
+      of blocks at 16 -> 32 -> ... -> C from 16 x 16 products, and U', W' by row blocks;
+      `common.unit_tril_inv_tiles`). The same T to float32 rounding; which is faster on a GPU
+      is open (kernels/DESIGN.md, "Open questions").
   """
 
   chunk_size: int = 64
@@ -152,6 +160,7 @@ class KernelConfig:
   block_v: int | None = None
   block_factor: str = "elimination"
   state_chain: str = "residual"
+  tril_inverse: str = "doubling"
 
   def __post_init__(self):
     p = self.precision
@@ -189,6 +198,9 @@ class KernelConfig:
     if self.state_chain not in STATE_CHAINS:
       raise ValueError(f"state_chain must be one of {STATE_CHAINS}; got "
                        f"{self.state_chain!r}")
+    if self.tril_inverse not in TRIL_INVERSES:
+      raise ValueError(f"tril_inverse must be one of {TRIL_INVERSES}; got "
+                       f"{self.tril_inverse!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -258,7 +270,7 @@ class KernelConfig:
         block_v=bv,
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
-        state_chain=self.state_chain,
+        state_chain=self.state_chain, tril_inverse=self.tril_inverse,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=8 if dk >= 128 else 4)
 
@@ -298,13 +310,14 @@ class Plan:
       products; gram_dot: the per-segment Gram kernel's products (direct starts);
       newton_step: one Newton step on each direct segment-start inverse in its own dtype;
       inverse_tile: None or 32 (block Cholesky on tiles).
-    state_factor_dot, state_apply_dot: the state-prep kernel's block-doubling products and
-      those that apply its inverse; state_dot: the state loops' and the reverse pass's
-      products.
+    state_factor_dot, state_apply_dot: the state-prep kernel's products that form its
+      inverse (block doubling or tile merges) and those that apply it; state_dot: the state
+      loops' and the reverse pass's products.
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
     state_chain: `KernelConfig.state_chain`, the step of those chains.
+    tril_inverse: `KernelConfig.tril_inverse`, how the state-prep kernel forms its inverse.
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).
@@ -338,6 +351,7 @@ class Plan:
   split_output: bool
   split_backward: bool
   state_chain: str
+  tril_inverse: str
   fused_vjp: bool
   adjoint_warps: int
   xla_dot: object

@@ -26,7 +26,8 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(block_v=64), 16, 32, "block_v"), (dict(precision="fast"), 16, 16, "precision"),
     (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
     (dict(block_factor="cholesky"), 16, 16, "block_factor"),
-    (dict(state_chain="fused"), 16, 16, "state_chain")])
+    (dict(state_chain="fused"), 16, 16, "state_chain"),
+    (dict(tril_inverse="newton"), 16, 16, "tril_inverse")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -62,6 +63,14 @@ def test_state_chain_is_the_configs():
   assert _plan().state_chain == "residual"
   for BH in (1, 1024):
     assert _plan(KernelConfig(state_chain="transfer"), BH=BH).state_chain == "transfer"
+
+
+def test_tril_inverse_is_the_configs():
+  """How the state prep forms T is the user's choice (default "doubling"), whatever the
+  dtype or the program count."""
+  assert _plan().tril_inverse == "doubling"
+  for low, BH in ((False, 1), (True, 1024)):
+    assert _plan(KernelConfig(tril_inverse="blocks"), low=low, BH=BH).tril_inverse == "blocks"
 
 
 @pytest.mark.parametrize("low", [False, True])
