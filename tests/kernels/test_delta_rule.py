@@ -3,7 +3,9 @@ kernels on DeltaNet's and linear attention's keys, with Gated DeltaNet's decays)
 float64 oracles: outputs, final state and the gradients of q, k, v, beta, the log decays and
 S0 (autodiff of a float64 step-by-step loop), in float32 and bfloat16, on anisotropic keys
 with a ragged tail (T not a multiple of the chunk); Gated DeltaNet also with a hard reset
-(-inf), a -1e4 decay and every form of the state loops."""
+(-inf), a -1e4 decay and every form of the state loops; DeltaNet and Gated DeltaNet also with
+the state prep's tiled inverse (`KernelConfig.tril_inverse`), DeltaNet's packed documents
+with it."""
 
 import functools
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 import oracles
-from kernel_checks import INTERPRET, anisotropic_u, assert_close, rel
+from kernel_checks import INTERPRET, TOL, anisotropic_u, assert_close, rel
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels import config as kernel_config
 from vla_jax.kernels.delta_rule import (deltanet_pallas, gated_deltanet_pallas,
@@ -41,16 +43,20 @@ def _elu1(x):
   return jnp.where(x > 0, x + 1.0, jnp.exp(jnp.minimum(x, 0.0)))
 
 
-def _deltanet_loop(q, k, v, beta, S0):
-  """DeltaNet step by step (float64 JAX, to differentiate)."""
+def _deltanet_loop(q, k, v, beta, S0, starts=None):
+  """DeltaNet step by step (float64 JAX, to differentiate); starts: None, or [B, T] bool
+  document starts (S restarts at 0 there)."""
   khat = k / jnp.maximum(jnp.linalg.norm(k, axis=-1, keepdims=True), 1e-6)
+  starts = jnp.zeros(q.shape[:2], bool) if starts is None else jnp.asarray(starts)
 
   def step(S, x):
-    q_t, k_t, v_t, b_t = x
+    q_t, k_t, v_t, b_t, s_t = x
+    S = jnp.where(s_t[:, None, None, None], 0.0, S)
     S = S + b_t[..., None, None] * jnp.einsum(
         "bhv,bhk->bhvk", v_t - jnp.einsum("bhvk,bhk->bhv", S, k_t), k_t)
     return S, jnp.einsum("bhvk,bhk->bhv", S, q_t)
-  S, o = jax.lax.scan(step, S0, tuple(jnp.swapaxes(x, 0, 1) for x in (q, khat, v, beta)))
+  S, o = jax.lax.scan(step, S0, tuple(jnp.swapaxes(x, 0, 1)
+                                      for x in (q, khat, v, beta, starts)))
   return jnp.swapaxes(o, 0, 1), S
 
 
@@ -109,7 +115,29 @@ def _loss(fn, seed):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("op", list(OPS))
 def test_outputs_state_and_gradients_match_float64(op, dtype):
-  kernel, loop, oracle, make = OPS[op]
+  _match_float64(op, dtype, OPS[op][0])
+
+
+# The state prep's tiled inverse (`KernelConfig.tril_inverse`) at C = 64: four tiles, merges at
+# 16 -> 32 -> 64; T = 75 is a chunk and a ragged tail (Gated DeltaNet's reset and near-reset
+# in the first chunk).
+TILED = KernelConfig(chunk_size=64, tril_inverse="blocks")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("op", ["deltanet", "gated_deltanet"])
+def test_tiled_inverse_matches_float64(op, dtype):
+  """DeltaNet and Gated DeltaNet with tril_inverse "blocks": outputs, state and gradients
+  against float64 as above."""
+  kernel = {"deltanet": deltanet_pallas, "gated_deltanet": gated_deltanet_pallas}[op]
+  _match_float64(op, dtype, functools.partial(kernel, config=TILED, interpret=INTERPRET))
+
+
+def _match_float64(op, dtype, kernel):
+  """`kernel` (the op's Pallas kernel, `OPS`) in `dtype` against the float64 oracle (o, S)
+  and the float64 loop's gradients, on the rounded inputs: float32 element-wise, bfloat16
+  gradients in norm."""
+  _, loop, oracle, make = OPS[op]
   args = make(*_inputs(1))
   state = jnp.float32
   cast = [jnp.asarray(x, dtype) for x in args[:3]] + [jnp.asarray(x, state) for x in args[3:]]
@@ -137,6 +165,46 @@ def test_outputs_state_and_gradients_match_float64(op, dtype):
       # rounded terms where the unit-key VJP projects out the key direction, which
       # anisotropic keys make nearly cancel (one entry of 2,400 at 3% of the RMS).
       assert rel(g, r) < 1e-2, ("d" + name, rel(g, r))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, jnp.bfloat16], ids=["f64", "bf16"])
+def test_packed_documents_tiled_inverse(dtype):
+  """DeltaNet with packed documents and tril_inverse "blocks" (documents starting inside
+  tiles, at a tile boundary (token 16) and at the chunk boundary (token 64), a one-token
+  document): o against the oracle on each document alone (the first from S0, the others from
+  zero), the final state (the last document's), and the gradients of q, k, v, beta and S0
+  against the float64 loop that restarts S at every document start; float64 within its
+  tolerance, bfloat16 within its tolerance (gradients in norm)."""
+  q, k, v, beta, _, S0 = _inputs(6)
+  ids = np.zeros((B, T), np.int32)
+  for t in (5, 16, 40, 41, 64):
+    ids[:, t:] += 1
+  starts = np.zeros((B, T), bool)
+  starts[:, [5, 16, 40, 41, 64]] = True
+  kernel = lambda *a: deltanet_pallas(*a, segment_ids=jnp.asarray(ids), config=TILED,
+                                      interpret=INTERPRET)
+  state = np.float64 if dtype == np.float64 else np.float32
+  with jax.enable_x64(dtype == np.float64):
+    cast = [jnp.asarray(x, dtype) for x in (q, k, v)] + [jnp.asarray(x, state)
+                                                         for x in (beta, S0)]
+    (o, S), grads = jax.jit(lambda *a: (kernel(*a), jax.grad(_loss(kernel, 7),
+                                                             argnums=range(5))(*a)))(*cast)
+  exact = [np.asarray(x, np.float64) for x in cast]
+  o_ref = np.zeros(o.shape)
+  bounds = [0, 5, 16, 40, 41, 64, T]
+  for s, e in zip(bounds[:-1], bounds[1:]):
+    init = exact[4] if s == 0 else np.zeros_like(exact[4])
+    o_ref[:, s:e], S_ref = oracles.gated_deltanet(*(x[:, s:e] for x in exact[:4]), S0=init)
+  assert_close(o, o_ref, dtype, "o")
+  assert_close(S, S_ref, dtype, "S")
+  with jax.enable_x64(True):
+    loop = lambda *a: _deltanet_loop(*a, starts=starts)
+    want = jax.jit(jax.grad(_loss(loop, 7), argnums=range(5)))(*map(jnp.asarray, exact))
+  for name, g, r in zip(("q", "k", "v", "beta", "S0"), grads, want):
+    if dtype == np.float64:
+      assert_close(g, r, dtype, "d" + name)
+    else:
+      assert rel(g, r) < TOL["bfloat16"], ("d" + name, rel(g, r))
 
 
 def test_zero_key_tokens_write_nothing():

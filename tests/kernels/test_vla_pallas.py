@@ -182,21 +182,30 @@ def test_bfloat16_anisotropic_u_does_not_drift():
 
 def _transfer_check(dtype, state_chain="transfer"):
   """o, S_T, A_T and the six gradients of `vla_pallas` with `state_chain` at B = 1, H = 2,
-  T = 300 (19 chunks of 16 and a ragged tail), anisotropic u, against float64 on the same
-  values (the oracle; jax.grad of impl="scan"): forward within the dtype's tolerance, the
-  gradients too (bfloat16: in norm, as the element-wise u-cotangent, a difference of nearly
-  cancelling rounded terms, errs by up to 1.3x its RMS at 6 of 9,600 entries in either
-  chain form). Returns the relative errors."""
+  T = 300 (19 chunks of 16 and a ragged tail), anisotropic u (`_config_check`), asserting
+  that the plan splits the state loops (the chains run). Returns the relative errors."""
   B, T, H, d, C = 1, 300, 2, 16, 16
-  args = vla_inputs(9, B, T, H, d, d, dtype)
-  rng = np.random.default_rng(9)
-  args[3] = jnp.asarray(np.swapaxes(anisotropic_u(rng, B, H, T, d), 1, 2), dtype)
   cfg = KernelConfig(chunk_size=C, state_chain=state_chain)
-  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=args[4].dtype, dk=d, dv=d, BH=B * H,
-                  N=-(-T // C), interpret=INTERPRET)
+  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float64 if dtype == np.float64
+                  else jnp.float32, dk=d, dv=d, BH=B * H, N=-(-T // C), interpret=INTERPRET)
   assert plan.split_output and plan.split_backward and plan.state_chain == state_chain
+  return _config_check(dtype, cfg, (B, T, H, d, d, C), seed=9)
+
+
+def _config_check(dtype, cfg, shape, seed, a0_scale=1.0):
+  """o, S_T, A_T and the six gradients of `vla_pallas` with `cfg` on anisotropic u and
+  A0 * a0_scale, against float64 on the same values (the oracle; jax.grad of impl="scan"):
+  forward within the dtype's tolerance, the gradients too (bfloat16: in norm, as the
+  element-wise u-cotangent, a difference of nearly cancelling rounded terms, errs by up to
+  1.3x its RMS at 6 of 9,600 entries at T = 300 in either chain form). Returns the relative
+  errors."""
+  B, T, H, dk, dv, C = shape
+  args = vla_inputs(seed, B, T, H, dk, dv, dtype)
+  rng = np.random.default_rng(seed)
+  args[3] = jnp.asarray(np.swapaxes(anisotropic_u(rng, B, H, T, dk), 1, 2), dtype)
+  args[5] = args[5] * a0_scale
   o, S, A = _call(cfg)(*args)
-  w = _weights(10, B, T, H, d, d)
+  w = _weights(seed + 1, B, T, H, dk, dv)
   got = _grads(cfg)([x.astype(args[4].dtype) for x in w], *args)
   with jax.enable_x64(True):
     exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
@@ -231,6 +240,34 @@ def test_transfer_state_chain_float32_and_bfloat16(dtype):
   errors = _transfer_check(dtype)
   if dtype == jnp.bfloat16:
     base = _transfer_check(dtype, "residual")
+    assert all(errors[n] <= 1.25 * base[n] for n in errors), (errors, base)
+
+
+# The tiled inverse (`KernelConfig.tril_inverse`): C = 64 (four tiles, merges at 16 -> 32 ->
+# 64), T = 150 (two chunks and a ragged tail), A0 scaled by 4 (write directions a_t of norm
+# up to 6: the chunks' T have entries up to 4e3 (seed 20) and 3e5 (seed 21), cond(I + N) up
+# to 4e5 and 2e7).
+TILED_SHAPE, TILED_A0 = (1, 150, 2, 16, 16, 64), 4.0
+
+
+def test_tiled_inverse_float64(x64):
+  """KernelConfig(tril_inverse="blocks"): T from 16 x 16 tiles in the state prep; forward and
+  gradients against float64 (`_config_check`)."""
+  cfg = KernelConfig(chunk_size=TILED_SHAPE[-1], tril_inverse="blocks")
+  _config_check(np.float64, cfg, TILED_SHAPE, seed=20, a0_scale=TILED_A0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_tiled_inverse_float32_and_bfloat16(dtype):
+  """The same for float32 and bfloat16 inputs (float32 states) within the dtype's tolerance
+  of float64; with bfloat16 inputs no error above 1.25x the block doubling's (measured: at
+  most 1.01x, o 7.5e-3 against 8.0e-3)."""
+  C = TILED_SHAPE[-1]
+  errors = _config_check(dtype, KernelConfig(chunk_size=C, tril_inverse="blocks"),
+                         TILED_SHAPE, seed=21, a0_scale=TILED_A0)
+  if dtype == jnp.bfloat16:
+    base = _config_check(dtype, KernelConfig(chunk_size=C), TILED_SHAPE, seed=21,
+                         a0_scale=TILED_A0)
     assert all(errors[n] <= 1.25 * base[n] for n in errors), (errors, base)
 
 
@@ -355,14 +392,14 @@ def _packed_scan(ids):
   return run
 
 
-def _packed_check(seed, shape, dtype, state_chain="residual"):
+def _packed_check(seed, shape, dtype, state_chain="residual", tril_inverse="doubling"):
   """Forward against the documents alone and the six gradients against jax.grad of
   impl="scan" on the packed rows (float64, on the inputs' values); returns the relative
   errors."""
   B, T, H, dk, dv, C = shape
   ids = _packed_ids(seed, B, T, C)
   args = _packed_inputs(seed, B, T, H, dk, dv, dtype)
-  cfg = KernelConfig(chunk_size=C, state_chain=state_chain)
+  cfg = KernelConfig(chunk_size=C, state_chain=state_chain, tril_inverse=tril_inverse)
   run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
   o, S, A = jax.jit(run)(*args)
   chex.assert_type(o, dtype)
@@ -406,6 +443,17 @@ def test_packed_documents_float32_and_bfloat16(dtype):
   """The packed forward and gradients for float32 and bfloat16 inputs (float32 states) within
   the dtype's tolerance of float64 on the same values."""
   _packed_check(12, SHAPES[1], dtype)
+
+
+def test_packed_documents_tiled_inverse_float64(x64):
+  """tril_inverse "blocks" with packed documents (T block diagonal by document, documents
+  across tile boundaries; C = 64, T = 150): forward and gradients exact in float64."""
+  _packed_check(14, TILED_SHAPE, np.float64, tril_inverse="blocks")
+
+
+def test_packed_documents_tiled_inverse_bfloat16():
+  """The same with bfloat16 inputs, within the bfloat16 tolerance of float64."""
+  _packed_check(14, TILED_SHAPE, jnp.bfloat16, tril_inverse="blocks")
 
 
 def test_packed_bad_arguments_raise():
