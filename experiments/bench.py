@@ -20,6 +20,13 @@ d = 128 at every T):
     python experiments/bench.py --name=state_chain_h200 --dims=64,128 \
         --Ts=4096,32768,131072 --rows=vla_kernel_chain_residual,vla_kernel_chain_transfer
 
+The state prep's two ways to form each chunk's (I + N)^-1 (`KernelConfig.tril_inverse`),
+for VLA and for DeltaNet's and Gated DeltaNet's kernels:
+
+    python experiments/bench.py --name=tril_inverse_h200 --dims=64,128 --Ts=4096,32768 \
+        --rows=vla_kernel_tril_doubling,vla_kernel_tril_blocks,deltanet_kernel_tril_doubling,\
+deltanet_kernel_tril_blocks,gated_deltanet_kernel_tril_doubling,gated_deltanet_kernel_tril_blocks
+
 DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
 
     python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \
@@ -41,6 +48,7 @@ _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Out
 _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_cudnn, "
                           "fla_delta_rule; also vla_kernel_elimination, vla_kernel_newton, "
                           "vla_kernel_chain_residual, vla_kernel_chain_transfer, "
+                          "{vla,deltanet,gated_deltanet}_kernel_tril_{doubling,blocks}, "
                           "state_path_triton, deltanet_pallas, "
                           "gated_deltanet_pallas, fla_gated_delta_rule).")
 _DIMS = flags.DEFINE_list("dims", None, "Head dims (default 64,128).")

@@ -32,6 +32,13 @@ included:
     python experiments/check_kernels.py --name=check_h200_d64_transfer --dims=64 \
         --state_chain=transfer
 
+--tril_inverse=blocks checks the state prep's tiled inverse (`KernelConfig.tril_inverse`) in
+every case, the drift cases, the long run and the baselines' cases (their kernels then run
+called themselves, not through the ops):
+
+    python experiments/check_kernels.py --name=check_h200_tril_blocks --dims=64,128 \
+        --tril_inverse=blocks --ops=vla,deltanet,gated_deltanet --max_T=32768 --long_T=0
+
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
@@ -64,6 +71,9 @@ _FALLBACK = flags.DEFINE_bool("newton_fallback", False,
                               "block_factor 'newton' falls back to the elimination.")
 _STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transfer"],
                                  "KernelConfig.state_chain of the checked calls (vla).")
+_TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "blocks"],
+                                  "KernelConfig.tril_inverse of the checked calls (vla and "
+                                  "the baselines).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
@@ -109,9 +119,9 @@ def main(argv):
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
   options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value,
-                 state_chain=_STATE_CHAIN.value)
+                 state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value)
   for case in cases:
-    row = rec.row(**(check_baselines.check_case(case)
+    row = rec.row(**(check_baselines.check_case(case, tril_inverse=_TRIL_INVERSE.value)
                      if isinstance(case, check_baselines.Case) else check.check(case, **options)))
     if row["status"] != "ok":
       failed.append(row)
@@ -122,7 +132,8 @@ def main(argv):
   if drift_rows:
     print(check.drift_table(drift_rows), flush=True)
   if _LONG_T.value and not _SMOKE.value and "vla" in _OPS.value:
-    row = rec.row(**check.long_run(_LONG_T.value, state_chain=_STATE_CHAIN.value))
+    row = rec.row(**check.long_run(_LONG_T.value, state_chain=_STATE_CHAIN.value,
+                                   tril_inverse=_TRIL_INVERSE.value))
     if row["status"] != "ok":
       failed.append(row)
   print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),

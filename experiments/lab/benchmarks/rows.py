@@ -19,6 +19,14 @@ Not in the default suite (--rows selects them):
                      the same with `KernelConfig.state_chain` "residual" or "transfer": the
                      state chains' two steps (they run where the plan splits the state loops:
                      few programs, e.g. B = 1 at long T, or d = 128)
+  vla_kernel_tril_doubling, vla_kernel_tril_blocks
+                     the same with `KernelConfig.tril_inverse` "doubling" or "blocks": the
+                     state prep's two ways to form each chunk's (I + N)^-1
+  deltanet_kernel_tril_doubling, deltanet_kernel_tril_blocks,
+  gated_deltanet_kernel_tril_doubling, gated_deltanet_kernel_tril_blocks
+                     `deltanet_pallas` / `gated_deltanet_pallas` themselves (S0 = 0; no op
+                     wrapper), inputs as deltanet_pallas / gated_deltanet_pallas, with
+                     `KernelConfig.tril_inverse` "doubling" or "blocks"
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -65,6 +73,18 @@ CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
                      default=False),
              RowSpec("vla_kernel_chain_transfer", "vla", "kernel_chain_transfer", "jax",
                      default=False),
+             RowSpec("vla_kernel_tril_doubling", "vla", "kernel_tril_doubling", "jax",
+                     default=False),
+             RowSpec("vla_kernel_tril_blocks", "vla", "kernel_tril_blocks", "jax",
+                     default=False),
+             RowSpec("deltanet_kernel_tril_doubling", "deltanet", "kernel_tril_doubling", "jax",
+                     default=False),
+             RowSpec("deltanet_kernel_tril_blocks", "deltanet", "kernel_tril_blocks", "jax",
+                     default=False),
+             RowSpec("gated_deltanet_kernel_tril_doubling", "gated_deltanet",
+                     "kernel_tril_doubling", "jax", default=False),
+             RowSpec("gated_deltanet_kernel_tril_blocks", "gated_deltanet", "kernel_tril_blocks",
+                     "jax", default=False),
              RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
              RowSpec("deltanet_pallas", "deltanet", "pallas", "jax", default=False),
              RowSpec("gated_deltanet_pallas", "gated_deltanet", "pallas", "jax", default=False),
@@ -134,11 +154,14 @@ def _state_path(chunk):
   return fwd
 
 
-# The `KernelConfig` options of the vla_kernel_* rows, by impl.
+# The `KernelConfig` options of the *_kernel_* rows (vla; deltanet and gated_deltanet take the
+# kernel_tril_* ones), by impl.
 KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_newton": {"block_factor": "newton"},
                   "kernel_chain_residual": {"state_chain": "residual"},
-                  "kernel_chain_transfer": {"state_chain": "transfer"}}
+                  "kernel_chain_transfer": {"state_chain": "transfer"},
+                  "kernel_tril_doubling": {"tril_inverse": "doubling"},
+                  "kernel_tril_blocks": {"tril_inverse": "blocks"}}
 
 
 def _vla_kernel(chunk, options):
@@ -156,6 +179,21 @@ def _vla_kernel(chunk, options):
   return fwd
 
 
+def _delta_kernel(op, chunk, options):
+  """(q, k, v, beta[, log_decay]) -> o of `deltanet_pallas` or `gated_deltanet_pallas` with
+  the `KernelConfig` options (S0 = 0)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from vla_jax.kernels.delta_rule import deltanet_pallas, gated_deltanet_pallas
+  cfg = KernelConfig(chunk_size=chunk, **options)
+  zero = lambda q, v: jnp.zeros((q.shape[0], q.shape[2], v.shape[-1], q.shape[-1]), jnp.float32)
+  if op == "deltanet":
+    return lambda q, k, v, beta: deltanet_pallas(q, k, v, beta, zero(q, v), config=cfg)[0]
+  return lambda q, k, v, beta, g: gated_deltanet_pallas(q, k, v, beta, g, zero(q, v),
+                                                        config=cfg)[0]
+
+
 def jax_function(op, impl, pass_, chunk=CHUNK):
   """The function one JAX row times: fn(*inputs) -> o, or (o, cotangents)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -165,6 +203,8 @@ def jax_function(op, impl, pass_, chunk=CHUNK):
     fwd, n = _vla_kernel(chunk, KERNEL_OPTIONS[impl]), 4
   elif op == "vla":
     fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
+  elif op in ("deltanet", "gated_deltanet") and impl in KERNEL_OPTIONS:
+    fwd, n = _delta_kernel(op, chunk, KERNEL_OPTIONS[impl]), 4 if op == "deltanet" else 5
   elif op == "state_path":
     fwd, n = _state_path(chunk), 4
   elif op == "deltanet":

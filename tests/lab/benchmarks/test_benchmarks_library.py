@@ -73,6 +73,38 @@ def test_state_chain_families():
           key, pass_, kernels)
 
 
+def test_tril_inverse_families():
+  """The *_kernel_tril_doubling and *_kernel_tril_blocks rows (VLA, DeltaNet, Gated DeltaNet):
+  outside the default suite; each traces forward and forward + backward, its state prep
+  forming T its own way (at C = 16 the tiles take 4 products in vla_state_prep, the doubling
+  10)."""
+  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
+  keys = [f"{op}_kernel_tril_{form}" for op in ("vla", "deltanet", "gated_deltanet")
+          for form in ("doubling", "blocks")]
+  assert not set(keys) & set(rows.DEFAULT_ROWS) and set(keys) <= set(rows.BY_KEY)
+  for key in keys:
+    spec = rows.BY_KEY[key]
+    for pass_ in rows.PASSES:
+      args = rows.abstract_inputs(spec.op, 1, 64, 2, 16, jnp.float32, pass_ != "fwd")
+      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_, chunk=16))(*args)
+      products = sum(e.primitive.name == "dot_general" for where, e in equations(jaxpr)
+                     if where == "vla_state_prep")
+      assert products == (4 if key.endswith("blocks") else 10), (key, pass_, products)
+
+
+def test_check_takes_the_tril_inverse():
+  """`check.check` and `check_baselines.check_case` (what check_kernels --tril_inverse runs)
+  with tril_inverse "blocks" on a smoke case of VLA and of DeltaNet: within their float64
+  bounds, the option recorded in the rows."""
+  from lab.benchmarks import check_baselines  # pylint: disable=import-outside-toplevel
+  row = check.check(check.smoke_cases()[0], interpret=True, tril_inverse="blocks")
+  assert row["status"] == "ok" and row["tril_inverse"] == "blocks", row
+  assert max(row["errors"].values()) < 1e-4, row["errors"]
+  row = check_baselines.check_case(check_baselines.smoke_cases()[0], tril_inverse="blocks")
+  assert row["status"] == "ok" and row["tril_inverse"] == "blocks", row
+  assert max(row["errors"].values()) < 1e-4, row["errors"]
+
+
 def test_check_takes_the_state_chain():
   """`check.check` (what check_kernels --state_chain runs) with state_chain "transfer" on the
   smoke case: within its float64 bounds, the option recorded in the row."""
