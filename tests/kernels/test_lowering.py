@@ -126,8 +126,7 @@ def test_newton_block_factor_lowers(dtype, precision):
                                         block_factor="newton")
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_transfer_state_chain_lowers(dtype):
+def test_transfer_state_chain_lowers(dtype=jnp.bfloat16):
   """state_chain="transfer": the transfer-matrix chains (Phi and Psi carried through the loop)
   lower in place of the residual chains, forward and gradient, packed documents too, at
   d = 64 and 128; Gated DeltaNet's decays too."""
@@ -176,8 +175,7 @@ def _tiled_calls(dtype, d, C, precision=jax.lax.Precision.DEFAULT):
            gated_args)]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_tiled_tril_inverse_lowers(dtype):
+def test_tiled_tril_inverse_lowers(dtype=jnp.bfloat16):
   """tril_inverse="blocks": the state prep with T from 16 x 16 tiles and U', W' by row blocks
   lowers for the H200 in the gradients of vla_pallas (plain and packed documents) and of
   Gated DeltaNet's kernel (decays), at d = 64 with C = 64 and at d = 128 with C = 128."""
