@@ -256,6 +256,12 @@ class KernelConfig:
         # bfloat16 or one-pass TF32 (its L^-1 then enters Y = L^-1 X rounded to bfloat16 or
         # TF32 anyway), the scan's own kind at HIGH and HIGHEST.
         newton_dot=prec("tf32" if kind == "bf16" else kind),
+        # Penalty-scan blocks and row cotangents of large penalty gain
+        # (`penalty_scan.GAIN_LIMIT`: early in a sequence or document, or along a direction u
+        # has not taken) in three TF32 passes where the scan's own products are bfloat16 or
+        # one-pass TF32. (bfloat16 products of split operands, hi hi + hi lo + lo hi, err
+        # ~2^-16 of A: o 0.15 off at d = 64, |u| = 8, lam0 = 1e-3, gains 6e4, interpret mode.)
+        accurate_dot=prec("tf32x3") if kind in ("bf16", "tf32") else None,
         scan_warps=scan_warps, segment_chunks=seg,
         segments=-(-N // seg), exact_starts=exact,
         inverse_kernel=dk <= INVERSE_KERNEL_UP_TO, inverse_dot=prec(accurate),
@@ -302,6 +308,10 @@ class Plan:
     factor_dot: the penalty scan's and the row-cotangent kernel's products (in bfloat16 mode
       the carried A and A_c as two bfloat16 parts, `common.split_operand`).
     block_factor: `KernelConfig.block_factor`; newton_dot: the products of its Newton steps.
+    accurate_dot: None, or the products of the penalty-scan blocks and row cotangents whose
+      penalty gains exceed `penalty_scan.GAIN_LIMIT` where `factor_dot` is bfloat16 or
+      one-pass TF32 (three TF32 passes: such a block shrinks A by more than the low-precision
+      products resolve).
     scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
       (one wave of programs); segments: segments per sequence.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
@@ -335,6 +345,7 @@ class Plan:
   factor_dot: object
   block_factor: str
   newton_dot: object
+  accurate_dot: object
   scan_warps: int
   segment_chunks: int
   segments: int

@@ -17,6 +17,10 @@ over the chunk's tokens s <= t), so `vla_row_cotangents` forms, per chunk, in pa
 
     Z = dW A_c - tril(dW Y^T) Y                  ([C, dk]; tril keeps s <= t)
 
+With bfloat16 or one-pass TF32 products (`Plan.accurate_dot`) Z cancels like the scan's
+downdates: the rows whose penalty gains (written by the forward scan) summed from the chunk
+start exceed `penalty_scan.GAIN_LIMIT` take Z at three-pass products.
+
 The sums over t >= s are a reverse linear attention, chunk by chunk: within a chunk the masked
 products, across chunks suffix sums of Z^T W. `vla_adjoint_du` keeps them on chip, one program
 per (batch * head, segment of up to 8 chunks), carrying
@@ -45,7 +49,7 @@ from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts,
                                     finite, iota, rows_spec, split_operand, unit_rows_vjp)
-from vla_jax.kernels.penalty_scan import penalty_forward
+from vla_jax.kernels.penalty_scan import GAIN_LIMIT, penalty_forward
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.vla.recurrence import WRITE_EPS
 
@@ -55,45 +59,74 @@ DU_SEGMENT_CHUNKS = 8   # chunks a u-cotangent program carries E through (1,024 
 
 # ----------------------------------------------------------------------------- Z kernel
 
-def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset):
+def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset, accurate_dot):
   # One (batch * head, chunk): ac_ref [dk, dk] A at the chunk start; y_ref (Woodbury rows),
   # w_ref (rows A_t khat_t), da_ref (the unit rows' cotangents), z_ref [C, dk]. A and Y enter
   # through `finite`: after a non-finite token they are NaN, and the zero cotangents there
-  # must not turn earlier rows into NaN. Packed documents: refs = (rel_ref [C], z_ref).
-  mm = functools.partial(dot, precision=precision)
+  # must not turn earlier rows into NaN. refs: with accurate_dot first g_ref [C] (the
+  # forward's penalty gains), with packed documents then rel_ref [C]; last z_ref.
+  g_ref = None
+  if accurate_dot is not None:
+    g_ref, *refs = refs
   r, c, _ = iota(C)
   dW = unit_rows_vjp(w_ref[...].astype(acc), da_ref[...].astype(acc), WRITE_EPS)
   Y = finite(y_ref[...].astype(acc))
-  # A_c as a split operand (two bfloat16 parts in bfloat16 mode, as in the scan).
-  dWA = dot_parts(dW, split_operand(finite(ac_ref[...].astype(acc)), precision),
-                  precision=precision)
+  A_c = finite(ac_ref[...].astype(acc))
   lower = r >= c
   if reset is None:
     (z_ref,) = refs
+    first = None
   else:
     rel_ref, z_ref = refs
     same, first, _, _ = doc_masks(rel_ref[...])
-    dWA, lower = jnp.where(first, dWA, reset * dW), lower & same
-  Z = dWA - mm(jnp.where(lower, mm(dW, Y, tb=True), 0.0), Y)
+    lower = lower & same
+
+  def rows(mm, dWA):
+    # Z = dW A_c - tril(dW Y^T) Y with products mm.
+    if first is not None:
+      dWA = jnp.where(first, dWA, reset * dW)
+    return dWA - mm(jnp.where(lower, mm(dW, Y, tb=True), 0.0), Y)
+
+  # A_c as a split operand (two bfloat16 parts in bfloat16 mode, as in the scan).
+  Z = rows(functools.partial(dot, precision=precision),
+           dot_parts(dW, split_operand(A_c, precision), precision=precision))
+  if g_ref is not None:
+    # A_t = A_c - (the chunk's downdates up to t) shrank from A_c by up to 1 + the sum of the
+    # penalty gains since the chunk start; past GAIN_LIMIT products of the plan's low
+    # precision lose as much relative accuracy in Z, and the row takes Z at `accurate_dot`
+    # (a row depends on no later row).
+    gain = g_ref[...].astype(acc)
+    heavy = jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT     # [C]
+
+    def accurate(Z):
+      mm_acc = functools.partial(dot, precision=accurate_dot)
+      return jnp.where(heavy[:, None], rows(mm_acc, mm_acc(dW, A_c)), Z)
+
+    Z = jax.lax.cond(jnp.max(jnp.where(heavy, 1.0, 0.0)) > 0.0, accurate, lambda Z: Z, Z)
   z_ref[...] = Z.astype(z_ref.dtype)
 
 
-def row_cotangents(A_chunks, Y, W, da, *, plan, warps, rel=None, reset=None):
+def row_cotangents(A_chunks, Y, W, da, *, plan, warps, gains=None, rel=None, reset=None):
   """Z [BH, N * C, dk] = A_t dW_t of every token (module docstring), grid (B * H, N).
   A_chunks: [BH, >= N, dk, dk] A at each chunk start; Y, W: [BH, >= N * C, dk] the forward
   scan's Woodbury rows and rows A_t khat_t; da: [BH, N * C, dk] the unit rows' cotangents.
-  rel: None, or [BH, N * C] int32 chunk-relative document indices (A restarts at `reset` * I
-  at every document start)."""
+  gains: [BH, >= N * C], the forward's penalty gains, with `plan.accurate_dot` (rows past
+  `GAIN_LIMIT` from their chunk's start take Z at those products). rel: None, or
+  [BH, N * C] int32 chunk-relative document indices (A restarts at `reset` * I at every
+  document start)."""
   BH, T_pad, dk = da.shape
   C = plan.chunk_size
   rows = rows_spec(C, dk)
   in_specs = [pl.BlockSpec((None, None, dk, dk), lambda i, n: (i, n, 0, 0))] + [rows] * 3
   args = [A_chunks, Y, W, da]
+  if plan.accurate_dot is not None:
+    in_specs, args = in_specs + [doc_spec(C)], args + [gains]
   if rel is not None:
     in_specs, args = in_specs + [doc_spec(C)], args + [rel]
   return pl.pallas_call(
       functools.partial(_z_kernel, C=C, precision=plan.factor_dot, acc=Y.dtype,
-                        reset=None if rel is None else float(reset)),
+                        reset=None if rel is None else float(reset),
+                        accurate_dot=plan.accurate_dot),
       grid=(BH, T_pad // C),
       in_specs=in_specs,
       out_specs=rows,
@@ -219,25 +252,26 @@ def penalty_path(khat, u, A0, plan, docs=None, reset=None):
 def _forward(khat, u, A0, plan, docs, reset):
   B, H, N, C, dk = khat.shape
   flat = lambda x: x.reshape(B, H, N * C, dk)
-  a, W, Y, A_chunks, A_T = penalty_forward(plan, flat(khat), flat(u), A0, both=True,
-                                           docs=None if docs is None else docs[1], reset=reset)
-  return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, Y, A_chunks
+  a, W, Y, A_chunks, gains, A_T = penalty_forward(
+      plan, flat(khat), flat(u), A0, both=True, docs=None if docs is None else docs[1],
+      reset=reset)
+  return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, Y, A_chunks, gains
 
 
 def _fwd(khat, u, A0, plan, docs, reset):
-  a, A_T, W, Y, A_chunks = _forward(khat, u, A0, plan, docs, reset)
-  return (a, A_T), (khat, u, A0, W, Y, A_chunks, A_T, docs)
+  a, A_T, W, Y, A_chunks, gains = _forward(khat, u, A0, plan, docs, reset)
+  return (a, A_T), (khat, u, A0, W, Y, A_chunks, gains, A_T, docs)
 
 
 def _bwd(plan, reset, res, cts):
-  khat, u, A0, W_full, Y, A_chunks, A_T, docs = res
+  khat, u, A0, W_full, Y, A_chunks, gains, A_T, docs = res
   da, dA_T = cts
   B, H, N, C, dk = khat.shape
   acc = W_full.dtype
   T_pad = N * C
   rel = None if docs is None else docs[2]
   Z = row_cotangents(A_chunks, Y, W_full, da.astype(acc).reshape(B * H, T_pad, dk),
-                     plan=plan, warps=plan.adjoint_warps, rel=rel,
+                     plan=plan, warps=plan.adjoint_warps, gains=gains, rel=rel,
                      reset=reset).reshape(B, H, N, C, dk)
   W = W_full[:, :T_pad].reshape(B, H, N, C, dk)
   U = u.astype(acc)

@@ -17,6 +17,14 @@ bfloat16 products A enters U A and E A as two bfloat16 parts (`common.split_oper
 would round it by 2^-9 of its largest entries in every product, which over a long segment
 outgrows A's small eigenvalues when u is anisotropic (kernels/DESIGN.md, "Penalty scan").
 
+Blocks of large penalty gain. A block shrinks A along its u by up to 1 + the sum of its gains
+u_i^T A u_i (G's diagonal), and low-precision products lose as much relative accuracy: early
+in a sequence (A = A_0 = I / lam0, gains |u|^2 / lam0) bfloat16 products drove A indefinite.
+With `Plan.accurate_dot` (bfloat16 or one-pass TF32 products) the rows from the first one k
+whose running sum of gains exceeds GAIN_LIMIT run the block again at those products, from
+A - Y_k^T Y_k (Y_k: the low-precision pass's Woodbury rows of rows < k, which keep their
+rows): causal, and W, Y and A one sequence of downdates.
+
 Parallelism: one program per (batch * head, segment). Each sequence is cut into S segments of
 L = `Plan.segment_chunks` chunks (as many segments as fill one wave of programs), and A at each
 segment start comes from `segment_starts.py` (a direct inverse of the prefix sum of u u^T).
@@ -50,26 +58,39 @@ from vla_jax.kernels.segment_starts import segment_start_inverses
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
 
 ROLES = ("unit", "both")
+# The largest sum of penalty gains u_i^T A u_i over a block's first rows (A at the block start)
+# that runs at the plan's low-precision products (`Plan.accurate_dot`): a block shrinks A
+# along its u by up to 1 + that sum, and bfloat16 products lose as much relative accuracy
+# (2^-9 a product). Interpret mode, bfloat16 inputs, isotropic u, A0 = I / lam0, o against
+# float64 per quarter of the sequence: at 8, flat (d = 64, T = 1024, 256-token segments,
+# |u| = 8 and 1 at lam0 = 0.1: 5.8e-3 / 5.7e-3 in the first quarter, 5.6e-3 in the last;
+# d = 16, |u| = 4 at lam0 = 0.1 and |u| = 1 at 0.01: 8.2e-3 against 8.6e-3); at 16 the first
+# quarter errs 1.5x the last (8.2e-3, 1.2e-2), without the limit NaN. At the layer defaults
+# (lam0 = 1, |u| = 1, T = 4096) 6 of 256 blocks pass it at d = 64 (13 at d = 128), at
+# lam0 = 0.1 12 (NumPy count).
+GAIN_LIMIT = 8.0
 
 
 # ----------------------------------------------------------------------------- kernel
 
 def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc,
-                 reset, newton_dot):
+                 reset, newton_dot, accurate_dot):
   # Inputs: a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (keys, penalty
   # directions); with reset (packed documents) also d_ref [L] (document indices). Outputs:
   # ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk] (rows A_t khat_t,
-  # Woodbury rows) and ac_ref [L / C, dk, dk] (A at each chunk start); last
-  # at_ref [dk, dk] (segment-end inverse).
-  d_ref = None
+  # Woodbury rows), ac_ref [L / C, dk, dk] (A at each chunk start) and, with accurate_dot,
+  # g_ref [L] (penalty gains); last at_ref [dk, dk] (segment-end inverse). accurate_dot:
+  # None, or the products of rows past GAIN_LIMIT (module docstring).
+  d_ref = g_ref = None
   if reset is not None:
     d_ref, *outs = outs
-  if role == "both":
+  if role == "both" and accurate_dot is not None:
+    ah_ref, wr_ref, y_ref, ac_ref, g_ref, at_ref = outs
+  elif role == "both":
     ah_ref, wr_ref, y_ref, ac_ref, at_ref = outs
   else:
     (ah_ref, at_ref), wr_ref = outs, None
-  mm = functools.partial(dot, precision=precision)
-  r, c, _ = iota(b)
+  r, c, v = iota(b)
   one = eye(b, acc)
   block_inverse = (chol_inv if newton_dot is None
                    else functools.partial(guarded_chol_inv, precision=newton_dot))
@@ -81,31 +102,73 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
     if unit_keys:
       E = unit_rows(E, KEY_EPS)
     lower = r >= c
-    # A as a split operand: in bfloat16 mode two bfloat16 parts (one would round the carried
-    # inverse by 2^-9 of its largest entries in every product, `split_operand`).
-    A_parts = split_operand(A, precision)
-    X, EA = (dot_parts(x, A_parts, precision=precision) for x in (U, E))    # [b, dk]
-    if d_ref is None:
-      G = mm(X, U, tb=True)
-    else:   # rows of documents that start in this block begin from reset * I
+    if d_ref is not None:   # rows of documents that start in this block begin from reset * I
       d = d_ref[rows]
       fresh = d[:, None] != d_prev
       same = d[:, None] == d[None, :]
-      X = jnp.where(fresh, reset * U, X)
-      EA = jnp.where(fresh, reset * E, EA)
-      G = jnp.where(same, mm(X, U, tb=True), 0.0)
       lower = lower & same
-    Y = mm(block_inverse(one + G), finite(X))             # L^-1 X
+
+    def docs(X, EA):
+      # Rows of documents that start in this block: reset * U, reset * E.
+      if d_ref is None:
+        return X, EA
+      return jnp.where(fresh, reset * U, X), jnp.where(fresh, reset * E, EA)
+
+    def gram(mm, X):
+      G = mm(X, U, tb=True)
+      return G if d_ref is None else jnp.where(same, G, 0.0)
+
+    def downdate(mm, Y):
+      # Y^T Y over the block's rows (packed: its last document's rows).
+      return mm(Y, Y if d_ref is None else jnp.where(d[:, None] == jnp.max(d), Y, 0.0),
+                ta=True)
+
+    # X = U A and E A with A as a split operand (in bfloat16 mode two bfloat16 parts: one
+    # would round the carried inverse by 2^-9 of its largest entries in every product,
+    # `split_operand`); Y = L^-1 X with I + X U^T = L L^T; W = E A - tril(E Y^T) Y.
+    mm = functools.partial(dot, precision=precision)
+    A_parts = split_operand(A, precision)
+    X, EA = docs(*(dot_parts(x, A_parts, precision=precision) for x in (U, E)))  # [b, dk]
+    G = gram(mm, X)
+    Y = mm(block_inverse(one + G), finite(X))
     W = EA - mm(jnp.where(lower, mm(E, Y, tb=True), 0.0), finite(Y))
+    if accurate_dot is None:
+      YY = downdate(mm, Y)
+    else:
+      # The penalty gains g_i = u_i^T A u_i (G's diagonal) summed over the rows up to i: the
+      # block shrinks A along the rows' u by up to 1 + that sum, and products of the plan's
+      # low precision lose as much relative accuracy (bfloat16: 2^-9 of A's entries in the
+      # downdate, which drove A indefinite). From the first row k past GAIN_LIMIT on, the
+      # block runs again at `accurate_dot` (three TF32 passes), from A minus the downdates of
+      # rows < k as the low-precision pass made them (those rows keep their W and Y: no row
+      # depends on a later token, and A, W, Y stay one consistent sequence of downdates).
+      gain = jnp.sum(jnp.where(r == c, G, 0.0), axis=1)                        # [b]
+      over = jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
+      k = jnp.min(jnp.where(over, v, b))
+
+      def accurate(Y, W):
+        mm_acc = functools.partial(dot, precision=accurate_dot)
+        rest = v[:, None] >= k                                                 # [b, 1]
+        Yp = finite(jnp.where(rest, 0.0, Y))                                   # rows < k
+        X, EA = docs(mm_acc(U, A), mm_acc(E, A))
+        UY = mm_acc(U, Yp, tb=True)
+        X = X - mm_acc(UY if d_ref is None else jnp.where(same, UY, 0.0), Yp)  # U (A - Yp^T Yp)
+        G = jnp.where((r >= k) & (c >= k), gram(mm_acc, X), 0.0)
+        Y = Yp + mm_acc(chol_inv(one + G), finite(jnp.where(rest, X, 0.0)))
+        W_acc = EA - mm_acc(jnp.where(lower, mm_acc(E, Y, tb=True), 0.0), finite(Y))
+        return Y, jnp.where(rest, W_acc, W), downdate(mm_acc, Y)
+
+      Y, W, YY = jax.lax.cond(k < b, accurate, lambda Y, W: (Y, W, downdate(mm, Y)), Y, W)
+      if g_ref is not None:   # for the row cotangents (`penalty_backward.py`)
+        g_ref[rows] = finite(gain).astype(g_ref.dtype)
     if wr_ref is not None:   # the adjoint's residuals, non-finite rows as zeros
       wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
       y_ref[rows, :] = finite(Y).astype(y_ref.dtype)
     ah_ref[rows, :] = unit_rows(W, WRITE_EPS).astype(ah_ref.dtype)
     if d_ref is None:
-      return A - mm(Y, Y, ta=True)
+      return A - YY
     d_last = jnp.max(d)
-    A = jnp.where(d_last != d_prev, reset * eye(A.shape[0], acc), A)
-    return A - mm(Y, jnp.where(d[:, None] == d_last, Y, 0.0), ta=True), d_last
+    return jnp.where(d_last != d_prev, reset * eye(A.shape[0], acc), A) - YY, d_last
 
   carry = a0_ref[...].astype(acc)
   if d_ref is not None:
@@ -146,7 +209,8 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
   Returns:
     role "unit": (unit rows [BH, S * L, dk], A_end [BH, S, dk, dk]); role "both": (unit rows,
     rows A_t khat_t, Woodbury rows Y [BH, S * L, dk], A at every chunk start
-    [BH, S * L / C, dk, dk], A_end), the residuals in A_start's dtype.
+    [BH, S * L / C, dk, dk], with `plan.accurate_dot` the penalty gains u_t^T A u_t of every
+    token [BH, S * L] (A at its block's start), A_end), the residuals in A_start's dtype.
   """
   BH, S, dk, _ = A_start.shape
   L = e.shape[1] // S
@@ -161,6 +225,9 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
     out_specs[1:1] = [rows, rows, pl.BlockSpec((None, L // C, dk, dk), lambda h, s: (h, s, 0, 0))]
     out_shape[1:1] = [jax.ShapeDtypeStruct((BH, S * L, dk), acc)] * 2 + [
         jax.ShapeDtypeStruct((BH, S * L // C, dk, dk), acc)]
+    if plan.accurate_dot is not None:
+      out_specs.insert(-1, doc_spec(L))
+      out_shape.insert(-1, jax.ShapeDtypeStruct((BH, S * L), acc))
   in_specs, args = [mat, rows_spec(L, dk, heads), rows_spec(L, dk, heads)], [A_start, e, u]
   if docs is not None:
     if S != 1:
@@ -170,7 +237,8 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
       functools.partial(_scan_kernel, L=L, C=C, b=SCAN_BLOCK, role=role, unit_keys=unit_keys,
                         precision=plan.factor_dot, acc=acc,
                         reset=None if docs is None else float(reset),
-                        newton_dot=plan.newton_dot if plan.block_factor == "newton" else None),
+                        newton_dot=plan.newton_dot if plan.block_factor == "newton" else None,
+                        accurate_dot=plan.accurate_dot),
       grid=(BH, S),
       in_specs=in_specs,
       out_specs=out_specs,
@@ -234,7 +302,8 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
   Returns (unit write directions [B * H, T_pad, dk] in rows_dtype, A_T [B * H, dk, dk]); with
   both (the differentiated forward, head-major only) also the adjoint's residuals over the
   segments' whole length S * L: (unit rows, rows A_t khat_t [B * H, S * L, dk], Woodbury rows
-  [B * H, S * L, dk], A at every chunk start [B * H, S * L / C, dk, dk], A_T)."""
+  [B * H, S * L, dk], A at every chunk start [B * H, S * L / C, dk, dk], penalty gains
+  [B * H, S * L] or None (without `plan.accurate_dot`), A_T)."""
   T_pad = u.shape[1] if token_major else u.shape[2]
   H, dk = u.shape[-2] if token_major else u.shape[1], u.shape[-1]
   A_start, S, L, e, u = segment_starts(plan, e, u, A0, token_major)
@@ -250,5 +319,6 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
                                                             mode="edge"),
                      reset=reset)
   if both:
-    return (out[0][:, :T_pad],) + tuple(out[1:4]) + (out[4][:, -1],)
+    gains = out[4] if plan.accurate_dot is not None else None
+    return (out[0][:, :T_pad],) + tuple(out[1:4]) + (gains, out[-1][:, -1])
   return out[0][:, :T_pad], out[1][:, -1]

@@ -16,7 +16,9 @@ so two forms, by `Plan.exact_starts`:
     in float64), M_0 = A_0^-1 and every M_s^-1 first as a float32 direct inverse X (the
     kernel below, or XLA at dk = 128), then `REFINE_STEPS` Newton steps
     X <- X + X (I - M X) in float64 (the residual I - M X is ~eps * cond and cancels: only
-    float64 forms it). Error ~eps, independent of T. For bfloat16 u the Grams are the float32
+    float64 forms it). Error ~eps, independent of T. Where the first residual exceeds
+    NEWTON_RESIDUAL (cond(M) ~1e6 and beyond, where the steps stop short or diverge), M's
+    float64 Cholesky inverse instead. For bfloat16 u the Grams are the float32
     ones of the direct form (each product of two bfloat16 numbers is exact in float32; only
     the sums round, by ~eps ||G_j|| per segment, not eps ||M_s||), summed in float64: error
     ~eps * sqrt(T L) / lambda_min(M_s) instead of ~eps * T / lambda_min (3e-4 against 5e-4
@@ -52,6 +54,12 @@ WARPS = 4     # both kernels (not tuned)
 # leaves 3.0e-7 relative error at cond(M) = 5.3e4 and 2e-8 at 600; two leave 2.7e-8, the
 # float32 rounding of A; kernels/VARIANTS.md, "Segment starts").
 REFINE_STEPS = 2
+# The largest Frobenius norm of the first residual I - M X (X the float32 start) from which the
+# Newton steps run; beyond it M's float64 Cholesky inverse. CPU, d = 16, u in 4 directions with
+# no noise, HIGHEST float32 starts: the residual is ~2e-7 cond(M); two steps leave 6e-8
+# relative error from 0.25, 5e-7 from 0.39, 3e-5 from 0.75, 8.7e-3 from 2.8 (cond 1.3e7:
+# |u| = 1, lam0 = 1e-4), and diverged to NaN from 6e2 (cond 8e8: |u| = 8, lam0 = 1e-4).
+NEWTON_RESIDUAL = 0.25
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -238,13 +246,23 @@ def _exact_start_inverses(u, A0, S, L, inverse, grams=None):
 def _newton_float64(X, M, steps=REFINE_STEPS):
   """`steps` Newton steps X <- X + X (I - M X) towards M^-1 in float64, symmetrised; X, M:
   [..., dk, dk] (float32 or float64; run under `jax.enable_x64`). Each step squares the
-  relative error of X, down to float64 rounding."""
+  residual I - M X, down to float64 rounding, from a first residual below 1; X, a float32
+  inverse, starts at ~eps * cond(M) (float32 rounds M itself by that much). Where the first
+  residual's norm exceeds NEWTON_RESIDUAL (M too ill-conditioned for a float32 start: the
+  steps would stop short of float32 accuracy, or diverge) the inverse is M's float64
+  Cholesky inverse instead (`spd_inverse`; computed only when some matrix needs it)."""
   X, M = X.astype(jnp.float64), M.astype(jnp.float64)
   mm = functools.partial(jnp.matmul, precision=HIGHEST)
   identity = jnp.eye(X.shape[-1], dtype=jnp.float64)
-  for _ in range(steps):
+  R = identity - mm(M, X)
+  ok = jnp.sum(R * R, axis=(-2, -1)) <= NEWTON_RESIDUAL ** 2        # False for NaN or Inf
+  X = X + mm(X, R)
+  for _ in range(steps - 1):
     X = X + mm(X, identity - mm(M, X))
-  return 0.5 * (X + jnp.swapaxes(X, -1, -2))
+  X = 0.5 * (X + jnp.swapaxes(X, -1, -2))
+  return jax.lax.cond(
+      jnp.all(ok), lambda X, M: X,
+      lambda X, M: jnp.where(ok[..., None, None], X, spd_inverse(M, solve=True)), X, M)
 
 
 def _grams_xla(u, S, L, token_major):

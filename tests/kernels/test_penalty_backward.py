@@ -11,6 +11,7 @@ import pytest
 from kernel_checks import anisotropic_u, assert_close, plan_for, rel, unit_np
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.penalty_backward import du_segment_chunks, penalty_path, u_cotangents
+from vla_jax.kernels.penalty_scan import GAIN_LIMIT
 from vla_jax.ops.utils import unit
 from vla_jax.ops.vla.penalty import penalty_scan
 
@@ -135,3 +136,84 @@ def test_float32_exact_at_long_T_anisotropic():
             "dA0": rel(sym(dA0), sym(grads[2])), "du": rel(du.reshape(B, H, T, dk), grads[1])}
   bounds = {"a": 1e-6, "A_T": 1e-6, "dkhat": 1e-6, "dA0": 1e-6, "du": 1e-4}
   assert all(errors[k] < bounds[k] for k in bounds), errors
+
+
+def test_bfloat16_large_penalty_gains():
+  """bfloat16 products, A0 = I / lam0 with lam0 = 0.1 and isotropic u of norm 4 (d = 16):
+  early in the sequence A shrinks ~100x in a block, which bfloat16 products do not resolve.
+  The scan's blocks and the row cotangents' rows past `penalty_scan.GAIN_LIMIT` take
+  three-pass products (interpret mode: float32): the unit rows and the cotangents of khat, u
+  and A0 within 1e-2 of float64, the first 64 tokens' within 2x of the rest's (measured:
+  2.7e-3 / 3.3e-3 a, 2.8e-3 / 4.3e-3 dkhat, 3.3e-3 / 5.2e-3 du). With the row cotangents in
+  bfloat16 products alone, dkhat errs by 9.4e-3 over the first 64 tokens; with the scan's
+  too, the rows are NaN."""
+  T, lam0, N = 128, 0.1, 8
+  rng = np.random.default_rng(6)
+  khat = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
+  u = rng.standard_normal((B, H, T, dk))
+  u = 4.0 * u / np.linalg.norm(u, axis=-1, keepdims=True)
+  A0 = np.broadcast_to(np.eye(dk) / lam0, (B, H, dk, dk))
+  wa, wA = rng.standard_normal((B, H, T, dk)), rng.standard_normal((B, H, dk, dk))
+  khat, u = (np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64) for x in (khat, u))
+  plan = plan_for(KernelConfig(chunk_size=C), jnp.bfloat16, dk, dk, B * H, N,
+                  segment_chunks=N, segments=1)
+  chunks = lambda x: x.reshape(B, H, N, C, dk)
+
+  def kernel(khat, u, A0):
+    out, pull = jax.vjp(lambda *x: penalty_path(*x, plan), chunks(khat), chunks(u), A0)
+    return out, pull((jnp.asarray(wa, jnp.float32).reshape(B, H, N, C, dk),
+                      jnp.asarray(wA, jnp.float32)))
+
+  (a, _), grads = jax.jit(kernel)(*(jnp.asarray(x, jnp.float32) for x in (khat, u, A0)))
+  with jax.enable_x64(True):
+    def scan(khat, u, A0):
+      tok = lambda x: jnp.swapaxes(x, 1, 2)
+      W, A_T = penalty_scan(tok(khat), tok(u), A0)
+      return tok(unit(W, 1e-12)), A_T
+
+    (a_ref, _), pull = jax.vjp(scan, *(jnp.asarray(x) for x in (khat, u, A0)))
+    want = pull((jnp.asarray(wa), jnp.asarray(wA)))
+  per_token = {"a": (a.reshape(B, H, T, dk), a_ref),
+               "dkhat": (grads[0].reshape(B, H, T, dk), want[0]),
+               "du": (grads[1].reshape(B, H, T, dk), want[1])}
+  for name, (g, r) in per_token.items():
+    g, r = np.asarray(g, np.float64), np.asarray(r)
+    assert np.isfinite(g).all(), name
+    early, late = rel(g[:, :, :64], r[:, :, :64]), rel(g[:, :, 64:], r[:, :, 64:])
+    assert max(early, late) < 1e-2 and early < 2 * late, (name, early, late)
+  sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
+  assert rel(sym(grads[2]), sym(want[2])) < 1e-2
+
+
+def test_bfloat16_nan_where_the_block_turns_accurate():
+  """bfloat16 products, A0 = 3 I and unit-norm u: the penalty gains of block 0 sum past
+  `GAIN_LIMIT` at token 2, so the clean run computes tokens 2.. of the block at three-pass
+  products and tokens 0, 1 in bfloat16. A NaN in u at token 2 leaves the block in bfloat16;
+  the rows and every cotangent before token 2 equal the clean run's (the rows before the
+  limit keep their low-precision pass, and the accurate pass continues from them)."""
+  N, t = 2, 2
+  T = N * C
+  rng = np.random.default_rng(8)
+  khat = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
+  u = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
+  A0 = np.broadcast_to(3.0 * np.eye(dk), (B, H, dk, dk))
+  u32 = np.asarray(jnp.asarray(u, jnp.float32), np.float64)
+  gains = np.cumsum(np.einsum("bhti,bhti->bht", u32[:, :, :16], u32[:, :, :16]) * 3.0, axis=-1)
+  assert (np.argmax(gains > GAIN_LIMIT, axis=-1) == t).all(), gains
+  wa = jnp.asarray(rng.standard_normal((B, H, T, dk)), jnp.float32)
+  plan = plan_for(KernelConfig(chunk_size=C), jnp.bfloat16, dk, dk, B * H, N,
+                  segment_chunks=N, segments=1)
+  chunks = lambda x: x.reshape(B, H, N, C, dk)
+  rows = lambda khat, u, A0: penalty_path(chunks(khat), chunks(u), A0, plan)[0].reshape(
+      B, H, T, dk)
+  loss = lambda khat, u, A0: jnp.sum(wa[:, :, :t] * rows(khat, u, A0)[:, :, :t])
+  fns = jax.jit(rows), jax.jit(jax.grad(loss, argnums=range(3)))
+  args = [jnp.asarray(x, jnp.float32) for x in (khat, u, A0)]
+  clean = [f(*args) for f in fns]
+  args[1] = args[1].at[0, 0, t, 3].set(jnp.nan)
+  bad = [f(*args) for f in fns]
+  assert not np.isfinite(np.asarray(bad[0][0, 0, t])).any()
+  np.testing.assert_array_equal(bad[0][:, :, :t], clean[0][:, :, :t])
+  for name, g, g_clean in zip(("khat", "u"), bad[1][:2], clean[1][:2]):
+    np.testing.assert_array_equal(g[:, :, :t], g_clean[:, :, :t], err_msg="d" + name)
+  np.testing.assert_array_equal(bad[1][2], clean[1][2], err_msg="dA0")

@@ -44,7 +44,7 @@ def test_head_major_float64(x64, T, segment_chunks):
   head = lambda x: jnp.pad(jnp.asarray(np.swapaxes(x, 1, 2)),
                            [(0, 0), (0, 0), (0, T_pad - T), (0, 0)])
   khat = head(unit_np(k, 1e-6))
-  a, W, Y, A_chunks, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
+  a, W, Y, A_chunks, _, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
       khat, head(u), jnp.asarray(A0))
   W_ref, A_ref = _reference(k, u, A0)
   assert_close(W[:, :T], W_ref, jnp.float64, "W")
@@ -146,7 +146,7 @@ def test_newton_block_factor(x64, dtype):
   cfg = KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST, block_factor="newton")
   plan = plan_for(cfg, dtype, dk, dk, B * H, N, segment_chunks=N // 2, segments=2)
   head = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), dtype)
-  a, W, Y, A_chunks, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
+  a, W, Y, A_chunks, _, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
       head(unit_np(k, 1e-6)), head(u), jnp.asarray(A0, dtype))
   W_ref, A_ref = _reference(k, u, A0)
   assert_close(W, W_ref, dtype, "W")
@@ -159,3 +159,33 @@ def test_newton_block_factor(x64, dtype):
       for i in range(B * H)]
   np.testing.assert_allclose(dev, want, rtol=1e-4)
   assert (dev > NEWTON_RADIUS).any() and (dev <= NEWTON_RADIUS).any(), dev
+
+
+@pytest.mark.parametrize("lam0,norm", [(0.1, 4.0), (0.01, 1.0)], ids=["u4_lam0.1", "u1_lam0.01"])
+def test_bfloat16_large_penalty_gains(lam0, norm):
+  """bfloat16 products over one segment of 256 tokens from A0 = I / lam0, d = 16, isotropic
+  u: the first blocks' penalty gains u^T A u reach |u|^2 / lam0 = 160 and 100, so each shrinks
+  A by ~100x along its u, more than bfloat16 products resolve (2^-9 of A's entries). Those
+  blocks take three-pass products (interpret mode: float32; `penalty_scan.GAIN_LIMIT`): the
+  unit rows stay finite, within 1e-2 of float64 (2.3e-3 measured), and the first 64 tokens
+  within 2x of the rest. With bfloat16 products throughout the downdates drove A indefinite:
+  errors of 0.4 and 0.5 over the first 64 tokens, NaN rows from token 26 and 67 (as the GPU's
+  drift check at d = 64, |u| = 8, lam0 = 0.1: NaN from its 256-token first segment on)."""
+  B, H, d, T, C = 1, 2, 16, 256, 64
+  rng = np.random.default_rng(5)
+  k = jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.bfloat16)
+  u = jnp.asarray(np.swapaxes(isotropic_u(rng, B, H, T, d, norm=norm), 1, 2), jnp.bfloat16)
+  A0 = np.broadcast_to(np.eye(d) / lam0, (B, H, d, d))
+  plan = plan_for(KernelConfig(chunk_size=C), jnp.bfloat16, d, d, B * H, T // C,
+                  segment_chunks=T // C, segments=1)
+  assert plan.accurate_dot is not None
+  a, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, token_major=True,
+                                              rows_dtype=jnp.float32))(
+      k, u, jnp.asarray(A0, jnp.float32))
+  heads = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2).reshape(B * H, T, d)
+  W, A_ref = penalty_rows_np(unit_np(heads(k), 1e-6), heads(u), A0.reshape(B * H, d, d))
+  want = unit_np(W, 1e-12)
+  assert np.isfinite(np.asarray(a)).all() and np.isfinite(np.asarray(A_T)).all()
+  early, late = rel(a[:, :64], want[:, :64]), rel(a[:, 64:], want[:, 64:])
+  assert max(early, late) < 1e-2 and early < 2 * late, (early, late)
+  assert rel(A_T, A_ref) < 1e-2

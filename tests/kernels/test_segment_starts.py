@@ -106,3 +106,26 @@ def test_exact_starts_bfloat16_u_read_in_place():
     errors[exact] = [rel(A[0, 0, s], want[s]) for s in range(S - 1)]
   assert plan_for(KernelConfig(), jnp.bfloat16, dk, dk, 1, 4).exact_starts
   assert max(errors[True]) < 3e-4 and 2 * errors[True][-1] < errors[False][-1], errors
+
+
+@pytest.mark.parametrize("lam0,norm", [(1e-4, 1.0), (1e-4, 8.0)])
+def test_exact_starts_beyond_newton_range(lam0, norm):
+  """float32 at HIGHEST, u in exactly 4 directions (no noise) and A0 = I / lam0, so M_s has
+  eigenvalues lam0 and ~T |u|^2 / 4: cond(M) 1.3e7 and 8e8 (d = 16, T = 4096). The float32
+  start's residual I - M X exceeds `NEWTON_RESIDUAL` (2.8 and 6e2), where the Newton steps
+  stop short (2.2e-2 relative error) or diverge (NaN); those starts take M's float64
+  Cholesky inverse: every start finite and within 1e-6 of float64."""
+  B, H, S, L, dk = 1, 1, 16, 256, 16
+  u = anisotropic_u(np.random.default_rng(0), B, H, S * L, dk, norm=norm, noise=0.0)
+  u = np.asarray(jnp.asarray(u, jnp.float32), np.float64)
+  A0 = np.broadcast_to(np.eye(dk) / lam0, (B, H, dk, dk))
+  plan = plan_for(KernelConfig(chunk_size=64, precision=jax.lax.Precision.HIGHEST), np.float32,
+                  dk, dk, B * H, S * L // 64, segment_chunks=L // 64, segments=S)
+  assert plan.exact_starts
+  A = jax.jit(lambda u, A0: segment_start_inverses(u, A0, S, L, plan=plan))(
+      jnp.asarray(u, jnp.float32), jnp.asarray(A0, jnp.float32))
+  U = u[0, 0]
+  M = [lam0 * np.eye(dk) + U[:s * L].T @ U[:s * L] for s in range(1, S)]
+  assert np.linalg.cond(M[-1]) > 1e7
+  errors = [rel(A[0, 0, s], np.linalg.inv(M[s])) for s in range(S - 1)]
+  assert max(errors) < 1e-6, errors

@@ -180,6 +180,27 @@ def test_bfloat16_anisotropic_u_does_not_drift():
     assert errors["anisotropic", lam0] <= 1.5 * errors["isotropic", lam0], errors
 
 
+
+def test_bfloat16_large_penalty_gains_stay_finite():
+  """bfloat16 inputs with the shapes and plan of `test_bfloat16_anisotropic_u_does_not_drift`
+  (64-token scan segments), isotropic u of norm sqrt(d) = 4 and A0 = I / lam0, lam0 = 0.1
+  (the GPU drift check's isotropic input): the first blocks' penalty gains reach 160, and
+  bfloat16 products in the scan drove A indefinite: NaN from token 41 to the end. Such blocks
+  take three-pass products (`penalty_scan.GAIN_LIMIT`): o finite, within 2e-2 of float64, no
+  quarter of the sequence above 1.5x another (measured 8.2e-3 to 8.4e-3)."""
+  B, T, H, d, C = 1, 4096, 2, 16, 64
+  args = vla_inputs(11, B, T, H, d, d, jnp.bfloat16)
+  rng = np.random.default_rng(11)
+  args[3] = jnp.asarray(np.swapaxes(isotropic_u(rng, B, H, T, d, norm=np.sqrt(d)), 1, 2),
+                        jnp.bfloat16)
+  args[5] = jnp.asarray(np.broadcast_to(10.0 * np.eye(d), (B, H, d, d)), jnp.float32)
+  o = np.asarray(_call(KernelConfig(chunk_size=C))(*args)[0], np.float64)
+  f64 = lambda x: np.asarray(x, np.float64)
+  want = oracles.vla(*map(f64, args[:4]), S0=f64(args[4]), A0=f64(args[5]))[0]
+  assert np.isfinite(o).all()
+  quarters = [rel(o[:, i:i + T // 4], want[:, i:i + T // 4]) for i in range(0, T, T // 4)]
+  assert max(quarters) < 2e-2 and max(quarters) < 1.5 * min(quarters), quarters
+
 def _transfer_check(dtype, state_chain="transfer"):
   """o, S_T, A_T and the six gradients of `vla_pallas` with `state_chain` at B = 1, H = 2,
   T = 300 (19 chunks of 16 and a ragged tail), anisotropic u (`_config_check`), asserting
@@ -364,10 +385,13 @@ def _packed_ids(seed, B, T, C):
   return ids
 
 
-def _packed_inputs(seed, B, T, H, dk, dv, dtype=np.float64):
+def _packed_inputs(seed, B, T, H, dk, dv, dtype=np.float64, u_norm=None):
+  """`vla_inputs` with anisotropic u, or with u_norm isotropic u of that norm."""
   args = vla_inputs(seed, B, T, H, dk, dv, dtype)
-  u = np.swapaxes(anisotropic_u(np.random.default_rng(seed), B, H, T, dk), 1, 2)
-  args[3] = jnp.asarray(u, dtype)
+  rng = np.random.default_rng(seed)
+  u = (anisotropic_u(rng, B, H, T, dk) if u_norm is None
+       else isotropic_u(rng, B, H, T, dk, norm=u_norm))
+  args[3] = jnp.asarray(np.swapaxes(u, 1, 2), dtype)
   return args
 
 
@@ -392,13 +416,14 @@ def _packed_scan(ids):
   return run
 
 
-def _packed_check(seed, shape, dtype, state_chain="residual", tril_inverse="doubling"):
+def _packed_check(seed, shape, dtype, state_chain="residual", tril_inverse="doubling",
+                  u_norm=None):
   """Forward against the documents alone and the six gradients against jax.grad of
   impl="scan" on the packed rows (float64, on the inputs' values); returns the relative
-  errors."""
+  errors. u_norm: `_packed_inputs`."""
   B, T, H, dk, dv, C = shape
   ids = _packed_ids(seed, B, T, C)
-  args = _packed_inputs(seed, B, T, H, dk, dv, dtype)
+  args = _packed_inputs(seed, B, T, H, dk, dv, dtype, u_norm)
   cfg = KernelConfig(chunk_size=C, state_chain=state_chain, tril_inverse=tril_inverse)
   run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
   o, S, A = jax.jit(run)(*args)
@@ -450,6 +475,15 @@ def test_packed_documents_tiled_inverse_float64(x64):
   across tile boundaries; C = 64, T = 150): forward and gradients exact in float64 (bfloat16
   with packed documents: test_delta_rule.py, on the same state prep)."""
   _packed_check(14, TILED_SHAPE, np.float64, tril_inverse="blocks")
+
+
+def test_packed_documents_bfloat16_large_penalty_gains():
+  """bfloat16 inputs with isotropic u of norm sqrt(dk): a document's first rows have penalty
+  gains |u|^2 / lam0 = 46 (A restarts at I / lam0), so the blocks where documents start run
+  the accurate branch (`penalty_scan.GAIN_LIMIT`), also from a row after an earlier
+  document's rows in the same block; forward and gradients within bfloat16's tolerance of
+  float64 on the same values."""
+  _packed_check(13, SHAPES[1], jnp.bfloat16, u_norm=np.sqrt(SHAPES[1][3]))
 
 
 def test_packed_bad_arguments_raise():

@@ -305,7 +305,7 @@ def _deviation_fn(precision, chunk, interpret):
                               [(0, 0), (0, 0), (0, T_pad - T), (0, 0)])
     uh = heads(u)
     khat = heads(unit(k.astype(jnp.float32), KEY_EPS))
-    _, _, Y, A_chunks, _ = penalty_scan.penalty_forward(plan, khat, uh, A0, both=True)
+    _, _, Y, A_chunks, _, _ = penalty_scan.penalty_forward(plan, khat, uh, A0, both=True)
     return penalty_scan.block_deviations(uh.reshape(B * H, T_pad, d), Y, A_chunks, chunk)
   return jax.jit(deviations)
 
