@@ -5,7 +5,7 @@ isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T an
 float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
 packed documents (`segment_ids`, about 300 tokens a document, anisotropic u) in float32 at
 HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; the drift
-cases (`check.drift_cases`: bfloat16, unit-norm u isotropic and anisotropic, lam0 0.1 and 1,
+cases (`check.drift_cases`: bfloat16, u anisotropic of unit norm and isotropic of norm ~sqrt(d), lam0 0.1 and 1,
 B = 1, H = 2, at --drift_Ts; o against impl="chunked" in float32 at HIGHEST, anisotropic within
 1.5x of isotropic, and a Markdown table of them printed at the end); then a long bfloat16
 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit. With --ops naming

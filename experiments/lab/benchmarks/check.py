@@ -11,8 +11,9 @@ grow with T. One row per case (pass "check"); a long run
 (bfloat16 forward + backward at B = 1, H = 16) must finish, finite, without running out of
 memory.
 
-Drift cases (pass "drift"): bfloat16 inputs with u of unit norm (the layer's default penalty
-scale), isotropic or anisotropic, A0 = I / lam0, B = 1, H = 2, long T; the forward's o against
+Drift cases (pass "drift"): bfloat16 inputs, u anisotropic with rows of unit norm (the
+layer's default penalty scale) or isotropic with norm about sqrt(d) (penalty gains
+|u|^2 / lam0 of 64 to 640 at d = 64 while A is still A0: the large-gain case), A0 = I / lam0, B = 1, H = 2, long T; the forward's o against
 impl="chunked" in float32 at HIGHEST (its own error ~1e-6), over the whole sequence and per
 quarter of it. An anisotropic row passes when its error is within `DRIFT_RATIO` of the
 isotropic row's at the same d, T and lam0 (`drift_verdicts`): the write directions have almost
@@ -359,7 +360,7 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual
 # ----------------------------------------------------------------------------- drift
 
 def drift_inputs(case, seed=0):
-  """(q, k, v, u) bfloat16 [B, T, H, d] with unit-norm u, S0 [B, H, d, d] and A0 = I / lam0
+  """(q, k, v, u) bfloat16 [B, T, H, d] with u anisotropic of unit norm or isotropic of norm about sqrt(d), S0 [B, H, d, d] and A0 = I / lam0
   (float32)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel

@@ -770,12 +770,13 @@ def correctness_block(rows):
 def drift_block(rows):
   """The drift rows (`experiments/check_kernels.py --cases=drift`) as a table: bfloat16 o's
   error against impl="chunked" in float32 at HIGHEST, over the sequence and per quarter, with
-  unit-norm u isotropic and anisotropic."""
+  u anisotropic of unit norm and isotropic of norm about sqrt(d)."""
   drift = [r for r in rows if r.get("pass") == "drift"]
   if not drift:
     return "No drift rows."
-  return ("bfloat16 inputs, unit-norm u (the layer's default penalty scale) isotropic or "
-          "anisotropic (a few dominant directions), A_0 = I / lam0, B = 1, H = 2: the relative "
+  return ("bfloat16 inputs; u anisotropic (a few dominant directions) with rows of unit norm "
+          "(the layer's default penalty scale), or isotropic with norm about sqrt(d) (large "
+          "penalty gains |u|^2 / lam0 while A is near A_0); A_0 = I / lam0, B = 1, H = 2: the relative "
           "error of `vla_pallas`'s o against impl=\"chunked\" in float32 at HIGHEST, over the "
           "sequence and per quarter of it; an anisotropic row fails beyond "
           f"{check.DRIFT_RATIO}x its isotropic twin's error, any row when o is not finite "
