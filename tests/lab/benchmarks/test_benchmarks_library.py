@@ -92,24 +92,18 @@ def test_tril_inverse_families():
       assert products == (4 if key.endswith("blocks") else 10), (key, pass_, products)
 
 
-def test_check_takes_the_tril_inverse():
-  """`check.check` and `check_baselines.check_case` (what check_kernels --tril_inverse runs)
-  with tril_inverse "blocks" on a smoke case of VLA and of DeltaNet: within their float64
-  bounds, the option recorded in the rows."""
+def test_check_takes_the_tril_inverse_and_the_state_chain():
+  """`check.check` and `check_baselines.check_case` (what check_kernels --tril_inverse and
+  --state_chain run) with tril_inverse "blocks" (VLA and DeltaNet) and state_chain "transfer"
+  (VLA) on a smoke case: within their float64 bounds, the options recorded in the rows."""
   from lab.benchmarks import check_baselines  # pylint: disable=import-outside-toplevel
-  row = check.check(check.smoke_cases()[0], interpret=True, tril_inverse="blocks")
-  assert row["status"] == "ok" and row["tril_inverse"] == "blocks", row
+  row = check.check(check.smoke_cases()[0], interpret=True, tril_inverse="blocks",
+                    state_chain="transfer")
+  assert row["status"] == "ok", row
+  assert row["tril_inverse"] == "blocks" and row["state_chain"] == "transfer", row
   assert max(row["errors"].values()) < 1e-4, row["errors"]
   row = check_baselines.check_case(check_baselines.smoke_cases()[0], tril_inverse="blocks")
   assert row["status"] == "ok" and row["tril_inverse"] == "blocks", row
-  assert max(row["errors"].values()) < 1e-4, row["errors"]
-
-
-def test_check_takes_the_state_chain():
-  """`check.check` (what check_kernels --state_chain runs) with state_chain "transfer" on the
-  smoke case: within its float64 bounds, the option recorded in the row."""
-  row = check.check(check.smoke_cases()[0], interpret=True, state_chain="transfer")
-  assert row["status"] == "ok" and row["state_chain"] == "transfer", row
   assert max(row["errors"].values()) < 1e-4, row["errors"]
 
 
