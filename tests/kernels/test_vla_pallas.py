@@ -255,12 +255,8 @@ def test_transfer_state_chain_float64(x64):
 
 def test_transfer_state_chain_bfloat16(dtype=jnp.bfloat16):
   """The same for bfloat16 inputs (float32 states; Phi and Psi float32), within bfloat16's
-  tolerance of float64, and no error above 1.25x the residual chain's (measured: equal to
-  three digits; bfloat16 Phi would add 20-65% on a GPU). float32 inputs take the same float32
-  chain as float64 ones."""
-  errors = _transfer_check(dtype)
-  base = _transfer_check(dtype, "residual")
-  assert all(errors[n] <= 1.25 * base[n] for n in errors), (errors, base)
+  tolerance of float64 (float32 inputs take the same float32 chain as float64 ones)."""
+  _transfer_check(dtype)
 
 
 # The tiled inverse (`KernelConfig.tril_inverse`): C = 64 (four tiles, merges at 16 -> 32 ->
