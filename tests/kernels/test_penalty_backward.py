@@ -29,6 +29,14 @@ def _inputs(seed, T):
   return [jnp.asarray(x) for x in (khat, u, A0, wa, wA)]
 
 
+def _scan_reference(khat, u, A0):
+  """(a [B, H, T, dk], A_T) of the XLA penalty scan on head-major khat, u: the reference the
+  kernels' gradients are pulled back through (float64 under jax.enable_x64)."""
+  tok = lambda x: jnp.swapaxes(x, 1, 2)
+  W, A_T = penalty_scan(tok(khat), tok(u), A0)
+  return tok(unit(W, 1e-12)), A_T
+
+
 def test_du_segment_chunks():
   assert [du_segment_chunks(n) for n in (1, 5, 9, 10, 64, 512)] == [1, 5, 3, 5, 8, 8]
 
@@ -123,12 +131,7 @@ def test_float32_exact_at_long_T_anisotropic():
   (a, A_T), (dkhat, du, dA0) = jax.jit(kernel)(*(jnp.asarray(x, jnp.float32)
                                                  for x in (khat, u, A0)))
   with jax.enable_x64(True):
-    def scan(khat, u, A0):
-      tok = lambda x: jnp.swapaxes(x, 1, 2)
-      W, A_T = penalty_scan(tok(khat), tok(u), A0)
-      return tok(unit(W, 1e-12)), A_T
-
-    (a_ref, A_ref), pull = jax.vjp(scan, *(jnp.asarray(x) for x in (khat, u, A0)))
+    (a_ref, A_ref), pull = jax.vjp(_scan_reference, *(jnp.asarray(x) for x in (khat, u, A0)))
     grads = pull((jnp.asarray(wa), jnp.asarray(wA)))
   sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
   errors = {"a": rel(a.reshape(B, H, T, dk), a_ref), "A_T": rel(A_T, A_ref),
@@ -166,12 +169,7 @@ def test_bfloat16_large_penalty_gains():
 
   (a, _), grads = jax.jit(kernel)(*(jnp.asarray(x, jnp.float32) for x in (khat, u, A0)))
   with jax.enable_x64(True):
-    def scan(khat, u, A0):
-      tok = lambda x: jnp.swapaxes(x, 1, 2)
-      W, A_T = penalty_scan(tok(khat), tok(u), A0)
-      return tok(unit(W, 1e-12)), A_T
-
-    (a_ref, _), pull = jax.vjp(scan, *(jnp.asarray(x) for x in (khat, u, A0)))
+    (a_ref, _), pull = jax.vjp(_scan_reference, *(jnp.asarray(x) for x in (khat, u, A0)))
     want = pull((jnp.asarray(wa), jnp.asarray(wA)))
   per_token = {"a": (a.reshape(B, H, T, dk), a_ref),
                "dkhat": (grads[0].reshape(B, H, T, dk), want[0]),
