@@ -233,9 +233,7 @@ def _exact_start_inverses(u, A0, S, L, inverse, grams=None):
   with jax.enable_x64(True):
     M0 = _newton_float64(X0, A0[:, :, None])                 # A0^-1 to ~eps (float64)
     if grams is None:
-      U = u[:, :, :(S - 1) * L].astype(jnp.float64)
-      U = U.reshape(U.shape[0], U.shape[1], S - 1, L, U.shape[-1])
-      grams = jnp.einsum("bhsli,bhslj->bhsij", U, U, precision=HIGHEST)
+      grams = _grams_xla(u.astype(jnp.float64), S, L, token_major=False)
     M = M0 + jnp.cumsum(grams.astype(jnp.float64), axis=2)   # [B, H, S - 1, dk, dk]
     M_f32 = M.astype(f32)
   X = inverse(M_f32, newton=False)
