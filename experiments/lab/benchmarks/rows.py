@@ -63,28 +63,21 @@ class RowSpec:
   default: bool = True    # in the suite behind BENCHMARKS.md
 
 
+# The `KernelConfig` options of the <op>_kernel_* rows, by impl (VLA takes every one;
+# DeltaNet's and Gated DeltaNet's kernels the kernel_tril_* ones).
+KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
+                  "kernel_newton": {"block_factor": "newton"},
+                  "kernel_chain_residual": {"state_chain": "residual"},
+                  "kernel_chain_transfer": {"state_chain": "transfer"},
+                  "kernel_tril_doubling": {"tril_inverse": "doubling"},
+                  "kernel_tril_blocks": {"tril_inverse": "blocks"}}
+
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
              RowSpec("fla_delta_rule", "deltanet", "fla_chunk_delta_rule", "torch"),
-             RowSpec("vla_kernel_elimination", "vla", "kernel_elimination", "jax",
-                     default=False),
-             RowSpec("vla_kernel_newton", "vla", "kernel_newton", "jax", default=False),
-             RowSpec("vla_kernel_chain_residual", "vla", "kernel_chain_residual", "jax",
-                     default=False),
-             RowSpec("vla_kernel_chain_transfer", "vla", "kernel_chain_transfer", "jax",
-                     default=False),
-             RowSpec("vla_kernel_tril_doubling", "vla", "kernel_tril_doubling", "jax",
-                     default=False),
-             RowSpec("vla_kernel_tril_blocks", "vla", "kernel_tril_blocks", "jax",
-                     default=False),
-             RowSpec("deltanet_kernel_tril_doubling", "deltanet", "kernel_tril_doubling", "jax",
-                     default=False),
-             RowSpec("deltanet_kernel_tril_blocks", "deltanet", "kernel_tril_blocks", "jax",
-                     default=False),
-             RowSpec("gated_deltanet_kernel_tril_doubling", "gated_deltanet",
-                     "kernel_tril_doubling", "jax", default=False),
-             RowSpec("gated_deltanet_kernel_tril_blocks", "gated_deltanet", "kernel_tril_blocks",
-                     "jax", default=False),
+             *(RowSpec(f"{op}_{impl}", op, impl, "jax", default=False)
+               for op in ("vla", "deltanet", "gated_deltanet") for impl in KERNEL_OPTIONS
+               if op == "vla" or impl.startswith("kernel_tril_")),
              RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
              RowSpec("deltanet_pallas", "deltanet", "pallas", "jax", default=False),
              RowSpec("gated_deltanet_pallas", "gated_deltanet", "pallas", "jax", default=False),
@@ -152,16 +145,6 @@ def _state_path(chunk):
     return state_path(q, rows(e), rows(w), v, jnp.zeros((B * H, dv, dk), jnp.float32),
                       config=KernelConfig(chunk_size=chunk), heads=H)[0]
   return fwd
-
-
-# The `KernelConfig` options of the *_kernel_* rows (vla; deltanet and gated_deltanet take the
-# kernel_tril_* ones), by impl.
-KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
-                  "kernel_newton": {"block_factor": "newton"},
-                  "kernel_chain_residual": {"state_chain": "residual"},
-                  "kernel_chain_transfer": {"state_chain": "transfer"},
-                  "kernel_tril_doubling": {"tril_inverse": "doubling"},
-                  "kernel_tril_blocks": {"tril_inverse": "blocks"}}
 
 
 def _vla_kernel(chunk, options):
