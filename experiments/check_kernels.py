@@ -4,14 +4,14 @@ r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) a
 isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T anisotropic u in
 float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
 packed documents (`segment_ids`, about 300 tokens a document, anisotropic u) in float32 at
-HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; the drift
-cases (`check.drift_cases`: bfloat16, u anisotropic of unit norm and isotropic of norm ~sqrt(d), lam0 0.1 and 1,
-B = 1, H = 2, at --drift_Ts; o against impl="chunked" in float32 at HIGHEST, anisotropic within
-1.5x of isotropic, and a Markdown table of them printed at the end); then a long bfloat16
-forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit. With --ops naming
-baselines (deltanet, gated_deltanet, linear_attention), their Pallas kernels the same way
-(`lab.benchmarks.check_baselines`: float32 at HIGHEST and bfloat16 at T = 4096 and --max_T,
-packed documents where the kernel takes them).
+HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; the drift cases
+(`check.drift_cases`: bfloat16, u anisotropic of unit norm and isotropic of norm ~sqrt(d), lam0
+0.1 and 1, B = 1, H = 2, at --drift_Ts; o against impl="chunked" in float32 at HIGHEST,
+anisotropic within 1.5x of isotropic, and a Markdown table of them printed at the end); then a
+long bfloat16 forward + backward (B = 1, H = 16, d = 64) that must stay finite and fit. With
+--ops naming baselines (deltanet, gated_deltanet, linear_attention), their Pallas kernels the
+same way (`lab.benchmarks.check_baselines`: float32 at HIGHEST and bfloat16 at T = 4096 and
+--max_T, packed documents where the kernel takes them).
 
     python experiments/check_kernels.py --name=check_h200_d64 --dims=64
     python experiments/check_kernels.py --name=check_h200_d64_long --dims=64 --cases=long \

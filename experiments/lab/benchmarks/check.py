@@ -11,14 +11,14 @@ grow with T. One row per case (pass "check"); a long run
 (bfloat16 forward + backward at B = 1, H = 16) must finish, finite, without running out of
 memory.
 
-Drift cases (pass "drift"): bfloat16 inputs, u anisotropic with rows of unit norm (the
-layer's default penalty scale) or isotropic with norm about sqrt(d) (penalty gains
-|u|^2 / lam0 of 64 to 640 at d = 64 while A is still A0: the large-gain case), A0 = I / lam0, B = 1, H = 2, long T; the forward's o against
-impl="chunked" in float32 at HIGHEST (its own error ~1e-6), over the whole sequence and per
-quarter of it. An anisotropic row passes when its error is within `DRIFT_RATIO` of the
-isotropic row's at the same d, T and lam0 (`drift_verdicts`): the write directions have almost
-no component along the dominant directions of u, the state's columns there are never erased,
-and a rounding there adds up over the sequence.
+Drift cases (pass "drift"): bfloat16 inputs, u anisotropic with rows of unit norm (the layer's
+default penalty scale) or isotropic with norm about sqrt(d) (penalty gains |u|^2 / lam0 of 64
+to 640 at d = 64 while A is still A0: the large-gain case), A0 = I / lam0, B = 1, H = 2, long
+T; the forward's o against impl="chunked" in float32 at HIGHEST (its own error ~1e-6), over the
+whole sequence and per quarter of it. An anisotropic row passes when its error is within
+`DRIFT_RATIO` of the isotropic row's at the same d, T and lam0 (`drift_verdicts`): the write
+directions have almost no component along the dominant directions of u, the state's columns
+there are never erased, and a rounding there adds up over the sequence.
 """
 
 import dataclasses
@@ -103,7 +103,7 @@ DRIFT_RATIO = 1.5
 
 @dataclasses.dataclass(frozen=True)
 class DriftCase:
-  u: str          # "isotropic" or "anisotropic", rows of norm 1
+  u: str          # "isotropic" (norm about sqrt(d)) or "anisotropic" (rows of norm 1)
   T: int
   lam0: float
   d: int = 64
@@ -360,8 +360,8 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual
 # ----------------------------------------------------------------------------- drift
 
 def drift_inputs(case, seed=0):
-  """(q, k, v, u) bfloat16 [B, T, H, d] with u anisotropic of unit norm or isotropic of norm about sqrt(d), S0 [B, H, d, d] and A0 = I / lam0
-  (float32)."""
+  """(q, k, v, u) bfloat16 [B, T, H, d] with u anisotropic of unit norm or isotropic of norm
+  about sqrt(d), S0 [B, H, d, d] and A0 = I / lam0 (float32)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   B, T, H, d = case.B, case.T, case.H, case.d

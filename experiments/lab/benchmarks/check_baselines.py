@@ -163,6 +163,7 @@ def check_case(case, tril_inverse="doubling"):
   b = check.BOUNDS.get((case.dtype, case.precision), 3e-2)
   ok = finite and max(errors.values()) <= b
   return {**dataclasses.asdict(case), "impl": "pallas", "pass": "check", "u": None,
-          "tril_inverse": tril_inverse, "errors": errors, "bound": b, "status": "ok" if ok else "fail",
+          "tril_inverse": tril_inverse, "errors": errors, "bound": b,
+          "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}

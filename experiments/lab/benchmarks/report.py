@@ -776,9 +776,9 @@ def drift_block(rows):
     return "No drift rows."
   return ("bfloat16 inputs; u anisotropic (a few dominant directions) with rows of unit norm "
           "(the layer's default penalty scale), or isotropic with norm about sqrt(d) (large "
-          "penalty gains |u|^2 / lam0 while A is near A_0); A_0 = I / lam0, B = 1, H = 2: the relative "
-          "error of `vla_pallas`'s o against impl=\"chunked\" in float32 at HIGHEST, over the "
-          "sequence and per quarter of it; an anisotropic row fails beyond "
+          "penalty gains |u|^2 / lam0 while A is near A_0); A_0 = I / lam0, B = 1, H = 2: "
+          "the relative error of `vla_pallas`'s o against impl=\"chunked\" in float32 at "
+          "HIGHEST, over the sequence and per quarter of it; an anisotropic row fails beyond "
           f"{check.DRIFT_RATIO}x its isotropic twin's error, any row when o is not finite "
           "(`lab.benchmarks.check.drift`).\n\n" + check.drift_table(check.drift_verdicts(drift)))
 
