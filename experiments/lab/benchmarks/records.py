@@ -46,6 +46,14 @@ def environment():
   return info
 
 
+def header(settings, env=None):
+  """A rows file's first line: the time, the command line, `settings` and `env` (default
+  `environment()`, read in this process)."""
+  return {"kind": "header",
+          "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+          "argv": sys.argv, "settings": settings, **(environment() if env is None else env)}
+
+
 class Recorder:
   """Appends JSON lines to `path` (its folder made if needed) and echoes them to stdout."""
 
@@ -62,10 +70,8 @@ class Recorder:
     print(line, flush=True)
 
   def header(self, settings):
-    """The file's first line: the time, the command line, `settings` and `environment()`."""
-    self._write({"kind": "header",
-                 "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                 "argv": sys.argv, "settings": settings, **environment()})
+    """The file's first line (`header`)."""
+    self._write(header(settings))
 
   def row(self, **fields):
     row = {key: fields.pop(key, None) for key in FIELDS}

@@ -23,7 +23,6 @@ are kept, the others run); otherwise the call starts the file anew.
 """
 
 import dataclasses
-import datetime
 import json
 import os
 import re
@@ -33,6 +32,7 @@ import sys
 import time
 
 from lab import grid
+from lab.benchmarks import records
 from lab.benchmarks.model_report import load
 from lab.benchmarks.report import fmt, table
 from vla_jax.layers.softmax import resolve_implementation
@@ -254,11 +254,9 @@ def run_all(runs, *, root, workdir, out, smoke=False, budget_s=420.0, timeout_s=
   call."""
   env = dict(os.environ)
   device = probe(root, env)
-  header = {"kind": "header",
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "argv": sys.argv, "smoke": smoke, "git_commit": provenance.git_commit(),
-            "settings": {"runs": [r.name for r in runs], "eval_examples": EVAL_EXAMPLES},
-            **device}
+  header = {**records.header({"runs": [r.name for r in runs], "eval_examples": EVAL_EXAMPLES},
+                            device),
+            "smoke": smoke, "git_commit": provenance.git_commit()}
   old_header, old_rows = load(out) if os.path.exists(out) else ({}, [])
   if restart or not old_header or not _header_matches(old_header, header):
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
