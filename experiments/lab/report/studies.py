@@ -393,7 +393,8 @@ def parity_tables(data, full=False):
                    f"{float(studies.PARITY_RATES[(label, T)]):g}",
                    _cell_text(a) if a else "pending", _cell_text(b) if b else "pending", diff])
   _, _, d_model, heads = studies.PARITY_CELLS[0]
-  blocks = [f"Zoology's MQAR, d_model {d_model} ({heads} heads of 32), {studies.PARITY_STEPS:,} "
+  blocks = [f"Zoology's MQAR, d_model {d_model} ({heads} heads of {d_model // heads}), "
+            f"{studies.PARITY_STEPS:,} "
             f"steps, seeds {', '.join(map(str, studies.PARITY_SEEDS))}, each mixer at the rate "
             "the zoology rows chose for it (section 5; Gated DeltaNet's: the earlier layer's). "
             "Mean test accuracy (seeds >= "
