@@ -80,14 +80,13 @@ class KernelSupport:
 # linear attention run on the same state path (`kernels/delta_rule.py`), packed documents
 # included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it. Gated
 # DeltaNet's decays run in the same kernels, without packed documents. DeltaNet's and Gated
-# DeltaNet's kernels have passed the GPU check (BENCHMARKS.md, "Correctness against float64";
-# their times beside fla's: "Baseline kernels against fla"); linear attention's is checked in
-# interpret mode only: "auto" takes it once a GPU check has passed.
+# DeltaNet's and linear attention's kernels have passed the GPU check (BENCHMARKS.md,
+# "Correctness against float64"; their times beside fla's: "Baseline kernels against fla").
 KERNEL_SUPPORT = {
     "vla": KernelSupport(segment_ids=True, unsupported=(("beta", (True,)),)),
     "deltanet": KernelSupport(segment_ids=True),
     "gated_deltanet": KernelSupport(segment_ids=False),
-    "linear_attention": KernelSupport(segment_ids=True, auto=False),
+    "linear_attention": KernelSupport(segment_ids=True),
 }
 
 # Tokens per Sherman-Morrison block of the penalty scan (32, whole op, bf16, T = 4096, B = 8:

@@ -43,7 +43,6 @@ def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
     (dict(op="no_such_op"), "no Pallas kernel for 'no_such_op'"),
     (dict(op="gated_deltanet", segment_ids=True), "does not take segment_ids"),
     (dict(options={"beta": True}), "does not take beta=True"),
-    (dict(op="linear_attention"), "kernel for 'linear_attention' is not yet checked on a GPU"),
 ])
 def test_auto_falls_back_to_chunked_and_says_why(kw, why):
   impl, reason = _auto(**kw)
@@ -102,15 +101,16 @@ def test_the_kernel_facts_are_one_table(monkeypatch):
       with pytest.raises(ValueError, match=f"impl='{explicit}' cannot run here: .*{why}"):
         resolve_impl(explicit, **{**H100, **VLA, **target, **kw})
   # The baselines' kernels: "pallas" runs them; "auto" once they are marked checked on a GPU
-  # (DeltaNet's and Gated DeltaNet's are; linear attention's not yet).
-  for kw in ({}, dict(segment_ids=True)):
-    assert _auto(op="deltanet", **kw)[0] is Impl.PALLAS
+  # (all three are).
+  for op in ("deltanet", "linear_attention"):
+    for kw in ({}, dict(segment_ids=True)):
+      assert _auto(op=op, **kw)[0] is Impl.PALLAS
   assert _auto(op="gated_deltanet")[0] is Impl.PALLAS
-  assert _auto(op="linear_attention")[0] is Impl.CHUNKED
-  assert resolve_impl("pallas", **{**H100, **VLA, "op": "linear_attention"})[0] is Impl.PALLAS
   monkeypatch.setitem(kernel_config.KERNEL_SUPPORT, "deltanet",
                       kernel_config.KernelSupport(segment_ids=True, auto=False))
-  assert _auto(op="deltanet")[0] is Impl.CHUNKED
+  impl, reason = _auto(op="deltanet")
+  assert impl is Impl.CHUNKED and "kernel for 'deltanet' is not yet checked on a GPU" in reason
+  assert resolve_impl("pallas", **{**H100, **VLA, "op": "deltanet"})[0] is Impl.PALLAS
   monkeypatch.delitem(kernel_config.KERNEL_SUPPORT, "deltanet")
   impl, reason = _auto(op="deltanet")
   assert impl is Impl.CHUNKED and "no Pallas kernel for 'deltanet'" in reason, reason
