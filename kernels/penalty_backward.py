@@ -49,7 +49,7 @@ from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts,
                                     finite, iota, rows_spec, split_operand, unit_rows_vjp)
-from vla_jax.kernels.penalty_scan import GAIN_LIMIT, penalty_forward
+from vla_jax.kernels.penalty_scan import GAIN_LIMIT, large_gains, penalty_forward, unguarded
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.vla.recurrence import WRITE_EPS
 
@@ -270,9 +270,15 @@ def _bwd(plan, reset, res, cts):
   acc = W_full.dtype
   T_pad = N * C
   rel = None if docs is None else docs[2]
-  Z = row_cotangents(A_chunks, Y, W_full, da.astype(acc).reshape(B * H, T_pad, dk),
-                     plan=plan, warps=plan.adjoint_warps, gains=gains, rel=rel,
-                     reset=reset).reshape(B, H, N, C, dk)
+  z = functools.partial(row_cotangents, A_chunks, Y, W_full,
+                        da.astype(acc).reshape(B * H, T_pad, dk), warps=plan.adjoint_warps,
+                        rel=rel, reset=reset)
+  if plan.accurate_dot is None:
+    Z = z(plan=plan)
+  else:   # the forward scan's branch (`penalty_scan.FAST_GAIN`)
+    Z = jax.lax.cond(large_gains(u, A0, reset), lambda: z(plan=plan, gains=gains),
+                     lambda: z(plan=unguarded(plan)))
+  Z = Z.reshape(B, H, N, C, dk)
   W = W_full[:, :T_pad].reshape(B, H, N, C, dk)
   U = u.astype(acc)
   ends = tuple(finite(x.astype(acc)) for x in (A_T, dA_T)) + (A0.astype(acc),)

@@ -44,6 +44,7 @@ The one kernel runs in two roles (`penalty_scan`'s `role`):
           `penalty_backward.py` forms A_t dW_t for all tokens in parallel.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -69,6 +70,17 @@ ROLES = ("unit", "both")
 # (lam0 = 1, |u| = 1, T = 4096) 6 of 256 blocks pass it at d = 64 (13 at d = 128), at
 # lam0 = 0.1 12 (NumPy count).
 GAIN_LIMIT = 8.0
+# Calls whose penalty gains are bounded by this (`large_gains`: max_t |u_t|^2 times a bound on
+# A_0's largest eigenvalue, or `reset` with packed documents; A_t <= A_0 in the Loewner order)
+# run the scan without the large-gain blocks (`Plan.accurate_dot` left out), the rest with
+# them: the guarded kernel is slower in every block, taken or not (one H100, bfloat16,
+# H = 16, B * T = 32,768: forward 1.88 -> 2.60 ms at d = 64, T = 4096, 4.01 -> 5.61 ms at
+# d = 128; kernels/VARIANTS.md, "Large-gain blocks in every call"). 1 is the layer's
+# defaults (unit u, lam0 = 1), with room for u's rounding; there the unguarded scan errs as
+# the guarded one on the GPU's drift check (d = 64, 131k: 6.49e-3 against 6.48e-3) and by
+# 1.2-1.4x in the worst case, 16 isotropic rows spanning d = 16 (interpret mode, 256 tokens:
+# 3.3e-3 / 2.7e-3 early / late against 2.3e-3; at a bound of 4, 9.9e-3).
+FAST_GAIN = 1.05
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -290,6 +302,39 @@ def segment_starts(plan, e, u, A0, token_major=False):
   return A_start.reshape(B * H, S, dk, dk), S, L, e, u
 
 
+# The guarded and unguarded scans are one `lax.cond`; under `vmap` a batched predicate would
+# make the cond a select that runs both kernels, so the predicate reduces over the mapped axis
+# too (one unbatched choice: the guarded scan if any mapped call needs it).
+@jax.custom_batching.custom_vmap
+def _any_over_batch(x):
+  return jnp.any(x)
+
+
+@_any_over_batch.def_vmap
+def _any_over_batch_rule(axis_size, in_batched, x):
+  del axis_size, in_batched
+  return jnp.any(x), False
+
+
+def large_gains(u, A0, reset=None):
+  """Whether a penalty gain u_t^T A_t u_t of the call may exceed `FAST_GAIN`: max_t |u_t|^2
+  times the largest absolute row sum of A_0 (>= its largest eigenvalue; A_t <= A_0), or of
+  `reset` * I with packed documents. A scalar bool, unbatched under `vmap`.
+
+  u: [..., dk] (any layout); A0: [..., dk, dk]."""
+  u, A0 = jax.lax.stop_gradient(u), jax.lax.stop_gradient(A0)
+  u2 = jnp.max(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=-1))
+  a = jnp.max(jnp.sum(jnp.abs(A0.astype(jnp.float32)), axis=-1))
+  if reset is not None:
+    a = jnp.maximum(a, float(reset))
+  return _any_over_batch(~(u2 * a <= FAST_GAIN))   # NaN counts as large
+
+
+def unguarded(plan):
+  """`plan` without the large-gain blocks (`Plan.accurate_dot`)."""
+  return dataclasses.replace(plan, accurate_dot=None)
+
+
 def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=False,
                     docs=None, reset=None):
   """The penalty path's forward over segments.
@@ -303,7 +348,8 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
   both (the differentiated forward, head-major only) also the adjoint's residuals over the
   segments' whole length S * L: (unit rows, rows A_t khat_t [B * H, S * L, dk], Woodbury rows
   [B * H, S * L, dk], A at every chunk start [B * H, S * L / C, dk, dk], penalty gains
-  [B * H, S * L] or None (without `plan.accurate_dot`), A_T)."""
+  [B * H, S * L] or None (without `plan.accurate_dot`; zeros where `large_gains` is false
+  and the scan ran without the large-gain blocks), A_T)."""
   T_pad = u.shape[1] if token_major else u.shape[2]
   H, dk = u.shape[-2] if token_major else u.shape[1], u.shape[-1]
   A_start, S, L, e, u = segment_starts(plan, e, u, A0, token_major)
@@ -312,12 +358,20 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
   else:
     rows = lambda x: jnp.pad(x, [(0, 0), (0, 0), (0, S * L - T_pad), (0, 0)]).reshape(
         -1, S * L, dk)
-  out = penalty_scan(A_start, rows(e), rows(u), plan=plan, role="both" if both else "unit",
-                     warps=plan.scan_warps, rows_dtype=rows_dtype,
-                     heads=H if token_major else None, unit_keys=token_major,
-                     docs=None if docs is None else jnp.pad(docs, [(0, 0), (0, S * L - T_pad)],
-                                                            mode="edge"),
-                     reset=reset)
+  scan = functools.partial(
+      penalty_scan, A_start, rows(e), rows(u), role="both" if both else "unit",
+      warps=plan.scan_warps, rows_dtype=rows_dtype, heads=H if token_major else None,
+      unit_keys=token_major, reset=reset,
+      docs=None if docs is None else jnp.pad(docs, [(0, 0), (0, S * L - T_pad)], mode="edge"))
+  if plan.accurate_dot is None:
+    out = scan(plan=plan)
+  else:   # the large-gain blocks only where the gains may reach them (`FAST_GAIN`)
+    def fast():
+      out = scan(plan=unguarded(plan))
+      if both:   # no gains: the row cotangents take the same branch (`large_gains`)
+        out = out[:4] + (jnp.zeros(out[0].shape[:2], out[1].dtype),) + out[4:]
+      return tuple(out)
+    out = jax.lax.cond(large_gains(u, A0, reset), lambda: tuple(scan(plan=plan)), fast)
   if both:
     gains = out[4] if plan.accurate_dot is not None else None
     return (out[0][:, :T_pad],) + tuple(out[1:4]) + (gains, out[-1][:, -1])

@@ -34,6 +34,16 @@ def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=
   names = re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo)
   assert hlo.count("__gpu$xla.gpu.triton") == len(names)
   names = sorted(names)
+  # Plans with large-gain blocks (`Plan.accurate_dot`: bfloat16 or one-pass TF32 products)
+  # compile the penalty scan and the row cotangents twice, with and without them (one
+  # `lax.cond`, `penalty_scan.large_gains`); the lists below name each kernel once.
+  twice = names.count("vla_penalty_scan") == 2
+  assert names.count("vla_penalty_scan") == (2 if twice else 1)
+  assert names.count("vla_row_cotangents") == (2 if twice and grad else int(grad))
+  if twice:
+    names.remove("vla_penalty_scan")
+    if grad:
+      names.remove("vla_row_cotangents")
   return (names, hlo) if text else names
 
 
@@ -52,6 +62,19 @@ def test_default_kernels_d64(dtype):
   assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + SPLIT_FWD)
   assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD
                                           + ["vla_state_local_vjp"])
+
+
+def test_large_gain_blocks_compile_a_second_scan():
+  """bfloat16 and one-pass TF32 plans compile the penalty scan and the row cotangents with
+  and without the large-gain blocks (`penalty_scan.large_gains` picks one per call); float32
+  at HIGHEST has no such blocks and compiles one of each."""
+  shape = (1, 100, 2, 64, 64, 32)
+  count = lambda hlo, name: hlo.count(f'name = "{name}"')
+  for dtype, p, n in ((jnp.bfloat16, jax.lax.Precision.DEFAULT, 2),
+                      (jnp.float32, jax.lax.Precision.DEFAULT, 2),
+                      (jnp.float32, jax.lax.Precision.HIGHEST, 1)):
+    _, hlo = _kernels(dtype, shape, p, text=True)
+    assert count(hlo, "vla_penalty_scan") == n and count(hlo, "vla_row_cotangents") == n
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])

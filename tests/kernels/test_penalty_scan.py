@@ -12,7 +12,8 @@ from kernel_checks import (anisotropic_u, assert_close, isotropic_u, penalty_row
                            rel, unit_np)
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.common import NEWTON_RADIUS
-from vla_jax.kernels.penalty_scan import block_deviations, penalty_forward
+from vla_jax.kernels.penalty_scan import (FAST_GAIN, block_deviations, large_gains,
+                                          penalty_forward, unguarded)
 
 B, H, dk, C = 1, 2, 32, 16
 
@@ -189,3 +190,32 @@ def test_bfloat16_large_penalty_gains(lam0, norm):
   early, late = rel(a[:, :64], want[:, :64]), rel(a[:, 64:], want[:, 64:])
   assert max(early, late) < 1e-2 and early < 2 * late, (early, late)
   assert rel(A_T, A_ref) < 1e-2
+
+
+def test_the_large_gain_blocks_run_only_where_gains_may_reach_them():
+  """`large_gains` bounds every gain u_t^T A_t u_t by max |u_t|^2 times A_0's largest absolute
+  row sum (or `reset`): at the layer's defaults (unit u, A_0 = I, bfloat16) the scan runs
+  without the large-gain blocks, bit for bit as the unguarded plan; at |u| = 2 with the guarded
+  one (the unguarded scan's rows differ there). Under vmap the choice stays one cond (a batched
+  predicate would turn it into a select that runs both scans)."""
+  B, H, d, T, C = 2, 2, 16, 128, 32
+  rng = np.random.default_rng(3)
+  k = jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.bfloat16)
+  u = rng.standard_normal((B, T, H, d))
+  u = jnp.asarray(u / np.linalg.norm(u, axis=-1, keepdims=True), jnp.bfloat16)
+  A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
+  plan = plan_for(KernelConfig(chunk_size=C), jnp.bfloat16, d, d, B * H, T // C,
+                  segment_chunks=T // C, segments=1)
+  assert plan.accurate_dot is not None
+  run = lambda plan, u, A0: jax.jit(lambda *x: penalty_forward(
+      plan, *x, token_major=True, rows_dtype=jnp.float32))(k, u, A0)
+  assert not large_gains(u, A0) and large_gains(u, A0 * (FAST_GAIN + 0.1))
+  assert large_gains(u, A0, reset=2.0) and large_gains(2 * u, A0)
+  for got, want in zip(run(plan, u, A0), run(unguarded(plan), u, A0)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  guarded, fast = run(plan, 2 * u, A0), run(unguarded(plan), 2 * u, A0)
+  assert not np.array_equal(np.asarray(guarded[0]), np.asarray(fast[0]))
+  batched = jax.make_jaxpr(jax.vmap(lambda u: penalty_forward(
+      plan, k, u, A0, token_major=True, rows_dtype=jnp.float32)))(jnp.stack([u, 2 * u]))
+  conds = [e for e in batched.jaxpr.eqns if e.primitive.name == "cond"]
+  assert len(conds) == 1 and conds[0].invars[0].aval.shape == (), batched
