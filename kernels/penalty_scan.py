@@ -318,13 +318,16 @@ def _any_over_batch_rule(axis_size, in_batched, x):
 
 def large_gains(u, A0, reset=None):
   """Whether a penalty gain u_t^T A_t u_t of the call may exceed `FAST_GAIN`: max_t |u_t|^2
-  times the largest absolute row sum of A_0 (>= its largest eigenvalue; A_t <= A_0), or of
-  `reset` * I with packed documents. A scalar bool, unbatched under `vmap`.
+  times a bound on A_0's largest eigenvalue (A_t <= A_0), the smaller of its largest absolute
+  row sum and its trace (a carried state's A has shrunk: its trace can be the tighter one), or
+  `reset` with packed documents. A scalar bool, unbatched under `vmap`.
 
   u: [..., dk] (any layout); A0: [..., dk, dk]."""
   u, A0 = jax.lax.stop_gradient(u), jax.lax.stop_gradient(A0)
   u2 = jnp.max(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=-1))
-  a = jnp.max(jnp.sum(jnp.abs(A0.astype(jnp.float32)), axis=-1))
+  A0 = A0.astype(jnp.float32)
+  a = jnp.max(jnp.minimum(jnp.max(jnp.sum(jnp.abs(A0), axis=-1), axis=-1),
+                          jnp.trace(A0, axis1=-2, axis2=-1)))
   if reset is not None:
     a = jnp.maximum(a, float(reset))
   return _any_over_batch(~(u2 * a <= FAST_GAIN))   # NaN counts as large

@@ -211,6 +211,11 @@ def test_the_large_gain_blocks_run_only_where_gains_may_reach_them():
       plan, *x, token_major=True, rows_dtype=jnp.float32))(k, u, A0)
   assert not large_gains(u, A0) and large_gains(u, A0 * (FAST_GAIN + 0.1))
   assert large_gains(u, A0, reset=2.0) and large_gains(2 * u, A0)
+  v = np.ones(d)
+  v[0] = 3.0
+  v /= np.linalg.norm(v)
+  shrunk = jnp.asarray(np.outer(v, v) + 1e-3 * np.eye(d), jnp.float32)   # row sum 2.25, trace 1.02
+  assert not large_gains(u, shrunk) and large_gains(u, 1.1 * shrunk)
   for got, want in zip(run(plan, u, A0), run(unguarded(plan), u, A0)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
   guarded, fast = run(plan, 2 * u, A0), run(unguarded(plan), 2 * u, A0)
