@@ -21,10 +21,10 @@ def _spd(rng, n, dk):
   return 0.3 * np.eye(dk) + X @ np.swapaxes(X, -1, -2)
 
 
-@pytest.mark.parametrize("dk,tile,newton", [(64, None, True), (64, 32, False), (128, 32, False),
-                                            (128, 32, True)])
+@pytest.mark.parametrize("dk,tile,newton", [(64, None, True), (64, 32, False), (128, 32, True)])
 def test_inverse_kernel_float64(x64, dk, tile, newton):
-  """dk = 128 on 32 x 32 tiles: the workspace form (4 x 4 tiles), Newton step or not."""
+  """dk = 128 on 32 x 32 tiles: the workspace form (4 x 4 tiles; without the Newton step:
+  `test_tiled_starts_at_dk_128`)."""
   M = _spd(np.random.default_rng(0), 3, dk)[None]
   A = jax.jit(lambda m: spd_inverse_kernel(m, newton_step=newton,
                                            precision=jax.lax.Precision.HIGHEST, tile=tile,
