@@ -159,8 +159,10 @@ class KernelConfig:
     start_inverse: how the segment starts are formed at dk = 128 (at dk <= 64 always in the
       kernels): "xla" (default; Grams and batched Cholesky inverses in XLA) or "tiles" (the
       Gram kernel, and one program per start: a block Cholesky inverse on 32 x 32 tiles that
-      live in a global-memory workspace; `segment_starts.py`). The same starts to float32
-      rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open questions").
+      live in a global-memory workspace; `segment_starts.py`), for float32 states (float64
+      ones stay XLA: the Gram kernel's [128, 128] float64 sum spills). The same starts to
+      float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
+      questions").
   """
 
   chunk_size: int = 64
@@ -277,7 +279,8 @@ class KernelConfig:
         accurate_dot=prec("tf32x3") if kind in ("bf16", "tf32") else None,
         scan_warps=scan_warps, segment_chunks=seg,
         segments=-(-N // seg), exact_starts=exact,
-        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or self.start_inverse == "tiles",
+        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or (self.start_inverse == "tiles"
+                                                      and jnp.dtype(acc) == jnp.float32),
         inverse_dot=prec(accurate), gram_dot=prec("bf16" if low else accurate),
         newton_step=newton,
         inverse_tile=(32 if dk % 32 == 0 and (not newton or dk > INVERSE_KERNEL_UP_TO)
@@ -332,8 +335,8 @@ class Plan:
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
       ~eps at any T), else direct (float32 sums and inverses, error ~eps * cond(M)).
     inverse_kernel: segment starts (Grams and inverses) in the Pallas kernels (else XLA: at
-      dk = 128 unless `KernelConfig.start_inverse` is "tiles"); inverse_dot: the inverse
-      kernel's products; gram_dot: the per-segment Gram kernel's products;
+      dk = 128, unless `KernelConfig.start_inverse` is "tiles" and the states float32);
+      inverse_dot: the inverse kernel's products; gram_dot: the Gram kernel's products;
       newton_step: one Newton step on each direct segment-start inverse in its own dtype;
       inverse_tile: None or 32 (block Cholesky on tiles).
     state_factor_dot, state_apply_dot: the state-prep kernel's products that form its

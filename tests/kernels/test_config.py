@@ -77,9 +77,9 @@ def test_tril_inverse_is_the_configs():
 
 
 def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
-  """start_inverse="tiles": the segment starts at dk = 128 in the kernels, on 32 x 32 tiles
-  also with the float32 Newton step (the whole matrix spills there), every other choice as
-  with "xla"; at dk <= 64 it changes nothing."""
+  """start_inverse="tiles": the segment starts at dk = 128 in the kernels for float32 states
+  (float64 ones stay XLA), on 32 x 32 tiles also with the float32 Newton step (the whole
+  matrix spills there), every other choice as with "xla"; at dk <= 64 it changes nothing."""
   tiles = KernelConfig(start_inverse="tiles")
   for low in (False, True):
     xla, kernel = (_plan(cfg, low=low, dk=128, dv=128) for cfg in (KernelConfig(), tiles))
@@ -87,6 +87,7 @@ def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
     assert kernel.newton_step == (not low)
     assert dataclasses.replace(kernel, inverse_kernel=False) == xla
     assert _plan(tiles, low=low) == _plan(low=low)
+  assert not _plan(tiles, acc=jnp.float64, dk=128, dv=128).inverse_kernel
 
 
 @pytest.mark.parametrize("low", [False, True])
