@@ -27,6 +27,12 @@ for VLA and for DeltaNet's and Gated DeltaNet's kernels:
         --rows=vla_kernel_tril_doubling,vla_kernel_tril_blocks,deltanet_kernel_tril_doubling,\
 deltanet_kernel_tril_blocks,gated_deltanet_kernel_tril_doubling,gated_deltanet_kernel_tril_blocks
 
+The segment starts at d = 128 in XLA or in the kernels (`KernelConfig.start_inverse`; at
+T = 4096, B = 8 each sequence is one penalty-scan segment and has no starts):
+
+    python experiments/bench.py --name=start_inverse_h200 --dims=128 --Ts=16384,32768,131072 \
+        --rows=vla_kernel_start_xla,vla_kernel_start_tiles
+
 DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
 
     python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \
@@ -49,6 +55,7 @@ _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_
                           "fla_delta_rule; also vla_kernel_elimination, vla_kernel_newton, "
                           "vla_kernel_chain_residual, vla_kernel_chain_transfer, "
                           "{vla,deltanet,gated_deltanet}_kernel_tril_{doubling,blocks}, "
+                          "vla_kernel_start_xla, vla_kernel_start_tiles, "
                           "state_path_triton, deltanet_pallas, "
                           "gated_deltanet_pallas, fla_gated_delta_rule).")
 _DIMS = flags.DEFINE_list("dims", None, "Head dims (default 64,128).")

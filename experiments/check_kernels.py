@@ -39,6 +39,14 @@ called themselves, not through the ops):
     python experiments/check_kernels.py --name=check_h200_tril_blocks --dims=64,128 \
         --tril_inverse=blocks --ops=vla,deltanet,gated_deltanet --max_T=32768 --long_T=0
 
+--start_inverse=tiles checks the segment starts at d = 128 in the kernels
+(`KernelConfig.start_inverse`: the Gram kernel and the inverse on tiles in a workspace) in
+every VLA case and the drift cases (at d = 64 the starts run in the kernels either way; the
+long run is d = 64):
+
+    python experiments/check_kernels.py --name=check_h200_d128_start_tiles --dims=128 \
+        --start_inverse=tiles --max_T=32768 --long_T=0
+
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
@@ -74,11 +82,14 @@ _STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transf
 _TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "blocks"],
                                   "KernelConfig.tril_inverse of the checked calls (vla and "
                                   "the baselines).")
+_START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
+                                   "KernelConfig.start_inverse of the checked calls (vla; "
+                                   "d = 128).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
-                        "--block_factor, --newton_fallback and --state_chain apply to "
-                        "vla).")
+                        "--block_factor, --newton_fallback, --state_chain and "
+                        "--start_inverse apply to vla).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
                             "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
 flags.mark_flag_as_required("name")
@@ -119,7 +130,8 @@ def main(argv):
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
   options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value,
-                 state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value)
+                 state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value,
+                 start_inverse=_START_INVERSE.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case, tril_inverse=_TRIL_INVERSE.value)
                      if isinstance(case, check_baselines.Case) else check.check(case, **options)))

@@ -25,6 +25,8 @@ BLOCK_FACTORS = ("elimination", "newton")
 STATE_CHAINS = ("residual", "transfer")
 # How the state-prep kernel forms T = (I + N)^-1 of each chunk (`KernelConfig.tril_inverse`).
 TRIL_INVERSES = ("doubling", "blocks")
+# How the segment starts are formed at dk = 128 (`KernelConfig.start_inverse`).
+START_INVERSES = ("xla", "tiles")
 
 # The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
 TRITON_MIN_CAPABILITY = (8, 0)
@@ -118,7 +120,8 @@ SPLIT_BWD_FROM_DK = 128
 # the program needs 352 KB of shared memory (an SM has 227 KB), so XLA products there.
 FUSED_VJP_F32_UP_TO = 64
 # Segment-start inverses in one Pallas program each up to this dk (penalty path 1.34 against
-# 1.49 ms in XLA at T = 4096, B = 8); at dk = 128 the program spills and needs 256 KB.
+# 1.49 ms in XLA at T = 4096, B = 8); at dk = 128 the program spills and needs 256 KB, so
+# XLA there, or with start_inverse "tiles" a program whose tiles go through a workspace.
 INVERSE_KERNEL_UP_TO = 64
 
 
@@ -152,6 +155,13 @@ class KernelConfig:
       of blocks at 16 -> 32 -> ... -> C from 16 x 16 products, and U', W' by row blocks;
       `common.unit_tril_inv_tiles`). The same T to float32 rounding; which is faster on a GPU
       is open (kernels/DESIGN.md, "Open questions").
+    start_inverse: how the segment starts are formed at dk = 128 (at dk <= 64 always in the
+      kernels): "xla" (default; Grams and batched Cholesky inverses in XLA) or "tiles" (the
+      Gram kernel, and one program per start: a block Cholesky inverse on 32 x 32 tiles that
+      live in a global-memory workspace; `segment_starts.py`), for float32 states (float64
+      ones stay XLA: the Gram kernel's [128, 128] float64 sum spills). The same starts to
+      float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
+      questions").
   """
 
   chunk_size: int = 64
@@ -160,6 +170,7 @@ class KernelConfig:
   block_factor: str = "elimination"
   state_chain: str = "residual"
   tril_inverse: str = "doubling"
+  start_inverse: str = "xla"
 
   def __post_init__(self):
     p = self.precision
@@ -200,6 +211,9 @@ class KernelConfig:
     if self.tril_inverse not in TRIL_INVERSES:
       raise ValueError(f"tril_inverse must be one of {TRIL_INVERSES}; got "
                        f"{self.tril_inverse!r}")
+    if self.start_inverse not in START_INVERSES:
+      raise ValueError(f"start_inverse must be one of {START_INVERSES}; got "
+                       f"{self.start_inverse!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -245,7 +259,8 @@ class KernelConfig:
     # at DEFAULT (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225
     # against 0.123 ms at d = 64, T = 4096, B = 8) and for exact starts (float64 steps
     # follow); without it the inverse runs on 32 x 32 tiles (0.123 against 0.200 ms
-    # whole-matrix).
+    # whole-matrix). At dk = 128 (start_inverse "tiles") always tiles: the whole matrix
+    # spills.
     newton = not low and not exact
     return Plan(
         chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
@@ -263,9 +278,12 @@ class KernelConfig:
         accurate_dot=prec("tf32x3") if kind in ("bf16", "tf32") else None,
         scan_warps=scan_warps, segment_chunks=seg,
         segments=-(-N // seg), exact_starts=exact,
-        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO, inverse_dot=prec(accurate),
-        gram_dot=prec("bf16" if low else accurate), newton_step=newton,
-        inverse_tile=32 if not newton and dk % 32 == 0 else None,
+        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or (self.start_inverse == "tiles"
+                                                      and jnp.dtype(acc) == jnp.float32),
+        inverse_dot=prec(accurate), gram_dot=prec("bf16" if low else accurate),
+        newton_step=newton,
+        inverse_tile=(32 if dk % 32 == 0 and (not newton or dk > INVERSE_KERNEL_UP_TO)
+                      else None),
         state_factor_dot=prec("bf16" if low else kind),
         state_apply_dot=prec("bf16") if low and acc != jnp.float64 else state_dot,
         state_dot=state_dot, xla_dot=state_dot,
@@ -315,8 +333,9 @@ class Plan:
       (one wave of programs); segments: segments per sequence.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
       ~eps at any T), else direct (float32 sums and inverses, error ~eps * cond(M)).
-    inverse_kernel: segment-start inverses in the Pallas kernel (else XLA); inverse_dot: its
-      products; gram_dot: the per-segment Gram kernel's products (direct starts);
+    inverse_kernel: segment starts (Grams and inverses) in the Pallas kernels (else XLA: at
+      dk = 128, unless `KernelConfig.start_inverse` is "tiles" and the states float32);
+      inverse_dot: the inverse kernel's products; gram_dot: the Gram kernel's products;
       newton_step: one Newton step on each direct segment-start inverse in its own dtype;
       inverse_tile: None or 32 (block Cholesky on tiles).
     state_factor_dot, state_apply_dot: the state-prep kernel's products that form its

@@ -14,7 +14,7 @@ so two forms, by `Plan.exact_starts`:
   - exact (float32 states at precision HIGH or HIGHEST, and bfloat16 inputs at DEFAULT): the
     Grams and their prefix sums in float64 (XLA; each product of two float32 numbers is exact
     in float64), M_0 = A_0^-1 and every M_s^-1 first as a float32 direct inverse X (the
-    kernel below, or XLA at dk = 128), then `REFINE_STEPS` Newton steps
+    kernels below; XLA's at dk = 128 by default), then `REFINE_STEPS` Newton steps
     X <- X + X (I - M X) in float64 (the residual I - M X is ~eps * cond and cancels: only
     float64 forms it). Error ~eps, independent of T. Where the first residual exceeds
     NEWTON_RESIDUAL (cond(M) ~1e6 and beyond, where the steps stop short or diverge), M's
@@ -37,7 +37,11 @@ Kernels, by key head dim (`Plan.inverse_kernel`):
     block Cholesky on 32 x 32 tiles (`Plan.inverse_tile`), then A = L^-T L^-1 and, with
     `Plan.newton_step`, a float32 step A <- A + A (I - M A). A_0^-1 takes a second launch.
   - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, float32
-    Grams of each segment and batched Cholesky inverses (`vla_jax.ops.utils.spd_inverse`).
+    Grams of each segment and batched Cholesky inverses (`vla_jax.ops.utils.spd_inverse`);
+    or, with `KernelConfig.start_inverse` "tiles", the same kernels: `vla_segment_grams` at
+    `WIDE_GRAM_WARPS`, and `vla_spd_inverse` on 32 x 32 tiles (with or without the Newton
+    step) that go through a global-memory workspace of the program instead of its registers
+    (`_workspace_inverse_kernel`).
 """
 
 import functools
@@ -45,11 +49,16 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from vla_jax.kernels.common import chol_inv, compiler_params, dot, eye, rows_spec
 from vla_jax.ops.utils import spd_inverse
 
-WARPS = 4     # both kernels (not tuned)
+WARPS = 4     # both kernels (not tuned), but WIDE_GRAM_WARPS
+# Warps of the Gram kernel at dk = 128, whose [128, 128] float32 sum at 4 warps spills (255
+# registers; at 8: 155 with bfloat16 products, 222 with three TF32 passes, no spills, 64 KB
+# of shared memory; ptxas for sm_90a offline, `profile.kernel_resources`).
+WIDE_GRAM_WARPS = 8
 # Float64 Newton steps on each exact start (d = 64, T = 131,072, anisotropic u, CPU: one step
 # leaves 3.0e-7 relative error at cond(M) = 5.3e4 and 2e-8 at 600; two leave 2.7e-8, the
 # float32 rounding of A; kernels/VARIANTS.md, "Segment starts").
@@ -60,6 +69,9 @@ REFINE_STEPS = 2
 # relative error from 0.25, 5e-7 from 0.39, 3e-5 from 0.75, 8.7e-3 from 2.8 (cond 1.3e7:
 # |u| = 1, lam0 = 1e-4), and diverged to NaN from 6e2 (cond 8e8: |u| = 8, lam0 = 1e-4).
 NEWTON_RESIDUAL = 0.25
+# Tiles a side that `vla_spd_inverse` holds as values (dk = 64 at 32 x 32 tiles); beyond, its
+# tiles go through a global-memory workspace (dk = 128: the 16 tiles as values spill).
+VALUE_TILES = 2
 HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -128,6 +140,92 @@ def _tiled_inverse_kernel(m_ref, a_ref, *, t, newton_step, precision, acc):
         a_ref[blk[j], blk[i]] = T.T.astype(a_ref.dtype)
 
 
+def _workspace_inverse_kernel(m_ref, a_ref, w_ref, *, t, newton_step, precision, acc, sync):
+  # The function of `_tiled_inverse_kernel` where its n x n tiles as values would spill
+  # (n = dk / t > VALUE_TILES): every tile goes through w_ref [2 dk, dk], a global-memory
+  # workspace of the program (halves W0 and W1), and the tile indices are loop counters, so
+  # that the code holds eight tile products instead of one per (tile, term) (at dk = 128 with
+  # the Newton step, 156 unrolled products took minutes to compile). `sync` is a barrier of
+  # the program's threads, between a tile's store and its loads by other threads. Phases:
+  # (1) left-looking block Cholesky of M's lower tiles, a tile column at a time: W0's lower
+  # tiles <- L_ik (i > k), and L_kk^-1 on the diagonal; (2) X = L^-1 by block forward
+  # substitution into W1's lower tiles, a tile at a time; (3) A = X^T X, upper tiles
+  # mirrored (diagonal tiles symmetrised), into a_ref, or for the Newton step into W0 (L is
+  # dead); then (4) P = M A into W1 (M's tiles as they are, as XLA's `spd_inverse` takes M)
+  # and (5) A + A (I - M A) = 2 A - A P, mirrored, into a_ref.
+  mm = functools.partial(dot, precision=precision)
+  dk = m_ref.shape[0]
+  n = dk // t
+  at = lambda i: pl.ds(pl.multiple_of(i * t, t), t)
+  half = lambda h, i: pl.ds(pl.multiple_of(h * dk + i * t, t), t)      # tile row i of W_h
+  M = lambda i, j: m_ref[at(i), at(j)].astype(acc)
+  W = lambda h, i, j: w_ref[half(h, i), at(j)]
+  zero = jnp.zeros((t, t), acc)
+
+  def put(T, h, i, j):   # tile (i, j) of W_h, or of a_ref for h = None
+    if h is None:
+      a_ref[at(i), at(j)] = T.astype(a_ref.dtype)
+    else:
+      w_ref[half(h, i), at(j)] = T
+
+  def put_symmetric(T, h, i, j):   # upper tile (i, j) and its mirror (diagonal symmetrised)
+    T = jnp.where(i == j, 0.5 * (T + T.T), T)
+    put(T, h, i, j)
+    put(T.T, h, j, i)
+
+  def loop(lo, hi, body, init=0):
+    return jax.lax.fori_loop(lo, hi, body, init)
+
+  def cholesky_column(k, c):                                         # (1)
+    schur = lambda i: loop(0, k, lambda m, G: G - mm(W(0, i, m), W(0, k, m), tb=True), M(i, k))
+    Ld = chol_inv(schur(k))                                          # L_kk^-1
+    put(Ld, 0, k, k)
+
+    def below(i, c):
+      put(mm(schur(i), Ld, tb=True), 0, i, k)                        # G_ik L_kk^-T
+      return c
+    loop(k + 1, n, below)
+    sync()
+    return c
+
+  def inverse_column(k, c):                                          # (2)
+    put(W(0, k, k), 1, k, k)                                         # X_kk = L_kk^-1
+    sync()
+
+    def below(i, c):                # X_ik = -L_ii^-1 (sum of L_im X_mk over k <= m < i)
+      S = loop(k, i, lambda m, S: S + mm(W(0, i, m), W(1, m, k)), zero)
+      put(-mm(W(0, i, i), S), 1, i, k)
+      sync()
+      return c
+    return loop(k + 1, n, below, c)
+
+  def upper(fn, h):   # tiles (i, j >= i) of fn(i, j), mirrored into W_h (a_ref for None)
+    def row(i, c):
+      def tile(j, c):
+        put_symmetric(fn(i, j), h, i, j)
+        return c
+      return loop(i, n, tile, c)
+    loop(0, n, row)
+
+  loop(0, n, cholesky_column)
+  loop(0, n, inverse_column)
+  upper(lambda i, j: loop(j, n, lambda m, T: T + mm(W(1, m, i), W(1, m, j), ta=True), zero),
+        0 if newton_step else None)                                  # (3) X^T X
+  if not newton_step:
+    return
+  sync()
+
+  def product_row(i, c):                                             # (4) P = M A
+    def tile(j, c):
+      put(loop(0, n, lambda m, T: T + mm(M(i, m), W(0, m, j)), zero), 1, i, j)
+      return c
+    return loop(0, n, tile, c)
+  loop(0, n, product_row)
+  sync()
+  upper(lambda i, j: loop(0, n, lambda m, T: T - mm(W(0, i, m), W(1, m, j)),
+                          2.0 * W(0, i, j)), None)                   # (5) 2 A - A P
+
+
 # ----------------------------------------------------------------------------- wrappers
 
 def segment_grams(u, S, L, *, plan, heads=None):
@@ -145,7 +243,7 @@ def segment_grams(u, S, L, *, plan, heads=None):
       in_specs=[rows_spec(L, dk, heads)],
       out_specs=pl.BlockSpec((None, None, dk, dk), lambda i, j: (i, j, 0, 0)),
       out_shape=jax.ShapeDtypeStruct((BH, S - 1, dk, dk), acc),
-      compiler_params=compiler_params(WARPS),
+      compiler_params=compiler_params(WARPS if dk <= 64 else WIDE_GRAM_WARPS),
       interpret=plan.interpret, name="vla_segment_grams",
   )(u)
 
@@ -153,21 +251,28 @@ def segment_grams(u, S, L, *, plan, heads=None):
 def spd_inverse_kernel(M, *, newton_step, precision, tile=None, interpret=False):
   """A = M^-1 for M [BH, N, dk, dk] symmetric positive definite, one program per matrix
   (grid (BH, N)). tile: None (dk elimination steps on the whole matrix) or 32 (a block
-  Cholesky on 32 x 32 tiles; the same function)."""
+  Cholesky on 32 x 32 tiles; the same function): the tiles as values up to `VALUE_TILES` a
+  side (dk <= 64), beyond through a global-memory workspace of 2 dk^2 entries per program
+  (an output that is dropped)."""
   BH, N, dk, _ = M.shape
   spec = pl.BlockSpec((None, None, dk, dk), lambda b, n: (b, n, 0, 0))
+  out_specs, out_shape = spec, jax.ShapeDtypeStruct(M.shape, M.dtype)
+  options = dict(newton_step=newton_step, precision=precision, acc=M.dtype)
   if tile is None:
-    kernel = functools.partial(_inverse_kernel, newton_step=newton_step, precision=precision,
-                               acc=M.dtype)
+    kernel = functools.partial(_inverse_kernel, **options)
+  elif dk // tile <= VALUE_TILES:
+    kernel = functools.partial(_tiled_inverse_kernel, t=tile, **options)
   else:
-    kernel = functools.partial(_tiled_inverse_kernel, t=tile, newton_step=newton_step,
-                               precision=precision, acc=M.dtype)
-  return pl.pallas_call(
+    sync = (lambda: None) if interpret else plgpu.debug_barrier
+    kernel = functools.partial(_workspace_inverse_kernel, t=tile, sync=sync, **options)
+    out_specs = [spec, pl.BlockSpec((None, None, 2 * dk, dk), lambda b, n: (b, n, 0, 0))]
+    out_shape = [out_shape, jax.ShapeDtypeStruct((BH, N, 2 * dk, dk), M.dtype)]
+  out = pl.pallas_call(
       kernel,
-      grid=(BH, N), in_specs=[spec], out_specs=spec,
-      out_shape=jax.ShapeDtypeStruct(M.shape, M.dtype),
+      grid=(BH, N), in_specs=[spec], out_specs=out_specs, out_shape=out_shape,
       compiler_params=compiler_params(WARPS), interpret=interpret, name="vla_spd_inverse",
   )(M)
+  return out[0] if isinstance(out, (list, tuple)) else out
 
 
 def segment_start_inverses(u, A0, S, L, *, plan, token_major=False):
@@ -194,8 +299,8 @@ def segment_start_inverses(u, A0, S, L, *, plan, token_major=False):
 
 def _segment_grams(u, S, L, plan, token_major):
   """The Grams G_s of segments 0..S-2, [B, H, S - 1, dk, dk] in the accumulation dtype: the
-  `vla_segment_grams` kernel (`Plan.gram_dot` products) at dk <= 64, XLA (HIGHEST) at 128.
-  u as in `segment_start_inverses`."""
+  `vla_segment_grams` kernel (`Plan.gram_dot` products) with `Plan.inverse_kernel`, else XLA
+  (HIGHEST). u as in `segment_start_inverses`."""
   if token_major:
     B, _, H, dk = u.shape
   else:
@@ -211,8 +316,8 @@ def _segment_grams(u, S, L, plan, token_major):
 
 def _direct_inverses(M, *, plan, newton):
   """M^-1 of M [B, H, n, dk, dk] by a direct Cholesky inverse in M's dtype: the
-  `vla_spd_inverse` kernel at dk <= 64, XLA at dk = 128 (`spd_inverse`); newton: one Newton
-  step in the same dtype."""
+  `vla_spd_inverse` kernel with `Plan.inverse_kernel`, else XLA (`spd_inverse`); newton:
+  one Newton step in the same dtype."""
   if not plan.inverse_kernel:
     return spd_inverse(M, newton_step=newton)
   B, H, n, dk, _ = M.shape

@@ -1,5 +1,7 @@
 """`KernelConfig` validation and the planning rules of `KernelConfig.plan` (no kernels run)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -27,7 +29,8 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
     (dict(block_factor="cholesky"), 16, 16, "block_factor"),
     (dict(state_chain="fused"), 16, 16, "state_chain"),
-    (dict(tril_inverse="newton"), 16, 16, "tril_inverse")])
+    (dict(tril_inverse="newton"), 16, 16, "tril_inverse"),
+    (dict(start_inverse="cusolver"), 16, 16, "start_inverse")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -71,6 +74,20 @@ def test_tril_inverse_is_the_configs():
   assert _plan().tril_inverse == "doubling"
   for low, BH in ((False, 1), (True, 1024)):
     assert _plan(KernelConfig(tril_inverse="blocks"), low=low, BH=BH).tril_inverse == "blocks"
+
+
+def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
+  """start_inverse="tiles": the segment starts at dk = 128 in the kernels for float32 states
+  (float64 ones stay XLA), on 32 x 32 tiles also with the float32 Newton step (the whole
+  matrix spills there), every other choice as with "xla"; at dk <= 64 it changes nothing."""
+  tiles = KernelConfig(start_inverse="tiles")
+  for low in (False, True):
+    xla, kernel = (_plan(cfg, low=low, dk=128, dv=128) for cfg in (KernelConfig(), tiles))
+    assert not xla.inverse_kernel and kernel.inverse_kernel and kernel.inverse_tile == 32
+    assert kernel.newton_step == (not low)
+    assert dataclasses.replace(kernel, inverse_kernel=False) == xla
+    assert _plan(tiles, low=low) == _plan(low=low)
+  assert not _plan(tiles, acc=jnp.float64, dk=128, dv=128).inverse_kernel
 
 
 @pytest.mark.parametrize("low", [False, True])

@@ -15,12 +15,13 @@ from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
-             segment_ids=None, block_factor="elimination", state_chain="residual"):
+             segment_ids=None, block_factor="elimination", state_chain="residual",
+             start_inverse="xla"):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
   the StableHLO."""
   B, T, H, dk, dv, C = shape
   cfg = KernelConfig(chunk_size=C, precision=precision, block_factor=block_factor,
-                     state_chain=state_chain)
+                     state_chain=state_chain, start_inverse=start_inverse)
   fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
@@ -85,6 +86,31 @@ def test_default_kernels_d128(dtype):
   local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
   assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD
                                           + local_vjp)
+
+
+@pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "DEFAULT"),
+                                             (jnp.float32, "HIGHEST")],
+                         ids=["bf16", "f32", "f32_highest"])
+def test_tiled_starts_lower_at_d128(dtype, precision):
+  """start_inverse="tiles" at dk = 128 (two one-chunk segments): the Gram kernel (8 warps;
+  not for float32 exact starts, whose Grams are float64 XLA) and the inverse kernel on
+  tiles in a workspace (barriers between its phases; with the float32 Newton step for
+  float32 at DEFAULT) lower for the H200, each product at the plan's precision."""
+  p = getattr(jax.lax.Precision, precision)
+  shape = (1, 128, 1, 128, 128, 64)
+  grams = [] if precision == "HIGHEST" else ["vla_segment_grams"]
+  assert _kernels(dtype, shape, p, grad=False, start_inverse="tiles") == sorted(
+      ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"] + grams + SPLIT_FWD)
+  cfg = KernelConfig(chunk_size=64, precision=p, start_inverse="tiles")
+  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float32, dk=128, dv=128, BH=1, N=2,
+                  interpret=False)
+  spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
+  args = [spec(1, 128, 1, 128)] * 4 + [spec(1, 1, 128, 128, dt=jnp.float32)] * 2
+  products = _products(lambda *a: vla_pallas(*a, config=cfg, interpret=False), args)
+  name = lambda x: str((x, x)) if isinstance(x, jax.lax.Precision) else str(x)
+  assert {q for w, q in products if w == "vla_spd_inverse"} == {name(plan.inverse_dot)}
+  assert {q for w, q in products if w == "vla_segment_grams"} == (
+      {name(plan.gram_dot)} if grams else set())
 
 
 def test_compiling_for_a_cpu_raises_a_clear_error():

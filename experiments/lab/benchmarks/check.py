@@ -225,14 +225,14 @@ def _reference_fns(chunk):
 
 @functools.cache
 def _pallas_fns(precision, chunk, interpret, block_factor="elimination",
-                state_chain="residual", tril_inverse="doubling"):
+                state_chain="residual", tril_inverse="doubling", start_inverse="xla"):
   """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
                      block_factor=block_factor, state_chain=state_chain,
-                     tril_inverse=tril_inverse)
+                     tril_inverse=tril_inverse, start_inverse=start_inverse)
 
   def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
@@ -255,16 +255,17 @@ def reference(qkvu, S0, wo, chunk, ids=None):
 
 
 def check(case, interpret=None, block_factor="elimination", fallback=False,
-          state_chain="residual", tril_inverse="doubling"):
+          state_chain="residual", tril_inverse="doubling", start_inverse="xla"):
   """One row: the case, its errors against float64, bound, status ("ok" or "fail");
-  `vla_pallas` with `KernelConfig.block_factor`, `state_chain` and `tril_inverse`; with
-  fallback, also "newton_fallback" (`newton_fallback_rate`; None for packed documents)."""
+  `vla_pallas` with `KernelConfig.block_factor`, `state_chain`, `tril_inverse` and
+  `start_inverse`; with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
+  packed documents)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
   ids = segment_ids(case)
   fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, block_factor, state_chain,
-                          tril_inverse)
+                          tril_inverse, start_inverse)
   out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
@@ -278,7 +279,8 @@ def check(case, interpret=None, block_factor="elimination", fallback=False,
     rate = newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, case.precision, interpret)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
           "block_factor": block_factor, "state_chain": state_chain,
-          "tril_inverse": tril_inverse, "errors": errors, "bound": b, "du_bound": db,
+          "tril_inverse": tril_inverse, "start_inverse": start_inverse, "errors": errors,
+          "bound": b, "du_bound": db,
           "forward_bound": fb, "newton_fallback": rate, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}
@@ -375,7 +377,7 @@ def drift_inputs(case, seed=0):
 
 @functools.cache
 def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residual",
-               tril_inverse="doubling"):
+               tril_inverse="doubling", start_inverse="xla"):
   """Jitted o of `vla_pallas` (bfloat16, DEFAULT) and of impl="chunked" in float32 at HIGHEST,
   both (q, k, v, u, S0, A0) -> o (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -383,7 +385,7 @@ def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residu
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, block_factor=block_factor, state_chain=state_chain,
-                     tril_inverse=tril_inverse)
+                     tril_inverse=tril_inverse, start_inverse=start_inverse)
 
   def pallas(q, k, v, u, S0, A0):
     return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
@@ -396,13 +398,15 @@ def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residu
 
 
 def drift(case, interpret=None, block_factor="elimination", fallback=False,
-          state_chain="residual", tril_inverse="doubling"):
+          state_chain="residual", tril_inverse="doubling", start_inverse="xla"):
   """One drift row: o's relative error against impl="chunked" in float32 at HIGHEST, over the
   sequence ("o") and per quarter of it ("o_quarters"), and whether it is finite; status is set
-  by `drift_verdicts`. block_factor, fallback, state_chain, tril_inverse: as in `check`."""
+  by `drift_verdicts`. block_factor, fallback, state_chain, tril_inverse, start_inverse: as in
+  `check`."""
   t0 = time.perf_counter()
   qkvu, S0, A0 = drift_inputs(case)
-  pallas, chunked = _drift_fns(case.chunk, interpret, block_factor, state_chain, tril_inverse)
+  pallas, chunked = _drift_fns(case.chunk, interpret, block_factor, state_chain, tril_inverse,
+                               start_inverse)
   o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
   ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
   quarter = case.T // 4
@@ -412,7 +416,8 @@ def drift(case, interpret=None, block_factor="elimination", fallback=False,
   return {**dataclasses.asdict(case), "dtype": "bfloat16", "precision": "DEFAULT",
           "op": "vla", "impl": "pallas", "pass": "drift", "reference": "chunked float32 HIGHEST",
           "block_factor": block_factor, "state_chain": state_chain,
-          "tril_inverse": tril_inverse, "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
+          "tril_inverse": tril_inverse, "start_inverse": start_inverse,
+          "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
           "finite": finite,
           "newton_fallback": (newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, "DEFAULT",
                                                    interpret) if fallback else None),

@@ -22,6 +22,11 @@ Not in the default suite (--rows selects them):
   vla_kernel_tril_doubling, vla_kernel_tril_blocks
                      the same with `KernelConfig.tril_inverse` "doubling" or "blocks": the
                      state prep's two ways to form each chunk's (I + N)^-1
+  vla_kernel_start_xla, vla_kernel_start_tiles
+                     the same with `KernelConfig.start_inverse` "xla" or "tiles": the
+                     segment starts at d = 128 in XLA or in the kernels (at d = 64 both run
+                     the kernels; starts exist where a sequence has more than one penalty-
+                     scan segment, e.g. B = 1 at long T)
   deltanet_kernel_tril_doubling, deltanet_kernel_tril_blocks,
   gated_deltanet_kernel_tril_doubling, gated_deltanet_kernel_tril_blocks
                      `deltanet_pallas` / `gated_deltanet_pallas` themselves (S0 = 0; no op
@@ -70,7 +75,9 @@ KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_chain_residual": {"state_chain": "residual"},
                   "kernel_chain_transfer": {"state_chain": "transfer"},
                   "kernel_tril_doubling": {"tril_inverse": "doubling"},
-                  "kernel_tril_blocks": {"tril_inverse": "blocks"}}
+                  "kernel_tril_blocks": {"tril_inverse": "blocks"},
+                  "kernel_start_xla": {"start_inverse": "xla"},
+                  "kernel_start_tiles": {"start_inverse": "tiles"}}
 
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),

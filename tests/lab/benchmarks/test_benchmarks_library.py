@@ -92,15 +92,34 @@ def test_tril_inverse_families():
       assert products == (4 if key.endswith("blocks") else 10), (key, pass_, products)
 
 
+def test_start_inverse_families():
+  """vla_kernel_start_xla and vla_kernel_start_tiles: outside the default suite; each traces
+  forward and forward + backward at d = 128 (B = 1, two penalty-scan segments), the segment
+  starts in the kernels (the Gram kernel and the inverse) with "tiles" only."""
+  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
+  starts = {"vla_segment_grams", "vla_spd_inverse"}
+  keys = {"vla_kernel_start_xla": set(), "vla_kernel_start_tiles": starts}
+  assert not set(keys) & set(rows.DEFAULT_ROWS) and set(keys) <= set(rows.BY_KEY)
+  for key, want in keys.items():
+    spec = rows.BY_KEY[key]
+    for pass_ in rows.PASSES:
+      args = rows.abstract_inputs(spec.op, 1, 128, 1, 128, jnp.bfloat16, pass_ != "fwd")
+      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_))(*args)
+      kernels = {where for where, _ in equations(jaxpr)}
+      assert "vla_penalty_scan" in kernels and kernels & starts == want, (key, pass_, kernels)
+
+
 def test_check_takes_the_tril_inverse_and_the_state_chain():
-  """`check.check` and `check_baselines.check_case` (what check_kernels --tril_inverse and
-  --state_chain run) with tril_inverse "blocks" (VLA and DeltaNet) and state_chain "transfer"
-  (VLA) on a smoke case: within their float64 bounds, the options recorded in the rows."""
+  """`check.check` and `check_baselines.check_case` (what check_kernels --tril_inverse,
+  --state_chain and --start_inverse run) with tril_inverse "blocks" (VLA and DeltaNet),
+  state_chain "transfer" and start_inverse "tiles" (VLA) on a smoke case: within their
+  float64 bounds, the options recorded in the rows."""
   from lab.benchmarks import check_baselines  # pylint: disable=import-outside-toplevel
   row = check.check(check.smoke_cases()[0], interpret=True, tril_inverse="blocks",
-                    state_chain="transfer")
+                    state_chain="transfer", start_inverse="tiles")
   assert row["status"] == "ok", row
   assert row["tril_inverse"] == "blocks" and row["state_chain"] == "transfer", row
+  assert row["start_inverse"] == "tiles", row
   assert max(row["errors"].values()) < 1e-4, row["errors"]
   row = check_baselines.check_case(check_baselines.smoke_cases()[0], tril_inverse="blocks")
   assert row["status"] == "ok" and row["tril_inverse"] == "blocks", row
