@@ -27,7 +27,9 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
     (dict(block_factor="cholesky"), 16, 16, "block_factor"),
     (dict(state_chain="fused"), 16, 16, "state_chain"),
-    (dict(tril_inverse="newton"), 16, 16, "tril_inverse")])
+    (dict(tril_inverse="newton"), 16, 16, "tril_inverse"),
+    (dict(penalty_layout="columns"), 16, 16, r"penalty_layout must be one of \('rows', "
+                                             r"'transposed'\); got 'columns'")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -71,6 +73,14 @@ def test_tril_inverse_is_the_configs():
   assert _plan().tril_inverse == "doubling"
   for low, BH in ((False, 1), (True, 1024)):
     assert _plan(KernelConfig(tril_inverse="blocks"), low=low, BH=BH).tril_inverse == "blocks"
+
+
+def test_penalty_layout_is_the_configs():
+  """The penalty path's layout is the user's choice (default "rows"), at every head dim."""
+  assert _plan().penalty_layout == "rows"
+  for dk in (16, 128):
+    plan = _plan(KernelConfig(penalty_layout="transposed"), low=True, dk=dk, dv=dk)
+    assert plan.penalty_layout == "transposed"
 
 
 @pytest.mark.parametrize("low", [False, True])
