@@ -27,6 +27,13 @@ for VLA and for DeltaNet's and Gated DeltaNet's kernels:
         --rows=vla_kernel_tril_doubling,vla_kernel_tril_blocks,deltanet_kernel_tril_doubling,\
 deltanet_kernel_tril_blocks,gated_deltanet_kernel_tril_doubling,gated_deltanet_kernel_tril_blocks
 
+The penalty path's two layouts (`KernelConfig.penalty_layout`: the scan's products on the
+block's rows, or transposed with the head dim on the M side and the u-cotangent kernel carrying
+F = E + E^T), aimed at d = 128:
+
+    python experiments/bench.py --name=penalty_layout_h200 --dims=64,128 --Ts=4096,32768 \
+        --rows=vla_kernel_penalty_rows,vla_kernel_penalty_transposed
+
 DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
 
     python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \

@@ -39,6 +39,14 @@ called themselves, not through the ops):
     python experiments/check_kernels.py --name=check_h200_tril_blocks --dims=64,128 \
         --tril_inverse=blocks --ops=vla,deltanet,gated_deltanet --max_T=32768 --long_T=0
 
+--penalty_layout=transposed checks the penalty path's transposed products
+(`KernelConfig.penalty_layout`: the scan's products with the head dim on the M side, the
+u-cotangent kernel's F = E + E^T) in every case, the drift cases and the long run; the
+decisive ones are at d = 128:
+
+    python experiments/check_kernels.py --name=check_h200_penalty_transposed --dims=64,128 \
+        --penalty_layout=transposed --max_T=32768 --long_T=0
+
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
@@ -74,11 +82,13 @@ _STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transf
 _TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "blocks"],
                                   "KernelConfig.tril_inverse of the checked calls (vla and "
                                   "the baselines).")
+_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
+                                    "KernelConfig.penalty_layout of the checked calls (vla).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
-                        "--block_factor, --newton_fallback and --state_chain apply to "
-                        "vla).")
+                        "--block_factor, --newton_fallback, --state_chain and "
+                        "--penalty_layout apply to vla).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
                             "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
 flags.mark_flag_as_required("name")
@@ -119,7 +129,8 @@ def main(argv):
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
   options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value,
-                 state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value)
+                 state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value,
+                 penalty_layout=_PENALTY_LAYOUT.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case, tril_inverse=_TRIL_INVERSE.value)
                      if isinstance(case, check_baselines.Case) else check.check(case, **options)))
@@ -133,7 +144,8 @@ def main(argv):
     print(check.drift_table(drift_rows), flush=True)
   if _LONG_T.value and not _SMOKE.value and "vla" in _OPS.value:
     row = rec.row(**check.long_run(_LONG_T.value, state_chain=_STATE_CHAIN.value,
-                                   tril_inverse=_TRIL_INVERSE.value))
+                                   tril_inverse=_TRIL_INVERSE.value,
+                                   penalty_layout=_PENALTY_LAYOUT.value))
     if row["status"] != "ok":
       failed.append(row)
   print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),

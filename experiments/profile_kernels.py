@@ -9,6 +9,8 @@ H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
         --dims=64,128 --state_chain=transfer    # the transfer-matrix state chains
     python experiments/profile_kernels.py --name=profile_h200_tril_blocks --Ts=4096,32768 \
         --dims=64,128 --tril_inverse=blocks    # the state prep's tiled inverse
+    python experiments/profile_kernels.py --name=profile_h200_penalty_transposed \
+        --Ts=4096,32768 --dims=64,128 --penalty_layout=transposed    # the transposed penalty path
 
 Prints per call the busy time of each kernel class (pallas, gemm, copy, xla), the idle time
 inside the call and the largest kernels, and writes the rows to --out_dir/<name>.json.
@@ -38,6 +40,8 @@ _STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transf
                                  "KernelConfig.state_chain of the profiled calls.")
 _TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "blocks"],
                                   "KernelConfig.tril_inverse of the profiled calls.")
+_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
+                                    "KernelConfig.penalty_layout of the profiled calls.")
 
 
 def main(argv):
@@ -46,7 +50,8 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  config = KernelConfig(state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value)
+  config = KernelConfig(state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value,
+                        penalty_layout=_PENALTY_LAYOUT.value)
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value
@@ -77,7 +82,7 @@ def main(argv):
   with open(path, "w") as f:
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
                "resources": _RESOURCES.value, "state_chain": _STATE_CHAIN.value,
-               "tril_inverse": _TRIL_INVERSE.value,
+               "tril_inverse": _TRIL_INVERSE.value, "penalty_layout": _PENALTY_LAYOUT.value,
                "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")
 

@@ -225,14 +225,14 @@ def _reference_fns(chunk):
 
 @functools.cache
 def _pallas_fns(precision, chunk, interpret, block_factor="elimination",
-                state_chain="residual", tril_inverse="doubling"):
+                state_chain="residual", tril_inverse="doubling", penalty_layout="rows"):
   """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
                      block_factor=block_factor, state_chain=state_chain,
-                     tril_inverse=tril_inverse)
+                     tril_inverse=tril_inverse, penalty_layout=penalty_layout)
 
   def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
@@ -255,16 +255,17 @@ def reference(qkvu, S0, wo, chunk, ids=None):
 
 
 def check(case, interpret=None, block_factor="elimination", fallback=False,
-          state_chain="residual", tril_inverse="doubling"):
+          state_chain="residual", tril_inverse="doubling", penalty_layout="rows"):
   """One row: the case, its errors against float64, bound, status ("ok" or "fail");
-  `vla_pallas` with `KernelConfig.block_factor`, `state_chain` and `tril_inverse`; with
-  fallback, also "newton_fallback" (`newton_fallback_rate`; None for packed documents)."""
+  `vla_pallas` with `KernelConfig.block_factor`, `state_chain`, `tril_inverse` and
+  `penalty_layout`; with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
+  packed documents)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
   ids = segment_ids(case)
   fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, block_factor, state_chain,
-                          tril_inverse)
+                          tril_inverse, penalty_layout)
   out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
@@ -278,7 +279,8 @@ def check(case, interpret=None, block_factor="elimination", fallback=False,
     rate = newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, case.precision, interpret)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
           "block_factor": block_factor, "state_chain": state_chain,
-          "tril_inverse": tril_inverse, "errors": errors, "bound": b, "du_bound": db,
+          "tril_inverse": tril_inverse, "penalty_layout": penalty_layout, "errors": errors,
+          "bound": b, "du_bound": db,
           "forward_bound": fb, "newton_fallback": rate, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}
@@ -327,8 +329,9 @@ def newton_fallback_rate(k, u, A0, chunk, precision, interpret=None):
 
 
 def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual",
-             tril_inverse="doubling"):
-  """A bfloat16 forward + backward at length T (`KernelConfig.state_chain`, `tril_inverse`):
+             tril_inverse="doubling", penalty_layout="rows"):
+  """A bfloat16 forward + backward at length T (`KernelConfig.state_chain`, `tril_inverse`,
+  `penalty_layout`):
   seconds of the first (compiling) and second call, peak device memory, finiteness (a row
   with pass "long")."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -337,7 +340,8 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual
   case = Case("bfloat16", "DEFAULT", "isotropic", T, d, B, H, chunk)
   qkvu, S0, wo = inputs(case, seed=7)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
-  cfg = KernelConfig(chunk_size=chunk, state_chain=state_chain, tril_inverse=tril_inverse)
+  cfg = KernelConfig(chunk_size=chunk, state_chain=state_chain, tril_inverse=tril_inverse,
+                     penalty_layout=penalty_layout)
   run = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
   step = jax.jit(jax.value_and_grad(_loss(run), argnums=range(4)))
   times = []
@@ -351,7 +355,7 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual
                                            for g in grads)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "long",
           "state_chain": state_chain, "tril_inverse": tril_inverse,
-          "first_s": round(times[0], 2), "ms": 1e3 * times[1],
+          "penalty_layout": penalty_layout, "first_s": round(times[0], 2), "ms": 1e3 * times[1],
           "finite": finite,
           "peak_gib": stats.get("peak_bytes_in_use", 0) / 2 ** 30,
           "status": "ok" if finite else "fail"}
@@ -375,7 +379,7 @@ def drift_inputs(case, seed=0):
 
 @functools.cache
 def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residual",
-               tril_inverse="doubling"):
+               tril_inverse="doubling", penalty_layout="rows"):
   """Jitted o of `vla_pallas` (bfloat16, DEFAULT) and of impl="chunked" in float32 at HIGHEST,
   both (q, k, v, u, S0, A0) -> o (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -383,7 +387,7 @@ def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residu
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, block_factor=block_factor, state_chain=state_chain,
-                     tril_inverse=tril_inverse)
+                     tril_inverse=tril_inverse, penalty_layout=penalty_layout)
 
   def pallas(q, k, v, u, S0, A0):
     return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
@@ -396,13 +400,15 @@ def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residu
 
 
 def drift(case, interpret=None, block_factor="elimination", fallback=False,
-          state_chain="residual", tril_inverse="doubling"):
+          state_chain="residual", tril_inverse="doubling", penalty_layout="rows"):
   """One drift row: o's relative error against impl="chunked" in float32 at HIGHEST, over the
   sequence ("o") and per quarter of it ("o_quarters"), and whether it is finite; status is set
-  by `drift_verdicts`. block_factor, fallback, state_chain, tril_inverse: as in `check`."""
+  by `drift_verdicts`. block_factor, fallback, state_chain, tril_inverse, penalty_layout: as
+  in `check`."""
   t0 = time.perf_counter()
   qkvu, S0, A0 = drift_inputs(case)
-  pallas, chunked = _drift_fns(case.chunk, interpret, block_factor, state_chain, tril_inverse)
+  pallas, chunked = _drift_fns(case.chunk, interpret, block_factor, state_chain, tril_inverse,
+                               penalty_layout)
   o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
   ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
   quarter = case.T // 4
@@ -412,7 +418,8 @@ def drift(case, interpret=None, block_factor="elimination", fallback=False,
   return {**dataclasses.asdict(case), "dtype": "bfloat16", "precision": "DEFAULT",
           "op": "vla", "impl": "pallas", "pass": "drift", "reference": "chunked float32 HIGHEST",
           "block_factor": block_factor, "state_chain": state_chain,
-          "tril_inverse": tril_inverse, "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
+          "tril_inverse": tril_inverse, "penalty_layout": penalty_layout,
+          "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
           "finite": finite,
           "newton_fallback": (newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, "DEFAULT",
                                                    interpret) if fallback else None),

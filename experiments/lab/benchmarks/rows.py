@@ -22,6 +22,11 @@ Not in the default suite (--rows selects them):
   vla_kernel_tril_doubling, vla_kernel_tril_blocks
                      the same with `KernelConfig.tril_inverse` "doubling" or "blocks": the
                      state prep's two ways to form each chunk's (I + N)^-1
+  vla_kernel_penalty_rows, vla_kernel_penalty_transposed
+                     the same with `KernelConfig.penalty_layout` "rows" or "transposed": the
+                     penalty scan's products on the block's rows or transposed (head dim on
+                     the M side, the carried A the left operand), and the u-cotangent
+                     kernel's E or F = E + E^T
   deltanet_kernel_tril_doubling, deltanet_kernel_tril_blocks,
   gated_deltanet_kernel_tril_doubling, gated_deltanet_kernel_tril_blocks
                      `deltanet_pallas` / `gated_deltanet_pallas` themselves (S0 = 0; no op
@@ -70,7 +75,9 @@ KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_chain_residual": {"state_chain": "residual"},
                   "kernel_chain_transfer": {"state_chain": "transfer"},
                   "kernel_tril_doubling": {"tril_inverse": "doubling"},
-                  "kernel_tril_blocks": {"tril_inverse": "blocks"}}
+                  "kernel_tril_blocks": {"tril_inverse": "blocks"},
+                  "kernel_penalty_rows": {"penalty_layout": "rows"},
+                  "kernel_penalty_transposed": {"penalty_layout": "transposed"}}
 
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
