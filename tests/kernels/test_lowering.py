@@ -164,12 +164,13 @@ def test_transposed_penalty_layout_lowers(dtype, precision, d):
   left operand of [dk, 16] products and the downdate's accumulator; bfloat16 parts, or
   three-pass TF32) and the u-cotangent kernel's F = E + E^T lower for the H200 in the
   gradient (which runs the forward scan too), bfloat16 at d = 128 plain and with packed
-  documents, float32 at HIGH at d = 16; in the penalty scan the [dk, dk] operand of every
-  product is the left one."""
+  documents, float32 at HIGH at d = 16 with block_factor "newton"; in the penalty scan the
+  [dk, dk] operand of every product is the left one."""
   p = getattr(jax.lax.Precision, precision)
   ids = jnp.asarray(np.arange(64).reshape(1, 64) // 23, jnp.int32)
   for segment_ids in (None, ids) if d == 128 else (None,):
     names = _kernels(dtype, (1, 64, 1, d, d, 64), p, segment_ids=segment_ids,
+                     block_factor="newton" if d == 16 else "elimination",
                      penalty_layout="transposed")
     assert {"vla_penalty_scan", "vla_row_cotangents", "vla_adjoint_du"} <= set(names)
   cfg = KernelConfig(chunk_size=64, precision=p, penalty_layout="transposed")

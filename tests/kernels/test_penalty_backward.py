@@ -219,10 +219,12 @@ def test_bfloat16_nan_where_the_block_turns_accurate():
 
 
 # The transposed penalty layout (`KernelConfig.penalty_layout`): T = 144 (nine chunks: scan
-# segments of three chunks, u-cotangent segments of three), unit-norm anisotropic u from
-# A0 = 3 I, so that block 0's penalty gains pass `GAIN_LIMIT` at its third row (the accurate
-# pass from a row inside the block) and a document's first block likewise; packed: document
-# starts inside chunks, at a chunk boundary and two in one block.
+# segments of three chunks, u-cotangent segments of three), anisotropic u of norm 1 (0.3 from
+# token 64 on) from A0 = 3 I, so that block 0's penalty gains pass `GAIN_LIMIT` at its third
+# row (the accurate pass from a row inside the block) and a document's first block likewise,
+# and the blocks from token 64 on have ||X U^T||_F < 0.05 (block_factor "newton" takes its
+# Newton steps there, the elimination before); packed: document starts inside chunks, at a
+# chunk boundary and two in one block.
 LAYOUT_T, LAYOUT_STARTS = 144, (5, 16, 21, 23, 70, 100)
 
 
@@ -234,12 +236,13 @@ def test_transposed_layout(dtype, packed):
   the u-cotangent kernel carrying F = E + E^T): unit rows, A_T and the cotangents of khat, u
   and A0 against jax.vjp of the token-by-token scan in float64 (A restarting at I / lam0 at
   every document start), within the dtype's tolerance; bfloat16 (the carried A as two
-  bfloat16 parts, three-pass blocks past GAIN_LIMIT) within 1e-2 in norm."""
+  bfloat16 parts, three-pass blocks past GAIN_LIMIT) within 1e-2 in norm. float32 with
+  block_factor "newton" (the elimination in the early blocks, Newton steps from token 64)."""
   T, C, lam0 = LAYOUT_T, 16, 1 / 3
   N = T // C
   rng = np.random.default_rng(9)
   khat = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
-  u = anisotropic_u(rng, B, H, T, dk, norm=1.0)
+  u = anisotropic_u(rng, B, H, T, dk, norm=1.0) * np.where(np.arange(T) < 64, 1.0, 0.3)[:, None]
   A0 = np.broadcast_to(np.eye(dk) / lam0, (B, H, dk, dk))
   wa, wA = rng.standard_normal((B, H, T, dk)), rng.standard_normal((B, H, dk, dk))
   if dtype != np.float64:
@@ -247,7 +250,8 @@ def test_transposed_layout(dtype, packed):
   starts = np.zeros((B, T), bool)
   if packed:
     starts[:, list(LAYOUT_STARTS)] = True
-  cfg = KernelConfig(chunk_size=C, penalty_layout="transposed")
+  cfg = KernelConfig(chunk_size=C, penalty_layout="transposed",
+                     block_factor="newton" if dtype == np.float32 else "elimination")
   state = np.float64 if dtype == np.float64 else np.float32
   chunks = lambda x: x.reshape(B, H, N, C, dk)
   with jax.enable_x64(dtype == np.float64):
