@@ -33,6 +33,13 @@ T = 4096, B = 8 each sequence is one penalty-scan segment and has no starts):
     python experiments/bench.py --name=start_inverse_h200 --dims=128 --Ts=16384,32768,131072 \
         --rows=vla_kernel_start_xla,vla_kernel_start_tiles
 
+The penalty path's two layouts (`KernelConfig.penalty_layout`: the scan's products on the
+block's rows, or transposed with the head dim on the M side and the u-cotangent kernel carrying
+F = E + E^T), aimed at d = 128:
+
+    python experiments/bench.py --name=penalty_layout_h200 --dims=64,128 --Ts=4096,32768 \
+        --rows=vla_kernel_penalty_rows,vla_kernel_penalty_transposed
+
 DeltaNet and Gated DeltaNet on the Pallas kernels beside fla's:
 
     python experiments/bench.py --name=h200_delta_d64 --dims=64 --Ts=4096,32768 \

@@ -47,6 +47,14 @@ long run is d = 64):
     python experiments/check_kernels.py --name=check_h200_d128_start_tiles --dims=128 \
         --start_inverse=tiles --max_T=32768 --long_T=0
 
+--penalty_layout=transposed checks the penalty path's transposed products
+(`KernelConfig.penalty_layout`: the scan's products with the head dim on the M side, the
+u-cotangent kernel's F = E + E^T) in every case, the drift cases and the long run; the
+decisive ones are at d = 128:
+
+    python experiments/check_kernels.py --name=check_h200_penalty_transposed --dims=64,128 \
+        --penalty_layout=transposed --max_T=32768 --long_T=0
+
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
@@ -85,11 +93,13 @@ _TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "bloc
 _START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
                                    "KernelConfig.start_inverse of the checked calls (vla; "
                                    "d = 128).")
+_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
+                                    "KernelConfig.penalty_layout of the checked calls (vla).")
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
-                        "--block_factor, --newton_fallback, --state_chain and "
-                        "--start_inverse apply to vla).")
+                        "--block_factor, --newton_fallback, --state_chain, "
+                        "--start_inverse and --penalty_layout apply to vla).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
                             "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
 flags.mark_flag_as_required("name")
@@ -129,9 +139,10 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
-  options = dict(block_factor=_BLOCK_FACTOR.value, fallback=_FALLBACK.value,
-                 state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value,
-                 start_inverse=_START_INVERSE.value)
+  kernel = dict(block_factor=_BLOCK_FACTOR.value, state_chain=_STATE_CHAIN.value,
+                tril_inverse=_TRIL_INVERSE.value, start_inverse=_START_INVERSE.value,
+                penalty_layout=_PENALTY_LAYOUT.value)   # check.OPTION_DEFAULTS' names
+  options = dict(kernel, fallback=_FALLBACK.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case, tril_inverse=_TRIL_INVERSE.value)
                      if isinstance(case, check_baselines.Case) else check.check(case, **options)))
@@ -144,8 +155,7 @@ def main(argv):
   if drift_rows:
     print(check.drift_table(drift_rows), flush=True)
   if _LONG_T.value and not _SMOKE.value and "vla" in _OPS.value:
-    row = rec.row(**check.long_run(_LONG_T.value, state_chain=_STATE_CHAIN.value,
-                                   tril_inverse=_TRIL_INVERSE.value))
+    row = rec.row(**check.long_run(_LONG_T.value, **kernel))
     if row["status"] != "ok":
       failed.append(row)
   print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),

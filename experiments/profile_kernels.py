@@ -11,6 +11,8 @@ H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
         --dims=64,128 --tril_inverse=blocks    # the state prep's tiled inverse
     python experiments/profile_kernels.py --name=profile_h200_start_tiles --Ts=32768,131072 \
         --dims=128 --start_inverse=tiles    # the d = 128 segment starts in the kernels
+    python experiments/profile_kernels.py --name=profile_h200_penalty_transposed \
+        --Ts=4096,32768 --dims=64,128 --penalty_layout=transposed    # the transposed penalty path
 
 Prints per call the busy time of each kernel class (pallas, gemm, copy, xla), the idle time
 inside the call and the largest kernels, and writes the rows to --out_dir/<name>.json.
@@ -42,6 +44,8 @@ _TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "bloc
                                   "KernelConfig.tril_inverse of the profiled calls.")
 _START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
                                    "KernelConfig.start_inverse of the profiled calls.")
+_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
+                                    "KernelConfig.penalty_layout of the profiled calls.")
 
 
 def main(argv):
@@ -51,7 +55,8 @@ def main(argv):
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
   config = KernelConfig(state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value,
-                        start_inverse=_START_INVERSE.value)
+                        start_inverse=_START_INVERSE.value,
+                        penalty_layout=_PENALTY_LAYOUT.value)
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value
@@ -83,6 +88,7 @@ def main(argv):
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
                "resources": _RESOURCES.value, "state_chain": _STATE_CHAIN.value,
                "tril_inverse": _TRIL_INVERSE.value, "start_inverse": _START_INVERSE.value,
+               "penalty_layout": _PENALTY_LAYOUT.value,
                "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")
 

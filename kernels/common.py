@@ -23,12 +23,13 @@ BF16 = jax.lax.DotAlgorithmPreset.BF16_BF16_F32
 
 # ----------------------------------------------------------------------------- products
 
-def dot(a, b, *, ta=False, tb=False, precision):
-  """(a or a^T) @ (b or b^T) of 2-D tiles, in a's dtype. `precision` is a `jax.lax.Precision`
-  or a `DotAlgorithmPreset` (`dot_precision`); with `BF16` the operands are rounded to bfloat16
-  here, so that interpret mode computes what the GPU computes, and the sums stay float32."""
+def dot(a, b, *, ta=False, tb=False, precision, out=None):
+  """(a or a^T) @ (b or b^T) of 2-D tiles, in a's dtype (or `out`). `precision` is a
+  `jax.lax.Precision` or a `DotAlgorithmPreset` (`dot_precision`); with `BF16` the operands
+  are rounded to bfloat16 here, so that interpret mode computes what the GPU computes, and the
+  sums stay float32."""
   dims = (((0 if ta else 1,), (1 if tb else 0,)), ((), ()))
-  out = a.dtype
+  out = a.dtype if out is None else out
   if precision == BF16:
     a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
   return jax.lax.dot_general(a, b, dims, precision=precision, preferred_element_type=out)
@@ -51,6 +52,15 @@ def dot_parts(a, parts, *, precision):
   y = dot(a, parts[0], precision=precision)
   for p in parts[1:]:
     y = y + dot(a, p, precision=precision)
+  return y
+
+
+def parts_dot(parts, b, *, tb=False, precision):
+  """x @ (b or b^T) for x given as the parts of `split_operand` (the left operand: the sum of
+  one product per part), in b's dtype."""
+  y = dot(parts[0], b, tb=tb, precision=precision, out=b.dtype)
+  for p in parts[1:]:
+    y = y + dot(p, b, tb=tb, precision=precision, out=b.dtype)
   return y
 
 

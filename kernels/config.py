@@ -27,6 +27,9 @@ STATE_CHAINS = ("residual", "transfer")
 TRIL_INVERSES = ("doubling", "blocks")
 # How the segment starts are formed at dk = 128 (`KernelConfig.start_inverse`).
 START_INVERSES = ("xla", "tiles")
+# Which side of the penalty path's products the head dim sits on
+# (`KernelConfig.penalty_layout`).
+PENALTY_LAYOUTS = ("rows", "transposed")
 
 # The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
 TRITON_MIN_CAPABILITY = (8, 0)
@@ -162,6 +165,15 @@ class KernelConfig:
       ones stay XLA: the Gram kernel's [128, 128] float64 sum spills). The same starts to
       float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
       questions").
+    penalty_layout: how the penalty path's products are laid out: "rows" (default; the
+      penalty scan's products on the block's rows, X = U A, W = E A - tril(E Y^T) Y,
+      A <- A - Y^T Y: the 16 tokens on the products' M side and the carried A their right
+      operand; the u-cotangent kernel carries E and forms U E + U E^T) or "transposed" (the
+      same products transposed, X^T = A U^T, W^T = A E^T - Y^T tril(E Y^T)^T,
+      A <- A + (-Y^T) Y: the head dim on the M side, A the left operand and the downdate's
+      accumulator; the u-cotangent kernel carries the symmetric F = E + E^T and forms one
+      U F). The same functions to float32 rounding; which is faster on a GPU is open
+      (kernels/DESIGN.md, "Open questions").
   """
 
   chunk_size: int = 64
@@ -171,6 +183,7 @@ class KernelConfig:
   state_chain: str = "residual"
   tril_inverse: str = "doubling"
   start_inverse: str = "xla"
+  penalty_layout: str = "rows"
 
   def __post_init__(self):
     p = self.precision
@@ -214,6 +227,9 @@ class KernelConfig:
     if self.start_inverse not in START_INVERSES:
       raise ValueError(f"start_inverse must be one of {START_INVERSES}; got "
                        f"{self.start_inverse!r}")
+    if self.penalty_layout not in PENALTY_LAYOUTS:
+      raise ValueError(f"penalty_layout must be one of {PENALTY_LAYOUTS}; got "
+                       f"{self.penalty_layout!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -294,6 +310,7 @@ class KernelConfig:
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
         state_chain=self.state_chain, tril_inverse=self.tril_inverse,
+        penalty_layout=self.penalty_layout,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=8 if dk >= 128 else 4)
 
@@ -346,6 +363,8 @@ class Plan:
       parallel per-chunk kernel (else one fused loop).
     state_chain: `KernelConfig.state_chain`, the step of those chains.
     tril_inverse: `KernelConfig.tril_inverse`, how the state-prep kernel forms its inverse.
+    penalty_layout: `KernelConfig.penalty_layout`, the layout of the penalty scan's and the
+      u-cotangent kernel's products.
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).
@@ -381,6 +400,7 @@ class Plan:
   split_backward: bool
   state_chain: str
   tril_inverse: str
+  penalty_layout: str
   fused_vjp: bool
   adjoint_warps: int
   xla_dot: object

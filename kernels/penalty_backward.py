@@ -30,14 +30,18 @@ per (batch * head, segment of up to 8 chunks), carrying
 
 from the later segments' sums (one XLA product per segment, `segment_suffix_starts`). No
 [N, dk, dk] array of sums is written (d = 128, T = 4096, B = 8: 537 MB, 0.68 ms in XLA).
+With `Plan.penalty_layout` "transposed" the kernel carries the symmetric F = E + E^T instead,
+F <- F + Z_n^T W_n + W_n^T Z_n and du_n = -(UW Z + UZ W + U F): one U F product a chunk in
+place of U E and U E^T (no transposed [dk, dk] operand), one more accumulating product into
+the carry.
 
 Packed documents (A restarts at reset * I; `docs`: chunk-relative document indices, see
 `common.doc_masks`): the sums over t >= s keep the same document. Z takes reset * dW in place
 of dW A_c for tokens of documents that start inside the chunk and masks tril(dW Y^T) to one
 document; the du kernel masks UW and UZ to one document, adds U E + U E^T only to the chunk's
 last document and carries E <- (E if no document starts in the chunk, else 0) + Z_f^T W over
-the rows of its first document; the segments' E and dA0 (the row's first document only)
-follow the same rule in XLA (`_packed_suffix_starts`).
+the rows of its first document (F likewise, adding W^T Z_f too); the segments' E and dA0
+(the row's first document only) follow the same rule in XLA (`_packed_suffix_starts`).
 """
 
 import functools
@@ -138,15 +142,16 @@ def row_cotangents(A_chunks, Y, W, da, *, plan, warps, gains=None, rel=None, res
 
 # ----------------------------------------------------------------------------- du kernel
 
-def _du_kernel(u_ref, w_ref, z_ref, e0_ref, *refs, C, L, precision, acc, packed):
+def _du_kernel(u_ref, w_ref, z_ref, e0_ref, *refs, C, L, precision, acc, packed, symmetric):
   # u_ref, w_ref, z_ref, du_ref: [L * C, dk] (one segment of L chunks); e0_ref: [dk, dk], E
   # of the segment's last chunk (the later segments' Z^T W and A_T dA_T A_T). Packed
-  # documents: refs = (rel_ref [L * C], du_ref).
+  # documents: refs = (rel_ref [L * C], du_ref). symmetric: carry F = E + E^T
+  # (`Plan.penalty_layout` "transposed"; module docstring).
   rel_ref, du_ref = refs if packed else (None,) + refs
   mm = functools.partial(dot, precision=precision)
   r, c, _ = iota(C)
 
-  def body(i, E):
+  def body(i, E):   # E, or F = E + E^T (symmetric)
     rows = pl.ds(pl.multiple_of((L - 1 - i) * C, C), C)
     U, W, Z = (ref[rows, :].astype(acc) for ref in (u_ref, w_ref, z_ref))    # [C, dk]
     later = r <= c                                                         # [s, t], t >= s
@@ -156,17 +161,19 @@ def _du_kernel(u_ref, w_ref, z_ref, e0_ref, *refs, C, L, precision, acc, packed)
     UW = jnp.where(later, mm(U, W, tb=True), 0.0)
     UZ = jnp.where(later, mm(U, Z, tb=True), 0.0)
     # E enters after the masked products: its tile stays out of their shared memory (80 KB a
-    # program at d = 64 instead of 112).
-    UE = mm(U, E) + mm(U, E, tb=True)
+    # program at d = 64 instead of 112). U E + U E^T, or U F in one product.
+    UE = mm(U, E) if symmetric else mm(U, E) + mm(U, E, tb=True)
     if packed:   # E holds the later tokens of the chunk's last document only
       UE = jnp.where(last, UE, 0.0)
     du = -(mm(UW, Z) + mm(UZ, W) + UE)
     du_ref[rows, :] = du.astype(du_ref.dtype)
     if packed:
-      return jnp.where(keep, E, 0.0) + mm(jnp.where(first, Z, 0.0), W, ta=True)
-    return E + mm(Z, W, ta=True)                                           # + Z_n^T W_n
+      E, Z = jnp.where(keep, E, 0.0), jnp.where(first, Z, 0.0)
+    E = E + mm(Z, W, ta=True)                                              # + Z_n^T W_n
+    return E + mm(W, Z, ta=True) if symmetric else E                       # + W_n^T Z_n
 
-  jax.lax.fori_loop(0, L, body, e0_ref[...].astype(acc))
+  E = e0_ref[...].astype(acc)
+  jax.lax.fori_loop(0, L, body, E + E.T if symmetric else E)
 
 
 def du_segment_chunks(N, most=DU_SEGMENT_CHUNKS):
@@ -190,7 +197,8 @@ def u_cotangents(U, W, Z, E_last, *, plan, warps, rel=None):
     in_specs, args = in_specs + [doc_spec(L * C)], args + [rel]
   du = pl.pallas_call(
       functools.partial(_du_kernel, C=C, L=L, precision=plan.du_dot, acc=acc,
-                        packed=rel is not None),
+                        packed=rel is not None,
+                        symmetric=plan.penalty_layout == "transposed"),
       grid=(B * H, S),
       in_specs=in_specs,
       out_specs=seg,

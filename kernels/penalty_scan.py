@@ -17,6 +17,19 @@ bfloat16 products A enters U A and E A as two bfloat16 parts (`common.split_oper
 would round it by 2^-9 of its largest entries in every product, which over a long segment
 outgrows A's small eigenvalues when u is anisotropic (kernels/DESIGN.md, "Penalty scan").
 
+Layout (`Plan.penalty_layout`). "rows" computes the products above on the block's rows: the
+16 tokens are the products' M side and A their right operand, which Triton stages through
+shared memory every block (kernels/DESIGN.md, "Penalty scan"). "transposed" computes the same
+products transposed, on values [dk, b] whose columns are the tokens:
+
+    X^T = A U^T,   Y^T = X^T L^-T,   W^T = A E^T - Y^T tril(E Y^T)^T,   A <- A + (-Y^T) Y
+
+so the head dim is the M side (M = dk, N = 16: Triton's products need M, N, K >= 16, which
+every supported dk meets), A the left operand (which Hopper's wgmma takes from registers) and
+the downdate's accumulator. Every safeguard of this module is the same in both: A as a split
+operand, the GAIN_LIMIT pass, packed documents, `finite` on the operands holding later
+tokens. The rows leave the kernel as rows (one [dk, 16] transpose per block and output).
+
 Blocks of large penalty gain. A block shrinks A along its u by up to 1 + the sum of its gains
 u_i^T A u_i (G's diagonal), and low-precision products lose as much relative accuracy: early
 in a sequence (A = A_0 = I / lam0, gains |u|^2 / lam0) bfloat16 products drove A indefinite.
@@ -52,8 +65,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, dot_parts, eye,
-                                    finite, guarded_chol_inv, iota, rows_spec, split_operand,
-                                    unit_rows)
+                                    finite, guarded_chol_inv, iota, parts_dot, rows_spec,
+                                    split_operand, unit_rows)
 from vla_jax.kernels.config import SCAN_BLOCK
 from vla_jax.kernels.segment_starts import segment_start_inverses
 from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
@@ -86,13 +99,14 @@ FAST_GAIN = 1.05
 # ----------------------------------------------------------------------------- kernel
 
 def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc,
-                 reset, newton_dot, accurate_dot):
+                 reset, newton_dot, accurate_dot, transposed):
   # Inputs: a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (keys, penalty
   # directions); with reset (packed documents) also d_ref [L] (document indices). Outputs:
   # ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk] (rows A_t khat_t,
   # Woodbury rows), ac_ref [L / C, dk, dk] (A at each chunk start) and, with accurate_dot,
   # g_ref [L] (penalty gains); last at_ref [dk, dk] (segment-end inverse). accurate_dot:
-  # None, or the products of rows past GAIN_LIMIT (module docstring).
+  # None, or the products of rows past GAIN_LIMIT (module docstring). transposed: the
+  # block's products in `Plan.penalty_layout` "transposed" (`transposed_block`).
   d_ref = g_ref = None
   if reset is not None:
     d_ref, *outs = outs
@@ -107,6 +121,78 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
   block_inverse = (chol_inv if newton_dot is None
                    else functools.partial(guarded_chol_inv, precision=newton_dot))
 
+  def transposed_block(A, U, E, lower, d, d_prev):
+    # The block's products transposed (module docstring): its values [dk, b] hold the tokens
+    # as columns, X^T = A U^T, W^T = A E^T - Y^T tril(E Y^T)^T, A <- A + (-Y^T) Y, so the head
+    # dim is the products' M side and A their left operand and the downdate's accumulator.
+    # The same safeguards as the rows' form below: A as a split operand, packed documents,
+    # the GAIN_LIMIT pass, non-finite columns through `finite`. Returns (W, Y) as rows
+    # [b, dk], the penalty gains [b] (None without accurate_dot) and A after the block
+    # (packed: restarted where a document starts in it).
+    same = fresh = last = None
+    if d is not None:
+      same = d[:, None] == d[None, :]
+      fresh = (d != d_prev)[None, :]                                           # [1, b]
+      last = (d == jnp.max(d))[None, :]
+
+    def docs(Xt, EAt):
+      # Columns of documents that start in this block: reset * U^T, reset * E^T.
+      if fresh is None:
+        return Xt, EAt
+      return jnp.where(fresh, reset * U.T, Xt), jnp.where(fresh, reset * E.T, EAt)
+
+    def gram(mm, Xt):
+      G = mm(U, Xt)                                                            # U A U^T
+      return G if same is None else jnp.where(same, G, 0.0)
+
+    def downdate(mm, A, Yt):
+      # A - Y^T Y over the block's columns (packed: its last document's), A the accumulator.
+      return A + mm(-Yt, Yt if last is None else jnp.where(last, Yt, 0.0), tb=True)
+
+    mm = functools.partial(dot, precision=precision)
+    A_parts = split_operand(A, precision)
+    Xt, EAt = docs(*(parts_dot(A_parts, x, tb=True, precision=precision)
+                     for x in (U, E)))                                        # [dk, b]
+    G = gram(mm, Xt)
+    Yt = mm(finite(Xt), block_inverse(one + G), tb=True)                      # X^T L^-T
+    Wt = EAt - mm(finite(Yt), jnp.where(lower, mm(E, Yt), 0.0), tb=True)
+    A_base = A if d is None else jnp.where(jnp.max(d) != d_prev,
+                                           reset * eye(A.shape[0], acc), A)
+    if accurate_dot is None:
+      return Wt.T, Yt.T, None, downdate(mm, A_base, Yt)
+    # As in the rows' form: from the first column k past GAIN_LIMIT on, the block again at
+    # accurate_dot from A minus the downdates of columns < k.
+    gain = jnp.sum(jnp.where(r == c, G, 0.0), axis=1)                          # [b]
+    over = jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
+    k = jnp.min(jnp.where(over, v, b))
+
+    def accurate(Yt, Wt, A_base):
+      mm_acc = functools.partial(dot, precision=accurate_dot)
+      rest = (v >= k)[None, :]                                                 # [1, b]
+      Ypt = finite(jnp.where(rest, 0.0, Yt))                                   # columns < k
+      Xt, EAt = docs(mm_acc(A, U, tb=True), mm_acc(A, E, tb=True))
+      UY = mm_acc(U, Ypt)
+      Xt = Xt - mm_acc(Ypt, UY if same is None else jnp.where(same, UY, 0.0), tb=True)
+      G = jnp.where((r >= k) & (c >= k), gram(mm_acc, Xt), 0.0)
+      Yt = Ypt + mm_acc(finite(jnp.where(rest, Xt, 0.0)), chol_inv(one + G), tb=True)
+      Wt_acc = EAt - mm_acc(finite(Yt), jnp.where(lower, mm_acc(E, Yt), 0.0), tb=True)
+      return Yt, jnp.where(rest, Wt_acc, Wt), downdate(mm_acc, A_base, Yt)
+
+    Yt, Wt, A_next = jax.lax.cond(
+        k < b, accurate, lambda Yt, Wt, A_base: (Yt, Wt, downdate(mm, A_base, Yt)),
+        Yt, Wt, A_base)
+    return Wt.T, Yt.T, gain, A_next
+
+  def write(rows, W, Y, gain):
+    # The block's rows W [b, dk] (as unit rows; for "both" also W, Woodbury rows Y and the
+    # penalty gains [b] or None).
+    if g_ref is not None:   # for the row cotangents (`penalty_backward.py`)
+      g_ref[rows] = finite(gain).astype(g_ref.dtype)
+    if wr_ref is not None:   # the adjoint's residuals, non-finite rows as zeros
+      wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
+      y_ref[rows, :] = finite(Y).astype(y_ref.dtype)
+    ah_ref[rows, :] = unit_rows(W, WRITE_EPS).astype(ah_ref.dtype)
+
   def block(j, carry):     # carry: A [dk, dk]; packed: (A, document index before the block)
     A, d_prev = carry if d_ref is not None else (carry, None)
     rows = pl.ds(pl.multiple_of(j * b, b), b)
@@ -114,11 +200,16 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
     if unit_keys:
       E = unit_rows(E, KEY_EPS)
     lower = r >= c
+    d = None
     if d_ref is not None:   # rows of documents that start in this block begin from reset * I
       d = d_ref[rows]
       fresh = d[:, None] != d_prev
       same = d[:, None] == d[None, :]
       lower = lower & same
+    if transposed:
+      W, Y, gain, A_next = transposed_block(A, U, E, lower, d, d_prev)
+      write(rows, W, Y, gain)
+      return A_next if d_ref is None else (A_next, jnp.max(d))
 
     def docs(X, EA):
       # Rows of documents that start in this block: reset * U, reset * E.
@@ -171,12 +262,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
         return Y, jnp.where(rest, W_acc, W), downdate(mm_acc, Y)
 
       Y, W, YY = jax.lax.cond(k < b, accurate, lambda Y, W: (Y, W, downdate(mm, Y)), Y, W)
-      if g_ref is not None:   # for the row cotangents (`penalty_backward.py`)
-        g_ref[rows] = finite(gain).astype(g_ref.dtype)
-    if wr_ref is not None:   # the adjoint's residuals, non-finite rows as zeros
-      wr_ref[rows, :] = finite(W).astype(wr_ref.dtype)
-      y_ref[rows, :] = finite(Y).astype(y_ref.dtype)
-    ah_ref[rows, :] = unit_rows(W, WRITE_EPS).astype(ah_ref.dtype)
+    write(rows, W, Y, None if accurate_dot is None else gain)
     if d_ref is None:
       return A - YY
     d_last = jnp.max(d)
@@ -250,7 +336,8 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
                         precision=plan.factor_dot, acc=acc,
                         reset=None if docs is None else float(reset),
                         newton_dot=plan.newton_dot if plan.block_factor == "newton" else None,
-                        accurate_dot=plan.accurate_dot),
+                        accurate_dot=plan.accurate_dot,
+                        transposed=plan.penalty_layout == "transposed"),
       grid=(BH, S),
       in_specs=in_specs,
       out_specs=out_specs,

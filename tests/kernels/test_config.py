@@ -30,7 +30,9 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(block_factor="cholesky"), 16, 16, "block_factor"),
     (dict(state_chain="fused"), 16, 16, "state_chain"),
     (dict(tril_inverse="newton"), 16, 16, "tril_inverse"),
-    (dict(start_inverse="cusolver"), 16, 16, "start_inverse")])
+    (dict(start_inverse="cusolver"), 16, 16, "start_inverse"),
+    (dict(penalty_layout="columns"), 16, 16, r"penalty_layout must be one of \('rows', "
+                                             r"'transposed'\); got 'columns'")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -88,6 +90,14 @@ def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
     assert dataclasses.replace(kernel, inverse_kernel=False) == xla
     assert _plan(tiles, low=low) == _plan(low=low)
   assert not _plan(tiles, acc=jnp.float64, dk=128, dv=128).inverse_kernel
+
+
+def test_penalty_layout_is_the_configs():
+  """The penalty path's layout is the user's choice (default "rows"), at every head dim."""
+  assert _plan().penalty_layout == "rows"
+  for dk in (16, 128):
+    plan = _plan(KernelConfig(penalty_layout="transposed"), low=True, dk=dk, dv=dk)
+    assert plan.penalty_layout == "transposed"
 
 
 @pytest.mark.parametrize("low", [False, True])

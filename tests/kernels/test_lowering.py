@@ -16,12 +16,13 @@ from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
              segment_ids=None, block_factor="elimination", state_chain="residual",
-             start_inverse="xla"):
+             start_inverse="xla", penalty_layout="rows"):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
   the StableHLO."""
   B, T, H, dk, dv, C = shape
   cfg = KernelConfig(chunk_size=C, precision=precision, block_factor=block_factor,
-                     state_chain=state_chain, start_inverse=start_inverse)
+                     state_chain=state_chain, start_inverse=start_inverse,
+                     penalty_layout=penalty_layout)
   fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
@@ -202,6 +203,35 @@ def test_transfer_state_chain_lowers(dtype=jnp.bfloat16):
   hlo = lower_for_h200(jax.grad(loss, argnums=range(6)), *args).as_text()
   assert {"vla_state_chain_transfer", "vla_state_bwd_chain_transfer"} <= set(
       re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo))
+
+
+@pytest.mark.parametrize("dtype,precision,d", [(jnp.bfloat16, "DEFAULT", 128),
+                                               (jnp.float32, "HIGH", 16)],
+                         ids=["bf16_d128", "f32_high_d16"])
+def test_transposed_penalty_layout_lowers(dtype, precision, d):
+  """penalty_layout="transposed": the penalty scan's transposed products (the carried A the
+  left operand of [dk, 16] products and the downdate's accumulator; bfloat16 parts, or
+  three-pass TF32) and the u-cotangent kernel's F = E + E^T lower for the H200 in the
+  gradient (which runs the forward scan too), bfloat16 at d = 128 plain and with packed
+  documents, float32 at HIGH at d = 16 with block_factor "newton"; in the penalty scan the
+  [dk, dk] operand of every product is the left one."""
+  p = getattr(jax.lax.Precision, precision)
+  ids = jnp.asarray(np.arange(64).reshape(1, 64) // 23, jnp.int32)
+  for segment_ids in (None, ids) if d == 128 else (None,):
+    names = _kernels(dtype, (1, 64, 1, d, d, 64), p, segment_ids=segment_ids,
+                     block_factor="newton" if d == 16 else "elimination",
+                     penalty_layout="transposed")
+    assert {"vla_penalty_scan", "vla_row_cotangents", "vla_adjoint_du"} <= set(names)
+  cfg = KernelConfig(chunk_size=64, precision=p, penalty_layout="transposed")
+  spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
+  args = [spec(1, 64, 1, 32)] * 4 + [spec(1, 1, 32, 32, dt=jnp.float32)] * 2
+  with abstract_h200():
+    jaxpr = jax.make_jaxpr(lambda *a: vla_pallas(*a, config=cfg, interpret=False))(*args)
+  square = [(e.invars[0].aval.shape, e.invars[1].aval.shape)
+            for where, e in equations(jaxpr.jaxpr)
+            if where == "vla_penalty_scan" and e.primitive.name == "dot_general"
+            and (32, 32) in (e.invars[0].aval.shape, e.invars[1].aval.shape)]
+  assert square and all(lhs == (32, 32) for lhs, _ in square), square
 
 
 def _tiled_calls(dtype, d, C, precision=jax.lax.Precision.DEFAULT):

@@ -12,6 +12,7 @@ from kernel_checks import anisotropic_u, assert_close, plan_for, rel, unit_np
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.penalty_backward import du_segment_chunks, penalty_path, u_cotangents
 from vla_jax.kernels.penalty_scan import GAIN_LIMIT
+from vla_jax.kernels.vla import document_indices
 from vla_jax.ops.utils import unit
 from vla_jax.ops.vla.penalty import penalty_scan
 
@@ -215,3 +216,74 @@ def test_bfloat16_nan_where_the_block_turns_accurate():
   for name, g, g_clean in zip(("khat", "u"), bad[1][:2], clean[1][:2]):
     np.testing.assert_array_equal(g[:, :, :t], g_clean[:, :, :t], err_msg="d" + name)
   np.testing.assert_array_equal(bad[1][2], clean[1][2], err_msg="dA0")
+
+
+# The transposed penalty layout (`KernelConfig.penalty_layout`): T = 144 (nine chunks: scan
+# segments of three chunks, u-cotangent segments of three), anisotropic u of norm 1 (0.3 from
+# token 64 on) from A0 = 3 I, so that block 0's penalty gains pass `GAIN_LIMIT` at its third
+# row (the accurate pass from a row inside the block) and a document's first block likewise,
+# and the blocks from token 64 on have ||X U^T||_F < 0.05 (block_factor "newton" takes its
+# Newton steps there, the elimination before); packed: document starts inside chunks, at a
+# chunk boundary and two in one block.
+LAYOUT_T, LAYOUT_STARTS = 144, (5, 16, 21, 23, 70, 100)
+
+
+@pytest.mark.parametrize("dtype,packed", [(np.float64, True), (np.float32, False),
+                                          (jnp.bfloat16, True)],
+                         ids=["f64_packed", "f32", "bf16_packed"])
+def test_transposed_layout(dtype, packed):
+  """penalty_layout="transposed" (the scan's products X^T = A U^T, W^T = A E^T, A += -Y^T Y;
+  the u-cotangent kernel carrying F = E + E^T): unit rows, A_T and the cotangents of khat, u
+  and A0 against jax.vjp of the token-by-token scan in float64 (A restarting at I / lam0 at
+  every document start), within the dtype's tolerance; bfloat16 (the carried A as two
+  bfloat16 parts, three-pass blocks past GAIN_LIMIT) within 1e-2 in norm. float32 with
+  block_factor "newton" (the elimination in the early blocks, Newton steps from token 64)."""
+  T, C, lam0 = LAYOUT_T, 16, 1 / 3
+  N = T // C
+  rng = np.random.default_rng(9)
+  khat = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
+  u = anisotropic_u(rng, B, H, T, dk, norm=1.0) * np.where(np.arange(T) < 64, 1.0, 0.3)[:, None]
+  A0 = np.broadcast_to(np.eye(dk) / lam0, (B, H, dk, dk))
+  wa, wA = rng.standard_normal((B, H, T, dk)), rng.standard_normal((B, H, dk, dk))
+  if dtype != np.float64:
+    khat, u = (np.asarray(jnp.asarray(x, dtype), np.float64) for x in (khat, u))
+  starts = np.zeros((B, T), bool)
+  if packed:
+    starts[:, list(LAYOUT_STARTS)] = True
+  cfg = KernelConfig(chunk_size=C, penalty_layout="transposed",
+                     block_factor="newton" if dtype == np.float32 else "elimination")
+  state = np.float64 if dtype == np.float64 else np.float32
+  chunks = lambda x: x.reshape(B, H, N, C, dk)
+  with jax.enable_x64(dtype == np.float64):
+    plan = plan_for(cfg, dtype, dk, dk, B * H, N, **(
+        dict(segment_chunks=N, segments=1) if packed else dict(segment_chunks=3, segments=3)))
+    docs = (document_indices(jnp.asarray(np.cumsum(starts, axis=1)), T, C, H) if packed
+            else None)
+
+    def kernel(khat, u, A0):
+      out, pull = jax.vjp(lambda *x: penalty_path(*x, plan, docs, 1 / lam0), chunks(khat),
+                          chunks(u), A0)
+      return out, pull((jnp.asarray(wa, state).reshape(B, H, N, C, dk),
+                        jnp.asarray(wA, state)))
+
+    (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
+  with jax.enable_x64(True):
+    def reference(khat, u, A0):
+      tok = lambda x: jnp.swapaxes(x, 1, 2)
+      W, A_T = penalty_scan(tok(khat), tok(u), A0, jnp.asarray(starts) if packed else None,
+                            jnp.eye(dk) / lam0)
+      return tok(unit(W, 1e-12)), A_T
+
+    (a_ref, A_ref), pull = jax.vjp(reference, *(jnp.asarray(x) for x in (khat, u, A0)))
+    want = pull((jnp.asarray(wa), jnp.asarray(wA)))
+  sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
+  pairs = {"a": (a.reshape(B, H, T, dk), a_ref), "A_T": (A_T, A_ref),
+           "dkhat": (grads[0].reshape(B, H, T, dk), want[0]),
+           "du": (grads[1].reshape(B, H, T, dk), want[1]), "dA0": (sym(grads[2]), sym(want[2]))}
+  for name, (got, ref) in pairs.items():
+    if dtype == jnp.bfloat16:
+      assert np.isfinite(np.asarray(got)).all() and rel(got, ref) < 1e-2, (name, rel(got, ref))
+    elif name == "du" and dtype == np.float32:   # its own conditioning: 2.3e-5 either layout
+      assert rel(got, ref) < 1e-4, rel(got, ref)
+    else:
+      assert_close(got, ref, dtype, name)

@@ -1,7 +1,8 @@
 """The penalty scan (`penalty_scan.py`): the rows A_t khat_t and unit write directions of every
 token and A_T, carried through 16-token blocks over segments, against Sherman-Morrison token
 by token in float64; in both input layouts, with bfloat16 products, and over one long
-segment with ill-conditioned M_t."""
+segment with ill-conditioned M_t (the safeguards in both penalty layouts,
+`KernelConfig.penalty_layout`)."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from kernel_checks import (anisotropic_u, assert_close, isotropic_u, penalty_row
                            rel, unit_np)
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.common import NEWTON_RADIUS
+from vla_jax.kernels.config import PENALTY_LAYOUTS
 from vla_jax.kernels.penalty_scan import (FAST_GAIN, block_deviations, large_gains,
                                           penalty_forward, unguarded)
 
@@ -84,13 +86,14 @@ def test_token_major_raw_keys_bfloat16():
   assert_close(A_T, A_ref, jnp.bfloat16, "A_T")
 
 
-def test_non_finite_u_reaches_later_rows_only():
+@pytest.mark.parametrize("layout", PENALTY_LAYOUTS)
+def test_non_finite_u_reaches_later_rows_only(layout):
   """A NaN in u at token 21 (block 1 holds tokens 16..31): rows before it unchanged, rows from
-  it on and A_T non-finite."""
+  it on and A_T non-finite; in both penalty layouts (`KernelConfig.penalty_layout`)."""
   T = 48
   k, u, A0 = _inputs(2, T)
-  plan = plan_for(KernelConfig(chunk_size=C), np.float32, dk, dk, B * H, T // C,
-                  segment_chunks=3, segments=1)
+  plan = plan_for(KernelConfig(chunk_size=C, penalty_layout=layout), np.float32, dk, dk, B * H,
+                  T // C, segment_chunks=3, segments=1)
   head = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), jnp.float32)
   fn = jax.jit(lambda *x: penalty_forward(plan, *x))
   a, A_T = fn(head(unit_np(k, 1e-6)), head(u), jnp.asarray(A0, jnp.float32))
@@ -103,18 +106,20 @@ def test_non_finite_u_reaches_later_rows_only():
   assert not np.isfinite(np.asarray(A_n[0])).any()
 
 
-def test_bfloat16_one_long_segment_anisotropic_u():
+@pytest.mark.parametrize("layout", PENALTY_LAYOUTS)
+def test_bfloat16_one_long_segment_anisotropic_u(layout):
   """bfloat16 products over one segment of 2048 tokens (the plan at >= 1056 sequences, e.g.
   B * H = 1024 at T = 4096), d = 16, unit-norm u: with u in 4 dominant directions M_t is
   ill-conditioned (A's entries ~1 / lam0, its dominant-direction eigenvalues ~4 / t); the unit
-  rows stay finite and within 1.5x of isotropic u's error at lam0 = 0.1 and 1. The carried A
-  as one bfloat16 operand (rounded by 2^-9 of its largest entries in every product) drove the
-  small eigenvalues negative: NaN rows from token 1040 (1346 in the other head) at lam0 = 0.1."""
+  rows stay finite and within 1.5x of isotropic u's error at lam0 = 0.1 and 1, in both penalty
+  layouts. The carried A as one bfloat16 operand (rounded by 2^-9 of its largest entries in
+  every product) drove the small eigenvalues negative: NaN rows from token 1040 (1346 in the
+  other head) at lam0 = 0.1 (the transposed layout's left operand A likewise: NaN)."""
   B, H, d, T, C = 1, 2, 16, 2048, 64
   rng = np.random.default_rng(3)
   k = jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.bfloat16)
-  plan = plan_for(KernelConfig(chunk_size=C), jnp.bfloat16, d, d, B * H, T // C,
-                  segment_chunks=T // C, segments=1)
+  plan = plan_for(KernelConfig(chunk_size=C, penalty_layout=layout), jnp.bfloat16, d, d, B * H,
+                  T // C, segment_chunks=T // C, segments=1)
   fn = jax.jit(lambda *x: penalty_forward(plan, *x, token_major=True,
                                           rows_dtype=jnp.float32))
   heads = lambda x: np.swapaxes(np.asarray(x, np.float64), 1, 2).reshape(B * H, T, d)
@@ -162,8 +167,9 @@ def test_newton_block_factor(x64, dtype):
   assert (dev > NEWTON_RADIUS).any() and (dev <= NEWTON_RADIUS).any(), dev
 
 
+@pytest.mark.parametrize("layout", PENALTY_LAYOUTS)
 @pytest.mark.parametrize("lam0,norm", [(0.1, 4.0), (0.01, 1.0)], ids=["u4_lam0.1", "u1_lam0.01"])
-def test_bfloat16_large_penalty_gains(lam0, norm):
+def test_bfloat16_large_penalty_gains(lam0, norm, layout):
   """bfloat16 products over one segment of 256 tokens from A0 = I / lam0, d = 16, isotropic
   u: the first blocks' penalty gains u^T A u reach |u|^2 / lam0 = 160 and 100, so each shrinks
   A by ~100x along its u, more than bfloat16 products resolve (2^-9 of A's entries). Those
@@ -171,14 +177,15 @@ def test_bfloat16_large_penalty_gains(lam0, norm):
   unit rows stay finite, within 1e-2 of float64 (2.3e-3 measured), and the first 64 tokens
   within 2x of the rest. With bfloat16 products throughout the downdates drove A indefinite:
   errors of 0.4 and 0.5 over the first 64 tokens, NaN rows from token 26 and 67 (as the GPU's
-  drift check at d = 64, |u| = 8, lam0 = 0.1: NaN from its 256-token first segment on)."""
+  drift check at d = 64, |u| = 8, lam0 = 0.1: NaN from its 256-token first segment on); in
+  both penalty layouts (the transposed one without the three-pass blocks: NaN too)."""
   B, H, d, T, C = 1, 2, 16, 256, 64
   rng = np.random.default_rng(5)
   k = jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.bfloat16)
   u = jnp.asarray(np.swapaxes(isotropic_u(rng, B, H, T, d, norm=norm), 1, 2), jnp.bfloat16)
   A0 = np.broadcast_to(np.eye(d) / lam0, (B, H, d, d))
-  plan = plan_for(KernelConfig(chunk_size=C), jnp.bfloat16, d, d, B * H, T // C,
-                  segment_chunks=T // C, segments=1)
+  plan = plan_for(KernelConfig(chunk_size=C, penalty_layout=layout), jnp.bfloat16, d, d, B * H,
+                  T // C, segment_chunks=T // C, segments=1)
   assert plan.accurate_dot is not None
   a, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, token_major=True,
                                               rows_dtype=jnp.float32))(

@@ -223,16 +223,31 @@ def _reference_fns(chunk):
   return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
 
 
+# The `KernelConfig` options a check runs with (check_kernels.py's flags of the same names)
+# and their defaults; every VLA row records all of them (the report's row key holds them).
+OPTION_DEFAULTS = {"block_factor": "elimination", "state_chain": "residual",
+                   "tril_inverse": "doubling", "start_inverse": "xla", "penalty_layout": "rows"}
+
+
+def kernel_options(options):
+  """`OPTION_DEFAULTS` with `options` (a mapping of some of them) over it; an unknown name is
+  an error that lists the known ones."""
+  unknown = sorted(set(options) - set(OPTION_DEFAULTS))
+  if unknown:
+    raise ValueError(f"unknown KernelConfig options {unknown}; expected some of "
+                     f"{sorted(OPTION_DEFAULTS)}")
+  return {**OPTION_DEFAULTS, **options}
+
+
 @functools.cache
-def _pallas_fns(precision, chunk, interpret, block_factor="elimination",
-                state_chain="residual", tril_inverse="doubling", start_inverse="xla"):
-  """Jitted forward and gradients of `vla_pallas` at A0 = I (compiled once per shape)."""
+def _pallas_fns(precision, chunk, interpret, options):
+  """Jitted forward and gradients of `vla_pallas` at A0 = I with `KernelConfig` options
+  (a tuple of (name, value) pairs; compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
-                     block_factor=block_factor, state_chain=state_chain,
-                     tril_inverse=tril_inverse, start_inverse=start_inverse)
+                     **dict(options))
 
   def run(q, k, v, u, S0, ids):
     d = q.shape[-1]
@@ -254,18 +269,17 @@ def reference(qkvu, S0, wo, chunk, ids=None):
             [np.asarray(g) for g in grad(*args, ids, wo)])
 
 
-def check(case, interpret=None, block_factor="elimination", fallback=False,
-          state_chain="residual", tril_inverse="doubling", start_inverse="xla"):
+def check(case, interpret=None, fallback=False, **options):
   """One row: the case, its errors against float64, bound, status ("ok" or "fail");
-  `vla_pallas` with `KernelConfig.block_factor`, `state_chain`, `tril_inverse` and
-  `start_inverse`; with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
+  `vla_pallas` with the `KernelConfig` options (`OPTION_DEFAULTS`: block_factor,
+  state_chain, ...); with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
   packed documents)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
   ids = segment_ids(case)
-  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, block_factor, state_chain,
-                          tril_inverse, start_inverse)
+  options = kernel_options(options)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, tuple(options.items()))
   out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
@@ -278,9 +292,7 @@ def check(case, interpret=None, block_factor="elimination", fallback=False,
     A0 = jnp.broadcast_to(jnp.eye(case.d, dtype=jnp.float32), S0.shape)
     rate = newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, case.precision, interpret)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
-          "block_factor": block_factor, "state_chain": state_chain,
-          "tril_inverse": tril_inverse, "start_inverse": start_inverse, "errors": errors,
-          "bound": b, "du_bound": db,
+          **options, "errors": errors, "bound": b, "du_bound": db,
           "forward_bound": fb, "newton_fallback": rate, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}
@@ -328,10 +340,8 @@ def newton_fallback_rate(k, u, A0, chunk, precision, interpret=None):
   return float(np.mean(dev[:, :blocks] > NEWTON_RADIUS))
 
 
-def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual",
-             tril_inverse="doubling"):
-  """A bfloat16 forward + backward at length T (`KernelConfig.state_chain`, `tril_inverse`):
-  seconds of the first (compiling) and second call, peak device memory, finiteness (a row
+def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, **options):
+  """A bfloat16 forward + backward at length T (`KernelConfig` options as in `check`): seconds of the first (compiling) and second call, peak device memory, finiteness (a row
   with pass "long")."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -339,7 +349,8 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual
   case = Case("bfloat16", "DEFAULT", "isotropic", T, d, B, H, chunk)
   qkvu, S0, wo = inputs(case, seed=7)
   A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), (B, H, d, d))
-  cfg = KernelConfig(chunk_size=chunk, state_chain=state_chain, tril_inverse=tril_inverse)
+  options = kernel_options(options)
+  cfg = KernelConfig(chunk_size=chunk, **options)
   run = lambda q, k, v, u: vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)
   step = jax.jit(jax.value_and_grad(_loss(run), argnums=range(4)))
   times = []
@@ -352,8 +363,7 @@ def long_run(T, B=1, H=16, d=64, chunk=64, interpret=None, state_chain="residual
   finite = bool(jnp.isfinite(val)) and all(bool(jnp.all(jnp.isfinite(g.astype(jnp.float32))))
                                            for g in grads)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "long",
-          "state_chain": state_chain, "tril_inverse": tril_inverse,
-          "first_s": round(times[0], 2), "ms": 1e3 * times[1],
+          **options, "first_s": round(times[0], 2), "ms": 1e3 * times[1],
           "finite": finite,
           "peak_gib": stats.get("peak_bytes_in_use", 0) / 2 ** 30,
           "status": "ok" if finite else "fail"}
@@ -376,16 +386,15 @@ def drift_inputs(case, seed=0):
 
 
 @functools.cache
-def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residual",
-               tril_inverse="doubling", start_inverse="xla"):
-  """Jitted o of `vla_pallas` (bfloat16, DEFAULT) and of impl="chunked" in float32 at HIGHEST,
-  both (q, k, v, u, S0, A0) -> o (compiled once per shape)."""
+def _drift_fns(chunk, interpret, options):
+  """Jitted o of `vla_pallas` (bfloat16, DEFAULT, `KernelConfig` options as (name, value)
+  pairs) and of impl="chunked" in float32 at HIGHEST, both (q, k, v, u, S0, A0) -> o
+  (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
-  cfg = KernelConfig(chunk_size=chunk, block_factor=block_factor, state_chain=state_chain,
-                     tril_inverse=tril_inverse, start_inverse=start_inverse)
+  cfg = KernelConfig(chunk_size=chunk, **dict(options))
 
   def pallas(q, k, v, u, S0, A0):
     return vla_pallas(q, k, v, u, S0, A0, config=cfg, interpret=interpret)[0]
@@ -397,16 +406,14 @@ def _drift_fns(chunk, interpret, block_factor="elimination", state_chain="residu
   return jax.jit(pallas), jax.jit(chunked)
 
 
-def drift(case, interpret=None, block_factor="elimination", fallback=False,
-          state_chain="residual", tril_inverse="doubling", start_inverse="xla"):
+def drift(case, interpret=None, fallback=False, **options):
   """One drift row: o's relative error against impl="chunked" in float32 at HIGHEST, over the
   sequence ("o") and per quarter of it ("o_quarters"), and whether it is finite; status is set
-  by `drift_verdicts`. block_factor, fallback, state_chain, tril_inverse, start_inverse: as in
-  `check`."""
+  by `drift_verdicts`. fallback, options: as in `check`."""
   t0 = time.perf_counter()
   qkvu, S0, A0 = drift_inputs(case)
-  pallas, chunked = _drift_fns(case.chunk, interpret, block_factor, state_chain, tril_inverse,
-                               start_inverse)
+  options = kernel_options(options)
+  pallas, chunked = _drift_fns(case.chunk, interpret, tuple(options.items()))
   o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
   ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
   quarter = case.T // 4
@@ -415,9 +422,7 @@ def drift(case, interpret=None, block_factor="elimination", fallback=False,
   finite = bool(np.isfinite(o).all())
   return {**dataclasses.asdict(case), "dtype": "bfloat16", "precision": "DEFAULT",
           "op": "vla", "impl": "pallas", "pass": "drift", "reference": "chunked float32 HIGHEST",
-          "block_factor": block_factor, "state_chain": state_chain,
-          "tril_inverse": tril_inverse, "start_inverse": start_inverse,
-          "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
+          **options, "errors": {"o": rel(o, ref)}, "o_quarters": quarters,
           "finite": finite,
           "newton_fallback": (newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, "DEFAULT",
                                                    interpret) if fallback else None),

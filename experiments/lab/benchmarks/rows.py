@@ -27,6 +27,11 @@ Not in the default suite (--rows selects them):
                      segment starts at d = 128 in XLA or in the kernels (at d = 64 both run
                      the kernels; starts exist where a sequence has more than one penalty-
                      scan segment, e.g. B = 1 at long T)
+  vla_kernel_penalty_rows, vla_kernel_penalty_transposed
+                     the same with `KernelConfig.penalty_layout` "rows" or "transposed": the
+                     penalty scan's products on the block's rows or transposed (head dim on
+                     the M side, the carried A the left operand), and the u-cotangent
+                     kernel's E or F = E + E^T
   deltanet_kernel_tril_doubling, deltanet_kernel_tril_blocks,
   gated_deltanet_kernel_tril_doubling, gated_deltanet_kernel_tril_blocks
                      `deltanet_pallas` / `gated_deltanet_pallas` themselves (S0 = 0; no op
@@ -77,7 +82,9 @@ KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_tril_doubling": {"tril_inverse": "doubling"},
                   "kernel_tril_blocks": {"tril_inverse": "blocks"},
                   "kernel_start_xla": {"start_inverse": "xla"},
-                  "kernel_start_tiles": {"start_inverse": "tiles"}}
+                  "kernel_start_tiles": {"start_inverse": "tiles"},
+                  "kernel_penalty_rows": {"penalty_layout": "rows"},
+                  "kernel_penalty_transposed": {"penalty_layout": "transposed"}}
 
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),

@@ -109,18 +109,40 @@ def test_start_inverse_families():
       assert "vla_penalty_scan" in kernels and kernels & starts == want, (key, pass_, kernels)
 
 
-def test_check_takes_the_tril_inverse_and_the_state_chain():
+def test_penalty_layout_families():
+  """vla_kernel_penalty_rows and vla_kernel_penalty_transposed: outside the default suite;
+  each traces forward and forward + backward with its `KernelConfig.penalty_layout` (in
+  vla_penalty_scan the [dk, dk] operand of every product is the right one for "rows", the
+  left one for "transposed")."""
+  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
+  keys = {"vla_kernel_penalty_rows": 1, "vla_kernel_penalty_transposed": 0}
+  assert not set(keys) & set(rows.DEFAULT_ROWS) and set(keys) <= set(rows.BY_KEY)
+  for key, side in keys.items():
+    spec = rows.BY_KEY[key]
+    for pass_ in rows.PASSES:
+      args = rows.abstract_inputs(spec.op, 1, 64, 2, 32, jnp.float32, pass_ != "fwd")
+      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_, chunk=16))(*args)
+      shapes = [[x.aval.shape for x in e.invars] for where, e in equations(jaxpr)
+                if where == "vla_penalty_scan" and e.primitive.name == "dot_general"]
+      square = [s for s in shapes if (32, 32) in s]
+      assert square and all(s[side] == (32, 32) for s in square), (key, pass_, square)
+
+
+def test_check_takes_the_kernel_options():
   """`check.check` and `check_baselines.check_case` (what check_kernels --tril_inverse,
-  --state_chain and --start_inverse run) with tril_inverse "blocks" (VLA and DeltaNet),
-  state_chain "transfer" and start_inverse "tiles" (VLA) on a smoke case: within their
-  float64 bounds, the options recorded in the rows."""
+  --state_chain, --start_inverse and --penalty_layout run) with tril_inverse "blocks" (VLA and
+  DeltaNet), state_chain "transfer", start_inverse "tiles" and penalty_layout "transposed"
+  (VLA) on a smoke case: within their float64 bounds, the options recorded in the rows; an
+  unknown option is an error naming the known ones."""
   from lab.benchmarks import check_baselines  # pylint: disable=import-outside-toplevel
-  row = check.check(check.smoke_cases()[0], interpret=True, tril_inverse="blocks",
-                    state_chain="transfer", start_inverse="tiles")
+  options = dict(tril_inverse="blocks", state_chain="transfer", start_inverse="tiles",
+                 penalty_layout="transposed")
+  row = check.check(check.smoke_cases()[0], interpret=True, **options)
   assert row["status"] == "ok", row
-  assert row["tril_inverse"] == "blocks" and row["state_chain"] == "transfer", row
-  assert row["start_inverse"] == "tiles", row
+  assert {k: row[k] for k in options} == options and row["block_factor"] == "elimination", row
   assert max(row["errors"].values()) < 1e-4, row["errors"]
+  with pytest.raises(ValueError, match="unknown KernelConfig options \\['layout'\\]"):
+    check.check(check.smoke_cases()[0], interpret=True, layout="rows")
   row = check_baselines.check_case(check_baselines.smoke_cases()[0], tril_inverse="blocks")
   assert row["status"] == "ok" and row["tril_inverse"] == "blocks", row
   assert max(row["errors"].values()) < 1e-4, row["errors"]
