@@ -392,8 +392,9 @@ def memory_above_fla_and_cudnn(data, profile):
 
 def checks_hold_their_bounds(data, profile):
   """Verdict and correctness: 'Every check row holds its bounds. bf16 errs by about 1e-2 (du up
-  to 0.13 ...), float32 at DEFAULT by about 1e-3, HIGH and HIGHEST by about 1e-6 in the
-  forward; the row closest to its bound is HIGHEST at T = 131,072'."""
+  to 0.13 ...), float32 at DEFAULT by about 1e-3, HIGH and HIGHEST by about 1e-6 in VLA's
+  forward (linear attention's unnormalised state S 6e-6 at T = 131,072); the row closest to its
+  bound is VLA's at HIGHEST and T = 131,072'."""
   checks = [r for r in data.rows if r.get("pass") == "check"]
   def worst(pred, names):
     return max(v for r in checks if pred(r) for k, v in r["errors"].items()
@@ -405,8 +406,10 @@ def checks_hold_their_bounds(data, profile):
           and worst(lambda r: r["dtype"] == "bfloat16", ("du",)) <= 0.13
           and 3e-4 <= worst(lambda r: r["precision"] == "DEFAULT"
                             and r["dtype"] == "float32", fwd + ("du",)) <= 3e-3
-          and worst(lambda r: r["precision"] in ("HIGH", "HIGHEST"), fwd) <= 3e-6
-          and (closest["precision"], closest["T"]) == ("HIGHEST", 131072))
+          and worst(lambda r: r["op"] == "vla" and r["precision"] in ("HIGH", "HIGHEST"),
+                    fwd) <= 3e-6
+          and worst(lambda r: r["precision"] in ("HIGH", "HIGHEST"), fwd) <= 1e-5
+          and (closest["op"], closest["precision"], closest["T"]) == ("vla", "HIGHEST", 131072))
 
 
 def one_run_per_head_dim(data, profile):
