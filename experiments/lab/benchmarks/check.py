@@ -275,10 +275,10 @@ def check(case, interpret=None, fallback=False, **options):
   state_chain, ...); with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
   packed documents)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  options = kernel_options(options)
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
   ids = segment_ids(case)
-  options = kernel_options(options)
   fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, tuple(options.items()))
   out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
@@ -410,9 +410,9 @@ def drift(case, interpret=None, fallback=False, **options):
   """One drift row: o's relative error against impl="chunked" in float32 at HIGHEST, over the
   sequence ("o") and per quarter of it ("o_quarters"), and whether it is finite; status is set
   by `drift_verdicts`. fallback, options: as in `check`."""
+  options = kernel_options(options)
   t0 = time.perf_counter()
   qkvu, S0, A0 = drift_inputs(case)
-  options = kernel_options(options)
   pallas, chunked = _drift_fns(case.chunk, interpret, tuple(options.items()))
   o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
   ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
