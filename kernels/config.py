@@ -215,21 +215,11 @@ class KernelConfig:
                            or bv & (bv - 1) or dv % bv):
       raise ValueError(f"block_v must be None or a power of two >= 16 that divides dv={dv}; "
                        f"got {bv!r}")
-    if self.block_factor not in BLOCK_FACTORS:
-      raise ValueError(f"block_factor must be one of {BLOCK_FACTORS}; got "
-                       f"{self.block_factor!r}")
-    if self.state_chain not in STATE_CHAINS:
-      raise ValueError(f"state_chain must be one of {STATE_CHAINS}; got "
-                       f"{self.state_chain!r}")
-    if self.tril_inverse not in TRIL_INVERSES:
-      raise ValueError(f"tril_inverse must be one of {TRIL_INVERSES}; got "
-                       f"{self.tril_inverse!r}")
-    if self.start_inverse not in START_INVERSES:
-      raise ValueError(f"start_inverse must be one of {START_INVERSES}; got "
-                       f"{self.start_inverse!r}")
-    if self.penalty_layout not in PENALTY_LAYOUTS:
-      raise ValueError(f"penalty_layout must be one of {PENALTY_LAYOUTS}; got "
-                       f"{self.penalty_layout!r}")
+    for name, allowed in (("block_factor", BLOCK_FACTORS), ("state_chain", STATE_CHAINS),
+                          ("tril_inverse", TRIL_INVERSES), ("start_inverse", START_INVERSES),
+                          ("penalty_layout", PENALTY_LAYOUTS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
