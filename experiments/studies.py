@@ -15,8 +15,15 @@ writes its rows):
   weights_or_data  5 jobs (a data seed each) x 5 initialisation seeds, T = 64, 12,000 steps,
                    all 5 at once (300,000 run-steps; the seed_remedies grid's 280,000 at T = 64
                    and 128 took 350-410 s as 14 processes): about 500 s, two calls.
-  fix              8 jobs (2 cells x 4 variants) x 10 seeds, 4,000 steps, all at once
-                   (320,000 run-steps): about 450 s, one or two calls.
+  fix              16 jobs (4 cells x 4 variants) x 10 seeds, 4,000 steps (640,000
+                   run-steps). T = 64 and 128, d_model 64: 8 jobs at once, about 470 s on one
+                   H100 (their rows: 260-460 s a job), one or two calls. T = 256 and 512,
+                   d_model 128 (--only=T256-,T512- --per_gpu=2: a 10-seed job at T = 512 may
+                   take most of a GPU's memory): 15.7 billion training tokens, about 30-35
+                   GPU-minutes on one H100 at the 7.5-8.5 million tokens/s that the parity
+                   study's jobs (d_model 128) and the fix study's T = 64 / 128 jobs (beta
+                   variants included) sustained there, T = 512 two thirds of it; four or five
+                   calls (--only=T256- and --only=T512- split it).
   authors          6 jobs (n = 4 ... 32) x 3 seeds x 3 rates, 3,000 steps, T <= 97, all at
                    once (the capacity grid's VLA jobs of 9 runs took 180-400 s, 5 a GPU):
                    about 300 s, one call.

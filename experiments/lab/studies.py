@@ -16,8 +16,11 @@ sweep_results.jsonl: the runs in the lists' order).
                    leaves the plateau?
   fix              the two zoology cells whose VLA seeds split at rate 3e-3
                    (`lab.grid.REMEDY_CELLS`: T = 64 / 4 pairs and T = 128 / 8 pairs, d_model 64),
-                   4,000 steps, seeds 0-9, for VLA with DeltaNet's query/key path
-                   (qk_map "silu_l2"), a learned write strength (beta), both, and neither
+                   at that rate, and the cells that decide VLA's default (`FIX_GRID_CELLS`:
+                   T = 256 / 16 pairs and T = 512 / 64 pairs, d_model 128, 4 heads), each at
+                   the rate the zoology rows chose for VLA there (`FIX_GRID_RATES`); 4,000
+                   steps, seeds 0-9, for VLA with DeltaNet's query/key path (qk_map
+                   "silu_l2"), a learned write strength (beta), both, and neither
                    (`FIX_VARIANTS`), probes every FIX_DIAGNOSTICS_EVERY steps.
   authors          the authors' layer as published (`AUTHORS_LAYER`: lam0 0.1, the additive
                    readout, no convolution, penalty scale 1 / sqrt(d_h)) on the seed's MQAR
@@ -75,8 +78,13 @@ FIX_VARIANTS = (("vla", {}), ("silu_l2", {VLA + "qk_map": "silu_l2"}),
                 ("silu_l2_beta", {VLA + "qk_map": "silu_l2", VLA + "beta": True}))
 FIX_SEEDS = tuple(range(10))
 FIX_STEPS = 4000
-FIX_RATE = "3e-3"
+FIX_RATE = "3e-3"                    # at lab.grid.REMEDY_CELLS, where VLA's seeds split at it
 FIX_DIAGNOSTICS_EVERY = 100
+# The zoology grid's cells that decide VLA's default (T, n_pairs, d_model, heads), each at the
+# rate the zoology rows chose for VLA with its defaults (label vla_p1, 4,000 steps, as
+# PARITY_RATES; tests/lab/test_studies.py checks them against those rows).
+FIX_GRID_CELLS = ((256, 16, 128, 4), (512, 64, 128, 4))
+FIX_GRID_RATES = {(256, 128): "1e-2", (512, 128): "3e-3"}
 
 # The authors' layer (VLA.md section 2, [authors' code]): everything else as the layer's
 # defaults, which are theirs (q/k bias, ELU + 1, LayerNorm before W_o, writes of strength 1).
@@ -163,15 +171,22 @@ def weights_or_data_jobs():
           for d in WOD_DATA_SEEDS]
 
 
+def fix_cells():
+  """The fix study's cells in start order, (T, n_pairs, d_model, heads, rate): the two of
+  section 9 at FIX_RATE, then FIX_GRID_CELLS at FIX_GRID_RATES."""
+  return ([(*c, FIX_RATE) for c in grid.REMEDY_CELLS]
+          + [(*c, FIX_GRID_RATES[(c[0], c[2])]) for c in FIX_GRID_CELLS])
+
+
 def fix_jobs():
   out = []
-  for T, n, d_model, heads in grid.REMEDY_CELLS:
+  for T, n, d_model, heads, rate in fix_cells():
     cell, tag = _zoology(T, n, d_model, heads, FIX_STEPS)
     for label, extra in FIX_VARIANTS:
       out.append(_job("fix", f"T{T}-d{d_model}-{label}", f"configs/mqar_zoology.py:{T}",
                       {"model.mixer": "vla", **cell,
                        "train.diagnostics_every": FIX_DIAGNOSTICS_EVERY, **VLA_DEFAULTS,
-                       **extra}, (FIX_RATE,), {**tag, "label": label}, FIX_SEEDS))
+                       **extra}, (rate,), {**tag, "label": label}, FIX_SEEDS))
   return out
 
 

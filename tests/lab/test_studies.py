@@ -29,7 +29,7 @@ def _config(job):
   return config
 
 
-@pytest.mark.parametrize("study,n_jobs,runs", [("weights_or_data", 5, 25), ("fix", 8, 80),
+@pytest.mark.parametrize("study,n_jobs,runs", [("weights_or_data", 5, 25), ("fix", 16, 160),
                                                 ("authors", 6, 54), ("baselines", 10, 78),
                                                 ("parity", 12, 36)])
 def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
@@ -78,6 +78,14 @@ def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
                 exp.model.options["gate_init"]) == (True, 2, "fla")
       pairs.setdefault((job.tag["label"], T), []).append(job.tag["precision"])
     assert len(pairs) == 6 and set(map(tuple, pairs.values())) == {("float32", "bfloat16")}
+  if study == "fix":      # section 9's cells at FIX_RATE (their rows' names), then the grid's
+    got = {(j.tag["seq_len"], j.tag["d_model"], j.rates) for j in jobs}
+    assert got == {(64, 64, ("3e-3",)), (128, 64, ("3e-3",)), (256, 128, ("1e-2",)),
+                   (512, 128, ("3e-3",))}
+    assert jobs[0].name == "fix-T64-d64-vla" and jobs[-1].name == "fix-T512-d128-silu_l2_beta"
+    big = from_config_dict(_config(jobs[-1]))
+    assert (big.model.d_model, big.model.num_heads, dict(big.task_fields)["n_pairs"]) == (
+        128, 4, 64)
 
 
 def _baseline_rows(label, d_model, accuracies, seeds=(0, 1, 2)):
@@ -106,12 +114,18 @@ def test_baselines_plan_the_long_job_at_the_rate_chosen_on_validation():
   assert plan(()) == []
 
 
-def test_parity_rates_are_those_the_zoology_rows_chose():
-  """Each parity rate is the one the committed zoology rows (4,000 steps) chose on validation
-  for its mixer's zoology label and cell, as RESULTS.md section 5 chooses."""
+def test_parity_and_fix_rates_are_those_the_zoology_rows_chose():
+  """Each parity rate, and each rate of the fix study's grid cells, is the one the committed
+  zoology rows (4,000 steps) chose on validation for its mixer's zoology label (VLA: vla_p1)
+  and cell, as RESULTS.md section 5 chooses."""
   rows = [r for f in ("mqar_zoology_h200.jsonl", "zoology_tuned_h200.jsonl")
           for r in jsonl.read_rows(str(ROOT / "results" / "training" / f))]
   chosen = grid.best_rate_table(rows, steps=4000)
+  for (T, d_model), rate in studies.FIX_GRID_RATES.items():
+    assert grid.rate_name(chosen[(T, d_model, "vla_p1")]["rate"]) == rate, (T, d_model)
+  assert set(studies.FIX_GRID_RATES) == {(T, d) for T, _, d, _ in studies.FIX_GRID_CELLS}
+  assert {c[:2] for c in studies.FIX_GRID_CELLS} <= set(grid.ZOOLOGY)
+  assert {c[2:] for c in studies.FIX_GRID_CELLS} <= set(grid.ZOOLOGY_WIDTHS)
   for (label, T), rate in studies.PARITY_RATES.items():
     cell = (T, 128, studies.PARITY_ZOOLOGY_LABELS[label])
     assert grid.rate_name(chosen[cell]["rate"]) == rate, (label, T)
@@ -169,7 +183,9 @@ def test_the_script_lists_summarises_and_exports(tmp_path):
   lines = listing.stdout.strip().splitlines()
   assert lines[0] == ("todo fix-T64-d64-vla rates 3e-3 num_steps=4000 "
                       "seeds=0,1,2,3,4,5,6,7,8,9")
-  assert lines[-1] == "8 jobs (8 to do), 80 runs, 320,000 run-steps"
+  assert "todo fix-T512-d128-silu_l2_beta rates 3e-3 num_steps=4000 seeds=0,1,2,3,4,5,6,7,8,9" \
+      in lines
+  assert lines[-1] == "16 jobs (16 to do), 160 runs, 640,000 run-steps"
   lines = base.stdout.strip().splitlines()
   assert "done baselines-T512-d128-linear_h64-s4000 rates 1e-3,3e-3,1e-2 num_steps=4000 " \
          "seeds=0,1,2" in lines

@@ -195,7 +195,14 @@ def fix_tables(data, full=False):
   s = fix_summary(data)
   if not s:
     return [not_run("fix")]
-  cells = [(T, d) for T, _, d, _ in REMEDY_CELLS]
+  cell_rates = {(T, d): rate for T, _, d, _, rate in studies.fix_cells()}
+  cells = list(cell_rates)
+  where = lambda cs: "; ".join(f"T = {T}, d_model {d}" for T, d in cs)
+  section9 = [(T, d) for T, _, d, _ in REMEDY_CELLS]
+  rates = (f"rate {float(studies.FIX_RATE):g} at section 9's cells ({where(section9)}) and "
+           "the rate the zoology rows chose for VLA at the others ("
+           + "; ".join(f"{float(cell_rates[c]):g} at {where([c])}" for c in cells
+                       if c not in section9) + ")")
 
   def mean(values):
     values = [v for v in values if v is not None]
@@ -212,8 +219,8 @@ def fix_tables(data, full=False):
                       mean(r["key_cos"].get(0, (None, None))[1] for r in rs),
                       mean((r["probes"].get("layer0.beta_mean") or [(0, None)])[-1][1]
                            for r in rs)]))
-  blocks = [f"Solved seeds (test accuracy >= {SOLVED}) of {len(studies.FIX_SEEDS)}, rate "
-            f"{float(studies.FIX_RATE):g}, {studies.FIX_STEPS:,} steps; median escape step of "
+  blocks = [f"Solved seeds (test accuracy >= {SOLVED}) of {len(studies.FIX_SEEDS)}, "
+            f"{studies.FIX_STEPS:,} steps, {rates}; median escape step of "
             "the runs that escape; layer 0's key collinearity at step 0 and at the end, and "
             "its mean write strength beta at the end (means over runs):",
             markdown.table(["cell", "variant", "solved", "median escape", "key cos 0, start",

@@ -88,6 +88,20 @@ def test_every_study_reads_not_run_yet_without_rows(tmp_path):
       report.full_tables(empty, []).values(), report.BLOCKS.values()))
 
 
+def test_fix_table_states_each_cells_rate_and_reads_pending_cells():
+  """One job on file (T = 64, VLA): its row counts solved seeds; every other cell and variant,
+  the zoology grid's T = 256 and 512 among them, reads pending; the caption gives each cell's
+  rate (0.003 at section 9's cells, the zoology rows' choice at the others)."""
+  files = {"T64-d64-vla": (_metrics([100, None]), _runs([1.0, 0.25]))}
+  text = "\n\n".join(report.tables("fix", studies.StudyData("fix", [{"seed": 0}], files)))
+  assert "| T = 64, d_model 64 | VLA | 1 of 2 | 100 | 0.99 | 0.99 | n/a |" in text
+  assert "| T = 64, d_model 64 | VLA + beta | pending |" in text
+  assert "| T = 512, d_model 128 | VLA + SiLU/L2 q, k + beta | pending |" in text
+  assert ("rate 0.003 at section 9's cells (T = 64, d_model 64; T = 128, d_model 64) and the "
+          "rate the zoology rows chose for VLA at the others (0.01 at T = 256, d_model 128; "
+          "0.003 at T = 512, d_model 128)") in text
+
+
 def _row(label, d_model, steps, seed, rate, acc, head_dim=32, expand_v=1, mixer="x", **kw):
   return {"label": label, "mixer": mixer, "seq_len": 512, "d_model": d_model, "steps": steps,
           "seed": seed, "learning_rate": rate, "validation": {"mqar": {"accuracy": acc}},
