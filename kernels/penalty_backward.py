@@ -53,7 +53,8 @@ from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts,
                                     finite, iota, rows_spec, split_operand, unit_rows_vjp)
-from vla_jax.kernels.penalty_scan import GAIN_LIMIT, large_gains, penalty_forward, unguarded
+from vla_jax.kernels.penalty_scan import (large_gains, past_gain_limit, penalty_forward,
+                                          unguarded)
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.vla.recurrence import WRITE_EPS
 
@@ -99,8 +100,7 @@ def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset, acc
     # penalty gains since the chunk start; past GAIN_LIMIT products of the plan's low
     # precision lose as much relative accuracy in Z, and the row takes Z at `accurate_dot`
     # (a row depends on no later row).
-    gain = g_ref[...].astype(acc)
-    heavy = jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT     # [C]
+    heavy = past_gain_limit(g_ref[...].astype(acc))                                # [C]
 
     def accurate(Z):
       mm_acc = functools.partial(dot, precision=accurate_dot)
@@ -260,19 +260,22 @@ def penalty_path(khat, u, A0, plan, docs=None, reset=None):
 def _forward(khat, u, A0, plan, docs, reset):
   B, H, N, C, dk = khat.shape
   flat = lambda x: x.reshape(B, H, N * C, dk)
+  # With large-gain blocks in the plan, whether this call runs them (`large_gains`), decided
+  # once for the scan and the row cotangents.
+  large = None if plan.accurate_dot is None else large_gains(u, A0, reset)
   a, W, Y, A_chunks, gains, A_T = penalty_forward(
       plan, flat(khat), flat(u), A0, both=True, docs=None if docs is None else docs[1],
-      reset=reset)
-  return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, Y, A_chunks, gains
+      reset=reset, large=large)
+  return a.reshape(B, H, N, C, dk), A_T.reshape(B, H, dk, dk), W, Y, A_chunks, gains, large
 
 
 def _fwd(khat, u, A0, plan, docs, reset):
-  a, A_T, W, Y, A_chunks, gains = _forward(khat, u, A0, plan, docs, reset)
-  return (a, A_T), (khat, u, A0, W, Y, A_chunks, gains, A_T, docs)
+  a, A_T, W, Y, A_chunks, gains, large = _forward(khat, u, A0, plan, docs, reset)
+  return (a, A_T), (khat, u, A0, W, Y, A_chunks, gains, large, A_T, docs)
 
 
 def _bwd(plan, reset, res, cts):
-  khat, u, A0, W_full, Y, A_chunks, gains, A_T, docs = res
+  khat, u, A0, W_full, Y, A_chunks, gains, large, A_T, docs = res
   da, dA_T = cts
   B, H, N, C, dk = khat.shape
   acc = W_full.dtype
@@ -284,8 +287,7 @@ def _bwd(plan, reset, res, cts):
   if plan.accurate_dot is None:
     Z = z(plan=plan)
   else:   # the forward scan's branch (`penalty_scan.FAST_GAIN`)
-    Z = jax.lax.cond(large_gains(u, A0, reset), lambda: z(plan=plan, gains=gains),
-                     lambda: z(plan=unguarded(plan)))
+    Z = jax.lax.cond(large, lambda: z(plan=plan, gains=gains), lambda: z(plan=unguarded(plan)))
   Z = Z.reshape(B, H, N, C, dk)
   W = W_full[:, :T_pad].reshape(B, H, N, C, dk)
   U = u.astype(acc)

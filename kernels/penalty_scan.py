@@ -96,6 +96,13 @@ GAIN_LIMIT = 8.0
 FAST_GAIN = 1.05
 
 
+def past_gain_limit(gain):
+  """Whether the running sum of the penalty gains gain [n] up to each row exceeds
+  `GAIN_LIMIT` ([n] bool; a row depends on no later row)."""
+  r, c, _ = iota(gain.shape[0])
+  return jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
+
+
 # ----------------------------------------------------------------------------- kernel
 
 def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc,
@@ -163,8 +170,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
     # As in the rows' form: from the first column k past GAIN_LIMIT on, the block again at
     # accurate_dot from A minus the downdates of columns < k.
     gain = jnp.sum(jnp.where(r == c, G, 0.0), axis=1)                          # [b]
-    over = jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
-    k = jnp.min(jnp.where(over, v, b))
+    k = jnp.min(jnp.where(past_gain_limit(gain), v, b))
 
     def accurate(Yt, Wt, A_base):
       mm_acc = functools.partial(dot, precision=accurate_dot)
@@ -246,8 +252,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
       # rows < k as the low-precision pass made them (those rows keep their W and Y: no row
       # depends on a later token, and A, W, Y stay one consistent sequence of downdates).
       gain = jnp.sum(jnp.where(r == c, G, 0.0), axis=1)                        # [b]
-      over = jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
-      k = jnp.min(jnp.where(over, v, b))
+      k = jnp.min(jnp.where(past_gain_limit(gain), v, b))
 
       def accurate(Y, W):
         mm_acc = functools.partial(dot, precision=accurate_dot)
@@ -426,13 +431,15 @@ def unguarded(plan):
 
 
 def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=False,
-                    docs=None, reset=None):
+                    docs=None, reset=None, large=None):
   """The penalty path's forward over segments.
 
   e, u: [B, T_pad, H, dk] the caller's raw keys and u read in place (token_major, inference
   only), or [B, H, T_pad, dk] head-major unit keys and u in the accumulation dtype.
   A0: [B, H, dk, dk]. docs, reset: packed documents (`penalty_scan`; docs [B * H, T_pad],
-  head-major, with a plan of one segment).
+  head-major, with a plan of one segment). large: with `plan.accurate_dot`, the call's
+  `large_gains` where the caller keeps it (the differentiated forward hands it to its
+  backward); None: decided here.
 
   Returns (unit write directions [B * H, T_pad, dk] in rows_dtype, A_T [B * H, dk, dk]); with
   both (the differentiated forward, head-major only) also the adjoint's residuals over the
@@ -461,7 +468,9 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
       if both:   # no gains: the row cotangents take the same branch (`large_gains`)
         out = out[:4] + (jnp.zeros(out[0].shape[:2], out[1].dtype),) + out[4:]
       return tuple(out)
-    out = jax.lax.cond(large_gains(u, A0, reset), lambda: tuple(scan(plan=plan)), fast)
+    if large is None:
+      large = large_gains(u, A0, reset)
+    out = jax.lax.cond(large, lambda: tuple(scan(plan=plan)), fast)
   if both:
     gains = out[4] if plan.accurate_dot is not None else None
     return (out[0][:, :T_pad],) + tuple(out[1:4]) + (gains, out[-1][:, -1])
