@@ -16,9 +16,9 @@ sweep_results.jsonl: the runs in the lists' order).
                    leaves the plateau?
   fix              the two zoology cells whose VLA seeds split at rate 3e-3
                    (`lab.grid.REMEDY_CELLS`: T = 64 / 4 pairs and T = 128 / 8 pairs, d_model 64),
-                   at that rate, and the cells that decide VLA's default (`FIX_GRID_CELLS`:
+                   at that rate, and the cells that decide VLA's default (`D128_CELLS`:
                    T = 256 / 16 pairs and T = 512 / 64 pairs, d_model 128, 4 heads), each at
-                   the rate the zoology rows chose for VLA there (`FIX_GRID_RATES`); 4,000
+                   the rate the zoology rows chose for VLA there (`D128_RATES`); 4,000
                    steps, seeds 0-9, for VLA with DeltaNet's query/key path (qk_map
                    "silu_l2"), a learned write strength (beta), both, and neither
                    (`FIX_VARIANTS`), probes every FIX_DIAGNOSTICS_EVERY steps.
@@ -41,7 +41,7 @@ sweep_results.jsonl: the runs in the lists' order).
                    Gated DeltaNet as fla configures it (the layer's defaults, pinned) at two
                    zoology cells (T = 256 / 16 pairs and T = 512 / 64 pairs, d_model 128, 4
                    heads), seeds 0-2, PARITY_STEPS steps, each at the rate the zoology rows
-                   chose for its mixer and cell (`PARITY_RATES`), once with
+                   chose for its mixer and cell (`D128_RATES`), once with
                    configs/mqar_zoology.py (float32) and once with configs/mqar_zoology_bf16.py
                    (bfloat16 activations, float32 parameters and states; the rows' "precision").
 
@@ -73,6 +73,19 @@ WOD_STEPS = 12000
 WOD_RATE = "3e-3"
 WOD_DIAGNOSTICS_EVERY = 500
 
+# Zoology's cells at d_model 128 that decide the comparisons (T, n_pairs, d_model, heads): the
+# parity study's, and the fix study's beside section 9's two (VLA's default is decided there).
+D128_CELLS = ((256, 16, 128, 4), (512, 64, 128, 4))
+# The rate the zoology rows chose on validation for each mixer at those cells (4,000 steps,
+# results/training/mqar_zoology_h200.jsonl with zoology_tuned_h200.jsonl, as RESULTS.md section
+# 5 chooses; tests/lab/test_studies.py checks these against those rows): VLA's are the rows of
+# penalty scale 1 (label vla_p1, the layer's default); Gated DeltaNet's are the rows of the
+# earlier layer (label gated_deltanet: no output gate, values of the key width), the only
+# Gated DeltaNet rows at d_model 128, which at T = 512 stayed near chance at every rate.
+D128_RATES = {("vla", 256): "1e-2", ("vla", 512): "3e-3",
+              ("deltanet", 256): "1e-3", ("deltanet", 512): "3e-3",
+              ("gdn_fla", 256): "3e-3", ("gdn_fla", 512): "1e-3"}
+
 FIX_VARIANTS = (("vla", {}), ("silu_l2", {VLA + "qk_map": "silu_l2"}),
                 ("beta", {VLA + "beta": True}),
                 ("silu_l2_beta", {VLA + "qk_map": "silu_l2", VLA + "beta": True}))
@@ -80,11 +93,6 @@ FIX_SEEDS = tuple(range(10))
 FIX_STEPS = 4000
 FIX_RATE = "3e-3"                    # at lab.grid.REMEDY_CELLS, where VLA's seeds split at it
 FIX_DIAGNOSTICS_EVERY = 100
-# The zoology grid's cells that decide VLA's default (T, n_pairs, d_model, heads), each at the
-# rate the zoology rows chose for VLA with its defaults (label vla_p1, 4,000 steps, as
-# PARITY_RATES; tests/lab/test_studies.py checks them against those rows).
-FIX_GRID_CELLS = ((256, 16, 128, 4), (512, 64, 128, 4))
-FIX_GRID_RATES = {(256, 128): "1e-2", (512, 128): "3e-3"}
 
 # The authors' layer (VLA.md section 2, [authors' code]): everything else as the layer's
 # defaults, which are theirs (q/k bias, ELU + 1, LayerNorm before W_o, writes of strength 1).
@@ -130,16 +138,6 @@ PARITY_MIXERS = (
     ("gdn_fla", "gated_deltanet",
      {GDN + "output_gate": True, GDN + "expand_v": 2, GDN + "gate_init": "fla"}),
 )
-PARITY_CELLS = ((256, 16, 128, 4), (512, 64, 128, 4))     # (T, n_pairs, d_model, heads)
-# The rate the zoology rows chose on validation for the mixer and cell (4,000 steps,
-# results/training/mqar_zoology_h200.jsonl with zoology_tuned_h200.jsonl, as RESULTS.md section
-# 5 chooses; tests/lab/test_studies.py checks these against those rows): VLA's are the rows of
-# penalty scale 1 (label vla_p1, the layer's default); Gated DeltaNet's are the rows of the
-# earlier layer (label gated_deltanet: no output gate, values of the key width), the only
-# Gated DeltaNet rows at d_model 128, which at T = 512 stayed near chance at every rate.
-PARITY_RATES = {("vla", 256): "1e-2", ("vla", 512): "3e-3",
-                ("deltanet", 256): "1e-3", ("deltanet", 512): "3e-3",
-                ("gdn_fla", 256): "3e-3", ("gdn_fla", 512): "1e-3"}
 PARITY_ZOOLOGY_LABELS = {"vla": "vla_p1", "deltanet": "deltanet", "gdn_fla": "gated_deltanet"}
 # (name in job names and rows, config file): float32, then bfloat16 activations with float32
 # parameters and states.
@@ -173,9 +171,9 @@ def weights_or_data_jobs():
 
 def fix_cells():
   """The fix study's cells in start order, (T, n_pairs, d_model, heads, rate): the two of
-  section 9 at FIX_RATE, then FIX_GRID_CELLS at FIX_GRID_RATES."""
+  section 9 at FIX_RATE, then D128_CELLS at VLA's D128_RATES."""
   return ([(*c, FIX_RATE) for c in grid.REMEDY_CELLS]
-          + [(*c, FIX_GRID_RATES[(c[0], c[2])]) for c in FIX_GRID_CELLS])
+          + [(*c, D128_RATES[("vla", c[0])]) for c in D128_CELLS])
 
 
 def fix_jobs():
@@ -246,12 +244,12 @@ def parity_jobs():
   the two of a cell run at once and a stopped call leaves pairs)."""
   out = []
   for label, mixer, extra in PARITY_MIXERS:
-    for T, n, d_model, heads in PARITY_CELLS:
+    for T, n, d_model, heads in D128_CELLS:
       cell, tag = _zoology(T, n, d_model, heads, PARITY_STEPS)
       for precision, config in PARITY_PRECISIONS:
         out.append(_job("parity", f"T{T}-d{d_model}-{label}-{precision}", f"{config}:{T}",
                         {"model.mixer": mixer, **cell, **extra},
-                        (PARITY_RATES[(label, T)],),
+                        (D128_RATES[(label, T)],),
                         {**tag, "label": label, "precision": precision}, PARITY_SEEDS))
   return out
 

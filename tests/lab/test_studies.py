@@ -72,7 +72,7 @@ def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
       assert (exp.model.dtype, exp.model.param_dtype) == (job.tag["precision"], "float32")
       assert (exp.model.d_model, exp.model.num_heads, task["seq_len"], task["n_pairs"]) == (
           128, 4, T, {256: 16, 512: 64}[T])
-      assert job.rates == (studies.PARITY_RATES[(job.tag["label"], T)],)
+      assert job.rates == (studies.D128_RATES[(job.tag["label"], T)],)
       if exp.model.mixer == "gated_deltanet":
         assert (exp.model.options["output_gate"], exp.model.options["expand_v"],
                 exp.model.options["gate_init"]) == (True, 2, "fla")
@@ -121,16 +121,17 @@ def test_parity_and_fix_rates_are_those_the_zoology_rows_chose():
   rows = [r for f in ("mqar_zoology_h200.jsonl", "zoology_tuned_h200.jsonl")
           for r in jsonl.read_rows(str(ROOT / "results" / "training" / f))]
   chosen = grid.best_rate_table(rows, steps=4000)
-  for (T, d_model), rate in studies.FIX_GRID_RATES.items():
+  fix_cells = studies.fix_cells()[len(grid.REMEDY_CELLS):]
+  assert [c[:4] for c in fix_cells] == list(studies.D128_CELLS)
+  for T, _, d_model, _, rate in fix_cells:
     assert grid.rate_name(chosen[(T, d_model, "vla_p1")]["rate"]) == rate, (T, d_model)
-  assert set(studies.FIX_GRID_RATES) == {(T, d) for T, _, d, _ in studies.FIX_GRID_CELLS}
-  assert {c[:2] for c in studies.FIX_GRID_CELLS} <= set(grid.ZOOLOGY)
-  assert {c[2:] for c in studies.FIX_GRID_CELLS} <= set(grid.ZOOLOGY_WIDTHS)
-  for (label, T), rate in studies.PARITY_RATES.items():
+  assert {c[:2] for c in studies.D128_CELLS} <= set(grid.ZOOLOGY)
+  assert {c[2:] for c in studies.D128_CELLS} <= set(grid.ZOOLOGY_WIDTHS)
+  for (label, T), rate in studies.D128_RATES.items():
     cell = (T, 128, studies.PARITY_ZOOLOGY_LABELS[label])
     assert grid.rate_name(chosen[cell]["rate"]) == rate, (label, T)
-  assert set(studies.PARITY_RATES) == {(label, T) for label, *_ in studies.PARITY_MIXERS
-                                       for T, *_ in studies.PARITY_CELLS}
+  assert set(studies.D128_RATES) == {(label, T) for label, *_ in studies.PARITY_MIXERS
+                                       for T, *_ in studies.D128_CELLS}
 
 
 def _fake_workdir(workdir):

@@ -392,14 +392,14 @@ def parity_tables(data, full=False):
   f32, bf16 = (p for p, _ in studies.PARITY_PRECISIONS)
   body = []
   for label, _, _ in studies.PARITY_MIXERS:
-    for T, n, _, _ in studies.PARITY_CELLS:
+    for T, n, _, _ in studies.D128_CELLS:
       got = cells.get((label, T), {})
       a, b = got.get(f32), got.get(bf16)
       diff = "-" if not (a and b) else f"{np.mean(b) - np.mean(a):+.3f}"
       body.append([label_name(label), f"{T} ({n})",
-                   f"{float(studies.PARITY_RATES[(label, T)]):g}",
+                   f"{float(studies.D128_RATES[(label, T)]):g}",
                    _cell_text(a) if a else "pending", _cell_text(b) if b else "pending", diff])
-  _, _, d_model, heads = studies.PARITY_CELLS[0]
+  _, _, d_model, heads = studies.D128_CELLS[0]
   blocks = [f"Zoology's MQAR, d_model {d_model} ({heads} heads of {d_model // heads}), "
             f"{studies.PARITY_STEPS:,} "
             f"steps, seeds {', '.join(map(str, studies.PARITY_SEEDS))}, each mixer at the rate "
@@ -412,7 +412,7 @@ def parity_tables(data, full=False):
                             "difference"], body)]
   if full:
     for label, _, _ in studies.PARITY_MIXERS:
-      for T, _, _, _ in studies.PARITY_CELLS:
+      for T, _, _, _ in studies.D128_CELLS:
         runs = sorted((r for r in data.rows if (r["label"], r["seq_len"]) == (label, T)),
                       key=lambda r: (r["precision"] != f32, r["seed"]))
         if runs:
