@@ -9,6 +9,7 @@ import pytest
 
 import oracles
 from lab.benchmarks import check, floor, measure, profile, rows
+from vla_jax.kernels import penalty_scan
 
 
 def test_time_jax_and_median_seconds():
@@ -30,6 +31,16 @@ def test_backward_rows_return_the_output_and_its_pullback():
   chex.assert_trees_all_close(o, fwd(*xs), rtol=1e-6)
   want = jax.grad(lambda *a: jnp.sum(fwd(*a) * cot), argnums=(0, 1, 2))(*xs)
   chex.assert_trees_all_close(grads, want, rtol=1e-5, atol=1e-6)
+
+
+def test_vla_inputs_take_the_layers_path():
+  """The timed VLA calls have the layer's unit penalty directions (penalty_scale 1), so they
+  run the kernels' path for gains <= 1 (no large-gain blocks), as training does."""
+  for dtype in (jnp.float32, jnp.bfloat16):
+    *_, u = rows.jax_inputs("vla", 2, 64, 2, 64, dtype, 1, False)
+    np.testing.assert_allclose(np.linalg.norm(np.asarray(u, np.float32), axis=-1), 1.0,
+                               rtol=1e-2)
+    assert not bool(penalty_scan.large_gains(u, jnp.eye(64)))
 
 
 def test_state_path_family():
