@@ -8,7 +8,7 @@ around the blocks are left as they are; a new file gets every block under a head
     python experiments/report_benchmarks.py [--bench_dir=results/bench] [--out=BENCHMARKS.md]
         [--plots=results/plots] [--profile=results/bench/decisions/profile_h200.json]
         [--model=results/bench/model/model_h100.jsonl]
-        [--baselines=results/bench/baselines/h100_delta.jsonl]
+        [--baselines=results/bench/baselines/h100_delta.jsonl,results/bench/baselines/h100_gated.jsonl]
         [--train_speed=results/bench/train_speed/train_speed.jsonl]
 """
 
@@ -27,10 +27,12 @@ _PROFILE = flags.DEFINE_string(
 _MODEL = flags.DEFINE_string(
     "model", os.path.join("results", "bench", "model", "model_h100.jsonl"),
     "The rows of experiments/bench_model.py ('' for none).")
-_BASELINES = flags.DEFINE_string(
-    "baselines", os.path.join("results", "bench", "baselines", "h100_delta.jsonl"),
-    "The rows of one experiments/bench.py run of the baseline kernels beside fla's ('' for "
-    "none; kept apart from --bench_dir, whose rows a later file replaces across devices).")
+_BASELINES = flags.DEFINE_list(
+    "baselines", [os.path.join("results", "bench", "baselines", f"h100_{name}.jsonl")
+                  for name in ("delta", "gated")],
+    "Files of experiments/bench.py runs of the baseline kernels beside fla's, one table each "
+    "(none: empty; kept apart from --bench_dir, whose rows a later file replaces across "
+    "devices).")
 _TRAIN_SPEED = flags.DEFINE_string(
     "train_speed", os.path.join("results", "bench", "train_speed", "train_speed.jsonl"),
     "The rows of experiments/bench_train_speed.py (its block reads 'not run yet' while the "
@@ -49,7 +51,8 @@ def main(argv):
                                      _PROFILE.value)
   extra = {}
   if _BASELINES.value:
-    extra["baselines"] = baseline_report.block(*model_report.load(_BASELINES.value))
+    extra["baselines"] = baseline_report.blocks([model_report.load(path)
+                                                 for path in _BASELINES.value])
   if _MODEL.value:
     extra["model"] = model_report.block(*model_report.load(_MODEL.value))
   extra["train_speed"] = train_speed.block(_TRAIN_SPEED.value)

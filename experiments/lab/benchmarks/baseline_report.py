@@ -27,23 +27,36 @@ def _ms(rows, op, impl, d, pass_, T):
 
 
 def block(header, rows):
-  """The markdown of the block: per head dim, pass and T, each row's ms and its ratio to
-  fla's kernel for the same recurrence ("not run" where the run skipped it)."""
+  """The markdown of one run's table: per head dim, pass and T, each row's ms and its ratio
+  to fla's kernel for the same recurrence ("not run" where the run skipped it; a row the run
+  never timed is left out), then the notes fla's rows carry."""
   Ts = sorted({r["T"] for r in rows if r.get("T")})
   dims = sorted({r["d"] for r in rows if r.get("d")})
+  timed = {(r.get("op"), r.get("impl")) for r in rows if r.get("status") == "ok"}
   body = []
   for d in dims:
     for pass_ in ("fwd", "fwd+bwd"):
       for T in Ts:
         for label, op, impl in ROWS:
+          if (op, impl) not in timed:
+            continue
           ms = _ms(rows, op, impl, d, pass_, T)
           ref = _ms(rows, FLA_OP.get(op, op), FLA[op], d, pass_, T)
           ratio = fmt(ms / ref, 3) + "x" if ms and ref and impl == "pallas" else "-"
           body.append([d, pass_, f"{T:,}", label, fmt(ms) if ms else "not run", ratio])
   settings = header.get("settings") or {}
-  return (f"{header.get('device', '?')}, one `experiments/bench.py` run "
+  run = header.get("note") or "one `experiments/bench.py` run"
+  return (f"{header.get('device', '?')}, {run} "
           f"({header.get('time', '?')[:16]} UTC): H = {settings.get('H', 16)}, bfloat16, "
           "B * T = 32,768 (B = 1 beyond), medians after warm-up. Ratio = the Pallas row's "
           "time / fla's kernel for the same recurrence (VLA: / fla's DeltaNet); above 1 the "
           "library's kernel is slower.\n\n"
-          + table(["d", "pass", "T", "row", "ms", "/ fla"], body))
+          + table(["d", "pass", "T", "row", "ms", "/ fla"], body)
+          + "".join(f"\n\n{note}." for note in sorted(
+              {r["note"] for r in rows if r.get("status") == "ok" and r.get("note")
+               and r.get("impl", "").startswith("fla")})))
+
+
+def blocks(runs):
+  """The block of several runs ((header, rows) pairs), one table each, in the order given."""
+  return "\n\n".join(block(header, rows) for header, rows in runs)

@@ -748,7 +748,10 @@ def correctness_block(rows):
     if r.get("forward_bound"):
       bounds += f"; o, S, A {fmt(r['forward_bound'])}"
     ratio, name = worst_to_bound(r)
-    body.append([r.get("op") or "vla", r.get("d"), r.get("impl"), r.get("dtype"), r.get("precision") or "-",
+    options = [f"{k}={r[k]}" for k, v in check.OPTION_DEFAULTS.items()
+               if r.get(k) not in (None, v)]
+    impl = f"{r.get('impl')} ({', '.join(options)})" if options else r.get("impl")
+    body.append([r.get("op") or "vla", r.get("d"), impl, r.get("dtype"), r.get("precision") or "-",
                  r.get("u") or "-", "yes" if r.get("packed") else "-",
                  f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
                  worst(fwd), worst(grad) if grad else "-", bounds,
@@ -757,7 +760,8 @@ def correctness_block(rows):
   return ("Relative Frobenius errors against a float64 reference on the same inputs (o, S_T, "
           "A_T forward (the baselines: o, S_T); the gradients of a weighted sum of them), on the GPU at the rows' "
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
-          "rows normalised, the scale a trained layer gives); packed rows hold documents of about "
+          "rows normalised, the scale a trained layer gives); impl names the `KernelConfig` "
+          "options a row ran where they are not the defaults; packed rows hold documents of about "
           "300 tokens (`segment_ids`), checked against impl=\"chunked\" on the same documents. "
           "Bounds: `bound` on every error, "
           "du's own with anisotropic u, the forward's own at float32 HIGHEST "

@@ -339,3 +339,50 @@ def block(path):
       "`results/bench/train_speed/`.",
       table(["config", "T", "model", "batch", "steps timed"] + [t for _, t, *_ in COLUMNS]
             + ["VLA auto / chunked"], body)])
+
+
+# Claims of the hand-written finding above the block, each a predicate on the rows.
+
+def steps_per_s(rows, setting, column):
+  """The last ok row's steps/s of (setting, column), None unless measured."""
+  got = None
+  for r in rows:
+    if (r.get("setting"), r.get("column")) == (setting, column):
+      got = r["steps_per_s"] if r.get("status") == "ok" else None
+  return got
+
+
+def _ratio(rows, setting, a, b):
+  x, y = steps_per_s(rows, setting, a), steps_per_s(rows, setting, b)
+  return x / y if x and y else None
+
+
+def auto_runs_the_kernels_and_pays(rows):
+  """VLA's default ran its Pallas kernels in every setting, 1.3-2x the chunked form's speed at
+  T = 512 and 6-10x at T = 8k and 32k."""
+  auto = [r for r in rows if r.get("column") == "vla" and r.get("status") == "ok"]
+  return (len(auto) == 3 and all(r["impl"] == "pallas" for r in auto)
+          and 1.3 < _ratio(rows, "zoology_512", "vla", "vla_chunked") < 2
+          and all(6 < _ratio(rows, s, "vla", "vla_chunked") < 10
+                  for s in ("long_8192", "long_32768")))
+
+
+def softmax_ahead_to_8k_vla_ahead_at_32k(rows):
+  """Softmax attention trains faster at T = 512 and 8k (VLA at 0.65-0.95x of its steps/s);
+  at 32k VLA is 1.5-2.5x faster."""
+  return (0.65 < _ratio(rows, "zoology_512", "vla", "softmax") < 0.95
+          and 0.65 < _ratio(rows, "long_8192", "vla", "softmax") < 0.95
+          and 1.5 < _ratio(rows, "long_32768", "vla", "softmax") < 2.5)
+
+
+def deltanet_faster_gated_deltanet_slower(rows):
+  """On their kernels, DeltaNet trains faster than VLA at 8k and 32k and Gated DeltaNet slower
+  (at 512 all three are within a fifth of each other)."""
+  return (all(_ratio(rows, s, "deltanet", "vla") > 1 and _ratio(rows, s, "gated_deltanet", "vla") < 1
+              for s in ("long_8192", "long_32768"))
+          and all(0.8 < _ratio(rows, "zoology_512", m, "vla") < 1.2
+                  for m in ("deltanet", "gated_deltanet")))
+
+
+CLAIMS = (auto_runs_the_kernels_and_pays, softmax_ahead_to_8k_vla_ahead_at_32k,
+          deltanet_faster_gated_deltanet_slower)

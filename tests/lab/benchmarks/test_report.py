@@ -237,7 +237,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 BENCH, PLOTS = "results/bench", "results/plots"
 PROFILE = "results/bench/decisions/profile_h200.json"
 MODEL = "results/bench/model/model_h100.jsonl"
-BASELINES = "results/bench/baselines/h100_delta.jsonl"
+BASELINES = ("results/bench/baselines/h100_delta.jsonl",
+             "results/bench/baselines/h100_gated.jsonl")
 TRAIN_SPEED = "results/bench/train_speed/train_speed.jsonl"
 
 
@@ -256,8 +257,8 @@ def test_regenerating_the_blocks_leaves_benchmarks_md_unchanged(committed):
   blocks = report.blocks(headers, rows_, plots, str(out),
                          report.regenerate_command(BENCH, "BENCHMARKS.md", PLOTS, PROFILE),
                          profile, PROFILE,
-                         {"baselines": baseline_report.block(
-                             *model_report.load(str(ROOT / BASELINES))),
+                         {"baselines": baseline_report.blocks(
+                             [model_report.load(str(ROOT / path)) for path in BASELINES]),
                           "model": model_report.block(*model_report.load(str(ROOT / MODEL))),
                           "train_speed": train_speed.block(str(ROOT / TRAIN_SPEED))})
   assert markers.block_names(text) == list(blocks)
@@ -460,3 +461,25 @@ def test_the_whole_model_claims_can_fail():
           else r for r in rows_]
   assert not model_report.vla_step_flat_in_T(slow)
   assert not model_report.vla_behind_softmax_to_8k_ahead_at_32k(slow)
+
+
+# -- The training-speed block: each claim of its finding holds on the committed rows -------------
+
+@pytest.mark.parametrize("claim", train_speed.CLAIMS, ids=lambda c: c.__name__)
+def test_the_training_speed_claims_hold(claim):
+  assert claim(train_speed.load(str(ROOT / TRAIN_SPEED))[1]), claim.__doc__
+
+
+def test_the_training_speed_claims_can_fail():
+  """VLA's runs made twice as fast, or DeltaNet's at 8k halved, break the claims."""
+  rows_ = train_speed.load(str(ROOT / TRAIN_SPEED))[1]
+  fast = [dict(r, steps_per_s=2 * r["steps_per_s"]) if r.get("column") == "vla" else r
+          for r in rows_]
+  assert not train_speed.auto_runs_the_kernels_and_pays(fast)
+  assert not train_speed.softmax_ahead_to_8k_vla_ahead_at_32k(fast)
+  slow = [dict(r, steps_per_s=r["steps_per_s"] / 2)
+          if (r.get("setting"), r.get("column")) == ("long_8192", "deltanet") else r
+          for r in rows_]
+  assert not train_speed.deltanet_faster_gated_deltanet_slower(slow)
+  chunked = [dict(r, impl="chunked") if r.get("column") == "vla" else r for r in rows_]
+  assert not train_speed.auto_runs_the_kernels_and_pays(chunked)
