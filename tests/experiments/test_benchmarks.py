@@ -23,7 +23,7 @@ def _rows(path):
 SCRIPTS = ("bench.py", "report_benchmarks.py", "check_kernels.py", "profile_kernels.py",
            "bench_train_speed.py")
 # check_kernels' smoke run checks the tiny cases with every non-default KernelConfig option.
-KERNEL_OPTIONS = {"tril_inverse": "blocks", "state_chain": "transfer", "start_inverse": "tiles",
+KERNEL_OPTIONS = {"tril_inverse": "blocks", "start_inverse": "tiles",
                   "penalty_layout": "transposed"}
 
 

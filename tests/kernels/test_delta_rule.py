@@ -226,20 +226,15 @@ def test_unsupported_key_width_raises():
     deltanet_pallas(x, x, x, jnp.zeros((1, 16, 2)), jnp.zeros((1, 2, 24, 24)), config=CONFIG)
 
 
-@pytest.mark.parametrize("split,chain", [(False, "residual"), (True, "residual"),
-                                         (True, "transfer")],
-                         ids=["fused_loops", "chain+parallel", "transfer_chain+parallel"])
-def test_gated_every_state_loop_form_float64(x64, monkeypatch, split, chain):
+@pytest.mark.parametrize("split", [False, True], ids=["fused_loops", "chain+parallel"])
+def test_gated_every_state_loop_form_float64(x64, monkeypatch, split):
   """Gated DeltaNet through the fused forward and reverse loops and through the chain kernels
-  (either step, `KernelConfig.state_chain`; the transfer matrix exp(G_C) I - W'^T W_e) with
-  their parallel per-chunk kernels (the plan picks by program count): float64 outputs, state
-  and gradients equal the float64 loop's."""
+  with their parallel per-chunk kernels (the plan picks by program count): float64 outputs,
+  state and gradients equal the float64 loop's."""
   monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 10 ** 6 if split else 0)
   monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 10 ** 6 if split else 0)
   args = [jnp.asarray(x) for x in _inputs(4)]
-  kernel = functools.partial(gated_deltanet_pallas,
-                             config=KernelConfig(chunk_size=C, state_chain=chain),
-                             interpret=INTERPRET)
+  kernel = functools.partial(gated_deltanet_pallas, config=CONFIG, interpret=INTERPRET)
   (o, S), grads = jax.jit(lambda *a: (kernel(*a), jax.grad(_loss(kernel, 5),
                                                            argnums=range(6))(*a)))(*args)
   (o_ref, S_ref), want = jax.jit(lambda *a: (_gated_loop(*a), jax.grad(

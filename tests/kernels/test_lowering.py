@@ -15,14 +15,13 @@ from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
-             segment_ids=None, block_factor="elimination", state_chain="residual",
-             start_inverse="xla", penalty_layout="rows"):
+             segment_ids=None, block_factor="elimination", start_inverse="xla",
+             penalty_layout="rows"):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
   the StableHLO."""
   B, T, H, dk, dv, C = shape
   cfg = KernelConfig(chunk_size=C, precision=precision, block_factor=block_factor,
-                     state_chain=state_chain, start_inverse=start_inverse,
-                     penalty_layout=penalty_layout)
+                     start_inverse=start_inverse, penalty_layout=penalty_layout)
   fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
@@ -174,35 +173,6 @@ def test_newton_block_factor_lowers(dtype, precision):
   ids = jnp.asarray(np.arange(100).reshape(1, 100) // 23, jnp.int32)
   assert "vla_penalty_scan" in _kernels(dtype, shape, p, grad=False, segment_ids=ids,
                                         block_factor="newton")
-
-
-def test_transfer_state_chain_lowers(dtype=jnp.bfloat16):
-  """state_chain="transfer": the transfer-matrix chains (Phi and Psi carried through the loop)
-  lower in place of the residual chains, forward and gradient, packed documents too, at
-  d = 64 and 128; Gated DeltaNet's decays too."""
-  transfer_fwd = ["vla_state_chain_transfer", "vla_state_out", "vla_state_prep"]
-  transfer_bwd = ["vla_adjoint_du", "vla_row_cotangents", "vla_state_bwd_chain_transfer",
-                  "vla_state_bwd_terms"]
-  shape = (1, 100, 2, 64, 64, 32)
-  assert _kernels(dtype, shape, state_chain="transfer") == sorted(
-      SCAN_FWD + transfer_fwd + transfer_bwd + ["vla_state_local_vjp"])
-  ids = jnp.asarray(np.arange(100).reshape(1, 100) // 23, jnp.int32)
-  assert _kernels(dtype, shape, segment_ids=ids, state_chain="transfer") == sorted(
-      ["vla_penalty_scan"] + transfer_fwd + transfer_bwd + ["vla_state_local_vjp"])
-  names = _kernels(dtype, (1, 64, 1, 128, 128, 64), state_chain="transfer")
-  assert "vla_state_chain_transfer" in names and "vla_state_bwd_chain_transfer" in names
-  from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
-      gated_deltanet_pallas)
-  cfg = KernelConfig(chunk_size=32, state_chain="transfer")
-  spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
-  args = [spec(1, 100, 2, 64), spec(1, 100, 2, 64), spec(1, 100, 2, 64),
-          spec(1, 100, 2, dt=jnp.float32), spec(1, 100, 2, dt=jnp.float32),
-          spec(1, 2, 64, 64, dt=jnp.float32)]
-  loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32))
-                        for x in gated_deltanet_pallas(*a, config=cfg, interpret=False))
-  hlo = lower_for_h200(jax.grad(loss, argnums=range(6)), *args).as_text()
-  assert {"vla_state_chain_transfer", "vla_state_bwd_chain_transfer"} <= set(
-      re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo))
 
 
 @pytest.mark.parametrize("dtype,precision,d", [(jnp.bfloat16, "DEFAULT", 128),

@@ -15,10 +15,6 @@ Not in the default suite (--rows selects them):
                      `vla_pallas` itself (S0 = 0, A0 = I; no op wrapper) with
                      `KernelConfig.block_factor` "elimination" or "newton": the penalty scan's
                      two block factors, timed in one run
-  vla_kernel_chain_residual, vla_kernel_chain_transfer
-                     the same with `KernelConfig.state_chain` "residual" or "transfer": the
-                     state chains' two steps (they run where the plan splits the state loops:
-                     few programs, e.g. B = 1 at long T, or d = 128)
   vla_kernel_tril_doubling, vla_kernel_tril_blocks
                      the same with `KernelConfig.tril_inverse` "doubling" or "blocks": the
                      state prep's two ways to form each chunk's (I + N)^-1
@@ -77,8 +73,6 @@ class RowSpec:
 # DeltaNet's and Gated DeltaNet's kernels the kernel_tril_* ones).
 KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_newton": {"block_factor": "newton"},
-                  "kernel_chain_residual": {"state_chain": "residual"},
-                  "kernel_chain_transfer": {"state_chain": "transfer"},
                   "kernel_tril_doubling": {"tril_inverse": "doubling"},
                   "kernel_tril_blocks": {"tril_inverse": "blocks"},
                   "kernel_start_xla": {"start_inverse": "xla"},
