@@ -3,9 +3,8 @@ kernels on DeltaNet's and linear attention's keys, with Gated DeltaNet's decays)
 float64 oracles: outputs, final state and the gradients of q, k, v, beta, the log decays and
 S0 (autodiff of a float64 step-by-step loop), in float32 and bfloat16, on anisotropic keys
 with a ragged tail (T not a multiple of the chunk); Gated DeltaNet also with a hard reset
-(-inf), a -1e4 decay and every form of the state loops; DeltaNet and Gated DeltaNet also with
-the state prep's tiled inverse (`KernelConfig.tril_inverse`), DeltaNet's packed documents
-with it."""
+(-inf), a -1e4 decay and every form of the state loops; DeltaNet also with packed
+documents."""
 
 import functools
 
@@ -118,22 +117,6 @@ def test_outputs_state_and_gradients_match_float64(op, dtype):
   _match_float64(op, dtype, OPS[op][0])
 
 
-# The state prep's tiled inverse (`KernelConfig.tril_inverse`) at C = 64: four tiles, merges at
-# 16 -> 32 -> 64; T = 75 is a chunk and a ragged tail (Gated DeltaNet's reset and near-reset
-# in the first chunk).
-TILED = KernelConfig(chunk_size=64, tril_inverse="blocks")
-
-
-@pytest.mark.parametrize("op, dtype", [("deltanet", jnp.float32),
-                                       ("gated_deltanet", jnp.bfloat16)])
-def test_tiled_inverse_matches_float64(op, dtype):
-  """DeltaNet and Gated DeltaNet with tril_inverse "blocks": outputs, state and gradients
-  against float64 as above (one dtype each: the state prep's float32 and bfloat16 paths are
-  shared by the two ops)."""
-  kernel = {"deltanet": deltanet_pallas, "gated_deltanet": gated_deltanet_pallas}[op]
-  _match_float64(op, dtype, functools.partial(kernel, config=TILED, interpret=INTERPRET))
-
-
 def _match_float64(op, dtype, kernel):
   """`kernel` (the op's Pallas kernel, `OPS`) in `dtype` against the float64 oracle (o, S)
   and the float64 loop's gradients, on the rounded inputs: float32 element-wise, bfloat16
@@ -169,20 +152,20 @@ def _match_float64(op, dtype, kernel):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, jnp.bfloat16], ids=["f64", "bf16"])
-def test_packed_documents_tiled_inverse(dtype):
-  """DeltaNet with packed documents and tril_inverse "blocks" (documents starting inside
-  tiles, at a tile boundary (token 16) and at the chunk boundary (token 64), a one-token
-  document): o against the oracle on each document alone (the first from S0, the others from
-  zero), the final state (the last document's), and the gradients of q, k, v, beta and S0
-  against the float64 loop that restarts S at every document start; float64 within its
-  tolerance, bfloat16 within its tolerance (gradients in norm)."""
+def test_packed_documents(dtype):
+  """DeltaNet with packed documents (documents starting inside chunks, at chunk boundaries
+  (tokens 16 and 64), a one-token document, one spanning two chunks): o against the oracle on
+  each document alone (the first from S0, the others from zero), the final state (the last
+  document's), and the gradients of q, k, v, beta and S0 against the float64 loop that
+  restarts S at every document start; float64 within its tolerance, bfloat16 within its
+  tolerance (gradients in norm)."""
   q, k, v, beta, _, S0 = _inputs(6)
   ids = np.zeros((B, T), np.int32)
   for t in (5, 16, 40, 41, 64):
     ids[:, t:] += 1
   starts = np.zeros((B, T), bool)
   starts[:, [5, 16, 40, 41, 64]] = True
-  kernel = lambda *a: deltanet_pallas(*a, segment_ids=jnp.asarray(ids), config=TILED,
+  kernel = lambda *a: deltanet_pallas(*a, segment_ids=jnp.asarray(ids), config=CONFIG,
                                       interpret=INTERPRET)
   state = np.float64 if dtype == np.float64 else np.float32
   with jax.enable_x64(dtype == np.float64):

@@ -64,25 +64,6 @@ def test_state_path_family():
   assert err < 1e-2, err
 
 
-def test_tril_inverse_families():
-  """The *_kernel_tril_doubling and *_kernel_tril_blocks rows (VLA, DeltaNet, Gated DeltaNet):
-  outside the default suite; each traces forward and forward + backward, its state prep
-  forming T its own way (at C = 16 the tiles take 4 products in vla_state_prep, the doubling
-  10)."""
-  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
-  keys = [f"{op}_kernel_tril_{form}" for op in ("vla", "deltanet", "gated_deltanet")
-          for form in ("doubling", "blocks")]
-  assert not set(keys) & set(rows.DEFAULT_ROWS) and set(keys) <= set(rows.BY_KEY)
-  for key in keys:
-    spec = rows.BY_KEY[key]
-    for pass_ in rows.PASSES:
-      args = rows.abstract_inputs(spec.op, 1, 64, 2, 16, jnp.float32, pass_ != "fwd")
-      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_, chunk=16))(*args)
-      products = sum(e.primitive.name == "dot_general" for where, e in equations(jaxpr)
-                     if where == "vla_state_prep")
-      assert products == (4 if key.endswith("blocks") else 10), (key, pass_, products)
-
-
 def test_start_inverse_families():
   """vla_kernel_start_xla and vla_kernel_start_tiles: outside the default suite; each traces
   forward and forward + backward at d = 128 (B = 1, two penalty-scan segments), the segment
