@@ -13,20 +13,6 @@ in one run:
     python experiments/bench.py --name=block_factor_h200 --dims=64,128 \
         --Ts=4096,32768,131072 --rows=vla_kernel_elimination,vla_kernel_newton
 
-The state chains' two steps (`KernelConfig.state_chain`; the chains run where the plan splits
-the state loops: at d = 64 from T = 32768 on, B = 1, and the reverse chain also at 4096; at
-d = 128 at every T):
-
-    python experiments/bench.py --name=state_chain_h200 --dims=64,128 \
-        --Ts=4096,32768,131072 --rows=vla_kernel_chain_residual,vla_kernel_chain_transfer
-
-The state prep's two ways to form each chunk's (I + N)^-1 (`KernelConfig.tril_inverse`),
-for VLA and for DeltaNet's and Gated DeltaNet's kernels:
-
-    python experiments/bench.py --name=tril_inverse_h200 --dims=64,128 --Ts=4096,32768 \
-        --rows=vla_kernel_tril_doubling,vla_kernel_tril_blocks,deltanet_kernel_tril_doubling,\
-deltanet_kernel_tril_blocks,gated_deltanet_kernel_tril_doubling,gated_deltanet_kernel_tril_blocks
-
 The segment starts at d = 128 in XLA or in the kernels (`KernelConfig.start_inverse`; at
 T = 4096, B = 8 each sequence is one penalty-scan segment and has no starts):
 
@@ -60,8 +46,6 @@ _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
 _ROWS = flags.DEFINE_list("rows", None, "Row families (default vla_pallas, attn_cudnn, "
                           "fla_delta_rule; also vla_kernel_elimination, vla_kernel_newton, "
-                          "vla_kernel_chain_residual, vla_kernel_chain_transfer, "
-                          "{vla,deltanet,gated_deltanet}_kernel_tril_{doubling,blocks}, "
                           "vla_kernel_start_xla, vla_kernel_start_tiles, "
                           "state_path_triton, deltanet_pallas, "
                           "gated_deltanet_pallas, fla_gated_delta_rule).")

@@ -25,20 +25,6 @@ same way (`lab.benchmarks.check_baselines`: float32 at HIGHEST and bfloat16 at T
 
 --block_factor=newton checks the penalty scan's Newton block factor (`KernelConfig`);
 --newton_fallback adds each case's fraction of blocks where it falls back to the elimination.
---state_chain=transfer checks the transfer-matrix state chains (`KernelConfig.state_chain`;
-they run where the plan splits the state loops, as in every case here: B = 1), the long run
-included:
-
-    python experiments/check_kernels.py --name=check_h200_d64_transfer --dims=64 \
-        --state_chain=transfer
-
---tril_inverse=blocks checks the state prep's tiled inverse (`KernelConfig.tril_inverse`) in
-every case, the drift cases, the long run and the baselines' cases (their kernels then run
-called themselves, not through the ops):
-
-    python experiments/check_kernels.py --name=check_h200_tril_blocks --dims=64,128 \
-        --tril_inverse=blocks --ops=vla,deltanet,gated_deltanet --max_T=32768 --long_T=0
-
 --start_inverse=tiles checks the segment starts at d = 128 in the kernels
 (`KernelConfig.start_inverse`: the Gram kernel and the inverse on tiles in a workspace) in
 every VLA case and the drift cases (at d = 64 the starts run in the kernels either way; the
@@ -85,11 +71,6 @@ _BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "elimination", ["elimination",
 _FALLBACK = flags.DEFINE_bool("newton_fallback", False,
                               "Also report each case's fraction of penalty-scan blocks where "
                               "block_factor 'newton' falls back to the elimination.")
-_STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transfer"],
-                                 "KernelConfig.state_chain of the checked calls (vla).")
-_TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "blocks"],
-                                  "KernelConfig.tril_inverse of the checked calls (vla and "
-                                  "the baselines).")
 _START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
                                    "KernelConfig.start_inverse of the checked calls (vla; "
                                    "d = 128).")
@@ -98,8 +79,8 @@ _PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transpos
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
-                        "--block_factor, --newton_fallback, --state_chain, "
-                        "--start_inverse and --penalty_layout apply to vla).")
+                        "--block_factor, --newton_fallback, --start_inverse and "
+                        "--penalty_layout apply to vla).")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
                             "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
 flags.mark_flag_as_required("name")
@@ -139,13 +120,12 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
-  kernel = dict(block_factor=_BLOCK_FACTOR.value, state_chain=_STATE_CHAIN.value,
-                tril_inverse=_TRIL_INVERSE.value, start_inverse=_START_INVERSE.value,
+  kernel = dict(block_factor=_BLOCK_FACTOR.value, start_inverse=_START_INVERSE.value,
                 penalty_layout=_PENALTY_LAYOUT.value)   # check.OPTION_DEFAULTS' names
   options = dict(kernel, fallback=_FALLBACK.value)
   for case in cases:
-    row = rec.row(**(check_baselines.check_case(case, tril_inverse=_TRIL_INVERSE.value)
-                     if isinstance(case, check_baselines.Case) else check.check(case, **options)))
+    row = rec.row(**(check_baselines.check_case(case) if isinstance(case, check_baselines.Case)
+                     else check.check(case, **options)))
     if row["status"] != "ok":
       failed.append(row)
   # Each drift row's verdict compares it with its isotropic twin: recorded once all ran.

@@ -5,10 +5,6 @@ H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
     python experiments/profile_kernels.py --name=profile_h200 --Ts=4096,32768 --dims=64,128
     python experiments/profile_kernels.py --resources --dims=64,128    # offline, no GPU: registers,
                                                                # spills, shared memory, SASS
-    python experiments/profile_kernels.py --name=profile_h200_transfer --Ts=32768,131072 \
-        --dims=64,128 --state_chain=transfer    # the transfer-matrix state chains
-    python experiments/profile_kernels.py --name=profile_h200_tril_blocks --Ts=4096,32768 \
-        --dims=64,128 --tril_inverse=blocks    # the state prep's tiled inverse
     python experiments/profile_kernels.py --name=profile_h200_start_tiles --Ts=32768,131072 \
         --dims=128 --start_inverse=tiles    # the d = 128 segment starts in the kernels
     python experiments/profile_kernels.py --name=profile_h200_penalty_transposed \
@@ -38,10 +34,6 @@ _PLANE = flags.DEFINE_string("plane", "/device:GPU:", "Trace planes read (prefix
                              "/host:CPU).")
 _RESOURCES = flags.DEFINE_bool("resources", False, "Offline resource report instead.")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU smoke).")
-_STATE_CHAIN = flags.DEFINE_enum("state_chain", "residual", ["residual", "transfer"],
-                                 "KernelConfig.state_chain of the profiled calls.")
-_TRIL_INVERSE = flags.DEFINE_enum("tril_inverse", "doubling", ["doubling", "blocks"],
-                                  "KernelConfig.tril_inverse of the profiled calls.")
 _START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
                                    "KernelConfig.start_inverse of the profiled calls.")
 _PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
@@ -54,8 +46,7 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  config = KernelConfig(state_chain=_STATE_CHAIN.value, tril_inverse=_TRIL_INVERSE.value,
-                        start_inverse=_START_INVERSE.value,
+  config = KernelConfig(start_inverse=_START_INVERSE.value,
                         penalty_layout=_PENALTY_LAYOUT.value)
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
@@ -86,8 +77,7 @@ def main(argv):
   path = os.path.join(_OUT_DIR.value, _NAME.value + ".json")
   with open(path, "w") as f:
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
-               "resources": _RESOURCES.value, "state_chain": _STATE_CHAIN.value,
-               "tril_inverse": _TRIL_INVERSE.value, "start_inverse": _START_INVERSE.value,
+               "resources": _RESOURCES.value, "start_inverse": _START_INVERSE.value,
                "penalty_layout": _PENALTY_LAYOUT.value,
                "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")

@@ -11,8 +11,6 @@ tokens therefore takes that operand through `finite` (non-finite entries enter a
 stays non-finite. For finite inputs both are the identity (bit for bit).
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -220,107 +218,6 @@ def unit_tril_inv(nm, precision):
                     precision=precision)
     s = m
   return jnp.where(v[:, None] >= first, jnp.nan, inv)
-
-
-# ----------------------------------------------------------------------------- tiles
-
-# Rows and columns of the square tiles of `unit_tril_inv_tiles` (the smallest tile Triton's
-# products take).
-TRIL_TILE = 16
-
-
-def _first_bad_row(rows):
-  """The index of the first row holding a non-finite entry in the row blocks `rows` (rows[i]:
-  the tiles [b, .] of row block i, in order), or the row count when there is none (a
-  scalar)."""
-  b = rows[0][0].shape[0]
-  v = iota(b)[2]
-  n = b * len(rows)
-  first = n
-  for i, tiles in enumerate(rows):
-    row_ok = functools.reduce(jnp.minimum, [
-        jnp.min(jnp.where(jnp.abs(x) < jnp.inf, 1.0, 0.0), axis=1) for x in tiles])
-    first = jnp.minimum(first, jnp.min(jnp.where(row_ok > 0, n, b * i + v)))
-  return first
-
-
-def _sum(terms):
-  return functools.reduce(lambda x, y: x + y, terms)
-
-
-def _unit_tril_inv_diagonal(tiles):
-  """(I + n)^-1 of each strictly lower, finite [b, b] tile n of `tiles`, by forward
-  substitution: from Z = I, step j removes column j of n times row j of Z (final from then on)
-  from the rows below it, Z <- Z - n[:, j] Z[j, :] (the elementary factors of I + n in
-  reverse). One loop of b - 1 steps for every tile together (independent chains)."""
-  b = tiles[0].shape[0]
-  r, c, _ = iota(b)
-
-  def body(j, zs):
-    out = []
-    for n, z in zip(tiles, zs):
-      col = jnp.sum(jnp.where(c == j, n, 0.0), axis=1)       # n[:, j], zero at rows <= j
-      row = jnp.sum(jnp.where(r == j, z, 0.0), axis=0)       # Z[j, :]
-      out.append(z - col[:, None] * row[None, :])
-    return tuple(out)
-
-  return list(jax.lax.fori_loop(0, b - 1, body, tuple(eye(b, n.dtype) for n in tiles)))
-
-
-def unit_tril_inv_tiles(nm, precision):
-  """(I + N)^-1 for strictly lower N [n, n] given as tiles: nm[i][j] ([b, b], j <= i; the
-  diagonal tiles strictly lower; those above the diagonal are zero and not passed), n = b * m
-  with m = len(nm) a power of two. Returns the tiles t[i][j] of the inverse for every i, j
-  (zeros above the diagonal).
-
-  The inverses of the diagonal tiles come by forward substitution (`_unit_tril_inv_diagonal`,
-  no products), then pairs of blocks merge at b -> 2b -> ... -> n: for the block lower
-  triangular [[A, 0], [B, D]] (A, D its diagonal blocks of s tiles each, B the tiles of N
-  between them) the inverse is [[A^-1, 0], [-D^-1 (B A^-1), D^-1]], formed tile by tile
-  (products at `precision`, `dot`). The result of `unit_tril_inv` from [b, b] products: at
-  n = 64, b = 16, sixteen of them instead of ten [64, 64] products. Row i depends on rows
-  <= i of N: the tiles enter through `finite`, and rows from N's first non-finite row on are
-  NaN (in every tile of them, those above the diagonal included)."""
-  m = len(nm)
-  b = nm[0][0].shape[0]
-  first = _first_bad_row(nm)
-  nm = [[finite(x) for x in row] for row in nm]
-  t = [[None] * m for _ in range(m)]
-  for i, z in enumerate(_unit_tril_inv_diagonal([nm[i][i] for i in range(m)])):
-    t[i][i] = z
-  mm = lambda x, y: dot(x, y, precision=precision)
-  s = 1
-  while s < m:
-    for g in range(0, m, 2 * s):
-      upper, lower = range(g, g + s), range(g + s, g + 2 * s)
-      # X = B A^-1, X[i][j] = sum of nm[i][k] t[k][j] over j <= k < g + s; then the tiles of
-      # -D^-1 X, t[i][j] = -(sum of t[i][k] X[k][j] over g + s <= k <= i).
-      x = {(i, j): _sum([mm(nm[i][k], t[k][j]) for k in range(j, g + s)])
-           for i in lower for j in upper}
-      for i in lower:
-        for j in upper:
-          t[i][j] = -_sum([mm(t[i][k], x[k, j]) for k in range(g + s, i + 1)])
-    s *= 2
-  v = iota(b)[2]
-  zero = jnp.zeros((b, b), nm[0][0].dtype)
-  return [[jnp.where((b * i + v)[:, None] >= first, jnp.nan,
-                     zero if t[i][j] is None else t[i][j]) for j in range(m)]
-          for i in range(m)]
-
-
-def causal_dot_tiles(t, xs, precision):
-  """The row blocks of m @ x (`causal_dot`) for m [n, n] zero above its diagonal given as tiles
-  t[i][j] ([b, b]; those above the diagonal are not read) and x as row blocks xs[j] ([b, d]):
-  block i is the sum of t[i][j] xs[j] over j <= i. A non-finite row of x reaches rows at or
-  after it only, as in `causal_dot` (x enters through `finite`; rows from its first
-  non-finite row on are NaN)."""
-  b = xs[0].shape[0]
-  first = _first_bad_row([[x] for x in xs])
-  fx = [finite(x) for x in xs]
-  v = iota(b)[2]
-  return [jnp.where((b * i + v)[:, None] >= first, jnp.nan,
-                    _sum([dot(t[i][j], fx[j], precision=precision) for j in range(i + 1)]))
-          for i in range(len(xs))]
 
 
 # ----------------------------------------------------------------------------- documents

@@ -20,11 +20,6 @@ MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
 # How the penalty scan factors each block's I + X U^T (`KernelConfig.block_factor`).
 BLOCK_FACTORS = ("elimination", "newton")
-# How the state chain kernels step from one chunk-start state to the next
-# (`KernelConfig.state_chain`).
-STATE_CHAINS = ("residual", "transfer")
-# How the state-prep kernel forms T = (I + N)^-1 of each chunk (`KernelConfig.tril_inverse`).
-TRIL_INVERSES = ("doubling", "blocks")
 # How the segment starts are formed at dk = 128 (`KernelConfig.start_inverse`).
 START_INVERSES = ("xla", "tiles")
 # Which side of the penalty path's products the head dim sits on
@@ -145,19 +140,6 @@ class KernelConfig:
       (two Newton steps of 16 x 16 products where ||X U^T||_F <= 0.25, the elimination
       elsewhere; `common.guarded_chol_inv`). The same function to float32 rounding; which is
       faster on a GPU is open (kernels/DESIGN.md, "Open questions").
-    state_chain: the step of the state chain kernels (`Plan.split_output`, `split_backward`:
-      few programs or dk = 128): "residual" (default; R = U' - W' S^T, S <- S + R^T W, two
-      dependent products a chunk) or "transfer" (S <- S Phi + Psi with Phi = I - W'^T W,
-      Psi = U'^T W in the state's dtype, each chunk's formed during the step before: one
-      dependent product a chunk; the reverse chain likewise with Phi^T). The same map to
-      float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
-      questions").
-    tril_inverse: how the state-prep kernel forms T = (I + N)^-1 of each chunk: "doubling"
-      (default; log2 C rounds of [C, C] products on the whole matrix, `common.unit_tril_inv`)
-      or "blocks" (forward substitution on each 16 x 16 diagonal tile, then merges of pairs
-      of blocks at 16 -> 32 -> ... -> C from 16 x 16 products, and U', W' by row blocks;
-      `common.unit_tril_inv_tiles`). The same T to float32 rounding; which is faster on a GPU
-      is open (kernels/DESIGN.md, "Open questions").
     start_inverse: how the segment starts are formed at dk = 128 (at dk <= 64 always in the
       kernels): "xla" (default; Grams and batched Cholesky inverses in XLA) or "tiles" (the
       Gram kernel, and one program per start: a block Cholesky inverse on 32 x 32 tiles that
@@ -180,8 +162,6 @@ class KernelConfig:
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   block_v: int | None = None
   block_factor: str = "elimination"
-  state_chain: str = "residual"
-  tril_inverse: str = "doubling"
   start_inverse: str = "xla"
   penalty_layout: str = "rows"
 
@@ -215,8 +195,7 @@ class KernelConfig:
                            or bv & (bv - 1) or dv % bv):
       raise ValueError(f"block_v must be None or a power of two >= 16 that divides dv={dv}; "
                        f"got {bv!r}")
-    for name, allowed in (("block_factor", BLOCK_FACTORS), ("state_chain", STATE_CHAINS),
-                          ("tril_inverse", TRIL_INVERSES), ("start_inverse", START_INVERSES),
+    for name, allowed in (("block_factor", BLOCK_FACTORS), ("start_inverse", START_INVERSES),
                           ("penalty_layout", PENALTY_LAYOUTS)):
       if getattr(self, name) not in allowed:
         raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
@@ -299,7 +278,6 @@ class KernelConfig:
         block_v=bv,
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
-        state_chain=self.state_chain, tril_inverse=self.tril_inverse,
         penalty_layout=self.penalty_layout,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=8 if dk >= 128 else 4)
@@ -346,13 +324,11 @@ class Plan:
       newton_step: one Newton step on each direct segment-start inverse in its own dtype;
       inverse_tile: None or 32 (block Cholesky on tiles).
     state_factor_dot, state_apply_dot: the state-prep kernel's products that form its
-      inverse (block doubling or tile merges) and those that apply it; state_dot: the state
-      loops' and the reverse pass's products.
+      inverse (block doubling) and those that apply it; state_dot: the state loops' and the
+      reverse pass's products.
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
-    state_chain: `KernelConfig.state_chain`, the step of those chains.
-    tril_inverse: `KernelConfig.tril_inverse`, how the state-prep kernel forms its inverse.
     penalty_layout: `KernelConfig.penalty_layout`, the layout of the penalty scan's and the
       u-cotangent kernel's products.
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
@@ -388,8 +364,6 @@ class Plan:
   block_v: int
   split_output: bool
   split_backward: bool
-  state_chain: str
-  tril_inverse: str
   penalty_layout: str
   fused_vjp: bool
   adjoint_warps: int

@@ -1,7 +1,7 @@
 """Backward of the state path: the reverse pass over chunk states, then chunk-local VJPs.
 
 The chunk map of `state_path.py` is affine in the chunk-start state S: S_next = S Phi + Psi
-with Phi = I - W'^T W, Psi = U'^T W (`transfer`), and O = (Q - P W') S^T + P U'. The
+with Phi = I - W'^T W, Psi = U'^T W, and O = (Q - P W') S^T + P U'. The
 cotangent of the state runs backwards as
 
     dS_c = dS_next - (dS_next W^T) W' + dO^T (Q - P W')  (= dS_next Phi^T + G_n),
@@ -10,9 +10,7 @@ carried in registers (grid (B * H, dv / BV), reverse over chunks), writing dS_ne
 chunk. With few programs (`Plan.split_backward`) the state-independent term
 G_n = dO_n^T (Q_n - P_n W'_n) is first computed in parallel over (batch * head, chunk)
 (`vla_state_bwd_terms`) and the loop keeps only dS <- dS - (dS W^T) W' + G_n
-(`vla_state_bwd_chain`), or with `Plan.state_chain` "transfer" dS <- dS Phi_n^T + G_n, one
-dependent product a chunk, Phi_{n-1}^T formed during step n and carried
-(`vla_state_bwd_chain_transfer`); else one fused loop (`vla_state_bwd`).
+(`vla_state_bwd_chain`); else one fused loop (`vla_state_bwd`).
 
 Then, with the chunk-start states S_c of the forward, the cotangents of the chunk-local inputs
 are independent per chunk: the VJP of O = Q S^T + P R, S_next = S + R^T W, R = T (V - E S^T)
@@ -51,7 +49,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (BF16, compiler_params, decay_factors, doc_masks, doc_spec,
-                                    dot, eye, finite, head_rows, iota, merge_chunks, rows_spec,
+                                    dot, finite, head_rows, iota, merge_chunks, rows_spec,
                                     split_chunks, token_rows)
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS
 
@@ -59,22 +57,6 @@ VJP_WARPS = 8   # the chunk-local VJP program: fewer spills than at 4
 
 
 # ----------------------------------------------------------------------------- kernels
-
-def transfer(w, wp, mm, rel=None, gate=None, transpose=False):
-  """The linear part of one chunk's state map S_next = S Phi + Psi: (Phi = I - W'^T W
-  [dk, dk], or Phi^T = I - W^T W' with transpose; the write rows W_e [C, dk] of
-  Psi = U'^T W_e). Packed documents: W_e = last * W (the caller zeroes S Phi for a chunk with a
-  document start, where W'^T W_e is 0 anyway: W' is zero outside the chunk's first document);
-  decays: Phi = exp(G_C) I - W'^T W_e, W_e = exp(G_C - G) W."""
-  scale = 1.0
-  if gate is not None:
-    _, _, rest, scale = decay_factors(gate)
-    w = rest * w
-  elif rel is not None:
-    w = jnp.where(doc_masks(rel)[2], w, 0.0)
-  wtw = mm(w, wp, ta=True) if transpose else mm(wp, w, ta=True)           # [dk, dk]
-  return scale * eye(w.shape[1], w.dtype) - wtw, w
-
 
 def _reverse_term(do, q, wp, p, mm, rel=None, gate=None):
   """dO^T (Q - P W') [BV, dk]: the state-independent term of one chunk's reverse step (packed
@@ -161,33 +143,6 @@ def _bwd_chain_kernel(w_ref, wp_ref, g_ref, dst_ref, *refs, C, N, precision, acc
   ds0_ref[...] = dS.astype(ds0_ref.dtype)
 
 
-def _bwd_transfer_kernel(w_ref, wp_ref, g_ref, dst_ref, *refs, C, N, precision, acc, packed,
-                         gated=False):
-  # `_bwd_chain_kernel` with the step dS <- dS Phi_n^T + G_n; Phi_{n-1}^T is formed during
-  # step n (independent of dS) and carried.
-  side_ref, dsn_ref, ds0_ref = refs if packed or gated else (None,) + refs
-  mm = functools.partial(dot, precision=precision)
-
-  def factor(n):
-    rows = pl.ds(n * C if isinstance(n, int) else pl.multiple_of(n * C, C), C)
-    w, wp = (finite(ref[rows, :].astype(acc)) for ref in (w_ref, wp_ref))
-    return transfer(w, wp, mm, *_sides(side_ref, rows, gated, acc), transpose=True)[0]
-
-  def body(i, carry):
-    dS, phi_t = carry
-    n = N - 1 - i
-    dsn_ref[n, :, :] = dS.astype(dsn_ref.dtype)
-    phi_prev = factor(jnp.maximum(n - 1, 0))
-    dS = mm(dS, phi_t)
-    if packed:
-      rows = pl.ds(pl.multiple_of(n * C, C), C)
-      dS = jnp.where(doc_masks(side_ref[rows])[3], dS, 0.0)
-    return dS + g_ref[n, :, :].astype(acc), phi_prev
-
-  dS, _ = jax.lax.fori_loop(0, N, body, (dst_ref[...].astype(acc), factor(N - 1)))
-  ds0_ref[...] = dS.astype(ds0_ref.dtype)
-
-
 def _local_vjp_kernel(q_ref, e_ref, w_ref, v_ref, do_ref, s_ref, dsn_ref, p_ref, t_ref,  # in
                       *refs, precision, acc, packed):
   # One (batch * head, chunk): q, e, w, dq, de, dw: [C, dk]; v, do, dv: [C, dv]; p, t: [C, C]
@@ -250,15 +205,13 @@ def reverse_pass(plan, dO, q, w, Wp, P, dS_T, next_dtype=None, heads=None, rel=N
         out_shape=jax.ShapeDtypeStruct((BH, N, dv, dk), acc),
         compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_terms",
     )(dO, q, Wp, P, *docs)
-    transfer_chain = plan.state_chain == "transfer"
     return pl.pallas_call(
-        functools.partial(_bwd_transfer_kernel if transfer_chain else _bwd_chain_kernel, C=C,
-                          N=N, precision=plan.state_dot, acc=acc, packed=packed, gated=gated),
+        functools.partial(_bwd_chain_kernel, C=C, N=N, precision=plan.state_dot, acc=acc,
+                          packed=packed, gated=gated),
         grid=(BH, dv // BV),
         in_specs=[k_spec, k_spec, n_spec, s_spec] + whole,
         out_specs=[n_spec, s_spec], out_shape=out_shape,
-        compiler_params=params, interpret=plan.interpret,
-        name="vla_state_bwd_chain_transfer" if transfer_chain else "vla_state_bwd_chain",
+        compiler_params=params, interpret=plan.interpret, name="vla_state_bwd_chain",
     )(w, Wp, G, dS_T, *docs)
   seq = lambda d, f=lambda b, j: 0: rows_spec(NC, d, heads, time=lambda b, j: 0, feature=f)
   return pl.pallas_call(

@@ -17,13 +17,6 @@ block of BV value rows), the state [BV, dk] carried in registers: `vla_state_fwd
 the loop; with few programs or dk = 128 (`Plan.split_output`) the loop keeps only the chain
 (`vla_state_chain`, writing every chunk-start state) and `vla_state_out` computes O in
 parallel over (batch * head, chunk), as flash-linear-attention splits its delta rule.
-With `Plan.state_chain` "transfer" the chain steps by the chunk's transfer matrix instead,
-
-    S_next = S_c Phi + Psi,   Phi = I - W'^T W [dk, dk],   Psi = U'^T W [BV, dk]
-
-(the same map; `state_backward.transfer`), Phi and Psi in the accumulation dtype and formed
-during the step before (independent of S, carried), so that each step has one dependent
-product instead of two (`vla_state_chain_transfer`).
 The backward (reverse pass and chunk-local VJPs) is `state_backward.py`.
 
 Packed documents (S restarts at 0 at every document start; `rel`, chunk-relative document
@@ -50,7 +43,7 @@ from jax.experimental import pallas as pl
 from vla_jax.kernels.common import (causal_dot, compiler_params, decay_factors, doc_masks,
                                     doc_spec, dot, rows_spec, split_chunks)
 from vla_jax.kernels.config import STATE_STAGES, STATE_WARPS, KernelConfig, compile_target
-from vla_jax.kernels.state_backward import local_vjp, reverse_pass, transfer
+from vla_jax.kernels.state_backward import local_vjp, reverse_pass
 from vla_jax.kernels.state_prep import state_prep
 from vla_jax.ops.checks import compute_dtype
 
@@ -128,33 +121,6 @@ def _chain_kernel(w_ref, up_ref, wp_ref, s0_ref, *refs, C, N, precision, acc, pa
   st_ref[...] = S.astype(st_ref.dtype)
 
 
-def _transfer_chain_kernel(w_ref, up_ref, wp_ref, s0_ref, *refs, C, N, precision, acc, packed,
-                           gated=False):
-  # `_chain_kernel` with the step S <- S Phi_n + Psi_n; Phi_{n+1}, Psi_{n+1} are formed during
-  # step n (independent of S) and carried.
-  side_ref, st_ref, sc_ref = refs if packed or gated else (None,) + refs
-  mm = functools.partial(dot, precision=precision)
-
-  def factors(n):
-    rows = pl.ds(n * C if isinstance(n, int) else pl.multiple_of(n * C, C), C)
-    phi, w = transfer(w_ref[rows, :].astype(acc), wp_ref[rows, :].astype(acc), mm,
-                      *_sides(side_ref, rows, gated, acc))
-    return phi, mm(up_ref[rows, :].astype(acc), w, ta=True)          # [dk, dk], [BV, dk]
-
-  def body(n, carry):
-    S, phi, psi = carry
-    sc_ref[n, :, :] = S.astype(sc_ref.dtype)
-    nxt = factors(jnp.minimum(n + 1, N - 1))
-    S = mm(S, phi)
-    if packed:
-      rows = pl.ds(pl.multiple_of(n * C, C), C)
-      S = jnp.where(doc_masks(side_ref[rows])[3], S, 0.0)
-    return (S + psi,) + nxt
-
-  S = jax.lax.fori_loop(0, N, body, (s0_ref[...].astype(acc),) + factors(0))[0]
-  st_ref[...] = S.astype(st_ref.dtype)
-
-
 def _out_kernel(q_ref, up_ref, wp_ref, p_ref, sc_ref, *refs, precision, acc, packed,
                 gated=False):
   # One (batch * head, chunk): q_ref, wp_ref: [C, dk]; up_ref, o_ref: [C, dv]; p_ref: [C, C];
@@ -192,16 +158,14 @@ def state_forward(plan, q, w, Up, Wp, P, S0, out_dtype, heads=None, rel=None, ga
       [], [])
   if plan.split_output:
     k_spec = pl.BlockSpec((None, NC, dk), lambda b, j: (b, 0, 0))
-    transfer_chain = plan.state_chain == "transfer"
     S_T, S_c = pl.pallas_call(
-        functools.partial(_transfer_chain_kernel if transfer_chain else _chain_kernel, C=C,
-                          N=N, precision=plan.state_dot, acc=acc, packed=packed, gated=gated),
+        functools.partial(_chain_kernel, C=C, N=N, precision=plan.state_dot, acc=acc,
+                          packed=packed, gated=gated),
         grid=(BH, dv // BV),
         in_specs=[k_spec, pl.BlockSpec((None, NC, BV), lambda b, j: (b, 0, j)), k_spec,
                   s_spec] + whole,
         out_specs=[s_spec, c_spec], out_shape=states,
-        compiler_params=params, interpret=plan.interpret,
-        name="vla_state_chain_transfer" if transfer_chain else "vla_state_chain",
+        compiler_params=params, interpret=plan.interpret, name="vla_state_chain",
     )(w, Up, Wp, S0, *whole_args)
     rows = lambda d, h=None: rows_spec(C, d, h)
     O = pl.pallas_call(

@@ -7,16 +7,11 @@ Q, V), the factors that do not depend on the chunk-start state:
     N  = strictly_lower(E W^T),   T = (I + N)^-1               [C, C] unit lower triangular
     U' = T V,   W' = T E,   P = tril(Q W^T)                      [C, dv], [C, dk], [C, C]
 
-T comes (`Plan.tril_inverse`, `KernelConfig.tril_inverse`) from block doubling on the whole
-[C, C] matrix ("doubling", the default; `common.unit_tril_inv`: log2 C rounds of
-inv <- inv - inv N_s inv), or by tiles of `common.TRIL_TILE` = 16 rows ("blocks"): N's tiles
-N_ij = E_i W_j^T (j <= i), forward substitution on each diagonal tile and merges of pairs of
-blocks, [[A, 0], [B, D]]^-1 = [[A^-1, 0], [-D^-1 B A^-1, D^-1]], at 16 -> 32 -> ... -> C
-(`common.unit_tril_inv_tiles`), then U' and W' by row blocks (`common.causal_dot_tiles`); P
-is one product either way. The state loops (`state_path.py`) then need only products.
-Products: the doubling's and the merges' at `Plan.state_factor_dot`, those that form N and
-apply T and P at `Plan.state_apply_dot` (bfloat16 operands for bfloat16 inputs at precision
-DEFAULT; the state-prep kernel 0.24 ms faster at d = 64, T = 4096).
+T comes from block doubling on the whole [C, C] matrix (`common.unit_tril_inv`: log2 C rounds
+of inv <- inv - inv N_s inv). The state loops (`state_path.py`) then need only products.
+Products: the doubling's at `Plan.state_factor_dot`, those that form N and apply T and P at
+`Plan.state_apply_dot` (bfloat16 operands for bfloat16 inputs at precision DEFAULT; the
+state-prep kernel 0.24 ms faster at d = 64, T = 4096).
 
 Packed documents (`rel`, chunk-relative document indices; `common.doc_masks`): N and P keep
 pairs of one document (T is then block diagonal), and W' only the rows of the chunk's first
@@ -32,9 +27,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (TRIL_TILE, causal_dot, causal_dot_tiles, compiler_params,
-                                    decay_factors, doc_masks, doc_spec, dot, iota, rows_spec,
-                                    unit_rows, unit_tril_inv, unit_tril_inv_tiles)
+from vla_jax.kernels.common import (causal_dot, compiler_params, decay_factors, doc_masks,
+                                    doc_spec, dot, iota, rows_spec, unit_rows, unit_tril_inv)
 from vla_jax.ops.vla.recurrence import KEY_EPS
 
 WARPS = 4     # not tuned
@@ -43,7 +37,7 @@ WARPS = 4     # not tuned
 # ----------------------------------------------------------------------------- kernel
 
 def _state_prep_kernel(e_ref, w_ref, q_ref, v_ref, *refs, C, factor_dot, apply_dot, acc,
-                       unit_keys, packed, gated, tiles):
+                       unit_keys, packed, gated):
   # e_ref, w_ref, q_ref, wp_ref: [C, dk]; v_ref, up_ref: [C, dv]; p_ref, t_ref: [C, C];
   # packed documents: rel_ref [C] first; decays: g_ref [C] (cumulative log decays) first.
   if packed or gated:
@@ -59,76 +53,20 @@ def _state_prep_kernel(e_ref, w_ref, q_ref, v_ref, *refs, C, factor_dot, apply_d
   decay, gam = (decay_factors(side_ref[...].astype(acc))[:2] if gated
                 else (1.0, None))
   W = w_ref[...].astype(acc)
-  if tiles:
-    T = _tiled_factors(e_ref, w_ref, v_ref, side_ref, up_ref, wp_ref, C=C,
-                       factor_dot=factor_dot, apply_dot=apply_dot, acc=acc,
-                       unit_keys=unit_keys, packed=packed, gated=gated)
-  else:
-    E = e_ref[...].astype(acc)
-    if unit_keys:   # raw keys read in place
-      E = unit_rows(E, KEY_EPS)
-    T = unit_tril_inv(jnp.where(strict, decay * dot(E, W, tb=True, precision=apply_dot), 0.0),
-                      factor_dot)
-    up_ref[...] = causal_dot(T, v_ref[...].astype(acc), apply_dot).astype(up_ref.dtype)
-    Wp = causal_dot(T, E if gam is None else gam * E, apply_dot)
-    if packed:
-      Wp = jnp.where(first, Wp, 0.0)
-    wp_ref[...] = Wp.astype(wp_ref.dtype)
+  E = e_ref[...].astype(acc)
+  if unit_keys:   # raw keys read in place
+    E = unit_rows(E, KEY_EPS)
+  T = unit_tril_inv(jnp.where(strict, decay * dot(E, W, tb=True, precision=apply_dot), 0.0),
+                    factor_dot)
+  up_ref[...] = causal_dot(T, v_ref[...].astype(acc), apply_dot).astype(up_ref.dtype)
+  Wp = causal_dot(T, E if gam is None else gam * E, apply_dot)
+  if packed:
+    Wp = jnp.where(first, Wp, 0.0)
+  wp_ref[...] = Wp.astype(wp_ref.dtype)
   p_ref[...] = jnp.where(lower, decay * dot(q_ref[...].astype(acc), W, tb=True,
                                              precision=apply_dot), 0.0).astype(p_ref.dtype)
-  if t_ref and tiles:   # T itself, for the state path's chunk-local VJP
-    for i, row in enumerate(T):
-      for j, t in enumerate(row):
-        t_ref[0][_rows(i), _rows(j)] = t.astype(t_ref[0].dtype)
-  elif t_ref:
+  if t_ref:   # T itself, for the state path's chunk-local VJP
     t_ref[0][...] = T.astype(t_ref[0].dtype)
-
-
-def _rows(i):
-  """Rows (or columns) of tile i of `TRIL_TILE`."""
-  return slice(TRIL_TILE * i, TRIL_TILE * (i + 1))
-
-
-def _tiled_factors(e_ref, w_ref, v_ref, side_ref, up_ref, wp_ref, *, C, factor_dot, apply_dot,
-                   acc, unit_keys, packed, gated):
-  """tril_inverse "blocks": N by tiles of `TRIL_TILE` rows (N[i][j] = E_i W_j^T, masked and
-  weighted as the whole matrix), T by `common.unit_tril_inv_tiles`, U' and W' written by row
-  blocks (`common.causal_dot_tiles`). Returns T's tiles."""
-  m = C // TRIL_TILE
-  r, c, _ = iota(TRIL_TILE)
-  E, W, V, side = [], [], [], []
-  for i in range(m):
-    e = e_ref[_rows(i), :].astype(acc)
-    E.append(unit_rows(e, KEY_EPS) if unit_keys else e)
-    W.append(w_ref[_rows(i), :].astype(acc))
-    V.append(v_ref[_rows(i), :].astype(acc))
-    if packed or gated:
-      side.append(side_ref[_rows(i)])
-  nm = []
-  for i in range(m):
-    row = []
-    for j in range(i + 1):
-      n = dot(E[i], W[j], tb=True, precision=apply_dot)
-      if gated:   # exp(G_r - G_c) <= 1 at r >= c (G is non-increasing); not formed above
-        diff = side[i].astype(acc)[:, None] - side[j].astype(acc)[None, :]
-        n = n * jnp.exp(jnp.where(r >= c, diff, 0.0) if i == j else diff)
-      if packed:
-        same = side[i][:, None] == side[j][None, :]
-        n = jnp.where(same & (r > c) if i == j else same, n, 0.0)
-      elif i == j:
-        n = jnp.where(r > c, n, 0.0)
-      row.append(n)
-    nm.append(row)
-  T = unit_tril_inv_tiles(nm, factor_dot)
-  for i, u in enumerate(causal_dot_tiles(T, V, apply_dot)):
-    up_ref[_rows(i), :] = u.astype(up_ref.dtype)
-  if gated:
-    E = [jnp.exp(g.astype(acc))[:, None] * e for g, e in zip(side, E)]
-  for i, wp in enumerate(causal_dot_tiles(T, E, apply_dot)):
-    if packed:
-      wp = jnp.where(side[i][:, None] == 0, wp, 0.0)
-    wp_ref[_rows(i), :] = wp.astype(wp_ref.dtype)
-  return T
 
 
 # ----------------------------------------------------------------------------- wrapper
@@ -162,8 +100,7 @@ def state_prep(e, w, q, v, *, plan, with_inverse=False, out_dtype=None, inverse_
   return pl.pallas_call(
       functools.partial(_state_prep_kernel, C=C, factor_dot=plan.state_factor_dot,
                         apply_dot=plan.state_apply_dot, acc=acc, unit_keys=heads is not None,
-                        packed=rel is not None, gated=gate is not None,
-                        tiles=plan.tril_inverse == "blocks"),
+                        packed=rel is not None, gated=gate is not None),
       grid=(BH, NC // C),
       in_specs=in_specs,
       out_specs=[rows(dv), rows(dk), rows(C), rows(C)][:n_out],

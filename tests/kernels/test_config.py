@@ -28,8 +28,6 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(block_v=64), 16, 32, "block_v"), (dict(precision="fast"), 16, 16, "precision"),
     (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
     (dict(block_factor="cholesky"), 16, 16, "block_factor"),
-    (dict(state_chain="fused"), 16, 16, "state_chain"),
-    (dict(tril_inverse="newton"), 16, 16, "tril_inverse"),
     (dict(start_inverse="cusolver"), 16, 16, "start_inverse"),
     (dict(penalty_layout="columns"), 16, 16, r"penalty_layout must be one of \('rows', "
                                              r"'transposed'\); got 'columns'")])
@@ -61,21 +59,6 @@ def test_default_products_follow_the_inputs():
   # The Newton block factor's products: one TF32 pass for bfloat16 and one-pass TF32 scans.
   assert bf.block_factor == "elimination" and bf.newton_dot == f32.newton_dot == TF32
   assert _plan(KernelConfig(block_factor="newton")).block_factor == "newton"
-
-
-def test_state_chain_is_the_configs():
-  """The chain step is the user's choice (default "residual"), whatever the program count."""
-  assert _plan().state_chain == "residual"
-  for BH in (1, 1024):
-    assert _plan(KernelConfig(state_chain="transfer"), BH=BH).state_chain == "transfer"
-
-
-def test_tril_inverse_is_the_configs():
-  """How the state prep forms T is the user's choice (default "doubling"), whatever the
-  dtype or the program count."""
-  assert _plan().tril_inverse == "doubling"
-  for low, BH in ((False, 1), (True, 1024)):
-    assert _plan(KernelConfig(tril_inverse="blocks"), low=low, BH=BH).tril_inverse == "blocks"
 
 
 def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():

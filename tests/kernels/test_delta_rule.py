@@ -3,9 +3,8 @@ kernels on DeltaNet's and linear attention's keys, with Gated DeltaNet's decays)
 float64 oracles: outputs, final state and the gradients of q, k, v, beta, the log decays and
 S0 (autodiff of a float64 step-by-step loop), in float32 and bfloat16, on anisotropic keys
 with a ragged tail (T not a multiple of the chunk); Gated DeltaNet also with a hard reset
-(-inf), a -1e4 decay and every form of the state loops; DeltaNet and Gated DeltaNet also with
-the state prep's tiled inverse (`KernelConfig.tril_inverse`), DeltaNet's packed documents
-with it."""
+(-inf), a -1e4 decay and every form of the state loops; DeltaNet also with packed
+documents."""
 
 import functools
 
@@ -118,22 +117,6 @@ def test_outputs_state_and_gradients_match_float64(op, dtype):
   _match_float64(op, dtype, OPS[op][0])
 
 
-# The state prep's tiled inverse (`KernelConfig.tril_inverse`) at C = 64: four tiles, merges at
-# 16 -> 32 -> 64; T = 75 is a chunk and a ragged tail (Gated DeltaNet's reset and near-reset
-# in the first chunk).
-TILED = KernelConfig(chunk_size=64, tril_inverse="blocks")
-
-
-@pytest.mark.parametrize("op, dtype", [("deltanet", jnp.float32),
-                                       ("gated_deltanet", jnp.bfloat16)])
-def test_tiled_inverse_matches_float64(op, dtype):
-  """DeltaNet and Gated DeltaNet with tril_inverse "blocks": outputs, state and gradients
-  against float64 as above (one dtype each: the state prep's float32 and bfloat16 paths are
-  shared by the two ops)."""
-  kernel = {"deltanet": deltanet_pallas, "gated_deltanet": gated_deltanet_pallas}[op]
-  _match_float64(op, dtype, functools.partial(kernel, config=TILED, interpret=INTERPRET))
-
-
 def _match_float64(op, dtype, kernel):
   """`kernel` (the op's Pallas kernel, `OPS`) in `dtype` against the float64 oracle (o, S)
   and the float64 loop's gradients, on the rounded inputs: float32 element-wise, bfloat16
@@ -169,20 +152,20 @@ def _match_float64(op, dtype, kernel):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, jnp.bfloat16], ids=["f64", "bf16"])
-def test_packed_documents_tiled_inverse(dtype):
-  """DeltaNet with packed documents and tril_inverse "blocks" (documents starting inside
-  tiles, at a tile boundary (token 16) and at the chunk boundary (token 64), a one-token
-  document): o against the oracle on each document alone (the first from S0, the others from
-  zero), the final state (the last document's), and the gradients of q, k, v, beta and S0
-  against the float64 loop that restarts S at every document start; float64 within its
-  tolerance, bfloat16 within its tolerance (gradients in norm)."""
+def test_packed_documents(dtype):
+  """DeltaNet with packed documents (documents starting inside chunks, at chunk boundaries
+  (tokens 16 and 64), a one-token document, one spanning two chunks): o against the oracle on
+  each document alone (the first from S0, the others from zero), the final state (the last
+  document's), and the gradients of q, k, v, beta and S0 against the float64 loop that
+  restarts S at every document start; float64 within its tolerance, bfloat16 within its
+  tolerance (gradients in norm)."""
   q, k, v, beta, _, S0 = _inputs(6)
   ids = np.zeros((B, T), np.int32)
   for t in (5, 16, 40, 41, 64):
     ids[:, t:] += 1
   starts = np.zeros((B, T), bool)
   starts[:, [5, 16, 40, 41, 64]] = True
-  kernel = lambda *a: deltanet_pallas(*a, segment_ids=jnp.asarray(ids), config=TILED,
+  kernel = lambda *a: deltanet_pallas(*a, segment_ids=jnp.asarray(ids), config=CONFIG,
                                       interpret=INTERPRET)
   state = np.float64 if dtype == np.float64 else np.float32
   with jax.enable_x64(dtype == np.float64):
@@ -226,20 +209,15 @@ def test_unsupported_key_width_raises():
     deltanet_pallas(x, x, x, jnp.zeros((1, 16, 2)), jnp.zeros((1, 2, 24, 24)), config=CONFIG)
 
 
-@pytest.mark.parametrize("split,chain", [(False, "residual"), (True, "residual"),
-                                         (True, "transfer")],
-                         ids=["fused_loops", "chain+parallel", "transfer_chain+parallel"])
-def test_gated_every_state_loop_form_float64(x64, monkeypatch, split, chain):
+@pytest.mark.parametrize("split", [False, True], ids=["fused_loops", "chain+parallel"])
+def test_gated_every_state_loop_form_float64(x64, monkeypatch, split):
   """Gated DeltaNet through the fused forward and reverse loops and through the chain kernels
-  (either step, `KernelConfig.state_chain`; the transfer matrix exp(G_C) I - W'^T W_e) with
-  their parallel per-chunk kernels (the plan picks by program count): float64 outputs, state
-  and gradients equal the float64 loop's."""
+  with their parallel per-chunk kernels (the plan picks by program count): float64 outputs,
+  state and gradients equal the float64 loop's."""
   monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 10 ** 6 if split else 0)
   monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 10 ** 6 if split else 0)
   args = [jnp.asarray(x) for x in _inputs(4)]
-  kernel = functools.partial(gated_deltanet_pallas,
-                             config=KernelConfig(chunk_size=C, state_chain=chain),
-                             interpret=INTERPRET)
+  kernel = functools.partial(gated_deltanet_pallas, config=CONFIG, interpret=INTERPRET)
   (o, S), grads = jax.jit(lambda *a: (kernel(*a), jax.grad(_loss(kernel, 5),
                                                            argnums=range(6))(*a)))(*args)
   (o_ref, S_ref), want = jax.jit(lambda *a: (_gated_loop(*a), jax.grad(

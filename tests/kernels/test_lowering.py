@@ -15,14 +15,13 @@ from vla_jax.kernels.lowering import abstract_h200, equations, lower_for_h200
 
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
-             segment_ids=None, block_factor="elimination", state_chain="residual",
-             start_inverse="xla", penalty_layout="rows"):
+             segment_ids=None, block_factor="elimination", start_inverse="xla",
+             penalty_layout="rows"):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
   the StableHLO."""
   B, T, H, dk, dv, C = shape
   cfg = KernelConfig(chunk_size=C, precision=precision, block_factor=block_factor,
-                     state_chain=state_chain, start_inverse=start_inverse,
-                     penalty_layout=penalty_layout)
+                     start_inverse=start_inverse, penalty_layout=penalty_layout)
   fwd = lambda *a: vla_pallas(*a, segment_ids=segment_ids, config=cfg, interpret=False)
   fn = fwd
   if grad:
@@ -176,35 +175,6 @@ def test_newton_block_factor_lowers(dtype, precision):
                                         block_factor="newton")
 
 
-def test_transfer_state_chain_lowers(dtype=jnp.bfloat16):
-  """state_chain="transfer": the transfer-matrix chains (Phi and Psi carried through the loop)
-  lower in place of the residual chains, forward and gradient, packed documents too, at
-  d = 64 and 128; Gated DeltaNet's decays too."""
-  transfer_fwd = ["vla_state_chain_transfer", "vla_state_out", "vla_state_prep"]
-  transfer_bwd = ["vla_adjoint_du", "vla_row_cotangents", "vla_state_bwd_chain_transfer",
-                  "vla_state_bwd_terms"]
-  shape = (1, 100, 2, 64, 64, 32)
-  assert _kernels(dtype, shape, state_chain="transfer") == sorted(
-      SCAN_FWD + transfer_fwd + transfer_bwd + ["vla_state_local_vjp"])
-  ids = jnp.asarray(np.arange(100).reshape(1, 100) // 23, jnp.int32)
-  assert _kernels(dtype, shape, segment_ids=ids, state_chain="transfer") == sorted(
-      ["vla_penalty_scan"] + transfer_fwd + transfer_bwd + ["vla_state_local_vjp"])
-  names = _kernels(dtype, (1, 64, 1, 128, 128, 64), state_chain="transfer")
-  assert "vla_state_chain_transfer" in names and "vla_state_bwd_chain_transfer" in names
-  from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
-      gated_deltanet_pallas)
-  cfg = KernelConfig(chunk_size=32, state_chain="transfer")
-  spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
-  args = [spec(1, 100, 2, 64), spec(1, 100, 2, 64), spec(1, 100, 2, 64),
-          spec(1, 100, 2, dt=jnp.float32), spec(1, 100, 2, dt=jnp.float32),
-          spec(1, 2, 64, 64, dt=jnp.float32)]
-  loss = lambda *a: sum(jnp.sum(x.astype(jnp.float32))
-                        for x in gated_deltanet_pallas(*a, config=cfg, interpret=False))
-  hlo = lower_for_h200(jax.grad(loss, argnums=range(6)), *args).as_text()
-  assert {"vla_state_chain_transfer", "vla_state_bwd_chain_transfer"} <= set(
-      re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo))
-
-
 @pytest.mark.parametrize("dtype,precision,d", [(jnp.bfloat16, "DEFAULT", 128),
                                                (jnp.float32, "HIGH", 16)],
                          ids=["bf16_d128", "f32_high_d16"])
@@ -232,53 +202,6 @@ def test_transposed_penalty_layout_lowers(dtype, precision, d):
             if where == "vla_penalty_scan" and e.primitive.name == "dot_general"
             and (32, 32) in (e.invars[0].aval.shape, e.invars[1].aval.shape)]
   assert square and all(lhs == (32, 32) for lhs, _ in square), square
-
-
-def _tiled_calls(dtype, d, C, precision=jax.lax.Precision.DEFAULT):
-  """(gradient of vla_pallas, of it with packed documents, of Gated DeltaNet's kernel) with
-  tril_inverse "blocks" at B = 1, T = 100, H = 2, head dim d, chunk C; and their args."""
-  from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
-      gated_deltanet_pallas)
-  cfg = KernelConfig(chunk_size=C, precision=precision, tril_inverse="blocks")
-  spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
-  state = lambda: spec(1, 2, d, d, dt=jnp.float32)
-  ids = jnp.asarray(np.arange(100).reshape(1, 100) // 23, jnp.int32)
-  total = lambda xs: sum(jnp.sum(x.astype(jnp.float32)) for x in xs)
-  grad = lambda f, n: jax.grad(lambda *a: total(f(*a)), argnums=range(n))
-  vla = lambda *a, **kw: vla_pallas(*a, config=cfg, interpret=False, **kw)
-  vla_args = [spec(1, 100, 2, d)] * 4 + [state(), state()]
-  gated_args = [spec(1, 100, 2, d)] * 3 + [spec(1, 100, 2, dt=jnp.float32)] * 2 + [state()]
-  return [(grad(vla, 6), vla_args),
-          (grad(lambda *a: vla(*a, segment_ids=ids), 6), vla_args),
-          (grad(lambda *a: gated_deltanet_pallas(*a, config=cfg, interpret=False), 6),
-           gated_args)]
-
-
-def test_tiled_tril_inverse_lowers(dtype=jnp.bfloat16):
-  """tril_inverse="blocks": the state prep with T from 16 x 16 tiles and U', W' by row blocks
-  lowers for the H200 in the gradients of vla_pallas (plain and packed documents) and of
-  Gated DeltaNet's kernel (decays), at d = 64 with C = 64 and at d = 128 with C = 128."""
-  for d, C in ((64, 64), (128, 128)):
-    for fn, args in _tiled_calls(dtype, d, C):
-      hlo = lower_for_h200(fn, *args).as_text()
-      assert "vla_state_prep" in re.findall(r'name = "(vla_[a-z_0-9]+)"', hlo)
-
-
-@pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "DEFAULT"),
-                                             (jnp.float32, "HIGH"), (jnp.float32, "HIGHEST")],
-                         ids=["bf16", "f32", "f32_high", "f32_highest"])
-def test_tiled_tril_inverse_keeps_the_state_prep_products(dtype, precision):
-  """tril_inverse="blocks" changes how T is formed, not the precision rules: every product of
-  the state-prep kernel is at the plan's state_factor_dot or state_apply_dot, the same set as
-  with the block doubling."""
-  p = getattr(jax.lax.Precision, precision)
-  plan = KernelConfig(chunk_size=64, precision=p).plan(
-      low=dtype == jnp.bfloat16, acc=jnp.float32, dk=64, dv=64, BH=2, N=2, interpret=False)
-  name = lambda x: str((x, x)) if isinstance(x, jax.lax.Precision) else str(x)
-  allowed = {name(plan.state_factor_dot), name(plan.state_apply_dot)}
-  fn, args = _tiled_calls(dtype, 64, 64, p)[0]
-  blocks = {q for where, q in _products(fn, args) if where == "vla_state_prep"}
-  assert blocks and blocks <= allowed, (blocks, allowed)
 
 
 def _products(fn, args):

@@ -22,15 +22,12 @@ def _inputs(seed, dtype=np.float64):
   return [jnp.asarray(x, dtype) for x in (q, e, w, v, S0)]
 
 
-@pytest.mark.parametrize("split,chain", [(True, "residual"), (False, "residual"),
-                                         (True, "transfer")],
-                         ids=["chain+outputs", "fused", "transfer_chain+outputs"])
-def test_forward_float64(x64, split, chain):
-  """Every forward form: the chain kernel (its residual or transfer-matrix step) plus the
-  parallel output kernel, and one loop."""
+@pytest.mark.parametrize("split", [True, False], ids=["chain+outputs", "fused"])
+def test_forward_float64(x64, split):
+  """Every forward form: the chain kernel plus the parallel output kernel, and one loop."""
   args = _inputs(0)
-  plan = plan_for(KernelConfig(chunk_size=C, state_chain=chain), np.float64, dk, dv, BH,
-                  T // C, split_output=split)
+  plan = plan_for(KernelConfig(chunk_size=C), np.float64, dk, dv, BH, T // C,
+                  split_output=split)
   o, S = jax.jit(lambda *a: planned_state_path(plan, *a, None))(*args)
   o_ref, S_ref = state_path_np(*args)
   assert_close(o, o_ref, jnp.float64, "o")
@@ -53,12 +50,11 @@ def test_token_major_q_v_and_vmap(x64):
   np.testing.assert_allclose(batched[0][:, 0], o, rtol=1e-12)
 
 
-@pytest.mark.parametrize("chain", ["residual", "transfer"])
-def test_non_finite_value_reaches_later_outputs_only(chain):
+def test_non_finite_value_reaches_later_outputs_only():
   """A NaN in v at token 21 (chunk 1 starts at 16): outputs before it unchanged, from it on
-  NaN; the final state NaN (the chain kernel, either step, at these program counts)."""
+  NaN; the final state NaN (the chain kernel at these program counts)."""
   args = _inputs(2, np.float32)
-  cfg = KernelConfig(chunk_size=C, state_chain=chain)
+  cfg = KernelConfig(chunk_size=C)
   fn = jax.jit(lambda *a: state_path(*a, config=cfg, interpret=INTERPRET))
   o, S = fn(*args)
   bad = list(args)

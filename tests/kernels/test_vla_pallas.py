@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import oracles
-from kernel_checks import (INTERPRET, TOL, anisotropic_u, assert_close, isotropic_u, rel,
+from kernel_checks import (INTERPRET, anisotropic_u, assert_close, isotropic_u, rel,
                            vla_inputs)
 from vla_jax.kernels import KernelConfig, vla_pallas
 from vla_jax.kernels import config as kernel_config
@@ -201,86 +201,6 @@ def test_bfloat16_large_penalty_gains_stay_finite():
   quarters = [rel(o[:, i:i + T // 4], want[:, i:i + T // 4]) for i in range(0, T, T // 4)]
   assert max(quarters) < 2e-2 and max(quarters) < 1.5 * min(quarters), quarters
 
-def _transfer_check(dtype, state_chain="transfer"):
-  """o, S_T, A_T and the six gradients of `vla_pallas` with `state_chain` at B = 1, H = 2,
-  T = 300 (19 chunks of 16 and a ragged tail), anisotropic u (`_config_check`), asserting
-  that the plan splits the state loops (the chains run). Returns the relative errors."""
-  B, T, H, d, C = 1, 300, 2, 16, 16
-  cfg = KernelConfig(chunk_size=C, state_chain=state_chain)
-  plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float64 if dtype == np.float64
-                  else jnp.float32, dk=d, dv=d, BH=B * H, N=-(-T // C), interpret=INTERPRET)
-  assert plan.split_output and plan.split_backward and plan.state_chain == state_chain
-  return _config_check(dtype, cfg, (B, T, H, d, d, C), seed=9)
-
-
-def _config_check(dtype, cfg, shape, seed, a0_scale=1.0):
-  """o, S_T, A_T and the six gradients of `vla_pallas` with `cfg` on anisotropic u and
-  A0 * a0_scale, against float64 on the same values (the oracle; jax.grad of impl="scan"):
-  forward within the dtype's tolerance, the gradients too (bfloat16: in norm, as the
-  element-wise u-cotangent, a difference of nearly cancelling rounded terms, errs by up to
-  1.3x its RMS at 6 of 9,600 entries at T = 300 in either chain form). Returns the relative
-  errors."""
-  B, T, H, dk, dv, C = shape
-  args = vla_inputs(seed, B, T, H, dk, dv, dtype)
-  rng = np.random.default_rng(seed)
-  args[3] = jnp.asarray(np.swapaxes(anisotropic_u(rng, B, H, T, dk), 1, 2), dtype)
-  args[5] = args[5] * a0_scale
-  o, S, A = _call(cfg)(*args)
-  w = _weights(seed + 1, B, T, H, dk, dv)
-  got = _grads(cfg)([x.astype(args[4].dtype) for x in w], *args)
-  with jax.enable_x64(True):
-    exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
-    want = oracles.vla(*exact[:4], S0=exact[4], A0=exact[5])
-    ref = _grads(None)([jnp.asarray(x, jnp.float64) for x in w], *exact)
-  errors = {}
-  for name, g, r in zip("oSA", (o, S, A), want):
-    assert_close(g, r, dtype, name)
-    errors[name] = rel(g, r)
-  for name, g, r in zip(("dq", "dk", "dv", "du", "dS0", "dA0"), got, ref):
-    if name == "dA0":
-      g, r = (0.5 * (x + np.swapaxes(x, -1, -2)) for x in map(np.asarray, (g, r)))
-    errors[name] = rel(g, r)
-    if dtype == jnp.bfloat16:
-      assert errors[name] < TOL["bfloat16"], (name, errors[name])
-    else:
-      assert_close(g, r, dtype, name)
-  return errors
-
-
-def test_transfer_state_chain_float64(x64):
-  """KernelConfig(state_chain="transfer"): the state chains step S <- S Phi + Psi (reverse
-  dS <- dS Phi^T + G), forward and gradients against float64 (`_transfer_check`)."""
-  _transfer_check(np.float64)
-
-
-def test_transfer_state_chain_bfloat16(dtype=jnp.bfloat16):
-  """The same for bfloat16 inputs (float32 states; Phi and Psi float32), within bfloat16's
-  tolerance of float64 (float32 inputs take the same float32 chain as float64 ones)."""
-  _transfer_check(dtype)
-
-
-# The tiled inverse (`KernelConfig.tril_inverse`): C = 64 (four tiles, merges at 16 -> 32 ->
-# 64), T = 150 (two chunks and a ragged tail), A0 scaled by 4 (write directions a_t of norm
-# up to 6: the chunks' T have entries up to 4e3 (seed 20) and 3e5 (seed 21), cond(I + N) up
-# to 4e5 and 2e7).
-TILED_SHAPE, TILED_A0 = (1, 150, 2, 16, 16, 64), 4.0
-
-
-def test_tiled_inverse_float64(x64):
-  """KernelConfig(tril_inverse="blocks"): T from 16 x 16 tiles in the state prep; forward and
-  gradients against float64 (`_config_check`)."""
-  cfg = KernelConfig(chunk_size=TILED_SHAPE[-1], tril_inverse="blocks")
-  _config_check(np.float64, cfg, TILED_SHAPE, seed=20, a0_scale=TILED_A0)
-
-
-def test_tiled_inverse_bfloat16():
-  """The same for bfloat16 inputs (float32 states) within bfloat16's tolerance of float64
-  (float32 inputs: the state prep's own tests, test_state_prep.py, and DeltaNet's in
-  test_delta_rule.py, on the same kernel)."""
-  C = TILED_SHAPE[-1]
-  _config_check(jnp.bfloat16, KernelConfig(chunk_size=C, tril_inverse="blocks"), TILED_SHAPE,
-                seed=21, a0_scale=TILED_A0)
-
 
 @functools.cache
 def _grads_before(config, t):
@@ -406,14 +326,14 @@ def _packed_scan(ids):
   return run
 
 
-def _packed_check(seed, shape, dtype, state_chain="residual", u_norm=None):
+def _packed_check(seed, shape, dtype, u_norm=None):
   """Forward against the documents alone and the six gradients against jax.grad of
   impl="scan" on the packed rows (float64, on the inputs' values); returns the relative
   errors. u_norm: `_packed_inputs`."""
   B, T, H, dk, dv, C = shape
   ids = _packed_ids(seed, B, T, C)
   args = _packed_inputs(seed, B, T, H, dk, dv, dtype, u_norm)
-  cfg = KernelConfig(chunk_size=C, state_chain=state_chain)
+  cfg = KernelConfig(chunk_size=C)
   run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
   o, S, A = jax.jit(run)(*args)
   chex.assert_type(o, dtype)
@@ -437,19 +357,17 @@ def _packed_check(seed, shape, dtype, state_chain="residual", u_norm=None):
   return errors
 
 
-@pytest.mark.parametrize("forms", ["split", "fused", "transfer"])
+@pytest.mark.parametrize("forms", ["split", "fused"])
 def test_packed_documents_float64(x64, monkeypatch, forms):
   """segment_ids: S and A restart at every document start (inside chunks, at chunk
   boundaries, several in one chunk); outputs, final state and all six gradients exact in
   float64. "fused": the single-loop state passes and the XLA chunk-local VJP (what the plan
-  selects at GPU program counts and at head dim 128); "transfer": the split forms with
-  state_chain "transfer" (S Phi dropped in a chunk where a document starts)."""
+  selects at GPU program counts and at head dim 128)."""
   if forms == "fused":
     monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 0)
     monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 0)
     monkeypatch.setattr(kernel_config, "FUSED_VJP_F32_UP_TO", 0)
-  _packed_check(10, SHAPES[0], np.float64,
-                "transfer" if forms == "transfer" else "residual")
+  _packed_check(10, SHAPES[0], np.float64)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])

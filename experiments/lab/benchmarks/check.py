@@ -225,8 +225,8 @@ def _reference_fns(chunk):
 
 # The `KernelConfig` options a check runs with (check_kernels.py's flags of the same names)
 # and their defaults; every VLA row records all of them (the report's row key holds them).
-OPTION_DEFAULTS = {"block_factor": "elimination", "state_chain": "residual",
-                   "tril_inverse": "doubling", "start_inverse": "xla", "penalty_layout": "rows"}
+OPTION_DEFAULTS = {"block_factor": "elimination", "start_inverse": "xla",
+                   "penalty_layout": "rows"}
 
 
 def kernel_options(options):
@@ -272,7 +272,7 @@ def reference(qkvu, S0, wo, chunk, ids=None):
 def check(case, interpret=None, fallback=False, **options):
   """One row: the case, its errors against float64, bound, status ("ok" or "fail");
   `vla_pallas` with the `KernelConfig` options (`OPTION_DEFAULTS`: block_factor,
-  state_chain, ...); with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
+  start_inverse, ...); with fallback, also "newton_fallback" (`newton_fallback_rate`; None for
   packed documents)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   options = kernel_options(options)

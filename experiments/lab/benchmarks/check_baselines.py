@@ -8,9 +8,7 @@ sum of them with respect to q, k, v, beta, the log decay, compared with impl="ch
 float64 on the same inputs (for bfloat16 inputs, on their bfloat16 values). Relative
 Frobenius errors, each reported, against `check.BOUNDS` by (dtype, precision). One row per
 case (pass "check", with "op" naming the baseline). The kernels run through the ops
-(impl="pallas"), or, with a `KernelConfig.tril_inverse` other than the default, called
-themselves with it (`vla_jax.kernels.delta_rule`, S0 = 0, linear attention's keys and queries
-through the ops' default feature map).
+(impl="pallas").
 """
 
 import dataclasses
@@ -82,12 +80,9 @@ def inputs(case, seed=0):
   return (q.astype(dtype), k.astype(dtype), v.astype(dtype), beta, log_decay), wo
 
 
-def _runner(op, impl, chunk, precision, tril_inverse="doubling"):
-  """(q, k, v, beta, log_decay, ids) -> (o, S) of `op` (impl "kernel": its Pallas kernel
-  with `KernelConfig.tril_inverse`)."""
+def _runner(op, impl, chunk, precision):
+  """(q, k, v, beta, log_decay, ids) -> (o, S) of `op`."""
   import vla_jax  # pylint: disable=import-outside-toplevel
-  if impl == "kernel":
-    return _kernel_runner(op, chunk, precision, tril_inverse)
   kw = {"impl": impl, "chunk_size": chunk, "precision": precision}
 
   def run(q, k, v, beta, log_decay, ids):
@@ -97,26 +92,6 @@ def _runner(op, impl, chunk, precision, tril_inverse="doubling"):
       return vla_jax.gated_deltanet(q, k, v, beta, log_decay, **kw)
     o, state = vla_jax.linear_attention(q, k, v, normalize=False, segment_ids=ids, **kw)
     return o, state.S
-  return run
-
-
-def _kernel_runner(op, chunk, precision, tril_inverse):
-  """(q, k, v, beta, log_decay, ids) -> (o, S) of `op`'s Pallas kernel itself."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels import delta_rule  # pylint: disable=import-outside-toplevel
-  from vla_jax.ops.baselines import elu_plus_one  # pylint: disable=import-outside-toplevel
-  kw = {"config": KernelConfig(chunk_size=chunk, precision=precision,
-                               tril_inverse=tril_inverse)}
-
-  def run(q, k, v, beta, log_decay, ids):
-    S0 = jnp.zeros((q.shape[0], q.shape[2], v.shape[-1], q.shape[-1]), jnp.float32)
-    if op == "deltanet":
-      return delta_rule.deltanet_pallas(q, k, v, beta, S0, segment_ids=ids, **kw)
-    if op == "gated_deltanet":
-      return delta_rule.gated_deltanet_pallas(q, k, v, beta, log_decay, S0, **kw)
-    phi = lambda x: elu_plus_one(x.astype(jnp.float32)).astype(x.dtype)   # as the op
-    return delta_rule.linear_attention_pallas(phi(q), phi(k), v, S0, segment_ids=ids, **kw)
   return run
 
 
@@ -130,24 +105,23 @@ def _loss(run):
 
 
 @functools.cache
-def _fns(op, impl, chunk, precision, tril_inverse="doubling"):
+def _fns(op, impl, chunk, precision):
   """Jitted forward and gradients (q, k, v, beta, log_decay) of `op` (compiled once a shape)."""
   import jax  # pylint: disable=import-outside-toplevel
-  run = _runner(op, impl, chunk, precision, tril_inverse)
+  run = _runner(op, impl, chunk, precision)
   return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
 
 
-def check_case(case, tril_inverse="doubling"):
-  """One row: the case, its errors against float64, bound, status ("ok" or "fail"); the
-  kernel with `KernelConfig.tril_inverse` (module docstring)."""
+def check_case(case):
+  """One row: the case, its errors against float64, bound, status ("ok" or "fail") (module
+  docstring)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   t0 = time.perf_counter()
   xs, wo = inputs(case)
   ids = check.segment_ids(case)
   ids = None if ids is None else jnp.asarray(ids)
-  fwd, grad = _fns(case.op, "pallas" if tril_inverse == "doubling" else "kernel", case.chunk,
-                   getattr(jax.lax.Precision, case.precision), tril_inverse)
+  fwd, grad = _fns(case.op, "pallas", case.chunk, getattr(jax.lax.Precision, case.precision))
   out, grads = fwd(*xs, ids), grad(*xs, ids, wo)
   with jax.enable_x64(True):
     xs64 = [jnp.asarray(np.asarray(x.astype(jnp.float32), np.float64)) for x in xs]
@@ -163,7 +137,6 @@ def check_case(case, tril_inverse="doubling"):
   b = check.BOUNDS.get((case.dtype, case.precision), 3e-2)
   ok = finite and max(errors.values()) <= b
   return {**dataclasses.asdict(case), "impl": "pallas", "pass": "check", "u": None,
-          "tril_inverse": tril_inverse, "errors": errors, "bound": b,
-          "status": "ok" if ok else "fail",
+          "errors": errors, "bound": b, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
           "seconds": round(time.perf_counter() - t0, 1)}

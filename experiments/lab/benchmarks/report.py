@@ -37,7 +37,7 @@ def label(row):
 
 
 KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u", "packed", "lam0",
-       "block_factor", "state_chain", "tril_inverse", "start_inverse", "penalty_layout")
+       "block_factor", "start_inverse", "penalty_layout")
 
 
 def header_time(path):

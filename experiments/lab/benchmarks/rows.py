@@ -15,13 +15,6 @@ Not in the default suite (--rows selects them):
                      `vla_pallas` itself (S0 = 0, A0 = I; no op wrapper) with
                      `KernelConfig.block_factor` "elimination" or "newton": the penalty scan's
                      two block factors, timed in one run
-  vla_kernel_chain_residual, vla_kernel_chain_transfer
-                     the same with `KernelConfig.state_chain` "residual" or "transfer": the
-                     state chains' two steps (they run where the plan splits the state loops:
-                     few programs, e.g. B = 1 at long T, or d = 128)
-  vla_kernel_tril_doubling, vla_kernel_tril_blocks
-                     the same with `KernelConfig.tril_inverse` "doubling" or "blocks": the
-                     state prep's two ways to form each chunk's (I + N)^-1
   vla_kernel_start_xla, vla_kernel_start_tiles
                      the same with `KernelConfig.start_inverse` "xla" or "tiles": the
                      segment starts at d = 128 in XLA or in the kernels (at d = 64 both run
@@ -32,11 +25,6 @@ Not in the default suite (--rows selects them):
                      penalty scan's products on the block's rows or transposed (head dim on
                      the M side, the carried A the left operand), and the u-cotangent
                      kernel's E or F = E + E^T
-  deltanet_kernel_tril_doubling, deltanet_kernel_tril_blocks,
-  gated_deltanet_kernel_tril_doubling, gated_deltanet_kernel_tril_blocks
-                     `deltanet_pallas` / `gated_deltanet_pallas` themselves (S0 = 0; no op
-                     wrapper), inputs as deltanet_pallas / gated_deltanet_pallas, with
-                     `KernelConfig.tril_inverse` "doubling" or "blocks"
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -73,14 +61,9 @@ class RowSpec:
   default: bool = True    # in the suite behind BENCHMARKS.md
 
 
-# The `KernelConfig` options of the <op>_kernel_* rows, by impl (VLA takes every one;
-# DeltaNet's and Gated DeltaNet's kernels the kernel_tril_* ones).
+# The `KernelConfig` options of the vla_kernel_* rows, by impl.
 KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_newton": {"block_factor": "newton"},
-                  "kernel_chain_residual": {"state_chain": "residual"},
-                  "kernel_chain_transfer": {"state_chain": "transfer"},
-                  "kernel_tril_doubling": {"tril_inverse": "doubling"},
-                  "kernel_tril_blocks": {"tril_inverse": "blocks"},
                   "kernel_start_xla": {"start_inverse": "xla"},
                   "kernel_start_tiles": {"start_inverse": "tiles"},
                   "kernel_penalty_rows": {"penalty_layout": "rows"},
@@ -89,9 +72,8 @@ KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
              RowSpec("fla_delta_rule", "deltanet", "fla_chunk_delta_rule", "torch"),
-             *(RowSpec(f"{op}_{impl}", op, impl, "jax", default=False)
-               for op in ("vla", "deltanet", "gated_deltanet") for impl in KERNEL_OPTIONS
-               if op == "vla" or impl.startswith("kernel_tril_")),
+             *(RowSpec(f"vla_{impl}", "vla", impl, "jax", default=False)
+               for impl in KERNEL_OPTIONS),
              RowSpec("state_path_triton", "state_path", "triton", "jax", default=False),
              RowSpec("deltanet_pallas", "deltanet", "pallas", "jax", default=False),
              RowSpec("gated_deltanet_pallas", "gated_deltanet", "pallas", "jax", default=False),
@@ -178,21 +160,6 @@ def _vla_kernel(chunk, options):
   return fwd
 
 
-def _delta_kernel(op, chunk, options):
-  """(q, k, v, beta[, log_decay]) -> o of `deltanet_pallas` or `gated_deltanet_pallas` with
-  the `KernelConfig` options (S0 = 0)."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  # pylint: disable-next=import-outside-toplevel
-  from vla_jax.kernels.delta_rule import deltanet_pallas, gated_deltanet_pallas
-  cfg = KernelConfig(chunk_size=chunk, **options)
-  zero = lambda q, v: jnp.zeros((q.shape[0], q.shape[2], v.shape[-1], q.shape[-1]), jnp.float32)
-  if op == "deltanet":
-    return lambda q, k, v, beta: deltanet_pallas(q, k, v, beta, zero(q, v), config=cfg)[0]
-  return lambda q, k, v, beta, g: gated_deltanet_pallas(q, k, v, beta, g, zero(q, v),
-                                                        config=cfg)[0]
-
-
 def jax_function(op, impl, pass_, chunk=CHUNK):
   """The function one JAX row times: fn(*inputs) -> o, or (o, cotangents)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -202,8 +169,6 @@ def jax_function(op, impl, pass_, chunk=CHUNK):
     fwd, n = _vla_kernel(chunk, KERNEL_OPTIONS[impl]), 4
   elif op == "vla":
     fwd, n = (lambda q, k, v, u: vla_recurrence(q, k, v, u, impl=impl, chunk_size=chunk)[0]), 4
-  elif op in ("deltanet", "gated_deltanet") and impl in KERNEL_OPTIONS:
-    fwd, n = _delta_kernel(op, chunk, KERNEL_OPTIONS[impl]), 4 if op == "deltanet" else 5
   elif op == "state_path":
     fwd, n = _state_path(chunk), 4
   elif op == "deltanet":

@@ -64,45 +64,6 @@ def test_state_path_family():
   assert err < 1e-2, err
 
 
-def test_state_chain_families():
-  """vla_kernel_chain_residual and vla_kernel_chain_transfer: outside the default suite; each
-  traces forward and forward + backward with its `KernelConfig.state_chain` (its chain
-  kernels, and not the other's, in the program; B = 1: the plan splits the state loops)."""
-  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
-  chains = {"vla_kernel_chain_residual": ("vla_state_chain", "vla_state_bwd_chain"),
-            "vla_kernel_chain_transfer": ("vla_state_chain_transfer",
-                                          "vla_state_bwd_chain_transfer")}
-  assert not set(chains) & set(rows.DEFAULT_ROWS) and set(chains) <= set(rows.BY_KEY)
-  every = {n for names in chains.values() for n in names}
-  for key, (fwd_chain, bwd_chain) in chains.items():
-    spec = rows.BY_KEY[key]
-    for pass_ in rows.PASSES:
-      args = rows.abstract_inputs(spec.op, 1, 64, 2, 16, jnp.float32, pass_ != "fwd")
-      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_, chunk=16))(*args)
-      kernels = {where for where, _ in equations(jaxpr)} & every
-      assert kernels == ({fwd_chain} if pass_ == "fwd" else {fwd_chain, bwd_chain}), (
-          key, pass_, kernels)
-
-
-def test_tril_inverse_families():
-  """The *_kernel_tril_doubling and *_kernel_tril_blocks rows (VLA, DeltaNet, Gated DeltaNet):
-  outside the default suite; each traces forward and forward + backward, its state prep
-  forming T its own way (at C = 16 the tiles take 4 products in vla_state_prep, the doubling
-  10)."""
-  from vla_jax.kernels.lowering import equations  # pylint: disable=import-outside-toplevel
-  keys = [f"{op}_kernel_tril_{form}" for op in ("vla", "deltanet", "gated_deltanet")
-          for form in ("doubling", "blocks")]
-  assert not set(keys) & set(rows.DEFAULT_ROWS) and set(keys) <= set(rows.BY_KEY)
-  for key in keys:
-    spec = rows.BY_KEY[key]
-    for pass_ in rows.PASSES:
-      args = rows.abstract_inputs(spec.op, 1, 64, 2, 16, jnp.float32, pass_ != "fwd")
-      jaxpr = jax.make_jaxpr(rows.jax_function(spec.op, spec.impl, pass_, chunk=16))(*args)
-      products = sum(e.primitive.name == "dot_general" for where, e in equations(jaxpr)
-                     if where == "vla_state_prep")
-      assert products == (4 if key.endswith("blocks") else 10), (key, pass_, products)
-
-
 def test_start_inverse_families():
   """vla_kernel_start_xla and vla_kernel_start_tiles: outside the default suite; each traces
   forward and forward + backward at d = 128 (B = 1, two penalty-scan segments), the segment
@@ -141,10 +102,10 @@ def test_penalty_layout_families():
 
 def test_check_names_the_known_kernel_options():
   """`check.check`, `drift` and `long_run` take the `KernelConfig` options as keywords
-  (check_kernels' smoke run in tests/experiments/test_benchmarks.py passes all four and reads
+  (check_kernels' smoke run in tests/experiments/test_benchmarks.py passes each and reads
   them back from the rows); an unknown one is an error that names the known ones."""
-  assert check.kernel_options({"state_chain": "transfer"}) == {
-      **check.OPTION_DEFAULTS, "state_chain": "transfer"}
+  assert check.kernel_options({"start_inverse": "tiles"}) == {
+      **check.OPTION_DEFAULTS, "start_inverse": "tiles"}
   for run in (lambda: check.check(check.smoke_cases()[0], interpret=True, layout="rows"),
               lambda: check.drift(check.smoke_drift_cases()[0], interpret=True, layout="rows")):
     with pytest.raises(ValueError, match="unknown KernelConfig options \\['layout'\\]"):
