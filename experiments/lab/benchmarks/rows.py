@@ -25,6 +25,9 @@ Not in the default suite (--rows selects them):
                      penalty scan's products on the block's rows or transposed (head dim on
                      the M side, the carried A the left operand), and the u-cotangent
                      kernel's E or F = E + E^T
+  vla_kernel_combined
+                     the same with the three options above that are not the defaults
+                     together (newton, transposed, tiles)
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -67,7 +70,9 @@ KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_start_xla": {"start_inverse": "xla"},
                   "kernel_start_tiles": {"start_inverse": "tiles"},
                   "kernel_penalty_rows": {"penalty_layout": "rows"},
-                  "kernel_penalty_transposed": {"penalty_layout": "transposed"}}
+                  "kernel_penalty_transposed": {"penalty_layout": "transposed"},
+                  "kernel_combined": {"block_factor": "newton", "penalty_layout": "transposed",
+                                      "start_inverse": "tiles"}}
 
 CATALOGUE = (RowSpec("vla_pallas", "vla", "pallas", "jax"),
              RowSpec("attn_cudnn", "softmax_attention", "cudnn", "jax"),
