@@ -51,15 +51,24 @@ def _scan(q, k, v, u, S0, A0):
   return o, st.S, st.A
 
 
-def _jit_grads(config):
-  """The gradients of `_loss(w, *args)` in the six inputs: vla_pallas with `config`, or the
-  reference impl="scan" for None."""
-  fn = _scan if config is None else (
-      lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET))
-  return jax.jit(jax.grad(_loss(fn), argnums=range(1, 7)))
+# The reference: the gradients of `_loss(w, *args)` in the six inputs, impl="scan".
+_scan_grads = jax.jit(jax.grad(_loss(_scan), argnums=range(1, 7)))
 
 
-_grads = functools.cache(_jit_grads)
+def _with_grads(fn):
+  """jit of (w, *args) -> (fn(*args), the gradients of `_loss(fn)(w, *args)` in the six
+  inputs): the forward and the gradient in one program, in which XLA:CPU compiles the kernels
+  they share once."""
+  grad = jax.grad(_loss(fn), argnums=range(1, 7))
+  return jax.jit(lambda w, *a: (fn(*a), grad(w, *a)))
+
+
+def _jit_run(config):
+  """`_with_grads` of vla_pallas with `config`."""
+  return _with_grads(lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET))
+
+
+_run = functools.cache(_jit_run)
 
 
 def _sym(x):
@@ -73,13 +82,13 @@ def test_forward_and_gradients_float64(x64, shape):
   B, T, H, dk, dv, C = shape
   args = vla_inputs(0, B, T, H, dk, dv)
   cfg = KernelConfig(chunk_size=C)
-  o, S, A = _call(cfg)(*args)
+  w = _weights(1, B, T, H, dk, dv)
+  (o, S, A), got = _run(cfg)(w, *args)
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
   chex.assert_shape(o, (B, T, H, dv))
-  for name, got, ref in zip("oSA", (o, S, A), want):
-    assert_close(got, ref, jnp.float64, name)
-  w = _weights(1, B, T, H, dk, dv)
-  got, ref = _grads(cfg)(w, *args), _grads(None)(w, *args)
+  for name, g, ref in zip("oSA", (o, S, A), want):
+    assert_close(g, ref, jnp.float64, name)
+  ref = _scan_grads(w, *args)
   for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)
@@ -111,12 +120,12 @@ def test_fused_state_loops_float64(x64, monkeypatch):
   plan = cfg.plan(low=False, acc=jnp.float64, dk=dk, dv=dv, BH=B * H, N=3, interpret=True)
   assert not plan.split_output and not plan.split_backward
   # Traced here, with the split forms off (not the cached programs of this configuration).
-  o, S, A = _jit_call(cfg)(*args)
-  want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
-  for name, got, ref in zip("oSA", (o, S, A), want):
-    assert_close(got, ref, jnp.float64, name)
   w = _weights(4, B, T, H, dk, dv)
-  got, ref = _jit_grads(cfg)(w, *args), _grads(None)(w, *args)
+  (o, S, A), got = _jit_run(cfg)(w, *args)
+  want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
+  for name, g, ref in zip("oSA", (o, S, A), want):
+    assert_close(g, ref, jnp.float64, name)
+  ref = _scan_grads(w, *args)
   for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)
@@ -203,10 +212,12 @@ def test_bfloat16_large_penalty_gains_stay_finite():
 
 
 @functools.cache
-def _grads_before(config, t):
-  """The gradients in the six inputs of sum(wo * o[:, :t]), jitted."""
-  loss = lambda wo, *a: jnp.sum(wo * vla_pallas(*a, config=config, interpret=INTERPRET)[0][:, :t])
-  return jax.jit(jax.grad(loss, argnums=range(1, 7)))
+def _outputs_and_grads_before(config, t):
+  """jit of (wo, *args) -> ((o, S_T, A_T), the gradients in the six inputs of
+  sum(wo * o[:, :t])): one program."""
+  fn = lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET)
+  grad = jax.grad(lambda wo, *a: jnp.sum(wo * fn(*a)[0][:, :t]), argnums=range(1, 7))
+  return jax.jit(lambda wo, *a: (fn(*a), grad(wo, *a)))
 
 
 @pytest.mark.parametrize("bad", ["k", "v", "u", "q"])
@@ -218,18 +229,16 @@ def test_non_finite_input_stays_later(bad):
   t = 21                                        # chunk 1 holds tokens 16..31
   args = vla_inputs(6, B, T, H, dk, dv, np.float32)
   cfg = KernelConfig(chunk_size=C)
-  fwd = _call(cfg)
+  run = _outputs_and_grads_before(cfg, t)
   which = "qkvu".index(bad)
   nan_args = list(args)
   nan_args[which] = nan_args[which].at[:, t, :, 0].set(jnp.nan)
-  clean, poisoned = fwd(*args), fwd(*nan_args)
+  wo = jnp.asarray(np.random.default_rng(7).standard_normal((B, t, H, dv)), jnp.float32)
+  (clean, g_clean), (poisoned, g_nan) = run(wo, *args), run(wo, *nan_args)
   np.testing.assert_array_equal(poisoned[0][:, :t], clean[0][:, :t])
   later = poisoned[0][:, t] if bad == "q" else poisoned[0][:, t:]
   assert not np.isfinite(np.asarray(later)).all()
   assert np.isfinite(np.asarray(poisoned[0][:, t + 1:])).all() == (bad == "q")
-  wo = jnp.asarray(np.random.default_rng(7).standard_normal((B, t, H, dv)), jnp.float32)
-  grad = _grads_before(cfg, t)
-  g_clean, g_nan = grad(wo, *args), grad(wo, *nan_args)
   for name, gc, gn in zip(("q", "k", "v", "u", "S0", "A0"), g_clean, g_nan):
     gc, gn = (np.asarray(x) for x in (gc, gn))
     if gc.ndim == 4:       # per token: before t
@@ -257,14 +266,13 @@ def test_impl_pallas_value_width_plus_one(x64):
                            lam0=LAM0, segment_ids=ids)
     return o, st.S, st.A
 
-  got, ref = (jax.jit(functools.partial(run, impl))(*args) for impl in ("pallas", "scan"))
+  w = _weights(6, B, T, H, dk, dv)
+  (got, grads), (ref, ref_grads) = (_with_grads(functools.partial(run, impl))(w, *args)
+                                    for impl in ("pallas", "scan"))
   chex.assert_shape(got[0], (B, T, H, dv))
   for name, g, r in zip("oSA", got, ref):
     assert_close(g, r, jnp.float64, name)
-  w = _weights(6, B, T, H, dk, dv)
-  grads = [jax.jit(jax.grad(_loss(functools.partial(run, impl)), argnums=range(1, 7)))(w, *args)
-           for impl in ("pallas", "scan")]
-  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), *grads):
+  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), grads, ref_grads):
     if name == "A0":
       g, r = _sym(g), _sym(r)
     assert_close(g, r, jnp.float64, "d" + name)
@@ -335,16 +343,15 @@ def _packed_check(seed, shape, dtype, u_norm=None):
   args = _packed_inputs(seed, B, T, H, dk, dv, dtype, u_norm)
   cfg = KernelConfig(chunk_size=C)
   run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
-  o, S, A = jax.jit(run)(*args)
-  chex.assert_type(o, dtype)
-  errors = {}
-  for name, got, ref in zip("oSA", (o, S, A), _documents_alone(ids, *args)):
-    assert_close(got, ref, dtype, name)
-    errors[name] = rel(got, ref)
   rng = np.random.default_rng(seed + 1)
   w = [rng.standard_normal(s) for s in ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk))]
   state = np.float64 if dtype == np.float64 else np.float32
-  got = jax.jit(jax.grad(_loss(run), argnums=range(1, 7)))([x.astype(state) for x in w], *args)
+  (o, S, A), got = _with_grads(run)([x.astype(state) for x in w], *args)
+  chex.assert_type(o, dtype)
+  errors = {}
+  for name, g, ref in zip("oSA", (o, S, A), _documents_alone(ids, *args)):
+    assert_close(g, ref, dtype, name)
+    errors[name] = rel(g, ref)
   with jax.enable_x64(True):
     exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
     ref = jax.jit(jax.grad(_loss(_packed_scan(ids)), argnums=range(1, 7)))(

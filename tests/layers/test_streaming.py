@@ -32,69 +32,91 @@ MODEL_MIXERS = [MIXERS[i] for i in (0, 4, 6, 7, 8)]
 MODEL_IDS = [IDS[i] for i in (0, 4, 6, 7, 8)]
 
 
-# A mixer's or a model's forward pass, prefill and step, each jitted: one compiled program per
-# configuration (every step has the same shapes) rather than one eager dispatch, and one small
-# compilation, per operation and token. The bounds checks that need concrete values run
-# eagerly in test_streaming_errors.
+# Mixers' or models' forward passes, prefills and steps, each jitted over a list of modules:
+# one compiled program per list (every step has the same shapes) rather than one eager
+# dispatch, and one small compilation, per operation and token, or one program per module
+# (XLA:CPU compiles the kernels that the modules share once a program). The bounds checks
+# that need concrete values run eagerly in test_streaming_errors.
 @nnx.jit
-def forward(module, x):
-  return module(x)
-
-
-@nnx.jit
-def prefill(module, x, cache):
-  return module.prefill(x, cache)
+def forward(modules, x):
+  return [m(x) for m in modules]
 
 
 @nnx.jit
-def step(module, x_t, cache):
-  return module.step(x_t, cache)
+def prefill(modules, x, caches):
+  return [m.prefill(x, cache) for m, cache in zip(modules, caches)]
 
 
-def stream(module, x, prompt_len):
-  """prefill(x[:, :P]) then one step per token of x [B, T, ...]: (outputs [B, T, ...] of the
-  mixer, or logits of the model, the cache after the last token)."""
-  cache = module.init_cache(x.shape[0], x.shape[1])
-  y, cache = prefill(module, x[:, :prompt_len], cache)
-  ys = [y]
+@nnx.jit
+def step(modules, x_t, caches):
+  return [m.step(x_t, cache) for m, cache in zip(modules, caches)]
+
+
+def stream(modules, x, prompt_len):
+  """prefill(x[:, :P]) then one step per token of x [B, T, ...], for each module of a list:
+  [(outputs [B, T, ...] of the mixer, or logits of the model, the cache after the last
+  token)]."""
+  caches = [m.init_cache(x.shape[0], x.shape[1]) for m in modules]
+  ys, caches = zip(*prefill(modules, x[:, :prompt_len], caches))
+  ys = [[y] for y in ys]
   for t in range(prompt_len, x.shape[1]):
-    y_t, cache = step(module, x[:, t], cache)
-    ys.append(y_t[:, None])
-  return jnp.concatenate(ys, axis=1), cache
+    steps, caches = zip(*step(modules, x[:, t], list(caches)))
+    for y, y_t in zip(ys, steps):
+      y.append(y_t[:, None])
+  return [(jnp.concatenate(y, axis=1), cache) for y, cache in zip(ys, caches)]
 
 
-@pytest.mark.parametrize("name,options", MIXERS, ids=IDS)
-def test_mixer_stream_equals_forward_float64(x64, name, options):
-  mixer = make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
-                     dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
-  x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
+@pytest.fixture(scope="module")
+def mixer_streams():
+  """(the float64 mixers of MIXERS, x, each one's streamed outputs): every mixer streamed by
+  one prefill program and one step program."""
+  with jax.enable_x64(True):
+    mixers = [make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
+                         dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
+              for name, options in MIXERS]
+    x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
+    return mixers, x, [y for y, _ in stream(mixers, x, PROMPT)]
+
+
+@pytest.mark.parametrize("case", range(len(MIXERS)), ids=IDS)
+def test_mixer_stream_equals_forward_float64(x64, mixer_streams, case):
+  mixers, x, streamed = mixer_streams
   # The full pass: the float64 oracle's (the layer's own forward equals it, test_layers).
-  full, (streamed, _) = oracles.mixer(mixer, x), stream(mixer, x, PROMPT)
+  full = oracles.mixer(mixers[case], x)
   # jax's attention keeps its softmax in float32 even for float64 inputs.
-  tol = 1e-6 if name == "softmax" else 1e-10
-  np.testing.assert_allclose(streamed, full, rtol=tol, atol=tol)
+  tol = 1e-6 if MIXERS[case][0] == "softmax" else 1e-10
+  np.testing.assert_allclose(streamed[case], full, rtol=tol, atol=tol)
 
 
 def test_model_mixers_are_every_mixer():
   assert sorted(name for name, _ in MODEL_MIXERS) == sorted(ALL_MIXERS)
 
 
-@pytest.mark.parametrize("name,options", MODEL_MIXERS, ids=MODEL_IDS)
-def test_model_stream_equals_forward_float32(name, options):
+@pytest.fixture(scope="module")
+def model_streams():
+  """(the models of MODEL_MIXERS, their logits on tokens, on tokens changed after position
+  12, their streams [(logits, cache)]): one forward program (run twice), one prefill program
+  and one step program for every model."""
+  models = [LanguageModel(ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL,
+                                      num_heads=HEADS, chunk_size=16, mixer_options=options),
+                          rngs=nnx.Rngs(3)) for name, options in MODEL_MIXERS]
+  tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
+  full = forward(models, tokens)
+  changed = forward(models, tokens.at[:, 12:].set((tokens[:, 12:] + 1) % 23))
+  return models, full, changed, stream(models, tokens, PROMPT)
+
+
+@pytest.mark.parametrize("case", range(len(MODEL_MIXERS)), ids=MODEL_IDS)
+def test_model_stream_equals_forward_float32(model_streams, case):
   """The model of every mixer (two blocks) builds and jits, is causal (tokens changed after
   position 12 change no earlier logit: the same program), and streams."""
-  config = ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL, num_heads=HEADS,
-                       chunk_size=16, mixer_options=options)
-  model = LanguageModel(config, rngs=nnx.Rngs(3))
+  model, full, changed, streams = (x[case] for x in model_streams)
   assert len(model.blocks) == 2
-  tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
-  full = forward(model, tokens)
   chex.assert_shape(full, (B, T, 23))
   chex.assert_type(full, jnp.float32)
   chex.assert_tree_all_finite(full)
-  changed = forward(model, tokens.at[:, 12:].set((tokens[:, 12:] + 1) % 23))
   np.testing.assert_allclose(full[:, :12], changed[:, :12], rtol=1e-5, atol=1e-5)
-  streamed, cache = stream(model, tokens, PROMPT)
+  streamed, cache = streams
   np.testing.assert_allclose(streamed, full, rtol=1e-4, atol=1e-4)
   np.testing.assert_array_equal(cache.position, [T] * B)
 
@@ -115,7 +137,7 @@ def test_greedy_generate_equals_recomputed_argmax():
   # The definition: each new token is the argmax of a full forward pass over the sequence so
   # far. The model is causal (test_model), so one forward pass over out[:, :-1] gives each of
   # those passes' last logits at once.
-  recomputed = jnp.argmax(forward(model, out[:, :-1])[:, 5:], -1)
+  recomputed = jnp.argmax(forward([model], out[:, :-1])[0][:, 5:], -1)
   np.testing.assert_array_equal(out[:, 6:], recomputed)
 
 
@@ -149,12 +171,12 @@ def test_streaming_errors():
     attention.prefill(x, attention.init_cache(1, 4))
   # A second prefill past the cache, a position past learned positions, out-of-vocabulary
   # prompts and a NaN temperature are errors, not clamped writes or NaN logits.
-  _, cache = prefill(model, prompt[:, :3], model.init_cache(1, 4))   # checked eagerly below
+  [(_, cache)] = prefill([model], prompt[:, :3], [model.init_cache(1, 4)])   # checked below
   with pytest.raises(ValueError, match="2 more tokens after the 3 written do not fit"):
     model.prefill(prompt[:, :2], cache)
   learned = LanguageModel(dataclasses.replace(config, mixer="vla", pos_emb="learned"),
                           rngs=nnx.Rngs(0))
-  _, cache = prefill(learned, prompt, learned.init_cache(1))
+  [(_, cache)] = prefill([learned], prompt, [learned.init_cache(1)])
   with pytest.raises(ValueError, match="5 more tokens after position 8 pass model.max_len=12"):
     learned.prefill(jnp.zeros((1, 5), jnp.int32), cache)
   for bad in (11, -1):
