@@ -27,6 +27,12 @@ import jax  # noqa: E402  pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 import pytest  # noqa: E402  pylint: disable=wrong-import-position
 from flax import nnx  # noqa: E402  pylint: disable=wrong-import-position
+# The first Pallas call in interpret mode imports Pallas' fuser, which registers a setting in
+# JAX's trace context: every function traced before it (jitted references, eager operations)
+# would be traced, lowered and looked up again after it. Imported here, before any tracing,
+# in the tests' processes and in those that import this module (test_context_parallel's).
+# pylint: disable-next=wrong-import-position,unused-import
+from jax.experimental.pallas import fuser  # noqa: E402,F401
 
 _CACHE_ENV = "VLA_JAX_TEST_COMPILATION_CACHE"
 # The environment variables of JAX's persistent compilation cache settings.

@@ -108,25 +108,28 @@ def test_remat_must_be_a_bool():
 
 
 @nnx.jit
-def _full_and_prefill(model, tokens, mask):
-  """The full pass, and prefill's logits and cache."""
-  full = model(tokens, mask)
-  prompt, cache = model.prefill(tokens, model.init_cache(tokens.shape[0], 20), mask)
-  return full, prompt, cache
+def _full_and_prefill(model, padded, mask, tokens):
+  """For the padded tokens with their mask, then for the unpadded tokens: the full pass, and
+  prefill's logits and cache (one program: XLA:CPU compiles the kernels they share once)."""
+  return tuple((model(t, m),) + model.prefill(t, model.init_cache(t.shape[0], 20), m)
+               for t, m in ((padded, mask), (tokens, None)))
 
 
 _step = nnx.jit(lambda model, token, cache: model.step(token, cache))
 
 
-def _padded_run(model, tokens, mask, following):
-  """The full pass, and prefill + one step per token of `following` [B, N] (one compiled step
-  for the padded and the unpadded cache: they have the same shapes)."""
-  full, prompt, cache = _full_and_prefill(model, tokens, mask)
-  steps = []
-  for t in range(following.shape[1]):
-    logits, cache = _step(model, following[:, t], cache)
-    steps.append(logits)
-  return full, prompt, jnp.stack(steps, 1), cache.position
+def _padded_runs(model, padded, mask, tokens, following):
+  """For the padded and the unpadded tokens: the full pass, and prefill + one step per token of
+  `following` [B, N] (one compiled step for the padded and the unpadded cache: they have the
+  same shapes)."""
+  runs = []
+  for full, prompt, cache in _full_and_prefill(model, padded, mask, tokens):
+    steps = []
+    for t in range(following.shape[1]):
+      logits, cache = _step(model, following[:, t], cache)
+      steps.append(logits)
+    runs.append((full, prompt, jnp.stack(steps, 1), cache.position))
+  return runs
 
 
 @pytest.mark.parametrize("mixer", ["vla", "softmax"])
@@ -141,8 +144,7 @@ def test_padding_mask_gives_the_unpadded_logits(mixer):
   mask[0, :4] = mask[1, 9:] = False                 # row 0 left-, row 1 right-padded
   padded = np.full((2, 13), 31)
   padded[mask] = np.asarray(tokens).reshape(-1)
-  got, want = (_padded_run(model, t, m, following)
-               for t, m in ((jnp.asarray(padded), jnp.asarray(mask)), (tokens, None)))
+  got, want = _padded_runs(model, jnp.asarray(padded), jnp.asarray(mask), tokens, following)
   np.testing.assert_allclose(got[0][mask], want[0].reshape(18, 32), rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(got[1][mask], want[1].reshape(18, 32), rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(got[2], want[2], rtol=2e-5, atol=2e-5)
