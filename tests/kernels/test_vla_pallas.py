@@ -75,15 +75,62 @@ def _sym(x):
   return 0.5 * (x + jnp.swapaxes(x, -1, -2))
 
 
+# Several checks' calls in one program: a module fixture (`float64_runs`, `packed_runs`)
+# traces each call's forward and gradient, with its plan settings, into one jitted program,
+# in which XLA:CPU compiles the kernels that the configurations share once; each test checks
+# its own call.
+FUSED_FORMS = {"SPLIT_OUTPUT_BELOW": 0, "SPLIT_BWD_UP_TO": 0}   # the single-loop state passes
+
+
+def _together(calls):
+  """{name: (fn, kernel_config settings, w, args, ...)} -> {name: (fn(*args), the gradients
+  of `_loss(fn)(w, *args)` in the six inputs)} from one jitted program, each fn traced with
+  kernel_config's settings it names."""
+  names = list(calls)
+
+  def run(inputs):
+    out = []
+    for name, (w, args) in zip(names, inputs):
+      fn, settings = calls[name][:2]
+      with pytest.MonkeyPatch.context() as patch:
+        for key, value in settings.items():
+          patch.setattr(kernel_config, key, value)
+        out.append((fn(*args), jax.grad(_loss(fn), argnums=range(1, 7))(w, *args)))
+    return out
+  return dict(zip(names, jax.jit(run)([calls[n][2:4] for n in names])))
+
+
+def _call_case(seed, shape, settings=None):
+  """(fn, settings, w, args): vla_pallas with the shape's chunk size on `vla_inputs(seed)`,
+  loss weights `_weights(seed + 1)`."""
+  B, T, H, dk, dv, C = shape
+  cfg = KernelConfig(chunk_size=C)
+  return ((lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET)), settings or {},
+          _weights(seed + 1, B, T, H, dk, dv), vla_inputs(seed, B, T, H, dk, dv))
+
+
+@pytest.fixture(scope="module")
+def float64_runs():
+  """({name: call}, {name: its outputs and gradients}) of the float64 checks at SHAPES: each
+  shape's default call, the fused state loops, the packed documents' two forms."""
+  packed_fused = dict(FUSED_FORMS, FUSED_VJP_F32_UP_TO=0)   # and the XLA chunk-local VJP
+  with jax.enable_x64(True):
+    calls = {shape_id(s): _call_case(0, s) for s in SHAPES}
+    calls["fused"] = _call_case(3, SHAPES[0], FUSED_FORMS)
+    calls.update({f"packed_{forms}": _packed_case(
+        10, SHAPES[0], np.float64, settings=packed_fused if forms == "fused" else None)
+                  for forms in ("split", "fused")})
+    return calls, _together(calls)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_forward_and_gradients_float64(x64, shape):
+def test_forward_and_gradients_float64(x64, float64_runs, shape):
   """o, S_T, A_T against the token-by-token oracle; the gradients for all six inputs against
   `jax.grad` of impl="scan" (A0's over symmetric perturbations)."""
   B, T, H, dk, dv, C = shape
-  args = vla_inputs(0, B, T, H, dk, dv)
-  cfg = KernelConfig(chunk_size=C)
-  w = _weights(1, B, T, H, dk, dv)
-  (o, S, A), got = _run(cfg)(w, *args)
+  calls, runs = float64_runs
+  _, _, w, args = calls[shape_id(shape)]
+  (o, S, A), got = runs[shape_id(shape)]
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
   chex.assert_shape(o, (B, T, H, dv))
   for name, g, ref in zip("oSA", (o, S, A), want):
@@ -109,19 +156,19 @@ def test_forward_float32_and_bfloat16(dtype):
     assert_close(got, ref, dtype, name)
 
 
-def test_fused_state_loops_float64(x64, monkeypatch):
+def test_fused_state_loops_float64(x64, monkeypatch, float64_runs):
   """The state forward and reverse pass as single loops (what the defaults select at GPU
-  program counts: > 132 and > 512 programs), forward and gradients."""
-  monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 0)
-  monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 0)
+  program counts: > 132 and > 512 programs), forward and gradients (`float64_runs` traces
+  the call with FUSED_FORMS)."""
+  for key, value in FUSED_FORMS.items():
+    monkeypatch.setattr(kernel_config, key, value)
   B, T, H, dk, dv, C = SHAPES[0]
-  args = vla_inputs(3, B, T, H, dk, dv)
   cfg = KernelConfig(chunk_size=C)
   plan = cfg.plan(low=False, acc=jnp.float64, dk=dk, dv=dv, BH=B * H, N=3, interpret=True)
   assert not plan.split_output and not plan.split_backward
-  # Traced here, with the split forms off (not the cached programs of this configuration).
-  w = _weights(4, B, T, H, dk, dv)
-  (o, S, A), got = _jit_run(cfg)(w, *args)
+  calls, runs = float64_runs
+  _, _, w, args = calls["fused"]
+  (o, S, A), got = runs["fused"]
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
   for name, g, ref in zip("oSA", (o, S, A), want):
     assert_close(g, ref, jnp.float64, name)
@@ -334,19 +381,37 @@ def _packed_scan(ids):
   return run
 
 
-def _packed_check(seed, shape, dtype, u_norm=None):
-  """Forward against the documents alone and the six gradients against jax.grad of
-  impl="scan" on the packed rows (float64, on the inputs' values); returns the relative
-  errors. u_norm: `_packed_inputs`."""
+def _packed_case(seed, shape, dtype, u_norm=None, settings=None):
+  """(fn, settings, w, args, ids): vla_pallas on `_packed_ids(seed)` rows of
+  `_packed_inputs(seed)` (u_norm: there), loss weights in the states' dtype."""
   B, T, H, dk, dv, C = shape
   ids = _packed_ids(seed, B, T, C)
   args = _packed_inputs(seed, B, T, H, dk, dv, dtype, u_norm)
   cfg = KernelConfig(chunk_size=C)
-  run = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
+  fn = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
   rng = np.random.default_rng(seed + 1)
   w = [rng.standard_normal(s) for s in ((B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk))]
   state = np.float64 if dtype == np.float64 else np.float32
-  (o, S, A), got = _with_grads(run)([x.astype(state) for x in w], *args)
+  return fn, settings or {}, [x.astype(state) for x in w], args, ids
+
+
+@pytest.fixture(scope="module")
+def packed_runs():
+  """({name: call}, {name: its outputs and gradients}) of the float32 and bfloat16 packed
+  checks (`_packed_case`)."""
+  calls = {"f32": _packed_case(12, SHAPES[1], np.float32),
+           "bf16": _packed_case(12, SHAPES[1], jnp.bfloat16),
+           "large_gains": _packed_case(13, SHAPES[1], jnp.bfloat16,
+                                       u_norm=np.sqrt(SHAPES[1][3]))}
+  return calls, _together(calls)
+
+
+def _packed_check(call, result, dtype):
+  """A packed call's forward against the documents alone and its six gradients against
+  jax.grad of impl="scan" on the packed rows (float64, on the inputs' values); returns the
+  relative errors."""
+  _, _, w, args, ids = call
+  (o, S, A), got = result
   chex.assert_type(o, dtype)
   errors = {}
   for name, g, ref in zip("oSA", (o, S, A), _documents_alone(ids, *args)):
@@ -365,32 +430,30 @@ def _packed_check(seed, shape, dtype, u_norm=None):
 
 
 @pytest.mark.parametrize("forms", ["split", "fused"])
-def test_packed_documents_float64(x64, monkeypatch, forms):
+def test_packed_documents_float64(x64, float64_runs, forms):
   """segment_ids: S and A restart at every document start (inside chunks, at chunk
   boundaries, several in one chunk); outputs, final state and all six gradients exact in
   float64. "fused": the single-loop state passes and the XLA chunk-local VJP (what the plan
   selects at GPU program counts and at head dim 128)."""
-  if forms == "fused":
-    monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 0)
-    monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 0)
-    monkeypatch.setattr(kernel_config, "FUSED_VJP_F32_UP_TO", 0)
-  _packed_check(10, SHAPES[0], np.float64)
+  calls, runs = float64_runs
+  _packed_check(calls[f"packed_{forms}"], runs[f"packed_{forms}"], np.float64)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_packed_documents_float32_and_bfloat16(dtype):
+def test_packed_documents_float32_and_bfloat16(packed_runs, dtype):
   """The packed forward and gradients for float32 and bfloat16 inputs (float32 states) within
   the dtype's tolerance of float64 on the same values."""
-  _packed_check(12, SHAPES[1], dtype)
+  name = "f32" if dtype == np.float32 else "bf16"
+  _packed_check(packed_runs[0][name], packed_runs[1][name], dtype)
 
 
-def test_packed_documents_bfloat16_large_penalty_gains():
+def test_packed_documents_bfloat16_large_penalty_gains(packed_runs):
   """bfloat16 inputs with isotropic u of norm sqrt(dk): a document's first rows have penalty
   gains |u|^2 / lam0 = 46 (A restarts at I / lam0), so the blocks where documents start run
   the accurate branch (`penalty_scan.GAIN_LIMIT`), also from a row after an earlier
   document's rows in the same block; forward and gradients within bfloat16's tolerance of
   float64 on the same values."""
-  _packed_check(13, SHAPES[1], jnp.bfloat16, u_norm=np.sqrt(SHAPES[1][3]))
+  _packed_check(packed_runs[0]["large_gains"], packed_runs[1]["large_gains"], jnp.bfloat16)
 
 
 def test_packed_bad_arguments_raise():
