@@ -111,24 +111,48 @@ def _loss(fn, seed):
                      + jnp.sum(wS * S))(*fn(*a))
 
 
+def _cast(op, dtype):
+  """The op's kernel arguments from `_inputs(1)`: token inputs in dtype, the rest float32."""
+  args = OPS[op][3](*_inputs(1))
+  return ([jnp.asarray(x, dtype) for x in args[:3]]
+          + [jnp.asarray(x, jnp.float32) for x in args[3:]])
+
+
+@pytest.fixture(scope="module")
+def kernel_runs():
+  """{(op, dtype name): ((o, S), the gradients of `_loss(kernel, 2)`)} of every op's kernel
+  in float32 and bfloat16: one jitted program per dtype, in which XLA:CPU compiles the
+  kernels that the ops share (the state path's) once."""
+  runs = {}
+  for dtype in (jnp.float32, jnp.bfloat16):
+    kernels = {op: OPS[op][0] for op in OPS}
+    args = {op: _cast(op, dtype) for op in kernels}
+
+    def run(args, kernels=kernels):
+      return {key: (kernel(*args[key]),
+                    jax.grad(_loss(kernel, 2), argnums=range(len(args[key])))(*args[key]))
+              for key, kernel in kernels.items()}
+    runs.update({(key, jnp.dtype(dtype).name): out
+                 for key, out in jax.jit(run)(args).items()})
+  return runs
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("op", list(OPS))
-def test_outputs_state_and_gradients_match_float64(op, dtype):
-  _match_float64(op, dtype, OPS[op][0])
+def test_outputs_state_and_gradients_match_float64(kernel_runs, op, dtype):
+  _match_float64(op, dtype, kernel_runs[op, jnp.dtype(dtype).name])
 
 
-def _match_float64(op, dtype, kernel):
-  """`kernel` (the op's Pallas kernel, `OPS`) in `dtype` against the float64 oracle (o, S)
-  and the float64 loop's gradients, on the rounded inputs: float32 element-wise, bfloat16
-  gradients in norm."""
-  _, loop, oracle, make = OPS[op]
-  args = make(*_inputs(1))
+def _match_float64(op, dtype, run):
+  """The op's Pallas kernel (`OPS`, `kernel_runs`) in `dtype` against the float64 oracle
+  (o, S) and the float64 loop's gradients, on the rounded inputs: float32 element-wise,
+  bfloat16 gradients in norm."""
+  _, loop, oracle, _ = OPS[op]
   state = jnp.float32
-  cast = [jnp.asarray(x, dtype) for x in args[:3]] + [jnp.asarray(x, state) for x in args[3:]]
+  cast = _cast(op, dtype)
   exact = [np.asarray(x, np.float64) for x in cast]     # the rounded inputs, in float64
-  n = len(args)
-  (o, S), grads = jax.jit(lambda *a: (kernel(*a), jax.grad(_loss(kernel, 2),
-                                                           argnums=range(n))(*a)))(*cast)
+  n = len(cast)
+  (o, S), grads = run
   assert o.dtype == dtype and S.dtype == state
   o_ref, S_ref = oracle(*exact)
   assert_close(o, o_ref, dtype, "o")
@@ -209,19 +233,40 @@ def test_unsupported_key_width_raises():
     deltanet_pallas(x, x, x, jnp.zeros((1, 16, 2)), jnp.zeros((1, 2, 24, 24)), config=CONFIG)
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["fused_loops", "chain+parallel"])
-def test_gated_every_state_loop_form_float64(x64, monkeypatch, split):
+# Whether the form runs split state loops: the plan picks them below
+# kernel_config.SPLIT_OUTPUT_BELOW and SPLIT_BWD_UP_TO programs.
+LOOP_FORMS = {"fused_loops": False, "chain+parallel": True}
+
+
+@pytest.fixture(scope="module")
+def gated_forms():
+  """({form: ((o, S), gradients)} of Gated DeltaNet's kernel in every LOOP_FORMS form, traced
+  with its plan settings into one jitted program (XLA:CPU compiles the kernels the forms
+  share once); the float64 loop's (o, S) and gradients) on `_inputs(4)` in float64."""
+  with jax.enable_x64(True):
+    args = [jnp.asarray(x) for x in _inputs(4)]
+
+    def forms(*a):
+      out = {}
+      for form, split in LOOP_FORMS.items():
+        kernel = functools.partial(gated_deltanet_pallas, config=CONFIG, interpret=INTERPRET)
+        with pytest.MonkeyPatch.context() as patch:
+          patch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 10 ** 6 if split else 0)
+          patch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 10 ** 6 if split else 0)
+          out[form] = (kernel(*a), jax.grad(_loss(kernel, 5), argnums=range(6))(*a))
+      return out
+    loop = jax.jit(lambda *a: (_gated_loop(*a), jax.grad(_loss(_gated_loop, 5),
+                                                         argnums=range(6))(*a)))
+    return jax.jit(forms)(*args), loop(*args)
+
+
+@pytest.mark.parametrize("form", list(LOOP_FORMS))
+def test_gated_every_state_loop_form_float64(x64, gated_forms, form):
   """Gated DeltaNet through the fused forward and reverse loops and through the chain kernels
   with their parallel per-chunk kernels (the plan picks by program count): float64 outputs,
   state and gradients equal the float64 loop's."""
-  monkeypatch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 10 ** 6 if split else 0)
-  monkeypatch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 10 ** 6 if split else 0)
-  args = [jnp.asarray(x) for x in _inputs(4)]
-  kernel = functools.partial(gated_deltanet_pallas, config=CONFIG, interpret=INTERPRET)
-  (o, S), grads = jax.jit(lambda *a: (kernel(*a), jax.grad(_loss(kernel, 5),
-                                                           argnums=range(6))(*a)))(*args)
-  (o_ref, S_ref), want = jax.jit(lambda *a: (_gated_loop(*a), jax.grad(
-      _loss(_gated_loop, 5), argnums=range(6))(*a)))(*args)
+  (o, S), grads = gated_forms[0][form]
+  (o_ref, S_ref), want = gated_forms[1]
   assert_close(o, o_ref, jnp.float64, "o")
   assert_close(S, S_ref, jnp.float64, "S")
   for name, g, r in zip(("q", "k", "v", "beta", "log_decay", "S0"), grads, want):
