@@ -56,26 +56,27 @@ def block(header, rows):
            f"{header.get('d_model')}, MLP ratio 4, vocabulary {header.get('vocab')}, "
            f"{header.get('tokens'):,} tokens per step (batch = tokens / T), "
            f"{header.get('dtype')}; a full step: forward, backward, AdamW. Each mixer on its "
-           "library default (VLA: impl \"auto\", the Pallas kernels on this GPU; DeltaNet, "
-           "Gated DeltaNet, linear: \"chunked\" XLA, no kernel; softmax: cuDNN). ms: median of "
-           "5 steps after 2 warm-up steps; peak: XLA's compiled memory analysis "
+           "library default (impl \"auto\"; \"runs\": what it ran on this GPU). ms: median "
+           "of 5 steps after 2 warm-up steps; peak: XLA's compiled memory analysis "
            "(`experiments/bench_model.py`, rows in `results/bench/model/`)."]
   for d in dims:
     body = []
     for mixer in MIXERS:
-      line = [NAMES[mixer]]
+      ran = sorted({r["impl"] for r in rows if (r["kind"], r["mixer"], r["head_dim"])
+                    == ("step", mixer, d) and r.get("status") == "ok" and r.get("impl")})
+      line = [NAMES[mixer], ", ".join(ran) or "-"]
       for T in Ts:
         r = find(rows, "step", mixer, T, d)
         line += [_cell(r, r and r.get("tokens_per_s")), _cell(r, r and r.get("ms")),
                  _cell(r, r and r.get("peak_gib"))]
       body.append(line)
-    fla = [NAMES["fla"]]
+    fla = [NAMES["fla"], "fla's chunk kernels"]
     for T in Ts:
       r = find(rows, "fla", "gated_deltanet", T, d)
       fla += [_cell(r, r and r.get("tokens_per_s")), _cell(r, r and r.get("ms")),
               _cell(r, r and r.get("peak_gib"))]
     body.append(fla)
-    head = ["mixer"] + [f"{h} T={T:,}" for T in Ts for h in ("tokens/s", "ms", "peak GiB")]
+    head = ["mixer", "runs"] + [f"{h} T={T:,}" for T in Ts for h in ("tokens/s", "ms", "peak GiB")]
     parts.append(f"Heads of {d}:\n\n" + table(head, body))
     split = []
     for T in Ts:
