@@ -166,27 +166,26 @@ def layer_row(mixer, T, B, head_dim, impl):
 
 
 def op_row(mixer, T, B, head_dim, impl):
-  """The recurrence alone, forward + backward, times the number of layers."""
+  """The recurrence alone, forward + backward, times the number of layers, on the benchmark
+  suite's inputs (`lab.benchmarks.rows.jax_inputs`: VLA's u of unit rows, as the layer makes
+  them at its default penalty_scale, so the op runs the penalty path the layer runs, not the
+  large-gain blocks; DeltaNet's beta = 1)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import vla_jax  # pylint: disable=import-outside-toplevel
+  from lab.benchmarks import rows  # pylint: disable=import-outside-toplevel
 
-  H = _D_MODEL.value // head_dim
-  keys = jax.random.split(jax.random.key(3), 5)
-  shape = (B, T, H, head_dim)
-  q, k, v, u = (jax.random.normal(kk, shape, jnp.bfloat16) for kk in keys[:4])
+  if mixer not in ("vla", "deltanet"):
+    raise ValueError(f"op rows exist for vla and deltanet; got {mixer!r}")
+  args = rows.jax_inputs(mixer, B, T, _D_MODEL.value // head_dim, head_dim, jnp.bfloat16, 3,
+                         backward=False)
   if impl is None:   # the ops take concrete impls: the one the layers' "auto" runs here
     impl = "pallas" if jax.default_backend() == "gpu" else "chunked"
   kw = {"impl": impl}
   if mixer == "vla":
-    fn = lambda q, k, v, u: vla_jax.vla_recurrence(q, k, v, u / head_dim ** 0.5, **kw)[0]
-    args = (q, k, v, u)
-  elif mixer == "deltanet":
-    beta = jax.nn.sigmoid(jax.random.normal(keys[4], shape[:3], jnp.float32)).astype(jnp.bfloat16)
-    fn = lambda q, k, v, beta: vla_jax.deltanet(q, k, v, beta, **kw)[0]
-    args = (q, k, v, beta)
+    fn = lambda q, k, v, u: vla_jax.vla_recurrence(q, k, v, u, **kw)[0]
   else:
-    raise ValueError(f"op rows exist for vla and deltanet; got {mixer!r}")
+    fn = lambda q, k, v, beta: vla_jax.deltanet(q, k, v, beta, **kw)[0]
 
   @jax.jit
   def fwd_bwd(*args):

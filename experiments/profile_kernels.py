@@ -2,7 +2,7 @@ r"""Where the Pallas VLA kernels' time goes: per-kernel device time of the forwa
 gradient from a JAX profiler trace (`lab.benchmarks.profile`), at the kernels' defaults,
 H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
 
-    python experiments/profile_kernels.py --name=profile_h200 --Ts=4096,32768 --dims=64,128
+    python experiments/profile_kernels.py --name=profile_h100 --Ts=4096,32768 --dims=64,128
     python experiments/profile_kernels.py --resources --dims=64,128    # offline, no GPU: registers,
                                                                # spills, shared memory, SASS
     python experiments/profile_kernels.py --name=profile_h200_start_tiles --Ts=32768,131072 \

@@ -6,7 +6,7 @@ whole-model rows (`experiments/bench_model.py`) and the training-speed rows
 around the blocks are left as they are; a new file gets every block under a heading.
 
     python experiments/report_benchmarks.py [--bench_dir=results/bench] [--out=BENCHMARKS.md]
-        [--plots=results/plots] [--profile=results/bench/decisions/profile_h200.json]
+        [--plots=results/plots] [--profile=results/bench/decisions/profile_h100.json]
         [--model=results/bench/model/model_h100.jsonl]
         [--baselines=results/bench/baselines/h100_delta.jsonl,results/bench/baselines/h100_gated.jsonl]
         [--train_speed=results/bench/train_speed/train_speed.jsonl]
@@ -22,7 +22,7 @@ _OUT = flags.DEFINE_string("out", "BENCHMARKS.md", "The markdown file written.")
 _PLOTS = flags.DEFINE_string("plots", os.path.join("results", "plots"),
                              "Folder of the plots ('' for none).")
 _PROFILE = flags.DEFINE_string(
-    "profile", os.path.join("results", "bench", "decisions", "profile_h200.json"),
+    "profile", os.path.join("results", "bench", "decisions", "profile_h100.json"),
     "The per-kernel profile JSON of experiments/profile_kernels.py ('' for none).")
 _MODEL = flags.DEFINE_string(
     "model", os.path.join("results", "bench", "model", "model_h100.jsonl"),

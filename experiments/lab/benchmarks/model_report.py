@@ -85,13 +85,16 @@ def block(header, rows):
         continue
       around = layer - op if op is not None else None
       share = lambda x: f"{fmt(x)} ({100 * x / step:.0f}%)" if x is not None else "not run"
-      split.append([f"{T:,}", fmt(step), share(op), share(around), share(step - layer)])
+      split.append([f"{T:,}", fmt(step), share(layer), share(op), share(around),
+                    share(step - layer)])
     if split:
-      parts.append(f"Where a VLA step goes (heads of {d}; the op and the layer timed alone, "
+      parts.append(f"Where a VLA step goes (heads of {d}; the layer and the op timed alone, "
                    "forward + backward, times the number of blocks):\n\n"
-                   + table(["T", "step ms", "op", "layer around the op (projections, "
-                            "convolution, norms)", "the rest (MLP, embeddings, head, AdamW)"],
-                           split))
+                   + table(["T", "step ms", "layer", "of it the op", "of it the rest of the "
+                            "layer (projections, convolution, norms)", "outside the layer "
+                            "(MLP, embeddings, head, AdamW)"], split))
+  if header.get("note"):
+    parts.append(f"The run: {header['note']}.")
   notes = sorted({r["note"].split(" (see")[0] for r in rows
                   if r["kind"] == "fla" and r.get("status") == "error" and r.get("note")})
   if notes:
@@ -117,26 +120,35 @@ def vla_step_flat_in_T(rows):
 
 
 def vla_behind_softmax_to_8k_ahead_at_32k(rows):
-  """Softmax attention's step is faster up to T = 8k (VLA at 0.85-1.0x of its speed at 8k);
-  at 32k VLA's is faster, by 1.5-2x: the target of 2x is not met."""
-  return (speed_ratio(rows, 2048) < 1 and 0.85 < speed_ratio(rows, 8192) < 1
+  """Softmax attention's step is faster up to T = 8k (VLA at 0.8-1.0x of its speed at 8k);
+  at 32k VLA's is faster, by 1.5-2x: neither target (softmax's speed at 8k, twice it at 32k)
+  is met."""
+  return (speed_ratio(rows, 2048) < 1 and 0.8 < speed_ratio(rows, 8192) < 1
           and 1.5 < speed_ratio(rows, 32768) < 2)
 
 
-def vla_ahead_of_xla_delta_rules(rows):
-  """VLA on its kernels is faster than DeltaNet and Gated DeltaNet on XLA at every T measured."""
-  return all(speed_ratio(rows, T, m) > 1 for m in ("deltanet", "gated_deltanet")
-             for T in (2048, 8192, 32768) if ms(rows, "step", m, T))
+def vla_within_1_5x_of_fla_gated_deltanet(rows):
+  """VLA's step takes 1.2-1.4x as long as fla's Gated DeltaNet model's at every T: inside the
+  target of 1.5x."""
+  ratios = [ms(rows, "step", "vla", T) / ms(rows, "fla", "gated_deltanet", T)
+            for T in (2048, 8192, 32768)]
+  return all(1.2 < r < 1.4 for r in ratios)
 
 
-def op_is_a_third_of_the_step(rows):
-  """The op is about a third of VLA's step (30-40%) at 8k and 32k; the layer around it
-  (projections, convolution, norms) costs about as much again."""
-  out = []
-  for T in (8192, 32768):
-    step, layer, op = (ms(rows, k, "vla", T) for k in ("step", "layer", "op"))
-    out.append(0.3 < op / step < 0.4 and 0.25 < (layer - op) / step < 0.4)
-  return all(out)
+def vla_between_deltanet_and_gated_deltanet(rows):
+  """On their kernels, DeltaNet (VLA's state path without the penalty path) steps 10-30%
+  faster than VLA at every T, and this library's Gated DeltaNet 5-15% slower."""
+  return all(1.1 < 1 / speed_ratio(rows, T, "deltanet") < 1.3
+             and 1.05 < speed_ratio(rows, T, "gated_deltanet") < 1.15
+             for T in (2048, 8192, 32768))
+
+
+def layer_is_two_thirds_of_the_step(rows):
+  """VLA's layer (the op and the projections, convolution and norms around it, forward +
+  backward, times the blocks) is 60-75% of its step at every T; the MLP, embeddings, head
+  and AdamW the rest."""
+  return all(0.6 < ms(rows, "layer", "vla", T) / ms(rows, "step", "vla", T) < 0.75
+             for T in (2048, 8192, 32768))
 
 
 def vla_needs_twice_softmax_memory(rows):
@@ -145,5 +157,6 @@ def vla_needs_twice_softmax_memory(rows):
              / find(rows, "step", "softmax", T)["peak_gib"] < 2.5 for T in (2048, 8192, 32768))
 
 
-CLAIMS = (vla_step_flat_in_T, vla_behind_softmax_to_8k_ahead_at_32k, vla_ahead_of_xla_delta_rules,
-          op_is_a_third_of_the_step, vla_needs_twice_softmax_memory)
+CLAIMS = (vla_step_flat_in_T, vla_behind_softmax_to_8k_ahead_at_32k,
+          vla_within_1_5x_of_fla_gated_deltanet, vla_between_deltanet_and_gated_deltanet,
+          layer_is_two_thirds_of_the_step, vla_needs_twice_softmax_memory)
