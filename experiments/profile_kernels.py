@@ -1,14 +1,15 @@
 r"""Where the Pallas VLA kernels' time goes: per-kernel device time of the forward and the
-gradient from a JAX profiler trace (`lab.benchmarks.profile`), at the kernels' defaults,
-H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
+gradient from a JAX profiler trace (`lab.benchmarks.profile`), at the kernels' defaults (the
+plan's forms, unless --block_factor, --start_inverse or --penalty_layout names one), H = 16,
+bfloat16, B * T = --tokens (B = 1 beyond).
 
     python experiments/profile_kernels.py --name=profile_h100 --Ts=4096,32768 --dims=64,128
     python experiments/profile_kernels.py --resources --dims=64,128    # offline, no GPU: registers,
                                                                # spills, shared memory, SASS
-    python experiments/profile_kernels.py --name=profile_h200_start_tiles --Ts=32768,131072 \
-        --dims=128 --start_inverse=tiles    # the d = 128 segment starts in the kernels
-    python experiments/profile_kernels.py --name=profile_h200_penalty_transposed \
-        --Ts=4096,32768 --dims=64,128 --penalty_layout=transposed    # the transposed penalty path
+    python experiments/profile_kernels.py --name=profile_h200_start_xla --Ts=32768,131072 \
+        --dims=128 --start_inverse=xla    # the d = 128 segment starts in XLA
+    python experiments/profile_kernels.py --name=profile_h200_penalty_rows \
+        --Ts=4096,32768 --dims=64,128 --penalty_layout=rows    # the penalty path on rows
 
 Prints per call the busy time of each kernel class (pallas, gemm, copy, xla), the idle time
 inside the call and the largest kernels, and writes the rows to --out_dir/<name>.json.
@@ -34,10 +35,15 @@ _PLANE = flags.DEFINE_string("plane", "/device:GPU:", "Trace planes read (prefix
                              "/host:CPU).")
 _RESOURCES = flags.DEFINE_bool("resources", False, "Offline resource report instead.")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU smoke).")
-_START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
-                                   "KernelConfig.start_inverse of the profiled calls.")
-_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
-                                    "KernelConfig.penalty_layout of the profiled calls.")
+_BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "plan", ["plan", "elimination", "newton"],
+                                  "KernelConfig.block_factor of the profiled calls (plan: the "
+                                  "plan's choice).")
+_START_INVERSE = flags.DEFINE_enum("start_inverse", "plan", ["plan", "xla", "tiles"],
+                                   "KernelConfig.start_inverse of the profiled calls (plan: "
+                                   "the plan's choice).")
+_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "plan", ["plan", "rows", "transposed"],
+                                    "KernelConfig.penalty_layout of the profiled calls (plan: "
+                                    "the plan's choice).")
 
 
 def main(argv):
@@ -46,8 +52,9 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  config = KernelConfig(start_inverse=_START_INVERSE.value,
-                        penalty_layout=_PENALTY_LAYOUT.value)
+  forced = lambda flag: None if flag.value == "plan" else flag.value
+  config = KernelConfig(block_factor=forced(_BLOCK_FACTOR), start_inverse=forced(_START_INVERSE),
+                        penalty_layout=forced(_PENALTY_LAYOUT))
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value
@@ -77,7 +84,8 @@ def main(argv):
   path = os.path.join(_OUT_DIR.value, _NAME.value + ".json")
   with open(path, "w") as f:
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
-               "resources": _RESOURCES.value, "start_inverse": _START_INVERSE.value,
+               "resources": _RESOURCES.value, "block_factor": _BLOCK_FACTOR.value,
+               "start_inverse": _START_INVERSE.value,
                "penalty_layout": _PENALTY_LAYOUT.value,
                "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")
