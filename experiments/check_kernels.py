@@ -49,6 +49,7 @@ import dataclasses
 import os
 
 from absl import app, flags
+from lab import cli
 
 _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
@@ -62,18 +63,11 @@ _CASES = flags.DEFINE_enum("cases", "all", ["all", "long", "packed", "drift"],
                            "cases.")
 _DRIFT_TS = flags.DEFINE_list("drift_Ts", [str(t) for t in (16384, 131072)],
                               "T of the drift cases (none: an empty list).")
-_BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "plan", ["plan", "elimination", "newton"],
-                                  "KernelConfig.block_factor of the checked calls (plan: the "
-                                  "plan's choice).")
 _FALLBACK = flags.DEFINE_bool("newton_fallback", False,
                               "Also report each case's fraction of penalty-scan blocks where "
                               "block_factor 'newton' falls back to the elimination.")
-_START_INVERSE = flags.DEFINE_enum("start_inverse", "plan", ["plan", "xla", "tiles"],
-                                   "KernelConfig.start_inverse of the checked calls (vla; "
-                                   "d = 128; plan: the plan's choice).")
-_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "plan", ["plan", "rows", "transposed"],
-                                    "KernelConfig.penalty_layout of the checked calls (vla; "
-                                    "plan: the plan's choice).")
+cli.define_kernel_option_flags("checked calls (--start_inverse: d = 128)")
+flags.adopt_module_key_flags(cli)   # --help lists them
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
@@ -118,9 +112,7 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
-  kernel = {flag.name: None if flag.value == "plan" else flag.value   # OPTION_DEFAULTS' names
-            for flag in (_BLOCK_FACTOR, _START_INVERSE, _PENALTY_LAYOUT)}
-  options = dict(kernel, fallback=_FALLBACK.value)
+  options = dict(cli.kernel_options(), fallback=_FALLBACK.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case) if isinstance(case, check_baselines.Case)
                      else check.check(case, **options)))

@@ -22,6 +22,7 @@ import json
 import os
 
 from absl import app, flags
+from lab import cli
 
 _NAME = flags.DEFINE_string("name", "profile", "Output file name (without .json).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
@@ -35,15 +36,8 @@ _PLANE = flags.DEFINE_string("plane", "/device:GPU:", "Trace planes read (prefix
                              "/host:CPU).")
 _RESOURCES = flags.DEFINE_bool("resources", False, "Offline resource report instead.")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU smoke).")
-_BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "plan", ["plan", "elimination", "newton"],
-                                  "KernelConfig.block_factor of the profiled calls (plan: the "
-                                  "plan's choice).")
-_START_INVERSE = flags.DEFINE_enum("start_inverse", "plan", ["plan", "xla", "tiles"],
-                                   "KernelConfig.start_inverse of the profiled calls (plan: "
-                                   "the plan's choice).")
-_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "plan", ["plan", "rows", "transposed"],
-                                    "KernelConfig.penalty_layout of the profiled calls (plan: "
-                                    "the plan's choice).")
+cli.define_kernel_option_flags("profiled calls")
+flags.adopt_module_key_flags(cli)   # --help lists them
 
 
 def main(argv):
@@ -52,9 +46,8 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  forced = lambda flag: None if flag.value == "plan" else flag.value
-  config = KernelConfig(block_factor=forced(_BLOCK_FACTOR), start_inverse=forced(_START_INVERSE),
-                        penalty_layout=forced(_PENALTY_LAYOUT))
+  options = cli.kernel_options()
+  config = KernelConfig(**options)
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value
@@ -84,9 +77,7 @@ def main(argv):
   path = os.path.join(_OUT_DIR.value, _NAME.value + ".json")
   with open(path, "w") as f:
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
-               "resources": _RESOURCES.value, "block_factor": _BLOCK_FACTOR.value,
-               "start_inverse": _START_INVERSE.value,
-               "penalty_layout": _PENALTY_LAYOUT.value,
+               "resources": _RESOURCES.value, **{k: v or "plan" for k, v in options.items()},
                "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")
 
