@@ -224,15 +224,16 @@ def test_a_kernel_impl_the_kernel_cannot_run_fails_at_construction(kw, match):
 
 def test_the_kernel_takes_packing_and_the_delta_readout():
   """VLA on the kernels (interpret mode) with packed rows and the delta readout (value width
-  d_h + 1) equals the chunked form (the additive readout packed: tests/ops/test_packed_ops.py)."""
+  d_h + 1) equals the chunked form (the additive readout packed: tests/ops/test_packed_ops.py;
+  the layer on the kernels without segment_ids: tests/lab/test_grid.py; the op with the value
+  width d_h + 1, forward and gradients: tests/kernels/test_vla_pallas.py)."""
   kw = dict(chunk_size=16, options={"readout": "delta"})
   kernel = make_mixer("vla", 32, 2, impl="pallas_interpret", rngs=nnx.Rngs(0), **kw)
   chunked = make_mixer("vla", 32, 2, impl="chunked", rngs=nnx.Rngs(0), **kw)
   x = jax.random.normal(jax.random.key(3), (1, 24, 32))
   ids = jnp.array([[0] * 5 + [1] * 12 + [2] * 7])
-  for call in ({}, dict(segment_ids=ids)):
-    np.testing.assert_allclose(_forward(kernel, x, **call), _forward(chunked, x, **call),
-                               rtol=0, atol=2e-5)
+  np.testing.assert_allclose(_forward(kernel, x, segment_ids=ids),
+                             _forward(chunked, x, segment_ids=ids), rtol=0, atol=2e-5)
 
 
 # A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew

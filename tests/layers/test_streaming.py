@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import oracles
+from conftest import random_module
 from vla_jax.layers import MIXERS as ALL_MIXERS
 from vla_jax.layers import make_mixer
 from vla_jax.models.lm import LanguageModel, ModelConfig
@@ -69,11 +70,13 @@ def stream(modules, x, prompt_len):
 @pytest.fixture(scope="module")
 def mixer_streams():
   """(the float64 mixers of MIXERS, x, each one's streamed outputs): every mixer streamed by
-  one prefill program and one step program."""
+  one prefill program and one step program. Random parameters (`random_module`: no
+  initialiser compiled); streaming equals the full pass for any."""
   with jax.enable_x64(True):
-    mixers = [make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
-                         dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
-              for name, options in MIXERS]
+    mixers = [random_module(lambda name=name, options=options: make_mixer(
+        name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
+        dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1)), seed=i)
+              for i, (name, options) in enumerate(MIXERS)]
     x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
     return mixers, x, [y for y, _ in stream(mixers, x, PROMPT)]
 
@@ -96,10 +99,11 @@ def test_model_mixers_are_every_mixer():
 def model_streams():
   """(the models of MODEL_MIXERS, their logits on tokens, on tokens changed after position
   12, their streams [(logits, cache)]): one forward program (run twice), one prefill program
-  and one step program for every model."""
-  models = [LanguageModel(ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL,
-                                      num_heads=HEADS, chunk_size=16, mixer_options=options),
-                          rngs=nnx.Rngs(3)) for name, options in MODEL_MIXERS]
+  and one step program for every model; random parameters, as for `mixer_streams`."""
+  models = [random_module(lambda name=name, options=options: LanguageModel(
+      ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL, num_heads=HEADS,
+                  chunk_size=16, mixer_options=options), rngs=nnx.Rngs(3)), seed=i)
+            for i, (name, options) in enumerate(MODEL_MIXERS)]
   tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
   full = forward(models, tokens)
   changed = forward(models, tokens.at[:, 12:].set((tokens[:, 12:] + 1) % 23))
