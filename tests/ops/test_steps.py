@@ -12,6 +12,7 @@ import oracles
 from conftest import random_inputs, rel_err
 from vla_jax import (LinearAttentionState, VLAState, deltanet, gated_deltanet, initial_vla_state,
                      linear_attention, vla_recurrence)
+from vla_jax.ops.checks import MIN_LAM0_FLOAT32
 from vla_jax.ops.step import (deltanet_step, gated_deltanet_step, linear_attention_step,
                               vla_step)
 
@@ -133,6 +134,19 @@ def test_step_errors():
     deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta)
   with pytest.raises(ValueError, match=r"state must have shape \(2, 2, 5, 8\)"):
     deltanet_step(jnp.zeros((2, 2, 8, 5)), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+
+
+def test_vla_step_takes_the_scans_smallest_lam0():
+  """The step is the scan's arithmetic, so it takes the scan's float32 lam0 floor: below it
+  (lam0 = 1e-6, u scaled by 3: relative error 1.4 against float64 when stepped) is refused,
+  as `vla_recurrence(..., impl="scan")` refuses it."""
+  q, k, v, u, _, _ = inputs(np.float32)
+  low = MIN_LAM0_FLOAT32["scan"]
+  for call in (lambda: vla_step(None, q[:, 0], k[:, 0], v[:, 0], 3 * u[:, 0], lam0=1e-6),
+               lambda: vla_recurrence(q, k, v, 3 * u, lam0=1e-6, impl="scan")):
+    with pytest.raises(ValueError, match=rf"lam0=1e-06 is below {low:g}, the smallest "
+                                         r"impl='scan' takes in float32"):
+      call()
 
 
 def test_pallas_prefill_then_vla_steps(x64):

@@ -43,7 +43,9 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
       S = 0, A = I / lam0.
     q_t, k_t, u_t: [B, H, dk]; v_t: [B, H, dv].
     beta_t: None (a write of strength 1) or [B, H] write strengths.
-    lam0: initial ridge, used only when `state` is None.
+    lam0: initial ridge, used only when `state` is None; then, computing in float32, it must
+      be at least `checks.MIN_LAM0_FLOAT32["scan"]` (the step is the scan's arithmetic), as
+      for `vla_recurrence(..., impl="scan")` (a concrete lam0 below is a ValueError).
 
   Returns:
     (o_t [B, H, dv] in v_t's dtype, the new `VLAState`).
@@ -53,8 +55,9 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   if beta_t is not None:
     checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if state is None:
-    state = initial_vla_state(B, H, dk, dv, lam0=lam0,
-                              dtype=checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t))
+    dtype = checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t)
+    checks.check_lam0(lam0, "scan", dtype)
+    state = initial_vla_state(B, H, dk, dv, lam0=lam0, dtype=dtype)
   elif not isinstance(state, VLAState):
     raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
   _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
