@@ -132,8 +132,16 @@ def test_step_errors():
     vla_step(tuple(state), q[:, 0], k[:, 0], v[:, 0], u[:, 0])
   with pytest.raises(ValueError, match=r"beta_t must have rank 2 \[B, H\]"):
     deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta)
-  with pytest.raises(ValueError, match=r"state must have shape \(2, 2, 5, 8\)"):
+  # The Delta steps' state is their argument S.
+  with pytest.raises(ValueError, match=r"^S must have shape \(2, 2, 5, 8\)"):
     deltanet_step(jnp.zeros((2, 2, 8, 5)), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+  with pytest.raises(TypeError, match="^S must be float32 or float64"):
+    deltanet_step(jnp.zeros((2, 2, 5, 8), jnp.bfloat16), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+  # A positive log decay grows the state: refused as `gated_deltanet` refuses it.
+  log_decay_t = jnp.full((B, H), -0.1).at[1, 0].set(0.5)
+  with pytest.raises(ValueError, match=r"log_decay_t must be <= 0 .* got 0.5 at \[b, h\] = "
+                                       r"\(1, 0\)"):
+    gated_deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta[:, 0], log_decay_t)
 
 
 def test_vla_step_takes_the_scans_smallest_lam0():

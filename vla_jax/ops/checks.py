@@ -88,18 +88,18 @@ MIN_LAM0_FLOAT32 = {"scan": 1e-4, "associative_scan": 1e-4, "chunked": 1e-3, "pa
 MIN_LAM0_FLOAT32["auto"] = max(MIN_LAM0_FLOAT32["pallas"], MIN_LAM0_FLOAT32["chunked"])
 
 
-def check_log_decay(log_decay):
-  """A concrete log decay [B, T, H] must be <= 0 where finite (gamma = exp(g) <= 1; a
-  positive g grows the state without bound); NaN and +inf follow the ops' non-finite rule.
-  A traced one (under jit) is not checked."""
+def check_log_decay(log_decay, name="log_decay", axes="b, t, h"):
+  """A concrete log decay ([B, T, H]; a step's [B, H], axes "b, h") must be <= 0 where finite
+  (gamma = exp(g) <= 1; a positive g grows the state without bound); NaN and +inf follow the
+  ops' non-finite rule. A traced one (under jit) is not checked."""
   if log_decay is None or isinstance(log_decay, jax.core.Tracer):
     return
   g = np.asarray(log_decay)
   positive = np.isfinite(g) & (g > 0)
   if positive.any():
     where = tuple(int(i) for i in np.argwhere(positive)[0])
-    raise ValueError(f"log_decay must be <= 0 (a decay gamma = exp(log_decay) <= 1); got "
-                     f"{float(g[where]):g} at [b, t, h] = {where}")
+    raise ValueError(f"{name} must be <= 0 (a decay gamma = exp({name}) <= 1); got "
+                     f"{float(g[where]):g} at [{axes}] = {where}")
 
 
 def check_lam0(lam0, impl, dtype):

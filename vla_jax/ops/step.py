@@ -107,16 +107,24 @@ def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t
 
   Args:
     S: [B, H, dv, dk] float32/float64 or None (zeros); q_t, k_t: [B, H, dk]; v_t: [B, H, dv];
-    beta_t, log_decay_t: [B, H].
+    beta_t, log_decay_t: [B, H] (log_decay_t <= 0, as for `gated_deltanet`).
+
+  Returns:
+    (o_t [B, H, dv] in v_t's dtype, the new S).
+
+  Raises:
+    ValueError for a finite positive log decay when log_decay_t is concrete (under jit it is
+    the caller's to keep), as `gated_deltanet` does.
   """
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
   checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if log_decay_t is not None:
     checks.check_step_tokens("log_decay_t", log_decay_t, batch=B, heads=H, rank=2)
+    checks.check_log_decay(log_decay_t, "log_decay_t", "b, h")
   out_dtype = checks.output_dtype(v_t)
   if S is None:
     S = jnp.zeros((B, H, dv, dk), checks.compute_dtype(q_t, k_t, v_t, beta_t, log_decay_t))
-  _check_state_arrays("", (("state", S),), ((B, H, dv, dk),))
+  _check_state_arrays("", (("S", S),), ((B, H, dv, dk),))
   q_t, k_t, v_t, beta_t = (x.astype(S.dtype) for x in (q_t, k_t, v_t, beta_t))
   if log_decay_t is not None:
     log_decay_t = log_decay_t.astype(S.dtype)
