@@ -142,6 +142,10 @@ def test_step_errors():
   with pytest.raises(ValueError, match=r"log_decay_t must be <= 0 .* got 0.5 at \[b, h\] = "
                                        r"\(1, 0\)"):
     gated_deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta[:, 0], log_decay_t)
+  with pytest.raises(ValueError, match="normalize must be True or False; got str 'no'"):
+    linear_attention_step(None, q[:, 0], k[:, 0], v[:, 0], normalize="no")
+  with pytest.raises(ValueError, match="eps must be a finite number > 0; got -1.0"):
+    linear_attention_step(None, q[:, 0], k[:, 0], v[:, 0], normalize=True, eps=-1.0)
 
 
 def test_vla_step_takes_the_scans_smallest_lam0():

@@ -52,6 +52,14 @@ def is_int(value):
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def check_bool(name, value):
+  """`value` as a bool if it is a Python or NumPy bool, else ValueError naming the argument
+  (a str such as "no" is not read for its truth)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
+  return bool(value)
+
+
 def check_chunk_size(chunk_size):
   if (not is_int(chunk_size) or chunk_size < MIN_CHUNK or chunk_size > MAX_CHUNK
       or chunk_size & (chunk_size - 1)):

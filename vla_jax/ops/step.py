@@ -77,8 +77,11 @@ def linear_attention_step(state: LinearAttentionState | None, q_t: jax.Array, k_
                           feature_map: Callable[[jax.Array], jax.Array] | None = elu_plus_one,
                           normalize: bool = False, eps: float = 1e-6
                           ) -> tuple[jax.Array, LinearAttentionState]:
-  """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
+  """One token of `linear_attention` (normalize, eps: as there). state:
+  `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  normalize = checks.check_bool("normalize", normalize)
+  checks.check_positive("eps", eps)
   out_dtype = checks.output_dtype(v_t)
   if state is not None and not isinstance(state, LinearAttentionState):
     raise TypeError(f"state must be a LinearAttentionState(S, z) or None; got "
