@@ -154,6 +154,9 @@ def test_validation():
                                                                   jnp.zeros((1, 2, 3))))
   with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
     deltanet(q, k, v, beta, initial_state=jnp.zeros((1, 2, 4, 3)))
+  with pytest.raises(TypeError, match=r"initial_state must be an array of shape \(1, 2, 3, 4\) "
+                                      r"\(float32 or float64\); got tuple"):
+    deltanet(q, k, v, beta, initial_state=(jnp.zeros((1, 2, 3, 4)),))
   # normalize is a bool (bool("no") would normalise), eps a finite number > 0.
   with pytest.raises(ValueError, match="normalize must be True or False; got str 'no'"):
     linear_attention(q, k, v, normalize="no")

@@ -366,6 +366,13 @@ class TestValidation:
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
       initial_vla_state(1, 2, 4, 3, dtype=jnp.int32)
 
+  @pytest.mark.parametrize("arg,sizes,got", [("batch", (-2, 2, 4, 3), "int -2"),
+                                             ("batch", (2.0, 2, 4, 3), "float 2.0"),
+                                             ("dv", (1, 2, 4, "3"), "str '3'")])
+  def test_initial_state_sizes(self, arg, sizes, got):
+    with pytest.raises(ValueError, match=rf"^{arg} must be an int >= 0; got {got}$"):
+      initial_vla_state(*sizes)
+
   def test_unknown_impl_fails_before_tracing_under_grad(self):
     q, k, v, u = self.args
     with pytest.raises(ValueError, match="impl must be one of"):

@@ -41,15 +41,25 @@ def check_state(name, x, expected_shape):
   float64, the same rule for the sequence ops and the steps: a bfloat16 state would have
   lost the precision the recurrences keep)."""
   shape = getattr(x, "shape", None)
-  if shape is None or tuple(shape) != tuple(expected_shape):
-    raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got "
-                     f"{None if shape is None else tuple(shape)}")
+  if shape is None or not hasattr(x, "dtype"):
+    raise TypeError(f"{name} must be an array of shape {tuple(expected_shape)} (float32 or "
+                    f"float64); got {type(x).__name__}")
+  if tuple(shape) != tuple(expected_shape):
+    raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got {tuple(shape)}")
   check_state_dtype(name, x.dtype)
 
 
 def is_int(value):
   """Whether `value` is a Python or NumPy integer (not a bool)."""
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_size(name, value):
+  """`value` as an int if it is a Python or NumPy int >= 0 (a size: batch, heads, widths),
+  else ValueError naming the argument."""
+  if not is_int(value) or value < 0:
+    raise ValueError(f"{name} must be an int >= 0; got {type(value).__name__} {value!r}")
+  return int(value)
 
 
 def check_bool(name, value):

@@ -29,7 +29,10 @@ class VLAState(NamedTuple):
 
 def initial_vla_state(batch: int, heads: int, dk: int, dv: int, *, lam0: float = 1.0,
                       dtype: DTypeLike = jnp.float32) -> VLAState:
-  """S = 0, A = I / lam0, in `dtype` (float32 or float64)."""
+  """S = 0 [batch, heads, dv, dk], A = I / lam0 [batch, heads, dk, dk], in `dtype` (float32
+  or float64). The sizes are ints >= 0."""
+  batch, heads, dk, dv = (checks.check_size(name, n) for name, n in
+                          (("batch", batch), ("heads", heads), ("dk", dk), ("dv", dv)))
   checks.check_positive("lam0", lam0)
   checks.check_state_dtype("dtype", dtype)
   A = jnp.broadcast_to(jnp.eye(dk, dtype=dtype) / lam0, (batch, heads, dk, dk))
