@@ -43,9 +43,10 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
       S = 0, A = I / lam0.
     q_t, k_t, u_t: [B, H, dk]; v_t: [B, H, dv].
     beta_t: None (a write of strength 1) or [B, H] write strengths.
-    lam0: initial ridge, used only when `state` is None; then, computing in float32, it must
-      be at least `checks.MIN_LAM0_FLOAT32["scan"]` (the step is the scan's arithmetic), as
-      for `vla_recurrence(..., impl="scan")` (a concrete lam0 below is a ValueError).
+    lam0: initial ridge, a finite number > 0 (checked when concrete, as in `vla_recurrence`),
+      used only when `state` is None; then, computing in float32, it must be at least
+      `checks.MIN_LAM0_FLOAT32["scan"]` (the step is the scan's arithmetic), as for
+      `vla_recurrence(..., impl="scan")` (a concrete lam0 below is a ValueError).
 
   Returns:
     (o_t [B, H, dv] in v_t's dtype, the new `VLAState`).
@@ -54,6 +55,7 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   checks.check_step_tokens("u_t", u_t, batch=B, heads=H, dim=dk)
   if beta_t is not None:
     checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
+  checks.check_positive("lam0", lam0)   # used or not, as in `vla_recurrence`
   if state is None:
     dtype = checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t)
     checks.check_lam0(lam0, "scan", dtype)

@@ -90,10 +90,11 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
       whose key is zero is still dropped, whatever beta is. Not taken by the Pallas kernels
       (impl "pallas" and "pallas_interpret" raise ValueError naming it).
     lam0: ridge strength (> 0, a real number) of the initial penalty; used when
-      `initial_state` is None and at every document start of `segment_ids`. Computing in
-      float32, each impl takes lam0 >= `checks.MIN_LAM0_FLOAT32[impl]` (1e-3 for "chunked",
-      1e-4 for the others; smaller is a ValueError when lam0 is concrete): below, float32
-      has no correct digits left (or gives NaN). float64 inputs take any lam0 > 0.
+      `initial_state` is None and at every document start of `segment_ids`, and checked to be
+      a finite real number > 0 always (when concrete). When it is used and the compute dtype
+      is float32, each impl takes lam0 >= `checks.MIN_LAM0_FLOAT32[impl]` (1e-3 for
+      "chunked", 1e-4 for the others; smaller is a ValueError when lam0 is concrete): below,
+      float32 has no correct digits left (or gives NaN). float64 inputs take any lam0 > 0.
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
@@ -131,8 +132,8 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
 
   Raises:
     ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, a lam0 that
-    is not a number > 0 or below the float32 minimum (when its value is known; a traced lam0
-    under jit is not checked), a bad chunk_size, an
+    is not a finite number > 0 (always) or, where lam0 is used, below the float32 minimum
+    (when its value is known; a traced lam0 under jit is not checked), a bad chunk_size, an
     unknown impl or precision, or an initial state of the wrong shape or dtype.
   """
   impl = parse_impl(impl)
@@ -149,8 +150,7 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
                        "kernels write with strength 1; use impl='chunked' (or 'scan', "
                        "'associative_scan')")
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
-  if segment_ids is not None:
-    checks.check_positive("lam0", lam0)
+  checks.check_positive("lam0", lam0)   # used or not (README: ignored with initial_state)
   if segment_ids is not None and impl in KERNEL_IMPLS and (
       isinstance(lam0, jax.core.Tracer) or not np.isscalar(lam0)):
     raise ValueError(f"impl={impl.value!r} with segment_ids needs lam0 as a Python number (the "
