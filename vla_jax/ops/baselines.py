@@ -226,7 +226,8 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
       default matmul precision (`jax.default_matmul_precision`; unset: DEFAULT, which is
       exact float32 on CPU and one-pass TF32 on a GPU, ~1e-3 relative error); a
       `jax.lax.Precision` or 'default' / 'high' / 'highest' (also 'bfloat16' /
-      'tensorfloat32' / 'float32') overrides it.
+      'tensorfloat32' / 'float32') overrides it, as does a pair of two equal ones (an unequal
+      pair is a ValueError: the products take one precision).
 
   A NaN or Inf at token t (in k, v, beta or log_decay; a NaN or +inf log decay) leaves the
   outputs before t and their gradients unchanged; o from t on (to the end of its document

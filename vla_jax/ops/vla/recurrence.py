@@ -110,7 +110,9 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     precision: of the matrix products, for every impl. None (default) follows JAX's default
       matmul precision, read when the op is traced (`jax.default_matmul_precision(...)`;
       unset: DEFAULT). A `jax.lax.Precision` or one of 'default' / 'high' / 'highest' (also
-      'bfloat16' / 'tensorfloat32' / 'float32') overrides it. On CPU every setting computes
+      'bfloat16' / 'tensorfloat32' / 'float32') overrides it; so does a pair of two equal ones
+      (`jnp.matmul`'s per-operand form: the products take one precision, an unequal pair is a
+      ValueError). On CPU every setting computes
       float32 products exactly (relative error of o ~1e-6 against float64). On a GPU with
       float32 inputs DEFAULT is one-pass TF32 (~1e-3), HIGH three TF32 passes and HIGHEST
       IEEE float32 (~1e-6); bfloat16 inputs at DEFAULT multiply bfloat16 operands (~1e-2).
