@@ -154,6 +154,17 @@ def test_validation():
                                                                   jnp.zeros((1, 2, 3))))
   with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
     deltanet(q, k, v, beta, initial_state=jnp.zeros((1, 2, 4, 3)))
+  with pytest.raises(TypeError, match=r"initial_state must be an array of shape \(1, 2, 3, 4\) "
+                                      r"\(float32 or float64\); got tuple"):
+    deltanet(q, k, v, beta, initial_state=(jnp.zeros((1, 2, 3, 4)),))
+  # normalize is a bool (bool("no") would normalise), eps a finite number > 0.
+  with pytest.raises(ValueError, match="normalize must be True or False; got str 'no'"):
+    linear_attention(q, k, v, normalize="no")
+  for eps in (-1.0, 0.0, float("inf")):
+    with pytest.raises(ValueError, match=rf"eps must be a finite number > 0; got {eps}"):
+      linear_attention(q, k, v, normalize=True, eps=eps)
+  with pytest.raises(ValueError, match="eps must be a real number .* got str 'x'"):
+    linear_attention(q, k, v, normalize=True, eps="x")
   # A positive log decay grows the state (outputs 1.5e13 at +0.5, NaN at +5 before).
   with pytest.raises(ValueError, match=r"log_decay must be <= 0 .* got 0.5 at \[b, t, h\] = "
                                        r"\(0, 3, 1\)"):

@@ -314,6 +314,21 @@ class TestValidation:
     with pytest.raises(ValueError, match="lam0 must be a real number"):
       self.call(lam0=lam0)
 
+  def test_unused_lam0_is_still_checked(self):
+    """With an initial state and no segment_ids lam0 is unused, but a lam0 that is not a
+    number > 0 is a mistake all the same (op and step); the float32 floor, a limit of the
+    arithmetic, applies only where lam0 is used."""
+    state = initial_vla_state(1, 2, 4, 3)
+    tokens = [x[:, 0] for x in self.args]
+    for lam0, match in (("abc", "lam0 must be a real number"),
+                        (-1.0, "lam0 must be a finite number > 0")):
+      with pytest.raises(ValueError, match=match):
+        self.call(lam0=lam0, initial_state=state)
+      with pytest.raises(ValueError, match=match):
+        vla_step(state, *tokens, lam0=lam0)
+    jax.eval_shape(lambda: (self.call(lam0=1e-8, initial_state=state, impl="scan"),
+                            vla_step(state, *tokens, lam0=1e-8)))   # traced, not compiled
+
   @pytest.mark.parametrize("impl", ["scan", "associative_scan", "chunked", "pallas"])
   def test_lam0_below_the_float32_minimum(self, impl):
     low = MIN_LAM0_FLOAT32[impl]
@@ -365,6 +380,13 @@ class TestValidation:
       vla_step(bf16, *(x[:, 0] for x in self.args))
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
       initial_vla_state(1, 2, 4, 3, dtype=jnp.int32)
+
+  @pytest.mark.parametrize("arg,sizes,got", [("batch", (-2, 2, 4, 3), "int -2"),
+                                             ("batch", (2.0, 2, 4, 3), "float 2.0"),
+                                             ("dv", (1, 2, 4, "3"), "str '3'")])
+  def test_initial_state_sizes(self, arg, sizes, got):
+    with pytest.raises(ValueError, match=rf"^{arg} must be an int >= 0; got {got}$"):
+      initial_vla_state(*sizes)
 
   def test_unknown_impl_fails_before_tracing_under_grad(self):
     q, k, v, u = self.args
