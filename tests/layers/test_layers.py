@@ -161,7 +161,8 @@ def test_beta_projection_is_drawn_last_and_the_kernels_refuse_beta():
 
 def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
   """1 is the default (RESULTS.md sections 9 and 5); "inv_sqrt_dh" is the authors'
-  1 / sqrt(d_h); None, negative numbers and other strings are refused naming the option."""
+  1 / sqrt(d_h); None, negative or non-finite numbers and other strings are refused naming the
+  option."""
   assert VLAAttention(D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
   for head_dim in (None, 5):
     authors = VLAAttention(D, H, head_dim, penalty_scale="inv_sqrt_dh", rngs=nnx.Rngs(0))
@@ -169,8 +170,9 @@ def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
   assert make_mixer("vla", D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
   assert make_mixer("vla", D, H, options={"penalty_scale": 0}, rngs=nnx.Rngs(0)
                     ).penalty_scale == 0.0
-  for bad in (None, -0.5, "inv_sqrt", True, float("nan")):
-    with pytest.raises(ValueError, match="penalty_scale must be a number >= 0 or 'inv_sqrt_dh'"):
+  for bad in (None, -0.5, "inv_sqrt", True, float("nan"), float("inf")):
+    with pytest.raises(ValueError,
+                       match="penalty_scale must be a finite number >= 0 or 'inv_sqrt_dh'"):
       VLAAttention(D, H, penalty_scale=bad, rngs=nnx.Rngs(0))
 
 def test_registry_covers_all_mixers():
@@ -334,3 +336,17 @@ def test_gated_deltanet_gate_init_is_checked():
     make_mixer("deltanet", 16, 2, options={"gate_init": "slow"}, rngs=nnx.Rngs(0))
   layer = make_mixer("gated_deltanet", 16, 2, options={"gate_init": "slow"}, rngs=nnx.Rngs(0))
   assert layer.gate_init == "slow" and _gate(layer)[1].max() <= 1e-2 * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: VLAAttention(32, 2, penalty_scale=float("inf"), rngs=nnx.Rngs(0)),
+     "VLAAttention: penalty_scale must be a finite number >= 0 or 'inv_sqrt_dh'.* got inf"),
+    (lambda: SoftmaxAttention(32, 2, positions="rope", rope_base=float("inf"),
+                              rngs=nnx.Rngs(0)),
+     "SoftmaxAttention: rope_base must be a finite number > 1; got inf"),
+], ids=["penalty_scale", "rope_base"])
+def test_float_options_must_be_finite(call, match):
+  """Every float option of the layers refuses inf at construction, naming the option (inf
+  passed `>= 0` and gave NaN outputs, or a meaningless rotation)."""
+  with pytest.raises(ValueError, match=match):
+    call()

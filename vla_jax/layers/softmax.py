@@ -1,5 +1,6 @@
 """`SoftmaxAttention`: causal multi-head softmax attention."""
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -102,8 +103,8 @@ class SoftmaxAttention(nnx.Module):
     common.check_choice(name, "positions", positions, POSITIONS)
     if positions == "rope" and self.head_dim % 2:
       raise ValueError(f"{name}: positions='rope' needs an even head_dim; got {self.head_dim}")
-    if not (isinstance(rope_base, (int, float)) and rope_base > 1):
-      raise ValueError(f"{name}: rope_base must be a number > 1; got {rope_base!r}")
+    if not (isinstance(rope_base, (int, float)) and math.isfinite(rope_base) and rope_base > 1):
+      raise ValueError(f"{name}: rope_base must be a finite number > 1; got {rope_base!r}")
     self.positions = positions
     self.rope_base = float(rope_base)
     self.dtype = dtype

@@ -32,14 +32,14 @@ INV_SQRT_DH = "inv_sqrt_dh"
 
 
 def penalty_scale_value(name, penalty_scale, head_dim):
-  """The norm of u that `penalty_scale` (a number >= 0 or `INV_SQRT_DH`) gives at `head_dim`;
-  ValueError naming the option otherwise (None included)."""
+  """The norm of u that `penalty_scale` (a finite number >= 0 or `INV_SQRT_DH`) gives at
+  `head_dim`; ValueError naming the option otherwise (None and inf included)."""
   if isinstance(penalty_scale, str) and penalty_scale == INV_SQRT_DH:
     return 1.0 / math.sqrt(head_dim)
   if (isinstance(penalty_scale, numbers.Real) and not isinstance(penalty_scale, bool)
-      and penalty_scale >= 0):
+      and math.isfinite(penalty_scale) and penalty_scale >= 0):
     return float(penalty_scale)
-  raise ValueError(f"{name}: penalty_scale must be a number >= 0 or {INV_SQRT_DH!r} (the "
+  raise ValueError(f"{name}: penalty_scale must be a finite number >= 0 or {INV_SQRT_DH!r} (the "
                    f"authors' 1 / sqrt(head_dim)); got {penalty_scale!r}")
 
 
@@ -72,7 +72,7 @@ class VLAAttention(RecurrentMixer):
       `RecurrentMixer` (the op: `vla_recurrence`, whose kernel support is
       `vla_jax.kernels.config`'s table).
     lam0: ridge strength of the initial penalty (A_0 = I / lam0).
-    penalty_scale: norm of u per head: a number >= 0 (default `DEFAULT_PENALTY_SCALE`, 1) or
+    penalty_scale: norm of u per head: a finite number >= 0 (default `DEFAULT_PENALTY_SCALE`, 1) or
       "inv_sqrt_dh" (`INV_SQRT_DH`): 1 / sqrt(head_dim), the authors' choice. The attribute
       holds the number. 1 is the default by measurement: fewer failed
       seeds on zoology's MQAR and better or tied at every cell (RESULTS.md sections 9 and 5).
