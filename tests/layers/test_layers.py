@@ -350,3 +350,16 @@ def test_float_options_must_be_finite(call, match):
   passed `>= 0` and gave NaN outputs, or a meaningless rotation)."""
   with pytest.raises(ValueError, match=match):
     call()
+
+
+@pytest.mark.parametrize("name,option", [
+    ("linear", "normalize"), ("vla", "out_norm"), ("linear", "out_norm"),
+    ("deltanet", "out_norm"), ("gated_deltanet", "out_norm"), ("vla", "beta"),
+    ("deltanet", "output_gate")])
+def test_bool_options_must_be_bools(name, option):
+  """A bool option takes True or False only: a string such as "no" (which bool() makes True)
+  is refused at construction, naming the layer and the option."""
+  with pytest.raises(ValueError, match=f"{MIXERS[name].__name__}: {option} must be True or "
+                                       "False; got 'no'"):
+    make_mixer(name, 32, 2, options={option: "no"}, rngs=nnx.Rngs(0))
+  make_mixer(name, 32, 2, options={option: np.bool_(False)}, rngs=nnx.Rngs(0))

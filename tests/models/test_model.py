@@ -102,9 +102,11 @@ def test_remat_keeps_the_gradients_and_saves_activation_memory():
   assert temp[1] < temp[0], temp
 
 
-def test_remat_must_be_a_bool():
-  with pytest.raises(ValueError, match="model.remat must be True or False"):
-    ModelConfig(remat="yes", **SMALL)
+@pytest.mark.parametrize("option", ["remat", "tie_embeddings"])
+def test_bool_options_must_be_bools(option):
+  """A string such as "no" (which bool() makes True) is refused, naming the option."""
+  with pytest.raises(ValueError, match=f"model: {option} must be True or False; got 'no'"):
+    ModelConfig(**{option: "no"}, **SMALL)
 
 
 @nnx.jit

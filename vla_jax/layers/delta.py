@@ -85,10 +85,10 @@ class DeltaNet(RecurrentMixer):
     self.output_gate = common.check_bool(name, "output_gate", output_gate)
     self.expand_v = common.check_positive_int(name, "expand_v", expand_v)
     self.value_head_dim = self.expand_v * self.head_dim
-    self.gate_norm = bool(out_norm)
+    self.gate_norm = common.check_bool(name, "out_norm", out_norm)
     # With the output gate its RMSNorm is the output's norm: no LayerNorm over merged heads.
     self._build(d_model, impl=impl, chunk_size=chunk_size, conv_size=conv_size,
-                out_norm=out_norm and not self.output_gate, param_dtype=param_dtype,
+                out_norm=self.gate_norm and not self.output_gate, param_dtype=param_dtype,
                 rngs=rngs)
 
   @classmethod

@@ -69,6 +69,7 @@ class RecurrentMixer(nnx.Module):
   def _build(self, d_model, *, impl, chunk_size, conv_size, out_norm, param_dtype, rngs):
     """Checks `impl` and `chunk_size`, then draws the parameters in the module's order."""
     name = type(self).__name__
+    out_norm = common.check_bool(name, "out_norm", out_norm)
     self.impl, self.chunk_size = common.check_recurrence_options(
         name, impl, chunk_size, **self._kernel_facts())
     inner = self.num_heads * self.head_dim

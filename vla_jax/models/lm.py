@@ -92,8 +92,8 @@ class ModelConfig:
     common.check_choice("model", "pos_emb", self.pos_emb, POSITION_EMBEDDINGS)
     common.check_choice("model", "dtype", self.dtype, tuple(DTYPES))
     common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
-    if not isinstance(self.remat, bool):
-      raise ValueError(f"model.remat must be True or False; got {self.remat!r}")
+    for name in ("tie_embeddings", "remat"):
+      common.check_bool("model", name, getattr(self, name))
     self.check_impl()
 
   def check_impl(self, packed: bool = False):
