@@ -363,3 +363,12 @@ def test_bool_options_must_be_bools(name, option):
                                        "False; got 'no'"):
     make_mixer(name, 32, 2, options={option: "no"}, rngs=nnx.Rngs(0))
   make_mixer(name, 32, 2, options={option: np.bool_(False)}, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (-1.0, "a finite number > 0; got -1.0"), (0.0, "a finite number > 0; got 0.0"),
+    (float("inf"), "a finite number > 0; got inf"), ("a", "a real number .* > 0; got str 'a'")],
+    ids=["negative", "zero", "inf", "str"])
+def test_readout_eps_must_be_a_finite_positive_number(bad, match):
+  with pytest.raises(ValueError, match=f"VLAAttention: readout_eps must be {match}"):
+    VLAAttention(32, 2, readout="delta", readout_eps=bad, rngs=nnx.Rngs(0))

@@ -77,7 +77,7 @@ class VLAAttention(RecurrentMixer):
       holds the number. 1 is the default by measurement: fewer failed
       seeds on zoology's MQAR and better or tied at every cell (RESULTS.md sections 9 and 5).
     readout: "none" | "additive" | "delta" (default `DEFAULT_READOUT`).
-    readout_eps: the floor of the readout's denominator (default 1e-6).
+    readout_eps: the floor of the readout's denominator, a finite number > 0 (default 1e-6).
     u_init: W_u's initialisation: "random" (default; flax's LeCun normal, as every projection)
       or "identity" (W_u = I: each u_t starts along its raw key k_raw_t). u is normalised, so
       W_u's scale sets only how fast training turns u, not u itself.
@@ -120,6 +120,7 @@ class VLAAttention(RecurrentMixer):
                        "(ELU + 1's): use readout 'none' or 'delta', or qk_map 'elu1'")
     try:
       checks.check_lam0(lam0, impl, common.state_dtype(dtype))
+      checks.check_positive("readout_eps", readout_eps)
     except ValueError as e:
       raise ValueError(f"{name}: {e}") from None
     self.lam0 = float(lam0)
