@@ -372,3 +372,23 @@ def test_bool_options_must_be_bools(name, option):
 def test_readout_eps_must_be_a_finite_positive_number(bad, match):
   with pytest.raises(ValueError, match=f"VLAAttention: readout_eps must be {match}"):
     VLAAttention(32, 2, readout="delta", readout_eps=bad, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_inputs_are_checked_naming_x(name):
+  """`__call__` and `prefill` take x [B, T, d_model] of a floating dtype: another rank, width
+  or an integer dtype raises naming x and the expected shape (not a concatenate, broadcast or
+  dot_general error, nor a silent cast), as `step` does for x_t."""
+  mixer = make_mixer(name, 16, 2, rngs=nnx.Rngs(0))
+  cache = mixer.init_cache(2, 8)
+  for call in (mixer, lambda x: mixer.prefill(x, cache)):
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model=16\] \(a "
+                                         r"sequence; .*\); got \(2, 16\)"):
+      call(jnp.zeros((2, 16)))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model=16\]; got "
+                                         r"\(2, 3, 8\)"):
+      call(jnp.zeros((2, 3, 8)))
+    with pytest.raises(TypeError, match="x must have a floating dtype .*; got int32"):
+      call(jnp.zeros((2, 3, 16), jnp.int32))
+  with pytest.raises(TypeError, match="x_t must have a floating dtype .*; got int32"):
+    mixer.step(jnp.zeros((2, 16), jnp.int32), cache)

@@ -1,6 +1,8 @@
 """The language model: tied/untied heads, position embeddings, config errors, remat, padding
 masks (every mixer's model, its causality and streaming: tests/layers/test_streaming.py)."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -155,7 +157,8 @@ def test_padding_mask_gives_the_unpadded_logits(mixer):
 
 def test_token_ids_out_of_range_are_errors():
   """Concrete ids outside [0, vocab_size): a ValueError naming the id, its position and
-  vocab_size, from __call__, prefill and step; float tokens are a TypeError."""
+  vocab_size, from __call__, prefill and step; float tokens are a TypeError, tokens of another
+  rank a ValueError."""
   model = LanguageModel(ModelConfig(mixer="deltanet", **SMALL), rngs=nnx.Rngs(0))
   tokens = jnp.zeros((2, 6), jnp.int32)
   cache = model.init_cache(2, 8)
@@ -169,6 +172,12 @@ def test_token_ids_out_of_range_are_errors():
     model.step(jnp.asarray([40, 0], jnp.int32), cache)
   with pytest.raises(TypeError, match="int array of token ids"):
     model(tokens.astype(jnp.float32))
+  for bad in (tokens[0], tokens[..., None]):   # an IndexError / a broadcasting error before
+    with pytest.raises(ValueError, match=re.escape(
+        f"tokens must have shape [B, T] (int token ids); got {tuple(bad.shape)}")):
+      model(bad)
+    with pytest.raises(ValueError, match=r"tokens must have shape \[B, T\]"):
+      model.prefill(bad, cache)
 
 
 @pytest.mark.parametrize("mixer", ["vla", "softmax"])

@@ -361,14 +361,23 @@ def convolve(convs, tensors, prefixes=None, mask=None, docs=None):
   return outputs, tails
 
 
-def check_token(name, x_t, d_model):
-  """A step's input: one token per sequence, [B, d_model]."""
-  shape = getattr(x_t, "shape", None)
-  if shape is None or len(shape) != 2 or shape[1] != d_model:
-    hint = (" (one token; use the mixer's __call__ or prefill for [B, T, d_model])"
-            if shape is not None and len(shape) == 3 else "")
-    raise ValueError(f"{name}: x_t must have shape [B, d_model={d_model}]{hint}; got "
+def check_input(name, x, d_model, *, step=False):
+  """A mixer's input: x [B, T, d_model] (`__call__`, `prefill`) or, with `step`, one token per
+  sequence x_t [B, d_model], of a floating dtype. Raises ValueError for another shape and
+  TypeError for another dtype, naming the layer, the argument and what was expected."""
+  arg, layout = ("x_t", "[B, d_model") if step else ("x", "[B, T, d_model")
+  shape = getattr(x, "shape", None)
+  if shape is None or len(shape) != 2 + (not step) or shape[-1] != d_model:
+    hint = ""
+    if shape is not None and len(shape) == 3 and step:
+      hint = " (one token; use the mixer's __call__ or prefill for [B, T, d_model])"
+    elif shape is not None and len(shape) == 2 and not step:
+      hint = " (a sequence; use the mixer's step for one token [B, d_model])"
+    raise ValueError(f"{name}: {arg} must have shape {layout}={d_model}]{hint}; got "
                      f"{None if shape is None else tuple(shape)}")
+  if not jnp.issubdtype(getattr(x, "dtype", None), jnp.floating):
+    raise TypeError(f"{name}: {arg} must have a floating dtype (float32, bfloat16, float16 or "
+                    f"float64); got {x.dtype}")
 
 
 class OutputProjection(nnx.Module):

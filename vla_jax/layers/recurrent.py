@@ -172,6 +172,7 @@ class RecurrentMixer(nnx.Module):
     None: one document) packs documents, each computed alone (the state, the convolutions
     and any readout state restart; see `vla_jax.layers.common`)."""
     name = type(self).__name__
+    common.check_input(name, x, self.q_proj.in_features)
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
@@ -189,7 +190,7 @@ class RecurrentMixer(nnx.Module):
            ) -> tuple[jax.Array, common.RecurrentCache]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); work and memory independent
     of the tokens before."""
-    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    common.check_input(type(self).__name__, x_t, self.q_proj.in_features, step=True)
     x = x_t[:, None].astype(self.dtype)
     inputs, tails = self.features(x, cache.conv)
     o_t, state = self.STEP(cache.state, *(None if a is None else a[:, 0] for a in inputs),

@@ -142,6 +142,7 @@ class SoftmaxAttention(nnx.Module):
     are 0. `segment_ids` ([B, T] int): packed documents; a query attends to the keys of its
     own document only (causal AND same document; `vla_jax.layers.common`)."""
     name = type(self).__name__
+    common.check_input(name, x, self.q_proj.in_features)
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
@@ -231,13 +232,14 @@ class SoftmaxAttention(nnx.Module):
     are attended to by x's first document only, and the returned cache marks the slots of
     every document but the last as not real (a later `step` continues the last document)."""
     name = type(self).__name__
+    common.check_input(name, x, self.q_proj.in_features)
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     return self._attend_cache(x, cache, mask, docs)
 
   def step(self, x_t: jax.Array, cache: "KVCache") -> tuple[jax.Array, "KVCache"]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(max_len d_h) per head."""
-    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    common.check_input(type(self).__name__, x_t, self.q_proj.in_features, step=True)
     y, cache = self._attend_cache(x_t[:, None], cache)
     return y[:, 0], cache
 

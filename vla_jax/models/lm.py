@@ -199,7 +199,8 @@ class LanguageModel(nnx.Module):
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
   def _check_ids(self, tokens, name="tokens"):
-    """Token ids must be ints in [0, vocab_size): a ValueError naming the first offending id,
+    """Token ids must be an int array, [B, T] for `name` "tokens" ([B] for "token", whose
+    shape `step` checks), and in [0, vocab_size): a ValueError naming the first offending id,
     its position and vocab_size when the ids are concrete (an eager call, `generate`'s
     prompt). Under jit they are tracers and are not checked here: `_embed` turns an id out of
     range into a NaN embedding (never another token's), whose NaN stays in its own document
@@ -207,6 +208,9 @@ class LanguageModel(nnx.Module):
     if not jnp.issubdtype(getattr(tokens, "dtype", np.float64), jnp.integer):
       raise TypeError(f"{name} must be an int array of token ids; got "
                       f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if name == "tokens" and tokens.ndim != 2:
+      raise ValueError(f"tokens must have shape [B, T] (int token ids); got "
+                       f"{tuple(tokens.shape)}")
     if isinstance(tokens, jax.core.Tracer):
       return
     ids = np.asarray(tokens)
@@ -248,10 +252,10 @@ class LanguageModel(nnx.Module):
     """tokens: [B, T] int, T <= max_len -> the last block's output [B, T, d_model] (before
     the final LayerNorm and the head; `head_logits` maps it to logits). `attention_mask` and
     `segment_ids` as in `__call__`."""
+    self._check_ids(tokens)
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
-    self._check_ids(tokens)
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
     x = self._embed(tokens, 0, mask, docs)
     for block in self.blocks:
@@ -316,8 +320,8 @@ class LanguageModel(nnx.Module):
     alone would). `segment_ids` packs documents as in `__call__`: the first continues the
     cache, and the returned cache (positions included) continues the last. Raises ValueError
     when the tokens do not fit (see `_check_room`; KV caches are checked by their layers)."""
-    self._check_room(cache, tokens.shape[1])
     self._check_ids(tokens)
+    self._check_room(cache, tokens.shape[1])
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
     x = self._embed(tokens, cache.position, mask, docs)
     layers = []
