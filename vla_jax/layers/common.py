@@ -380,6 +380,40 @@ def check_input(name, x, d_model, *, step=False):
                     f"float64); got {x.dtype}")
 
 
+def check_batch_size(name, batch_size):
+  """`batch_size` (of `init_cache`) as an int if it is one >= 0, else ValueError naming it."""
+  if not checks.is_int(batch_size) or batch_size < 0:
+    raise ValueError(f"{name}: batch_size must be an int >= 0; got {batch_size!r}")
+  return int(batch_size)
+
+
+def check_cache(name, cache, cls, expected, batch, arg):
+  """Checks a streaming cache before a `prefill` or `step` of `batch` sequences (`arg`: the
+  input, "x" or "x_t"): a `cls` (TypeError otherwise, None included) whose arrays have the
+  shapes of `expected()`, the abstract cache (`jax.eval_shape`) that the layer's `init_cache`
+  gives for `batch` (ValueError naming the batch sizes, or the part of the cache and both
+  shapes)."""
+  if not isinstance(cache, cls):
+    raise TypeError(f"{name}: cache must be a {cls.__name__} (the layer's init_cache or the "
+                    f"cache a prefill or step returned); got {type(cache).__name__}")
+  want = expected()
+  got, tree = jax.tree_util.tree_flatten_with_path(cache)
+  wanted, want_tree = jax.tree_util.tree_flatten_with_path(want)
+  if tree != want_tree:
+    raise ValueError(f"{name}: cache does not have the layout of this layer's init_cache: "
+                     f"{tree}; expected {want_tree}")
+  for (_, a), (_, w) in zip(got, wanted):
+    shape = tuple(getattr(a, "shape", ()))
+    if w.ndim and shape[:1] != (batch,):
+      raise ValueError(f"{name}: cache is for batch size {shape[0] if shape else None}; {arg} "
+                       f"has B={batch} (init_cache({batch}))")
+  for (path, a), (_, w) in zip(got, wanted):
+    if tuple(getattr(a, "shape", ())) != w.shape:
+      raise ValueError(f"{name}: cache{jax.tree_util.keystr(path)} has shape "
+                       f"{tuple(getattr(a, 'shape', ()))}; expected {w.shape} (this layer's "
+                       f"init_cache)")
+
+
 class OutputProjection(nnx.Module):
   """Merges heads, applies an optional LayerNorm over the merged width and the output
   projection W_o: [B, T, H, D] -> [B, T, d_model]."""

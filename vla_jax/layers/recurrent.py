@@ -156,12 +156,18 @@ class RecurrentMixer(nnx.Module):
     return self._inputs(x, q, k, v, mask), tails
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> common.RecurrentCache:
-    """The empty streaming cache (`max_len` is not needed: the state has a fixed size)."""
+    """The empty streaming cache for `batch_size` (an int >= 0) sequences (`max_len` is not
+    needed: the state has a fixed size)."""
     del max_len
+    batch_size = common.check_batch_size(type(self).__name__, batch_size)
     return common.RecurrentCache(
         state=self._initial_state(batch_size),
         conv=common.empty_prefixes(self.conv, batch_size),
         norm=self._initial_norm(batch_size))
+
+  def _check_cache(self, cache, batch, arg):
+    common.check_cache(type(self).__name__, cache, common.RecurrentCache,
+                       lambda: jax.eval_shape(lambda: self.init_cache(batch)), batch, arg)
 
   def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
               attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None
@@ -176,7 +182,10 @@ class RecurrentMixer(nnx.Module):
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
-    cache = self.init_cache(x.shape[0]) if cache is None else cache
+    if cache is None:
+      cache = self.init_cache(x.shape[0])
+    else:
+      self._check_cache(cache, x.shape[0], "x")
     impl = common.recurrence_impl(name, self.impl, chunk_size=self.chunk_size, docs=docs,
                                   **self._kernel_facts())
     inputs, tails = self.features(x, cache.conv, attention_mask=mask, docs=docs)
@@ -191,6 +200,7 @@ class RecurrentMixer(nnx.Module):
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); work and memory independent
     of the tokens before."""
     common.check_input(type(self).__name__, x_t, self.q_proj.in_features, step=True)
+    self._check_cache(cache, x_t.shape[0], "x_t")
     x = x_t[:, None].astype(self.dtype)
     inputs, tails = self.features(x, cache.conv)
     o_t, state = self.STEP(cache.state, *(None if a is None else a[:, 0] for a in inputs),

@@ -165,10 +165,11 @@ class SoftmaxAttention(nnx.Module):
     return common.mask_tokens(mask, self.out(guard.outputs(o)))
 
   def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
-    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`,
+    """A preallocated KV cache of `batch_size` (an int >= 0) sequences of `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`,
     which slots hold real tokens, the number of slots written, `index` (memory grows with
     max_len, unlike the recurrences), and the short convolutions' input tails (() without
     convolution)."""
+    batch_size = common.check_batch_size(type(self).__name__, batch_size)
     if not checks.is_int(max_len) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
     shape = (batch_size, int(max_len), self.num_heads, self.head_dim)
@@ -176,10 +177,14 @@ class SoftmaxAttention(nnx.Module):
                    jnp.zeros(shape[:2], jnp.bool_), jnp.zeros((), jnp.int32),
                    common.empty_prefixes(self.conv, batch_size))
 
-  def _attend_cache(self, x, cache, mask=None, docs=None):
+  def _attend_cache(self, x, cache, mask=None, docs=None, arg="x"):
     """Writes x's keys and values at cache.index and attends over the real tokens written;
     with `docs`, the slots written before x only from x's first document, x's own keys only
-    from the same document."""
+    from the same document. `arg`: the caller's input, named by the cache's check."""
+    common.check_cache(type(self).__name__, cache, KVCache,
+                       lambda: jax.eval_shape(
+                           lambda: self.init_cache(x.shape[0], cache.k.shape[1])),
+                       x.shape[0], arg)
     B, T, L = x.shape[0], x.shape[1], cache.k.shape[1]
     index = common.concrete_int(cache.index)
     if T > L or (index is not None and index + T > L):
@@ -240,7 +245,7 @@ class SoftmaxAttention(nnx.Module):
   def step(self, x_t: jax.Array, cache: "KVCache") -> tuple[jax.Array, "KVCache"]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(max_len d_h) per head."""
     common.check_input(type(self).__name__, x_t, self.q_proj.in_features, step=True)
-    y, cache = self._attend_cache(x_t[:, None], cache)
+    y, cache = self._attend_cache(x_t[:, None], cache, arg="x_t")
     return y[:, 0], cache
 
 

@@ -288,15 +288,30 @@ class LanguageModel(nnx.Module):
     return self._logits(self.features(tokens, attention_mask, segment_ids))
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> ModelCache:
-    """An empty streaming cache for sequences of up to `max_len` tokens (default
-    model.max_len; softmax layers preallocate their KV cache to it, and padded tokens take
-    room there too)."""
+    """An empty streaming cache for `batch_size` (an int >= 0) sequences of up to `max_len`
+    tokens (default model.max_len; softmax layers preallocate their KV cache to it, and padded
+    tokens take room there too)."""
+    batch_size = common.check_batch_size("LanguageModel", batch_size)
     max_len = self.config.max_len if max_len is None else max_len
     if not 0 < max_len <= self.config.max_len:
       raise ValueError(f"cache max_len must be in [1, model.max_len={self.config.max_len}]; "
                        f"got {max_len}")
     return ModelCache(jnp.zeros((batch_size,), jnp.int32),
                       tuple(b.mixer.init_cache(batch_size, max_len) for b in self.blocks))
+
+  def _check_cache(self, cache, batch, arg):
+    """A `ModelCache` of one layer cache per block, for `batch` sequences (each layer checks
+    its own cache's shapes)."""
+    if not isinstance(cache, ModelCache):
+      raise TypeError(f"cache must be a ModelCache (LanguageModel.init_cache); got "
+                      f"{type(cache).__name__}")
+    if len(cache.layers) != len(self.blocks):
+      raise ValueError(f"cache has {len(cache.layers)} layer caches; the model has "
+                       f"{len(self.blocks)} blocks")
+    shape = tuple(getattr(cache.position, "shape", ()))
+    if shape != (batch,):
+      raise ValueError(f"cache is for batch size {shape[0] if shape else None}; {arg} has "
+                       f"B={batch} (init_cache({batch}))")
 
   def _check_room(self, cache, T):
     """With learned positions, the next T tokens must stay within model.max_len (a position
@@ -321,6 +336,7 @@ class LanguageModel(nnx.Module):
     cache, and the returned cache (positions included) continues the last. Raises ValueError
     when the tokens do not fit (see `_check_room`; KV caches are checked by their layers)."""
     self._check_ids(tokens)
+    self._check_cache(cache, tokens.shape[0], "tokens")
     self._check_room(cache, tokens.shape[1])
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
     x = self._embed(tokens, cache.position, mask, docs)
@@ -336,6 +352,7 @@ class LanguageModel(nnx.Module):
     if getattr(token, "ndim", None) != 1:
       raise ValueError(f"step takes one token per sequence, shape [B]; got shape "
                        f"{getattr(token, 'shape', None)} (use prefill for [B, T])")
+    self._check_cache(cache, token.shape[0], "token")
     self._check_room(cache, 1)
     self._check_ids(token, "token")
     x = self._embed(token[:, None], cache.position)[:, 0]
