@@ -392,3 +392,14 @@ def test_inputs_are_checked_naming_x(name):
       call(jnp.zeros((2, 3, 16), jnp.int32))
   with pytest.raises(TypeError, match="x_t must have a floating dtype .*; got int32"):
     mixer.step(jnp.zeros((2, 16), jnp.int32), cache)
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_dtypes_must_be_floating(name):
+  """A non-float dtype or param_dtype is refused at construction, naming it (it built, then
+  failed inside flax with "Dtype must be inexact")."""
+  for arg in ("dtype", "param_dtype"):
+    for bad, shown in ((jnp.int32, "int32"), ("bogus", "'bogus'")):
+      with pytest.raises(TypeError, match=f"{MIXERS[name].__name__}: {arg} must be a floating "
+                                          f"dtype .*; got {shown}$"):
+        make_mixer(name, 16, 2, rngs=nnx.Rngs(0), **{arg: bad})

@@ -203,6 +203,20 @@ def check_choice(name, arg, value, choices):
   return value
 
 
+def check_dtype(name, arg, dtype):
+  """`dtype` (a layer's dtype or param_dtype) if it names a floating dtype, else TypeError
+  naming the layer and the argument."""
+  try:
+    floating = dtype is not None and jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    shown = jnp.dtype(dtype).name
+  except TypeError:
+    floating, shown = False, repr(dtype)
+  if not floating:
+    raise TypeError(f"{name}: {arg} must be a floating dtype (float32, bfloat16, float16 or "
+                    f"float64); got {shown}")
+  return dtype
+
+
 def check_bool(name, arg, value):
   """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option."""
   if not isinstance(value, (bool, np.bool_)):

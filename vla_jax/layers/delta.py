@@ -80,7 +80,7 @@ class DeltaNet(RecurrentMixer):
                output_gate: bool = DEFAULT_OUTPUT_GATE, expand_v: int = DEFAULT_EXPAND_V,
                dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
-    super().__init__(d_model, num_heads, head_dim, dtype=dtype)
+    super().__init__(d_model, num_heads, head_dim, dtype=dtype, param_dtype=param_dtype)
     name = type(self).__name__
     self.output_gate = common.check_bool(name, "output_gate", output_gate)
     self.expand_v = common.check_positive_int(name, "expand_v", expand_v)

@@ -20,7 +20,7 @@ from vla_jax.layers import common
 class RecurrentMixer(nnx.Module):
   """The shared skeleton of the recurrent mixers, x [B, T, d_model] -> [B, T, d_model].
 
-  A subclass's `__init__` calls `super().__init__` (widths and dtype), checks its own options,
+  A subclass's `__init__` calls `super().__init__` (widths and dtypes), checks its own options,
   then `self._build(...)`: impl and chunk size, then the parameters in a fixed order (W_q, W_k,
   W_v, `_init_params`, the convolutions, `_init_late_params`, W_o: the order of the seed's
   draws).
@@ -60,8 +60,11 @@ class RecurrentMixer(nnx.Module):
   INPUT_NAMES = ("q", "k", "v")
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               dtype: DTypeLike = jnp.float32):
-    self.head_dim = common.resolve_head_dim(type(self).__name__, d_model, num_heads, head_dim)
+               dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32):
+    name = type(self).__name__
+    common.check_dtype(name, "dtype", dtype)
+    common.check_dtype(name, "param_dtype", param_dtype)
+    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.value_head_dim = self.head_dim
     self.num_heads = num_heads
     self.dtype = dtype

@@ -89,6 +89,8 @@ class SoftmaxAttention(nnx.Module):
                rope_base: float = 10000.0, dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
     name = type(self).__name__
+    common.check_dtype(name, "dtype", dtype)
+    common.check_dtype(name, "param_dtype", param_dtype)
     self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     if num_heads * self.head_dim != d_model:
       raise ValueError(f"{name}: num_heads * head_dim must equal d_model; got "

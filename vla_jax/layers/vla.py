@@ -108,7 +108,7 @@ class VLAAttention(RecurrentMixer):
                conv_size: int = common.DEFAULT_CONV_SIZE, qk_map: str = "elu1",
                beta: bool = False, out_norm: bool = True, dtype: DTypeLike = jnp.float32,
                param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs):
-    super().__init__(d_model, num_heads, head_dim, dtype=dtype)
+    super().__init__(d_model, num_heads, head_dim, dtype=dtype, param_dtype=param_dtype)
     name = type(self).__name__
     self.readout = common.check_choice(name, "readout", readout, READOUTS)
     self.u_init = common.check_choice(name, "u_init", u_init, U_INITS)
