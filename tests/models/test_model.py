@@ -52,10 +52,34 @@ def test_too_long_sequence_fails():
     ({"impl": "pallas", "d_model": 24}, r"model.impl='pallas' cannot run here: head_dim"),
     ({"impl": "pallas_interpret", "num_heads": 1, "chunk_size": 256},
      "model.impl='pallas_interpret' cannot run here: chunk_size=256"),
+    ({"chunk_size": 48}, r"model.chunk_size must be a power of two in \[16, 256\]; got 48"),
+    ({"mixer_options": {"lam0": -2.0}},
+     "model.mixer_options: VLAAttention: lam0 must be a finite number > 0; got -2.0"),
+    ({"mixer_options": {"penalty_scale": float("inf")}},
+     "model.mixer_options: VLAAttention: penalty_scale must be a finite number"),
+    ({"mixer": "linear", "mixer_options": {"normalize": "no"}},
+     "model.mixer_options: LinearAttention: normalize must be True or False"),
 ])
 def test_bad_model_configs(change, match):
   with pytest.raises(ValueError, match=match):
     LanguageModel(ModelConfig(**{**SMALL, **change}), rngs=nnx.Rngs(0))
+
+
+def test_mixer_options_are_a_mapping_or_pairs_and_keep_the_config_hashable():
+  """A mapping or (name, value) pairs (a list too, as JSON gives them back) become sorted
+  pairs, so that the config hashes; anything else, a repeated name or an unhashable value is
+  refused naming model.mixer_options (a list was kept and hash() raised)."""
+  want = ModelConfig(**SMALL, mixer_options={"lam0": 2.0, "readout": "delta"})
+  for given in ([("readout", "delta"), ("lam0", 2.0)], [["lam0", 2.0], ["readout", "delta"]]):
+    config = ModelConfig(**SMALL, mixer_options=given)
+    assert config == want and hash(config) == hash(want)
+    assert config.mixer_options == (("lam0", 2.0), ("readout", "delta"))
+  for bad, match in (("lam0", "a mapping of option names to values"),
+                     ([("lam0",)], "a mapping of option names to values"),
+                     ([("lam0", 1.0), ("lam0", 2.0)], "repeats option 'lam0'"),
+                     ({"lam0": [1.0]}, "option lam0 has an unhashable value")):
+    with pytest.raises(ValueError, match=f"model.mixer_options.*{match}"):
+      ModelConfig(**SMALL, mixer_options=bad)
 
 
 def test_impl_defaults_to_auto():

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -14,6 +15,7 @@ from vla_jax.layers import common
 from vla_jax.layers.registry import (check_mixer_impl, check_mixer_options, make_mixer,
                                      mixer_class)
 from vla_jax.ops import checks
+from vla_jax.ops.impl import Impl, parse_impl
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,7 +39,8 @@ class ModelConfig:
       (`vla_jax.ops.impl.resolve_impl`); or "chunked", "scan", "associative_scan", "pallas",
       "pallas_interpret". An explicit "pallas" the kernel does not take raises at validation.
     chunk_size: tokens per chunk of the recurrent mixers.
-    mixer_options: the mixer's own options as sorted (name, value) pairs.
+    mixer_options: the mixer's own options as sorted (name, value) pairs (given as a mapping
+      or as pairs; `option_pairs`).
     dtype, param_dtype: "float32" | "bfloat16" | "float16" names: the activations' and the
       parameters' dtypes (recurrent states are float32 whatever `dtype`; logits float32).
       Mixed precision: dtype "bfloat16" with param_dtype "float32" (parameters and so the
@@ -65,8 +68,7 @@ class ModelConfig:
   remat: bool = False
 
   def __post_init__(self):
-    if isinstance(self.mixer_options, dict):
-      object.__setattr__(self, "mixer_options", tuple(sorted(self.mixer_options.items())))
+    object.__setattr__(self, "mixer_options", option_pairs(self.mixer_options))
     self.validate()
 
   @property
@@ -78,7 +80,11 @@ class ModelConfig:
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
   def validate(self) -> None:
-    """Raises ValueError with a clear message for an inconsistent configuration."""
+    """Raises ValueError with a clear message for an inconsistent configuration: the fields,
+    then the mixer as `Block` builds it, abstractly (`nnx.eval_shape`: every check of its
+    constructor, no parameter allocated), except for the backend, which the layers check
+    when they are built (an explicit impl "pallas" is checked as "pallas_interpret", the same
+    kernel's facts on any backend)."""
     mixer_class(self.mixer)
     check_mixer_options(self.mixer, self.options)
     for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
@@ -94,7 +100,20 @@ class ModelConfig:
     common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
     for name in ("tie_embeddings", "remat"):
       common.check_bool("model", name, getattr(self, name))
+    try:
+      checks.check_chunk_size(self.chunk_size)
+    except ValueError as e:
+      raise ValueError(f"model.{e}") from None
     self.check_impl()
+    impl = parse_impl(self.impl, tuple(Impl))
+    try:
+      nnx.eval_shape(lambda: make_mixer(
+          self.mixer, self.d_model, self.num_heads, self.head_dim,
+          impl=Impl.PALLAS_INTERPRET if impl is Impl.PALLAS else impl,
+          chunk_size=self.chunk_size, options=self.options, dtype=DTYPES[self.dtype],
+          param_dtype=DTYPES[self.param_dtype], rngs=nnx.Rngs(0)))
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"model.mixer_options: {e}") from None
 
   def check_impl(self, packed: bool = False):
     """Raises ValueError where the recurrent mixers would reject `impl` (an explicit "pallas"
@@ -107,6 +126,32 @@ class ModelConfig:
                        options=self.options, packed=packed)
     except ValueError as e:
       raise ValueError(f"model.{e}") from None
+
+
+def option_pairs(options) -> tuple:
+  """A mixer's options, a mapping or (name, value) pairs (a list too, as JSON gives them
+  back), as sorted (name, value) tuples: hashable, so that `ModelConfig` is. ValueError naming
+  model.mixer_options for anything else, a repeated name or an unhashable value."""
+  if isinstance(options, Mapping):
+    pairs = list(options.items())
+  elif isinstance(options, (tuple, list)) and all(
+      isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in options):
+    pairs = [tuple(p) for p in options]
+  else:
+    raise ValueError(f"model.mixer_options must be a mapping of option names to values, or "
+                     f"(name, value) pairs; got {options!r}")
+  names = [name for name, _ in pairs]
+  for name in names:
+    if names.count(name) > 1:
+      raise ValueError(f"model.mixer_options repeats option {name!r}: {options!r}")
+  for name, value in pairs:
+    try:
+      hash(value)
+    except TypeError:
+      raise ValueError(f"model.mixer_options: option {name} has an unhashable value "
+                       f"{value!r} (the config is hashable; give a number, str or bool)"
+                       ) from None
+  return tuple(sorted(pairs))
 
 
 def sinusoidal_positions(positions, d_model):
