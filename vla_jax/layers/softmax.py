@@ -1,10 +1,12 @@
 """`SoftmaxAttention`: causal multi-head softmax attention."""
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.typing import DTypeLike
 
@@ -73,7 +75,8 @@ class SoftmaxAttention(nnx.Module):
       each token's position, `common.token_positions` (real tokens counted, restarting at
       each packed document, continued across `prefill` / `step` calls from the cache), so
       the scores depend on relative positions; head_dim must be even.
-    rope_base: RoPE's frequency base (default 10000).
+    rope_base: RoPE's frequency base, a finite real number > 1 (Python or NumPy; default
+      10000).
     dtype, param_dtype: activation and parameter dtypes (default float32).
 
   Non-finite inputs stay causal, as in the recurrent mixers: a NaN or Inf at token t (of x or
@@ -105,7 +108,8 @@ class SoftmaxAttention(nnx.Module):
     common.check_choice(name, "positions", positions, POSITIONS)
     if positions == "rope" and self.head_dim % 2:
       raise ValueError(f"{name}: positions='rope' needs an even head_dim; got {self.head_dim}")
-    if not (isinstance(rope_base, (int, float)) and math.isfinite(rope_base) and rope_base > 1):
+    if not (isinstance(rope_base, numbers.Real) and not isinstance(rope_base, (bool, np.bool_))
+            and math.isfinite(rope_base) and rope_base > 1):
       raise ValueError(f"{name}: rope_base must be a finite number > 1; got {rope_base!r}")
     self.positions = positions
     self.rope_base = float(rope_base)
