@@ -107,6 +107,11 @@ def test_softmax_implementation_choice_is_explicit():
   assert resolve_implementation("xla", jnp.bfloat16, backend="gpu") == "xla"
   with pytest.raises(ValueError, match="cudnn.*bfloat16"):
     SoftmaxAttention(D, H, implementation="cudnn", rngs=nnx.Rngs(0))
+  # The backend is checked at construction, as the recurrent mixers' impl (it built on a CPU
+  # and failed at the first call: "cuDNN is not detected").
+  with pytest.raises(ValueError, match="SoftmaxAttention: implementation='cudnn' cannot run "
+                                       "here: the backend is 'cpu'.* or 'xla'"):
+    SoftmaxAttention(D, H, implementation="cudnn", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("call,match", [

@@ -82,6 +82,16 @@ def test_mixer_options_are_a_mapping_or_pairs_and_keep_the_config_hashable():
       ModelConfig(**SMALL, mixer_options=bad)
 
 
+def test_softmax_cudnn_is_checked_without_the_backend():
+  """A configuration is checked without the backend (the layers check it when built): cuDNN
+  with bfloat16 passes here on a CPU, cuDNN with float32 is refused."""
+  config = dict(SMALL, mixer="softmax", mixer_options={"implementation": "cudnn"})
+  ModelConfig(**config, dtype="bfloat16")
+  with pytest.raises(ValueError, match="model.mixer_options: SoftmaxAttention: "
+                                       "implementation='cudnn' needs dtype bfloat16"):
+    ModelConfig(**config)
+
+
 def test_impl_defaults_to_auto():
   """"auto" by default; a valid explicit "pallas" passes validation (the backend is checked
   when the layers are built: tests/layers/test_layers.py)."""

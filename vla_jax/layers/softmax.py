@@ -59,6 +59,25 @@ def resolve_implementation(implementation, dtype, backend=None):
   return "xla"
 
 
+def check_implementation(name, implementation, dtype, backend):
+  """The `jax.nn.dot_product_attention` implementation a layer `name` of `dtype` runs on
+  `backend` (`resolve_implementation`). ValueError naming the option for an unknown one, for
+  "cudnn" with a dtype other than bfloat16 or float16, and for "cudnn" off a GPU backend;
+  `backend` None (a configuration checked before any layer is built) checks all but the
+  backend and returns `implementation` as given."""
+  common.check_choice(name, "implementation", implementation, IMPLEMENTATIONS)
+  if implementation == "cudnn" and jnp.dtype(dtype) not in tuple(map(jnp.dtype, _CUDNN_DTYPES)):
+    raise ValueError(f"{name}: implementation='cudnn' needs dtype bfloat16 or float16; got "
+                     f"{jnp.dtype(dtype)}")
+  if backend is None:
+    return implementation
+  if implementation == "cudnn" and backend != "gpu":
+    raise ValueError(f"{name}: implementation='cudnn' cannot run here: the backend is "
+                     f"{backend!r}, and cuDNN's fused attention runs on NVIDIA GPUs. Use "
+                     f"implementation='auto' (cuDNN where it runs, else 'xla') or 'xla'")
+  return resolve_implementation(implementation, dtype, backend)
+
+
 class SoftmaxAttention(nnx.Module):
   """Causal softmax attention, x [B, T, d_model] -> [B, T, d_model]:
   y = W_o merge_heads(softmax(q k^T / sqrt(d_h) + causal mask) v).
@@ -66,7 +85,7 @@ class SoftmaxAttention(nnx.Module):
   Attributes:
     d_model, num_heads, head_dim: num_heads * head_dim must equal d_model (standard MHA).
     implementation: "auto" (default; see `resolve_implementation`), "cudnn" (GPU, bf16/fp16
-      only) or "xla".
+      only: another dtype or backend raises ValueError at construction) or "xla".
     conv_size: 0 (default: standard attention) or the width of a causal depthwise convolution
       on q, k, v, the same short convolution the recurrent mixers use (a like-for-like
       backbone for comparisons).
@@ -99,12 +118,8 @@ class SoftmaxAttention(nnx.Module):
       raise ValueError(f"{name}: num_heads * head_dim must equal d_model; got "
                        f"{num_heads} * {self.head_dim} != {d_model}")
     self.num_heads = num_heads
-    common.check_choice(name, "implementation", implementation, IMPLEMENTATIONS)
-    self.implementation = resolve_implementation(implementation, dtype)
-    if self.implementation == "cudnn" and jnp.dtype(dtype) not in tuple(
-        map(jnp.dtype, _CUDNN_DTYPES)):
-      raise ValueError(f"{name}: implementation='cudnn' needs dtype bfloat16 or float16; got "
-                       f"{jnp.dtype(dtype)}")
+    self.implementation = check_implementation(name, implementation, dtype,
+                                               jax.default_backend())
     common.check_choice(name, "positions", positions, POSITIONS)
     if positions == "rope" and self.head_dim % 2:
       raise ValueError(f"{name}: positions='rope' needs an even head_dim; got {self.head_dim}")

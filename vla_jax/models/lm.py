@@ -14,6 +14,7 @@ from flax import nnx
 from vla_jax.layers import common
 from vla_jax.layers.registry import (check_mixer_impl, check_mixer_options, make_mixer,
                                      mixer_class)
+from vla_jax.layers.softmax import check_implementation
 from vla_jax.ops import checks
 from vla_jax.ops.impl import Impl, parse_impl
 
@@ -84,7 +85,8 @@ class ModelConfig:
     then the mixer as `Block` builds it, abstractly (`nnx.eval_shape`: every check of its
     constructor, no parameter allocated), except for the backend, which the layers check
     when they are built (an explicit impl "pallas" is checked as "pallas_interpret", the same
-    kernel's facts on any backend)."""
+    kernel's facts on any backend; softmax attention's implementation "cudnn" is checked
+    for its dtype)."""
     mixer_class(self.mixer)
     check_mixer_options(self.mixer, self.options)
     for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
@@ -105,12 +107,16 @@ class ModelConfig:
     except ValueError as e:
       raise ValueError(f"model.{e}") from None
     self.check_impl()
-    impl = parse_impl(self.impl, tuple(Impl))
+    impl, options = parse_impl(self.impl, tuple(Impl)), self.options
     try:
+      if self.mixer == "softmax" and options.get("implementation") == "cudnn":
+        # cuDNN's dtype rule here, its backend when the layer is built.
+        check_implementation("SoftmaxAttention", "cudnn", DTYPES[self.dtype], backend=None)
+        options = dict(options, implementation="xla")
       nnx.eval_shape(lambda: make_mixer(
           self.mixer, self.d_model, self.num_heads, self.head_dim,
           impl=Impl.PALLAS_INTERPRET if impl is Impl.PALLAS else impl,
-          chunk_size=self.chunk_size, options=self.options, dtype=DTYPES[self.dtype],
+          chunk_size=self.chunk_size, options=options, dtype=DTYPES[self.dtype],
           param_dtype=DTYPES[self.param_dtype], rngs=nnx.Rngs(0)))
     except (TypeError, ValueError) as e:
       raise ValueError(f"model.mixer_options: {e}") from None
