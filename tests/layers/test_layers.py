@@ -120,6 +120,9 @@ def test_softmax_implementation_choice_is_explicit():
      "does not take option"),
     (lambda: VLAAttention(10, 3, rngs=nnx.Rngs(0)), "not divisible by num_heads"),
     (lambda: SoftmaxAttention(16, 2, 4, rngs=nnx.Rngs(0)), "must equal d_model"),
+    (lambda: SoftmaxAttention(32, 3, rngs=nnx.Rngs(0)),
+     r"d_model=32 is not divisible by num_heads=3; choose a num_heads that divides d_model "
+     r"\(num_heads \* head_dim must equal d_model here\)$"),
     (lambda: VLAAttention(16, 2, readout="ratio", rngs=nnx.Rngs(0)), "readout must be one of"),
     (lambda: VLAAttention(16, 2, lam0=0.0, rngs=nnx.Rngs(0)), "lam0"),
     (lambda: VLAAttention(16, 2, lam0="1", rngs=nnx.Rngs(0)),
@@ -132,7 +135,8 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: VLAAttention(16, 2, beta=1, rngs=nnx.Rngs(0)), "beta must be True or False"),
     (lambda: VLAAttention(16, 2, qk_map="silu_l2", readout="additive", rngs=nnx.Rngs(0)),
      "qk_map='silu_l2' .* readout='additive'"),
-], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
+], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width",
+        "softmax-indivisible", "readout", "lam0",
         "lam0-str", "lam0-small", "u_init", "qk_map", "beta", "silu_l2-additive"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):

@@ -186,8 +186,13 @@ def test_streaming_errors():
   for bad in (11, -1):
     with pytest.raises(ValueError, match=r"prompt token ids must lie in \[0, vocab_size=11\)"):
       model.generate(prompt.at[0, 2].set(bad), 2)
-  with pytest.raises(ValueError, match="temperature must be finite"):
+  with pytest.raises(ValueError, match="temperature must be a finite number >= 0; got nan"):
     model.generate(prompt, 2, temperature=float("nan"), rng=jax.random.key(0))
+  with pytest.raises(ValueError, match="temperature must be a finite number >= 0; got 'hot'"):
+    model.generate(prompt, 2, temperature="hot", rng=jax.random.key(0))
+  for bad in (0, "seed"):
+    with pytest.raises(ValueError, match=rf"rng must be a jax.random key .*; got {bad!r}"):
+      model.generate(prompt, 2, temperature=1.0, rng=bad)
   assert model.generate(prompt, np.int64(2)).shape == (1, 10)
 
 

@@ -44,7 +44,7 @@ def test_too_long_sequence_fails():
 @pytest.mark.parametrize("change,match", [
     ({"mixer": "rwkv"}, "unknown mixer 'rwkv'"),
     ({"head_dim": 4}, "head_dim \\* model.num_heads must equal model.d_model"),
-    ({"num_heads": 3}, "not divisible by num_heads=3"),
+    ({"num_heads": 3}, "not divisible by num_heads=3; choose a num_heads that divides"),
     ({"pos_emb": "rope"}, "pos_emb must be one of"),
     ({"mixer_options": {"readout": "softmax"}}, "readout must be one of"),
     ({"mixer": "softmax", "mixer_options": {"lam0": 1.0}}, "does not take option"),

@@ -80,15 +80,20 @@ def recurrence_impl(name, impl, *, op, dtype, head_dims, chunk_size, docs, optio
                      chunk_size=chunk_size, segment_ids=docs is not None, options=options)
 
 
-def resolve_head_dim(name, d_model, num_heads, head_dim):
-  """Returns the per-head width; `head_dim=None` means d_model // num_heads (must divide)."""
+def resolve_head_dim(name, d_model, num_heads, head_dim, *, free=True):
+  """Returns the per-head width; `head_dim=None` means d_model // num_heads (must divide).
+  `free`: whether the caller takes any head_dim (the recurrent mixers) or only
+  d_model // num_heads (softmax attention, the model): the hint of the error follows it."""
   for arg, value in (("d_model", d_model), ("num_heads", num_heads)):
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       raise ValueError(f"{name}: {arg} must be a positive int; got {value!r}")
   if head_dim is None:
     if d_model % num_heads:
+      hint = ("pass head_dim explicitly or change num_heads" if free else
+              "choose a num_heads that divides d_model (num_heads * head_dim must equal "
+              "d_model here)")
       raise ValueError(f"{name}: d_model={d_model} is not divisible by num_heads={num_heads}; "
-                       "pass head_dim explicitly or change num_heads")
+                       f"{hint}")
     return d_model // num_heads
   if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
     raise ValueError(f"{name}: head_dim must be a positive int or None; got {head_dim!r}")

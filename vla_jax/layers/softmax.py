@@ -113,7 +113,7 @@ class SoftmaxAttention(nnx.Module):
     name = type(self).__name__
     common.check_dtype(name, "dtype", dtype)
     common.check_dtype(name, "param_dtype", param_dtype)
-    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
+    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim, free=False)
     if num_heads * self.head_dim != d_model:
       raise ValueError(f"{name}: num_heads * head_dim must equal d_model; got "
                        f"{num_heads} * {self.head_dim} != {d_model}")

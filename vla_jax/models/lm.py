@@ -93,7 +93,8 @@ class ModelConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"model.{name} must be a positive int; got {value!r}")
-    head_dim = common.resolve_head_dim("model", self.d_model, self.num_heads, self.head_dim)
+    head_dim = common.resolve_head_dim("model", self.d_model, self.num_heads, self.head_dim,
+                                       free=False)
     if head_dim * self.num_heads != self.d_model:
       raise ValueError(f"model.head_dim * model.num_heads must equal model.d_model; got "
                        f"{head_dim} * {self.num_heads} != {self.d_model}")
@@ -461,11 +462,11 @@ def generate(model: LanguageModel, prompt: jax.Array, max_new_tokens: int, *,
     raise ValueError(f"prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens} - 1 = "
                      f"{fed} tokens exceed model.max_len={model.config.max_len} (the position "
                      f"table and KV caches are that long)")
-  temperature = float(temperature)
-  if not (temperature >= 0 and math.isfinite(temperature)):
-    raise ValueError(f"temperature must be finite and >= 0; got {temperature}")
+  temperature = _check_temperature(temperature)
   if temperature > 0 and rng is None:
     raise ValueError("sampling with temperature > 0 needs rng (a jax.random key)")
+  if rng is not None and not _is_key(rng):
+    raise ValueError(f"rng must be a jax.random key (jax.random.key(seed)); got {rng!r}")
   if top_k is not None:
     if not checks.is_int(top_k) or not 1 <= top_k <= vocab:
       raise ValueError(f"top_k must be None or an int in [1, vocab_size={vocab}]; got "
@@ -479,6 +480,31 @@ def generate(model: LanguageModel, prompt: jax.Array, max_new_tokens: int, *,
   rng = jax.random.key(0) if rng is None else rng
   return _generate(model, prompt.astype(jnp.int32), rng, max_new_tokens=max_new_tokens,
                    temperature=temperature, top_k=top_k, eos_id=eos_id)
+
+
+def _check_temperature(temperature):
+  """`temperature` as a float if it is a finite real number >= 0 (Python, NumPy or a JAX
+  scalar; not a str or bool), else ValueError naming it."""
+  if not (isinstance(temperature, (str, bytes, bool, np.bool_))
+          or getattr(temperature, "shape", ()) != ()):
+    try:
+      value = float(temperature)
+    except (TypeError, ValueError):
+      value = math.nan
+    if math.isfinite(value) and value >= 0:
+      return value
+  raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
+
+
+def _is_key(rng):
+  """Whether `rng` is one `jax.random` key: a typed key array of shape [], or a raw uint32 [2]
+  key (`jax.random.PRNGKey`)."""
+  dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+  if dtype is None:
+    return False
+  if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return shape == ()
+  return dtype == jnp.uint32 and tuple(shape) == (2,)
 
 
 @functools.partial(nnx.jit, static_argnames=("max_new_tokens", "temperature", "top_k",
