@@ -254,7 +254,7 @@ class LanguageModel(nnx.Module):
     """Token ids must be an int array, [B, T] for `name` "tokens" ([B] for "token", whose
     shape `step` checks), and in [0, vocab_size): a ValueError naming the first offending id,
     its position and vocab_size when the ids are concrete (an eager call, `generate`'s
-    prompt). Under jit they are tracers and are not checked here: `_embed` turns an id out of
+    prompt). Under jit they are tracers and are not checked here: `embed_tokens` turns an id out of
     range into a NaN embedding (never another token's), whose NaN stays in its own document
     (the training data is checked when it is made or loaded, `vla_jax.tasks`)."""
     if not jnp.issubdtype(getattr(tokens, "dtype", np.float64), jnp.integer):
@@ -272,8 +272,10 @@ class LanguageModel(nnx.Module):
       raise ValueError(f"{name}: token id {int(ids[position])} at position {position} is not "
                        f"in [0, vocab_size={self.config.vocab_size})")
 
-  def _embed(self, tokens, offset, mask=None, docs=None):
-    """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model],
+  def embed_tokens(self, tokens: jax.Array, offset: int | jax.Array = 0,
+                   mask: jax.Array | None = None, docs: jax.Array | None = None) -> jax.Array:
+    """The first block's input: token and position embeddings of tokens [B, T] int after
+    `offset` earlier tokens (an int or int [B]; default 0) -> [B, T, d_model] in `dtype`,
     at the positions of `common.token_positions`: with `mask` ([B, T] bool) a token's
     position counts the real tokens before it only, so a padded sequence embeds its real
     tokens as the unpadded one does; with `docs` (`common.document_ids`) positions restart at
@@ -309,7 +311,7 @@ class LanguageModel(nnx.Module):
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
-    x = self._embed(tokens, 0, mask, docs)
+    x = self.embed_tokens(tokens, 0, mask, docs)
     for block in self.blocks:
       x = (nnx.remat(_apply_block)(block, x, mask, docs) if self.config.remat
            else block(x, mask, docs))
@@ -391,7 +393,7 @@ class LanguageModel(nnx.Module):
     self._check_cache(cache, tokens.shape[0], "tokens")
     self._check_room(cache, tokens.shape[1])
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
-    x = self._embed(tokens, cache.position, mask, docs)
+    x = self.embed_tokens(tokens, cache.position, mask, docs)
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
       x, layer_cache = block.prefill(x, layer_cache, mask, docs)
@@ -407,7 +409,7 @@ class LanguageModel(nnx.Module):
     self._check_cache(cache, token.shape[0], "token")
     self._check_room(cache, 1)
     self._check_ids(token, "token")
-    x = self._embed(token[:, None], cache.position)[:, 0]
+    x = self.embed_tokens(token[:, None], cache.position)[:, 0]
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
       x, layer_cache = block.step(x, layer_cache)
