@@ -252,7 +252,8 @@ def merge_heads(x):
 
 
 def l2_normalize(x, eps=1e-6):
-  """x / max(||x||, eps) along the last axis (finite gradient at 0): the ops' `unit`."""
+  """x / ||x|| along the last axis where ||x|| > eps, else 0 (with a zero gradient there):
+  the ops' `unit`."""
   return unit(x, eps)
 
 
