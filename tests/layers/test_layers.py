@@ -369,7 +369,7 @@ def test_bool_options_must_be_bools(name, option):
   """A bool option takes True or False only: a string such as "no" (which bool() makes True)
   is refused at construction, naming the layer and the option."""
   with pytest.raises(ValueError, match=f"{MIXERS[name].__name__}: {option} must be True or "
-                                       "False; got 'no'"):
+                                       "False; got str 'no'"):
     make_mixer(name, 32, 2, options={option: "no"}, rngs=nnx.Rngs(0))
   make_mixer(name, 32, 2, options={option: np.bool_(False)}, rngs=nnx.Rngs(0))
 

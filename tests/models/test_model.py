@@ -141,7 +141,7 @@ def test_remat_keeps_the_gradients_and_saves_activation_memory():
 @pytest.mark.parametrize("option", ["remat", "tie_embeddings"])
 def test_bool_options_must_be_bools(option):
   """A string such as "no" (which bool() makes True) is refused, naming the option."""
-  with pytest.raises(ValueError, match=f"model: {option} must be True or False; got 'no'"):
+  with pytest.raises(ValueError, match=f"model: {option} must be True or False; got str 'no'"):
     ModelConfig(**{option: "no"}, **SMALL)
 
 

@@ -223,10 +223,9 @@ def check_dtype(name, arg, dtype):
 
 
 def check_bool(name, arg, value):
-  """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option."""
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}: {arg} must be True or False; got {value!r}")
-  return bool(value)
+  """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option
+  (`checks.check_bool`)."""
+  return checks.check_bool(f"{name}: {arg}", value)
 
 
 def check_positive_int(name, arg, value):
