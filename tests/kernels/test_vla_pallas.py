@@ -357,12 +357,17 @@ def _documents_alone(ids, q, k, v, u, S0, A0):
   return o, S, A
 
 
-def _packed_scan(ids):
+def _packed_scan(w, ids, *args):
+  """The gradients of `_loss` of impl="scan" on the packed rows `ids` in the six inputs."""
   def run(q, k, v, u, S0, A0):
     o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan",
                            lam0=LAM0, segment_ids=ids)
     return o, st.S, st.A
-  return run
+  return jax.grad(_loss(run), argnums=range(1, 7))(w, *args)
+
+
+# One program per shape (segment_ids an argument): the packed checks' float64 references.
+_packed_scan_grads = jax.jit(_packed_scan)
 
 
 def _packed_case(seed, shape, dtype, u_norm=None, settings=None):
@@ -417,8 +422,8 @@ def _packed_check(call, result, dtype):
     errors[name] = rel(g, ref)
   with jax.enable_x64(True):
     exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
-    ref = jax.jit(jax.grad(_loss(_packed_scan(ids)), argnums=range(1, 7)))(
-        [jnp.asarray(x, np.float64) for x in w], *exact)
+    ref = _packed_scan_grads([jnp.asarray(x, np.float64) for x in w], jnp.asarray(ids),
+                             *exact)
   for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)
