@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import LLVM_LEVEL_1
+from conftest import LLVM_LEVEL_1, random_module
 from vla_jax.models import LanguageModel, ModelConfig
 
 SMALL = dict(vocab_size=32, max_len=24, d_model=16, num_heads=2, mlp_ratio=2, chunk_size=16)
@@ -21,16 +21,17 @@ def _params(model):
 
 
 def test_tied_and_untied_heads():
-  tied = LanguageModel(ModelConfig(**SMALL), rngs=nnx.Rngs(0))
-  untied = LanguageModel(ModelConfig(tie_embeddings=False, **SMALL), rngs=nnx.Rngs(0))
+  """The parameters' shapes (`nnx.eval_shape`: no initialiser runs)."""
+  tied, untied = (nnx.eval_shape(lambda tie=tie: LanguageModel(
+      ModelConfig(tie_embeddings=tie, **SMALL), rngs=nnx.Rngs(0))) for tie in (True, False))
   assert tied.head is None
   assert _params(untied) - _params(tied) == 16 * 32
 
 
 @pytest.mark.parametrize("pos_emb", ["sinusoidal", "none"])
 def test_position_embedding_options(pos_emb):
-  model = LanguageModel(ModelConfig(pos_emb=pos_emb, mixer="deltanet", **SMALL),
-                        rngs=nnx.Rngs(0))
+  model = random_module(lambda: LanguageModel(
+      ModelConfig(pos_emb=pos_emb, mixer="deltanet", **SMALL), rngs=nnx.Rngs(0)))
   assert model.pos_embed is None
   chex.assert_shape(nnx.jit(lambda m, t: m(t))(model, jnp.zeros((1, 5), jnp.int32)), (1, 5, 32))
 
@@ -193,7 +194,8 @@ def test_token_ids_out_of_range_are_errors():
   """Concrete ids outside [0, vocab_size): a ValueError naming the id, its position and
   vocab_size, from __call__, prefill and step; float tokens are a TypeError, tokens of another
   rank a ValueError."""
-  model = LanguageModel(ModelConfig(mixer="deltanet", **SMALL), rngs=nnx.Rngs(0))
+  model = random_module(lambda: LanguageModel(ModelConfig(mixer="deltanet", **SMALL),
+                                              rngs=nnx.Rngs(0)))
   tokens = jnp.zeros((2, 6), jnp.int32)
   cache = model.init_cache(2, 8)
   for bad, where in ((32, r"\(1, 4\)"), (-1, r"\(1, 4\)")):
