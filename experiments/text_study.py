@@ -24,11 +24,11 @@ seeds (mean, std) with the position buckets' means, and tokens/s. `--rates=1e-3`
 study's cheapest version: one run a mixer, no seed jobs (6 runs, about a fifth of the cost).
 
 Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pass over the
-train split), 590M bytes in all. Assumed ~250k bytes/s a run on one H100 (about 92 MFLOP a
-byte, 6 x 10.7M parameters plus attention, at ~23 TFLOP/s, a tenth of TF32 peak at this
-width): ~40 GPU-minutes of training, plus ~20 for 12 jobs' compilations and evaluations
-(~1.1M bytes scored a run): about 60 GPU-minutes. A call resumed after --budget_s compiles its
-job again (~1 minute). Memory: softmax attention scored at 16K holds float32 scores and
+train split), 590M bytes in all. The cheapest version's runs (results/training/
+text_study_h100.jsonl, one H100) trained at 0.49-0.97M bytes/s and took 72-106 s each with
+compilation and scoring (linear attention's did not finish in its call); with three vmapped
+rates and then two seeds a job, the full study is about 30 GPU-minutes (not yet measured). A
+call resumed after --budget_s compiles its job again (~1 minute). Memory: softmax attention scored at 16K holds float32 scores and
 probabilities of 6 x 16K x 16K per run (~13 GB; ~39 GB for a rate job's three vmapped runs),
 hence the memory fraction above JAX's default 0.75 on an 80 GB H100.
 """

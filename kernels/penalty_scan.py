@@ -90,15 +90,13 @@ GAIN_LIMIT = 8.0
 # run the scan without the large-gain blocks (`Plan.accurate_dot` left out), the rest with
 # them: the guarded kernel is slower in every block, taken or not (one H100, bfloat16,
 # H = 16, B * T = 32,768: forward 1.88 -> 2.60 ms at d = 64, T = 4096, 4.01 -> 5.61 ms at
-# d = 128; kernels/VARIANTS.md, "Large-gain blocks in every call"; with the choice per call
-# the op at unit u runs 1-7% slower than before the blocks existed, forward 2.03 against
-# 1.89 ms at d = 64, T = 4096, 6.10 against 5.95 at d = 128, T = 32768, one H100:
-# results/bench/decisions/fast_path*_h100.jsonl; the rest, the check and its lax.cond, not
-# profiled apart). 1 is the layer's
-# defaults (unit u, lam0 = 1), with room for u's rounding; there the unguarded scan errs as
-# the guarded one on the GPU's drift check (d = 64, 131k: 6.49e-3 against 6.48e-3) and by
-# 1.2-1.4x in the worst case, 16 isotropic rows spanning d = 16 (interpret mode, 256 tokens:
-# 3.3e-3 / 2.7e-3 early / late against 2.3e-3; at a bound of 4, 9.9e-3).
+# d = 128; kernels/VARIANTS.md, "Large-gain blocks in every call"). With the choice made per
+# call, the op at unit u runs 1-7% slower than before the blocks existed (forward 2.03
+# against 1.89 ms at d = 64, T = 4096; results/bench/decisions/fast_path*_h100.jsonl). 1 is
+# the layer's defaults (unit u, lam0 = 1), with room for u's rounding; there the unguarded
+# scan errs as the guarded one on the GPU's drift check (d = 64, 131k: 6.49e-3 against
+# 6.48e-3) and by 1.2-1.4x in the worst case, 16 isotropic rows spanning d = 16 (interpret
+# mode, 256 tokens: 3.3e-3 / 2.7e-3 early / late against 2.3e-3; at a bound of 4, 9.9e-3).
 FAST_GAIN = 1.05
 
 

@@ -192,7 +192,7 @@ def vla_layer_inputs(model, tokens):
   """
   from vla_jax.layers.vla import VLAAttention  # pylint: disable=import-outside-toplevel
 
-  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  x = model.embed_tokens(tokens)
   layers = []
   for block in model.blocks:
     if isinstance(block.mixer, VLAAttention):
@@ -230,7 +230,7 @@ def recurrent_layer_inputs(model, tokens):
   out): q, k, v [B, T, H, d] after the projection, convolution and feature map (the keys as
   `key_collinearity` reads them), VLA's u, the write strengths beta [B, T, H] (DeltaNet,
   Gated DeltaNet, VLA with `beta`) and Gated DeltaNet's log decays [B, T, H]."""
-  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  x = model.embed_tokens(tokens)
   out = []
   for i, block in enumerate(model.blocks):
     mixer = block.mixer
@@ -257,7 +257,7 @@ def layer_state_norms(model, tokens):
   Returns:
     One [B, T, H] array per recurrent layer (an empty list for softmax attention).
   """
-  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  x = model.embed_tokens(tokens)
   B, T = tokens.shape
   traces = []
   for block in model.blocks:

@@ -115,14 +115,14 @@ _layer_state_norms = nnx.jit(diagnostics.layer_state_norms)
 def _first_mixer_output(model, tokens, o):
   """(the first block's mixer output, and its output projection of o)."""
   mixer = model.blocks[0].mixer
-  h = model.blocks[0].norm1(model._embed(tokens, 0))  # pylint: disable=protected-access
+  h = model.blocks[0].norm1(model.embed_tokens(tokens))
   return mixer(h), mixer.out(o.astype(jnp.float32))
 
 
 @nnx.jit
 def _prefill_state_norms(model, tokens):
   """||S||_F of the state each recurrent layer's prefill leaves on the layer's inputs."""
-  x = model._embed(tokens, 0)  # pylint: disable=protected-access
+  x = model.embed_tokens(tokens)
   norms = []
   for block in model.blocks:
     _, cache = block.mixer.prefill(block.norm1(x))

@@ -245,11 +245,11 @@ def gated_forms():
   share once); the float64 loop's (o, S) and gradients) on `_inputs(4)` in float64."""
   with jax.enable_x64(True):
     args = [jnp.asarray(x) for x in _inputs(4)]
+    kernel = functools.partial(gated_deltanet_pallas, config=CONFIG, interpret=INTERPRET)
 
     def forms(*a):
       out = {}
       for form, split in LOOP_FORMS.items():
-        kernel = functools.partial(gated_deltanet_pallas, config=CONFIG, interpret=INTERPRET)
         with pytest.MonkeyPatch.context() as patch:
           patch.setattr(kernel_config, "SPLIT_OUTPUT_BELOW", 10 ** 6 if split else 0)
           patch.setattr(kernel_config, "SPLIT_BWD_UP_TO", 10 ** 6 if split else 0)

@@ -31,12 +31,18 @@ def _inputs(seed, T):
   return [jnp.asarray(x) for x in (khat, u, A0, wa, wA)]
 
 
-def _scan_reference(khat, u, A0):
-  """(a [B, H, T, dk], A_T) of the XLA penalty scan on head-major khat, u: the reference the
-  kernels' gradients are pulled back through (float64 under jax.enable_x64)."""
-  tok = lambda x: jnp.swapaxes(x, 1, 2)
-  W, A_T = penalty_scan(tok(khat), tok(u), A0)
-  return tok(unit(W, 1e-12)), A_T
+@jax.jit
+def _scan_vjp(khat, u, A0, wa, wA, starts=None, reset=None):
+  """((a [B, H, T, dk], A_T) of the XLA penalty scan on head-major khat, u, and its pullback
+  of (wa, wA) to khat, u, A0): the reference the kernels' gradients are checked against
+  (float64 under jax.enable_x64), one program per shape. starts [B, T] bool, reset [dk, dk]:
+  A restarts at reset at every document start."""
+  def reference(khat, u, A0):
+    tok = lambda x: jnp.swapaxes(x, 1, 2)
+    W, A_T = penalty_scan(tok(khat), tok(u), A0, starts, reset)
+    return tok(unit(W, 1e-12)), A_T
+  out, pull = jax.vjp(reference, khat, u, A0)
+  return out, pull((wa, wA))
 
 
 def test_du_segment_chunks():
@@ -135,8 +141,7 @@ def test_float32_exact_at_long_T_anisotropic():
   (a, A_T), (dkhat, du, dA0) = jax.jit(kernel)(*(jnp.asarray(x, jnp.float32)
                                                  for x in (khat, u, A0)))
   with jax.enable_x64(True):
-    (a_ref, A_ref), pull = jax.vjp(_scan_reference, *(jnp.asarray(x) for x in (khat, u, A0)))
-    grads = pull((jnp.asarray(wa), jnp.asarray(wA)))
+    (a_ref, A_ref), grads = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)))
   sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
   errors = {"a": rel(a.reshape(B, H, T, dk), a_ref), "A_T": rel(A_T, A_ref),
             "dkhat": rel(dkhat.reshape(B, H, T, dk), grads[0]),
@@ -173,8 +178,7 @@ def test_bfloat16_large_penalty_gains():
 
   (a, _), grads = jax.jit(kernel)(*(jnp.asarray(x, jnp.float32) for x in (khat, u, A0)))
   with jax.enable_x64(True):
-    (a_ref, _), pull = jax.vjp(_scan_reference, *(jnp.asarray(x) for x in (khat, u, A0)))
-    want = pull((jnp.asarray(wa), jnp.asarray(wA)))
+    (a_ref, _), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)))
   per_token = {"a": (a.reshape(B, H, T, dk), a_ref),
                "dkhat": (grads[0].reshape(B, H, T, dk), want[0]),
                "du": (grads[1].reshape(B, H, T, dk), want[1])}
@@ -209,11 +213,12 @@ def test_bfloat16_nan_where_the_block_turns_accurate():
   rows = lambda khat, u, A0: penalty_path(chunks(khat), chunks(u), A0, plan)[0].reshape(
       B, H, T, dk)
   loss = lambda khat, u, A0: jnp.sum(wa[:, :, :t] * rows(khat, u, A0)[:, :, :t])
-  fns = jax.jit(rows), jax.jit(jax.grad(loss, argnums=range(3)))
+  # The rows and the cotangents in one program (XLA compiles the forward they share once).
+  run = jax.jit(lambda *a: (rows(*a), jax.grad(loss, argnums=range(3))(*a)))
   args = [jnp.asarray(x, jnp.float32) for x in (khat, u, A0)]
-  clean = [f(*args) for f in fns]
+  clean = run(*args)
   args[1] = args[1].at[0, 0, t, 3].set(jnp.nan)
-  bad = [f(*args) for f in fns]
+  bad = run(*args)
   assert not np.isfinite(np.asarray(bad[0][0, 0, t])).any()
   np.testing.assert_array_equal(bad[0][:, :, :t], clean[0][:, :, :t])
   for name, g, g_clean in zip(("khat", "u"), bad[1][:2], clean[1][:2]):
@@ -271,14 +276,9 @@ def test_transposed_layout(dtype, packed):
 
     (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
   with jax.enable_x64(True):
-    def reference(khat, u, A0):
-      tok = lambda x: jnp.swapaxes(x, 1, 2)
-      W, A_T = penalty_scan(tok(khat), tok(u), A0, jnp.asarray(starts) if packed else None,
-                            jnp.eye(dk) / lam0)
-      return tok(unit(W, 1e-12)), A_T
-
-    (a_ref, A_ref), pull = jax.vjp(reference, *(jnp.asarray(x) for x in (khat, u, A0)))
-    want = pull((jnp.asarray(wa), jnp.asarray(wA)))
+    (a_ref, A_ref), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)),
+                                     jnp.asarray(starts) if packed else None,
+                                     jnp.eye(dk) / lam0)
   sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
   pairs = {"a": (a.reshape(B, H, T, dk), a_ref), "A_T": (A_T, A_ref),
            "dkhat": (grads[0].reshape(B, H, T, dk), want[0]),

@@ -18,7 +18,6 @@ from vla_jax.ops.vla import VLAState, vla_recurrence
 
 # (B, T, H, dk, dv, C): T not a multiple of the chunk and more than one segment; dk != dv.
 SHAPES = [(2, 37, 2, 16, 32, 16), (1, 70, 1, 32, 16, 32)]
-shape_id = lambda s: "B{}T{}H{}dk{}dv{}C{}".format(*s)
 
 
 # Each program is jitted once per configuration and takes the loss weights as arguments, so
@@ -63,14 +62,6 @@ def _with_grads(fn):
   return jax.jit(lambda w, *a: (fn(*a), grad(w, *a)))
 
 
-def _jit_run(config):
-  """`_with_grads` of vla_pallas with `config`."""
-  return _with_grads(lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET))
-
-
-_run = functools.cache(_jit_run)
-
-
 def _sym(x):
   return 0.5 * (x + jnp.swapaxes(x, -1, -2))
 
@@ -111,28 +102,26 @@ def _call_case(seed, shape, settings=None):
 
 @pytest.fixture(scope="module")
 def float64_runs():
-  """({name: call}, {name: its outputs and gradients}) of the float64 checks at SHAPES: each
-  shape's default call, the fused state loops, the packed documents' two forms."""
+  """({name: call}, {name: its outputs and gradients}) of the float64 checks: the default
+  plan at SHAPES[0] (dk < dv), the fused state loops at SHAPES[1] (dk > dv), the packed
+  documents' two forms at SHAPES[0]."""
   packed_fused = dict(FUSED_FORMS, FUSED_VJP_F32_UP_TO=0)   # and the XLA chunk-local VJP
   with jax.enable_x64(True):
-    calls = {shape_id(s): _call_case(0, s) for s in SHAPES}
-    calls["fused"] = _call_case(3, SHAPES[0], FUSED_FORMS)
+    calls = {"default": _call_case(0, SHAPES[0]), "fused": _call_case(3, SHAPES[1], FUSED_FORMS)}
     calls.update({f"packed_{forms}": _packed_case(
         10, SHAPES[0], np.float64, settings=packed_fused if forms == "fused" else None)
                   for forms in ("split", "fused")})
     return calls, _together(calls)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-def test_forward_and_gradients_float64(x64, float64_runs, shape):
+def _float64_check(call, result, shape):
   """o, S_T, A_T against the token-by-token oracle; the gradients for all six inputs against
   `jax.grad` of impl="scan" (A0's over symmetric perturbations)."""
-  B, T, H, dk, dv, C = shape
-  calls, runs = float64_runs
-  _, _, w, args = calls[shape_id(shape)]
-  (o, S, A), got = runs[shape_id(shape)]
+  _, _, w, args = call
+  (o, S, A), got = result
   want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
-  chex.assert_shape(o, (B, T, H, dv))
+  B, T, H, dk, dv, _ = shape
+  chex.assert_shape([o, S, A], [(B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)])
   for name, g, ref in zip("oSA", (o, S, A), want):
     assert_close(g, ref, jnp.float64, name)
   ref = _scan_grads(w, *args)
@@ -140,6 +129,14 @@ def test_forward_and_gradients_float64(x64, float64_runs, shape):
     if name == "A0":
       g, r = _sym(g), _sym(r)
     assert_close(g, r, jnp.float64, "d" + name)
+
+
+def test_forward_and_gradients_float64(x64, float64_runs):
+  """The default plan (at interpret-mode program counts: the split state passes), SHAPES[0]:
+  forward and gradients exact in float64. SHAPES[1] in float64: the fused state loops (test
+  below); with the default plan: float32 and bfloat16 (forward, packed gradients)."""
+  calls, runs = float64_runs
+  _float64_check(calls["default"], runs["default"], SHAPES[0])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
@@ -158,25 +155,18 @@ def test_forward_float32_and_bfloat16(dtype):
 
 def test_fused_state_loops_float64(x64, monkeypatch, float64_runs):
   """The state forward and reverse pass as single loops (what the defaults select at GPU
-  program counts: > 132 and > 512 programs), forward and gradients (`float64_runs` traces
-  the call with FUSED_FORMS)."""
+  program counts: > 132 and > 512 programs), SHAPES[1], forward and gradients
+  (`float64_runs` traces the call with FUSED_FORMS; with packed documents:
+  test_packed_documents_float64[fused])."""
   for key, value in FUSED_FORMS.items():
     monkeypatch.setattr(kernel_config, key, value)
-  B, T, H, dk, dv, C = SHAPES[0]
+  B, T, H, dk, dv, C = SHAPES[1]
   cfg = KernelConfig(chunk_size=C)
-  plan = cfg.plan(low=False, acc=jnp.float64, dk=dk, dv=dv, BH=B * H, N=3, interpret=True)
+  plan = cfg.plan(low=False, acc=jnp.float64, dk=dk, dv=dv, BH=B * H, N=-(-T // C),
+                  interpret=True)
   assert not plan.split_output and not plan.split_backward
   calls, runs = float64_runs
-  _, _, w, args = calls["fused"]
-  (o, S, A), got = runs["fused"]
-  want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
-  for name, g, ref in zip("oSA", (o, S, A), want):
-    assert_close(g, ref, jnp.float64, name)
-  ref = _scan_grads(w, *args)
-  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
-    if name == "A0":
-      g, r = _sym(g), _sym(r)
-    assert_close(g, r, jnp.float64, "d" + name)
+  _float64_check(calls["fused"], runs["fused"], SHAPES[1])
 
 
 def test_highest_removes_bfloat16_rounding():
@@ -293,17 +283,11 @@ def test_non_finite_input_stays_later(bad):
     np.testing.assert_array_equal(gn, gc, err_msg=f"d{name}")
 
 
-def test_impl_pallas_uses_interpret_on_cpu():
-  args = vla_inputs(8, 1, 20, 1, 16, 16, np.float32)[:4]
-  o, st = jax.jit(lambda *a: vla_recurrence(*a, impl="pallas", chunk_size=16))(*args)
-  o_ref, st_ref = jax.jit(lambda *a: vla_recurrence(*a, impl="chunked", chunk_size=16))(*args)
-  assert rel(o, o_ref) < 1e-5 and rel(st.S, st_ref.S) < 1e-5 and rel(st.A, st_ref.A) < 1e-5
-
-
 def test_impl_pallas_value_width_plus_one(x64):
   """impl="pallas" with a value width the kernels do not take (d_h + 1, the layers' "delta"
   readout channel): run on zero value columns, forward and gradients equal impl="scan" in
-  float64, packed documents included."""
+  float64, packed documents included. (Off a GPU impl="pallas" runs the kernels in
+  interpret mode: this CPU run is that check too.)"""
   B, T, H, dk, dv = 2, 37, 1, 16, 17
   args = vla_inputs(5, B, T, H, dk, dv)
   ids = _packed_ids(5, B, T, 16)
@@ -373,12 +357,17 @@ def _documents_alone(ids, q, k, v, u, S0, A0):
   return o, S, A
 
 
-def _packed_scan(ids):
+def _packed_scan(w, ids, *args):
+  """The gradients of `_loss` of impl="scan" on the packed rows `ids` in the six inputs."""
   def run(q, k, v, u, S0, A0):
     o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan",
                            lam0=LAM0, segment_ids=ids)
     return o, st.S, st.A
-  return run
+  return jax.grad(_loss(run), argnums=range(1, 7))(w, *args)
+
+
+# One program per shape (segment_ids an argument): the packed checks' float64 references.
+_packed_scan_grads = jax.jit(_packed_scan)
 
 
 def _packed_case(seed, shape, dtype, u_norm=None, settings=None):
@@ -395,15 +384,29 @@ def _packed_case(seed, shape, dtype, u_norm=None, settings=None):
   return fn, settings or {}, [x.astype(state) for x in w], args, ids
 
 
+@functools.cache
+def _packed_program(C):
+  """jit of (w, args, ids) -> (vla_pallas on the packed rows `ids`, the gradients of
+  `_loss` in the six inputs): one program per dtype, whatever the rows' documents."""
+  cfg = KernelConfig(chunk_size=C)
+
+  def run(w, args, ids):
+    fn = lambda *a: vla_pallas(*a, segment_ids=ids, lam0=LAM0, config=cfg, interpret=INTERPRET)
+    return fn(*args), jax.grad(_loss(fn), argnums=range(1, 7))(w, *args)
+  return jax.jit(run)
+
+
 @pytest.fixture(scope="module")
 def packed_runs():
   """({name: call}, {name: its outputs and gradients}) of the float32 and bfloat16 packed
-  checks (`_packed_case`)."""
+  checks (`_packed_case`); the two bfloat16 calls run one program."""
   calls = {"f32": _packed_case(12, SHAPES[1], np.float32),
            "bf16": _packed_case(12, SHAPES[1], jnp.bfloat16),
            "large_gains": _packed_case(13, SHAPES[1], jnp.bfloat16,
                                        u_norm=np.sqrt(SHAPES[1][3]))}
-  return calls, _together(calls)
+  run = _packed_program(SHAPES[1][5])
+  return calls, {name: run(w, args, jnp.asarray(ids))
+                 for name, (_, _, w, args, ids) in calls.items()}
 
 
 def _packed_check(call, result, dtype):
@@ -419,8 +422,8 @@ def _packed_check(call, result, dtype):
     errors[name] = rel(g, ref)
   with jax.enable_x64(True):
     exact = [jnp.asarray(np.asarray(x, np.float64)) for x in args]
-    ref = jax.jit(jax.grad(_loss(_packed_scan(ids)), argnums=range(1, 7)))(
-        [jnp.asarray(x, np.float64) for x in w], *exact)
+    ref = _packed_scan_grads([jnp.asarray(x, np.float64) for x in w], jnp.asarray(ids),
+                             *exact)
   for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)

@@ -107,6 +107,11 @@ def test_softmax_implementation_choice_is_explicit():
   assert resolve_implementation("xla", jnp.bfloat16, backend="gpu") == "xla"
   with pytest.raises(ValueError, match="cudnn.*bfloat16"):
     SoftmaxAttention(D, H, implementation="cudnn", rngs=nnx.Rngs(0))
+  # The backend is checked at construction, as the recurrent mixers' impl (it built on a CPU
+  # and failed at the first call: "cuDNN is not detected").
+  with pytest.raises(ValueError, match="SoftmaxAttention: implementation='cudnn' cannot run "
+                                       "here: the backend is 'cpu'.* or 'xla'"):
+    SoftmaxAttention(D, H, implementation="cudnn", dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("call,match", [
@@ -115,6 +120,9 @@ def test_softmax_implementation_choice_is_explicit():
      "does not take option"),
     (lambda: VLAAttention(10, 3, rngs=nnx.Rngs(0)), "not divisible by num_heads"),
     (lambda: SoftmaxAttention(16, 2, 4, rngs=nnx.Rngs(0)), "must equal d_model"),
+    (lambda: SoftmaxAttention(32, 3, rngs=nnx.Rngs(0)),
+     r"d_model=32 is not divisible by num_heads=3; choose a num_heads that divides d_model "
+     r"\(num_heads \* head_dim must equal d_model here\)$"),
     (lambda: VLAAttention(16, 2, readout="ratio", rngs=nnx.Rngs(0)), "readout must be one of"),
     (lambda: VLAAttention(16, 2, lam0=0.0, rngs=nnx.Rngs(0)), "lam0"),
     (lambda: VLAAttention(16, 2, lam0="1", rngs=nnx.Rngs(0)),
@@ -127,7 +135,8 @@ def test_softmax_implementation_choice_is_explicit():
     (lambda: VLAAttention(16, 2, beta=1, rngs=nnx.Rngs(0)), "beta must be True or False"),
     (lambda: VLAAttention(16, 2, qk_map="silu_l2", readout="additive", rngs=nnx.Rngs(0)),
      "qk_map='silu_l2' .* readout='additive'"),
-], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width", "readout", "lam0",
+], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width",
+        "softmax-indivisible", "readout", "lam0",
         "lam0-str", "lam0-small", "u_init", "qk_map", "beta", "silu_l2-additive"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
@@ -161,7 +170,8 @@ def test_beta_projection_is_drawn_last_and_the_kernels_refuse_beta():
 
 def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
   """1 is the default (RESULTS.md sections 9 and 5); "inv_sqrt_dh" is the authors'
-  1 / sqrt(d_h); None, negative numbers and other strings are refused naming the option."""
+  1 / sqrt(d_h); None, negative or non-finite numbers and other strings are refused naming the
+  option."""
   assert VLAAttention(D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
   for head_dim in (None, 5):
     authors = VLAAttention(D, H, head_dim, penalty_scale="inv_sqrt_dh", rngs=nnx.Rngs(0))
@@ -169,8 +179,9 @@ def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
   assert make_mixer("vla", D, H, rngs=nnx.Rngs(0)).penalty_scale == 1.0
   assert make_mixer("vla", D, H, options={"penalty_scale": 0}, rngs=nnx.Rngs(0)
                     ).penalty_scale == 0.0
-  for bad in (None, -0.5, "inv_sqrt", True, float("nan")):
-    with pytest.raises(ValueError, match="penalty_scale must be a number >= 0 or 'inv_sqrt_dh'"):
+  for bad in (None, -0.5, "inv_sqrt", True, float("nan"), float("inf")):
+    with pytest.raises(ValueError,
+                       match="penalty_scale must be a finite number >= 0 or 'inv_sqrt_dh'"):
       VLAAttention(D, H, penalty_scale=bad, rngs=nnx.Rngs(0))
 
 def test_registry_covers_all_mixers():
@@ -224,15 +235,16 @@ def test_a_kernel_impl_the_kernel_cannot_run_fails_at_construction(kw, match):
 
 def test_the_kernel_takes_packing_and_the_delta_readout():
   """VLA on the kernels (interpret mode) with packed rows and the delta readout (value width
-  d_h + 1) equals the chunked form (the additive readout packed: tests/ops/test_packed_ops.py)."""
+  d_h + 1) equals the chunked form (the additive readout packed: tests/ops/test_packed_ops.py;
+  the layer on the kernels without segment_ids: tests/lab/test_grid.py; the op with the value
+  width d_h + 1, forward and gradients: tests/kernels/test_vla_pallas.py)."""
   kw = dict(chunk_size=16, options={"readout": "delta"})
   kernel = make_mixer("vla", 32, 2, impl="pallas_interpret", rngs=nnx.Rngs(0), **kw)
   chunked = make_mixer("vla", 32, 2, impl="chunked", rngs=nnx.Rngs(0), **kw)
   x = jax.random.normal(jax.random.key(3), (1, 24, 32))
   ids = jnp.array([[0] * 5 + [1] * 12 + [2] * 7])
-  for call in ({}, dict(segment_ids=ids)):
-    np.testing.assert_allclose(_forward(kernel, x, **call), _forward(chunked, x, **call),
-                               rtol=0, atol=2e-5)
+  np.testing.assert_allclose(_forward(kernel, x, segment_ids=ids),
+                             _forward(chunked, x, segment_ids=ids), rtol=0, atol=2e-5)
 
 
 # A_log and dt_bias (float32 bits) of GatedDeltaNet(64, 4, rngs=nnx.Rngs(0)) as the layer drew
@@ -333,3 +345,70 @@ def test_gated_deltanet_gate_init_is_checked():
     make_mixer("deltanet", 16, 2, options={"gate_init": "slow"}, rngs=nnx.Rngs(0))
   layer = make_mixer("gated_deltanet", 16, 2, options={"gate_init": "slow"}, rngs=nnx.Rngs(0))
   assert layer.gate_init == "slow" and _gate(layer)[1].max() <= 1e-2 * (1 + 1e-4)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: VLAAttention(32, 2, penalty_scale=float("inf"), rngs=nnx.Rngs(0)),
+     "VLAAttention: penalty_scale must be a finite number >= 0 or 'inv_sqrt_dh'.* got inf"),
+    (lambda: SoftmaxAttention(32, 2, positions="rope", rope_base=float("inf"),
+                              rngs=nnx.Rngs(0)),
+     "SoftmaxAttention: rope_base must be a finite number > 1; got inf"),
+], ids=["penalty_scale", "rope_base"])
+def test_float_options_must_be_finite(call, match):
+  """Every float option of the layers refuses inf at construction, naming the option (inf
+  passed `>= 0` and gave NaN outputs, or a meaningless rotation)."""
+  with pytest.raises(ValueError, match=match):
+    call()
+
+
+@pytest.mark.parametrize("name,option", [
+    ("linear", "normalize"), ("vla", "out_norm"), ("linear", "out_norm"),
+    ("deltanet", "out_norm"), ("gated_deltanet", "out_norm"), ("vla", "beta"),
+    ("deltanet", "output_gate")])
+def test_bool_options_must_be_bools(name, option):
+  """A bool option takes True or False only: a string such as "no" (which bool() makes True)
+  is refused at construction, naming the layer and the option."""
+  with pytest.raises(ValueError, match=f"{MIXERS[name].__name__}: {option} must be True or "
+                                       "False; got str 'no'"):
+    make_mixer(name, 32, 2, options={option: "no"}, rngs=nnx.Rngs(0))
+  make_mixer(name, 32, 2, options={option: np.bool_(False)}, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("bad,match", [
+    (-1.0, "a finite number > 0; got -1.0"), (0.0, "a finite number > 0; got 0.0"),
+    (float("inf"), "a finite number > 0; got inf"), ("a", "a real number .* > 0; got str 'a'")],
+    ids=["negative", "zero", "inf", "str"])
+def test_readout_eps_must_be_a_finite_positive_number(bad, match):
+  with pytest.raises(ValueError, match=f"VLAAttention: readout_eps must be {match}"):
+    VLAAttention(32, 2, readout="delta", readout_eps=bad, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_inputs_are_checked_naming_x(name):
+  """`__call__` and `prefill` take x [B, T, d_model] of a floating dtype: another rank, width
+  or an integer dtype raises naming x and the expected shape (not a concatenate, broadcast or
+  dot_general error, nor a silent cast), as `step` does for x_t."""
+  mixer = make_mixer(name, 16, 2, rngs=nnx.Rngs(0))
+  cache = mixer.init_cache(2, 8)
+  for call in (mixer, lambda x: mixer.prefill(x, cache)):
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model=16\] \(a "
+                                         r"sequence; .*\); got \(2, 16\)"):
+      call(jnp.zeros((2, 16)))
+    with pytest.raises(ValueError, match=r"x must have shape \[B, T, d_model=16\]; got "
+                                         r"\(2, 3, 8\)"):
+      call(jnp.zeros((2, 3, 8)))
+    with pytest.raises(TypeError, match="x must have a floating dtype .*; got int32"):
+      call(jnp.zeros((2, 3, 16), jnp.int32))
+  with pytest.raises(TypeError, match="x_t must have a floating dtype .*; got int32"):
+    mixer.step(jnp.zeros((2, 16), jnp.int32), cache)
+
+
+@pytest.mark.parametrize("name", sorted(MIXERS))
+def test_dtypes_must_be_floating(name):
+  """A non-float dtype or param_dtype is refused at construction, naming it (it built, then
+  failed inside flax with "Dtype must be inexact")."""
+  for arg in ("dtype", "param_dtype"):
+    for bad, shown in ((jnp.int32, "int32"), ("bogus", "'bogus'")):
+      with pytest.raises(TypeError, match=f"{MIXERS[name].__name__}: {arg} must be a floating "
+                                          f"dtype .*; got {shown}$"):
+        make_mixer(name, 16, 2, rngs=nnx.Rngs(0), **{arg: bad})

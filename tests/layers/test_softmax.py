@@ -76,9 +76,13 @@ def test_rope_options_are_checked():
     make_mixer("softmax", 16, 2, options={"positions": "alibi"}, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="even head_dim"):
     make_mixer("softmax", 15, 3, options={"positions": "rope"}, rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match="rope_base"):
-    make_mixer("softmax", 16, 2, options={"positions": "rope", "rope_base": 0.5},
-               rngs=nnx.Rngs(0))
+  for bad in (0.5, True, "500"):
+    with pytest.raises(ValueError, match="rope_base must be a finite number > 1"):
+      make_mixer("softmax", 16, 2, options={"positions": "rope", "rope_base": bad},
+                 rngs=nnx.Rngs(0))
+  for base in (np.float32(500.0), np.int64(500)):   # NumPy scalars are numbers too
+    assert make_mixer("softmax", 16, 2, options={"positions": "rope", "rope_base": base},
+                      rngs=nnx.Rngs(0)).rope_base == 500.0
 
 
 def test_rope_stream_continues_the_last_packed_document(x64):

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 import oracles
+from conftest import random_module
 from vla_jax.layers import MIXERS as ALL_MIXERS
 from vla_jax.layers import make_mixer
 from vla_jax.models.lm import LanguageModel, ModelConfig
@@ -69,11 +70,13 @@ def stream(modules, x, prompt_len):
 @pytest.fixture(scope="module")
 def mixer_streams():
   """(the float64 mixers of MIXERS, x, each one's streamed outputs): every mixer streamed by
-  one prefill program and one step program."""
+  one prefill program and one step program. Random parameters (`random_module`: no
+  initialiser compiled); streaming equals the full pass for any."""
   with jax.enable_x64(True):
-    mixers = [make_mixer(name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
-                         dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1))
-              for name, options in MIXERS]
+    mixers = [random_module(lambda name=name, options=options: make_mixer(
+        name, D_MODEL, HEADS, impl="chunked", chunk_size=16, options=options,
+        dtype=jnp.float64, param_dtype=jnp.float64, rngs=nnx.Rngs(1)), seed=i)
+              for i, (name, options) in enumerate(MIXERS)]
     x = jax.random.normal(jax.random.key(2), (B, T, D_MODEL), jnp.float64)
     return mixers, x, [y for y, _ in stream(mixers, x, PROMPT)]
 
@@ -96,10 +99,11 @@ def test_model_mixers_are_every_mixer():
 def model_streams():
   """(the models of MODEL_MIXERS, their logits on tokens, on tokens changed after position
   12, their streams [(logits, cache)]): one forward program (run twice), one prefill program
-  and one step program for every model."""
-  models = [LanguageModel(ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL,
-                                      num_heads=HEADS, chunk_size=16, mixer_options=options),
-                          rngs=nnx.Rngs(3)) for name, options in MODEL_MIXERS]
+  and one step program for every model; random parameters, as for `mixer_streams`."""
+  models = [random_module(lambda name=name, options=options: LanguageModel(
+      ModelConfig(vocab_size=23, max_len=T, mixer=name, d_model=D_MODEL, num_heads=HEADS,
+                  chunk_size=16, mixer_options=options), rngs=nnx.Rngs(3)), seed=i)
+            for i, (name, options) in enumerate(MODEL_MIXERS)]
   tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 23)
   full = forward(models, tokens)
   changed = forward(models, tokens.at[:, 12:].set((tokens[:, 12:] + 1) % 23))
@@ -182,6 +186,50 @@ def test_streaming_errors():
   for bad in (11, -1):
     with pytest.raises(ValueError, match=r"prompt token ids must lie in \[0, vocab_size=11\)"):
       model.generate(prompt.at[0, 2].set(bad), 2)
-  with pytest.raises(ValueError, match="temperature must be finite"):
+  with pytest.raises(ValueError, match="temperature must be a finite number >= 0; got nan"):
     model.generate(prompt, 2, temperature=float("nan"), rng=jax.random.key(0))
+  with pytest.raises(ValueError, match="temperature must be a finite number >= 0; got 'hot'"):
+    model.generate(prompt, 2, temperature="hot", rng=jax.random.key(0))
+  for bad in (0, "seed"):
+    with pytest.raises(ValueError, match=rf"rng must be a jax.random key .*; got {bad!r}"):
+      model.generate(prompt, 2, temperature=1.0, rng=bad)
   assert model.generate(prompt, np.int64(2)).shape == (1, 10)
+
+
+def test_caches_and_batch_sizes_are_checked():
+  """A cache of another type, batch size or layer, or none, and a batch size that is not an
+  int >= 0, raise naming the argument (not a concatenate TypeError, an AttributeError or a
+  broadcasting error deep inside the step)."""
+  vla = make_mixer("vla", D_MODEL, HEADS, rngs=nnx.Rngs(0))
+  attention = make_mixer("softmax", D_MODEL, HEADS, rngs=nnx.Rngs(0))
+  x = jnp.zeros((2, 3, D_MODEL))
+  with pytest.raises(ValueError, match=r"VLAAttention: cache is for batch size 3; x_t has "
+                                       r"B=2 \(init_cache\(2\)\)"):
+    vla.step(x[:, 0], vla.init_cache(3))
+  with pytest.raises(ValueError, match="VLAAttention: cache is for batch size 3; x has B=2"):
+    vla.prefill(x, vla.init_cache(3))
+  with pytest.raises(ValueError, match=r"SoftmaxAttention: cache is for batch size 1; x_t "
+                                       r"has B=2"):
+    attention.step(x[:, 0], attention.init_cache(1, 4))
+  other = make_mixer("vla", D_MODEL, HEADS, options={"readout": "delta"}, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"VLAAttention: cache\.state\.S has shape "
+                                       r"\(2, 2, 9, 8\); expected \(2, 2, 8, 8\)"):
+    vla.step(x[:, 0], other.init_cache(2))
+  for mixer, cache, want in ((vla, attention.init_cache(2, 4), "RecurrentCache"),
+                             (vla, None, "RecurrentCache"),
+                             (attention, vla.init_cache(2), "KVCache"),
+                             (attention, None, "KVCache")):
+    with pytest.raises(TypeError, match=f"{type(mixer).__name__}: cache must be a {want}"):
+      mixer.step(x[:, 0], cache)
+  for bad in (-1, 2.0, True):
+    for init in (vla.init_cache, lambda b: attention.init_cache(b, 4)):
+      with pytest.raises(ValueError, match=rf"batch_size must be an int >= 0; got {bad!r}"):
+        init(bad)
+  model = LanguageModel(ModelConfig(vocab_size=11, max_len=12, d_model=D_MODEL,
+                                    num_heads=HEADS, num_layers=1), rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match=r"batch_size must be an int >= 0; got -1"):
+    model.init_cache(-1)
+  with pytest.raises(TypeError, match="cache must be a ModelCache"):
+    model.step(jnp.zeros((2,), jnp.int32), vla.init_cache(2))
+  with pytest.raises(ValueError, match="cache is for batch size 3; token has B=2"):
+    model.step(jnp.zeros((2,), jnp.int32), model.init_cache(3))

@@ -1,6 +1,8 @@
 """The language model: tied/untied heads, position embeddings, config errors, remat, padding
 masks (every mixer's model, its causality and streaming: tests/layers/test_streaming.py)."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import LLVM_LEVEL_1
+from conftest import LLVM_LEVEL_1, random_module
 from vla_jax.models import LanguageModel, ModelConfig
 
 SMALL = dict(vocab_size=32, max_len=24, d_model=16, num_heads=2, mlp_ratio=2, chunk_size=16)
@@ -19,16 +21,17 @@ def _params(model):
 
 
 def test_tied_and_untied_heads():
-  tied = LanguageModel(ModelConfig(**SMALL), rngs=nnx.Rngs(0))
-  untied = LanguageModel(ModelConfig(tie_embeddings=False, **SMALL), rngs=nnx.Rngs(0))
+  """The parameters' shapes (`nnx.eval_shape`: no initialiser runs)."""
+  tied, untied = (nnx.eval_shape(lambda tie=tie: LanguageModel(
+      ModelConfig(tie_embeddings=tie, **SMALL), rngs=nnx.Rngs(0))) for tie in (True, False))
   assert tied.head is None
   assert _params(untied) - _params(tied) == 16 * 32
 
 
 @pytest.mark.parametrize("pos_emb", ["sinusoidal", "none"])
 def test_position_embedding_options(pos_emb):
-  model = LanguageModel(ModelConfig(pos_emb=pos_emb, mixer="deltanet", **SMALL),
-                        rngs=nnx.Rngs(0))
+  model = random_module(lambda: LanguageModel(
+      ModelConfig(pos_emb=pos_emb, mixer="deltanet", **SMALL), rngs=nnx.Rngs(0)))
   assert model.pos_embed is None
   chex.assert_shape(nnx.jit(lambda m, t: m(t))(model, jnp.zeros((1, 5), jnp.int32)), (1, 5, 32))
 
@@ -42,7 +45,7 @@ def test_too_long_sequence_fails():
 @pytest.mark.parametrize("change,match", [
     ({"mixer": "rwkv"}, "unknown mixer 'rwkv'"),
     ({"head_dim": 4}, "head_dim \\* model.num_heads must equal model.d_model"),
-    ({"num_heads": 3}, "not divisible by num_heads=3"),
+    ({"num_heads": 3}, "not divisible by num_heads=3; choose a num_heads that divides"),
     ({"pos_emb": "rope"}, "pos_emb must be one of"),
     ({"mixer_options": {"readout": "softmax"}}, "readout must be one of"),
     ({"mixer": "softmax", "mixer_options": {"lam0": 1.0}}, "does not take option"),
@@ -50,10 +53,44 @@ def test_too_long_sequence_fails():
     ({"impl": "pallas", "d_model": 24}, r"model.impl='pallas' cannot run here: head_dim"),
     ({"impl": "pallas_interpret", "num_heads": 1, "chunk_size": 256},
      "model.impl='pallas_interpret' cannot run here: chunk_size=256"),
+    ({"chunk_size": 48}, r"model.chunk_size must be a power of two in \[16, 256\]; got 48"),
+    ({"mixer_options": {"lam0": -2.0}},
+     "model.mixer_options: VLAAttention: lam0 must be a finite number > 0; got -2.0"),
+    ({"mixer_options": {"penalty_scale": float("inf")}},
+     "model.mixer_options: VLAAttention: penalty_scale must be a finite number"),
+    ({"mixer": "linear", "mixer_options": {"normalize": "no"}},
+     "model.mixer_options: LinearAttention: normalize must be True or False"),
 ])
 def test_bad_model_configs(change, match):
   with pytest.raises(ValueError, match=match):
     LanguageModel(ModelConfig(**{**SMALL, **change}), rngs=nnx.Rngs(0))
+
+
+def test_mixer_options_are_a_mapping_or_pairs_and_keep_the_config_hashable():
+  """A mapping or (name, value) pairs (a list too, as JSON gives them back) become sorted
+  pairs, so that the config hashes; anything else, a repeated name or an unhashable value is
+  refused naming model.mixer_options (a list was kept and hash() raised)."""
+  want = ModelConfig(**SMALL, mixer_options={"lam0": 2.0, "readout": "delta"})
+  for given in ([("readout", "delta"), ("lam0", 2.0)], [["lam0", 2.0], ["readout", "delta"]]):
+    config = ModelConfig(**SMALL, mixer_options=given)
+    assert config == want and hash(config) == hash(want)
+    assert config.mixer_options == (("lam0", 2.0), ("readout", "delta"))
+  for bad, match in (("lam0", "a mapping of option names to values"),
+                     ([("lam0",)], "a mapping of option names to values"),
+                     ([("lam0", 1.0), ("lam0", 2.0)], "repeats option 'lam0'"),
+                     ({"lam0": [1.0]}, "option lam0 has an unhashable value")):
+    with pytest.raises(ValueError, match=f"model.mixer_options.*{match}"):
+      ModelConfig(**SMALL, mixer_options=bad)
+
+
+def test_softmax_cudnn_is_checked_without_the_backend():
+  """A configuration is checked without the backend (the layers check it when built): cuDNN
+  with bfloat16 passes here on a CPU, cuDNN with float32 is refused."""
+  config = dict(SMALL, mixer="softmax", mixer_options={"implementation": "cudnn"})
+  ModelConfig(**config, dtype="bfloat16")
+  with pytest.raises(ValueError, match="model.mixer_options: SoftmaxAttention: "
+                                       "implementation='cudnn' needs dtype bfloat16"):
+    ModelConfig(**config)
 
 
 def test_impl_defaults_to_auto():
@@ -102,9 +139,11 @@ def test_remat_keeps_the_gradients_and_saves_activation_memory():
   assert temp[1] < temp[0], temp
 
 
-def test_remat_must_be_a_bool():
-  with pytest.raises(ValueError, match="model.remat must be True or False"):
-    ModelConfig(remat="yes", **SMALL)
+@pytest.mark.parametrize("option", ["remat", "tie_embeddings"])
+def test_bool_options_must_be_bools(option):
+  """A string such as "no" (which bool() makes True) is refused, naming the option."""
+  with pytest.raises(ValueError, match=f"model: {option} must be True or False; got str 'no'"):
+    ModelConfig(**{option: "no"}, **SMALL)
 
 
 @nnx.jit
@@ -153,8 +192,10 @@ def test_padding_mask_gives_the_unpadded_logits(mixer):
 
 def test_token_ids_out_of_range_are_errors():
   """Concrete ids outside [0, vocab_size): a ValueError naming the id, its position and
-  vocab_size, from __call__, prefill and step; float tokens are a TypeError."""
-  model = LanguageModel(ModelConfig(mixer="deltanet", **SMALL), rngs=nnx.Rngs(0))
+  vocab_size, from __call__, prefill and step; float tokens are a TypeError, tokens of another
+  rank a ValueError."""
+  model = random_module(lambda: LanguageModel(ModelConfig(mixer="deltanet", **SMALL),
+                                              rngs=nnx.Rngs(0)))
   tokens = jnp.zeros((2, 6), jnp.int32)
   cache = model.init_cache(2, 8)
   for bad, where in ((32, r"\(1, 4\)"), (-1, r"\(1, 4\)")):
@@ -167,6 +208,12 @@ def test_token_ids_out_of_range_are_errors():
     model.step(jnp.asarray([40, 0], jnp.int32), cache)
   with pytest.raises(TypeError, match="int array of token ids"):
     model(tokens.astype(jnp.float32))
+  for bad in (tokens[0], tokens[..., None]):   # an IndexError / a broadcasting error before
+    with pytest.raises(ValueError, match=re.escape(
+        f"tokens must have shape [B, T] (int token ids); got {tuple(bad.shape)}")):
+      model(bad)
+    with pytest.raises(ValueError, match=r"tokens must have shape \[B, T\]"):
+      model.prefill(bad, cache)
 
 
 @pytest.mark.parametrize("mixer", ["vla", "softmax"])

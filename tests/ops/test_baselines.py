@@ -154,6 +154,17 @@ def test_validation():
                                                                   jnp.zeros((1, 2, 3))))
   with pytest.raises(ValueError, match=r"initial_state must have shape \(1, 2, 3, 4\)"):
     deltanet(q, k, v, beta, initial_state=jnp.zeros((1, 2, 4, 3)))
+  with pytest.raises(TypeError, match=r"initial_state must be an array of shape \(1, 2, 3, 4\) "
+                                      r"\(float32 or float64\); got tuple"):
+    deltanet(q, k, v, beta, initial_state=(jnp.zeros((1, 2, 3, 4)),))
+  # normalize is a bool (bool("no") would normalise), eps a finite number > 0.
+  with pytest.raises(ValueError, match="normalize must be True or False; got str 'no'"):
+    linear_attention(q, k, v, normalize="no")
+  for eps in (-1.0, 0.0, float("inf")):
+    with pytest.raises(ValueError, match=rf"eps must be a finite number > 0; got {eps}"):
+      linear_attention(q, k, v, normalize=True, eps=eps)
+  with pytest.raises(ValueError, match="eps must be a real number .* got str 'x'"):
+    linear_attention(q, k, v, normalize=True, eps="x")
   # A positive log decay grows the state (outputs 1.5e13 at +0.5, NaN at +5 before).
   with pytest.raises(ValueError, match=r"log_decay must be <= 0 .* got 0.5 at \[b, t, h\] = "
                                        r"\(0, 3, 1\)"):
@@ -178,10 +189,11 @@ def test_linear_attention_feature_map_may_change_the_width(x64, impl):
                    / np.maximum(np.einsum("bhk,bhk->bh", z, fq[:, t]), 1e-6)[..., None])
   chex.assert_shape(state.S, (2, 2, 3, 8))
   assert rel_err(o, o_ref) < 1e-10 and rel_err(state.S, S_ref) < 1e-10
+  # Jitted: one step program (eagerly, each operation compiles on its own).
+  step = jax.jit(functools.partial(linear_attention_step, feature_map=fm, normalize=True))
   st, steps = None, []
   for t in range(q.shape[1]):
-    o_t, st = linear_attention_step(st, q[:, t], k[:, t], v[:, t], feature_map=fm,
-                                    normalize=True)
+    o_t, st = step(st, q[:, t], k[:, t], v[:, t])
     steps.append(o_t)
   assert rel_err(jnp.stack(steps, 1), o_ref) < 1e-10
   with pytest.raises(ValueError, match="feature_map must map q and k"):
@@ -190,18 +202,26 @@ def test_linear_attention_feature_map_may_change_the_width(x64, impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_no_tokens_pass_the_state_through(impl):
+  from vla_jax import vla_recurrence, initial_vla_state  # pylint: disable=import-outside-toplevel
   q, k, v, u = random_inputs(12, 1, 0, 2, 4, 3, np.float32)
   beta, log_decay = gates(13, 1, 0, 2, np.float32)
   S0 = jnp.ones((1, 2, 3, 4), jnp.float32)
-  for fn, args in ((deltanet, (beta,)), (gated_deltanet, (beta, log_decay))):
-    o, S = fn(q, k, v, *args, initial_state=S0, impl=impl)
+  init = initial_vla_state(1, 2, 4, 3, lam0=2.0)
+
+  @jax.jit   # one program (eagerly, each operation compiles on its own)
+  def run(q, k, v, u, beta, log_decay, S0, init):
+    return (deltanet(q, k, v, beta, initial_state=S0, impl=impl),
+            gated_deltanet(q, k, v, beta, log_decay, initial_state=S0, impl=impl),
+            linear_attention(q, k, v, impl=impl),
+            vla_recurrence(q, k, v, u, initial_state=init, impl=impl))
+
+  delta, gated, linear, vla = run(q, k, v, u, beta, log_decay, S0, init)
+  for o, S in (delta, gated):
     chex.assert_shape(o, (1, 0, 2, 3))
     chex.assert_trees_all_equal(S, S0)
-  o, state = linear_attention(q, k, v, impl=impl)
+  o, state = linear
   chex.assert_shape([o, state.S], [(1, 0, 2, 3), (1, 2, 3, 4)])
-  from vla_jax import vla_recurrence, initial_vla_state  # pylint: disable=import-outside-toplevel
-  init = initial_vla_state(1, 2, 4, 3, lam0=2.0)
-  o, state = vla_recurrence(q, k, v, u, initial_state=init, impl=impl)
+  o, state = vla
   chex.assert_shape(o, (1, 0, 2, 3))
   chex.assert_trees_all_equal(state, init)
 

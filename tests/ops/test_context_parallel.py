@@ -24,16 +24,17 @@ from vla_jax.parallel import shard_sequence
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEVICES = (2, 4, 8)
 # Every device count takes the same path (each device's segment, then a gather and a scan over
-# the P segments): VLA's XLA op runs on the fewest and the most devices (T = 160: 80 and 20
-# tokens a device, the second ending inside a chunk), each other XLA op on one of them, the
-# Pallas op on 4 (T = 64: one chunk a device).
-ENDS = (2, 8)
+# the P segments): VLA's XLA op runs on the most devices (T = 160: 20 tokens a device, ending
+# inside a chunk) and, with a write strength beta, on the fewest (80 tokens a device), each
+# other XLA op on one of them, the Pallas op on 4 (T = 64: one chunk a device); the long
+# float32 case on the most (the most segment states folded).
+LONG_DEVICES = (8,)
 TOL = {"float64": 1e-10, "float32": 1e-5}
 # (op, impl, dtype, device counts): every op in float64 at a small shape ("vla_beta":
 # vla_recurrence with a write strength beta); float32 is checked
 # on VLA at T = 16,384 (test_float32_long_anisotropic) and on the Pallas op (interpret mode,
 # a tiny shape, whose kernels take float32 or bfloat16 products).
-CASES = [("vla_recurrence", "chunked", "float64", ENDS),
+CASES = [("vla_recurrence", "chunked", "float64", (8,)),
          ("vla_recurrence", "pallas", "float32", (4,)),
          ("vla_beta", "chunked", "float64", (2,)),
          ("deltanet", "chunked", "float64", (8,)),
@@ -253,7 +254,7 @@ def main():
       ref64 = results
   rows.append(dict(op="vla_recurrence", impl="chunked", dtype="float32", devices=1,
                    long=True, errors=_errors(ref32, ref64)))
-  for n in ENDS:
+  for n in LONG_DEVICES:
     got = _results(shard_sequence(vla_jax.vla_recurrence, mesh=meshes[n]), args32, st32, 7)
     rows.append(dict(op="vla_recurrence", impl="chunked", dtype="float32", devices=n,
                      long=True, errors=_errors(got, ref32), errors64=_errors(got, ref64)))
@@ -298,7 +299,7 @@ def test_sharded_properties(table, prop, name, devices):
   assert failure is None, failure
 
 
-@pytest.mark.parametrize("devices", ENDS)
+@pytest.mark.parametrize("devices", LONG_DEVICES)
 def test_float32_long_anisotropic(table, devices):
   """T = 16,384, rank-4 u, float32: the sharded op equals the float32 op to 1e-5, except
   where the float32 op itself is further than 5e-6 from the float64 op (du: 2e-5 here); and

@@ -55,6 +55,29 @@ def test_resolve_precision_names_and_default():
     vla_recurrence(*_args(), precision="fast")
 
 
+def test_a_pair_of_equal_precisions_is_that_precision():
+  """jnp.matmul's per-operand pair: two equal entries are that precision (reaching every
+  product), two different ones are refused by every op (their products take one)."""
+  assert resolve_precision((P.HIGH, P.HIGH)) == P.HIGH
+  assert resolve_precision(["highest", "float32"]) == P.HIGHEST
+  args = _args()
+  fwd = lambda *a: vla_recurrence(*a, impl="scan", precision=(P.HIGHEST, P.HIGHEST))[0]
+  with jax.default_matmul_precision("bfloat16"):
+    assert _precisions(fwd, *args) == {HIGHEST}
+  match = (r"precision must be one precision for both operands \(the ops' products take one\); "
+           r"got the pair \(Precision.HIGH, Precision.HIGHEST\): pass 'high' or 'highest'")
+  bad = (P.HIGH, P.HIGHEST)
+  with pytest.raises(ValueError, match=match):
+    vla_recurrence(*args, precision=bad)
+  with pytest.raises(ValueError, match=match):
+    linear_attention(*args[:3], precision=bad)
+  with pytest.raises(ValueError, match=match):
+    gated_deltanet(*args[:3], args[3][..., 0], None, precision=bad)
+  with pytest.raises(ValueError, match=r"precision as a pair must hold two jax.lax.Precision "
+                                       r"values or names"):
+    resolve_precision(("high", "fast"))
+
+
 @pytest.mark.parametrize("impl", ["scan", "associative_scan", "chunked"])
 def test_precision_reaches_every_product(impl):
   """Forward and gradient: an explicit 'highest' overrides a 'bfloat16' default, and None

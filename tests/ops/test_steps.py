@@ -12,6 +12,7 @@ import oracles
 from conftest import random_inputs, rel_err
 from vla_jax import (LinearAttentionState, VLAState, deltanet, gated_deltanet, initial_vla_state,
                      linear_attention, vla_recurrence)
+from vla_jax.ops.checks import MIN_LAM0_FLOAT32
 from vla_jax.ops.step import (deltanet_step, gated_deltanet_step, linear_attention_step,
                               vla_step)
 
@@ -131,8 +132,33 @@ def test_step_errors():
     vla_step(tuple(state), q[:, 0], k[:, 0], v[:, 0], u[:, 0])
   with pytest.raises(ValueError, match=r"beta_t must have rank 2 \[B, H\]"):
     deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta)
-  with pytest.raises(ValueError, match=r"state must have shape \(2, 2, 5, 8\)"):
+  # The Delta steps' state is their argument S.
+  with pytest.raises(ValueError, match=r"^S must have shape \(2, 2, 5, 8\)"):
     deltanet_step(jnp.zeros((2, 2, 8, 5)), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+  with pytest.raises(TypeError, match="^S must be float32 or float64"):
+    deltanet_step(jnp.zeros((2, 2, 5, 8), jnp.bfloat16), q[:, 0], k[:, 0], v[:, 0], beta[:, 0])
+  # A positive log decay grows the state: refused as `gated_deltanet` refuses it.
+  log_decay_t = jnp.full((B, H), -0.1).at[1, 0].set(0.5)
+  with pytest.raises(ValueError, match=r"log_decay_t must be <= 0 .* got 0.5 at \[b, h\] = "
+                                       r"\(1, 0\)"):
+    gated_deltanet_step(None, q[:, 0], k[:, 0], v[:, 0], beta[:, 0], log_decay_t)
+  with pytest.raises(ValueError, match="normalize must be True or False; got str 'no'"):
+    linear_attention_step(None, q[:, 0], k[:, 0], v[:, 0], normalize="no")
+  with pytest.raises(ValueError, match="eps must be a finite number > 0; got -1.0"):
+    linear_attention_step(None, q[:, 0], k[:, 0], v[:, 0], normalize=True, eps=-1.0)
+
+
+def test_vla_step_takes_the_scans_smallest_lam0():
+  """The step is the scan's arithmetic, so it takes the scan's float32 lam0 floor: below it
+  (lam0 = 1e-6, u scaled by 3: relative error 1.4 against float64 when stepped) is refused,
+  as `vla_recurrence(..., impl="scan")` refuses it."""
+  q, k, v, u, _, _ = inputs(np.float32)
+  low = MIN_LAM0_FLOAT32["scan"]
+  for call in (lambda: vla_step(None, q[:, 0], k[:, 0], v[:, 0], 3 * u[:, 0], lam0=1e-6),
+               lambda: vla_recurrence(q, k, v, 3 * u, lam0=1e-6, impl="scan")):
+    with pytest.raises(ValueError, match=rf"lam0=1e-06 is below {low:g}, the smallest "
+                                         r"impl='scan' takes in float32"):
+      call()
 
 
 def test_pallas_prefill_then_vla_steps(x64):

@@ -34,12 +34,23 @@ def run(impl, q, k, v, u, chunk_size=16, **kw):
   return fn(q, k, v, u)
 
 
+@functools.cache
+def _from_state(impl, chunk_size):
+  """jit of (q, k, v, u, S0, A0) -> vla_recurrence from the state (S0, A0): one program per
+  impl, chunk size and shape, which the float64 checks below share (the default initial
+  state, S = 0 and A = I / lam0: the float32 checks)."""
+  return jax.jit(lambda q, k, v, u, S0, A0: vla_recurrence(
+      q, k, v, u, initial_state=VLAState(S0, A0), impl=impl, chunk_size=chunk_size))
+
+
 @pytest.mark.parametrize("shape,impl", CASES)
 def test_matches_oracle_float64(x64, shape, impl):
+  """From a random initial state (S0, A0 symmetric positive definite)."""
   B, T, H, dk, dv, C = shape
   q, k, v, u = random_inputs(hash(shape) % 1000, B, T, H, dk, dv)
-  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u, lam0=0.5)
-  o, state = run(impl, q, k, v, u, chunk_size=C, lam0=0.5)
+  S0, A0 = _initial_state(hash(shape) % 1000 + 1, B, H, dk, dv)
+  o_ref, S_ref, A_ref = oracles.vla(q, k, v, u, S0=S0, A0=A0)
+  o, state = _from_state(impl, C)(q, k, v, u, S0, A0)
   chex.assert_shape(o, (B, T, H, dv))
   chex.assert_shape(state.S, (B, H, dv, dk))
   chex.assert_shape(state.A, (B, H, dk, dk))
@@ -62,8 +73,10 @@ def test_matches_oracle_float32(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_output_dtype_follows_v(impl):
+  """Traced, not run (`jax.eval_shape`): the dtypes are decided when the op is traced."""
   q, k, v, u = (jnp.asarray(x, jnp.bfloat16) for x in random_inputs(3, 1, 20, 2, 8, 8))
-  o, state = run(impl, q, k, v, u)
+  o, state = jax.eval_shape(functools.partial(vla_recurrence, impl=impl, chunk_size=16),
+                            q, k, v, u)
   chex.assert_type(o, jnp.bfloat16)
   chex.assert_type([state.S, state.A], jnp.float32)
 
@@ -71,26 +84,27 @@ def test_output_dtype_follows_v(impl):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_split_sequence_equals_one_call(x64, impl):
   """Two calls, the second from the state the first returns: the outputs and final state of
-  one call over the whole sequence (the float64 oracle's)."""
-  q, k, v, u = random_inputs(5, 2, 46, 2, 8, 6)
-  o, S, A = oracles.vla(q, k, v, u)
-  state = VLAState(S, A)
-  cut = 23  # halves of one shape share one compilation
-  first = jax.jit(functools.partial(vla_recurrence, impl=impl, chunk_size=16))
-  o1, mid = first(*(x[:, :cut] for x in (q, k, v, u)), initial_state=initial_vla_state(
-      2, 2, 8, 6, dtype=jnp.float64))
-  o2, end = first(*(x[:, cut:] for x in (q, k, v, u)), initial_state=mid)
+  one call over the whole sequence (the float64 oracle's). Halves of the shape of
+  test_matches_oracle_float64's second case (its program, compiled once)."""
+  B, T, H, dk, dv, C = SHAPES[1]
+  q, k, v, u = random_inputs(5, B, 2 * T, H, dk, dv)
+  S0, A0 = _initial_state(6, B, H, dk, dv)
+  o, S, A = oracles.vla(q, k, v, u, S0=S0, A0=A0)
+  from_state = _from_state(impl, C)
+  o1, mid = from_state(*(x[:, :T] for x in (q, k, v, u)), S0, A0)
+  o2, end = from_state(*(x[:, T:] for x in (q, k, v, u)), *mid)
   np.testing.assert_allclose(np.concatenate([o1, o2], axis=1), o, rtol=1e-10, atol=1e-12)
-  chex.assert_trees_all_close(end, state, rtol=1e-10, atol=1e-12)
+  chex.assert_trees_all_close(end, VLAState(S, A), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
   """21 tokens spread over 37 with 16 padding steps between and around them; the padded
-  sequence has the shape and settings of test_matches_oracle_float64's second case (its
-  program, compiled once)."""
+  sequence has the shape of test_matches_oracle_float64's second case (its program, compiled
+  once)."""
   B, T, H, dk, dv, C = SHAPES[1]
   q, k, v, u = random_inputs(6, B, T - 16, H, dk, dv)
+  S0, A0 = _initial_state(8, B, H, dk, dv)
   rng = np.random.default_rng(7)
   pad_at = np.sort(rng.choice(T, 16, replace=False))
   keep = np.setdiff1d(np.arange(T), pad_at)
@@ -104,8 +118,8 @@ def test_zero_key_and_u_steps_are_exact_padding(x64, impl):
   kp, up = spread(k, 0.0), spread(u, 0.0)
   # Against the float64 oracle of the unpadded sequence (what the impl computes for it,
   # test_matches_oracle_float64).
-  o, S, A = oracles.vla(q, k, v, u, lam0=0.5)
-  op, state_p = run(impl, qp, kp, vp, up, chunk_size=C, lam0=0.5)
+  o, S, A = oracles.vla(q, k, v, u, S0=S0, A0=A0)
+  op, state_p = _from_state(impl, C)(qp, kp, vp, up, S0, A0)
   np.testing.assert_allclose(op[:, keep], o, rtol=1e-10, atol=1e-12)
   chex.assert_trees_all_close(state_p, VLAState(S, A), rtol=1e-10, atol=1e-12)
 
@@ -314,6 +328,21 @@ class TestValidation:
     with pytest.raises(ValueError, match="lam0 must be a real number"):
       self.call(lam0=lam0)
 
+  def test_unused_lam0_is_still_checked(self):
+    """With an initial state and no segment_ids lam0 is unused, but a lam0 that is not a
+    number > 0 is a mistake all the same (op and step); the float32 floor, a limit of the
+    arithmetic, applies only where lam0 is used."""
+    state = initial_vla_state(1, 2, 4, 3)
+    tokens = [x[:, 0] for x in self.args]
+    for lam0, match in (("abc", "lam0 must be a real number"),
+                        (-1.0, "lam0 must be a finite number > 0")):
+      with pytest.raises(ValueError, match=match):
+        self.call(lam0=lam0, initial_state=state)
+      with pytest.raises(ValueError, match=match):
+        vla_step(state, *tokens, lam0=lam0)
+    jax.eval_shape(lambda: (self.call(lam0=1e-8, initial_state=state, impl="scan"),
+                            vla_step(state, *tokens, lam0=1e-8)))   # traced, not compiled
+
   @pytest.mark.parametrize("impl", ["scan", "associative_scan", "chunked", "pallas"])
   def test_lam0_below_the_float32_minimum(self, impl):
     low = MIN_LAM0_FLOAT32[impl]
@@ -365,6 +394,13 @@ class TestValidation:
       vla_step(bf16, *(x[:, 0] for x in self.args))
     with pytest.raises(TypeError, match="dtype must be float32 or float64"):
       initial_vla_state(1, 2, 4, 3, dtype=jnp.int32)
+
+  @pytest.mark.parametrize("arg,sizes,got", [("batch", (-2, 2, 4, 3), "int -2"),
+                                             ("batch", (2.0, 2, 4, 3), "float 2.0"),
+                                             ("dv", (1, 2, 4, "3"), "str '3'")])
+  def test_initial_state_sizes(self, arg, sizes, got):
+    with pytest.raises(ValueError, match=rf"^{arg} must be an int >= 0; got {got}$"):
+      initial_vla_state(*sizes)
 
   def test_unknown_impl_fails_before_tracing_under_grad(self):
     q, k, v, u = self.args

@@ -53,6 +53,16 @@ def tiny_run(tmp_path_factory):
   return summary, workdir
 
 
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+  """tiny_config(checkpoint_every=4) stopped after step 8 (checkpoints 4 and 8, an evaluation
+  at 8): the start of the tests that damage a run and resume it, each on its own copy."""
+  workdir = tmp_path_factory.mktemp("stopped_run") / "run"
+  train_and_evaluate(from_config_dict(tiny_config(checkpoint_every=4)), str(workdir),
+                     stop_after=8, log=lambda s: None)
+  return workdir
+
+
 def test_tiny_training_loss_falls(tmp_path, tiny_run):
   summary, workdir = tiny_run
   train_rows, eval_rows = _rows(workdir)
@@ -149,12 +159,14 @@ def sigterm_during_save(monkeypatch, step):
   return lambda: signal.signal(signal.SIGTERM, previous)
 
 
-def test_a_sigterm_during_the_last_checkpoint_loses_no_step(tmp_path, tiny_run, monkeypatch):
-  """Checkpoints every 4 steps, stopped after 10: a SIGTERM while checkpoint 10 is written
-  lets it finish (the run then skips its evaluation); the rerun resumes at step 10, not at 8,
-  and follows the uninterrupted run."""
+def test_a_sigterm_during_the_last_checkpoint_loses_no_step(tmp_path, tiny_run, stopped_run,
+                                                            monkeypatch):
+  """Checkpoints every 4 steps, resumed at step 8 and stopped after 10: a SIGTERM while
+  checkpoint 10 is written lets it finish (the run then skips its evaluation); the rerun
+  resumes at step 10, not at 8, and follows the uninterrupted run."""
   _, full = tiny_run
   config = from_config_dict(tiny_config(checkpoint_every=4))
+  shutil.copytree(stopped_run, tmp_path, dirs_exist_ok=True)
   restore = sigterm_during_save(monkeypatch, 10)
   try:
     stopped = train_and_evaluate(config, str(tmp_path), stop_after=10, log=lambda s: None)
@@ -189,14 +201,14 @@ def test_a_stopped_run_never_reports_an_earlier_evaluation(tmp_path):
 
 
 def test_a_run_resumes_from_its_last_good_checkpoint_and_keeps_a_users_folders(
-    tmp_path, tiny_run, caplog):
+    tmp_path, tiny_run, stopped_run, caplog):
   """Stopped at step 8 (checkpoints 4 and 8), step 8 then truncated on disk and two
   integer-named folders put under checkpoints/: the resumed run warns, restarts from step 4
   and ends with the uninterrupted run's curve and score; the damaged step is moved aside
   when step 8 is written again; the clean-up deletes only checkpoints the run wrote."""
   config = from_config_dict(tiny_config(checkpoint_every=4))
   work = tmp_path / "run"
-  train_and_evaluate(config, str(work), stop_after=8, log=lambda s: None)
+  shutil.copytree(stopped_run, work)
   data = [os.path.join(r, f) for r, _, fs in os.walk(work / "checkpoints" / "8" / "default")
           for f in fs if os.sep + "d" + os.sep in os.path.join(r, f)]
   os.truncate(max(data, key=os.path.getsize), 10)
@@ -552,18 +564,19 @@ def test_a_full_disk_names_the_jsonl_file(tmp_path, monkeypatch):
   assert jsonl.read_rows(path) == [{"step": 1}] and os.listdir(tmp_path) == ["rows.jsonl"]
 
 
-def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, caplog):
-  """A run killed while it wrote the row of step 6, before its checkpoint there (checkpoints
+def test_a_run_resumes_past_a_metrics_line_cut_by_a_kill(tmp_path, tiny_run, stopped_run,
+                                                         caplog):
+  """A run killed while it wrote the row of step 8, before its checkpoint there (checkpoints
   every 4 steps), resumes from step 4; the cut line is dropped rather than glued to the next
   row, so that a later resume still reads the log, and no step's row is missing: the curve
   equals the uninterrupted run's (the last segment without periodic checkpoints)."""
   config = from_config_dict(tiny_config(checkpoint_every=4))
   work = tmp_path / "run"
-  train_and_evaluate(config, str(work), stop_after=6, log=lambda s: None)
-  shutil.rmtree(work / "checkpoints" / "6")
+  shutil.copytree(stopped_run, work)
+  shutil.rmtree(work / "checkpoints" / "8")
   path = work / "metrics.jsonl"
   lines = path.read_text().splitlines(keepends=True)
-  assert '"eval"' in lines[-1] and json.loads(lines[-2])["step"] == 6
+  assert '"eval"' in lines[-1] and json.loads(lines[-2])["step"] == 8
   path.write_text("".join(lines[:-2]) + lines[-2][:len(lines[-2]) // 2])
   with caplog.at_level("WARNING"):
     train_and_evaluate(config, str(work), stop_after=10, log=lambda s: None)

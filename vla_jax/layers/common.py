@@ -80,15 +80,20 @@ def recurrence_impl(name, impl, *, op, dtype, head_dims, chunk_size, docs, optio
                      chunk_size=chunk_size, segment_ids=docs is not None, options=options)
 
 
-def resolve_head_dim(name, d_model, num_heads, head_dim):
-  """Returns the per-head width; `head_dim=None` means d_model // num_heads (must divide)."""
+def resolve_head_dim(name, d_model, num_heads, head_dim, *, free=True):
+  """Returns the per-head width; `head_dim=None` means d_model // num_heads (must divide).
+  `free`: whether the caller takes any head_dim (the recurrent mixers) or only
+  d_model // num_heads (softmax attention, the model): the hint of the error follows it."""
   for arg, value in (("d_model", d_model), ("num_heads", num_heads)):
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       raise ValueError(f"{name}: {arg} must be a positive int; got {value!r}")
   if head_dim is None:
     if d_model % num_heads:
+      hint = ("pass head_dim explicitly or change num_heads" if free else
+              "choose a num_heads that divides d_model (num_heads * head_dim must equal "
+              "d_model here)")
       raise ValueError(f"{name}: d_model={d_model} is not divisible by num_heads={num_heads}; "
-                       "pass head_dim explicitly or change num_heads")
+                       f"{hint}")
     return d_model // num_heads
   if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
     raise ValueError(f"{name}: head_dim must be a positive int or None; got {head_dim!r}")
@@ -203,11 +208,24 @@ def check_choice(name, arg, value, choices):
   return value
 
 
+def check_dtype(name, arg, dtype):
+  """`dtype` (a layer's dtype or param_dtype) if it names a floating dtype, else TypeError
+  naming the layer and the argument."""
+  try:
+    floating = dtype is not None and jnp.issubdtype(jnp.dtype(dtype), jnp.floating)
+    shown = jnp.dtype(dtype).name
+  except TypeError:
+    floating, shown = False, repr(dtype)
+  if not floating:
+    raise TypeError(f"{name}: {arg} must be a floating dtype (float32, bfloat16, float16 or "
+                    f"float64); got {shown}")
+  return dtype
+
+
 def check_bool(name, arg, value):
-  """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option."""
-  if not isinstance(value, (bool, np.bool_)):
-    raise ValueError(f"{name}: {arg} must be True or False; got {value!r}")
-  return bool(value)
+  """`value` if it is a bool (NumPy's too), else ValueError naming the layer and option
+  (`checks.check_bool`)."""
+  return checks.check_bool(f"{name}: {arg}", value)
 
 
 def check_positive_int(name, arg, value):
@@ -233,7 +251,8 @@ def merge_heads(x):
 
 
 def l2_normalize(x, eps=1e-6):
-  """x / max(||x||, eps) along the last axis (finite gradient at 0): the ops' `unit`."""
+  """x / ||x|| along the last axis where ||x|| > eps, else 0 (with a zero gradient there):
+  the ops' `unit`."""
   return unit(x, eps)
 
 
@@ -361,14 +380,57 @@ def convolve(convs, tensors, prefixes=None, mask=None, docs=None):
   return outputs, tails
 
 
-def check_token(name, x_t, d_model):
-  """A step's input: one token per sequence, [B, d_model]."""
-  shape = getattr(x_t, "shape", None)
-  if shape is None or len(shape) != 2 or shape[1] != d_model:
-    hint = (" (one token; use the mixer's __call__ or prefill for [B, T, d_model])"
-            if shape is not None and len(shape) == 3 else "")
-    raise ValueError(f"{name}: x_t must have shape [B, d_model={d_model}]{hint}; got "
+def check_input(name, x, d_model, *, step=False):
+  """A mixer's input: x [B, T, d_model] (`__call__`, `prefill`) or, with `step`, one token per
+  sequence x_t [B, d_model], of a floating dtype. Raises ValueError for another shape and
+  TypeError for another dtype, naming the layer, the argument and what was expected."""
+  arg, layout = ("x_t", "[B, d_model") if step else ("x", "[B, T, d_model")
+  shape = getattr(x, "shape", None)
+  if shape is None or len(shape) != 2 + (not step) or shape[-1] != d_model:
+    hint = ""
+    if shape is not None and len(shape) == 3 and step:
+      hint = " (one token; use the mixer's __call__ or prefill for [B, T, d_model])"
+    elif shape is not None and len(shape) == 2 and not step:
+      hint = " (a sequence; use the mixer's step for one token [B, d_model])"
+    raise ValueError(f"{name}: {arg} must have shape {layout}={d_model}]{hint}; got "
                      f"{None if shape is None else tuple(shape)}")
+  if not jnp.issubdtype(getattr(x, "dtype", None), jnp.floating):
+    raise TypeError(f"{name}: {arg} must have a floating dtype (float32, bfloat16, float16 or "
+                    f"float64); got {x.dtype}")
+
+
+def check_batch_size(name, batch_size):
+  """`batch_size` (of `init_cache`) as an int if it is one >= 0, else ValueError naming it."""
+  if not checks.is_int(batch_size) or batch_size < 0:
+    raise ValueError(f"{name}: batch_size must be an int >= 0; got {batch_size!r}")
+  return int(batch_size)
+
+
+def check_cache(name, cache, cls, expected, batch, arg):
+  """Checks a streaming cache before a `prefill` or `step` of `batch` sequences (`arg`: the
+  input, "x" or "x_t"): a `cls` (TypeError otherwise, None included) whose arrays have the
+  shapes of `expected()`, the abstract cache (`jax.eval_shape`) that the layer's `init_cache`
+  gives for `batch` (ValueError naming the batch sizes, or the part of the cache and both
+  shapes)."""
+  if not isinstance(cache, cls):
+    raise TypeError(f"{name}: cache must be a {cls.__name__} (the layer's init_cache or the "
+                    f"cache a prefill or step returned); got {type(cache).__name__}")
+  want = expected()
+  got, tree = jax.tree_util.tree_flatten_with_path(cache)
+  wanted, want_tree = jax.tree_util.tree_flatten_with_path(want)
+  if tree != want_tree:
+    raise ValueError(f"{name}: cache does not have the layout of this layer's init_cache: "
+                     f"{tree}; expected {want_tree}")
+  for (_, a), (_, w) in zip(got, wanted):
+    shape = tuple(getattr(a, "shape", ()))
+    if w.ndim and shape[:1] != (batch,):
+      raise ValueError(f"{name}: cache is for batch size {shape[0] if shape else None}; {arg} "
+                       f"has B={batch} (init_cache({batch}))")
+  for (path, a), (_, w) in zip(got, wanted):
+    if tuple(getattr(a, "shape", ())) != w.shape:
+      raise ValueError(f"{name}: cache{jax.tree_util.keystr(path)} has shape "
+                       f"{tuple(getattr(a, 'shape', ()))}; expected {w.shape} (this layer's "
+                       f"init_cache)")
 
 
 class OutputProjection(nnx.Module):

@@ -80,15 +80,15 @@ class DeltaNet(RecurrentMixer):
                output_gate: bool = DEFAULT_OUTPUT_GATE, expand_v: int = DEFAULT_EXPAND_V,
                dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
-    super().__init__(d_model, num_heads, head_dim, dtype=dtype)
+    super().__init__(d_model, num_heads, head_dim, dtype=dtype, param_dtype=param_dtype)
     name = type(self).__name__
     self.output_gate = common.check_bool(name, "output_gate", output_gate)
     self.expand_v = common.check_positive_int(name, "expand_v", expand_v)
     self.value_head_dim = self.expand_v * self.head_dim
-    self.gate_norm = bool(out_norm)
+    self.gate_norm = common.check_bool(name, "out_norm", out_norm)
     # With the output gate its RMSNorm is the output's norm: no LayerNorm over merged heads.
     self._build(d_model, impl=impl, chunk_size=chunk_size, conv_size=conv_size,
-                out_norm=out_norm and not self.output_gate, param_dtype=param_dtype,
+                out_norm=self.gate_norm and not self.output_gate, param_dtype=param_dtype,
                 rngs=rngs)
 
   @classmethod

@@ -34,8 +34,8 @@ class LinearAttention(RecurrentMixer):
                conv_size: int = common.DEFAULT_CONV_SIZE, out_norm: bool = True,
                dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
-    super().__init__(d_model, num_heads, head_dim, dtype=dtype)
-    self.normalize = bool(normalize)
+    super().__init__(d_model, num_heads, head_dim, dtype=dtype, param_dtype=param_dtype)
+    self.normalize = common.check_bool(type(self).__name__, "normalize", normalize)
     self._build(d_model, impl=impl, chunk_size=chunk_size, conv_size=conv_size,
                 out_norm=out_norm, param_dtype=param_dtype, rngs=rngs)
 

@@ -20,7 +20,7 @@ from vla_jax.layers import common
 class RecurrentMixer(nnx.Module):
   """The shared skeleton of the recurrent mixers, x [B, T, d_model] -> [B, T, d_model].
 
-  A subclass's `__init__` calls `super().__init__` (widths and dtype), checks its own options,
+  A subclass's `__init__` calls `super().__init__` (widths and dtypes), checks its own options,
   then `self._build(...)`: impl and chunk size, then the parameters in a fixed order (W_q, W_k,
   W_v, `_init_params`, the convolutions, `_init_late_params`, W_o: the order of the seed's
   draws).
@@ -60,8 +60,11 @@ class RecurrentMixer(nnx.Module):
   INPUT_NAMES = ("q", "k", "v")
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,
-               dtype: DTypeLike = jnp.float32):
-    self.head_dim = common.resolve_head_dim(type(self).__name__, d_model, num_heads, head_dim)
+               dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32):
+    name = type(self).__name__
+    common.check_dtype(name, "dtype", dtype)
+    common.check_dtype(name, "param_dtype", param_dtype)
+    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
     self.value_head_dim = self.head_dim
     self.num_heads = num_heads
     self.dtype = dtype
@@ -69,6 +72,7 @@ class RecurrentMixer(nnx.Module):
   def _build(self, d_model, *, impl, chunk_size, conv_size, out_norm, param_dtype, rngs):
     """Checks `impl` and `chunk_size`, then draws the parameters in the module's order."""
     name = type(self).__name__
+    out_norm = common.check_bool(name, "out_norm", out_norm)
     self.impl, self.chunk_size = common.check_recurrence_options(
         name, impl, chunk_size, **self._kernel_facts())
     inner = self.num_heads * self.head_dim
@@ -155,12 +159,18 @@ class RecurrentMixer(nnx.Module):
     return self._inputs(x, q, k, v, mask), tails
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> common.RecurrentCache:
-    """The empty streaming cache (`max_len` is not needed: the state has a fixed size)."""
+    """The empty streaming cache for `batch_size` (an int >= 0) sequences (`max_len` is not
+    needed: the state has a fixed size)."""
     del max_len
+    batch_size = common.check_batch_size(type(self).__name__, batch_size)
     return common.RecurrentCache(
         state=self._initial_state(batch_size),
         conv=common.empty_prefixes(self.conv, batch_size),
         norm=self._initial_norm(batch_size))
+
+  def _check_cache(self, cache, batch, arg):
+    common.check_cache(type(self).__name__, cache, common.RecurrentCache,
+                       lambda: jax.eval_shape(lambda: self.init_cache(batch)), batch, arg)
 
   def prefill(self, x: jax.Array, cache: common.RecurrentCache | None = None, *,
               attention_mask: jax.Array | None = None, segment_ids: jax.Array | None = None
@@ -171,10 +181,14 @@ class RecurrentMixer(nnx.Module):
     None: one document) packs documents, each computed alone (the state, the convolutions
     and any readout state restart; see `vla_jax.layers.common`)."""
     name = type(self).__name__
+    common.check_input(name, x, self.q_proj.in_features)
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
-    cache = self.init_cache(x.shape[0]) if cache is None else cache
+    if cache is None:
+      cache = self.init_cache(x.shape[0])
+    else:
+      self._check_cache(cache, x.shape[0], "x")
     impl = common.recurrence_impl(name, self.impl, chunk_size=self.chunk_size, docs=docs,
                                   **self._kernel_facts())
     inputs, tails = self.features(x, cache.conv, attention_mask=mask, docs=docs)
@@ -188,7 +202,8 @@ class RecurrentMixer(nnx.Module):
            ) -> tuple[jax.Array, common.RecurrentCache]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); work and memory independent
     of the tokens before."""
-    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
+    common.check_input(type(self).__name__, x_t, self.q_proj.in_features, step=True)
+    self._check_cache(cache, x_t.shape[0], "x_t")
     x = x_t[:, None].astype(self.dtype)
     inputs, tails = self.features(x, cache.conv)
     o_t, state = self.STEP(cache.state, *(None if a is None else a[:, 0] for a in inputs),

@@ -1,9 +1,12 @@
 """`SoftmaxAttention`: causal multi-head softmax attention."""
 
+import math
+import numbers
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.typing import DTypeLike
 
@@ -56,6 +59,25 @@ def resolve_implementation(implementation, dtype, backend=None):
   return "xla"
 
 
+def check_implementation(name, implementation, dtype, backend):
+  """The `jax.nn.dot_product_attention` implementation a layer `name` of `dtype` runs on
+  `backend` (`resolve_implementation`). ValueError naming the option for an unknown one, for
+  "cudnn" with a dtype other than bfloat16 or float16, and for "cudnn" off a GPU backend;
+  `backend` None (a configuration checked before any layer is built) checks all but the
+  backend and returns `implementation` as given."""
+  common.check_choice(name, "implementation", implementation, IMPLEMENTATIONS)
+  if implementation == "cudnn" and jnp.dtype(dtype) not in tuple(map(jnp.dtype, _CUDNN_DTYPES)):
+    raise ValueError(f"{name}: implementation='cudnn' needs dtype bfloat16 or float16; got "
+                     f"{jnp.dtype(dtype)}")
+  if backend is None:
+    return implementation
+  if implementation == "cudnn" and backend != "gpu":
+    raise ValueError(f"{name}: implementation='cudnn' cannot run here: the backend is "
+                     f"{backend!r}, and cuDNN's fused attention runs on NVIDIA GPUs. Use "
+                     f"implementation='auto' (cuDNN where it runs, else 'xla') or 'xla'")
+  return resolve_implementation(implementation, dtype, backend)
+
+
 class SoftmaxAttention(nnx.Module):
   """Causal softmax attention, x [B, T, d_model] -> [B, T, d_model]:
   y = W_o merge_heads(softmax(q k^T / sqrt(d_h) + causal mask) v).
@@ -63,7 +85,7 @@ class SoftmaxAttention(nnx.Module):
   Attributes:
     d_model, num_heads, head_dim: num_heads * head_dim must equal d_model (standard MHA).
     implementation: "auto" (default; see `resolve_implementation`), "cudnn" (GPU, bf16/fp16
-      only) or "xla".
+      only: another dtype or backend raises ValueError at construction) or "xla".
     conv_size: 0 (default: standard attention) or the width of a causal depthwise convolution
       on q, k, v, the same short convolution the recurrent mixers use (a like-for-like
       backbone for comparisons).
@@ -72,7 +94,8 @@ class SoftmaxAttention(nnx.Module):
       each token's position, `common.token_positions` (real tokens counted, restarting at
       each packed document, continued across `prefill` / `step` calls from the cache), so
       the scores depend on relative positions; head_dim must be even.
-    rope_base: RoPE's frequency base (default 10000).
+    rope_base: RoPE's frequency base, a finite real number > 1 (Python or NumPy; default
+      10000).
     dtype, param_dtype: activation and parameter dtypes (default float32).
 
   Non-finite inputs stay causal, as in the recurrent mixers: a NaN or Inf at token t (of x or
@@ -88,22 +111,21 @@ class SoftmaxAttention(nnx.Module):
                rope_base: float = 10000.0, dtype: DTypeLike = jnp.float32, param_dtype: DTypeLike = jnp.float32,
                rngs: nnx.Rngs):
     name = type(self).__name__
-    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim)
+    common.check_dtype(name, "dtype", dtype)
+    common.check_dtype(name, "param_dtype", param_dtype)
+    self.head_dim = common.resolve_head_dim(name, d_model, num_heads, head_dim, free=False)
     if num_heads * self.head_dim != d_model:
       raise ValueError(f"{name}: num_heads * head_dim must equal d_model; got "
                        f"{num_heads} * {self.head_dim} != {d_model}")
     self.num_heads = num_heads
-    common.check_choice(name, "implementation", implementation, IMPLEMENTATIONS)
-    self.implementation = resolve_implementation(implementation, dtype)
-    if self.implementation == "cudnn" and jnp.dtype(dtype) not in tuple(
-        map(jnp.dtype, _CUDNN_DTYPES)):
-      raise ValueError(f"{name}: implementation='cudnn' needs dtype bfloat16 or float16; got "
-                       f"{jnp.dtype(dtype)}")
+    self.implementation = check_implementation(name, implementation, dtype,
+                                               jax.default_backend())
     common.check_choice(name, "positions", positions, POSITIONS)
     if positions == "rope" and self.head_dim % 2:
       raise ValueError(f"{name}: positions='rope' needs an even head_dim; got {self.head_dim}")
-    if not (isinstance(rope_base, (int, float)) and rope_base > 1):
-      raise ValueError(f"{name}: rope_base must be a number > 1; got {rope_base!r}")
+    if not (isinstance(rope_base, numbers.Real) and not isinstance(rope_base, (bool, np.bool_))
+            and math.isfinite(rope_base) and rope_base > 1):
+      raise ValueError(f"{name}: rope_base must be a finite number > 1; got {rope_base!r}")
     self.positions = positions
     self.rope_base = float(rope_base)
     self.dtype = dtype
@@ -141,6 +163,7 @@ class SoftmaxAttention(nnx.Module):
     are 0. `segment_ids` ([B, T] int): packed documents; a query attends to the keys of its
     own document only (causal AND same document; `vla_jax.layers.common`)."""
     name = type(self).__name__
+    common.check_input(name, x, self.q_proj.in_features)
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     x = x.astype(self.dtype)
@@ -163,10 +186,11 @@ class SoftmaxAttention(nnx.Module):
     return common.mask_tokens(mask, self.out(guard.outputs(o)))
 
   def init_cache(self, batch_size: int, max_len: int) -> "KVCache":
-    """A preallocated KV cache for `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`,
+    """A preallocated KV cache of `batch_size` (an int >= 0) sequences of `max_len` tokens: k, v [B, max_len, H, d_h] in `dtype`,
     which slots hold real tokens, the number of slots written, `index` (memory grows with
     max_len, unlike the recurrences), and the short convolutions' input tails (() without
     convolution)."""
+    batch_size = common.check_batch_size(type(self).__name__, batch_size)
     if not checks.is_int(max_len) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
     shape = (batch_size, int(max_len), self.num_heads, self.head_dim)
@@ -174,10 +198,14 @@ class SoftmaxAttention(nnx.Module):
                    jnp.zeros(shape[:2], jnp.bool_), jnp.zeros((), jnp.int32),
                    common.empty_prefixes(self.conv, batch_size))
 
-  def _attend_cache(self, x, cache, mask=None, docs=None):
+  def _attend_cache(self, x, cache, mask=None, docs=None, arg="x"):
     """Writes x's keys and values at cache.index and attends over the real tokens written;
     with `docs`, the slots written before x only from x's first document, x's own keys only
-    from the same document."""
+    from the same document. `arg`: the caller's input, named by the cache's check."""
+    common.check_cache(type(self).__name__, cache, KVCache,
+                       lambda: jax.eval_shape(
+                           lambda: self.init_cache(x.shape[0], cache.k.shape[1])),
+                       x.shape[0], arg)
     B, T, L = x.shape[0], x.shape[1], cache.k.shape[1]
     index = common.concrete_int(cache.index)
     if T > L or (index is not None and index + T > L):
@@ -230,14 +258,15 @@ class SoftmaxAttention(nnx.Module):
     are attended to by x's first document only, and the returned cache marks the slots of
     every document but the last as not real (a later `step` continues the last document)."""
     name = type(self).__name__
+    common.check_input(name, x, self.q_proj.in_features)
     mask = common.check_attention_mask(name, attention_mask, *x.shape[:2])
     docs = common.document_ids(name, segment_ids, *x.shape[:2], mask)
     return self._attend_cache(x, cache, mask, docs)
 
   def step(self, x_t: jax.Array, cache: "KVCache") -> tuple[jax.Array, "KVCache"]:
     """One token x_t [B, d_model] -> (y_t [B, d_model], cache); O(max_len d_h) per head."""
-    common.check_token(type(self).__name__, x_t, self.q_proj.in_features)
-    y, cache = self._attend_cache(x_t[:, None], cache)
+    common.check_input(type(self).__name__, x_t, self.q_proj.in_features, step=True)
+    y, cache = self._attend_cache(x_t[:, None], cache, arg="x_t")
     return y[:, 0], cache
 
 

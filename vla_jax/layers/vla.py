@@ -32,14 +32,14 @@ INV_SQRT_DH = "inv_sqrt_dh"
 
 
 def penalty_scale_value(name, penalty_scale, head_dim):
-  """The norm of u that `penalty_scale` (a number >= 0 or `INV_SQRT_DH`) gives at `head_dim`;
-  ValueError naming the option otherwise (None included)."""
+  """The norm of u that `penalty_scale` (a finite number >= 0 or `INV_SQRT_DH`) gives at
+  `head_dim`; ValueError naming the option otherwise (None and inf included)."""
   if isinstance(penalty_scale, str) and penalty_scale == INV_SQRT_DH:
     return 1.0 / math.sqrt(head_dim)
   if (isinstance(penalty_scale, numbers.Real) and not isinstance(penalty_scale, bool)
-      and penalty_scale >= 0):
+      and math.isfinite(penalty_scale) and penalty_scale >= 0):
     return float(penalty_scale)
-  raise ValueError(f"{name}: penalty_scale must be a number >= 0 or {INV_SQRT_DH!r} (the "
+  raise ValueError(f"{name}: penalty_scale must be a finite number >= 0 or {INV_SQRT_DH!r} (the "
                    f"authors' 1 / sqrt(head_dim)); got {penalty_scale!r}")
 
 
@@ -72,18 +72,20 @@ class VLAAttention(RecurrentMixer):
       `RecurrentMixer` (the op: `vla_recurrence`, whose kernel support is
       `vla_jax.kernels.config`'s table).
     lam0: ridge strength of the initial penalty (A_0 = I / lam0).
-    penalty_scale: norm of u per head: a number >= 0 (default `DEFAULT_PENALTY_SCALE`, 1) or
+    penalty_scale: norm of u per head: a finite number >= 0 (default `DEFAULT_PENALTY_SCALE`, 1) or
       "inv_sqrt_dh" (`INV_SQRT_DH`): 1 / sqrt(head_dim), the authors' choice. The attribute
       holds the number. 1 is the default by measurement: fewer failed
       seeds on zoology's MQAR and better or tied at every cell (RESULTS.md sections 9 and 5).
     readout: "none" | "additive" | "delta" (default `DEFAULT_READOUT`).
-    readout_eps: the floor of the readout's denominator (default 1e-6).
+    readout_eps: the floor of the readout's denominator, a finite number > 0 (default 1e-6).
     u_init: W_u's initialisation: "random" (default; flax's LeCun normal, as every projection)
       or "identity" (W_u = I: each u_t starts along its raw key k_raw_t). u is normalised, so
       W_u's scale sets only how fast training turns u, not u itself.
     conv_size: as `RecurrentMixer`; the convolution acts on the projected q, k and v before
-      the feature map (default 4, the setting every experiment uses: without it the layer does
-      not learn MQAR, see vla_jax/layers/README.md); 0 for none, the authors' layer.
+      the feature map (default 4, the setting every experiment uses); 0 for none, the
+      authors' layer. Without it the layer stays at chance on the README's demo MQAR problem
+      (vla_jax/layers/README.md) and at n = 24 at rate 3e-3, but solves n = 24 at rate 1e-3
+      (RESULTS.md section 7, the ablation's no-conv row).
     qk_map: "elu1" (default; the authors' ELU + 1) or "silu_l2" (DeltaNet's: SiLU, which the
       convolution already applies, then unit norm); `QK_MAPS`. "silu_l2" does not take the
       "additive" readout (its denominator sums positive features).
@@ -108,7 +110,7 @@ class VLAAttention(RecurrentMixer):
                conv_size: int = common.DEFAULT_CONV_SIZE, qk_map: str = "elu1",
                beta: bool = False, out_norm: bool = True, dtype: DTypeLike = jnp.float32,
                param_dtype: DTypeLike = jnp.float32, rngs: nnx.Rngs):
-    super().__init__(d_model, num_heads, head_dim, dtype=dtype)
+    super().__init__(d_model, num_heads, head_dim, dtype=dtype, param_dtype=param_dtype)
     name = type(self).__name__
     self.readout = common.check_choice(name, "readout", readout, READOUTS)
     self.u_init = common.check_choice(name, "u_init", u_init, U_INITS)
@@ -120,6 +122,7 @@ class VLAAttention(RecurrentMixer):
                        "(ELU + 1's): use readout 'none' or 'delta', or qk_map 'elu1'")
     try:
       checks.check_lam0(lam0, impl, common.state_dtype(dtype))
+      checks.check_positive("readout_eps", readout_eps)
     except ValueError as e:
       raise ValueError(f"{name}: {e}") from None
     self.lam0 = float(lam0)

@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -13,7 +14,9 @@ from flax import nnx
 from vla_jax.layers import common
 from vla_jax.layers.registry import (check_mixer_impl, check_mixer_options, make_mixer,
                                      mixer_class)
+from vla_jax.layers.softmax import check_implementation
 from vla_jax.ops import checks
+from vla_jax.ops.impl import Impl, parse_impl
 
 POSITION_EMBEDDINGS = ("learned", "sinusoidal", "none")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -37,7 +40,8 @@ class ModelConfig:
       (`vla_jax.ops.impl.resolve_impl`); or "chunked", "scan", "associative_scan", "pallas",
       "pallas_interpret". An explicit "pallas" the kernel does not take raises at validation.
     chunk_size: tokens per chunk of the recurrent mixers.
-    mixer_options: the mixer's own options as sorted (name, value) pairs.
+    mixer_options: the mixer's own options as sorted (name, value) pairs (given as a mapping
+      or as pairs; `option_pairs`).
     dtype, param_dtype: "float32" | "bfloat16" | "float16" names: the activations' and the
       parameters' dtypes (recurrent states are float32 whatever `dtype`; logits float32).
       Mixed precision: dtype "bfloat16" with param_dtype "float32" (parameters and so the
@@ -65,8 +69,7 @@ class ModelConfig:
   remat: bool = False
 
   def __post_init__(self):
-    if isinstance(self.mixer_options, dict):
-      object.__setattr__(self, "mixer_options", tuple(sorted(self.mixer_options.items())))
+    object.__setattr__(self, "mixer_options", option_pairs(self.mixer_options))
     self.validate()
 
   @property
@@ -78,23 +81,46 @@ class ModelConfig:
     return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
 
   def validate(self) -> None:
-    """Raises ValueError with a clear message for an inconsistent configuration."""
+    """Raises ValueError with a clear message for an inconsistent configuration: the fields,
+    then the mixer as `Block` builds it, abstractly (`nnx.eval_shape`: every check of its
+    constructor, no parameter allocated), except for the backend, which the layers check
+    when they are built (an explicit impl "pallas" is checked as "pallas_interpret", the same
+    kernel's facts on any backend; softmax attention's implementation "cudnn" is checked
+    for its dtype)."""
     mixer_class(self.mixer)
     check_mixer_options(self.mixer, self.options)
     for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"model.{name} must be a positive int; got {value!r}")
-    head_dim = common.resolve_head_dim("model", self.d_model, self.num_heads, self.head_dim)
+    head_dim = common.resolve_head_dim("model", self.d_model, self.num_heads, self.head_dim,
+                                       free=False)
     if head_dim * self.num_heads != self.d_model:
       raise ValueError(f"model.head_dim * model.num_heads must equal model.d_model; got "
                        f"{head_dim} * {self.num_heads} != {self.d_model}")
     common.check_choice("model", "pos_emb", self.pos_emb, POSITION_EMBEDDINGS)
     common.check_choice("model", "dtype", self.dtype, tuple(DTYPES))
     common.check_choice("model", "param_dtype", self.param_dtype, tuple(DTYPES))
-    if not isinstance(self.remat, bool):
-      raise ValueError(f"model.remat must be True or False; got {self.remat!r}")
+    for name in ("tie_embeddings", "remat"):
+      common.check_bool("model", name, getattr(self, name))
+    try:
+      checks.check_chunk_size(self.chunk_size)
+    except ValueError as e:
+      raise ValueError(f"model.{e}") from None
     self.check_impl()
+    impl, options = parse_impl(self.impl, tuple(Impl)), self.options
+    try:
+      if self.mixer == "softmax" and options.get("implementation") == "cudnn":
+        # cuDNN's dtype rule here, its backend when the layer is built.
+        check_implementation("SoftmaxAttention", "cudnn", DTYPES[self.dtype], backend=None)
+        options = dict(options, implementation="xla")
+      nnx.eval_shape(lambda: make_mixer(
+          self.mixer, self.d_model, self.num_heads, self.head_dim,
+          impl=Impl.PALLAS_INTERPRET if impl is Impl.PALLAS else impl,
+          chunk_size=self.chunk_size, options=options, dtype=DTYPES[self.dtype],
+          param_dtype=DTYPES[self.param_dtype], rngs=nnx.Rngs(0)))
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"model.mixer_options: {e}") from None
 
   def check_impl(self, packed: bool = False):
     """Raises ValueError where the recurrent mixers would reject `impl` (an explicit "pallas"
@@ -107,6 +133,32 @@ class ModelConfig:
                        options=self.options, packed=packed)
     except ValueError as e:
       raise ValueError(f"model.{e}") from None
+
+
+def option_pairs(options) -> tuple:
+  """A mixer's options, a mapping or (name, value) pairs (a list too, as JSON gives them
+  back), as sorted (name, value) tuples: hashable, so that `ModelConfig` is. ValueError naming
+  model.mixer_options for anything else, a repeated name or an unhashable value."""
+  if isinstance(options, Mapping):
+    pairs = list(options.items())
+  elif isinstance(options, (tuple, list)) and all(
+      isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) for p in options):
+    pairs = [tuple(p) for p in options]
+  else:
+    raise ValueError(f"model.mixer_options must be a mapping of option names to values, or "
+                     f"(name, value) pairs; got {options!r}")
+  names = [name for name, _ in pairs]
+  for name in names:
+    if names.count(name) > 1:
+      raise ValueError(f"model.mixer_options repeats option {name!r}: {options!r}")
+  for name, value in pairs:
+    try:
+      hash(value)
+    except TypeError:
+      raise ValueError(f"model.mixer_options: option {name} has an unhashable value "
+                       f"{value!r} (the config is hashable; give a number, str or bool)"
+                       ) from None
+  return tuple(sorted(pairs))
 
 
 def sinusoidal_positions(positions, d_model):
@@ -199,14 +251,18 @@ class LanguageModel(nnx.Module):
                  nnx.Linear(config.d_model, config.vocab_size, use_bias=False, **kw))
 
   def _check_ids(self, tokens, name="tokens"):
-    """Token ids must be ints in [0, vocab_size): a ValueError naming the first offending id,
+    """Token ids must be an int array, [B, T] for `name` "tokens" ([B] for "token", whose
+    shape `step` checks), and in [0, vocab_size): a ValueError naming the first offending id,
     its position and vocab_size when the ids are concrete (an eager call, `generate`'s
-    prompt). Under jit they are tracers and are not checked here: `_embed` turns an id out of
+    prompt). Under jit they are tracers and are not checked here: `embed_tokens` turns an id out of
     range into a NaN embedding (never another token's), whose NaN stays in its own document
     (the training data is checked when it is made or loaded, `vla_jax.tasks`)."""
     if not jnp.issubdtype(getattr(tokens, "dtype", np.float64), jnp.integer):
       raise TypeError(f"{name} must be an int array of token ids; got "
                       f"{getattr(tokens, 'dtype', type(tokens).__name__)}")
+    if name == "tokens" and tokens.ndim != 2:
+      raise ValueError(f"tokens must have shape [B, T] (int token ids); got "
+                       f"{tuple(tokens.shape)}")
     if isinstance(tokens, jax.core.Tracer):
       return
     ids = np.asarray(tokens)
@@ -216,8 +272,10 @@ class LanguageModel(nnx.Module):
       raise ValueError(f"{name}: token id {int(ids[position])} at position {position} is not "
                        f"in [0, vocab_size={self.config.vocab_size})")
 
-  def _embed(self, tokens, offset, mask=None, docs=None):
-    """tokens [B, T] after `offset` earlier tokens (an int or int [B]) -> [B, T, d_model],
+  def embed_tokens(self, tokens: jax.Array, offset: int | jax.Array = 0,
+                   mask: jax.Array | None = None, docs: jax.Array | None = None) -> jax.Array:
+    """The first block's input: token and position embeddings of tokens [B, T] int after
+    `offset` earlier tokens (an int or int [B]; default 0) -> [B, T, d_model] in `dtype`,
     at the positions of `common.token_positions`: with `mask` ([B, T] bool) a token's
     position counts the real tokens before it only, so a padded sequence embeds its real
     tokens as the unpadded one does; with `docs` (`common.document_ids`) positions restart at
@@ -248,12 +306,12 @@ class LanguageModel(nnx.Module):
     """tokens: [B, T] int, T <= max_len -> the last block's output [B, T, d_model] (before
     the final LayerNorm and the head; `head_logits` maps it to logits). `attention_mask` and
     `segment_ids` as in `__call__`."""
+    self._check_ids(tokens)
     T = tokens.shape[1]
     if T > self.config.max_len:
       raise ValueError(f"sequence length {T} exceeds model.max_len={self.config.max_len}")
-    self._check_ids(tokens)
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
-    x = self._embed(tokens, 0, mask, docs)
+    x = self.embed_tokens(tokens, 0, mask, docs)
     for block in self.blocks:
       x = (nnx.remat(_apply_block)(block, x, mask, docs) if self.config.remat
            else block(x, mask, docs))
@@ -284,15 +342,30 @@ class LanguageModel(nnx.Module):
     return self._logits(self.features(tokens, attention_mask, segment_ids))
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> ModelCache:
-    """An empty streaming cache for sequences of up to `max_len` tokens (default
-    model.max_len; softmax layers preallocate their KV cache to it, and padded tokens take
-    room there too)."""
+    """An empty streaming cache for `batch_size` (an int >= 0) sequences of up to `max_len`
+    tokens (default model.max_len; softmax layers preallocate their KV cache to it, and padded
+    tokens take room there too)."""
+    batch_size = common.check_batch_size("LanguageModel", batch_size)
     max_len = self.config.max_len if max_len is None else max_len
     if not 0 < max_len <= self.config.max_len:
       raise ValueError(f"cache max_len must be in [1, model.max_len={self.config.max_len}]; "
                        f"got {max_len}")
     return ModelCache(jnp.zeros((batch_size,), jnp.int32),
                       tuple(b.mixer.init_cache(batch_size, max_len) for b in self.blocks))
+
+  def _check_cache(self, cache, batch, arg):
+    """A `ModelCache` of one layer cache per block, for `batch` sequences (each layer checks
+    its own cache's shapes)."""
+    if not isinstance(cache, ModelCache):
+      raise TypeError(f"cache must be a ModelCache (LanguageModel.init_cache); got "
+                      f"{type(cache).__name__}")
+    if len(cache.layers) != len(self.blocks):
+      raise ValueError(f"cache has {len(cache.layers)} layer caches; the model has "
+                       f"{len(self.blocks)} blocks")
+    shape = tuple(getattr(cache.position, "shape", ()))
+    if shape != (batch,):
+      raise ValueError(f"cache is for batch size {shape[0] if shape else None}; {arg} has "
+                       f"B={batch} (init_cache({batch}))")
 
   def _check_room(self, cache, T):
     """With learned positions, the next T tokens must stay within model.max_len (a position
@@ -316,10 +389,11 @@ class LanguageModel(nnx.Module):
     alone would). `segment_ids` packs documents as in `__call__`: the first continues the
     cache, and the returned cache (positions included) continues the last. Raises ValueError
     when the tokens do not fit (see `_check_room`; KV caches are checked by their layers)."""
-    self._check_room(cache, tokens.shape[1])
     self._check_ids(tokens)
+    self._check_cache(cache, tokens.shape[0], "tokens")
+    self._check_room(cache, tokens.shape[1])
     mask, docs = self._mask(tokens, attention_mask, segment_ids)
-    x = self._embed(tokens, cache.position, mask, docs)
+    x = self.embed_tokens(tokens, cache.position, mask, docs)
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
       x, layer_cache = block.prefill(x, layer_cache, mask, docs)
@@ -332,9 +406,10 @@ class LanguageModel(nnx.Module):
     if getattr(token, "ndim", None) != 1:
       raise ValueError(f"step takes one token per sequence, shape [B]; got shape "
                        f"{getattr(token, 'shape', None)} (use prefill for [B, T])")
+    self._check_cache(cache, token.shape[0], "token")
     self._check_room(cache, 1)
     self._check_ids(token, "token")
-    x = self._embed(token[:, None], cache.position)[:, 0]
+    x = self.embed_tokens(token[:, None], cache.position)[:, 0]
     layers = []
     for block, layer_cache in zip(self.blocks, cache.layers):
       x, layer_cache = block.step(x, layer_cache)
@@ -389,11 +464,11 @@ def generate(model: LanguageModel, prompt: jax.Array, max_new_tokens: int, *,
     raise ValueError(f"prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens} - 1 = "
                      f"{fed} tokens exceed model.max_len={model.config.max_len} (the position "
                      f"table and KV caches are that long)")
-  temperature = float(temperature)
-  if not (temperature >= 0 and math.isfinite(temperature)):
-    raise ValueError(f"temperature must be finite and >= 0; got {temperature}")
+  temperature = _check_temperature(temperature)
   if temperature > 0 and rng is None:
     raise ValueError("sampling with temperature > 0 needs rng (a jax.random key)")
+  if rng is not None and not _is_key(rng):
+    raise ValueError(f"rng must be a jax.random key (jax.random.key(seed)); got {rng!r}")
   if top_k is not None:
     if not checks.is_int(top_k) or not 1 <= top_k <= vocab:
       raise ValueError(f"top_k must be None or an int in [1, vocab_size={vocab}]; got "
@@ -407,6 +482,31 @@ def generate(model: LanguageModel, prompt: jax.Array, max_new_tokens: int, *,
   rng = jax.random.key(0) if rng is None else rng
   return _generate(model, prompt.astype(jnp.int32), rng, max_new_tokens=max_new_tokens,
                    temperature=temperature, top_k=top_k, eos_id=eos_id)
+
+
+def _check_temperature(temperature):
+  """`temperature` as a float if it is a finite real number >= 0 (Python, NumPy or a JAX
+  scalar; not a str or bool), else ValueError naming it."""
+  if not (isinstance(temperature, (str, bytes, bool, np.bool_))
+          or getattr(temperature, "shape", ()) != ()):
+    try:
+      value = float(temperature)
+    except (TypeError, ValueError):
+      value = math.nan
+    if math.isfinite(value) and value >= 0:
+      return value
+  raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
+
+
+def _is_key(rng):
+  """Whether `rng` is one `jax.random` key: a typed key array of shape [], or a raw uint32 [2]
+  key (`jax.random.PRNGKey`)."""
+  dtype, shape = getattr(rng, "dtype", None), getattr(rng, "shape", None)
+  if dtype is None:
+    return False
+  if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    return shape == ()
+  return dtype == jnp.uint32 and tuple(shape) == (2,)
 
 
 @functools.partial(nnx.jit, static_argnames=("max_new_tokens", "temperature", "top_k",

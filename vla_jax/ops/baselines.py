@@ -112,7 +112,9 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     q, k: [B, T, H, dk]; v: [B, T, H, dv].
     feature_map: applied to q and k (default ELU + 1; pass `None` for raw q, k); it may change
       the last dim, dk -> df, and the state is then [.., dv, df].
-    normalize: divide by the additive normaliser max(z_t . phi(q_t), eps).
+    normalize: True or False (default): divide by the additive normaliser
+      max(z_t . phi(q_t), eps).
+    eps: the normaliser's floor, a finite number > 0 (default 1e-6; checked when concrete).
     initial_state: `LinearAttentionState` or None (zeros).
     segment_ids: [B, T] int document ids or None (module docstring); S and z restart.
     precision: of the matrix products, as for `gated_deltanet`.
@@ -122,8 +124,14 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
 
   Returns:
     o [B, T, H, dv] in v's dtype and the final `LinearAttentionState`.
+
+  Raises:
+    ValueError / TypeError naming the argument for bad shapes or dtypes, a normalize that is
+    not a bool, an eps that is not a finite number > 0, or a bad impl, chunk_size or state.
   """
   impl, chunk_size, (B, T, H, dk, dv) = _check_common(q, k, v, impl, chunk_size)
+  normalize = checks.check_bool("normalize", normalize)
+  checks.check_positive("eps", eps)
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   dtype = checks.compute_dtype(q, k, v)
   if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
@@ -218,7 +226,8 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
       default matmul precision (`jax.default_matmul_precision`; unset: DEFAULT, which is
       exact float32 on CPU and one-pass TF32 on a GPU, ~1e-3 relative error); a
       `jax.lax.Precision` or 'default' / 'high' / 'highest' (also 'bfloat16' /
-      'tensorfloat32' / 'float32') overrides it.
+      'tensorfloat32' / 'float32') overrides it, as does a pair of two equal ones (an unequal
+      pair is a ValueError: the products take one precision).
 
   A NaN or Inf at token t (in k, v, beta or log_decay; a NaN or +inf log decay) leaves the
   outputs before t and their gradients unchanged; o from t on (to the end of its document

@@ -41,15 +41,33 @@ def check_state(name, x, expected_shape):
   float64, the same rule for the sequence ops and the steps: a bfloat16 state would have
   lost the precision the recurrences keep)."""
   shape = getattr(x, "shape", None)
-  if shape is None or tuple(shape) != tuple(expected_shape):
-    raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got "
-                     f"{None if shape is None else tuple(shape)}")
+  if shape is None or not hasattr(x, "dtype"):
+    raise TypeError(f"{name} must be an array of shape {tuple(expected_shape)} (float32 or "
+                    f"float64); got {type(x).__name__}")
+  if tuple(shape) != tuple(expected_shape):
+    raise ValueError(f"{name} must have shape {tuple(expected_shape)}; got {tuple(shape)}")
   check_state_dtype(name, x.dtype)
 
 
 def is_int(value):
   """Whether `value` is a Python or NumPy integer (not a bool)."""
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_size(name, value):
+  """`value` as an int if it is a Python or NumPy int >= 0 (a size: batch, heads, widths),
+  else ValueError naming the argument."""
+  if not is_int(value) or value < 0:
+    raise ValueError(f"{name} must be an int >= 0; got {type(value).__name__} {value!r}")
+  return int(value)
+
+
+def check_bool(name, value):
+  """`value` as a bool if it is a Python or NumPy bool, else ValueError naming the argument
+  (a str such as "no" is not read for its truth)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be True or False; got {type(value).__name__} {value!r}")
+  return bool(value)
 
 
 def check_chunk_size(chunk_size):
@@ -88,18 +106,18 @@ MIN_LAM0_FLOAT32 = {"scan": 1e-4, "associative_scan": 1e-4, "chunked": 1e-3, "pa
 MIN_LAM0_FLOAT32["auto"] = max(MIN_LAM0_FLOAT32["pallas"], MIN_LAM0_FLOAT32["chunked"])
 
 
-def check_log_decay(log_decay):
-  """A concrete log decay [B, T, H] must be <= 0 where finite (gamma = exp(g) <= 1; a
-  positive g grows the state without bound); NaN and +inf follow the ops' non-finite rule.
-  A traced one (under jit) is not checked."""
+def check_log_decay(log_decay, name="log_decay", axes="b, t, h"):
+  """A concrete log decay ([B, T, H]; a step's [B, H], axes "b, h") must be <= 0 where finite
+  (gamma = exp(g) <= 1; a positive g grows the state without bound); NaN and +inf follow the
+  ops' non-finite rule. A traced one (under jit) is not checked."""
   if log_decay is None or isinstance(log_decay, jax.core.Tracer):
     return
   g = np.asarray(log_decay)
   positive = np.isfinite(g) & (g > 0)
   if positive.any():
     where = tuple(int(i) for i in np.argwhere(positive)[0])
-    raise ValueError(f"log_decay must be <= 0 (a decay gamma = exp(log_decay) <= 1); got "
-                     f"{float(g[where]):g} at [b, t, h] = {where}")
+    raise ValueError(f"{name} must be <= 0 (a decay gamma = exp({name}) <= 1); got "
+                     f"{float(g[where]):g} at [{axes}] = {where}")
 
 
 def check_lam0(lam0, impl, dtype):

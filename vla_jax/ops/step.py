@@ -43,7 +43,10 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
       S = 0, A = I / lam0.
     q_t, k_t, u_t: [B, H, dk]; v_t: [B, H, dv].
     beta_t: None (a write of strength 1) or [B, H] write strengths.
-    lam0: initial ridge, used only when `state` is None.
+    lam0: initial ridge, a finite number > 0 (checked when concrete, as in `vla_recurrence`),
+      used only when `state` is None; then, computing in float32, it must be at least
+      `checks.MIN_LAM0_FLOAT32["scan"]` (the step is the scan's arithmetic), as for
+      `vla_recurrence(..., impl="scan")` (a concrete lam0 below is a ValueError).
 
   Returns:
     (o_t [B, H, dv] in v_t's dtype, the new `VLAState`).
@@ -52,9 +55,11 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   checks.check_step_tokens("u_t", u_t, batch=B, heads=H, dim=dk)
   if beta_t is not None:
     checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
+  checks.check_positive("lam0", lam0)   # used or not, as in `vla_recurrence`
   if state is None:
-    state = initial_vla_state(B, H, dk, dv, lam0=lam0,
-                              dtype=checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t))
+    dtype = checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t)
+    checks.check_lam0(lam0, "scan", dtype)
+    state = initial_vla_state(B, H, dk, dv, lam0=lam0, dtype=dtype)
   elif not isinstance(state, VLAState):
     raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
   _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
@@ -74,8 +79,11 @@ def linear_attention_step(state: LinearAttentionState | None, q_t: jax.Array, k_
                           feature_map: Callable[[jax.Array], jax.Array] | None = elu_plus_one,
                           normalize: bool = False, eps: float = 1e-6
                           ) -> tuple[jax.Array, LinearAttentionState]:
-  """One token of `linear_attention`. state: `LinearAttentionState` or None (zeros)."""
+  """One token of `linear_attention` (normalize, eps: as there). state:
+  `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  normalize = checks.check_bool("normalize", normalize)
+  checks.check_positive("eps", eps)
   out_dtype = checks.output_dtype(v_t)
   if state is not None and not isinstance(state, LinearAttentionState):
     raise TypeError(f"state must be a LinearAttentionState(S, z) or None; got "
@@ -104,16 +112,24 @@ def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t
 
   Args:
     S: [B, H, dv, dk] float32/float64 or None (zeros); q_t, k_t: [B, H, dk]; v_t: [B, H, dv];
-    beta_t, log_decay_t: [B, H].
+    beta_t, log_decay_t: [B, H] (log_decay_t <= 0, as for `gated_deltanet`).
+
+  Returns:
+    (o_t [B, H, dv] in v_t's dtype, the new S).
+
+  Raises:
+    ValueError for a finite positive log decay when log_decay_t is concrete (under jit it is
+    the caller's to keep), as `gated_deltanet` does.
   """
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
   checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if log_decay_t is not None:
     checks.check_step_tokens("log_decay_t", log_decay_t, batch=B, heads=H, rank=2)
+    checks.check_log_decay(log_decay_t, "log_decay_t", "b, h")
   out_dtype = checks.output_dtype(v_t)
   if S is None:
     S = jnp.zeros((B, H, dv, dk), checks.compute_dtype(q_t, k_t, v_t, beta_t, log_decay_t))
-  _check_state_arrays("", (("state", S),), ((B, H, dv, dk),))
+  _check_state_arrays("", (("S", S),), ((B, H, dv, dk),))
   q_t, k_t, v_t, beta_t = (x.astype(S.dtype) for x in (q_t, k_t, v_t, beta_t))
   if log_decay_t is not None:
     log_decay_t = log_decay_t.astype(S.dtype)

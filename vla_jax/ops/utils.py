@@ -26,8 +26,24 @@ def resolve_precision(precision) -> jax.lax.Precision:
   precision: None follows JAX's default matmul precision (`jax.default_matmul_precision`,
   read from `jax.config` when the op is traced, as `jax.numpy` does; unset means DEFAULT), a
   `jax.lax.Precision`, or one of the names JAX takes for it: 'default' / 'bfloat16' /
-  'fastest', 'high' / 'tensorfloat32', 'highest' / 'float32'.
+  'fastest', 'high' / 'tensorfloat32', 'highest' / 'float32'; or, as `jnp.matmul` takes, a
+  pair (tuple or list) of two of these, one per operand, which must be equal: the ops' products
+  take one precision for both operands.
   """
+  names = ", ".join(repr(n) for n in PRECISION_NAMES)
+  if isinstance(precision, (tuple, list)) and len(precision) == 2:
+    first, second = (p if isinstance(p, jax.lax.Precision) else
+                     PRECISION_NAMES.get(p.lower()) if isinstance(p, str) else None
+                     for p in precision)
+    if first is None or second is None:
+      raise ValueError(f"precision as a pair must hold two jax.lax.Precision values or names "
+                       f"({names}); got {precision!r}")
+    if first != second:
+      raise ValueError(f"precision must be one precision for both operands (the ops' "
+                       f"products take one); got the pair {precision!r}: pass "
+                       f"{first.name.lower()!r} or {second.name.lower()!r}, or a pair of "
+                       f"equal entries")
+    return first
   if precision is None:
     precision = jax.config.jax_default_matmul_precision
     if precision is None:
@@ -36,9 +52,8 @@ def resolve_precision(precision) -> jax.lax.Precision:
     return precision
   if isinstance(precision, str) and precision.lower() in PRECISION_NAMES:
     return PRECISION_NAMES[precision.lower()]
-  names = ", ".join(repr(n) for n in PRECISION_NAMES)
-  raise ValueError(f"precision must be None, a jax.lax.Precision or one of {names}; got "
-                   f"{precision!r}")
+  raise ValueError(f"precision must be None, a jax.lax.Precision, one of {names}, or a pair of "
+                   f"two equal ones; got {precision!r}")
 
 
 def unit(x, eps):

@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from lab.benchmarks import measure
+
 # Relative-error bounds by (dtype, precision) on every error: float32 products at HIGHEST
 # ~1e-6, three-pass TF32 likewise, one-pass TF32 ~1e-3, bfloat16 inputs (bfloat16 product
 # operands) ~1e-2 (1.1e-2 / 1.3e-2 in o / S at T = 131072 with anisotropic u, CPU).
@@ -280,7 +282,13 @@ def check(case, interpret=None, fallback=False, **options):
   qkvu, S0, wo = inputs(case)
   ids = segment_ids(case)
   fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, tuple(options.items()))
-  out, grads = fwd(*qkvu, S0, ids), grad(*qkvu, S0, ids, wo)
+  stage = "forward"
+  try:
+    out = fwd(*qkvu, S0, ids)
+    stage = "gradient"
+    grads = grad(*qkvu, S0, ids, wo)
+  except Exception as err:  # pylint: disable=broad-except
+    return error_row(case, "check", stage, err, t0, **options)
   ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
   errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
@@ -290,11 +298,26 @@ def check(case, interpret=None, fallback=False, **options):
   rate = None
   if fallback and not case.packed:
     A0 = jnp.broadcast_to(jnp.eye(case.d, dtype=jnp.float32), S0.shape)
-    rate = newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, case.precision, interpret)
+    try:
+      rate = newton_fallback_rate(qkvu[1], qkvu[3], A0, case.chunk, case.precision, interpret)
+    except Exception as err:  # pylint: disable=broad-except
+      return error_row(case, "check", "newton_fallback", err, t0, **options, errors=errors)
   return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": "check",
           **options, "errors": errors, "bound": b, "du_bound": db,
           "forward_bound": fb, "newton_fallback": rate, "status": "ok" if ok else "fail",
           "note": None if finite else "non-finite output or gradient",
+          "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def error_row(case, pass_, stage, err, t0, **fields):
+  """The row of a case whose `stage` ("forward", "gradient", "newton_fallback") raised: a kernel
+  that fails to compile or launch (such as a shared-memory request over the device's) or runs
+  out of memory. status "error" or "OOM" (`measure.classify`), the message in "note"; the
+  check goes on with the next case."""
+  status, note = measure.classify(err)
+  print(f"# {pass_} {dataclasses.asdict(case)}: {stage} raised {note}", flush=True)
+  return {**dataclasses.asdict(case), "op": "vla", "impl": "pallas", "pass": pass_, **fields,
+          "status": status, "stage": stage, "note": note,
           "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -414,7 +437,11 @@ def drift(case, interpret=None, fallback=False, **options):
   t0 = time.perf_counter()
   qkvu, S0, A0 = drift_inputs(case)
   pallas, chunked = _drift_fns(case.chunk, interpret, tuple(options.items()))
-  o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
+  try:
+    o = np.asarray(pallas(*qkvu, S0, A0), np.float64)
+  except Exception as err:  # pylint: disable=broad-except
+    return error_row(case, "drift", "forward", err, t0, dtype="bfloat16", precision="DEFAULT",
+                     **options)
   ref = np.asarray(chunked(*qkvu, S0, A0), np.float64)
   quarter = case.T // 4
   quarters = [rel(o[:, i * quarter:(i + 1) * quarter], ref[:, i * quarter:(i + 1) * quarter])
@@ -433,9 +460,13 @@ def drift(case, interpret=None, fallback=False, **options):
 def drift_verdicts(rows, ratio=DRIFT_RATIO):
   """The drift rows with "ratio" (error / the isotropic row's at the same d, T, lam0) and
   "status": "ok" when finite and (anisotropic) within `ratio`, else "fail"."""
-  iso = {(r["d"], r["T"], r["lam0"]): r["errors"]["o"] for r in rows if r["u"] == "isotropic"}
+  iso = {(r["d"], r["T"], r["lam0"]): r["errors"]["o"] for r in rows
+         if r["u"] == "isotropic" and "errors" in r}
   out = []
   for r in rows:
+    if "errors" not in r:   # a case that raised (`error_row`) keeps its status
+      out.append({**r, "ratio": None, "bound_ratio": ratio})
+      continue
     base = iso.get((r["d"], r["T"], r["lam0"]))
     x = r["errors"]["o"] / base if base else None
     ok = r["finite"] and (r["u"] == "isotropic" or (x is not None and x <= ratio))
@@ -449,6 +480,10 @@ def drift_table(rows):
   lines = ["| d | T | lam0 | u | o error | / isotropic | quarters | Newton fallback | status |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in sorted(rows, key=lambda r: (r["d"], r["T"], r["lam0"], r["u"] != "isotropic")):
+    if "errors" not in r:
+      lines.append(f"| {r['d']} | {r['T']} | {r['lam0']:g} | {r['u']} | - | - | - | - "
+                   f"| {r['status']} ({r['stage']}) |")
+      continue
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
     quarters = " ".join(f"{x:.1e}" for x in r["o_quarters"])
     rate = "-" if r.get("newton_fallback") is None else f"{r['newton_fallback']:.1%}"

@@ -112,6 +112,35 @@ def test_check_names_the_known_kernel_options():
       run()
 
 
+def test_a_case_that_raises_is_a_row_and_the_check_goes_on(monkeypatch):
+  """A kernel that fails to launch (the GPU's shared-memory limit) or runs out of memory in one
+  case gives that case a row with status "error" / "OOM" and the stage that raised, instead of
+  ending the check; the drift verdicts and table keep such a row as it is."""
+  def failing(stage):
+    def fn(*args):
+      raise RuntimeError("RESOURCE_EXHAUSTED: Shared memory size limit exceeded: requested "
+                         "262144, available: 232448" if stage == "gradient" else "boom")
+    return fn
+  ok = lambda *args: (jnp.zeros(1),)
+  monkeypatch.setattr(check, "_pallas_fns", lambda *a: (ok, failing("gradient")))
+  case = check.smoke_cases()[0]
+  row = check.check(case, interpret=True, block_factor="newton")
+  assert (row["status"], row["stage"], row["pass"]) == ("OOM", "gradient", "check"), row
+  assert "262144" in row["note"] and row["block_factor"] == "newton" and row["T"] == case.T
+  monkeypatch.setattr(check, "_pallas_fns", lambda *a: (failing("forward"), ok))
+  row = check.check(case, interpret=True)
+  assert (row["status"], row["stage"], row["note"]) == ("error", "forward", "RuntimeError: boom")
+  drift_case = check.smoke_drift_cases()[1]
+  monkeypatch.setattr(check, "_drift_fns", lambda *a: (failing("forward"), ok))
+  failed = check.drift(drift_case, interpret=True)
+  assert (failed["status"], failed["stage"], failed["pass"]) == ("error", "forward", "drift")
+  iso = {"d": drift_case.d, "T": drift_case.T, "lam0": drift_case.lam0, "u": "isotropic",
+         "errors": {"o": 1e-2}, "finite": True, "o_quarters": [1e-2] * 4}
+  got = check.drift_verdicts([iso, failed])
+  assert [r["status"] for r in got] == ["ok", "error"]
+  assert "| error (forward) |" in check.drift_table(got)
+
+
 def test_floor():
   fl = floor.delta_rule_floor_ms(1, 32768, 16, 64)
   assert fl == pytest.approx(max(4 * 32768 * 16 * 64 * 2 / 4.2e12,

@@ -239,6 +239,7 @@ def test_train_speed_plan_names_each_run_and_refuses_unknown_names():
   smoke = train_speed.plan(["zoology_512"], ["softmax"], smoke=True)
   assert [(r.config, r.steps, r.overrides["train.log_every"]) for r in smoke] == [
       ("configs/mqar_zoology.py:64", 4, 2)]
+  assert train_speed.ran_impl(smoke[0], "", "cpu") == "xla"   # softmax: its attention on the CPU
   with pytest.raises(ValueError, match="columns must be among vla, vla_chunked"):
     train_speed.plan(columns=["vla_pallas"])
   assert 200 < train_speed.estimate_s(runs) < 300     # about 4-5 minutes of one H100

@@ -29,7 +29,10 @@ class VLAState(NamedTuple):
 
 def initial_vla_state(batch: int, heads: int, dk: int, dv: int, *, lam0: float = 1.0,
                       dtype: DTypeLike = jnp.float32) -> VLAState:
-  """S = 0, A = I / lam0, in `dtype` (float32 or float64)."""
+  """S = 0 [batch, heads, dv, dk], A = I / lam0 [batch, heads, dk, dk], in `dtype` (float32
+  or float64). The sizes are ints >= 0."""
+  batch, heads, dk, dv = (checks.check_size(name, n) for name, n in
+                          (("batch", batch), ("heads", heads), ("dk", dk), ("dv", dv)))
   checks.check_positive("lam0", lam0)
   checks.check_state_dtype("dtype", dtype)
   A = jnp.broadcast_to(jnp.eye(dk, dtype=dtype) / lam0, (batch, heads, dk, dk))
@@ -87,10 +90,11 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
       whose key is zero is still dropped, whatever beta is. Not taken by the Pallas kernels
       (impl "pallas" and "pallas_interpret" raise ValueError naming it).
     lam0: ridge strength (> 0, a real number) of the initial penalty; used when
-      `initial_state` is None and at every document start of `segment_ids`. Computing in
-      float32, each impl takes lam0 >= `checks.MIN_LAM0_FLOAT32[impl]` (1e-3 for "chunked",
-      1e-4 for the others; smaller is a ValueError when lam0 is concrete): below, float32
-      has no correct digits left (or gives NaN). float64 inputs take any lam0 > 0.
+      `initial_state` is None and at every document start of `segment_ids`, and checked to be
+      a finite real number > 0 always (when concrete). When it is used and the compute dtype
+      is float32, each impl takes lam0 >= `checks.MIN_LAM0_FLOAT32[impl]` (1e-3 for
+      "chunked", 1e-4 for the others; smaller is a ValueError when lam0 is concrete): below,
+      float32 has no correct digits left (or gives NaN). float64 inputs take any lam0 > 0.
     initial_state: a `VLAState` to continue from (S [B, H, dv, dk], A [B, H, dk, dk]), or None
       for S = 0, A = I / lam0. A is used as (A + A^T) / 2 (it is a symmetric inverse), so its
       gradient is symmetric and the same for every impl.
@@ -106,7 +110,9 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     precision: of the matrix products, for every impl. None (default) follows JAX's default
       matmul precision, read when the op is traced (`jax.default_matmul_precision(...)`;
       unset: DEFAULT). A `jax.lax.Precision` or one of 'default' / 'high' / 'highest' (also
-      'bfloat16' / 'tensorfloat32' / 'float32') overrides it. On CPU every setting computes
+      'bfloat16' / 'tensorfloat32' / 'float32') overrides it; so does a pair of two equal ones
+      (`jnp.matmul`'s per-operand form: the products take one precision, an unequal pair is a
+      ValueError). On CPU every setting computes
       float32 products exactly (relative error of o ~1e-6 against float64). On a GPU with
       float32 inputs DEFAULT is one-pass TF32 (~1e-3), HIGH three TF32 passes and HIGHEST
       IEEE float32 (~1e-6); bfloat16 inputs at DEFAULT multiply bfloat16 operands (~1e-2).
@@ -128,8 +134,8 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
 
   Raises:
     ValueError / TypeError naming the argument for bad ranks, shapes or dtypes, a lam0 that
-    is not a number > 0 or below the float32 minimum (when its value is known; a traced lam0
-    under jit is not checked), a bad chunk_size, an
+    is not a finite number > 0 (always) or, where lam0 is used, below the float32 minimum
+    (when its value is known; a traced lam0 under jit is not checked), a bad chunk_size, an
     unknown impl or precision, or an initial state of the wrong shape or dtype.
   """
   impl = parse_impl(impl)
@@ -146,8 +152,7 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
                        "kernels write with strength 1; use impl='chunked' (or 'scan', "
                        "'associative_scan')")
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
-  if segment_ids is not None:
-    checks.check_positive("lam0", lam0)
+  checks.check_positive("lam0", lam0)   # used or not (README: ignored with initial_state)
   if segment_ids is not None and impl in KERNEL_IMPLS and (
       isinstance(lam0, jax.core.Tracer) or not np.isscalar(lam0)):
     raise ValueError(f"impl={impl.value!r} with segment_ids needs lam0 as a Python number (the "
