@@ -56,7 +56,7 @@ from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, d
 from vla_jax.kernels.penalty_scan import (large_gains, past_gain_limit, penalty_forward,
                                           unguarded)
 from vla_jax.ops.vla.penalty import segment_suffix_starts
-from vla_jax.ops.vla.recurrence import WRITE_EPS
+from vla_jax.ops.utils import WRITE_EPS
 
 DU_SEGMENT_CHUNKS = 8   # chunks a u-cotangent program carries E through (1,024 programs at
                         # T = 4096, B = 8, H = 16 or T = 32768, B = 1)

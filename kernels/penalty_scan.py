@@ -71,7 +71,7 @@ from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, do
                                     split_operand, unit_rows)
 from vla_jax.kernels.config import SCAN_BLOCK
 from vla_jax.kernels.segment_starts import segment_start_inverses
-from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS
+from vla_jax.ops.utils import KEY_EPS, WRITE_EPS
 
 ROLES = ("unit", "both")
 # The largest sum of penalty gains u_i^T A u_i over a block's first rows (A at the block start)

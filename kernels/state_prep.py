@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (causal_dot, compiler_params, decay_factors, doc_masks,
                                     doc_spec, dot, iota, rows_spec, unit_rows, unit_tril_inv)
-from vla_jax.ops.vla.recurrence import KEY_EPS
+from vla_jax.ops.utils import KEY_EPS
 
 WARPS = 4     # not tuned
 

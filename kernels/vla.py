@@ -36,8 +36,7 @@ from vla_jax.kernels.penalty_scan import penalty_forward
 from vla_jax.kernels.state_path import planned_state_path, state_forward
 from vla_jax.kernels.state_prep import state_prep
 from vla_jax.ops.checks import check_segment_ids, compute_dtype
-from vla_jax.ops.utils import document_starts, unit
-from vla_jax.ops.vla.recurrence import KEY_EPS
+from vla_jax.ops.utils import KEY_EPS, document_starts, unit
 
 
 def default_interpret():

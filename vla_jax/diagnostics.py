@@ -21,9 +21,9 @@ import jax.numpy as jnp
 
 from vla_jax.ops import checks
 from vla_jax.ops.step import (gated_deltanet_step, linear_attention_step, vla_step)
-from vla_jax.ops.utils import einsum, unit
+from vla_jax.ops.utils import KEY_EPS, WRITE_EPS, einsum, unit
 from vla_jax.ops.vla.penalty import penalty_scan
-from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS, initial_vla_state
+from vla_jax.ops.vla.recurrence import initial_vla_state
 
 MIXERS = ("vla", "linear_attention", "deltanet", "gated_deltanet")
 

@@ -344,6 +344,22 @@ class TestErrors:
           x, x, x, x[..., 0])
 
 
+  def test_segment_ops_check_their_options(self):
+    """The per-device ops check the options as the ops do: lam0 a number > 0 also when an
+    initial state makes it unused, linear attention's normalize a bool and eps a number > 0
+    (a str such as "no" is not read for its truth)."""
+    from vla_jax import VLAState   # pylint: disable=import-outside-toplevel
+    from vla_jax.parallel import segments   # pylint: disable=import-outside-toplevel
+    x = jnp.zeros((1, 4, 1, 4))
+    state = VLAState(jnp.zeros((1, 1, 4, 4)), jnp.broadcast_to(jnp.eye(4), (1, 1, 4, 4)))
+    with pytest.raises(ValueError, match="lam0 must be a real number"):
+      segments.vla_segments(x, x, x, x, axis_name="seq", lam0="abc", initial_state=state)
+    with pytest.raises(ValueError, match="normalize must be True or False; got str 'no'"):
+      segments.linear_attention_segments(x, x, x, axis_name="seq", normalize="no")
+    with pytest.raises(ValueError, match="eps must be a finite number > 0"):
+      segments.linear_attention_segments(x, x, x, axis_name="seq", normalize=True, eps=-1.0)
+
+
 def test_one_device_axis_runs_the_op_itself():
   """On a sequence axis of one device `shard_sequence` is the op: the same jaxpr ops, no
   collectives and no augmented value channels."""

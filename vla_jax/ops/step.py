@@ -16,9 +16,9 @@ from vla_jax.ops import checks
 from vla_jax.ops.baselines import KEY_EPS as BASELINE_KEY_EPS
 from vla_jax.ops.baselines import LinearAttentionState, check_feature_map, elu_plus_one
 from vla_jax.ops.delta_rule.naive import delta_rule_step
-from vla_jax.ops.utils import unit
+from vla_jax.ops.utils import KEY_EPS, WRITE_EPS, unit
 from vla_jax.ops.vla.penalty import penalty_step
-from vla_jax.ops.vla.recurrence import KEY_EPS, WRITE_EPS, VLAState, initial_vla_state
+from vla_jax.ops.vla.recurrence import VLAState, initial_vla_state
 
 
 def _check_tokens(q_t, k_t, v_t):

@@ -56,6 +56,12 @@ def resolve_precision(precision) -> jax.lax.Precision:
                    f"two equal ones; got {precision!r}")
 
 
+# VLA's floors of `unit`: the keys' (khat = unit(k, KEY_EPS)) and the write directions'
+# (a = unit(A khat, WRITE_EPS)), shared by every form of the op and the kernels.
+KEY_EPS = 1e-6
+WRITE_EPS = 1e-12
+
+
 def unit(x, eps):
   """x / ||x|| along the last axis where ||x|| > eps, else 0.
 

@@ -234,6 +234,7 @@ def vla_segments(q, k, v, u, beta=None, *, axis_name, lam0=1.0, initial_state=No
                     f"{type(initial_state).__name__}")
   dtype = checks.compute_dtype(q, k, v, u, beta, *(initial_state or ()))
   eye = jnp.eye(dk, dtype=dtype)
+  checks.check_positive("lam0", lam0)   # used or not, as vla_recurrence
   if initial_state is None:
     checks.check_lam0(lam0, _impl_of(vla_recurrence, op_kwargs), dtype)
     S0 = jnp.zeros((B, H, dv, dk), dtype)
@@ -342,6 +343,8 @@ def linear_attention_segments(q, k, v, *, axis_name, feature_map=elu_plus_one, n
   _check_no_segment_ids(op_kwargs)
   B, T, H, _ = checks.check_tokens("q", q)
   dv = checks.check_tokens("v", v, batch=B, time=T, heads=H)[3]
+  normalize = checks.check_bool("normalize", normalize)   # as linear_attention
+  checks.check_positive("eps", eps)
   if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(initial_state).__name__}")

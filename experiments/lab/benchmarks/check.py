@@ -330,7 +330,7 @@ def _deviation_fn(precision, chunk, interpret):
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import config, penalty_scan  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.utils import unit  # pylint: disable=import-outside-toplevel
-  from vla_jax.ops.vla.recurrence import KEY_EPS  # pylint: disable=import-outside-toplevel
+  from vla_jax.ops.utils import KEY_EPS  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision))
 
   def deviations(k, u, A0):

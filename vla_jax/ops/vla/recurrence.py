@@ -11,12 +11,9 @@ from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
 from vla_jax.ops.impl import KERNEL_IMPLS, Impl, parse_impl
-from vla_jax.ops.utils import document_starts, resolve_precision, unit
+from vla_jax.ops.utils import KEY_EPS, WRITE_EPS, document_starts, resolve_precision, unit
 from vla_jax.ops.vla.penalty import (penalty_chunked, penalty_chunked_documents,
                                      penalty_prefix_solve, penalty_scan)
-
-KEY_EPS = 1e-6
-WRITE_EPS = 1e-12
 
 
 class VLAState(NamedTuple):
