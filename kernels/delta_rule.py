@@ -42,9 +42,7 @@ from vla_jax.kernels.config import KernelConfig, compile_target, pad_value_width
 from vla_jax.kernels.state_path import planned_state_path
 from vla_jax.kernels.vla import default_interpret, document_indices
 from vla_jax.ops.checks import check_segment_ids, compute_dtype
-from vla_jax.ops.utils import unit
-
-KEY_EPS = 1e-6   # DeltaNet's unit keys, as `vla_jax.ops.deltanet`
+from vla_jax.ops.utils import KEY_EPS, unit
 
 
 def deltanet_pallas(q, k, v, beta, S0, *, segment_ids=None, config=KernelConfig(),

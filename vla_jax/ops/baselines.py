@@ -27,10 +27,9 @@ from vla_jax.ops import checks, nonfinite
 from vla_jax.ops.delta_rule import (delta_rule_associative_scan, delta_rule_chunked,
                                     delta_rule_scan)
 from vla_jax.ops.impl import KERNEL_IMPLS, Impl, parse_impl
-from vla_jax.ops.utils import (document_starts, in_first_document, resolve_precision,
+from vla_jax.ops.utils import (KEY_EPS, document_starts, in_first_document, resolve_precision,
                                segment_cumsum, unit)
 
-KEY_EPS = 1e-6
 BASELINE_IMPLS = (Impl.SCAN, Impl.ASSOCIATIVE_SCAN, Impl.CHUNKED) + KERNEL_IMPLS
 
 

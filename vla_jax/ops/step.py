@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from vla_jax.ops import checks
-from vla_jax.ops.baselines import KEY_EPS as BASELINE_KEY_EPS
 from vla_jax.ops.baselines import LinearAttentionState, check_feature_map, elu_plus_one
 from vla_jax.ops.delta_rule.naive import delta_rule_step
 from vla_jax.ops.utils import KEY_EPS, WRITE_EPS, unit
@@ -133,7 +132,7 @@ def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t
   q_t, k_t, v_t, beta_t = (x.astype(S.dtype) for x in (q_t, k_t, v_t, beta_t))
   if log_decay_t is not None:
     log_decay_t = log_decay_t.astype(S.dtype)
-  khat = unit(k_t, BASELINE_KEY_EPS)
+  khat = unit(k_t, KEY_EPS)
   o_t, S = delta_rule_step(S, q_t, khat, beta_t[..., None] * khat, v_t, log_decay_t)
   return o_t.astype(out_dtype), S
 

@@ -56,8 +56,9 @@ def resolve_precision(precision) -> jax.lax.Precision:
                    f"two equal ones; got {precision!r}")
 
 
-# VLA's floors of `unit`: the keys' (khat = unit(k, KEY_EPS)) and the write directions'
-# (a = unit(A khat, WRITE_EPS)), shared by every form of the op and the kernels.
+# The floors of `unit`: the unit keys' (khat = unit(k, KEY_EPS): VLA's, DeltaNet's and Gated
+# DeltaNet's) and VLA's write directions' (a = unit(A khat, WRITE_EPS)), shared by every form
+# of the ops and the kernels.
 KEY_EPS = 1e-6
 WRITE_EPS = 1e-12
 
