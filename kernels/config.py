@@ -263,6 +263,7 @@ class KernelConfig:
     # whole-matrix). At dk = 128 (start_inverse "tiles") always tiles: the whole matrix
     # spills.
     newton = not low and not exact
+    adjoint_warps = 8 if dk >= 128 else 4
     return Plan(
         chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
         precision=self.precision, low=low,
@@ -296,7 +297,12 @@ class KernelConfig:
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
         penalty_layout=penalty_layout,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
-        adjoint_warps=8 if dk >= 128 else 4)
+        adjoint_warps=adjoint_warps,
+        # The row-cotangent kernel with large-gain rows (its one-pass and three-pass products
+        # both on float32 operands) asks for 256 KB of shared memory at 8 warps and dk = 128
+        # (H100: 227 KB; the launch fails, and with it every float32 gradient at DEFAULT, as
+        # XLA loads both branches of the call's choice); 4 warps launch.
+        guarded_row_warps=4 if kind == "tf32" else adjoint_warps)
 
 
 def _check_target(interpret, target):
@@ -351,6 +357,9 @@ class Plan:
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).
+    guarded_row_warps: warps of the row-cotangent kernel with large-gain rows
+      (`accurate_dot`): 4 with float32 operands (one-pass TF32 at DEFAULT), else
+      `adjoint_warps`.
     du_dot: the u-cotangent kernel's products (`state_dot`, IEEE at HIGH with dk = 128).
     xla_dot: the XLA products between the kernels (the penalty adjoint's segment sums, the
       chunk-local VJP where it is XLA): `precision`, except three TF32 passes at HIGH (XLA,
@@ -384,6 +393,7 @@ class Plan:
   penalty_layout: str
   fused_vjp: bool
   adjoint_warps: int
+  guarded_row_warps: int
   xla_dot: object
   du_dot: object
 

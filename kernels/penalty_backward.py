@@ -282,12 +282,12 @@ def _bwd(plan, reset, res, cts):
   T_pad = N * C
   rel = None if docs is None else docs[2]
   z = functools.partial(row_cotangents, A_chunks, Y, W_full,
-                        da.astype(acc).reshape(B * H, T_pad, dk), warps=plan.adjoint_warps,
-                        rel=rel, reset=reset)
+                        da.astype(acc).reshape(B * H, T_pad, dk), rel=rel, reset=reset)
   if plan.accurate_dot is None:
-    Z = z(plan=plan)
+    Z = z(plan=plan, warps=plan.adjoint_warps)
   else:   # the forward scan's branch (`penalty_scan.FAST_GAIN`)
-    Z = jax.lax.cond(large, lambda: z(plan=plan, gains=gains), lambda: z(plan=unguarded(plan)))
+    Z = jax.lax.cond(large, lambda: z(plan=plan, gains=gains, warps=plan.guarded_row_warps),
+                     lambda: z(plan=unguarded(plan), warps=plan.adjoint_warps))
   Z = Z.reshape(B, H, N, C, dk)
   W = W_full[:, :T_pad].reshape(B, H, N, C, dk)
   U = u.astype(acc)

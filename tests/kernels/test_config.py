@@ -185,6 +185,10 @@ def test_chunk_local_vjp_form():
   assert _plan().fused_vjp and _plan(low=True, dk=128, dv=128).fused_vjp
   assert not _plan(dk=128, dv=128).fused_vjp and not _plan(dk=64, dv=128).fused_vjp
   assert _plan(dk=128, dv=128).adjoint_warps == 8 and _plan().adjoint_warps == 4
+  # The row-cotangent kernel with large-gain rows on float32 operands asks for 256 KB of shared
+  # memory at 8 warps and dk = 128 (one H100: the launch fails): 4 warps there; bfloat16 keeps 8.
+  assert _plan(dk=128, dv=128).guarded_row_warps == 4
+  assert _plan(low=True, dk=128, dv=128).guarded_row_warps == 8
   # At HIGH the u-cotangent kernel's three-pass products do not fit in shared memory at
   # dk = 128 (H200): IEEE there; the XLA parts take three passes (one, as XLA runs HIGH, would
   # leave du at ~3e-4).

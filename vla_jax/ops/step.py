@@ -54,13 +54,14 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   checks.check_step_tokens("u_t", u_t, batch=B, heads=H, dim=dk)
   if beta_t is not None:
     checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
-  checks.check_positive("lam0", lam0)   # used or not, as in `vla_recurrence`
   if state is None:
     dtype = checks.compute_dtype(q_t, k_t, v_t, u_t, beta_t)
-    checks.check_lam0(lam0, "scan", dtype)
+    checks.check_lam0(lam0, "scan", dtype)   # a number > 0, and the scan's float32 floor
     state = initial_vla_state(B, H, dk, dv, lam0=lam0, dtype=dtype)
-  elif not isinstance(state, VLAState):
-    raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
+  else:
+    checks.check_positive("lam0", lam0)   # unused, checked as in `vla_recurrence`
+    if not isinstance(state, VLAState):
+      raise TypeError(f"state must be a VLAState(S, A) or None; got {type(state).__name__}")
   _check_state_arrays("state", (("S", state.S), ("A", state.A)), ((B, H, dv, dk), (B, H, dk, dk)))
   dtype, out_dtype = state.S.dtype, checks.output_dtype(v_t)
   q_t, k_t, v_t, u_t = (x.astype(dtype) for x in (q_t, k_t, v_t, u_t))

@@ -234,13 +234,13 @@ def vla_segments(q, k, v, u, beta=None, *, axis_name, lam0=1.0, initial_state=No
                     f"{type(initial_state).__name__}")
   dtype = checks.compute_dtype(q, k, v, u, beta, *(initial_state or ()))
   eye = jnp.eye(dk, dtype=dtype)
-  checks.check_positive("lam0", lam0)   # used or not, as vla_recurrence
-  if initial_state is None:
+  if initial_state is None:   # a number > 0 and the impl's float32 floor
     checks.check_lam0(lam0, _impl_of(vla_recurrence, op_kwargs), dtype)
     S0 = jnp.zeros((B, H, dv, dk), dtype)
     A0 = jnp.broadcast_to(eye / lam0, (B, H, dk, dk))
     M0 = jnp.broadcast_to(eye * lam0, (B, H, dk, dk)).astype(dtype)
   else:
+    checks.check_positive("lam0", lam0)   # unused, checked as in vla_recurrence
     checks.check_state("initial_state.S", initial_state.S, (B, H, dv, dk))
     checks.check_state("initial_state.A", initial_state.A, (B, H, dk, dk))
     S0 = initial_state.S.astype(dtype)
