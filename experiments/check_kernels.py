@@ -23,23 +23,19 @@ same way (`lab.benchmarks.check_baselines`: float32 at HIGHEST and bfloat16 at T
     python experiments/check_kernels.py --name=check_h200_baselines --dims=64,128 \
         --ops=deltanet,gated_deltanet,linear_attention --max_T=32768 --long_T=0
 
---block_factor=newton checks the penalty scan's Newton block factor (`KernelConfig`);
---newton_fallback adds each case's fraction of blocks where it falls back to the elimination.
---start_inverse=tiles checks the segment starts at d = 128 in the kernels
-(`KernelConfig.start_inverse`: the Gram kernel and the inverse on tiles in a workspace) in
-every VLA case and the drift cases (at d = 64 the starts run in the kernels either way; the
-long run is d = 64):
+The penalty path's forms are the plan's (`KernelConfig.plan`: the Newton block factor; at
+d = 128 the transposed layout and the segment starts in the kernels, the rows layout below)
+unless --block_factor, --start_inverse or --penalty_layout names one, which every VLA case,
+the drift cases and the long run then take. --newton_fallback adds each case's fraction of
+blocks where the Newton block factor falls back to the elimination. The check of the plan's
+forms (bfloat16, packed and long T included):
 
-    python experiments/check_kernels.py --name=check_h200_d128_start_tiles --dims=128 \
-        --start_inverse=tiles --max_T=32768 --long_T=0
+    python experiments/check_kernels.py --name=check_h100_plan --dims=64,128 --newton_fallback
 
---penalty_layout=transposed checks the penalty path's transposed products
-(`KernelConfig.penalty_layout`: the scan's products with the head dim on the M side, the
-u-cotangent kernel's F = E + E^T) in every case, the drift cases and the long run; the
-decisive ones are at d = 128:
+A form the plan does not take, e.g. the elimination and the rows layout at d = 128:
 
-    python experiments/check_kernels.py --name=check_h200_penalty_transposed --dims=64,128 \
-        --penalty_layout=transposed --max_T=32768 --long_T=0
+    python experiments/check_kernels.py --name=check_h100_d128_forced --dims=128 \
+        --block_factor=elimination --penalty_layout=rows --max_T=32768 --long_T=0
 
 Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (default
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
@@ -53,6 +49,7 @@ import dataclasses
 import os
 
 from absl import app, flags
+from lab import cli
 
 _NAME = flags.DEFINE_string("name", None, "Output file name (without .jsonl).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
@@ -66,16 +63,11 @@ _CASES = flags.DEFINE_enum("cases", "all", ["all", "long", "packed", "drift"],
                            "cases.")
 _DRIFT_TS = flags.DEFINE_list("drift_Ts", [str(t) for t in (16384, 131072)],
                               "T of the drift cases (none: an empty list).")
-_BLOCK_FACTOR = flags.DEFINE_enum("block_factor", "elimination", ["elimination", "newton"],
-                                  "KernelConfig.block_factor of the checked calls.")
 _FALLBACK = flags.DEFINE_bool("newton_fallback", False,
                               "Also report each case's fraction of penalty-scan blocks where "
                               "block_factor 'newton' falls back to the elimination.")
-_START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
-                                   "KernelConfig.start_inverse of the checked calls (vla; "
-                                   "d = 128).")
-_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
-                                    "KernelConfig.penalty_layout of the checked calls (vla).")
+cli.define_kernel_option_flags("checked calls (--start_inverse: d = 128)")
+flags.adopt_module_key_flags(cli)   # --help lists them
 _LONG_T = flags.DEFINE_integer("long_T", 131072, "T of the long run (0: none).")
 _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baselines "
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
@@ -120,9 +112,7 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
-  kernel = dict(block_factor=_BLOCK_FACTOR.value, start_inverse=_START_INVERSE.value,
-                penalty_layout=_PENALTY_LAYOUT.value)   # check.OPTION_DEFAULTS' names
-  options = dict(kernel, fallback=_FALLBACK.value)
+  options = dict(cli.kernel_options(), fallback=_FALLBACK.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case) if isinstance(case, check_baselines.Case)
                      else check.check(case, **options)))

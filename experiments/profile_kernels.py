@@ -1,14 +1,15 @@
 r"""Where the Pallas VLA kernels' time goes: per-kernel device time of the forward and the
-gradient from a JAX profiler trace (`lab.benchmarks.profile`), at the kernels' defaults,
-H = 16, bfloat16, B * T = --tokens (B = 1 beyond).
+gradient from a JAX profiler trace (`lab.benchmarks.profile`), at the kernels' defaults (the
+plan's forms, unless --block_factor, --start_inverse or --penalty_layout names one), H = 16,
+bfloat16, B * T = --tokens (B = 1 beyond).
 
     python experiments/profile_kernels.py --name=profile_h100 --Ts=4096,32768 --dims=64,128
     python experiments/profile_kernels.py --resources --dims=64,128    # offline, no GPU: registers,
                                                                # spills, shared memory, SASS
-    python experiments/profile_kernels.py --name=profile_h200_start_tiles --Ts=32768,131072 \
-        --dims=128 --start_inverse=tiles    # the d = 128 segment starts in the kernels
-    python experiments/profile_kernels.py --name=profile_h200_penalty_transposed \
-        --Ts=4096,32768 --dims=64,128 --penalty_layout=transposed    # the transposed penalty path
+    python experiments/profile_kernels.py --name=profile_h200_start_xla --Ts=32768,131072 \
+        --dims=128 --start_inverse=xla    # the d = 128 segment starts in XLA
+    python experiments/profile_kernels.py --name=profile_h200_penalty_rows \
+        --Ts=4096,32768 --dims=64,128 --penalty_layout=rows    # the penalty path on rows
 
 Prints per call the busy time of each kernel class (pallas, gemm, copy, xla), the idle time
 inside the call and the largest kernels, and writes the rows to --out_dir/<name>.json.
@@ -21,6 +22,7 @@ import json
 import os
 
 from absl import app, flags
+from lab import cli
 
 _NAME = flags.DEFINE_string("name", "profile", "Output file name (without .json).")
 _OUT_DIR = flags.DEFINE_string("out_dir", os.path.join("results", "bench"), "Output folder.")
@@ -34,10 +36,8 @@ _PLANE = flags.DEFINE_string("plane", "/device:GPU:", "Trace planes read (prefix
                              "/host:CPU).")
 _RESOURCES = flags.DEFINE_bool("resources", False, "Offline resource report instead.")
 _INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU smoke).")
-_START_INVERSE = flags.DEFINE_enum("start_inverse", "xla", ["xla", "tiles"],
-                                   "KernelConfig.start_inverse of the profiled calls.")
-_PENALTY_LAYOUT = flags.DEFINE_enum("penalty_layout", "rows", ["rows", "transposed"],
-                                    "KernelConfig.penalty_layout of the profiled calls.")
+cli.define_kernel_option_flags("profiled calls")
+flags.adopt_module_key_flags(cli)   # --help lists them
 
 
 def main(argv):
@@ -46,8 +46,8 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from lab.benchmarks import profile  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig  # pylint: disable=import-outside-toplevel
-  config = KernelConfig(start_inverse=_START_INVERSE.value,
-                        penalty_layout=_PENALTY_LAYOUT.value)
+  options = cli.kernel_options()
+  config = KernelConfig(**options)
   rows = []
   for d, T in itertools.product(map(int, _DIMS.value), map(int, _TS.value)):
     B, H = max(1, _TOKENS.value // T), _HEADS.value
@@ -77,8 +77,7 @@ def main(argv):
   path = os.path.join(_OUT_DIR.value, _NAME.value + ".json")
   with open(path, "w") as f:
     json.dump({"device": str(jax.devices()[0]), "jax": jax.__version__,
-               "resources": _RESOURCES.value, "start_inverse": _START_INVERSE.value,
-               "penalty_layout": _PENALTY_LAYOUT.value,
+               "resources": _RESOURCES.value, **{k: v or "plan" for k, v in options.items()},
                "rows": rows}, f, indent=1)
   print(f"{len(rows)} rows -> {path}")
 

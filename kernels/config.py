@@ -2,7 +2,8 @@
 
 `KernelConfig` holds the three choices a user may reasonably make: the chunk size, the
 precision of the matrix products (JAX's meaning) and the value rows per program of the
-sequential state loops. Everything else is decided per call by
+sequential state loops, and three forms of the penalty path that tests and benchmarks may
+force (by default the plan's). Everything else is decided per call by
 `KernelConfig.plan` from the input dtype, the head dims, the number of programs and the GPU
 compiled for (`Target`), each rule with the measurement behind it (H200, H = 16,
 B * T = 32,768 unless said otherwise; kernels/DESIGN.md, "The plan").
@@ -18,12 +19,13 @@ from vla_jax.kernels.common import dot_precision
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 MIN_CHUNK, MAX_CHUNK = 16, 128
 PRECISIONS = (jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH, jax.lax.Precision.HIGHEST)
-# How the penalty scan factors each block's I + X U^T (`KernelConfig.block_factor`).
+# The forms a config may force (None: the plan's choice, `KernelConfig.plan`). How the
+# penalty scan factors each block's I + X U^T (`KernelConfig.block_factor`):
 BLOCK_FACTORS = ("elimination", "newton")
-# How the segment starts are formed at dk = 128 (`KernelConfig.start_inverse`).
+# How the segment starts are formed at dk = 128 (`KernelConfig.start_inverse`):
 START_INVERSES = ("xla", "tiles")
 # Which side of the penalty path's products the head dim sits on
-# (`KernelConfig.penalty_layout`).
+# (`KernelConfig.penalty_layout`):
 PENALTY_LAYOUTS = ("rows", "transposed")
 
 # The kernels (Triton) need compute capability 8.0 or later (bfloat16 and TF32 tensor cores).
@@ -118,9 +120,12 @@ SPLIT_BWD_FROM_DK = 128
 # the program needs 352 KB of shared memory (an SM has 227 KB), so XLA products there.
 FUSED_VJP_F32_UP_TO = 64
 # Segment-start inverses in one Pallas program each up to this dk (penalty path 1.34 against
-# 1.49 ms in XLA at T = 4096, B = 8); at dk = 128 the program spills and needs 256 KB, so
-# XLA there, or with start_inverse "tiles" a program whose tiles go through a workspace.
+# 1.49 ms in XLA at T = 4096, B = 8); above it the program spills and needs 256 KB, so there
+# a program whose tiles go through a workspace (start_inverse "tiles") or XLA.
 INVERSE_KERNEL_UP_TO = 64
+# The penalty path's products transposed (penalty_layout "transposed") from this dk, on the
+# block's rows below it (the plan's choice; kernels/DESIGN.md, "Open questions" 6).
+TRANSPOSED_PENALTY_FROM_DK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,35 +140,35 @@ class KernelConfig:
     block_v: value rows BV of the state per program of the sequential state loops (a power of
       two >= 16 dividing dv), or None (default): min(dv, 32), or 16 where that leaves at most
       32 programs (`Plan.block_v`).
+    block_factor, start_inverse, penalty_layout: None (default) for the plan's choice, or a
+      string that forces one form (tests, benchmarks, the GPU check). Each form computes the
+      same function to float32 rounding; None picks the forms that were faster on a GPU, by
+      key head dim dk (kernels/DESIGN.md, "The plan" and "Open questions" 6):
     block_factor: how the penalty scan gets L^-1 of each 16-token block's I + X U^T = L L^T:
-      "elimination" (default; 16 dependent elimination steps, `common.chol_inv`) or "newton"
-      (two Newton steps of 16 x 16 products where ||X U^T||_F <= 0.25, the elimination
-      elsewhere; `common.guarded_chol_inv`). The same function to float32 rounding; which is
-      faster on a GPU is open (kernels/DESIGN.md, "Open questions").
+      "newton" (None's choice; two Newton steps of 16 x 16 products where ||X U^T||_F <= 0.25,
+      the elimination elsewhere; `common.guarded_chol_inv`) or "elimination" (16 dependent
+      elimination steps in every block, `common.chol_inv`).
     start_inverse: how the segment starts are formed at dk = 128 (at dk <= 64 always in the
-      kernels): "xla" (default; Grams and batched Cholesky inverses in XLA) or "tiles" (the
-      Gram kernel, and one program per start: a block Cholesky inverse on 32 x 32 tiles that
-      live in a global-memory workspace; `segment_starts.py`), for float32 states (float64
-      ones stay XLA: the Gram kernel's [128, 128] float64 sum spills). The same starts to
-      float32 rounding; which is faster on a GPU is open (kernels/DESIGN.md, "Open
-      questions").
-    penalty_layout: how the penalty path's products are laid out: "rows" (default; the
-      penalty scan's products on the block's rows, X = U A, W = E A - tril(E Y^T) Y,
-      A <- A - Y^T Y: the 16 tokens on the products' M side and the carried A their right
-      operand; the u-cotangent kernel carries E and forms U E + U E^T) or "transposed" (the
-      same products transposed, X^T = A U^T, W^T = A E^T - Y^T tril(E Y^T)^T,
-      A <- A + (-Y^T) Y: the head dim on the M side, A the left operand and the downdate's
-      accumulator; the u-cotangent kernel carries the symmetric F = E + E^T and forms one
-      U F). The same functions to float32 rounding; which is faster on a GPU is open
-      (kernels/DESIGN.md, "Open questions").
+      kernels): "tiles" (None's choice; the Gram kernel, and one program per start: a block
+      Cholesky inverse on 32 x 32 tiles that live in a global-memory workspace;
+      `segment_starts.py`), for float32 states (float64 ones stay XLA: the Gram kernel's
+      [128, 128] float64 sum spills), or "xla" (Grams and batched Cholesky inverses in XLA).
+    penalty_layout: how the penalty path's products are laid out: "rows" (None's choice at
+      dk <= 64; the penalty scan's products on the block's rows, X = U A,
+      W = E A - tril(E Y^T) Y, A <- A - Y^T Y: the 16 tokens on the products' M side and the
+      carried A their right operand; the u-cotangent kernel carries E and forms U E + U E^T)
+      or "transposed" (None's choice at dk = 128; the same products transposed,
+      X^T = A U^T, W^T = A E^T - Y^T tril(E Y^T)^T, A <- A + (-Y^T) Y: the head dim on the
+      M side, A the left operand and the downdate's accumulator; the u-cotangent kernel
+      carries the symmetric F = E + E^T and forms one U F).
   """
 
   chunk_size: int = 64
   precision: jax.lax.Precision = jax.lax.Precision.DEFAULT
   block_v: int | None = None
-  block_factor: str = "elimination"
-  start_inverse: str = "xla"
-  penalty_layout: str = "rows"
+  block_factor: str | None = None
+  start_inverse: str | None = None
+  penalty_layout: str | None = None
 
   def __post_init__(self):
     p = self.precision
@@ -197,8 +202,9 @@ class KernelConfig:
                        f"got {bv!r}")
     for name, allowed in (("block_factor", BLOCK_FACTORS), ("start_inverse", START_INVERSES),
                           ("penalty_layout", PENALTY_LAYOUTS)):
-      if getattr(self, name) not in allowed:
-        raise ValueError(f"{name} must be one of {allowed}; got {getattr(self, name)!r}")
+      if getattr(self, name) is not None and getattr(self, name) not in allowed:
+        raise ValueError(f"{name} must be None (the plan's choice) or one of {allowed}; got "
+                         f"{getattr(self, name)!r}")
 
   def plan(self, *, low, acc, dk, dv, BH, N, interpret, target=None):
     """The kernels' choices for one call (`Plan`). low: the inputs are all bfloat16 (so that
@@ -232,6 +238,16 @@ class KernelConfig:
     bv = self.block_v
     if bv is None:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
+    # The penalty path's forms where the config leaves them None, by key head dim (timed
+    # against each other on one H100, in both orders: kernels/DESIGN.md, "Open questions" 6;
+    # results/bench/decisions/options_h100.jsonl): the Newton block factor at every dk (the
+    # elimination stays its fallback), and at dk = 128 the transposed layout and the segment
+    # starts in the kernels (float32 states; float64 ones stay XLA, `inverse_kernel`); at
+    # dk <= 64 the rows layout (the starts run in the kernels there either way).
+    block_factor = self.block_factor or "newton"
+    penalty_layout = self.penalty_layout or (
+        "transposed" if dk >= TRANSPOSED_PENALTY_FROM_DK else "rows")
+    start_inverse = self.start_inverse or ("tiles" if dk > INVERSE_KERNEL_UP_TO else "xla")
     programs = BH * (dv // bv)
     # Exact segment starts (float64 prefix sums and Newton steps; segment_starts.py) where
     # products are about float32 accurate or bfloat16, and states float32: direct float32
@@ -251,7 +267,7 @@ class KernelConfig:
     return Plan(
         chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
         precision=self.precision, low=low,
-        factor_dot=prec(kind), block_factor=self.block_factor,
+        factor_dot=prec(kind), block_factor=block_factor,
         # Newton steps for the block factor: one TF32 pass where the scan's products are
         # bfloat16 or one-pass TF32 (its L^-1 then enters Y = L^-1 X rounded to bfloat16 or
         # TF32 anyway), the scan's own kind at HIGH and HIGHEST.
@@ -264,7 +280,7 @@ class KernelConfig:
         accurate_dot=prec("tf32x3") if kind in ("bf16", "tf32") else None,
         scan_warps=scan_warps, segment_chunks=seg,
         segments=-(-N // seg), exact_starts=exact,
-        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or (self.start_inverse == "tiles"
+        inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or (start_inverse == "tiles"
                                                       and jnp.dtype(acc) == jnp.float32),
         inverse_dot=prec(accurate), gram_dot=prec("bf16" if low else accurate),
         newton_step=newton,
@@ -279,7 +295,7 @@ class KernelConfig:
         block_v=bv,
         split_output=dk >= SPLIT_OUTPUT_FROM_DK or programs < SPLIT_OUTPUT_BELOW,
         split_backward=dk >= SPLIT_BWD_FROM_DK or programs <= SPLIT_BWD_UP_TO,
-        penalty_layout=self.penalty_layout,
+        penalty_layout=penalty_layout,
         fused_vjp=max(dk, dv) <= FUSED_VJP_F32_UP_TO or low,
         adjoint_warps=adjoint_warps,
         # The row-cotangent kernel with large-gain rows (its one-pass and three-pass products
@@ -315,7 +331,8 @@ class Plan:
       transposes; the kernels make the unit keys).
     factor_dot: the penalty scan's and the row-cotangent kernel's products (in bfloat16 mode
       the carried A and A_c as two bfloat16 parts, `common.split_operand`).
-    block_factor: `KernelConfig.block_factor`; newton_dot: the products of its Newton steps.
+    block_factor: `KernelConfig.block_factor`, "newton" where it is None; newton_dot: the
+      products of its Newton steps.
     accurate_dot: None, or the products of the penalty-scan blocks and row cotangents whose
       penalty gains exceed `penalty_scan.GAIN_LIMIT` where `factor_dot` is bfloat16 or
       one-pass TF32 (three TF32 passes: such a block shrinks A by more than the low-precision
@@ -325,7 +342,7 @@ class Plan:
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
       ~eps at any T), else direct (float32 sums and inverses, error ~eps * cond(M)).
     inverse_kernel: segment starts (Grams and inverses) in the Pallas kernels (else XLA: at
-      dk = 128, unless `KernelConfig.start_inverse` is "tiles" and the states float32);
+      dk = 128 for float64 states or `KernelConfig.start_inverse` "xla");
       inverse_dot: the inverse kernel's products; gram_dot: the Gram kernel's products;
       newton_step: one Newton step on each direct segment-start inverse in its own dtype;
       inverse_tile: None or 32 (block Cholesky on tiles).
@@ -335,8 +352,8 @@ class Plan:
     block_v: value rows per program of the state loops.
     split_output, split_backward: the state forward and reverse pass as a chain plus a
       parallel per-chunk kernel (else one fused loop).
-    penalty_layout: `KernelConfig.penalty_layout`, the layout of the penalty scan's and the
-      u-cotangent kernel's products.
+    penalty_layout: `KernelConfig.penalty_layout` (where None, "transposed" at dk = 128,
+      "rows" below), the layout of the penalty scan's and the u-cotangent kernel's products.
     fused_vjp: the chunk-local VJP of the state path in one kernel (else XLA products).
     adjoint_warps: warps of the row-cotangent and u-cotangent kernels (4, 8 at dk = 128: the
       u-cotangent kernel then takes 175 registers, no spills).

@@ -11,16 +11,18 @@ start; the chunkwise identity of VLA.md section 4 on 16-token blocks):
 
 A [dk, dk] stays in registers; the other values are [b, dk] and [b, b]; the b x b Cholesky is
 b elimination steps on one small value (`common.chol_inv`), or with `Plan.block_factor`
-"newton" two Newton steps of b x b products where ||X U^T||_F <= 0.25
-(`common.guarded_chol_inv`; `block_deviations` gives that norm for every block). With
-bfloat16 products A enters U A and E A as two bfloat16 parts (`common.split_operand`): one
-would round it by 2^-9 of its largest entries in every product, which over a long segment
-outgrows A's small eigenvalues when u is anisotropic (kernels/DESIGN.md, "Penalty scan").
+"newton" (the plan's choice) two Newton steps of b x b products where ||X U^T||_F <= 0.25,
+the elimination elsewhere (`common.guarded_chol_inv`; `block_deviations` gives that norm
+for every block). With bfloat16 products A enters U A and E A as two bfloat16 parts
+(`common.split_operand`): one would round it by 2^-9 of its largest entries in every
+product, which over a long segment outgrows A's small eigenvalues when u is anisotropic
+(kernels/DESIGN.md, "Penalty scan").
 
-Layout (`Plan.penalty_layout`). "rows" computes the products above on the block's rows: the
-16 tokens are the products' M side and A their right operand, which Triton stages through
-shared memory every block (kernels/DESIGN.md, "Penalty scan"). "transposed" computes the same
-products transposed, on values [dk, b] whose columns are the tokens:
+Layout (`Plan.penalty_layout`; the plan's: "rows" at dk <= 64, "transposed" at 128). "rows"
+computes the products above on the block's rows: the 16 tokens are the products' M side and
+A their right operand, which Triton stages through shared memory every block
+(kernels/DESIGN.md, "Penalty scan"). "transposed" computes the same products transposed, on
+values [dk, b] whose columns are the tokens:
 
     X^T = A U^T,   Y^T = X^T L^-T,   W^T = A E^T - Y^T tril(E Y^T)^T,   A <- A + (-Y^T) Y
 

@@ -36,12 +36,13 @@ Kernels, by key head dim (`Plan.inverse_kernel`):
     `vla_spd_inverse`: a Cholesky by dk elimination steps on the whole [dk, dk] matrix, or a
     block Cholesky on 32 x 32 tiles (`Plan.inverse_tile`), then A = L^-T L^-1 and, with
     `Plan.newton_step`, a float32 step A <- A + A (I - M A). A_0^-1 takes a second launch.
-  - dk = 128 (where that program spills and needs 256 KB of shared memory): XLA, float32
-    Grams of each segment and batched Cholesky inverses (`vla_jax.ops.utils.spd_inverse`);
-    or, with `KernelConfig.start_inverse` "tiles", the same kernels: `vla_segment_grams` at
-    `WIDE_GRAM_WARPS`, and `vla_spd_inverse` on 32 x 32 tiles (with or without the Newton
-    step) that go through a global-memory workspace of the program instead of its registers
-    (`_workspace_inverse_kernel`).
+  - dk = 128 (where that program spills and needs 256 KB of shared memory): for float32
+    states (`KernelConfig.start_inverse` "tiles", the plan's choice) the same kernels:
+    `vla_segment_grams` at `WIDE_GRAM_WARPS`, and `vla_spd_inverse` on 32 x 32 tiles (with or
+    without the Newton step) that go through a global-memory workspace of the program
+    instead of its registers (`_workspace_inverse_kernel`); for float64 states, or with
+    start_inverse "xla", XLA: float32 Grams of each segment and batched Cholesky inverses
+    (`vla_jax.ops.utils.spd_inverse`).
 """
 
 import functools

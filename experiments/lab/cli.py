@@ -4,6 +4,7 @@ of a run of several processes.
 
     app.run(main, flags_parser=cli.parse_flags)      # and in main: `with cli.user_errors():`
     cli.define_process_flags()                       # and first in main: cli.start_processes()
+    cli.define_kernel_option_flags("calls")          # and in main: cli.kernel_options()
 """
 
 import contextlib
@@ -110,6 +111,25 @@ def define_process_flags():
       lambda f: None in (f["num_processes"], f["process_id"])
       or f["process_id"] < f["num_processes"],
       message="--process_id must be below --num_processes")
+
+
+KERNEL_OPTIONS = {"block_factor": ("elimination", "newton"), "start_inverse": ("xla", "tiles"),
+                  "penalty_layout": ("rows", "transposed")}
+
+
+def define_kernel_option_flags(calls):
+  """Defines --block_factor, --start_inverse and --penalty_layout: the `KernelConfig` options
+  of the script's calls (`calls` names them in the help), each "plan" (the plan's choice) by
+  default."""
+  for name, forms in KERNEL_OPTIONS.items():
+    flags.DEFINE_enum(name, "plan", ["plan", *forms],
+                      f"KernelConfig.{name} of the {calls} (plan: the plan's choice).")
+
+
+def kernel_options():
+  """{option: the form named, or None for "plan"} of `define_kernel_option_flags`' flags."""
+  return {name: None if flags.FLAGS[name].value == "plan" else flags.FLAGS[name].value
+          for name in KERNEL_OPTIONS}
 
 
 def start_processes(program):

@@ -29,8 +29,9 @@ def _plan(config=KernelConfig(), low=False, acc=jnp.float32, dk=64, dv=64, BH=12
     (dict(precision=jax.lax.DotAlgorithmPreset.BF16_BF16_F32), 16, 16, "precision"),
     (dict(block_factor="cholesky"), 16, 16, "block_factor"),
     (dict(start_inverse="cusolver"), 16, 16, "start_inverse"),
-    (dict(penalty_layout="columns"), 16, 16, r"penalty_layout must be one of \('rows', "
-                                             r"'transposed'\); got 'columns'")])
+    (dict(penalty_layout="columns"), 16, 16, r"penalty_layout must be None \(the plan's "
+                                             r"choice\) or one of \('rows', 'transposed'\); "
+                                             r"got 'columns'")])
 def test_bad_options_raise(kw, dk, dv, match):
   with pytest.raises(ValueError, match=match):
     KernelConfig(**kw).validate(dk, dv)
@@ -57,8 +58,30 @@ def test_default_products_follow_the_inputs():
   assert (f32.inverse_dot, f32.gram_dot) == (TF32X3, TF32X3) and not f32.low
   assert f32.store == jnp.float32
   # The Newton block factor's products: one TF32 pass for bfloat16 and one-pass TF32 scans.
-  assert bf.block_factor == "elimination" and bf.newton_dot == f32.newton_dot == TF32
-  assert _plan(KernelConfig(block_factor="newton")).block_factor == "newton"
+  assert bf.newton_dot == f32.newton_dot == TF32
+
+
+def test_the_plans_penalty_forms():
+  """Where the config leaves them None: the Newton block factor at every dk; at dk = 128 the
+  transposed layout and the segment starts in the kernels for float32 states (float64 ones
+  in XLA); at dk <= 64 the rows layout (and the starts in the kernels, as with every form).
+  A form the config names wins at every dk."""
+  for low, acc in ((False, jnp.float32), (True, jnp.float32), (False, jnp.float64)):
+    for dk in (64, 128):
+      plan = _plan(low=low, acc=acc, dk=dk, dv=dk)
+      assert plan.block_factor == "newton"
+      assert plan.penalty_layout == ("transposed" if dk == 128 else "rows")
+      assert plan.inverse_kernel == (dk == 64 or acc == jnp.float32), (low, acc, dk)
+      forced = KernelConfig(block_factor="elimination", start_inverse="xla",
+                            penalty_layout="rows" if dk == 128 else "transposed")
+      plan = _plan(forced, low=low, acc=acc, dk=dk, dv=dk)
+      assert plan.block_factor == "elimination"
+      assert plan.penalty_layout == ("rows" if dk == 128 else "transposed")
+      assert plan.inverse_kernel == (dk == 64), (low, acc, dk)
+  assert _plan(KernelConfig(start_inverse="tiles"), acc=jnp.float64, dk=128,
+               dv=128).inverse_kernel is False
+  assert _plan(KernelConfig(block_factor="newton", start_inverse="tiles",
+                            penalty_layout="transposed"), dk=128, dv=128) == _plan(dk=128, dv=128)
 
 
 def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
@@ -67,20 +90,21 @@ def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
   matrix spills there), every other choice as with "xla"; at dk <= 64 it changes nothing."""
   tiles = KernelConfig(start_inverse="tiles")
   for low in (False, True):
-    xla, kernel = (_plan(cfg, low=low, dk=128, dv=128) for cfg in (KernelConfig(), tiles))
+    xla, kernel = (_plan(cfg, low=low, dk=128, dv=128)
+                   for cfg in (KernelConfig(start_inverse="xla"), tiles))
     assert not xla.inverse_kernel and kernel.inverse_kernel and kernel.inverse_tile == 32
     assert kernel.newton_step == (not low)
     assert dataclasses.replace(kernel, inverse_kernel=False) == xla
-    assert _plan(tiles, low=low) == _plan(low=low)
+    assert _plan(tiles, low=low) == _plan(KernelConfig(start_inverse="xla"), low=low)
   assert not _plan(tiles, acc=jnp.float64, dk=128, dv=128).inverse_kernel
 
 
-def test_penalty_layout_is_the_configs():
-  """The penalty path's layout is the user's choice (default "rows"), at every head dim."""
-  assert _plan().penalty_layout == "rows"
+def test_penalty_layout_is_the_configs_where_named():
+  """A penalty layout the config names is the plan's at every head dim."""
   for dk in (16, 128):
-    plan = _plan(KernelConfig(penalty_layout="transposed"), low=True, dk=dk, dv=dk)
-    assert plan.penalty_layout == "transposed"
+    for layout in ("rows", "transposed"):
+      plan = _plan(KernelConfig(penalty_layout=layout), low=True, dk=dk, dv=dk)
+      assert plan.penalty_layout == layout
 
 
 @pytest.mark.parametrize("low", [False, True])
@@ -124,11 +148,12 @@ def test_scan_warps_and_segments():
 
 
 def test_segment_start_inverses():
-  """The Pallas inverse at dk <= 64, XLA at 128. Exact starts for float32 states at HIGH and
-  HIGHEST (bfloat16 inputs there too) and with bfloat16 products, not for one-pass TF32
-  products or float64; the float32 Newton step only on direct starts of float32 DEFAULT and
-  float64, 32 x 32 tiles without it."""
-  assert _plan().inverse_kernel and not _plan(dk=128, dv=128).inverse_kernel
+  """The Pallas inverse at dk <= 64, XLA at 128 with start_inverse "xla". Exact starts for
+  float32 states at HIGH and HIGHEST (bfloat16 inputs there too) and with bfloat16 products,
+  not for one-pass TF32 products or float64; the float32 Newton step only on direct starts of
+  float32 DEFAULT and float64, 32 x 32 tiles without it."""
+  assert _plan().inverse_kernel
+  assert not _plan(KernelConfig(start_inverse="xla"), dk=128, dv=128).inverse_kernel
   f32, bf, f64 = _plan(), _plan(low=True), _plan(acc=jnp.float64)
   assert bf.exact_starts and not (f32.exact_starts or f64.exact_starts)
   assert f32.newton_step and f32.inverse_tile is None and f64.newton_step

@@ -41,10 +41,9 @@ def _lowered_once(dtype, shape, precision, grad, *settings):
 
 
 def _kernels(dtype, shape, precision=jax.lax.Precision.DEFAULT, grad=True, text=False,
-             segment_ids=None, block_factor="elimination", start_inverse="xla",
-             penalty_layout="rows"):
+             segment_ids=None, block_factor=None, start_inverse=None, penalty_layout=None):
   """Sorted names of the Pallas kernels in the lowered forward (or gradient); with text, also
-  the StableHLO."""
+  the StableHLO. The penalty path's forms: the plan's, or those named."""
   settings = (block_factor, start_inverse, penalty_layout)
   hlo = (_lowered_once(dtype, shape, precision, grad, *settings) if segment_ids is None
          else _lowered(dtype, shape, precision, grad, segment_ids, *settings))
@@ -96,30 +95,32 @@ def test_large_gain_blocks_compile_a_second_scan():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d128(dtype):
-  """dk = 128: segment starts in XLA; float32 operands take the chunk-local VJP as XLA
-  products (the kernel would need 352 KB of shared memory), bfloat16 ones the kernel."""
-  shape = (1, 64, 1, 128, 128, 64)
+  """dk = 128 (two one-chunk segments): segment starts in the kernels (the plan's "tiles"),
+  the transposed penalty path; float32 operands take the chunk-local VJP as XLA products (the
+  kernel would need 352 KB of shared memory), bfloat16 ones the kernel."""
+  shape = (1, 128, 1, 128, 128, 64)
   local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
-  assert _kernels(dtype, shape) == sorted(["vla_penalty_scan"] + SPLIT_FWD + SPLIT_BWD
-                                          + local_vjp)
+  assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD + local_vjp)
 
 
 @pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "DEFAULT"),
                                              (jnp.float32, "HIGHEST")],
                          ids=["bf16", "f32", "f32_highest"])
 def test_tiled_starts_lower_at_d128(dtype, precision):
-  """start_inverse="tiles" at dk = 128 (two one-chunk segments): the Gram kernel (8 warps;
-  not for float32 exact starts, whose Grams are float64 XLA) and the inverse kernel on
-  tiles in a workspace (barriers between its phases; with the float32 Newton step for
-  float32 at DEFAULT) lower for the H200, each product at the plan's precision."""
+  """The segment starts at dk = 128 (two one-chunk segments) in the plan's form, "tiles": the
+  Gram kernel (8 warps; not for float32 exact starts, whose Grams are float64 XLA) and the
+  inverse kernel on tiles in a workspace (barriers between its phases; with the float32
+  Newton step for float32 at DEFAULT) lower for the H200, each product at the plan's
+  precision."""
   p = getattr(jax.lax.Precision, precision)
   shape = (1, 128, 1, 128, 128, 64)
   grams = [] if precision == "HIGHEST" else ["vla_segment_grams"]
-  assert _kernels(dtype, shape, p, grad=False, start_inverse="tiles") == sorted(
+  assert _kernels(dtype, shape, p, grad=False) == sorted(
       ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"] + grams + SPLIT_FWD)
-  cfg = KernelConfig(chunk_size=64, precision=p, start_inverse="tiles")
+  cfg = KernelConfig(chunk_size=64, precision=p)
   plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float32, dk=128, dv=128, BH=1, N=2,
                   interpret=False)
+  assert plan.inverse_kernel
   spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
   args = [spec(1, 128, 1, 128)] * 4 + [spec(1, 1, 128, 128, dt=jnp.float32)] * 2
   products = _products(lambda *a: vla_pallas(*a, config=cfg, interpret=False), args)
@@ -179,34 +180,35 @@ def test_precisions_lower(precision):
 
 @pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "HIGHEST")],
                          ids=["bf16", "f32_highest"])
-def test_newton_block_factor_lowers(dtype, precision):
-  """block_factor="newton": the penalty scan's guarded Newton steps (a branch on one scalar
-  per block, inside the block loop) lower, forward and gradient, packed documents too."""
+def test_elimination_block_factor_lowers(dtype, precision):
+  """block_factor="elimination" (the elimination in every block, without the plan's guarded
+  Newton steps, which the default kernels lower) lowers, forward and gradient, packed
+  documents too."""
   shape, p = (1, 100, 2, 64, 64, 32), getattr(jax.lax.Precision, precision)
   fwd = EXACT_FWD if precision == "HIGHEST" else SCAN_FWD
-  assert _kernels(dtype, shape, p, block_factor="newton") == sorted(
+  assert _kernels(dtype, shape, p, block_factor="elimination") == sorted(
       fwd + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
   ids = jnp.asarray(np.arange(100).reshape(1, 100) // 23, jnp.int32)
   assert "vla_penalty_scan" in _kernels(dtype, shape, p, grad=False, segment_ids=ids,
-                                        block_factor="newton")
+                                        block_factor="elimination")
 
 
 @pytest.mark.parametrize("dtype,precision,d", [(jnp.bfloat16, "DEFAULT", 128),
                                                (jnp.float32, "HIGH", 16)],
                          ids=["bf16_d128", "f32_high_d16"])
-def test_transposed_penalty_layout_lowers(dtype, precision, d):
-  """penalty_layout="transposed": the penalty scan's transposed products (the carried A the
-  left operand of [dk, 16] products and the downdate's accumulator; bfloat16 parts, or
-  three-pass TF32) and the u-cotangent kernel's F = E + E^T lower for the H200 in the
-  gradient (which runs the forward scan too), bfloat16 at d = 128 plain and with packed
-  documents, float32 at HIGH at d = 16 with block_factor "newton"; in the penalty scan the
-  [dk, dk] operand of every product is the left one."""
+def test_penalty_layouts_lower(dtype, precision, d):
+  """The penalty layout the plan does not pick at each head dim (the plan's lowers in the
+  default kernels' tests) lowers for the H200 in the gradient (which runs the forward scan
+  too): the rows layout (the carried A the right operand of [16, dk] products, the
+  u-cotangent kernel's U E + U E^T) bfloat16 at d = 128 plain and with packed documents; the
+  transposed one (A the left operand of [dk, 16] products and the downdate's accumulator,
+  the u-cotangent kernel's F = E + E^T) float32 at HIGH (three-pass TF32) at d = 16. In the
+  transposed penalty scan the [dk, dk] operand of every product is the left one."""
   p = getattr(jax.lax.Precision, precision)
   ids = jnp.asarray(np.arange(64).reshape(1, 64) // 23, jnp.int32)
   for segment_ids in (None, ids) if d == 128 else (None,):
     names = _kernels(dtype, (1, 64, 1, d, d, 64), p, segment_ids=segment_ids,
-                     block_factor="newton" if d == 16 else "elimination",
-                     penalty_layout="transposed")
+                     penalty_layout="rows" if d == 128 else "transposed")
     assert {"vla_penalty_scan", "vla_row_cotangents", "vla_adjoint_du"} <= set(names)
   cfg = KernelConfig(chunk_size=64, precision=p, penalty_layout="transposed")
   spec = lambda *s, dt=dtype: jax.ShapeDtypeStruct(s, dt)
@@ -232,8 +234,8 @@ def _products(fn, args):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_highest_leaves_no_tf32_or_bf16_product(dtype):
   """precision=HIGHEST: every product of every kernel and XLA part of the forward and the
-  gradient is HIGHEST (Triton: IEEE float32), at d = 64 and at d = 128 (XLA segment starts,
-  XLA chunk-local VJP for float32)."""
+  gradient is HIGHEST (Triton: IEEE float32), at d = 64 and at d = 128 (the tiled segment
+  starts, XLA chunk-local VJP for float32)."""
   for d in (64, 128):
     cfg = KernelConfig(chunk_size=32, precision=jax.lax.Precision.HIGHEST)
     fwd = lambda *a: vla_pallas(*a, config=cfg, interpret=False)

@@ -10,6 +10,7 @@ import pytest
 
 from kernel_checks import anisotropic_u, assert_close, plan_for, rel, unit_np
 from vla_jax.kernels import KernelConfig
+from vla_jax.kernels.config import PENALTY_LAYOUTS
 from vla_jax.kernels.penalty_backward import du_segment_chunks, penalty_path, u_cotangents
 from vla_jax.kernels.penalty_scan import GAIN_LIMIT
 from vla_jax.kernels.vla import document_indices
@@ -48,15 +49,17 @@ def test_du_segment_chunks():
   assert [du_segment_chunks(n) for n in (1, 5, 9, 10, 64, 512)] == [1, 5, 3, 5, 8, 8]
 
 
+@pytest.mark.parametrize("layout", PENALTY_LAYOUTS)
 @pytest.mark.parametrize("d", [32, 128])
-def test_u_cotangents(x64, d):
+def test_u_cotangents(x64, d, layout):
   """The u-cotangent kernel against du_s = -(D_s + D_s^T) u_s, D_s = sum_{t >= s} Z_t W_t^T
-  + X (X: E of the one segment's last chunk), in float64."""
+  + X (X: E of the one segment's last chunk), in float64, in both layouts (E, or the
+  symmetric F = E + E^T)."""
   N, C = 3, 16
   rng = np.random.default_rng(7)
   U, W, Z = (rng.standard_normal((1, 1, N, C, d)) for _ in range(3))
   X = rng.standard_normal((1, 1, 1, d, d))
-  plan = plan_for(KernelConfig(chunk_size=C), np.float64, d, d, 1, N)
+  plan = plan_for(KernelConfig(chunk_size=C, penalty_layout=layout), np.float64, d, d, 1, N)
   du = u_cotangents(*(jnp.asarray(x) for x in (U, W, Z, X)), plan=plan, warps=4)
   u, w, z = (x.reshape(N * C, d) for x in (U, W, Z))
   D = X[0, 0, 0] + np.cumsum((z[:, :, None] * w[:, None, :])[::-1], axis=0)[::-1]

@@ -13,7 +13,7 @@ from kernel_checks import (anisotropic_u, assert_close, isotropic_u, penalty_row
                            rel, unit_np)
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.common import NEWTON_RADIUS
-from vla_jax.kernels.config import PENALTY_LAYOUTS
+from vla_jax.kernels.config import BLOCK_FACTORS, PENALTY_LAYOUTS
 from vla_jax.kernels.penalty_scan import (FAST_GAIN, block_deviations, large_gains,
                                           penalty_forward, unguarded)
 
@@ -137,19 +137,21 @@ def test_bfloat16_one_long_segment_anisotropic_u(layout):
   assert max(errors.values()) < 1e-2, errors
 
 
+@pytest.mark.parametrize("factor", BLOCK_FACTORS)
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32_highest"])
-def test_newton_block_factor(x64, dtype):
-  """block_factor="newton" against the float64 oracle: unit-norm anisotropic u from
-  A0 = 10 I (lam0 = 0.1), so that the early blocks' ||G - I||_F exceed NEWTON_RADIUS (the
-  elimination) and the later ones do not (Newton steps); two segments. `block_deviations`
-  (from the scan's residuals) gives the oracle's ||U A U^T||_F of every block."""
+def test_block_factors(x64, dtype, factor):
+  """Both block factors against the float64 oracle: unit-norm anisotropic u from A0 = 10 I
+  (lam0 = 0.1), so that the early blocks' ||G - I||_F exceed NEWTON_RADIUS (where "newton"
+  takes the elimination) and the later ones do not (its Newton steps); two segments.
+  `block_deviations` (from the scan's residuals) gives the oracle's ||U A U^T||_F of every
+  block."""
   T, b = 192, 16
   rng = np.random.default_rng(4)
   k = rng.standard_normal((B, T, H, dk))
   u = np.swapaxes(anisotropic_u(rng, B, H, T, dk, norm=1.0), 1, 2)
   A0 = np.broadcast_to(10 * np.eye(dk), (B, H, dk, dk))
   N = T // C
-  cfg = KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST, block_factor="newton")
+  cfg = KernelConfig(chunk_size=C, precision=jax.lax.Precision.HIGHEST, block_factor=factor)
   plan = plan_for(cfg, dtype, dk, dk, B * H, N, segment_chunks=N // 2, segments=2)
   head = lambda x: jnp.asarray(np.swapaxes(x, 1, 2), dtype)
   a, W, Y, A_chunks, _, A_T = jax.jit(lambda *x: penalty_forward(plan, *x, both=True))(
@@ -158,6 +160,8 @@ def test_newton_block_factor(x64, dtype):
   assert_close(W, W_ref, dtype, "W")
   assert_close(a, unit_np(W_ref, 1e-12), dtype, "a")
   assert_close(A_T, A_ref, dtype, "A_T")
+  if factor != "newton":
+    return
   dev = np.asarray(block_deviations(head(u).reshape(B * H, T, dk), Y, A_chunks, C))
   U = np.swapaxes(u, 1, 2).reshape(B * H, T, dk)
   want = [[np.linalg.norm(U[i, j:j + b] @ (A0[0, 0] if j == 0 else _reference(

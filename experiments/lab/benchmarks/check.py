@@ -226,9 +226,9 @@ def _reference_fns(chunk):
 
 
 # The `KernelConfig` options a check runs with (check_kernels.py's flags of the same names)
-# and their defaults; every VLA row records all of them (the report's row key holds them).
-OPTION_DEFAULTS = {"block_factor": "elimination", "start_inverse": "xla",
-                   "penalty_layout": "rows"}
+# and their defaults, None: the plan's choice (`KernelConfig.plan`); every VLA row records
+# all of them (the report's row key holds them).
+OPTION_DEFAULTS = {"block_factor": None, "start_inverse": None, "penalty_layout": None}
 
 
 def kernel_options(options):

@@ -726,6 +726,21 @@ def memory_block(data, plot_paths, out_path):
   return "\n".join(md + plot_lines(plot_paths, "memory_vs_T.png", out_path)) or "No timed rows."
 
 
+# The check rows' `KernelConfig` forms (`check.OPTION_DEFAULTS`' names) that a row's impl
+# leaves unnamed: None (the plan's choice) and, in a row that records all three by name (a
+# check run while these were the options' defaults), these.
+NAMED_DEFAULTS = {"block_factor": "elimination", "start_inverse": "xla",
+                  "penalty_layout": "rows"}
+
+
+def forced_forms(row):
+  """["name=form", ...]: the `KernelConfig` forms a check row ran that were not its defaults."""
+  forms = {k: row.get(k) for k in check.OPTION_DEFAULTS}
+  named = None not in forms.values()
+  return [f"{k}={v}" for k, v in forms.items()
+          if v is not None and not (named and v == NAMED_DEFAULTS[k])]
+
+
 def correctness_block(rows):
   """The check rows (`experiments/check_kernels.py`) as a table of relative errors against a
   float64 reference."""
@@ -748,8 +763,7 @@ def correctness_block(rows):
     if r.get("forward_bound"):
       bounds += f"; o, S, A {fmt(r['forward_bound'])}"
     ratio, name = worst_to_bound(r)
-    options = [f"{k}={r[k]}" for k, v in check.OPTION_DEFAULTS.items()
-               if r.get(k) not in (None, v)]
+    options = forced_forms(r)
     impl = f"{r.get('impl')} ({', '.join(options)})" if options else r.get("impl")
     body.append([r.get("op") or "vla", r.get("d"), impl, r.get("dtype"), r.get("precision") or "-",
                  r.get("u") or "-", "yes" if r.get("packed") else "-",

@@ -14,7 +14,9 @@ Not in the default suite (--rows selects them):
   vla_kernel_elimination, vla_kernel_newton
                      `vla_pallas` itself (S0 = 0, A0 = I; no op wrapper) with
                      `KernelConfig.block_factor` "elimination" or "newton": the penalty scan's
-                     two block factors, timed in one run
+                     two block factors, timed in one run. Each vla_kernel_* row forces its
+                     forms and leaves the others to the plan (`KernelConfig.plan`), so the
+                     row of the form the plan picks runs the plan's kernels
   vla_kernel_start_xla, vla_kernel_start_tiles
                      the same with `KernelConfig.start_inverse` "xla" or "tiles": the
                      segment starts at d = 128 in XLA or in the kernels (at d = 64 both run
@@ -26,8 +28,8 @@ Not in the default suite (--rows selects them):
                      the M side, the carried A the left operand), and the u-cotangent
                      kernel's E or F = E + E^T
   vla_kernel_combined
-                     the same with the three options above that are not the defaults
-                     together (newton, transposed, tiles)
+                     the same with newton, transposed and tiles together (the plan's forms
+                     at d = 128; at d = 64 the plan takes the rows layout)
   state_path_triton  the state path alone (`kernels.state_path`, the generalised delta rule):
                      unit erase keys e, write keys w = unit(e + n / 2), n ~ N(0, I / d), q, v
                      read in place, e and w made head-major float32 inside the timed call (as
@@ -64,7 +66,8 @@ class RowSpec:
   default: bool = True    # in the suite behind BENCHMARKS.md
 
 
-# The `KernelConfig` options of the vla_kernel_* rows, by impl.
+# The `KernelConfig` options of the vla_kernel_* rows, by impl (the options not named: the
+# plan's choice).
 KERNEL_OPTIONS = {"kernel_elimination": {"block_factor": "elimination"},
                   "kernel_newton": {"block_factor": "newton"},
                   "kernel_start_xla": {"start_inverse": "xla"},

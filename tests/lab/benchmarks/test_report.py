@@ -120,6 +120,19 @@ def test_correctness_table_names_each_rows_worst_error_against_its_bound():
   assert report.worst_to_bound(rows_[0]) == (pytest.approx(0.75), "S")
 
 
+def test_correctness_table_names_the_forms_a_row_forced():
+  """A check row at the plan's choice records None and names no form; one that forces a form
+  names it (elimination included); a row that records all three by name (run while
+  elimination, xla and rows were the defaults) names only the others."""
+  plan = check.kernel_options({})
+  assert report.forced_forms(plan) == []
+  assert report.forced_forms({**plan, "block_factor": "elimination"}) == [
+      "block_factor=elimination"]
+  named = {"block_factor": "elimination", "start_inverse": "xla", "penalty_layout": "rows"}
+  assert report.forced_forms(named) == []
+  assert report.forced_forms({**named, "start_inverse": "tiles"}) == ["start_inverse=tiles"]
+
+
 def test_drift_rows_of_each_lam0_are_kept_and_a_non_finite_row_fails(tmp_path):
   def row(u, lam0, err, finite=True):
     return {**check.DriftCase(u, 16384, lam0, 64).__dict__, "op": "vla", "impl": "pallas",
