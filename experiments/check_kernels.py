@@ -41,8 +41,8 @@ Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (defau
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
 `DRIFT_RATIO`) or is not finite.
---smoke: two tiny cases (one packed), a tiny drift pair and a tiny case of each baseline in
---ops, on the CPU in interpret mode.
+--smoke: two tiny cases (one packed), a tiny drift pair, a tiny long run (T = 64) and a tiny
+case of each baseline in --ops, on the CPU in interpret mode.
 """
 
 import dataclasses
@@ -73,8 +73,9 @@ _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baseli
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
                         "--block_factor, --newton_fallback, --start_inverse and "
                         "--penalty_layout apply to vla).")
-_SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed) and a drift pair on "
-                            "the CPU (interpret mode), and a tiny case of each baseline in --ops.")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed), a drift pair and a "
+                            "long run (T = 64) on the CPU (interpret mode), and a tiny case of "
+                            "each baseline in --ops.")
 flags.mark_flag_as_required("name")
 
 
@@ -110,7 +111,7 @@ def main(argv):
   rec = records.Recorder(os.path.join(_OUT_DIR.value, _NAME.value + ".jsonl"))
   rec.header({"suite": "check", "cases": [dataclasses.asdict(c) for c in cases],
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
-              "long_T": 0 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
+              "long_T": 64 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
   options = dict(cli.kernel_options(), fallback=_FALLBACK.value)
   for case in cases:
@@ -124,8 +125,10 @@ def main(argv):
   failed += [r for r in drift_rows if r["status"] != "ok"]
   if drift_rows:
     print(check.drift_table(drift_rows), flush=True)
-  if _LONG_T.value and not _SMOKE.value and "vla" in _OPS.value:
-    row = rec.row(**check.long_run(_LONG_T.value, **kernel))
+  if "vla" in _OPS.value and (_LONG_T.value or _SMOKE.value):
+    # The smoke run's long run is tiny (interpret mode): the path, not the length.
+    size = dict(T=64, H=2, d=16, chunk=16) if _SMOKE.value else dict(T=_LONG_T.value)
+    row = rec.row(**check.long_run(**size, **cli.kernel_options()))
     if row["status"] != "ok":
       failed.append(row)
   print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),

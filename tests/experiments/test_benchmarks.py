@@ -77,6 +77,9 @@ def test_bench_and_check_smoke_then_report(runs):
   _, rows = _rows(bench / "check.jsonl")
   checks = [r for r in rows if r["pass"] == "check"]
   drift = [r for r in rows if r["pass"] == "drift"]
+  long = [r for r in rows if r["pass"] == "long"]   # a tiny one: the path runs
+  assert [(r["T"], r["status"], r["finite"]) for r in long] == [(64, "ok", True)], long
+  assert {k: long[0][k] for k in KERNEL_OPTIONS} == KERNEL_OPTIONS, long
   assert [r["status"] for r in checks] == ["ok", "ok", "ok"], checks
   assert [(r["op"], r["packed"]) for r in checks] == [
       ("vla", False), ("vla", True), ("linear_attention", False)], checks
