@@ -283,7 +283,6 @@ def segment_start_inverses(u, A0, S, L, *, plan, token_major=False):
   u: [B, H, T_pad, dk] head-major (zero-padded to S * L here), or with token_major the
   caller's [B, S * L, H, dk] (any float dtype, read in place; not for the exact form with
   float64 Grams). A0: [B, H, dk, dk]."""
-  B, H, dk = A0.shape[0], A0.shape[1], A0.shape[-1]
   inverse = functools.partial(_direct_inverses, plan=plan)
   if plan.exact_starts:
     # bfloat16 u (bfloat16 products): every product u_i u_j is exact in float32, and the
