@@ -223,11 +223,11 @@ def test_caches_and_batch_sizes_are_checked():
       mixer.step(x[:, 0], cache)
   for bad in (-1, 2.0, True):
     for init in (vla.init_cache, lambda b: attention.init_cache(b, 4)):
-      with pytest.raises(ValueError, match=rf"batch_size must be an int >= 0; got {bad!r}"):
+      with pytest.raises(ValueError, match=rf"batch_size must be an int >= 0; got {type(bad).__name__} {bad!r}"):
         init(bad)
   model = LanguageModel(ModelConfig(vocab_size=11, max_len=12, d_model=D_MODEL,
                                     num_heads=HEADS, num_layers=1), rngs=nnx.Rngs(0))
-  with pytest.raises(ValueError, match=r"batch_size must be an int >= 0; got -1"):
+  with pytest.raises(ValueError, match=r"LanguageModel: batch_size must be an int >= 0; got int -1"):
     model.init_cache(-1)
   with pytest.raises(TypeError, match="cache must be a ModelCache"):
     model.step(jnp.zeros((2,), jnp.int32), vla.init_cache(2))

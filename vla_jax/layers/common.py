@@ -399,13 +399,6 @@ def check_input(name, x, d_model, *, step=False):
                     f"float64); got {x.dtype}")
 
 
-def check_batch_size(name, batch_size):
-  """`batch_size` (of `init_cache`) as an int if it is one >= 0, else ValueError naming it."""
-  if not checks.is_int(batch_size) or batch_size < 0:
-    raise ValueError(f"{name}: batch_size must be an int >= 0; got {batch_size!r}")
-  return int(batch_size)
-
-
 def check_cache(name, cache, cls, expected, batch, arg):
   """Checks a streaming cache before a `prefill` or `step` of `batch` sequences (`arg`: the
   input, "x" or "x_t"): a `cls` (TypeError otherwise, None included) whose arrays have the

@@ -15,6 +15,7 @@ from jax.typing import DTypeLike
 
 from vla_jax import parallel
 from vla_jax.layers import common
+from vla_jax.ops import checks
 
 
 class RecurrentMixer(nnx.Module):
@@ -162,7 +163,7 @@ class RecurrentMixer(nnx.Module):
     """The empty streaming cache for `batch_size` (an int >= 0) sequences (`max_len` is not
     needed: the state has a fixed size)."""
     del max_len
-    batch_size = common.check_batch_size(type(self).__name__, batch_size)
+    batch_size = checks.check_size(f"{type(self).__name__}: batch_size", batch_size)
     return common.RecurrentCache(
         state=self._initial_state(batch_size),
         conv=common.empty_prefixes(self.conv, batch_size),

@@ -190,7 +190,7 @@ class SoftmaxAttention(nnx.Module):
     which slots hold real tokens, the number of slots written, `index` (memory grows with
     max_len, unlike the recurrences), and the short convolutions' input tails (() without
     convolution)."""
-    batch_size = common.check_batch_size(type(self).__name__, batch_size)
+    batch_size = checks.check_size(f"{type(self).__name__}: batch_size", batch_size)
     if not checks.is_int(max_len) or max_len <= 0:
       raise ValueError(f"{type(self).__name__}: a KV cache needs max_len > 0; got {max_len!r}")
     shape = (batch_size, int(max_len), self.num_heads, self.head_dim)

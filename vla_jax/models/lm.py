@@ -345,7 +345,7 @@ class LanguageModel(nnx.Module):
     """An empty streaming cache for `batch_size` (an int >= 0) sequences of up to `max_len`
     tokens (default model.max_len; softmax layers preallocate their KV cache to it, and padded
     tokens take room there too)."""
-    batch_size = common.check_batch_size("LanguageModel", batch_size)
+    batch_size = checks.check_size("LanguageModel: batch_size", batch_size)
     max_len = self.config.max_len if max_len is None else max_len
     if not 0 < max_len <= self.config.max_len:
       raise ValueError(f"cache max_len must be in [1, model.max_len={self.config.max_len}]; "
