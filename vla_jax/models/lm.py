@@ -487,14 +487,9 @@ def generate(model: LanguageModel, prompt: jax.Array, max_new_tokens: int, *,
 def _check_temperature(temperature):
   """`temperature` as a float if it is a finite real number >= 0 (Python, NumPy or a JAX
   scalar; not a str or bool), else ValueError naming it."""
-  if not (isinstance(temperature, (str, bytes, bool, np.bool_))
-          or getattr(temperature, "shape", ()) != ()):
-    try:
-      value = float(temperature)
-    except (TypeError, ValueError):
-      value = math.nan
-    if math.isfinite(value) and value >= 0:
-      return value
+  value = checks.nonnegative(temperature)
+  if value is not None:
+    return value
   raise ValueError(f"temperature must be a finite number >= 0; got {temperature!r}")
 
 

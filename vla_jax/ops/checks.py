@@ -62,6 +62,19 @@ def check_size(name, value):
   return int(value)
 
 
+def nonnegative(value):
+  """`value` as a float if it is a finite real number >= 0 (a Python, NumPy or JAX scalar; not
+  a str or bool), else None (callers raise their own error, naming what else they take)."""
+  if (isinstance(value, (str, bytes, bool, np.bool_)) or getattr(value, "shape", ()) != ()
+      or getattr(value, "dtype", None) == bool):
+    return None
+  try:
+    concrete = float(value)
+  except (TypeError, ValueError):
+    return None
+  return concrete if math.isfinite(concrete) and concrete >= 0 else None
+
+
 def check_bool(name, value):
   """`value` as a bool if it is a Python or NumPy bool, else ValueError naming the argument
   (a str such as "no" is not read for its truth)."""
