@@ -113,7 +113,8 @@ def main(argv):
               "drift_cases": [dataclasses.asdict(c) for c in drift_cases],
               "long_T": 64 if _SMOKE.value else _LONG_T.value, "smoke": _SMOKE.value})
   failed = []
-  options = dict(cli.kernel_options(), fallback=_FALLBACK.value)
+  kernel = cli.kernel_options()   # the forms named on the command line, None: the plan's
+  options = dict(kernel, fallback=_FALLBACK.value)
   for case in cases:
     row = rec.row(**(check_baselines.check_case(case) if isinstance(case, check_baselines.Case)
                      else check.check(case, **options)))
@@ -128,7 +129,7 @@ def main(argv):
   if "vla" in _OPS.value and (_LONG_T.value or _SMOKE.value):
     # The smoke run's long run is tiny (interpret mode): the path, not the length.
     size = dict(T=64, H=2, d=16, chunk=16) if _SMOKE.value else dict(T=_LONG_T.value)
-    row = rec.row(**check.long_run(**size, **cli.kernel_options()))
+    row = rec.row(**check.long_run(**size, **kernel))
     if row["status"] != "ok":
       failed.append(row)
   print(f"{rec.count} rows -> {rec.path}; " + (f"{len(failed)} FAILED" if failed else "all pass"),
