@@ -113,16 +113,19 @@ def define_process_flags():
       message="--process_id must be below --num_processes")
 
 
-KERNEL_OPTIONS = {"block_factor": ("elimination", "newton"), "start_inverse": ("xla", "tiles"),
-                  "penalty_layout": ("rows", "transposed")}
+KERNEL_OPTIONS = ("block_factor", "start_inverse", "penalty_layout")
 
 
 def define_kernel_option_flags(calls):
   """Defines --block_factor, --start_inverse and --penalty_layout: the `KernelConfig` options
   of the script's calls (`calls` names them in the help), each "plan" (the plan's choice) by
-  default."""
-  for name, forms in KERNEL_OPTIONS.items():
-    flags.DEFINE_enum(name, "plan", ["plan", *forms],
+  default, or one of the forms `vla_jax.kernels.config` lists (imported here: only the kernel
+  scripts pay for it)."""
+  from vla_jax.kernels import config  # pylint: disable=import-outside-toplevel
+  forms = {"block_factor": config.BLOCK_FACTORS, "start_inverse": config.START_INVERSES,
+           "penalty_layout": config.PENALTY_LAYOUTS}
+  for name in KERNEL_OPTIONS:
+    flags.DEFINE_enum(name, "plan", ["plan", *forms[name]],
                       f"KernelConfig.{name} of the {calls} (plan: the plan's choice).")
 
 
