@@ -126,6 +126,14 @@ INVERSE_KERNEL_UP_TO = 64
 # The penalty path's products transposed (penalty_layout "transposed") from this dk, on the
 # block's rows below it (the plan's choice; kernels/DESIGN.md, "Open questions" 6).
 TRANSPOSED_PENALTY_FROM_DK = 128
+# The differentiated penalty scan keeps A (the row cotangents' [dk, dk] residual) at every
+# this-many-th chunk start of each scan segment, the segment's first chunk included; the
+# row-cotangent kernel rebuilds a chunk start between them from the kept one and the
+# Woodbury rows of the up to CHUNK_START_STRIDE - 1 chunks between, downdate by downdate as
+# the scan carried A (kernels/DESIGN.md, "Penalty backward"). 4 quarters the residual (537 ->
+# 134 MB at d = 128, T = 4096, B = 8, H = 16) for up to 3 more [C, dk] blocks of Y and their
+# downdates a program; not timed on a GPU yet (open question 5). 1: every chunk start.
+CHUNK_START_STRIDE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +287,7 @@ class KernelConfig:
         # ~2^-16 of A: o 0.15 off at d = 64, |u| = 8, lam0 = 1e-3, gains 6e4, interpret mode.)
         accurate_dot=prec("tf32x3") if kind in ("bf16", "tf32") else None,
         scan_warps=scan_warps, segment_chunks=seg,
-        segments=-(-N // seg), exact_starts=exact,
+        segments=-(-N // seg), chunk_start_stride=CHUNK_START_STRIDE, exact_starts=exact,
         inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or (start_inverse == "tiles"
                                                       and jnp.dtype(acc) == jnp.float32),
         inverse_dot=prec(accurate), gram_dot=prec("bf16" if low else accurate),
@@ -339,6 +347,8 @@ class Plan:
       products resolve).
     scan_warps: warps of the penalty scans; segment_chunks: chunks per segment of the scan
       (one wave of programs); segments: segments per sequence.
+    chunk_start_stride: the differentiated scan keeps A at every this-many-th chunk start
+      of each segment (`CHUNK_START_STRIDE`); the row-cotangent kernel rebuilds the others.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
       ~eps at any T), else direct (float32 sums and inverses, error ~eps * cond(M)).
     inverse_kernel: segment starts (Grams and inverses) in the Pallas kernels (else XLA: at
@@ -378,6 +388,7 @@ class Plan:
   scan_warps: int
   segment_chunks: int
   segments: int
+  chunk_start_stride: int
   exact_starts: bool
   inverse_kernel: bool
   inverse_dot: object

@@ -11,11 +11,20 @@ cotangents dW_t of the rows and dA_T of A_T:
 
 (`vla_jax.ops.vla.penalty` has the derivation and the XLA form with the same backward). The
 cotangents arrive for the unit rows a_t = unit(W_t): dW_t = (da_t - a_t (a_t . da_t)) / |W_t|.
-Z needs A_t for every token, which the forward scan carried and did not keep; it kept A_c at
-each chunk start and the Woodbury rows y_s of its downdates (A_t = A_c - sum of y_s y_s^T
-over the chunk's tokens s <= t), so `vla_row_cotangents` forms, per chunk, in parallel
+Z needs A_t for every token, which the forward scan carried and did not keep; it kept the
+Woodbury rows y_s of its downdates (A_t = A_c - sum of y_s y_s^T over the chunk's tokens
+s <= t, A_c the inverse at the chunk start) and A_c at every `Plan.chunk_start_stride`-th
+chunk start of each scan segment, so `vla_row_cotangents` forms, per chunk, in parallel
 
+    A_c = A_k - Y_k^T Y_k - ... (k: the kept start; the downdates of the chunks between)
     Z = dW A_c - tril(dW Y^T) Y                  ([C, dk]; tril keeps s <= t)
+
+A_c is rebuilt as the scan carried it: block by block in the scan's order, each 16-token
+block's downdate with the scan's products (`penalty_scan.block_downdate`: its layout, its
+precision, or `Plan.accurate_dot` where the block's penalty gains passed
+`penalty_scan.GAIN_LIMIT`), so the rebuilt A_c is the carried one (bit for bit in interpret
+mode). Up to stride - 1 more [C, dk] blocks of Y a program, for a residual of
+ceil(chunks / stride) [dk, dk] matrices per segment instead of one per chunk.
 
 With bfloat16 or one-pass TF32 products (`Plan.accurate_dot`) Z cancels like the scan's
 downdates: the rows whose penalty gains (written by the forward scan) summed from the chunk
@@ -38,7 +47,8 @@ the carry.
 Packed documents (A restarts at reset * I; `docs`: chunk-relative document indices, see
 `common.doc_masks`): the sums over t >= s keep the same document. Z takes reset * dW in place
 of dW A_c for tokens of documents that start inside the chunk and masks tril(dW Y^T) to one
-document; the du kernel masks UW and UZ to one document, adds U E + U E^T only to the chunk's
+document; the rebuild of A_c restarts at reset * I as the scan does (a block with a document
+start downdates reset * I by its last document's rows); the du kernel masks UW and UZ to one document, adds U E + U E^T only to the chunk's
 last document and carries E <- (E if no document starts in the chunk, else 0) + Z_f^T W over
 the rows of its first document (F likewise, adding W^T Z_f too); the segments' E and dA0
 (the row's first document only) follow the same rule in XLA (`_packed_suffix_starts`).
@@ -51,10 +61,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts,
+from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts, eye,
                                     finite, iota, rows_spec, split_operand, unit_rows_vjp)
-from vla_jax.kernels.penalty_scan import (large_gains, past_gain_limit, penalty_forward,
-                                          unguarded)
+from vla_jax.kernels.config import SCAN_BLOCK
+from vla_jax.kernels.penalty_scan import (block_downdate, kept_chunk_starts, large_gains,
+                                          past_gain_limit, penalty_forward, unguarded)
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.utils import WRITE_EPS
 
@@ -64,15 +75,22 @@ DU_SEGMENT_CHUNKS = 8   # chunks a u-cotangent program carries E through (1,024 
 
 # ----------------------------------------------------------------------------- Z kernel
 
-def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset, accurate_dot):
-  # One (batch * head, chunk): ac_ref [dk, dk] A at the chunk start; y_ref (Woodbury rows),
-  # w_ref (rows A_t khat_t), da_ref (the unit rows' cotangents), z_ref [C, dk]. A and Y enter
-  # through `finite`: after a non-finite token they are NaN, and the zero cotangents there
-  # must not turn earlier rows into NaN. refs: with accurate_dot first g_ref [C] (the
-  # forward's penalty gains), with packed documents then rel_ref [C]; last z_ref.
-  g_ref = None
+def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, b, stride, segment_chunks, precision,
+              acc, reset, accurate_dot, transposed):
+  # One (batch * head, chunk n): ac_ref [dk, dk] A at the kept chunk start k <= n (every
+  # stride-th of the scan segment's `segment_chunks`); y_ref (Woodbury rows), w_ref (rows
+  # A_t khat_t), da_ref (the unit rows' cotangents), z_ref [C, dk]. A and Y enter through
+  # `finite`: after a non-finite token they are NaN, and the zero cotangents there must not
+  # turn earlier rows into NaN. refs: first the Woodbury rows of chunks k .. k + stride - 2
+  # (stride - 1 refs [C, dk]; those from n on are not read); with accurate_dot then g_ref [C]
+  # (the forward's penalty gains) and those chunks' gains; with packed documents then
+  # rel_ref [C] and those chunks' chunk-relative document indices; last z_ref. transposed:
+  # the scan's `Plan.penalty_layout` (the form of its downdates).
+  before = stride - 1
+  y_before, refs = refs[:before], refs[before:]
+  g_ref, g_before = None, (None,) * before
   if accurate_dot is not None:
-    g_ref, *refs = refs
+    g_ref, g_before, refs = refs[0], refs[1:1 + before], refs[1 + before:]
   r, c, _ = iota(C)
   dW = unit_rows_vjp(w_ref[...].astype(acc), da_ref[...].astype(acc), WRITE_EPS)
   Y = finite(y_ref[...].astype(acc))
@@ -80,11 +98,49 @@ def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset, acc
   lower = r >= c
   if reset is None:
     (z_ref,) = refs
-    first = None
+    first, rel_before = None, (None,) * before
   else:
-    rel_ref, z_ref = refs
+    rel_ref, rel_before, (z_ref,) = refs[0], refs[1:1 + before], refs[1 + before:]
     same, first, _, _ = doc_masks(rel_ref[...])
     lower = lower & same
+
+  def chunk_downdates(A, y_ref, g_ref, rel_ref):
+    # A after one earlier chunk, carried as the scan carried it: per block of b rows
+    # A <- (reset * I if a document starts in the block, else A) - Y^T Y over the block's
+    # (last document's) rows, in the scan's layout, at accurate_dot where the block's gains
+    # passed GAIN_LIMIT (the scan's large-gain pass), else at the scan's products.
+    _, _, w = iota(b)
+
+    def block(i, carry):
+      A, prev = carry                         # prev: the document before the block (rel)
+      rows = pl.ds(pl.multiple_of(i * b, b), b)
+      Yb, last = finite(y_ref[rows, :].astype(acc)), None
+      if rel_ref is not None:
+        d = rel_ref[rows]
+        top = jnp.max(d)
+        A = jnp.where(top != prev, reset * eye(A.shape[0], acc), A)
+        last, prev = d == top, top
+      if transposed:
+        Yb, last = Yb.T, None if last is None else last[None, :]
+      elif last is not None:
+        last = last[:, None]
+      step = lambda kind: block_downdate(A, Yb, functools.partial(dot, precision=kind),
+                                         transposed=transposed, last=last)
+      if g_ref is None:
+        return step(precision), prev
+      k = jnp.min(jnp.where(past_gain_limit(g_ref[rows].astype(acc)), w, b))
+      return jax.lax.cond(k < b, lambda: step(accurate_dot), lambda: step(precision)), prev
+
+    return jax.lax.fori_loop(0, C // b, block, (A, jnp.int32(0)))[0]
+
+  # A_c from the kept start k: the downdates of chunks k .. n - 1, in order.
+  since = jax.lax.rem(jax.lax.rem(pl.program_id(1), jnp.int32(segment_chunks)),
+                      jnp.int32(stride))
+  for j in range(before):
+    A_c = jax.lax.cond(
+        j < since, functools.partial(chunk_downdates, y_ref=y_before[j], g_ref=g_before[j],
+                                     rel_ref=rel_before[j]),
+        lambda A: A, A_c)
 
   def rows(mm, dWA):
     # Z = dW A_c - tril(dW Y^T) Y with products mm.
@@ -110,27 +166,44 @@ def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, precision, acc, reset, acc
   z_ref[...] = Z.astype(z_ref.dtype)
 
 
-def row_cotangents(A_chunks, Y, W, da, *, plan, warps, gains=None, rel=None, reset=None):
+def row_cotangents(A_kept, Y, W, da, *, plan, warps, gains=None, rel=None, reset=None):
   """Z [BH, N * C, dk] = A_t dW_t of every token (module docstring), grid (B * H, N).
-  A_chunks: [BH, >= N, dk, dk] A at each chunk start; Y, W: [BH, >= N * C, dk] the forward
-  scan's Woodbury rows and rows A_t khat_t; da: [BH, N * C, dk] the unit rows' cotangents.
-  gains: [BH, >= N * C], the forward's penalty gains, with `plan.accurate_dot` (rows past
-  `GAIN_LIMIT` from their chunk's start take Z at those products). rel: None, or
-  [BH, N * C] int32 chunk-relative document indices (A restarts at `reset` * I at every
-  document start)."""
+  A_kept: [BH, S * K, dk, dk] A at every `plan.chunk_start_stride`-th chunk start of each
+  scan segment (`penalty_scan.penalty_scan`; K = `kept_chunk_starts`); Y, W:
+  [BH, >= N * C, dk] the forward scan's Woodbury rows and rows A_t khat_t; da:
+  [BH, N * C, dk] the unit rows' cotangents. gains: [BH, >= N * C], the forward's penalty
+  gains, with `plan.accurate_dot` (rows past `GAIN_LIMIT` from their chunk's start take Z
+  at those products; the rebuilt chunk starts take the scan's large-gain blocks). rel:
+  None, or [BH, N * C] int32 chunk-relative document indices (A restarts at `reset` * I at
+  every document start). A program reads the kept start of its chunk's group and the
+  [C, dk] rows (gains, document indices) of the up to stride - 1 chunks between."""
   BH, T_pad, dk = da.shape
-  C = plan.chunk_size
+  C, Lc, stride = plan.chunk_size, plan.segment_chunks, plan.chunk_start_stride
+  K = kept_chunk_starts(Lc, stride)
+  # Grid indices are int32; lax.div and lax.rem on int32 operands (non-negative: no floor
+  # corrections) lower to Triton's integer division.
+  div = lambda n, m: jax.lax.div(n, jnp.int32(m))
+  rem = lambda n, m: jax.lax.rem(n, jnp.int32(m))
+  kept = lambda i, n: (i, div(n, Lc) * K + div(rem(n, Lc), stride), 0, 0)
+  # The j-th chunk from the kept start (clamped to n; read only where it precedes n).
+  between = [lambda i, n, j=j: jnp.minimum(n - rem(rem(n, Lc), stride) + j, n)
+             for j in range(stride - 1)]
   rows = rows_spec(C, dk)
-  in_specs = [pl.BlockSpec((None, None, dk, dk), lambda i, n: (i, n, 0, 0))] + [rows] * 3
-  args = [A_chunks, Y, W, da]
+  in_specs = ([pl.BlockSpec((None, None, dk, dk), kept)] + [rows] * 3
+              + [rows_spec(C, dk, time=t) for t in between])
+  args = [A_kept, Y, W, da] + [Y] * len(between)
   if plan.accurate_dot is not None:
-    in_specs, args = in_specs + [doc_spec(C)], args + [gains]
+    in_specs += [doc_spec(C)] + [doc_spec(C, time=t) for t in between]
+    args += [gains] * (1 + len(between))
   if rel is not None:
-    in_specs, args = in_specs + [doc_spec(C)], args + [rel]
+    in_specs += [doc_spec(C)] + [doc_spec(C, time=t) for t in between]
+    args += [rel] * (1 + len(between))
   return pl.pallas_call(
-      functools.partial(_z_kernel, C=C, precision=plan.factor_dot, acc=Y.dtype,
+      functools.partial(_z_kernel, C=C, b=SCAN_BLOCK, stride=stride, segment_chunks=Lc,
+                        precision=plan.factor_dot, acc=Y.dtype,
                         reset=None if rel is None else float(reset),
-                        accurate_dot=plan.accurate_dot),
+                        accurate_dot=plan.accurate_dot,
+                        transposed=plan.penalty_layout == "transposed"),
       grid=(BH, T_pad // C),
       in_specs=in_specs,
       out_specs=rows,

@@ -55,8 +55,10 @@ The one kernel runs in two roles (`penalty_scan`'s `role`):
   "unit"  the inference forward: unit rows a_t (optionally from raw keys read in place);
   "both"  the differentiated forward: unit rows and the adjoint's residuals, namely the rows
           W_t = A_t khat_t, the Woodbury rows Y (A after token t is A_c - sum y_s y_s^T over
-          the chunk's tokens s <= t) and A_c at every chunk start, from which
-          `penalty_backward.py` forms A_t dW_t for all tokens in parallel.
+          the chunk's tokens s <= t) and A_c at every `Plan.chunk_start_stride`-th chunk
+          start of each segment (its first chunk's included), from which
+          `penalty_backward.py` rebuilds the chunk starts between (`block_downdate`, block by
+          block as this kernel carried A) and forms A_t dW_t for all tokens in parallel.
 """
 
 import dataclasses
@@ -64,6 +66,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 
 from vla_jax.kernels.common import (chol_inv, compiler_params, doc_spec, dot, dot_parts, eye,
@@ -107,17 +110,32 @@ def past_gain_limit(gain):
   return jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
 
 
+def block_downdate(A, Y, mm, *, transposed=False, last=None):
+  """A after one block's downdate as the scan carries it: A - Y^T Y of the block's Woodbury
+  rows Y [b, dk] (layout "rows"), or A + (-Y^T) Y of its columns Y^T [dk, b], passed as Y
+  ("transposed": A the product's accumulator); with packed documents over the rows (columns)
+  where `last` ([b, 1] / [1, b] bool, the block's last document) holds. mm: the block's
+  products (`dot` at `Plan.factor_dot`, or `Plan.accurate_dot` in a block past
+  GAIN_LIMIT). The row-cotangent kernel rebuilds the chunk starts the scan did not keep with
+  it (`penalty_backward.py`): the same products on the same rows give the same A."""
+  Y_last = Y if last is None else jnp.where(last, Y, 0.0)
+  if transposed:
+    return A + mm(-Y, Y_last, tb=True)
+  return A - mm(Y, Y_last, ta=True)
+
+
 # ----------------------------------------------------------------------------- kernel
 
-def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precision, acc,
-                 reset, newton_dot, accurate_dot, transposed):
+def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, stride, role, unit_keys, precision,
+                 acc, reset, newton_dot, accurate_dot, transposed):
   # Inputs: a0_ref [dk, dk] (segment-start inverse), e_ref, u_ref [L, dk] (keys, penalty
   # directions); with reset (packed documents) also d_ref [L] (document indices). Outputs:
   # ah_ref [L, dk] (unit rows); for "both" also wr_ref, y_ref [L, dk] (rows A_t khat_t,
-  # Woodbury rows), ac_ref [L / C, dk, dk] (A at each chunk start) and, with accurate_dot,
-  # g_ref [L] (penalty gains); last at_ref [dk, dk] (segment-end inverse). accurate_dot:
-  # None, or the products of rows past GAIN_LIMIT (module docstring). transposed: the
-  # block's products in `Plan.penalty_layout` "transposed" (`transposed_block`).
+  # Woodbury rows), ac_ref [ceil(L / C / stride), dk, dk] (A at every stride-th chunk start)
+  # and, with accurate_dot, g_ref [L] (penalty gains); last at_ref [dk, dk] (segment-end
+  # inverse). accurate_dot: None, or the products of rows past GAIN_LIMIT (module
+  # docstring). transposed: the block's products in `Plan.penalty_layout` "transposed"
+  # (`transposed_block`).
   d_ref = g_ref = None
   if reset is not None:
     d_ref, *outs = outs
@@ -158,7 +176,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
 
     def downdate(mm, A, Yt):
       # A - Y^T Y over the block's columns (packed: its last document's), A the accumulator.
-      return A + mm(-Yt, Yt if last is None else jnp.where(last, Yt, 0.0), tb=True)
+      return block_downdate(A, Yt, mm, transposed=True, last=last)
 
     mm = functools.partial(dot, precision=precision)
     A_parts = split_operand(A, precision)
@@ -231,10 +249,13 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
       G = mm(X, U, tb=True)
       return G if d_ref is None else jnp.where(same, G, 0.0)
 
-    def downdate(mm, Y):
-      # Y^T Y over the block's rows (packed: its last document's rows).
-      return mm(Y, Y if d_ref is None else jnp.where(d[:, None] == jnp.max(d), Y, 0.0),
-                ta=True)
+    # A after the block: A - Y^T Y over its rows (packed: from reset * I where a document
+    # starts in the block, over its last document's rows).
+    A_base, last = A, None
+    if d_ref is not None:
+      A_base = jnp.where(jnp.max(d) != d_prev, reset * eye(A.shape[0], acc), A)
+      last = d[:, None] == jnp.max(d)
+    downdate = lambda mm, Y: block_downdate(A_base, Y, mm, last=last)
 
     # X = U A and E A with A as a split operand (in bfloat16 mode two bfloat16 parts: one
     # would round the carried inverse by 2^-9 of its largest entries in every product,
@@ -246,7 +267,7 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
     Y = mm(block_inverse(one + G), finite(X))
     W = EA - mm(jnp.where(lower, mm(E, Y, tb=True), 0.0), finite(Y))
     if accurate_dot is None:
-      YY = downdate(mm, Y)
+      A_next = downdate(mm, Y)
     else:
       # The penalty gains g_i = u_i^T A u_i (G's diagonal) summed over the rows up to i: the
       # block shrinks A along the rows' u by up to 1 + that sum, and products of the plan's
@@ -270,12 +291,10 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
         W_acc = EA - mm_acc(jnp.where(lower, mm_acc(E, Y, tb=True), 0.0), finite(Y))
         return Y, jnp.where(rest, W_acc, W), downdate(mm_acc, Y)
 
-      Y, W, YY = jax.lax.cond(k < b, accurate, lambda Y, W: (Y, W, downdate(mm, Y)), Y, W)
+      Y, W, A_next = jax.lax.cond(k < b, accurate, lambda Y, W: (Y, W, downdate(mm, Y)), Y,
+                                  W)
     write(rows, W, Y, None if accurate_dot is None else gain)
-    if d_ref is None:
-      return A - YY
-    d_last = jnp.max(d)
-    return jnp.where(d_last != d_prev, reset * eye(A.shape[0], acc), A) - YY, d_last
+    return A_next if d_ref is None else (A_next, jnp.max(d))
 
   carry = a0_ref[...].astype(acc)
   if d_ref is not None:
@@ -284,7 +303,16 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, role, unit_keys, precisio
     carry = jax.lax.fori_loop(0, L // b, block, carry)
   else:
     def chunk(i, carry):
-      ac_ref[i, :, :] = (carry if d_ref is None else carry[0]).astype(ac_ref.dtype)
+      m = jnp.asarray(stride, i.dtype)
+
+      def keep():   # A at every stride-th chunk start (`Plan.chunk_start_stride`)
+        ac_ref[jax.lax.div(i, m), :, :] = (
+            carry if d_ref is None else carry[0]).astype(ac_ref.dtype)
+
+      if stride == 1:
+        keep()
+      else:
+        pl.when(jax.lax.rem(i, m) == 0)(keep)
       return jax.lax.fori_loop(0, C // b, lambda j, carry: block(i * (C // b) + j, carry),
                                carry)
 
@@ -315,13 +343,16 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
 
   Returns:
     role "unit": (unit rows [BH, S * L, dk], A_end [BH, S, dk, dk]); role "both": (unit rows,
-    rows A_t khat_t, Woodbury rows Y [BH, S * L, dk], A at every chunk start
-    [BH, S * L / C, dk, dk], with `plan.accurate_dot` the penalty gains u_t^T A u_t of every
-    token [BH, S * L] (A at its block's start), A_end), the residuals in A_start's dtype.
+    rows A_t khat_t, Woodbury rows Y [BH, S * L, dk], A at every
+    `plan.chunk_start_stride`-th chunk start of each segment [BH, S * K, dk, dk] with
+    K = ceil(L / C / stride) (`kept_chunk_starts`), with `plan.accurate_dot` the penalty
+    gains u_t^T A u_t of every token [BH, S * L] (A at its block's start), A_end), the
+    residuals in A_start's dtype.
   """
   BH, S, dk, _ = A_start.shape
   L = e.shape[1] // S
   C = plan.chunk_size
+  K = kept_chunk_starts(L // C, plan.chunk_start_stride)
   acc = A_start.dtype
   mat = pl.BlockSpec((None, None, dk, dk), lambda h, s: (h, s, 0, 0))
   rows = rows_spec(L, dk)
@@ -329,9 +360,9 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
   out_shape = [jax.ShapeDtypeStruct((BH, S * L, dk), rows_dtype or acc),
                jax.ShapeDtypeStruct((BH, S, dk, dk), acc)]
   if role == "both":
-    out_specs[1:1] = [rows, rows, pl.BlockSpec((None, L // C, dk, dk), lambda h, s: (h, s, 0, 0))]
+    out_specs[1:1] = [rows, rows, pl.BlockSpec((None, K, dk, dk), lambda h, s: (h, s, 0, 0))]
     out_shape[1:1] = [jax.ShapeDtypeStruct((BH, S * L, dk), acc)] * 2 + [
-        jax.ShapeDtypeStruct((BH, S * L // C, dk, dk), acc)]
+        jax.ShapeDtypeStruct((BH, S * K, dk, dk), acc)]
     if plan.accurate_dot is not None:
       out_specs.insert(-1, doc_spec(L))
       out_shape.insert(-1, jax.ShapeDtypeStruct((BH, S * L), acc))
@@ -341,7 +372,8 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
       raise ValueError(f"packed documents run one segment per sequence; got {S}")
     in_specs, args = in_specs + [doc_spec(L)], args + [docs]
   return pl.pallas_call(
-      functools.partial(_scan_kernel, L=L, C=C, b=SCAN_BLOCK, role=role, unit_keys=unit_keys,
+      functools.partial(_scan_kernel, L=L, C=C, b=SCAN_BLOCK, stride=plan.chunk_start_stride,
+                        role=role, unit_keys=unit_keys,
                         precision=plan.factor_dot, acc=acc,
                         reset=None if docs is None else float(reset),
                         newton_dot=plan.newton_dot if plan.block_factor == "newton" else None,
@@ -356,19 +388,47 @@ def penalty_scan(A_start, e, u, *, plan, role="unit", warps, rows_dtype=None, he
   )(*args)
 
 
-def block_deviations(u, Y, A_chunks, C, b=SCAN_BLOCK):
+def kept_chunk_starts(chunks, stride):
+  """How many chunk starts of a segment of `chunks` chunks the differentiated scan keeps:
+  every stride-th (`Plan.chunk_start_stride`), the segment's first included."""
+  return -(-chunks // stride)
+
+
+def chunk_start_inverses(A_kept, Y, plan, N):
+  """A at each of the first N chunk starts [BH, N, dk, dk] from the differentiated scan's
+  residuals (no packed documents): the kept start of each chunk's group (A_kept
+  [BH, S * K, dk, dk], `penalty_scan`) minus y_s y_s^T over the rows s of the chunks between
+  (Y [BH, >= N * C, dk]; XLA at HIGHEST). The row-cotangent kernel rebuilds them itself,
+  block by block at the scan's products (`penalty_backward.row_cotangents`)."""
+  BH, _, dk = Y.shape
+  C, Lc, stride = plan.chunk_size, plan.segment_chunks, plan.chunk_start_stride
+  n = np.arange(N)
+  since = n % Lc % stride                       # chunks since the kept start
+  kept = n // Lc * kept_chunk_starts(Lc, stride) + n % Lc // stride
+  Yc = Y[:, :N * C].reshape(BH, N, C, dk)
+  G = jnp.einsum("bnci,bncj->bnij", Yc, Yc, precision=jax.lax.Precision.HIGHEST)
+  A = A_kept[:, kept]
+  for j in range(1, stride):                    # the downdates of the j-th chunk before
+    A = A - jnp.where((since >= j)[None, :, None, None], G[:, np.maximum(n - j, 0)], 0.0)
+  return A
+
+
+def block_deviations(u, Y, A_kept, plan, b=SCAN_BLOCK):
   """||G - I||_F = ||U A U^T||_F of every b-token block of the penalty scan (U its rows of u,
   A the inverse at its start): what `KernelConfig.block_factor` "newton" holds against
   `common.NEWTON_RADIUS`, from the scan's residuals (role "both", no packed documents):
-  A = A_c - Y_s^T Y_s over the rows s of the chunk's earlier blocks (XLA, HIGHEST).
+  A = A_c - Y_s^T Y_s over the rows s of the chunk's earlier blocks, A_c from the kept
+  starts (`chunk_start_inverses`; XLA, HIGHEST).
 
-  Args: u [BH, N * C, dk]; Y [BH, >= N * C, dk] Woodbury rows; A_chunks [BH, >= N, dk, dk].
-  Returns [BH, N * C / b]."""
+  Args: u [BH, N * C, dk]; Y [BH, >= N * C, dk] Woodbury rows; A_kept [BH, S * K, dk, dk]
+  (`penalty_scan`); plan: the scan's `Plan`. Returns [BH, N * C / b]."""
   BH, T, dk = u.shape
+  C = plan.chunk_size
   N = T // C
+  A_chunks = chunk_start_inverses(A_kept, Y, plan, N)
   mm = functools.partial(jnp.einsum, precision=jax.lax.Precision.HIGHEST)
   U = u.reshape(BH, N, C, dk)
-  P = mm("bnid,bnde,bnje->bnij", U, A_chunks[:, :N], U)            # U A_c U^T
+  P = mm("bnid,bnde,bnje->bnij", U, A_chunks, U)                  # U A_c U^T
   block = jnp.arange(C) // b
   K = jnp.where(block[None, :] < block[:, None],                   # U Y^T, earlier blocks
                 mm("bnid,bnjd->bnij", U, Y[:, :T].reshape(BH, N, C, dk)), 0.0)
@@ -448,7 +508,8 @@ def penalty_forward(plan, e, u, A0, *, token_major=False, rows_dtype=None, both=
   Returns (unit write directions [B * H, T_pad, dk] in rows_dtype, A_T [B * H, dk, dk]); with
   both (the differentiated forward, head-major only) also the adjoint's residuals over the
   segments' whole length S * L: (unit rows, rows A_t khat_t [B * H, S * L, dk], Woodbury rows
-  [B * H, S * L, dk], A at every chunk start [B * H, S * L / C, dk, dk], penalty gains
+  [B * H, S * L, dk], A at every `plan.chunk_start_stride`-th chunk start of each segment
+  [B * H, S * K, dk, dk] (`kept_chunk_starts`, K per segment), penalty gains
   [B * H, S * L] or None (without `plan.accurate_dot`; zeros where `large_gains` is false
   and the scan ran without the large-gain blocks), A_T)."""
   T_pad = u.shape[1] if token_major else u.shape[2]

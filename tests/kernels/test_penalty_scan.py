@@ -14,8 +14,9 @@ from kernel_checks import (anisotropic_u, assert_close, isotropic_u, penalty_row
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.common import NEWTON_RADIUS
 from vla_jax.kernels.config import BLOCK_FACTORS, PENALTY_LAYOUTS
-from vla_jax.kernels.penalty_scan import (FAST_GAIN, block_deviations, large_gains,
-                                          penalty_forward, unguarded)
+from vla_jax.kernels.penalty_scan import (FAST_GAIN, block_deviations, chunk_start_inverses,
+                                          kept_chunk_starts, large_gains, penalty_forward,
+                                          unguarded)
 
 B, H, dk, C = 1, 2, 32, 16
 
@@ -35,14 +36,17 @@ def _reference(k, u, A0):
   return W, A_T
 
 
-@pytest.mark.parametrize("T,segment_chunks", [(80, 2), (70, 1)])
-def test_head_major_float64(x64, T, segment_chunks):
+@pytest.mark.parametrize("T,segment_chunks,stride", [(80, 2, 4), (70, 1, 4), (144, 5, 4),
+                                                     (80, 2, 1)])
+def test_head_major_float64(x64, T, segment_chunks, stride):
   """Unit rows, plain rows and A_T (role "both"); several segments, T not a whole number of
-  them (the last segment zero-padded)."""
+  them (the last segment zero-padded); A kept at every `Plan.chunk_start_stride`-th chunk
+  start of each segment (the plan's 4, or every one)."""
   k, u, A0 = _inputs(0, T)
   N = -(-T // C)
   plan = plan_for(KernelConfig(chunk_size=C), np.float64, dk, dk, B * H, N,
-                  segment_chunks=segment_chunks, segments=-(-N // segment_chunks))
+                  segment_chunks=segment_chunks, segments=-(-N // segment_chunks),
+                  chunk_start_stride=stride)
   T_pad = N * C
   head = lambda x: jnp.pad(jnp.asarray(np.swapaxes(x, 1, 2)),
                            [(0, 0), (0, 0), (0, T_pad - T), (0, 0)])
@@ -53,18 +57,24 @@ def test_head_major_float64(x64, T, segment_chunks):
   assert_close(W[:, :T], W_ref, jnp.float64, "W")
   assert_close(a[:, :T], unit_np(W_ref, 1e-12), jnp.float64, "a")
   assert_close(A_T, A_ref, jnp.float64, "A_T")
-  # The adjoint's residuals: A at every chunk start, and Woodbury rows with
-  # A_t = A_c - sum of y_s y_s^T over the chunk's tokens s <= t, so that the chunk's rows are
-  # khat A_c - tril(khat Y^T) Y.
-  assert A_chunks.shape == (B * H, plan.segments * segment_chunks, dk, dk)
+  # The adjoint's residuals: A at every stride-th chunk start of each segment (the others,
+  # `chunk_start_inverses`, the kept one less the Woodbury rows' downdates between), and
+  # Woodbury rows with A_t = A_c - sum of y_s y_s^T over the chunk's tokens s <= t, so that
+  # the chunk's rows are khat A_c - tril(khat Y^T) Y.
+  K = kept_chunk_starts(segment_chunks, stride)
+  assert A_chunks.shape == (B * H, plan.segments * K, dk, dk)
   kh = np.asarray(khat).reshape(B * H, T_pad, dk)
+  starts = np.asarray(chunk_start_inverses(A_chunks, Y, plan, N))
   for n in range(N):
     A_n = (A0.reshape(B * H, dk, dk) if n == 0
            else _reference(k[:, :n * C], u[:, :n * C], A0)[1])
-    assert_close(A_chunks[:, n], A_n, jnp.float64, f"A at chunk {n}")
+    if n % segment_chunks % stride == 0:
+      kept = n // segment_chunks * K + n % segment_chunks // stride
+      assert_close(A_chunks[:, kept], A_n, jnp.float64, f"A kept at chunk {n}")
+    assert_close(starts[:, n], A_n, jnp.float64, f"A at chunk {n}")
     rows = slice(n * C, (n + 1) * C)
     Yc, Kc = np.asarray(Y[:, rows]), kh[:, rows]
-    W_c = Kc @ A_n - np.tril(Kc @ np.swapaxes(Yc, 1, 2)) @ Yc
+    W_c = Kc @ starts[:, n] - np.tril(Kc @ np.swapaxes(Yc, 1, 2)) @ Yc
     assert_close(W_c[:, :max(0, min(C, T - n * C))], W_ref[:, rows], jnp.float64,
                  f"rows from chunk {n}'s residuals")
 
@@ -162,7 +172,7 @@ def test_block_factors(x64, dtype, factor):
   assert_close(A_T, A_ref, dtype, "A_T")
   if factor != "newton":
     return
-  dev = np.asarray(block_deviations(head(u).reshape(B * H, T, dk), Y, A_chunks, C))
+  dev = np.asarray(block_deviations(head(u).reshape(B * H, T, dk), Y, A_chunks, plan))
   U = np.swapaxes(u, 1, 2).reshape(B * H, T, dk)
   want = [[np.linalg.norm(U[i, j:j + b] @ (A0[0, 0] if j == 0 else _reference(
       k[:, :j], u[:, :j], A0)[1][i]) @ U[i, j:j + b].T) for j in range(0, T, b)]

@@ -344,7 +344,7 @@ def _deviation_fn(precision, chunk, interpret):
     uh = heads(u)
     khat = heads(unit(k.astype(jnp.float32), KEY_EPS))
     _, _, Y, A_chunks, _, _ = penalty_scan.penalty_forward(plan, khat, uh, A0, both=True)
-    return penalty_scan.block_deviations(uh.reshape(B * H, T_pad, d), Y, A_chunks, chunk)
+    return penalty_scan.block_deviations(uh.reshape(B * H, T_pad, d), Y, A_chunks, plan)
   return jax.jit(deviations)
 
 
