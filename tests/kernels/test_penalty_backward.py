@@ -1,7 +1,8 @@
 """The penalty path under differentiation (`penalty_backward.py`): its adjoint VJP (the rows'
 cotangents from the forward's chunk-start inverses and Woodbury rows, the u-cotangent kernel)
 against `jax.grad` of the token-by-token Sherman-Morrison scan in float64; in float32 at long
-T with anisotropic u (exact segment starts)."""
+T with anisotropic u (exact segment starts); the chunk starts the scan does not keep
+(`Plan.chunk_start_stride`) rebuilt in the row-cotangent kernel."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ from kernel_checks import anisotropic_u, assert_close, plan_for, rel, unit_np
 from vla_jax.kernels import KernelConfig
 from vla_jax.kernels.config import PENALTY_LAYOUTS
 from vla_jax.kernels.penalty_backward import du_segment_chunks, penalty_path, u_cotangents
-from vla_jax.kernels.penalty_scan import GAIN_LIMIT
+from vla_jax.kernels.penalty_scan import GAIN_LIMIT, penalty_forward
 from vla_jax.kernels.vla import document_indices
 from vla_jax.ops.utils import unit
 from vla_jax.ops.vla.penalty import penalty_scan
@@ -290,3 +291,136 @@ def test_transposed_layout(dtype, packed):
       assert rel(got, ref) < 1e-4, rel(got, ref)
     else:
       assert_close(got, ref, dtype, name)
+
+
+# Chunk starts kept at every `Plan.chunk_start_stride`-th chunk (4) of each scan segment, the
+# others rebuilt in the row-cotangent kernel: chunks of two 16-token blocks, two segments of
+# five chunks (kept 0, 4 and 5, 9; rebuilt 1-3 and 6-8), or packed (one segment of ten: kept
+# 0, 4, 8) with document starts in rebuilt chunks (in a chunk's first and second block, two
+# in one block, at a chunk boundary) and in a kept one. Unit-norm anisotropic u (0.3 from
+# token 128 on) from A0 = 3 I: block 0's penalty gains pass `GAIN_LIMIT`, and, packed, those
+# of the first block of each document before token 128 (A restarts at 3 I), which lie in
+# rebuilt chunks.
+REBUILD_C, REBUILD_N, REBUILD_SEGMENT = 32, 10, 5
+REBUILD_STARTS = (40, 53, 54, 64, 100, 140, 176, 200, 300)
+
+
+def _rebuild_case(dtype, layout, packed, stride, d=dk):
+  """(a, A_T, dkhat, du, sym(dA0)) of the kernels at chunk_start_stride `stride`, the same of
+  the float64 token-by-token scan (jax.vjp), and the plan (see above)."""
+  C, N, lam0 = REBUILD_C, REBUILD_N, 1 / 3
+  T = N * C
+  rng = np.random.default_rng(10)
+  khat = unit_np(rng.standard_normal((B, H, T, d)), 1e-6)
+  u = anisotropic_u(rng, B, H, T, d, norm=1.0) * np.where(np.arange(T) < 128, 1.0, 0.3)[:, None]
+  A0 = np.broadcast_to(np.eye(d) / lam0, (B, H, d, d))
+  wa, wA = rng.standard_normal((B, H, T, d)), rng.standard_normal((B, H, d, d))
+  if dtype != np.float64:
+    khat, u = (np.asarray(jnp.asarray(x, dtype), np.float64) for x in (khat, u))
+  starts = np.zeros((B, T), bool)
+  if packed:
+    starts[:, list(REBUILD_STARTS)] = True
+  high = jax.lax.Precision.HIGHEST if dtype == np.float32 else jax.lax.Precision.DEFAULT
+  cfg = KernelConfig(chunk_size=C, precision=high, penalty_layout=layout)
+  state = np.float64 if dtype == np.float64 else np.float32
+  chunks = lambda x: x.reshape(B, H, N, C, d)
+  sym = lambda x: 0.5 * (np.asarray(x, np.float64)
+                         + np.swapaxes(np.asarray(x, np.float64), -1, -2))
+  with jax.enable_x64(dtype == np.float64):
+    plan = plan_for(cfg, dtype, d, d, B * H, N, chunk_start_stride=stride, **(
+        dict(segment_chunks=N, segments=1) if packed
+        else dict(segment_chunks=REBUILD_SEGMENT, segments=N // REBUILD_SEGMENT)))
+    docs = (document_indices(jnp.asarray(np.cumsum(starts, axis=1)), T, C, H) if packed
+            else None)
+
+    def kernel(khat, u, A0):
+      out, pull = jax.vjp(lambda *x: penalty_path(*x, plan, docs, 1 / lam0), chunks(khat),
+                          chunks(u), A0)
+      return out, pull((jnp.asarray(wa, state).reshape(B, H, N, C, d),
+                        jnp.asarray(wA, state)))
+
+    (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
+  with jax.enable_x64(True):
+    (a_ref, A_ref), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)),
+                                     jnp.asarray(starts) if packed else None,
+                                     jnp.eye(d) / lam0)
+  flat = lambda x: np.asarray(x, np.float64).reshape(B, H, T, d)
+  got = (flat(a), np.asarray(A_T, np.float64), flat(grads[0]), flat(grads[1]), sym(grads[2]))
+  ref = (np.asarray(a_ref), np.asarray(A_ref), np.asarray(want[0]), np.asarray(want[1]),
+         sym(want[2]))
+  return got, ref, plan
+
+
+REBUILD_NAMES = ("a", "A_T", "dkhat", "du", "dA0")
+# Relative error bounds of test_rebuilt_chunk_starts: against float64 (du at float32 by its
+# own conditioning), and against the same kernels keeping every chunk start.
+REBUILD_BOUNDS = {"float64": (1e-12, 1e-14), "float32": (1e-6, 1e-6), "bfloat16": (1e-2, 1e-6)}
+
+
+def _check_rebuild(dtype, packed, layout, d=dk):
+  """`_rebuild_case` at stride 4 against float64 and against stride 1 (REBUILD_BOUNDS)."""
+  name = jnp.dtype(dtype).name
+  got, ref, plan = _rebuild_case(dtype, packed=packed, layout=layout, stride=4, d=d)
+  assert plan.chunk_start_stride == 4
+  every, _, _ = _rebuild_case(dtype, packed=packed, layout=layout, stride=1, d=d)
+  bound, same = REBUILD_BOUNDS[name]
+  for key, g, r, e in zip(REBUILD_NAMES, got, ref, every):
+    assert np.isfinite(g).all(), key
+    limit = 1e-4 if key == "du" and name == "float32" else bound
+    assert rel(g, r) < limit, (key, rel(g, r))
+    assert rel(g, e) < same, (key, rel(g, e))
+
+
+@pytest.mark.parametrize("layout", PENALTY_LAYOUTS)
+@pytest.mark.parametrize("dtype,packed", [(np.float64, False), (np.float64, True),
+                                          (np.float32, False), (np.float32, True),
+                                          (jnp.bfloat16, False), (jnp.bfloat16, True)],
+                         ids=["f64", "f64_packed", "f32_highest", "f32_highest_packed", "bf16",
+                              "bf16_packed"])
+def test_rebuilt_chunk_starts(dtype, packed, layout):
+  """Chunk starts rebuilt from every 4th (`Plan.chunk_start_stride`), in both layouts: the
+  unit rows, A_T and the cotangents of khat, u and A0 against jax.vjp of the float64
+  token-by-token scan (float64 within 1e-12; float32 at HIGHEST 1e-6, du 1e-4 by its own
+  conditioning as in `test_transposed_layout`; bfloat16 1e-2; measured at most 5.9e-14,
+  2.8e-7, du 1.0e-5, 3.4e-3), and against the same kernels keeping every chunk start
+  (stride 1) within 1e-6 (float64 1e-14): the rebuild repeats the scan's downdates at its
+  products (bfloat16 operands, three-pass blocks past GAIN_LIMIT, resets at document
+  starts), so the two agree to float rounding (interpret mode: bit for bit, but for a last
+  bit in the transposed layout, where XLA folds the rebuild's transpose of Y into its
+  product)."""
+  _check_rebuild(dtype, packed, layout)
+
+
+def test_rebuilt_chunk_starts_d128():
+  """The same at dk = 128 (the plan's transposed layout there), float32 at HIGHEST, packed."""
+  _check_rebuild(np.float32, True, "transposed", d=128)
+
+
+def test_chunk_start_residual_every_fourth():
+  """The differentiated scan's A residual holds ceil(chunks / 4) starts per segment
+  ([B * H, S * K, dk, dk]), each the A the scan carried there (bit for bit the same as with
+  every chunk start kept): two segments of five chunks (kept 0, 4, 5, 9), packed one of ten
+  (kept 0, 4, 8)."""
+  C, N = REBUILD_C, REBUILD_N
+  T = N * C
+  rng = np.random.default_rng(11)
+  khat = jnp.asarray(unit_np(rng.standard_normal((B, H, T, dk)), 1e-6), jnp.float32)
+  u = jnp.asarray(anisotropic_u(rng, B, H, T, dk, norm=1.0), jnp.float32)
+  A0 = jnp.broadcast_to(3 * jnp.eye(dk, dtype=jnp.float32), (B, H, dk, dk))
+  starts = np.zeros((B, T), bool)
+  starts[:, list(REBUILD_STARTS)] = True
+  docs = document_indices(jnp.asarray(np.cumsum(starts, axis=1)), T, C, H)
+  for packed, segment_chunks, kept in ((False, REBUILD_SEGMENT, [0, 4, 5, 9]),
+                                       (True, N, [0, 4, 8])):
+    residual = {}
+    for stride in (4, 1):
+      plan = plan_for(KernelConfig(chunk_size=C), np.float32, dk, dk, B * H, N,
+                      segment_chunks=segment_chunks, segments=N // segment_chunks,
+                      chunk_start_stride=stride)
+      out = jax.jit(lambda *x, plan=plan: penalty_forward(
+          plan, *x, both=True, docs=docs[1] if packed else None, reset=3.0))(khat, u, A0)
+      residual[stride] = np.asarray(out[3])
+    segments = N // segment_chunks
+    assert residual[4].shape == (B * H, segments * -(-segment_chunks // 4), dk, dk)
+    assert residual[1].shape == (B * H, N, dk, dk)
+    np.testing.assert_array_equal(residual[4], residual[1][:, kept])
