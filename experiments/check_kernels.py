@@ -41,7 +41,7 @@ Rows (pass "check", "drift", and one "long") go to --out_dir/<name>.jsonl (defau
 results/bench/), where `experiments/report_benchmarks.py` tabulates the check rows. Exits 1
 when a case exceeds its bounds (`lab.benchmarks.check.BOUNDS`, `FORWARD_BOUNDS`,
 `DRIFT_RATIO`) or is not finite.
---smoke: two tiny cases (one packed), a tiny drift pair, a tiny long run (T = 64) and a tiny
+--smoke: a tiny packed case, a tiny drift pair, a tiny long run (T = 64) and a tiny
 case of each baseline in --ops, on the CPU in interpret mode.
 """
 
@@ -73,7 +73,7 @@ _OPS = flags.DEFINE_list("ops", ["vla"], "The ops checked: vla and/or the baseli
                         "deltanet, gated_deltanet, linear_attention (--cases, --drift_Ts, "
                         "--block_factor, --newton_fallback, --start_inverse and "
                         "--penalty_layout apply to vla).")
-_SMOKE = flags.DEFINE_bool("smoke", False, "Two tiny cases (one packed), a drift pair and a "
+_SMOKE = flags.DEFINE_bool("smoke", False, "A tiny packed case, a drift pair and a "
                             "long run (T = 64) on the CPU (interpret mode), and a tiny case of "
                             "each baseline in --ops.")
 flags.mark_flag_as_required("name")

@@ -157,10 +157,12 @@ class KernelConfig:
       the elimination elsewhere; `common.guarded_chol_inv`) or "elimination" (16 dependent
       elimination steps in every block, `common.chol_inv`).
     start_inverse: how the segment starts are formed at dk = 128 (at dk <= 64 always in the
-      kernels): "tiles" (None's choice; the Gram kernel, and one program per start: a block
-      Cholesky inverse on 32 x 32 tiles that live in a global-memory workspace;
-      `segment_starts.py`), for float32 states (float64 ones stay XLA: the Gram kernel's
-      [128, 128] float64 sum spills), or "xla" (Grams and batched Cholesky inverses in XLA).
+      kernels): "tiles" (None's choice for exact starts: bfloat16 inputs, HIGH, HIGHEST; the
+      Gram kernel, and one program per start: a block Cholesky inverse on 32 x 32 tiles that
+      live in a global-memory workspace; `segment_starts.py`), for float32 states (float64
+      ones stay XLA: the Gram kernel's [128, 128] float64 sum spills), or "xla" (Grams and
+      batched Cholesky inverses in XLA; None's choice for float32 inputs at DEFAULT, whose
+      direct starts on tiles went NaN at long T on the GPU).
     penalty_layout: how the penalty path's products are laid out: "rows" (None's choice at
       dk <= 64; the penalty scan's products on the block's rows, X = U A,
       W = E A - tril(E Y^T) Y, A <- A - Y^T Y: the 16 tokens on the products' M side and the
@@ -246,17 +248,6 @@ class KernelConfig:
     bv = self.block_v
     if bv is None:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
-    # The penalty path's forms where the config leaves them None, by key head dim (timed
-    # against each other on one H100, in both orders: kernels/DESIGN.md, "Open questions" 6;
-    # results/bench/decisions/options_h100.jsonl): the Newton block factor at every dk (the
-    # elimination stays its fallback), and at dk = 128 the transposed layout and the segment
-    # starts in the kernels (float32 states; float64 ones stay XLA, `inverse_kernel`); at
-    # dk <= 64 the rows layout (the starts run in the kernels there either way).
-    block_factor = self.block_factor or "newton"
-    penalty_layout = self.penalty_layout or (
-        "transposed" if dk >= TRANSPOSED_PENALTY_FROM_DK else "rows")
-    start_inverse = self.start_inverse or ("tiles" if dk > INVERSE_KERNEL_UP_TO else "xla")
-    programs = BH * (dv // bv)
     # Exact segment starts (float64 prefix sums and Newton steps; segment_starts.py) where
     # products are about float32 accurate or bfloat16, and states float32: direct float32
     # starts err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU),
@@ -264,6 +255,22 @@ class KernelConfig:
     # reaches the state's columns that no write erases and adds up over the sequence
     # (kernels/DESIGN.md, "Precision"). Not for one-pass TF32 products (not measured).
     exact = jnp.dtype(acc) == jnp.float32 and kind in ("ieee", "tf32x3", "bf16")
+    # The penalty path's forms where the config leaves them None, by key head dim (timed
+    # against each other on one H100, in both orders: kernels/DESIGN.md, "Open questions" 6;
+    # results/bench/decisions/options_h100.jsonl): the Newton block factor at every dk (the
+    # elimination stays its fallback), and at dk = 128 the transposed layout and, for exact
+    # starts, the segment starts in the kernels (float32 states; float64 ones stay XLA,
+    # `inverse_kernel`); at dk <= 64 the rows layout (the starts run in the kernels there
+    # either way). Direct starts at dk = 128 (float32 inputs at DEFAULT) stay XLA: the tiled
+    # kernel's direct starts, which no float64 step checks, gave NaN from token 42,7xx on
+    # (H200, d = 128, T = 131072, lam0 = 0.1, anisotropic unit-norm u; XLA's finite:
+    # results/bench/decisions/start_tiles_nan_h200.jsonl).
+    block_factor = self.block_factor or "newton"
+    penalty_layout = self.penalty_layout or (
+        "transposed" if dk >= TRANSPOSED_PENALTY_FROM_DK else "rows")
+    start_inverse = self.start_inverse or (
+        "tiles" if dk > INVERSE_KERNEL_UP_TO and exact else "xla")
+    programs = BH * (dv // bv)
     # The float32 Newton step on direct segment-start inverses is dropped for bfloat16 inputs
     # at DEFAULT (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225
     # against 0.123 ms at d = 64, T = 4096, B = 8) and for exact starts (float64 steps

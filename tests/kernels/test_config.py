@@ -63,25 +63,32 @@ def test_default_products_follow_the_inputs():
 
 def test_the_plans_penalty_forms():
   """Where the config leaves them None: the Newton block factor at every dk; at dk = 128 the
-  transposed layout and the segment starts in the kernels for float32 states (float64 ones
-  in XLA); at dk <= 64 the rows layout (and the starts in the kernels, as with every form).
-  A form the config names wins at every dk."""
+  transposed layout and, for exact starts of float32 states, the segment starts in the
+  kernels (direct starts, float32 inputs at DEFAULT, and float64 ones in XLA); at dk <= 64
+  the rows layout (and the starts in the kernels, as with every form). A form the config
+  names wins at every dk."""
   for low, acc in ((False, jnp.float32), (True, jnp.float32), (False, jnp.float64)):
     for dk in (64, 128):
       plan = _plan(low=low, acc=acc, dk=dk, dv=dk)
       assert plan.block_factor == "newton"
       assert plan.penalty_layout == ("transposed" if dk == 128 else "rows")
-      assert plan.inverse_kernel == (dk == 64 or acc == jnp.float32), (low, acc, dk)
+      assert plan.inverse_kernel == (dk == 64 or plan.exact_starts), (low, acc, dk)
+      assert plan.inverse_kernel == (dk == 64 or (low and acc == jnp.float32)), (low, dk)
       forced = KernelConfig(block_factor="elimination", start_inverse="xla",
                             penalty_layout="rows" if dk == 128 else "transposed")
       plan = _plan(forced, low=low, acc=acc, dk=dk, dv=dk)
       assert plan.block_factor == "elimination"
       assert plan.penalty_layout == ("rows" if dk == 128 else "transposed")
       assert plan.inverse_kernel == (dk == 64), (low, acc, dk)
+  for p in (P.HIGH, P.HIGHEST):   # exact starts of float32 inputs: in the kernels
+    plan = _plan(KernelConfig(precision=p), dk=128, dv=128)
+    assert plan.exact_starts and plan.inverse_kernel and plan.inverse_tile == 32
   assert _plan(KernelConfig(start_inverse="tiles"), acc=jnp.float64, dk=128,
                dv=128).inverse_kernel is False
   assert _plan(KernelConfig(block_factor="newton", start_inverse="tiles",
-                            penalty_layout="transposed"), dk=128, dv=128) == _plan(dk=128, dv=128)
+                            penalty_layout="transposed"), low=True, dk=128,
+               dv=128) == _plan(low=True, dk=128, dv=128)
+  assert _plan(KernelConfig(start_inverse="xla"), dk=128, dv=128) == _plan(dk=128, dv=128)
 
 
 def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():

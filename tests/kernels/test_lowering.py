@@ -95,29 +95,32 @@ def test_large_gain_blocks_compile_a_second_scan():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d128(dtype):
-  """dk = 128 (two one-chunk segments): segment starts in the kernels (the plan's "tiles"),
-  the transposed penalty path; float32 operands take the chunk-local VJP as XLA products (the
+  """dk = 128 (two one-chunk segments), the transposed penalty path: bfloat16 inputs' exact
+  segment starts in the kernels (the plan's "tiles"), float32 inputs' direct starts (one-pass
+  TF32 products) in XLA; float32 operands take the chunk-local VJP as XLA products (the
   kernel would need 352 KB of shared memory), bfloat16 ones the kernel."""
   shape = (1, 128, 1, 128, 128, 64)
-  local_vjp = ["vla_state_local_vjp"] if dtype == jnp.bfloat16 else []
-  assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD + local_vjp)
+  bf16 = dtype == jnp.bfloat16
+  scan = SCAN_FWD if bf16 else ["vla_penalty_scan"]
+  local_vjp = ["vla_state_local_vjp"] if bf16 else []
+  assert _kernels(dtype, shape) == sorted(scan + SPLIT_FWD + SPLIT_BWD + local_vjp)
 
 
 @pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "DEFAULT"),
                                              (jnp.float32, "HIGHEST")],
                          ids=["bf16", "f32", "f32_highest"])
 def test_tiled_starts_lower_at_d128(dtype, precision):
-  """The segment starts at dk = 128 (two one-chunk segments) in the plan's form, "tiles": the
-  Gram kernel (8 warps; not for float32 exact starts, whose Grams are float64 XLA) and the
-  inverse kernel on tiles in a workspace (barriers between its phases; with the float32
-  Newton step for float32 at DEFAULT) lower for the H200, each product at the plan's
-  precision."""
+  """The segment starts at dk = 128 (two one-chunk segments) in the form "tiles" (the plan's
+  for exact starts; float32 at DEFAULT names it): the Gram kernel (8 warps; not for float32
+  exact starts, whose Grams are float64 XLA) and the inverse kernel on tiles in a workspace
+  (barriers between its phases; with the float32 Newton step for float32 at DEFAULT) lower
+  for the H200, each product at the plan's precision."""
   p = getattr(jax.lax.Precision, precision)
   shape = (1, 128, 1, 128, 128, 64)
   grams = [] if precision == "HIGHEST" else ["vla_segment_grams"]
-  assert _kernels(dtype, shape, p, grad=False) == sorted(
+  assert _kernels(dtype, shape, p, grad=False, start_inverse="tiles") == sorted(
       ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"] + grams + SPLIT_FWD)
-  cfg = KernelConfig(chunk_size=64, precision=p)
+  cfg = KernelConfig(chunk_size=64, precision=p, start_inverse="tiles")
   plan = cfg.plan(low=dtype == jnp.bfloat16, acc=jnp.float32, dk=128, dv=128, BH=1, N=2,
                   interpret=False)
   assert plan.inverse_kernel
