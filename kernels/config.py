@@ -132,8 +132,9 @@ TRANSPOSED_PENALTY_FROM_DK = 128
 # Woodbury rows of the up to CHUNK_START_STRIDE - 1 chunks between, downdate by downdate as
 # the scan carried A (kernels/DESIGN.md, "Penalty backward"). 4 quarters the residual (537 ->
 # 134 MB at d = 128, T = 4096, B = 8, H = 16) for up to 3 more [C, dk] blocks of Y and their
-# downdates a program; not timed on a GPU yet (open question 5). 1: every chunk start.
-CHUNK_START_STRIDE = 4
+# downdates a program; not timed on a GPU yet (open question 5), so the plan keeps every
+# chunk start (1) until a GPU run shows 4 no slower; tests run 4 through `Plan` directly.
+CHUNK_START_STRIDE = 1
 
 
 @dataclasses.dataclass(frozen=True)
