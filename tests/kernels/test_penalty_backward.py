@@ -227,6 +227,56 @@ def test_bfloat16_nan_where_the_block_turns_accurate():
   np.testing.assert_array_equal(bad[1][2], clean[1][2], err_msg="dA0")
 
 
+PATH_NAMES = ("a", "A_T", "dkhat", "du", "dA0")
+
+
+def _path_against_scan(cfg, dtype, T, d, seed, damp_from, starts=None, **plan_fields):
+  """(a, A_T, dkhat, du, sym(dA0)) of `penalty_path` under cfg's plan (`plan_for` with
+  plan_fields) and the same of jax.vjp of the float64 token-by-token scan, as float64 arrays,
+  and the plan. Inputs from `seed`: unit keys, anisotropic unit-norm u scaled by 0.3 from
+  token damp_from on, A0 = 3 I (lam0 = 1 / 3), random cotangents of a and A_T; keys and u
+  rounded to dtype; starts: the document-start tokens (packed), or None."""
+  C, lam0 = cfg.chunk_size, 1 / 3
+  N = T // C
+  rng = np.random.default_rng(seed)
+  khat = unit_np(rng.standard_normal((B, H, T, d)), 1e-6)
+  u = (anisotropic_u(rng, B, H, T, d, norm=1.0)
+       * np.where(np.arange(T) < damp_from, 1.0, 0.3)[:, None])
+  A0 = np.broadcast_to(np.eye(d) / lam0, (B, H, d, d))
+  wa, wA = rng.standard_normal((B, H, T, d)), rng.standard_normal((B, H, d, d))
+  if dtype != np.float64:
+    khat, u = (np.asarray(jnp.asarray(x, dtype), np.float64) for x in (khat, u))
+  packed = starts is not None
+  mask = np.zeros((B, T), bool)
+  if packed:
+    mask[:, list(starts)] = True
+  state = np.float64 if dtype == np.float64 else np.float32
+  chunks = lambda x: x.reshape(B, H, N, C, d)
+  sym = lambda x: 0.5 * (np.asarray(x, np.float64)
+                         + np.swapaxes(np.asarray(x, np.float64), -1, -2))
+  with jax.enable_x64(dtype == np.float64):
+    plan = plan_for(cfg, dtype, d, d, B * H, N, **plan_fields)
+    docs = (document_indices(jnp.asarray(np.cumsum(mask, axis=1)), T, C, H) if packed
+            else None)
+
+    def kernel(khat, u, A0):
+      out, pull = jax.vjp(lambda *x: penalty_path(*x, plan, docs, 1 / lam0), chunks(khat),
+                          chunks(u), A0)
+      return out, pull((jnp.asarray(wa, state).reshape(B, H, N, C, d),
+                        jnp.asarray(wA, state)))
+
+    (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
+  with jax.enable_x64(True):
+    (a_ref, A_ref), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)),
+                                     jnp.asarray(mask) if packed else None,
+                                     jnp.eye(d) / lam0)
+  flat = lambda x: np.asarray(x, np.float64).reshape(B, H, T, d)
+  got = (flat(a), np.asarray(A_T, np.float64), flat(grads[0]), flat(grads[1]), sym(grads[2]))
+  ref = (np.asarray(a_ref), np.asarray(A_ref), np.asarray(want[0]), np.asarray(want[1]),
+         sym(want[2]))
+  return got, ref, plan
+
+
 # The transposed penalty layout (`KernelConfig.penalty_layout`): T = 144 (nine chunks: scan
 # segments of three chunks, u-cotangent segments of three), anisotropic u of norm 1 (0.3 from
 # token 64 on) from A0 = 3 I, so that block 0's penalty gains pass `GAIN_LIMIT` at its third
@@ -247,50 +297,19 @@ def test_transposed_layout(dtype, packed):
   every document start), within the dtype's tolerance; bfloat16 (the carried A as two
   bfloat16 parts, three-pass blocks past GAIN_LIMIT) within 1e-2 in norm. float32 with
   block_factor "newton" (the elimination in the early blocks, Newton steps from token 64)."""
-  T, C, lam0 = LAYOUT_T, 16, 1 / 3
-  N = T // C
-  rng = np.random.default_rng(9)
-  khat = unit_np(rng.standard_normal((B, H, T, dk)), 1e-6)
-  u = anisotropic_u(rng, B, H, T, dk, norm=1.0) * np.where(np.arange(T) < 64, 1.0, 0.3)[:, None]
-  A0 = np.broadcast_to(np.eye(dk) / lam0, (B, H, dk, dk))
-  wa, wA = rng.standard_normal((B, H, T, dk)), rng.standard_normal((B, H, dk, dk))
-  if dtype != np.float64:
-    khat, u = (np.asarray(jnp.asarray(x, dtype), np.float64) for x in (khat, u))
-  starts = np.zeros((B, T), bool)
-  if packed:
-    starts[:, list(LAYOUT_STARTS)] = True
-  cfg = KernelConfig(chunk_size=C, penalty_layout="transposed",
+  cfg = KernelConfig(chunk_size=16, penalty_layout="transposed",
                      block_factor="newton" if dtype == np.float32 else "elimination")
-  state = np.float64 if dtype == np.float64 else np.float32
-  chunks = lambda x: x.reshape(B, H, N, C, dk)
-  with jax.enable_x64(dtype == np.float64):
-    plan = plan_for(cfg, dtype, dk, dk, B * H, N, **(
-        dict(segment_chunks=N, segments=1) if packed else dict(segment_chunks=3, segments=3)))
-    docs = (document_indices(jnp.asarray(np.cumsum(starts, axis=1)), T, C, H) if packed
-            else None)
-
-    def kernel(khat, u, A0):
-      out, pull = jax.vjp(lambda *x: penalty_path(*x, plan, docs, 1 / lam0), chunks(khat),
-                          chunks(u), A0)
-      return out, pull((jnp.asarray(wa, state).reshape(B, H, N, C, dk),
-                        jnp.asarray(wA, state)))
-
-    (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
-  with jax.enable_x64(True):
-    (a_ref, A_ref), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)),
-                                     jnp.asarray(starts) if packed else None,
-                                     jnp.eye(dk) / lam0)
-  sym = lambda x: 0.5 * (np.asarray(x) + np.swapaxes(np.asarray(x), -1, -2))
-  pairs = {"a": (a.reshape(B, H, T, dk), a_ref), "A_T": (A_T, A_ref),
-           "dkhat": (grads[0].reshape(B, H, T, dk), want[0]),
-           "du": (grads[1].reshape(B, H, T, dk), want[1]), "dA0": (sym(grads[2]), sym(want[2]))}
-  for name, (got, ref) in pairs.items():
+  N = LAYOUT_T // 16
+  got, ref, _ = _path_against_scan(
+      cfg, dtype, LAYOUT_T, dk, seed=9, damp_from=64, starts=LAYOUT_STARTS if packed else None,
+      **(dict(segment_chunks=N, segments=1) if packed else dict(segment_chunks=3, segments=3)))
+  for name, g, r in zip(PATH_NAMES, got, ref):
     if dtype == jnp.bfloat16:
-      assert np.isfinite(np.asarray(got)).all() and rel(got, ref) < 1e-2, (name, rel(got, ref))
+      assert np.isfinite(g).all() and rel(g, r) < 1e-2, (name, rel(g, r))
     elif name == "du" and dtype == np.float32:   # its own conditioning: 2.3e-5 either layout
-      assert rel(got, ref) < 1e-4, rel(got, ref)
+      assert rel(g, r) < 1e-4, rel(g, r)
     else:
-      assert_close(got, ref, dtype, name)
+      assert_close(g, r, dtype, name)
 
 
 # Chunk starts kept at every `Plan.chunk_start_stride`-th chunk (4) of each scan segment, the
@@ -306,52 +325,16 @@ REBUILD_STARTS = (40, 53, 54, 64, 100, 140, 176, 200, 300)
 
 
 def _rebuild_case(dtype, layout, packed, stride, d=dk):
-  """(a, A_T, dkhat, du, sym(dA0)) of the kernels at chunk_start_stride `stride`, the same of
-  the float64 token-by-token scan (jax.vjp), and the plan (see above)."""
-  C, N, lam0 = REBUILD_C, REBUILD_N, 1 / 3
-  T = N * C
-  rng = np.random.default_rng(10)
-  khat = unit_np(rng.standard_normal((B, H, T, d)), 1e-6)
-  u = anisotropic_u(rng, B, H, T, d, norm=1.0) * np.where(np.arange(T) < 128, 1.0, 0.3)[:, None]
-  A0 = np.broadcast_to(np.eye(d) / lam0, (B, H, d, d))
-  wa, wA = rng.standard_normal((B, H, T, d)), rng.standard_normal((B, H, d, d))
-  if dtype != np.float64:
-    khat, u = (np.asarray(jnp.asarray(x, dtype), np.float64) for x in (khat, u))
-  starts = np.zeros((B, T), bool)
-  if packed:
-    starts[:, list(REBUILD_STARTS)] = True
+  """`_path_against_scan` at chunk_start_stride `stride` on the cells above."""
   high = jax.lax.Precision.HIGHEST if dtype == np.float32 else jax.lax.Precision.DEFAULT
-  cfg = KernelConfig(chunk_size=C, precision=high, penalty_layout=layout)
-  state = np.float64 if dtype == np.float64 else np.float32
-  chunks = lambda x: x.reshape(B, H, N, C, d)
-  sym = lambda x: 0.5 * (np.asarray(x, np.float64)
-                         + np.swapaxes(np.asarray(x, np.float64), -1, -2))
-  with jax.enable_x64(dtype == np.float64):
-    plan = plan_for(cfg, dtype, d, d, B * H, N, chunk_start_stride=stride, **(
-        dict(segment_chunks=N, segments=1) if packed
-        else dict(segment_chunks=REBUILD_SEGMENT, segments=N // REBUILD_SEGMENT)))
-    docs = (document_indices(jnp.asarray(np.cumsum(starts, axis=1)), T, C, H) if packed
-            else None)
-
-    def kernel(khat, u, A0):
-      out, pull = jax.vjp(lambda *x: penalty_path(*x, plan, docs, 1 / lam0), chunks(khat),
-                          chunks(u), A0)
-      return out, pull((jnp.asarray(wa, state).reshape(B, H, N, C, d),
-                        jnp.asarray(wA, state)))
-
-    (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
-  with jax.enable_x64(True):
-    (a_ref, A_ref), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)),
-                                     jnp.asarray(starts) if packed else None,
-                                     jnp.eye(d) / lam0)
-  flat = lambda x: np.asarray(x, np.float64).reshape(B, H, T, d)
-  got = (flat(a), np.asarray(A_T, np.float64), flat(grads[0]), flat(grads[1]), sym(grads[2]))
-  ref = (np.asarray(a_ref), np.asarray(A_ref), np.asarray(want[0]), np.asarray(want[1]),
-         sym(want[2]))
-  return got, ref, plan
+  cfg = KernelConfig(chunk_size=REBUILD_C, precision=high, penalty_layout=layout)
+  return _path_against_scan(
+      cfg, dtype, REBUILD_N * REBUILD_C, d, seed=10, damp_from=128,
+      starts=REBUILD_STARTS if packed else None, chunk_start_stride=stride,
+      **(dict(segment_chunks=REBUILD_N, segments=1) if packed
+         else dict(segment_chunks=REBUILD_SEGMENT, segments=REBUILD_N // REBUILD_SEGMENT)))
 
 
-REBUILD_NAMES = ("a", "A_T", "dkhat", "du", "dA0")
 # Relative error bounds of test_rebuilt_chunk_starts: against float64 (du at float32 by its
 # own conditioning), and against the same kernels keeping every chunk start.
 REBUILD_BOUNDS = {"float64": (1e-12, 1e-14), "float32": (1e-6, 1e-6), "bfloat16": (1e-2, 1e-6)}
@@ -364,7 +347,7 @@ def _check_rebuild(dtype, packed, layout, d=dk):
   assert plan.chunk_start_stride == 4
   every, _, _ = _rebuild_case(dtype, packed=packed, layout=layout, stride=1, d=d)
   bound, same = REBUILD_BOUNDS[name]
-  for key, g, r, e in zip(REBUILD_NAMES, got, ref, every):
+  for key, g, r, e in zip(PATH_NAMES, got, ref, every):
     assert np.isfinite(g).all(), key
     limit = 1e-4 if key == "du" and name == "float32" else bound
     assert rel(g, r) < limit, (key, rel(g, r))
