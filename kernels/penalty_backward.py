@@ -133,9 +133,11 @@ def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, b, stride, segment_chunks,
 
     return jax.lax.fori_loop(0, C // b, block, (A, jnp.int32(0)))[0]
 
-  # A_c from the kept start k: the downdates of chunks k .. n - 1, in order.
-  since = jax.lax.rem(jax.lax.rem(pl.program_id(1), jnp.int32(segment_chunks)),
-                      jnp.int32(stride))
+  # A_c from the kept start k: the downdates of chunks k .. n - 1, in order (stride 1: A_c
+  # is kept, nothing to rebuild).
+  if before:
+    since = jax.lax.rem(jax.lax.rem(pl.program_id(1), jnp.int32(segment_chunks)),
+                        jnp.int32(stride))
   for j in range(before):
     A_c = jax.lax.cond(
         j < since, functools.partial(chunk_downdates, y_ref=y_before[j], g_ref=g_before[j],

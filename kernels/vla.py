@@ -10,10 +10,10 @@ Steps 1-4 are Triton kernels. For bfloat16 inputs at precision DEFAULT the kerne
 caller's [B, T, H, d] arrays in place and pass factors in bfloat16 (`Plan.low`); otherwise XLA
 first makes head-major copies (unit keys and u in the accumulation dtype). Under
 differentiation the same kernels run on head-major unit keys (the penalty scan also keeping the
-rows A_t khat_t, its Woodbury rows and A at every 4th chunk start, the state path T and the
-chunk-start states), and the backward is `penalty_backward.py` (the rows' cotangents in one
-parallel kernel, then the u-cotangent kernel) and `state_backward.py` (the reverse pass and
-the chunk-local VJP).
+rows A_t khat_t, its Woodbury rows and A at every `Plan.chunk_start_stride`-th chunk start;
+the state path T and the chunk-start states), and the backward is `penalty_backward.py`
+(the rows' cotangents in one parallel kernel, then the u-cotangent kernel) and
+`state_backward.py` (the reverse pass and the chunk-local VJP).
 
 Packed documents (`segment_ids`): every kernel takes the tokens' document indices and keeps
 documents apart (S restarts at 0 and A at I / lam0 at every document start, anywhere in a
