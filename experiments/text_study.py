@@ -1,7 +1,9 @@
 r"""The byte-level language-modelling study (planned): six mixers at the small size
 (configs/text_small.py, ~10.7-11.7M parameters, Gated DeltaNet with fla's output gate and
 values twice the key width 14.3M; T = 1024) and equal tokens, three learning
-rates each, then the best rate (by validation bits per byte) with two more seeds; every run
+rates each (and the next rate of `lab.grid.RATE_GRID` past an edge, as often as the best is
+the highest or lowest tried), then the best rate (by validation bits per byte) with two more
+seeds; every run
 scored on the test split at T, 4T and 16T (length extrapolation) in bits per byte, overall
 and by position bucket, and its training throughput in tokens/s.
 
@@ -18,8 +20,9 @@ one at a time by default: the runs are GPU-bound); the rate jobs vmap a mixer's 
 (seed 0), the seed jobs its best rate (seeds 1 and 2; seed 0 at that rate is the rate job's
 run: a sweep's run equals the single run). Rows go to <workdir>/text.jsonl; a call skips
 finished jobs, resumes a stopped one from its checkpoint (a SIGTERM at --budget_s + --grace_s
-checkpoints it), and starts a mixer's seed job once its rate job is done. --summary prints,
-per mixer, the rates tried, the chosen rate, test bits per byte at each length over the three
+checkpoints it), runs a mixer's rate past an edge (one run, in a job named by its rate) once
+its rate job is done, and its seed job once its best rate is inside the rates tried.
+--summary prints, per mixer, the rates tried, the chosen rate, test bits per byte at each length over the three
 seeds (mean, std) with the position buckets' means, and tokens/s. `--rates=1e-3` is the
 study's cheapest version: one run a mixer, no seed jobs (6 runs, about a fifth of the cost).
 
@@ -27,7 +30,8 @@ Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pas
 train split), 590M bytes in all. The cheapest version's runs (results/training/
 text_study_h100.jsonl, one H100) trained at 0.49-0.97M bytes/s and took 72-106 s each with
 compilation and scoring (linear attention's did not finish in its call); with three vmapped
-rates and then two seeds a job, the full study is about 30 GPU-minutes (not yet measured). A
+rates and then two seeds a job, the full study is about 30 GPU-minutes, more with rates past
+an edge (one H200: a rate job 2-3 minutes; results/training/text_rate_jobs_h200.jsonl). A
 call resumed after --budget_s compiles its job again (~1 minute). Memory: softmax attention
 scored at 16K holds float32 scores and probabilities of 6 x 16K x 16K per run (~13 GB; ~39 GB
 for a rate job's three vmapped runs), hence the memory fraction above JAX's default 0.75 on an
@@ -82,14 +86,14 @@ _SUMMARY = flags.DEFINE_bool("summary", False, "Print the study's results and ru
 flags.mark_flags_as_required(["workdir"])
 
 
-def _job(grid, label, phase, rates, seeds, data_dir):
+def _job(grid, label, phase, rates, seeds, data_dir, name=None):
   overrides = dict(MIXERS_BY_LABEL[label])
   overrides["task.eval_lengths"] = "(" + ",".join(map(str, EVAL_LENGTHS)) + ")"
   if data_dir:
     overrides["task.data_dir"] = data_dir
-  return grid.Job(grid=GRID, name=f"text-{label}-{phase}", config=CONFIG, overrides=overrides,
-                  rates=tuple(rates), tag={"grid": GRID, "label": label, "phase": phase},
-                  seeds=tuple(seeds))
+  return grid.Job(grid=GRID, name=name or f"text-{label}-{phase}", config=CONFIG,
+                  overrides=overrides, rates=tuple(rates),
+                  tag={"grid": GRID, "label": label, "phase": phase}, seeds=tuple(seeds))
 
 
 MIXERS_BY_LABEL = dict(MIXERS)
@@ -108,27 +112,73 @@ def rates_run(rows, label):
 
 
 def best_rate(rows, label, rates=RATES):
-  """The rate (a float) of `label`'s rate job with the lowest validation bits per byte (runs
-  that diverged or lack a score left out), or None before every one of `rates` is scored."""
-  scores = {}
+  """The rate (a float) of `label`'s rate-phase runs with the lowest validation bits per byte
+  (runs that diverged or lack a score left out), or None before every one of `rates` has run
+  (or where none scored)."""
+  scores, ran = {}, set()
   for r in rows:
     if r.get("label") == label and r.get("phase") == "rates":
+      ran.add(float(r["learning_rate"]))
       value = (r.get("validation") or {}).get(VALIDATION_SET, {}).get("bits_per_byte")
       if value is not None and math.isfinite(value) and not r.get("diverged"):
         scores[float(r["learning_rate"])] = value
   wanted = {float(r) for r in rates}
-  return min(scores, key=scores.get) if wanted <= set(scores) else None
+  return min(scores, key=scores.get) if scores and wanted <= ran else None
+
+
+def past_edge(grid, rows, label, rates=RATES):
+  """The next rate (a `grid.RATE_GRID` string) past the edge of `label`'s rates tried, once
+  `rates` and every rate tried are scored and the best is the highest (or lowest) of two or
+  more, else None (also where the grid ends)."""
+  tried = rates_run(rows, label)
+  best = best_rate(rows, label, tuple(set(tried) | set(rates))) if len(tried) > 1 else None
+  if best is None:
+    return None
+  values = [float(r) for r in grid.RATE_GRID]
+  if best == float(tried[-1]):
+    above = [r for r, x in zip(grid.RATE_GRID, values) if x > best]
+    return above[0] if above else None
+  if best == float(tried[0]):
+    below = [r for r, x in zip(grid.RATE_GRID, values) if x < best]
+    return below[-1] if below else None
+  return None
+
+
+def edge_jobs(grid, rows, labels, data_dir="", rates=RATES):
+  """Rate jobs past an edge: each mixer whose best rate so far is the highest or lowest it
+  tried gets one run (seed RATE_SEED) at the next rate of `grid.RATE_GRID` that way, in a job
+  named by its rate (so that no run folder is reused for another rate). None with one rate
+  (the cheapest version)."""
+  jobs = []
+  for label in labels:
+    rate = past_edge(grid, rows, label, rates) if len(rates) > 1 else None
+    if rate is not None:
+      jobs.append(_job(grid, label, "rates", (rate,), (RATE_SEED,), data_dir,
+                       name=f"text-{label}-rates-lr{rate}"))
+  return jobs
 
 
 def seed_jobs(grid, rows, labels, data_dir="", rates=RATES):
-  """The second phase: each mixer whose rate job (all three rates) is done, at its best
-  rate, seeds MORE_SEEDS."""
+  """The second phase: each mixer whose rates (`rates` and any past an edge) are done and
+  whose best rate is inside them, at that rate, seeds MORE_SEEDS."""
   jobs = []
   for label in labels:
-    rate = best_rate(rows, label, rates) if len(rates) > 1 else None
+    if len(rates) == 1 or past_edge(grid, rows, label, rates) is not None:
+      continue
+    rate = best_rate(rows, label, tuple(set(rates) | set(rates_run(rows, label))))
     if rate is not None:
       jobs.append(_job(grid, label, "seeds", (grid.rate_name(rate),), MORE_SEEDS, data_dir))
   return jobs
+
+
+def _edge_jobs_run(grid, rows, data_dir):
+  """The jobs past an edge that `rows` hold (listed as done)."""
+  names = {}
+  for r in rows:
+    if r.get("phase") == "rates" and "-lr" in r.get("job", ""):
+      names[r["job"]] = (r["label"], grid.rate_name(r["learning_rate"]))
+  return [_job(grid, label, "rates", (rate,), (RATE_SEED,), data_dir, name=name)
+          for name, (label, rate) in sorted(names.items())]
 
 
 def summary(rows, workdir):
@@ -197,19 +247,24 @@ def main(argv):
     if bad or not rates:
       raise app.UsageError(f"--rates: {bad or 'none'}; choose from {list(RATES)}")
     first = rate_jobs(grid, labels, data_dir, rates)
+    later = lambda rows: (edge_jobs(grid, rows, labels, data_dir, rates)
+                          + seed_jobs(grid, rows, labels, data_dir, rates))
     if _LIST.value:
-      print(grid.listing(first + seed_jobs(grid, rows, labels, data_dir, rates), {GRID: rows},
-                         (),
-                         overrides), flush=True)
+      done_edges = [j for j in _edge_jobs_run(grid, rows, data_dir)]
+      print(grid.listing(first + done_edges + later(rows), {GRID: rows}, (), overrides),
+            flush=True)
       return
     run = lambda jobs, budget: grid.run_grid(
         jobs, sweep_script=os.path.join(here, "sweep.py"), root=root, workdir=workdir,
         seeds=(), overrides=overrides, per_gpu=_PER_GPU.value, budget_s=budget,
         grace_s=_GRACE.value, stop_s=_STOP.value, log=lambda line: print(line, flush=True))
     left = _BUDGET.value - run(first, _BUDGET.value)["wall_s"]
-    if left > 0:     # the seed jobs of the mixers whose rate job is done
-      second = seed_jobs(grid, jsonl.read_rows(rows_path), labels, data_dir, rates)
-      run(second, left)
+    while left > 0:   # rates past an edge, then seed jobs, as the rows allow
+      rows = jsonl.read_rows(rows_path)
+      todo = [j for j in later(rows) if not grid.is_done(j, rows, (), overrides)]
+      if not todo:
+        break
+      left -= run(todo, left)["wall_s"]
 
 
 if __name__ == "__main__":
