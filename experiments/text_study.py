@@ -22,8 +22,8 @@ run: a sweep's run equals the single run). Rows go to <workdir>/text.jsonl; a ca
 finished jobs, resumes a stopped one from its checkpoint (a SIGTERM at --budget_s + --grace_s
 checkpoints it), runs a mixer's rate past an edge (one run, in a job named by its rate) once
 its rate job is done, and its seed job once its best rate is inside the rates tried.
---summary prints, per mixer, the rates tried, the chosen rate, test bits per byte at each length over the three
-seeds (mean, std) with the position buckets' means, and tokens/s. `--rates=1e-3` is the
+--summary prints, per mixer, the rates tried, the chosen rate, test bits per byte at each
+length over the three seeds (mean, std) with the position buckets' means, and tokens/s. `--rates=1e-3` is the
 study's cheapest version: one run a mixer, no seed jobs (6 runs, about a fifth of the cost).
 
 Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pass over the
