@@ -23,8 +23,9 @@ finished jobs, resumes a stopped one from its checkpoint (a SIGTERM at --budget_
 checkpoints it), runs a mixer's rate past an edge (one run, in a job named by its rate) once
 its rate job is done, and its seed job once its best rate is inside the rates tried.
 --summary prints, per mixer, the rates tried, the chosen rate, test bits per byte at each
-length over the three seeds (mean, std) with the position buckets' means, and tokens/s. `--rates=1e-3` is the
-study's cheapest version: one run a mixer, no seed jobs (6 runs, about a fifth of the cost).
+length over the three seeds (mean, std) with the position buckets' means, and tokens/s.
+`--rates=1e-3` is the study's cheapest version: one run a mixer, no seed jobs (6 runs, about a
+fifth of the cost).
 
 Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pass over the
 train split), 590M bytes in all. The cheapest version's runs (results/training/
