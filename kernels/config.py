@@ -124,17 +124,17 @@ FUSED_VJP_F32_UP_TO = 64
 # a program whose tiles go through a workspace (start_inverse "tiles") or XLA.
 INVERSE_KERNEL_UP_TO = 64
 # The penalty path's products transposed (penalty_layout "transposed") from this dk, on the
-# block's rows below it (the plan's choice; kernels/DESIGN.md, "Open questions" 6).
+# block's rows below it (the plan's choice; kernels/DESIGN.md, "The plan").
 TRANSPOSED_PENALTY_FROM_DK = 128
 # The differentiated penalty scan keeps A (the row cotangents' [dk, dk] residual) at every
 # this-many-th chunk start of each scan segment, the segment's first chunk included; the
 # row-cotangent kernel rebuilds a chunk start between them from the kept one and the
 # Woodbury rows of the up to CHUNK_START_STRIDE - 1 chunks between, downdate by downdate as
-# the scan carried A (kernels/DESIGN.md, "Penalty backward"). 4 quarters the residual (537 ->
-# 134 MB at d = 128, T = 4096, B = 8, H = 16) for up to 3 more [C, dk] blocks of Y and their
-# downdates a program; not timed on a GPU yet (open question 5), so the plan keeps every
-# chunk start (1) until a GPU run shows 4 no slower; tests run 4 through `Plan` directly.
-CHUNK_START_STRIDE = 1
+# the scan carried A (kernels/DESIGN.md, "Penalty backward"). 4 against 1 (every start), one
+# H100, bf16 fwd + bwd, H = 16, B * T = 32768: peak 4825 -> 4321 MB at d = 128 (2003 -> 1907
+# at d = 64), time within 1% either way at d = 64 / 128 and T = 4k / 32k, gradients
+# bit-identical (results/bench/decisions/chunk_start_stride_h100.jsonl).
+CHUNK_START_STRIDE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +257,7 @@ class KernelConfig:
     # (kernels/DESIGN.md, "Precision"). Not for one-pass TF32 products (not measured).
     exact = jnp.dtype(acc) == jnp.float32 and kind in ("ieee", "tf32x3", "bf16")
     # The penalty path's forms where the config leaves them None, by key head dim (timed
-    # against each other on one H100, in both orders: kernels/DESIGN.md, "Open questions" 6;
+    # against each other on one H100, in both orders: kernels/DESIGN.md, "The plan";
     # results/bench/decisions/options_h100.jsonl): the Newton block factor at every dk (the
     # elimination stays its fallback), and at dk = 128 the transposed layout and, for exact
     # starts, the segment starts in the kernels (float32 states; float64 ones stay XLA,
@@ -298,7 +298,13 @@ class KernelConfig:
         segments=-(-N // seg), chunk_start_stride=CHUNK_START_STRIDE, exact_starts=exact,
         inverse_kernel=dk <= INVERSE_KERNEL_UP_TO or (start_inverse == "tiles"
                                                       and jnp.dtype(acc) == jnp.float32),
-        inverse_dot=prec(accurate), gram_dot=prec("bf16" if low else accurate),
+        # The segment starts' Grams in three TF32 passes for bfloat16 u too: with bfloat16
+        # tensor-core products (exact products of bfloat16 numbers, float32 sums) o drifted
+        # with T where u is anisotropic (one H100, d = 128, T = 131072, lam0 = 0.1, unit-norm
+        # u: 1.47e-2 against the float64 reference, by quarter 6.5e-3 -> 2.1e-2; isotropic
+        # 5.0e-3); with three passes 5.3e-3, flat, and raising any other stage's products
+        # left it at 1.44-1.47e-2 (results/bench/decisions/drift_stages_h100.jsonl).
+        inverse_dot=prec(accurate), gram_dot=prec(accurate),
         newton_step=newton,
         inverse_tile=(32 if dk % 32 == 0 and (not newton or dk > INVERSE_KERNEL_UP_TO)
                       else None),

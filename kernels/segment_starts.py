@@ -20,7 +20,9 @@ so two forms, by `Plan.exact_starts`:
     NEWTON_RESIDUAL (cond(M) ~1e6 and beyond, where the steps stop short or diverge), M's
     float64 Cholesky inverse instead. For bfloat16 u the Grams are the float32
     ones of the direct form (each product of two bfloat16 numbers is exact in float32; only
-    the sums round, by ~eps ||G_j|| per segment, not eps ||M_s||), summed in float64: error
+    the sums round, by ~eps ||G_j|| per segment, not eps ||M_s||; the kernel's products are
+    three TF32 passes, `Plan.gram_dot`: with bfloat16 tensor-core products o drifted with T
+    on the GPU, kernels/DESIGN.md "Precision"), summed in float64: error
     ~eps * sqrt(T L) / lambda_min(M_s) instead of ~eps * T / lambda_min (3e-4 against 5e-4
     at T = 16384, d = 32, cond 4e4, growing slower with T). bfloat16 needs it although its
     products round by far more: a start's error reaches the state's columns along u's

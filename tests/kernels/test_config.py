@@ -47,10 +47,12 @@ def test_precision_takes_jax_names():
 
 def test_default_products_follow_the_inputs():
   """DEFAULT: bfloat16 operands for bfloat16 inputs, one-pass TF32 for float32; the segment
-  starts' inverses and Grams stay about float32 accurate (tf32x3), bf16 Grams of bf16 u."""
+  starts' inverses and Grams stay about float32 accurate (tf32x3), for bfloat16 u too (its
+  bfloat16 Grams drifted on the GPU)."""
   bf = _plan(low=True)
-  assert (bf.factor_dot, bf.state_factor_dot, bf.state_apply_dot, bf.gram_dot) == (BF16,) * 4
-  assert bf.inverse_dot == TF32X3 and bf.state_dot == P.DEFAULT and bf.low
+  assert (bf.factor_dot, bf.state_factor_dot, bf.state_apply_dot) == (BF16,) * 3
+  assert (bf.inverse_dot, bf.gram_dot) == (TF32X3, TF32X3)
+  assert bf.state_dot == P.DEFAULT and bf.low
   assert bf.store == jnp.bfloat16
   f32 = _plan()
   assert (f32.factor_dot, f32.state_factor_dot) == (TF32, TF32)
