@@ -2,8 +2,8 @@ r"""The benchmark suite behind BENCHMARKS.md: VLA pallas, fla's chunk_delta_rule
 fla are importable and a GPU is there), cuDNN causal attention, each row with VLA's hardware
 floor; forward and forward + backward; H = 16, bfloat16, B * T = 32,768 (B = 1 beyond).
 
-    python experiments/bench.py --name=h200_d64 --dims=64
-    python experiments/bench.py --name=h200_d128 --dims=128
+    python experiments/bench.py --name=h100_d64 --dims=64
+    python experiments/bench.py --name=h100_d128 --dims=128
     python experiments/report_benchmarks.py
 
 The state path alone (`lab.benchmarks.rows` lists every row family):

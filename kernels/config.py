@@ -303,7 +303,11 @@ class KernelConfig:
         # with T where u is anisotropic (one H100, d = 128, T = 131072, lam0 = 0.1, unit-norm
         # u: 1.47e-2 against the float64 reference, by quarter 6.5e-3 -> 2.1e-2; isotropic
         # 5.0e-3); with three passes 5.3e-3, flat, and raising any other stage's products
-        # left it at 1.44-1.47e-2 (results/bench/decisions/drift_stages_h100.jsonl).
+        # left it at 1.44-1.47e-2 (results/bench/decisions/drift_stages_h100.jsonl). One TF32
+        # pass drifts as bfloat16 does (1.56e-2; bfloat16 values are exact in TF32, so the
+        # sums, not the operands, err). Cost: forward +0-4% at d = 64 / 128, T = 4k / 32k,
+        # +7-12% at d = 128, 32k (B = 1), fwd + bwd +1-2%
+        # (results/bench/decisions/gram_products_h100.jsonl).
         inverse_dot=prec(accurate), gram_dot=prec(accurate),
         newton_step=newton,
         inverse_tile=(32 if dk % 32 == 0 and (not newton or dk > INVERSE_KERNEL_UP_TO)

@@ -286,26 +286,28 @@ def _ratios(data, d, num, den, passes=report.PASSES):
 # Each claim: a predicate on (data, profile) for one sentence of BENCHMARKS.md's findings.
 
 def slower_than_fla_at_every_length(data, profile):
-  """Verdict: 'slower than fla's chunk_delta_rule at every length measured, by about 1.3-1.9x
-  at head dim 64 and 2.5-3.9x at 128'."""
-  return all((r := _ratios(data, d, report.PALLAS, report.FLA)) and lo <= min(r)
-             and max(r) <= hi for d, lo, hi in ((64, 1.25, 1.95), (128, 2.4, 3.9)))
+  """Verdict: 'slower than fla's chunk_delta_rule at every length measured: 1.5-2.2x forward +
+  backward and 1.9-2.8x forward at head dim 64, 2.5-3.3x and 2.9-3.8x at 128'."""
+  return all((r := _ratios(data, d, report.PALLAS, report.FLA, (p,))) and lo <= min(r)
+             and max(r) <= hi
+             for d, p, lo, hi in ((64, "fwd+bwd", 1.5, 2.25), (64, "fwd", 1.9, 2.85),
+                                  (128, "fwd+bwd", 2.5, 3.35), (128, "fwd", 2.85, 3.8)))
 
 
-def crosses_cudnn_past_6k_to_17k(data, profile):
-  """Verdict and crossover: 'beats cuDNN causal attention only past roughly 6k-9k tokens at
-  d = 64 and 13k-17k at d = 128'."""
+def crosses_cudnn_past_10k_to_22k(data, profile):
+  """Verdict and crossover: 'beats cuDNN causal attention only past roughly 10k-15k tokens at
+  d = 64 and 17k-22k at d = 128'."""
   return all(kind == "at" and lo <= T <= hi
-             for d, lo, hi in ((64, 6000, 9000), (128, 13000, 17500)) for p in report.PASSES
+             for d, lo, hi in ((64, 10000, 16000), (128, 16500, 22000)) for p in report.PASSES
              for kind, T in [report.crossover(report.ratio_series(data, d, p, report.PALLAS,
                                                                   report.CUDNN))])
 
 
 def a_tenth_of_cudnn_at_131k(data, profile):
-  """Crossover: 'at 131,072 tokens VLA pallas needs 7-13% of cuDNN's time'."""
+  """Crossover: 'at 131,072 tokens VLA pallas needs 9-15% of cuDNN's time'."""
   r = [dict(report.ratio_series(data, d, p, report.PALLAS, report.CUDNN))[131072]
        for d, p in report.pairs(data)]
-  return 0.065 <= min(r) and max(r) <= 0.135
+  return 0.085 <= min(r) and max(r) <= 0.155
 
 
 def fla_gap_smallest_at_the_longest_length(data, profile):
@@ -315,42 +317,43 @@ def fla_gap_smallest_at_the_longest_length(data, profile):
              for s in [report.ratio_series(data, d, p, report.PALLAS, report.FLA)])
 
 
-def floor_distance_8_to_17_closer_at_128(data, profile):
-  """Verdict and floor: '8-17x its hardware floor', 'closer at d = 128 than at d = 64'."""
+def floor_distance_9_to_27_closer_at_128(data, profile):
+  """Verdict and floor: '9-27x its hardware floor', 'closer at d = 128 than at d = 64'."""
   x = {d: [v for p in report.PASSES for _, v in report.floor_series(data, d, p)]
        for d in (64, 128)}
-  return (8 <= min(x[128]) and max(x[64]) <= 17.5 and max(x[128]) < min(x[64]))
+  return (9 <= min(x[128]) and max(x[64]) <= 27.5 and max(x[128]) < min(x[64]))
 
 
 def fla_as_far_from_its_floor(data, profile):
-  """Verdict and field: 'fla ... sits at 12-20x its own'; 'fla's forward crosses cuDNN near
-  3k-4k tokens at both head dims'."""
+  """Verdict and field: 'fla ... at 13-21x its own'; 'fla's forward crosses cuDNN near
+  4k-5k tokens at both head dims'."""
   T = report.field_T(data, report.fixed_tokens(data))
   fla = [ms / fl for d, p in report.pairs(data, report.FLA)
          for ms, fl in [report.fla_floor(data, d, p, T)]]
   cross = [report.crossover(report.ratio_series(data, d, "fwd", report.FLA, report.CUDNN))
            for d in (64, 128)]
-  return (11.5 <= min(fla) and max(fla) <= 20
-          and all(kind == "at" and 3000 <= T_ <= 4200 for kind, T_ in cross))
+  return (12.5 <= min(fla) and max(fla) <= 21.5
+          and all(kind == "at" and 4000 <= T_ <= 5000 for kind, T_ in cross))
 
 
 def forward_time_flat_in_T(data, profile):
-  """Time: 'forward time hardly depends on T (under 1.5x from 1k to 32k), like fla's and unlike
+  """Time: 'forward time hardly depends on T (under 1.4x from 1k to 32k), like fla's and unlike
   attention's'."""
   tokens = report.fixed_tokens(data)
   grow = {lab: [g[3] / g[2] for d in data.dims for g in [report.growth(data, d, lab, tokens)]]
           for lab in (report.PALLAS, report.FLA, report.CUDNN)}
-  return max(grow[report.PALLAS]) < 1.5 and max(grow[report.FLA]) < 1.6 and min(
+  return max(grow[report.PALLAS]) < 1.4 and max(grow[report.FLA]) < 1.6 and min(
       grow[report.CUDNN]) > 10
 
 
 def backward_costs_fewer_forwards(data, profile):
   """Time: 'Its forward + backward costs fewer forwards than fla's and cuDNN's at every length
-  and head dim'."""
-  return all(dict(report.backward_ratios(data, d, report.PALLAS))[T]
-             < min(dict(report.backward_ratios(data, d, lab))[T] for lab in (report.FLA,
-                                                                            report.CUDNN))
-             for d in data.dims for T, _ in report.backward_ratios(data, d, report.PALLAS))
+  and head dim but d = 128, T = 4k (3.88 against fla's 3.87)'."""
+  fewer = {(d, T): dict(report.backward_ratios(data, d, report.PALLAS))[T]
+           < min(dict(report.backward_ratios(data, d, lab))[T] for lab in (report.FLA,
+                                                                          report.CUDNN))
+           for d in data.dims for T, _ in report.backward_ratios(data, d, report.PALLAS)}
+  return [k for k, v in fewer.items() if not v] == [(128, 4096)]
 
 
 def penalty_scan_leads_the_forward(data, profile):
@@ -364,25 +367,24 @@ def penalty_scan_leads_the_forward(data, profile):
 
 
 def three_kernels_dominate_the_d128_gradient(data, profile):
-  """Profile: 'At d = 128 three kernels of the gradient ... take half to two thirds of its busy
-  time'."""
+  """Profile: 'At d = 128 three kernels of the gradient ... take half of its busy time'."""
   three = ("vla_state_local_vjp", "vla_penalty_scan", "vla_adjoint_du")
   shares = [sum(k["ms"] for k in r["kernels"] if report.kernel_name(k["name"]) in three)
             / r["busy_ms"]
             for r in profile["rows"] if r["call"] == "gradient" and r["d"] == 128]
-  return shares and 0.5 <= min(shares) and max(shares) <= 2 / 3
+  return shares and 0.45 <= min(shares) and max(shares) <= 0.6
 
 
 def fastest_rows_per_dim(data, profile):
-  """d = 64 and d = 128: 'cuDNN is the fastest row up to 2k tokens and fla from 4k on, in both
-  passes; VLA pallas is never the fastest and comes second from 16k (forward) and 8k (forward +
-  backward)'; at d = 128 second 'only from 32k (forward) and 16k'."""
-  second_from = {(64, "fwd"): 16384, (64, "fwd+bwd"): 8192, (128, "fwd"): 32768,
-                 (128, "fwd+bwd"): 16384}
+  """d = 64 and d = 128: 'cuDNN is the fastest row up to 4k tokens and fla from 8k on, in both
+  passes; VLA pallas is never the fastest and comes second from 16k tokens in both passes'; at
+  d = 128 second 'only from 32k tokens in both passes'."""
+  second_from = {(64, "fwd"): 16384, (64, "fwd+bwd"): 16384, (128, "fwd"): 32768,
+                 (128, "fwd+bwd"): 32768}
   for (d, p), T2 in second_from.items():
     body = report.fastest_summary(data, d, p)
     Ts = [int(line[0].replace(",", "")) for line in body]
-    if [line[1] for line in body] != [report.CUDNN if T <= 2048 else report.FLA for T in Ts]:
+    if [line[1] for line in body] != [report.CUDNN if T <= 4096 else report.FLA for T in Ts]:
       return False
     if [line[4] for line in body] != ["2 of 3" if T >= T2 else "3 of 3" for T in Ts]:
       return False
@@ -390,7 +392,7 @@ def fastest_rows_per_dim(data, profile):
 
 
 def memory_above_fla_and_cudnn(data, profile):
-  """Memory: '1.1-1.8x fla's and 2.5-3.5x cuDNN's; its largest peak, the d = 128 gradient at
+  """Memory: '1.3-1.9x fla's and 3.0-3.6x cuDNN's; its largest peak, the d = 128 gradient at
   131,072 tokens, is about 18 GB'."""
   ratios = {report.FLA: [], report.CUDNN: []}
   peaks = []
@@ -401,8 +403,8 @@ def memory_above_fla_and_cudnn(data, profile):
       for lab in ratios:
         ratios[lab].append(mine["peak_mib"] / data.get(d, p, lab, T)["peak_mib"])
   top = max(peaks)
-  return (1.05 <= min(ratios[report.FLA]) and max(ratios[report.FLA]) <= 1.85
-          and 2.45 <= min(ratios[report.CUDNN]) and max(ratios[report.CUDNN]) <= 3.55
+  return (1.3 <= min(ratios[report.FLA]) and max(ratios[report.FLA]) <= 1.9
+          and 3.0 <= min(ratios[report.CUDNN]) and max(ratios[report.CUDNN]) <= 3.65
           and top[1:] == (128, "fwd+bwd", 131072) and 17 <= top[0] * 2 ** 20 / 1e9 <= 19.5)
 
 
@@ -435,8 +437,8 @@ def one_run_per_head_dim(data, profile):
 
 
 CLAIMS = {f.__name__: f for f in (
-    slower_than_fla_at_every_length, crosses_cudnn_past_6k_to_17k, a_tenth_of_cudnn_at_131k,
-    fla_gap_smallest_at_the_longest_length, floor_distance_8_to_17_closer_at_128,
+    slower_than_fla_at_every_length, crosses_cudnn_past_10k_to_22k, a_tenth_of_cudnn_at_131k,
+    fla_gap_smallest_at_the_longest_length, floor_distance_9_to_27_closer_at_128,
     fla_as_far_from_its_floor, forward_time_flat_in_T, backward_costs_fewer_forwards,
     penalty_scan_leads_the_forward, three_kernels_dominate_the_d128_gradient,
     fastest_rows_per_dim, memory_above_fla_and_cudnn, checks_hold_their_bounds,
