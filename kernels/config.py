@@ -158,12 +158,11 @@ class KernelConfig:
       the elimination elsewhere; `common.guarded_chol_inv`) or "elimination" (16 dependent
       elimination steps in every block, `common.chol_inv`).
     start_inverse: how the segment starts are formed at dk = 128 (at dk <= 64 always in the
-      kernels): "tiles" (None's choice for exact starts: bfloat16 inputs, HIGH, HIGHEST; the
-      Gram kernel, and one program per start: a block Cholesky inverse on 32 x 32 tiles that
-      live in a global-memory workspace; `segment_starts.py`), for float32 states (float64
-      ones stay XLA: the Gram kernel's [128, 128] float64 sum spills), or "xla" (Grams and
-      batched Cholesky inverses in XLA; None's choice for float32 inputs at DEFAULT, whose
-      direct starts on tiles went NaN at long T on the GPU).
+      kernels): "tiles" (None's choice for float32 states, whose starts are exact: the Gram
+      kernel for bfloat16 inputs, and one program per start: a block Cholesky inverse on
+      32 x 32 tiles that live in a global-memory workspace; `segment_starts.py`; float64
+      states stay XLA: the Gram kernel's [128, 128] float64 sum spills), or "xla" (Grams and
+      batched Cholesky inverses in XLA).
     penalty_layout: how the penalty path's products are laid out: "rows" (None's choice at
       dk <= 64; the penalty scan's products on the block's rows, X = U A,
       W = E A - tril(E Y^T) Y, A <- A - Y^T Y: the 16 tokens on the products' M side and the
@@ -249,36 +248,34 @@ class KernelConfig:
     bv = self.block_v
     if bv is None:
       bv = min(dv, 16) if BH * (dv // min(dv, 32)) <= SMALL_VALUE_BLOCK_AT else min(dv, 32)
-    # Exact segment starts (float64 prefix sums and Newton steps; segment_starts.py) where
-    # products are about float32 accurate or bfloat16, and states float32: direct float32
-    # starts err by ~eps * cond(M), 3.4e-5 in o at T = 16384, d = 32, anisotropic u (CPU),
-    # against 1.1e-6 exact. With bfloat16 inputs that error, small beside the products' own,
-    # reaches the state's columns that no write erases and adds up over the sequence
-    # (kernels/DESIGN.md, "Precision"). Not for one-pass TF32 products (not measured).
-    exact = jnp.dtype(acc) == jnp.float32 and kind in ("ieee", "tf32x3", "bf16")
+    # Exact segment starts (float64 prefix sums and Newton steps; segment_starts.py) for every
+    # float32 state: direct float32 starts err by ~eps * cond(M), 3.4e-5 in o at T = 16384,
+    # d = 32, anisotropic u (CPU), against 1.1e-6 exact. With bfloat16 or one-pass TF32
+    # products that error, small beside the products' own, reaches the state's columns that no
+    # write erases and adds up over the sequence (kernels/DESIGN.md, "Precision"): float32
+    # inputs at DEFAULT, d = 128, T = 131072, lam0 = 0.1, anisotropic unit-norm u, one H100:
+    # o 1.34e-2 against float64 with direct XLA starts (4.3e-3 -> 1.9e-2 by quarter), 2.5e-3
+    # exact (isotropic u 7.7e-4; results/bench/decisions/drift_stages_h100.jsonl). (Direct
+    # starts on the tiles gave NaN there from token 42,782: start_tiles_nan_h200.jsonl.)
+    exact = jnp.dtype(acc) == jnp.float32
     # The penalty path's forms where the config leaves them None, by key head dim (timed
     # against each other on one H100, in both orders: kernels/DESIGN.md, "The plan";
     # results/bench/decisions/options_h100.jsonl): the Newton block factor at every dk (the
     # elimination stays its fallback), and at dk = 128 the transposed layout and, for exact
     # starts, the segment starts in the kernels (float32 states; float64 ones stay XLA,
     # `inverse_kernel`); at dk <= 64 the rows layout (the starts run in the kernels there
-    # either way). Direct starts at dk = 128 (float32 inputs at DEFAULT) stay XLA: the tiled
-    # kernel's direct starts, which no float64 step checks, gave NaN from token 42,7xx on
-    # (H200, d = 128, T = 131072, lam0 = 0.1, anisotropic unit-norm u; XLA's finite:
-    # results/bench/decisions/start_tiles_nan_h200.jsonl).
+    # either way).
     block_factor = self.block_factor or "newton"
     penalty_layout = self.penalty_layout or (
         "transposed" if dk >= TRANSPOSED_PENALTY_FROM_DK else "rows")
     start_inverse = self.start_inverse or (
         "tiles" if dk > INVERSE_KERNEL_UP_TO and exact else "xla")
     programs = BH * (dv // bv)
-    # The float32 Newton step on direct segment-start inverses is dropped for bfloat16 inputs
-    # at DEFAULT (outputs round to 8 bits; with it the 32-row tiled inverse spills: 0.225
-    # against 0.123 ms at d = 64, T = 4096, B = 8) and for exact starts (float64 steps
-    # follow); without it the inverse runs on 32 x 32 tiles (0.123 against 0.200 ms
-    # whole-matrix). At dk = 128 (start_inverse "tiles") always tiles: the whole matrix
-    # spills.
-    newton = not low and not exact
+    # The Newton step in the states' own dtype only on direct starts (float64 states): exact
+    # starts take float64 steps after the float32 inverse, which then runs on 32 x 32 tiles
+    # (0.123 against 0.200 ms whole-matrix with the step at d = 64, T = 4096, B = 8). At
+    # dk = 128 (start_inverse "tiles") always tiles: the whole matrix spills.
+    newton = not exact
     adjoint_warps = 8 if dk >= 128 else 4
     return Plan(
         chunk_size=self.chunk_size, interpret=bool(interpret), acc=jnp.dtype(acc).name,
@@ -368,7 +365,7 @@ class Plan:
     chunk_start_stride: the differentiated scan keeps A at every this-many-th chunk start
       of each segment (`CHUNK_START_STRIDE`); the row-cotangent kernel rebuilds the others.
     exact_starts: segment starts from float64 Grams, prefix sums and Newton steps (error
-      ~eps at any T), else direct (float32 sums and inverses, error ~eps * cond(M)).
+      ~eps at any T; every float32 state), else direct (in the states' dtype: float64).
     inverse_kernel: segment starts (Grams and inverses) in the Pallas kernels (else XLA: at
       dk = 128 for float64 states or `KernelConfig.start_inverse` "xla");
       inverse_dot: the inverse kernel's products; gram_dot: the Gram kernel's products;

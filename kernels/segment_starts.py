@@ -11,10 +11,10 @@ M_s by ~eps ||M_s|| in every direction, and the Cholesky adds as much (the carri
 segment rounds relative to ||A|| and does not). cond(M_s) grows with T when u is anisotropic,
 so two forms, by `Plan.exact_starts`:
 
-  - exact (float32 states at precision HIGH or HIGHEST, and bfloat16 inputs at DEFAULT): the
+  - exact (every float32 state: bfloat16 inputs, one-pass TF32, HIGH, HIGHEST): the
     Grams and their prefix sums in float64 (XLA; each product of two float32 numbers is exact
     in float64), M_0 = A_0^-1 and every M_s^-1 first as a float32 direct inverse X (the
-    kernels below; XLA's at dk = 128 by default), then `REFINE_STEPS` Newton steps
+    kernels below, on tiles at dk = 128 by default), then `REFINE_STEPS` Newton steps
     X <- X + X (I - M X) in float64 (the residual I - M X is ~eps * cond and cancels: only
     float64 forms it). Error ~eps, independent of T. Where the first residual exceeds
     NEWTON_RESIDUAL (cond(M) ~1e6 and beyond, where the steps stop short or diverge), M's
@@ -27,9 +27,8 @@ so two forms, by `Plan.exact_starts`:
     at T = 16384, d = 32, cond 4e4, growing slower with T). bfloat16 needs it although its
     products round by far more: a start's error reaches the state's columns along u's
     dominant directions, which no write erases (kernels/DESIGN.md, "Precision").
-  - direct (one-pass TF32, float64 states): Grams, prefix sums and inverses in the states'
-    dtype; for TF32 the products' own error dominates (not measured for anisotropic u at
-    long T), and float64's eps * cond is ~1e-12.
+  - direct (float64 states): Grams, prefix sums and inverses in float64 and one Newton step
+    (float64's eps * cond is ~1e-12).
 
 Kernels, by key head dim (`Plan.inverse_kernel`):
   - dk <= 64: the Grams in `vla_segment_grams` (direct form and bfloat16 exact form; one
@@ -37,7 +36,7 @@ Kernels, by key head dim (`Plan.inverse_kernel`):
     in one program of
     `vla_spd_inverse`: a Cholesky by dk elimination steps on the whole [dk, dk] matrix, or a
     block Cholesky on 32 x 32 tiles (`Plan.inverse_tile`), then A = L^-T L^-1 and, with
-    `Plan.newton_step`, a float32 step A <- A + A (I - M A). A_0^-1 takes a second launch.
+    `Plan.newton_step` (float64 states), a step A <- A + A (I - M A). A_0^-1 takes a second launch.
   - dk = 128 (where that program spills and needs 256 KB of shared memory): for float32
     states (`KernelConfig.start_inverse` "tiles", the plan's choice) the same kernels:
     `vla_segment_grams` at `WIDE_GRAM_WARPS`, and `vla_spd_inverse` on 32 x 32 tiles (with or

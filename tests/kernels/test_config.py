@@ -65,8 +65,8 @@ def test_default_products_follow_the_inputs():
 
 def test_the_plans_penalty_forms():
   """Where the config leaves them None: the Newton block factor at every dk; at dk = 128 the
-  transposed layout and, for exact starts of float32 states, the segment starts in the
-  kernels (direct starts, float32 inputs at DEFAULT, and float64 ones in XLA); at dk <= 64
+  transposed layout and, for the exact starts of float32 states, the segment starts in the
+  kernels (float64 states' direct ones in XLA); at dk <= 64
   the rows layout (and the starts in the kernels, as with every form). A form the config
   names wins at every dk."""
   for low, acc in ((False, jnp.float32), (True, jnp.float32), (False, jnp.float64)):
@@ -75,14 +75,14 @@ def test_the_plans_penalty_forms():
       assert plan.block_factor == "newton"
       assert plan.penalty_layout == ("transposed" if dk == 128 else "rows")
       assert plan.inverse_kernel == (dk == 64 or plan.exact_starts), (low, acc, dk)
-      assert plan.inverse_kernel == (dk == 64 or (low and acc == jnp.float32)), (low, dk)
+      assert plan.inverse_kernel == (dk == 64 or acc == jnp.float32), (low, dk)
       forced = KernelConfig(block_factor="elimination", start_inverse="xla",
                             penalty_layout="rows" if dk == 128 else "transposed")
       plan = _plan(forced, low=low, acc=acc, dk=dk, dv=dk)
       assert plan.block_factor == "elimination"
       assert plan.penalty_layout == ("rows" if dk == 128 else "transposed")
       assert plan.inverse_kernel == (dk == 64), (low, acc, dk)
-  for p in (P.HIGH, P.HIGHEST):   # exact starts of float32 inputs: in the kernels
+  for p in (P.DEFAULT, P.HIGH, P.HIGHEST):   # exact starts of float32 inputs: in the kernels
     plan = _plan(KernelConfig(precision=p), dk=128, dv=128)
     assert plan.exact_starts and plan.inverse_kernel and plan.inverse_tile == 32
   assert _plan(KernelConfig(start_inverse="tiles"), acc=jnp.float64, dk=128,
@@ -90,19 +90,21 @@ def test_the_plans_penalty_forms():
   assert _plan(KernelConfig(block_factor="newton", start_inverse="tiles",
                             penalty_layout="transposed"), low=True, dk=128,
                dv=128) == _plan(low=True, dk=128, dv=128)
-  assert _plan(KernelConfig(start_inverse="xla"), dk=128, dv=128) == _plan(dk=128, dv=128)
+  assert _plan(KernelConfig(start_inverse="tiles"), dk=128, dv=128) == _plan(dk=128, dv=128)
+  assert _plan(KernelConfig(start_inverse="xla"), acc=jnp.float64, dk=128, dv=128) == _plan(
+      acc=jnp.float64, dk=128, dv=128)
 
 
 def test_start_inverse_moves_the_dk_128_starts_into_the_kernels():
   """start_inverse="tiles": the segment starts at dk = 128 in the kernels for float32 states
-  (float64 ones stay XLA), on 32 x 32 tiles also with the float32 Newton step (the whole
-  matrix spills there), every other choice as with "xla"; at dk <= 64 it changes nothing."""
+  (float64 ones stay XLA), on 32 x 32 tiles, every other choice as with "xla"; at dk <= 64 it
+  changes nothing."""
   tiles = KernelConfig(start_inverse="tiles")
   for low in (False, True):
     xla, kernel = (_plan(cfg, low=low, dk=128, dv=128)
                    for cfg in (KernelConfig(start_inverse="xla"), tiles))
     assert not xla.inverse_kernel and kernel.inverse_kernel and kernel.inverse_tile == 32
-    assert kernel.newton_step == (not low)
+    assert not kernel.newton_step
     assert dataclasses.replace(kernel, inverse_kernel=False) == xla
     assert _plan(tiles, low=low) == _plan(KernelConfig(start_inverse="xla"), low=low)
   assert not _plan(tiles, acc=jnp.float64, dk=128, dv=128).inverse_kernel
@@ -158,14 +160,14 @@ def test_scan_warps_and_segments():
 
 def test_segment_start_inverses():
   """The Pallas inverse at dk <= 64, XLA at 128 with start_inverse "xla". Exact starts for
-  float32 states at HIGH and HIGHEST (bfloat16 inputs there too) and with bfloat16 products,
-  not for one-pass TF32 products or float64; the float32 Newton step only on direct starts of
-  float32 DEFAULT and float64, 32 x 32 tiles without it."""
+  every float32 state (bfloat16 products, one-pass TF32, HIGH, HIGHEST), not for float64; the
+  Newton step in the states' dtype only on float64's direct starts, 32 x 32 tiles without
+  it."""
   assert _plan().inverse_kernel
   assert not _plan(KernelConfig(start_inverse="xla"), dk=128, dv=128).inverse_kernel
   f32, bf, f64 = _plan(), _plan(low=True), _plan(acc=jnp.float64)
-  assert bf.exact_starts and not (f32.exact_starts or f64.exact_starts)
-  assert f32.newton_step and f32.inverse_tile is None and f64.newton_step
+  assert bf.exact_starts and f32.exact_starts and not f64.exact_starts
+  assert not f32.newton_step and f32.inverse_tile == 32 and f64.newton_step
   assert not bf.newton_step and bf.inverse_tile == 32
   assert _plan(low=True, dk=16, dv=16).inverse_tile is None
   for p in (P.HIGH, P.HIGHEST):

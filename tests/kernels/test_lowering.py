@@ -72,11 +72,13 @@ SPLIT_BWD = ["vla_adjoint_du", "vla_row_cotangents", "vla_state_bwd_chain",
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d64(dtype):
-  """Few programs (the split state loops), segment starts in Pallas, the chunk-local VJP in
-  one kernel; forward and gradient."""
+  """Few programs (the split state loops), segment starts in Pallas (the Gram kernel for
+  bfloat16 u; float32 u's exact Grams are float64 XLA), the chunk-local VJP in one kernel;
+  forward and gradient."""
   shape = (1, 100, 2, 64, 64, 32)
-  assert _kernels(dtype, shape, grad=False) == sorted(SCAN_FWD + SPLIT_FWD)
-  assert _kernels(dtype, shape) == sorted(SCAN_FWD + SPLIT_FWD + SPLIT_BWD
+  starts = SCAN_FWD if dtype == jnp.bfloat16 else EXACT_FWD
+  assert _kernels(dtype, shape, grad=False) == sorted(starts + SPLIT_FWD)
+  assert _kernels(dtype, shape) == sorted(starts + SPLIT_FWD + SPLIT_BWD
                                           + ["vla_state_local_vjp"])
 
 
@@ -95,13 +97,13 @@ def test_large_gain_blocks_compile_a_second_scan():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_default_kernels_d128(dtype):
-  """dk = 128 (two one-chunk segments), the transposed penalty path: bfloat16 inputs' exact
-  segment starts in the kernels (the plan's "tiles"), float32 inputs' direct starts (one-pass
-  TF32 products) in XLA; float32 operands take the chunk-local VJP as XLA products (the
-  kernel would need 352 KB of shared memory), bfloat16 ones the kernel."""
+  """dk = 128 (two one-chunk segments), the transposed penalty path: the exact segment starts
+  in the kernels (the plan's "tiles"; the Gram kernel for bfloat16 u, float64 XLA Grams for
+  float32 u); float32 operands take the chunk-local VJP as XLA products (the kernel would
+  need 352 KB of shared memory), bfloat16 ones the kernel."""
   shape = (1, 128, 1, 128, 128, 64)
   bf16 = dtype == jnp.bfloat16
-  scan = SCAN_FWD if bf16 else ["vla_penalty_scan"]
+  scan = SCAN_FWD if bf16 else EXACT_FWD
   local_vjp = ["vla_state_local_vjp"] if bf16 else []
   assert _kernels(dtype, shape) == sorted(scan + SPLIT_FWD + SPLIT_BWD + local_vjp)
 
@@ -111,13 +113,12 @@ def test_default_kernels_d128(dtype):
                          ids=["bf16", "f32", "f32_highest"])
 def test_tiled_starts_lower_at_d128(dtype, precision):
   """The segment starts at dk = 128 (two one-chunk segments) in the form "tiles" (the plan's
-  for exact starts; float32 at DEFAULT names it): the Gram kernel (8 warps; not for float32
-  exact starts, whose Grams are float64 XLA) and the inverse kernel on tiles in a workspace
-  (barriers between its phases; with the float32 Newton step for float32 at DEFAULT) lower
-  for the H200, each product at the plan's precision."""
+  for float32 states): the Gram kernel (8 warps; bfloat16 u only: float32 u's exact Grams are
+  float64 XLA) and the inverse kernel on tiles in a workspace (barriers between its phases)
+  lower for the H200, each product at the plan's precision."""
   p = getattr(jax.lax.Precision, precision)
   shape = (1, 128, 1, 128, 128, 64)
-  grams = [] if precision == "HIGHEST" else ["vla_segment_grams"]
+  grams = ["vla_segment_grams"] if dtype == jnp.bfloat16 else []
   assert _kernels(dtype, shape, p, grad=False, start_inverse="tiles") == sorted(
       ["vla_penalty_scan", "vla_spd_inverse", "vla_spd_inverse"] + grams + SPLIT_FWD)
   cfg = KernelConfig(chunk_size=64, precision=p, start_inverse="tiles")
@@ -172,13 +173,13 @@ def test_packed_documents_lower(dtype):
 def test_precisions_lower(precision):
   """Three-pass TF32 and IEEE float32 products lower in every kernel, forward and gradient;
   the exact segment starts' float64 Grams, prefix sums and Newton steps lower as XLA (no
-  float64 in a kernel; one-pass TF32 has none)."""
+  float64 in a kernel), as they do for one-pass TF32 at DEFAULT."""
   names, hlo = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32),
                         getattr(jax.lax.Precision, precision), text=True)
   assert names == sorted(EXACT_FWD + SPLIT_FWD + SPLIT_BWD + ["vla_state_local_vjp"])
   assert "xf64>" in hlo
-  _, hlo = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), grad=False, text=True)
-  assert "xf64>" not in hlo
+  names, hlo = _kernels(jnp.float32, (1, 64, 2, 32, 32, 32), grad=False, text=True)
+  assert names == sorted(EXACT_FWD + SPLIT_FWD) and "xf64>" in hlo
 
 
 @pytest.mark.parametrize("dtype,precision", [(jnp.bfloat16, "DEFAULT"), (jnp.float32, "HIGHEST")],
