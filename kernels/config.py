@@ -307,8 +307,7 @@ class KernelConfig:
         # (results/bench/decisions/gram_products_h100.jsonl).
         inverse_dot=prec(accurate), gram_dot=prec(accurate),
         newton_step=newton,
-        inverse_tile=(32 if dk % 32 == 0 and (not newton or dk > INVERSE_KERNEL_UP_TO)
-                      else None),
+        inverse_tile=32 if dk % 32 == 0 and not newton else None,
         state_factor_dot=prec("bf16" if low else kind),
         state_apply_dot=prec("bf16") if low and acc != jnp.float64 else state_dot,
         state_dot=state_dot, xla_dot=state_dot,

@@ -39,8 +39,8 @@ Kernels, by key head dim (`Plan.inverse_kernel`):
     `Plan.newton_step` (float64 states), a step A <- A + A (I - M A). A_0^-1 takes a second launch.
   - dk = 128 (where that program spills and needs 256 KB of shared memory): for float32
     states (`KernelConfig.start_inverse` "tiles", the plan's choice) the same kernels:
-    `vla_segment_grams` at `WIDE_GRAM_WARPS`, and `vla_spd_inverse` on 32 x 32 tiles (with or
-    without the Newton step) that go through a global-memory workspace of the program
+    `vla_segment_grams` at `WIDE_GRAM_WARPS`, and `vla_spd_inverse` on 32 x 32 tiles that go
+    through a global-memory workspace of the program
     instead of its registers (`_workspace_inverse_kernel`); for float64 states, or with
     start_inverse "xla", XLA: float32 Grams of each segment and batched Cholesky inverses
     (`vla_jax.ops.utils.spd_inverse`).
@@ -100,13 +100,13 @@ def _inverse_kernel(m_ref, a_ref, *, newton_step, precision, acc):
   a_ref[...] = (0.5 * (A + A.T)).astype(a_ref.dtype)
 
 
-def _tiled_inverse_kernel(m_ref, a_ref, *, t, newton_step, precision, acc):
+def _tiled_inverse_kernel(m_ref, a_ref, *, t, precision, acc):
   # m_ref, a_ref: [dk, dk], handled as n x n tiles of t x t (ref slices; the values are tiles
   # only). Block Cholesky M = L L^T: per tile column k, Linv_kk = L_kk^-1 by t elimination
   # steps on the tile (`chol_inv`), L_ik = G_ik Linv_kk^T below it, the Schur complement
-  # G_ij -= L_ik L_jk^T; then X = L^-1 by block forward substitution and A = X^T X, with the
-  # Newton step A <- A + A (I - M A) when asked. The function of `_inverse_kernel`, with n
-  # elimination loops of t steps on [t, t] values instead of dk steps on [dk, dk].
+  # G_ij -= L_ik L_jk^T; then X = L^-1 by block forward substitution and A = X^T X. The
+  # function of `_inverse_kernel` without its Newton step, with n elimination loops of t
+  # steps on [t, t] values instead of dk steps on [dk, dk].
   mm = functools.partial(dot, precision=precision)
   n = m_ref.shape[0] // t
   blk = [pl.ds(i * t, t) for i in range(n)]
@@ -127,34 +127,25 @@ def _tiled_inverse_kernel(m_ref, a_ref, *, t, newton_step, precision, acc):
       X[i, k] = -mm(Ld[i], sum(mm(L[i, m], X[m, k]) for m in range(k, i)))
   A = {(i, j): sum(mm(X[m, i], X[m, j], ta=True) for m in range(max(i, j), n))
        for i in range(n) for j in range(i, n)}                         # X^T X, upper tiles
-  At = lambda i, j: A[i, j] if i <= j else A[j, i].T
-  Mt = lambda i, m: load(i, m) if m <= i else load(m, i).T
   for j in range(n):
-    if newton_step:   # column j of A + A (I - M A), tile by tile
-      MA = [sum(mm(Mt(m, l), At(l, j)) for l in range(n)) for m in range(n)]
-      col = [2.0 * At(i, j) - sum(mm(At(i, m), MA[m]) for m in range(n)) for i in range(j + 1)]
-    else:
-      col = [At(i, j) for i in range(j + 1)]
     for i in range(j + 1):      # the upper tiles, mirrored (diagonal tiles symmetrised)
-      T = 0.5 * (col[i] + col[i].T) if i == j else col[i]
+      T = 0.5 * (A[i, j] + A[i, j].T) if i == j else A[i, j]
       a_ref[blk[i], blk[j]] = T.astype(a_ref.dtype)
       if i < j:
         a_ref[blk[j], blk[i]] = T.T.astype(a_ref.dtype)
 
 
-def _workspace_inverse_kernel(m_ref, a_ref, w_ref, *, t, newton_step, precision, acc, sync):
+def _workspace_inverse_kernel(m_ref, a_ref, w_ref, *, t, precision, acc, sync):
   # The function of `_tiled_inverse_kernel` where its n x n tiles as values would spill
   # (n = dk / t > VALUE_TILES): every tile goes through w_ref [2 dk, dk], a global-memory
   # workspace of the program (halves W0 and W1), and the tile indices are loop counters, so
-  # that the code holds eight tile products instead of one per (tile, term) (at dk = 128 with
-  # the Newton step, 156 unrolled products took minutes to compile). `sync` is a barrier of
+  # that the code holds a few tile products instead of one per (tile, term) (at dk = 128,
+  # unrolled, the products took minutes to compile). `sync` is a barrier of
   # the program's threads, between a tile's store and its loads by other threads. Phases:
   # (1) left-looking block Cholesky of M's lower tiles, a tile column at a time: W0's lower
   # tiles <- L_ik (i > k), and L_kk^-1 on the diagonal; (2) X = L^-1 by block forward
   # substitution into W1's lower tiles, a tile at a time; (3) A = X^T X, upper tiles
-  # mirrored (diagonal tiles symmetrised), into a_ref, or for the Newton step into W0 (L is
-  # dead); then (4) P = M A into W1 (M's tiles as they are, as XLA's `spd_inverse` takes M)
-  # and (5) A + A (I - M A) = 2 A - A P, mirrored, into a_ref.
+  # mirrored (diagonal tiles symmetrised), into a_ref.
   mm = functools.partial(dot, precision=precision)
   dk = m_ref.shape[0]
   n = dk // t
@@ -212,20 +203,7 @@ def _workspace_inverse_kernel(m_ref, a_ref, w_ref, *, t, newton_step, precision,
   loop(0, n, cholesky_column)
   loop(0, n, inverse_column)
   upper(lambda i, j: loop(j, n, lambda m, T: T + mm(W(1, m, i), W(1, m, j), ta=True), zero),
-        0 if newton_step else None)                                  # (3) X^T X
-  if not newton_step:
-    return
-  sync()
-
-  def product_row(i, c):                                             # (4) P = M A
-    def tile(j, c):
-      put(loop(0, n, lambda m, T: T + mm(M(i, m), W(0, m, j)), zero), 1, i, j)
-      return c
-    return loop(0, n, tile, c)
-  loop(0, n, product_row)
-  sync()
-  upper(lambda i, j: loop(0, n, lambda m, T: T - mm(W(0, i, m), W(1, m, j)),
-                          2.0 * W(0, i, j)), None)                   # (5) 2 A - A P
+        None)                                                        # (3) X^T X
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -255,13 +233,18 @@ def spd_inverse_kernel(M, *, newton_step, precision, tile=None, interpret=False)
   (grid (BH, N)). tile: None (dk elimination steps on the whole matrix) or 32 (a block
   Cholesky on 32 x 32 tiles; the same function): the tiles as values up to `VALUE_TILES` a
   side (dk <= 64), beyond through a global-memory workspace of 2 dk^2 entries per program
-  (an output that is dropped)."""
+  (an output that is dropped). newton_step: one Newton step A <- A + A (I - M A) in M's
+  dtype, on the whole matrix only (the direct starts of float64 states; raises ValueError
+  with a tile)."""
   BH, N, dk, _ = M.shape
+  if newton_step and tile is not None:
+    raise ValueError(f"spd_inverse_kernel: newton_step runs on the whole matrix (tile=None); "
+                     f"got tile={tile}")
   spec = pl.BlockSpec((None, None, dk, dk), lambda b, n: (b, n, 0, 0))
   out_specs, out_shape = spec, jax.ShapeDtypeStruct(M.shape, M.dtype)
-  options = dict(newton_step=newton_step, precision=precision, acc=M.dtype)
+  options = dict(precision=precision, acc=M.dtype)
   if tile is None:
-    kernel = functools.partial(_inverse_kernel, **options)
+    kernel = functools.partial(_inverse_kernel, newton_step=newton_step, **options)
   elif dk // tile <= VALUE_TILES:
     kernel = functools.partial(_tiled_inverse_kernel, t=tile, **options)
   else:
