@@ -230,12 +230,15 @@ def test_bfloat16_nan_where_the_block_turns_accurate():
 PATH_NAMES = ("a", "A_T", "dkhat", "du", "dA0")
 
 
-def _path_against_scan(cfg, dtype, T, d, seed, damp_from, starts=None, **plan_fields):
+def _path_against_scan(cfg, dtype, T, d, seed, damp_from, starts=None, strides=None,
+                       **plan_fields):
   """(a, A_T, dkhat, du, sym(dA0)) of `penalty_path` under cfg's plan (`plan_for` with
   plan_fields) and the same of jax.vjp of the float64 token-by-token scan, as float64 arrays,
   and the plan. Inputs from `seed`: unit keys, anisotropic unit-norm u scaled by 0.3 from
   token damp_from on, A0 = 3 I (lam0 = 1 / 3), random cotangents of a and A_T; keys and u
-  rounded to dtype; starts: the document-start tokens (packed), or None."""
+  rounded to dtype; starts: the document-start tokens (packed), or None. With strides (a
+  tuple of `Plan.chunk_start_stride` values): a list of (got, plan), one per stride, from one
+  compiled program (XLA compiles what the plans share once), and ref."""
   C, lam0 = cfg.chunk_size, 1 / 3
   N = T // C
   rng = np.random.default_rng(seed)
@@ -255,26 +258,32 @@ def _path_against_scan(cfg, dtype, T, d, seed, damp_from, starts=None, **plan_fi
   sym = lambda x: 0.5 * (np.asarray(x, np.float64)
                          + np.swapaxes(np.asarray(x, np.float64), -1, -2))
   with jax.enable_x64(dtype == np.float64):
-    plan = plan_for(cfg, dtype, d, d, B * H, N, **plan_fields)
+    plans = [plan_for(cfg, dtype, d, d, B * H, N, **plan_fields,
+                      **({} if stride is None else {"chunk_start_stride": stride}))
+             for stride in (strides or (None,))]
     docs = (document_indices(jnp.asarray(np.cumsum(mask, axis=1)), T, C, H) if packed
             else None)
 
-    def kernel(khat, u, A0):
+    def kernel(plan, khat, u, A0):
       out, pull = jax.vjp(lambda *x: penalty_path(*x, plan, docs, 1 / lam0), chunks(khat),
                           chunks(u), A0)
       return out, pull((jnp.asarray(wa, state).reshape(B, H, N, C, d),
                         jnp.asarray(wA, state)))
 
-    (a, A_T), grads = jax.jit(kernel)(*(jnp.asarray(x, state) for x in (khat, u, A0)))
+    runs = jax.jit(lambda *x: [kernel(plan, *x) for plan in plans])(
+        *(jnp.asarray(x, state) for x in (khat, u, A0)))
   with jax.enable_x64(True):
     (a_ref, A_ref), want = _scan_vjp(*(jnp.asarray(x) for x in (khat, u, A0, wa, wA)),
                                      jnp.asarray(mask) if packed else None,
                                      jnp.eye(d) / lam0)
   flat = lambda x: np.asarray(x, np.float64).reshape(B, H, T, d)
-  got = (flat(a), np.asarray(A_T, np.float64), flat(grads[0]), flat(grads[1]), sym(grads[2]))
+  got = [(flat(a), np.asarray(A_T, np.float64), flat(grads[0]), flat(grads[1]), sym(grads[2]))
+         for (a, A_T), grads in runs]
   ref = (np.asarray(a_ref), np.asarray(A_ref), np.asarray(want[0]), np.asarray(want[1]),
          sym(want[2]))
-  return got, ref, plan
+  if strides is None:
+    return got[0], ref, plans[0]
+  return list(zip(got, plans)), ref
 
 
 # The transposed penalty layout (`KernelConfig.penalty_layout`): T = 144 (nine chunks: scan
@@ -324,13 +333,14 @@ REBUILD_C, REBUILD_N, REBUILD_SEGMENT = 32, 10, 5
 REBUILD_STARTS = (40, 53, 54, 64, 100, 140, 176, 200, 300)
 
 
-def _rebuild_case(dtype, layout, packed, stride, d=dk):
-  """`_path_against_scan` at chunk_start_stride `stride` on the cells above."""
+def _rebuild_case(dtype, layout, packed, strides, d=dk):
+  """`_path_against_scan` at each chunk_start_stride of `strides` (one program) on the cells
+  above."""
   high = jax.lax.Precision.HIGHEST if dtype == np.float32 else jax.lax.Precision.DEFAULT
   cfg = KernelConfig(chunk_size=REBUILD_C, precision=high, penalty_layout=layout)
   return _path_against_scan(
       cfg, dtype, REBUILD_N * REBUILD_C, d, seed=10, damp_from=128,
-      starts=REBUILD_STARTS if packed else None, chunk_start_stride=stride,
+      starts=REBUILD_STARTS if packed else None, strides=strides,
       **(dict(segment_chunks=REBUILD_N, segments=1) if packed
          else dict(segment_chunks=REBUILD_SEGMENT, segments=REBUILD_N // REBUILD_SEGMENT)))
 
@@ -341,11 +351,12 @@ REBUILD_BOUNDS = {"float64": (1e-12, 1e-14), "float32": (1e-6, 1e-6), "bfloat16"
 
 
 def _check_rebuild(dtype, packed, layout, d=dk):
-  """`_rebuild_case` at stride 4 against float64 and against stride 1 (REBUILD_BOUNDS)."""
+  """`_rebuild_case` at stride 4 against float64 and against stride 1 (REBUILD_BOUNDS); both
+  strides in one program."""
   name = jnp.dtype(dtype).name
-  got, ref, plan = _rebuild_case(dtype, packed=packed, layout=layout, stride=4, d=d)
-  assert plan.chunk_start_stride == 4
-  every, _, _ = _rebuild_case(dtype, packed=packed, layout=layout, stride=1, d=d)
+  ((got, plan), (every, plan_every)), ref = _rebuild_case(dtype, packed=packed, layout=layout,
+                                                          strides=(4, 1), d=d)
+  assert plan.chunk_start_stride == 4 and plan_every.chunk_start_stride == 1
   bound, same = REBUILD_BOUNDS[name]
   for key, g, r, e in zip(PATH_NAMES, got, ref, every):
     assert np.isfinite(g).all(), key
@@ -395,14 +406,14 @@ def test_chunk_start_residual_every_fourth():
   docs = document_indices(jnp.asarray(np.cumsum(starts, axis=1)), T, C, H)
   for packed, segment_chunks, kept in ((False, REBUILD_SEGMENT, [0, 4, 5, 9]),
                                        (True, N, [0, 4, 8])):
-    residual = {}
-    for stride in (4, 1):
-      plan = plan_for(KernelConfig(chunk_size=C), np.float32, dk, dk, B * H, N,
-                      segment_chunks=segment_chunks, segments=N // segment_chunks,
-                      chunk_start_stride=stride)
-      out = jax.jit(lambda *x, plan=plan: penalty_forward(
-          plan, *x, both=True, docs=docs[1] if packed else None, reset=3.0))(khat, u, A0)
-      residual[stride] = np.asarray(out[3])
+    plans = {stride: plan_for(KernelConfig(chunk_size=C), np.float32, dk, dk, B * H, N,
+                              segment_chunks=segment_chunks, segments=N // segment_chunks,
+                              chunk_start_stride=stride) for stride in (4, 1)}
+    # Both strides in one program (XLA compiles what they share once).
+    outs = jax.jit(lambda *x, plans=plans, packed=packed: {
+        stride: penalty_forward(plan, *x, both=True, docs=docs[1] if packed else None,
+                                reset=3.0) for stride, plan in plans.items()})(khat, u, A0)
+    residual = {stride: np.asarray(out[3]) for stride, out in outs.items()}
     segments = N // segment_chunks
     assert residual[4].shape == (B * H, segments * -(-segment_chunks // 4), dk, dk)
     assert residual[1].shape == (B * H, N, dk, dk)
