@@ -127,22 +127,17 @@ def best_rate(rows, label, rates=RATES):
   return min(scores, key=scores.get) if scores and wanted <= ran else None
 
 
-def past_edge(grid, rows, label, rates=RATES):
-  """The next rate (a `grid.RATE_GRID` string) past the edge of `label`'s rates tried, once
-  `rates` and every rate tried are scored and the best is the highest (or lowest) of two or
-  more, else None (also where the grid ends)."""
-  tried = rates_run(rows, label)
-  best = best_rate(rows, label, tuple(set(tried) | set(rates))) if len(tried) > 1 else None
+def rate_choice(grid, rows, label, rates=RATES):
+  """(best, past): `label`'s best rate (a float, `best_rate`) once `rates` and every rate
+  tried have run, and the next rate past the edge of the rates tried where the best is the
+  highest or lowest of two or more (a `grid.RATE_GRID` string, `grid.rate_past_edge`; None
+  inside them or past the grid); (None, None) before."""
+  tried = sorted(float(r) for r in rates_run(rows, label))
+  best = best_rate(rows, label, tuple(set(tried) | {float(r) for r in rates}))
   if best is None:
-    return None
-  values = [float(r) for r in grid.RATE_GRID]
-  if best == float(tried[-1]):
-    above = [r for r, x in zip(grid.RATE_GRID, values) if x > best]
-    return above[0] if above else None
-  if best == float(tried[0]):
-    below = [r for r, x in zip(grid.RATE_GRID, values) if x < best]
-    return below[-1] if below else None
-  return None
+    return None, None
+  edge = grid.rate_past_edge(tried, best)
+  return best, None if edge is None else edge[1]
 
 
 def edge_jobs(grid, rows, labels, data_dir="", rates=RATES):
@@ -152,7 +147,7 @@ def edge_jobs(grid, rows, labels, data_dir="", rates=RATES):
   (the cheapest version)."""
   jobs = []
   for label in labels:
-    rate = past_edge(grid, rows, label, rates) if len(rates) > 1 else None
+    rate = rate_choice(grid, rows, label, rates)[1] if len(rates) > 1 else None
     if rate is not None:
       jobs.append(_job(grid, label, "rates", (rate,), (RATE_SEED,), data_dir,
                        name=f"text-{label}-rates-lr{rate}"))
@@ -164,11 +159,9 @@ def seed_jobs(grid, rows, labels, data_dir="", rates=RATES):
   whose best rate is inside them, at that rate, seeds MORE_SEEDS."""
   jobs = []
   for label in labels:
-    if len(rates) == 1 or past_edge(grid, rows, label, rates) is not None:
-      continue
-    rate = best_rate(rows, label, tuple(set(rates) | set(rates_run(rows, label))))
-    if rate is not None:
-      jobs.append(_job(grid, label, "seeds", (grid.rate_name(rate),), MORE_SEEDS, data_dir))
+    best, past = rate_choice(grid, rows, label, rates) if len(rates) > 1 else (None, None)
+    if best is not None and past is None:
+      jobs.append(_job(grid, label, "seeds", (grid.rate_name(best),), MORE_SEEDS, data_dir))
   return jobs
 
 
@@ -251,7 +244,7 @@ def main(argv):
     later = lambda rows: (edge_jobs(grid, rows, labels, data_dir, rates)
                           + seed_jobs(grid, rows, labels, data_dir, rates))
     if _LIST.value:
-      done_edges = [j for j in _edge_jobs_run(grid, rows, data_dir)]
+      done_edges = _edge_jobs_run(grid, rows, data_dir)
       print(grid.listing(first + done_edges + later(rows), {GRID: rows}, (), overrides),
             flush=True)
       return

@@ -187,6 +187,19 @@ def best_rate_table(rows, *, steps=None, metric="validation"):
   return table
 
 
+def rate_past_edge(rates, best):
+  """(side, rate) where `best` is the highest ("highest") or lowest ("lowest") of two or more
+  rates tried (floats, ascending): rate is the next RATE_GRID rate past that edge (a string;
+  3e-3 highest -> "1e-2", 1e-3 lowest -> "3e-4"), None past the grid. None where best lies
+  inside the rates tried or fewer than two were tried."""
+  if len(rates) < 2 or best not in (rates[0], rates[-1]):
+    return None
+  grid = [float(r) for r in RATE_GRID]
+  if best == rates[-1]:
+    return "highest", next((r for r, x in zip(RATE_GRID, grid) if x > best), None)
+  return "lowest", next((r for r, x in reversed(list(zip(RATE_GRID, grid))) if x < best), None)
+
+
 def edge_cells(table, *, below=SOLVED):
   """{cell: {"side", "rate", "mean", "extend"}} of the cells of `best_rate_table` whose mean
   test accuracy is below `below` and whose best rate is the lowest ("side": "lowest") or the
@@ -194,15 +207,12 @@ def edge_cells(table, *, below=SOLVED):
   that edge (a string; 3e-3 highest -> "1e-2", 1e-3 lowest -> "3e-4"), none past the grid."""
   out = {}
   for cell, c in sorted(table.items()):
-    rates = c["rates"]
-    if c["mean"] >= below or len(rates) < 2 or c["rate"] not in (rates[0], rates[-1]):
+    edge = rate_past_edge(c["rates"], c["rate"])
+    if c["mean"] >= below or edge is None:
       continue
-    grid = [float(r) for r in RATE_GRID]
-    if c["rate"] == rates[-1]:
-      side, extend = "highest", [r for r, x in zip(RATE_GRID, grid) if x > rates[-1]][:1]
-    else:
-      side, extend = "lowest", [r for r, x in zip(RATE_GRID, grid) if x < rates[0]][-1:]
-    out[cell] = {"side": side, "rate": c["rate"], "mean": c["mean"], "extend": tuple(extend)}
+    side, rate = edge
+    out[cell] = {"side": side, "rate": c["rate"], "mean": c["mean"],
+                 "extend": () if rate is None else (rate,)}
   return out
 
 
