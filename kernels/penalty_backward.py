@@ -61,11 +61,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts, eye,
+from vla_jax.kernels.common import (compiler_params, doc_masks, doc_spec, dot, dot_parts,
                                     finite, iota, rows_spec, split_operand, unit_rows_vjp)
 from vla_jax.kernels.config import SCAN_BLOCK
-from vla_jax.kernels.penalty_scan import (block_downdate, kept_chunk_starts, large_gains,
-                                          past_gain_limit, penalty_forward, unguarded)
+from vla_jax.kernels.penalty_scan import (block_downdate, document_restart, kept_chunk_starts,
+                                          large_gains, past_gain_limit, penalty_forward,
+                                          unguarded)
 from vla_jax.ops.vla.penalty import segment_suffix_starts
 from vla_jax.ops.utils import WRITE_EPS
 
@@ -117,9 +118,8 @@ def _z_kernel(ac_ref, y_ref, w_ref, da_ref, *refs, C, b, stride, segment_chunks,
       Yb, last = finite(y_ref[rows, :].astype(acc)), None
       if rel_ref is not None:
         d = rel_ref[rows]
-        top = jnp.max(d)
-        A = jnp.where(top != prev, reset * eye(A.shape[0], acc), A)
-        last, prev = d == top, top
+        A, last = document_restart(A, d, prev, reset)
+        prev = jnp.max(d)
       if transposed:
         Yb, last = Yb.T, None if last is None else last[None, :]
       elif last is not None:

@@ -110,6 +110,15 @@ def past_gain_limit(gain):
   return jnp.sum(jnp.where(c <= r, gain[None, :], 0.0), axis=1) > GAIN_LIMIT
 
 
+def document_restart(A, d, prev, reset):
+  """Packed documents at a block of the scan: (A restarted at reset * I where a document
+  starts in the block, else A; the [b] mask of the block's last document, whose rows alone
+  downdate it). d [b]: the block's document indices; prev: the index before the block. The
+  scan (both layouts) and the row-cotangent kernel's rebuilt chunk starts restart alike."""
+  top = jnp.max(d)
+  return jnp.where(top != prev, reset * eye(A.shape[0], A.dtype), A), d == top
+
+
 def block_downdate(A, Y, mm, *, transposed=False, last=None):
   """A after one block's downdate as the scan carries it: A - Y^T Y of the block's Woodbury
   rows Y [b, dk] (layout "rows"), or A + (-Y^T) Y of its columns Y^T [dk, b], passed as Y
@@ -159,10 +168,12 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, stride, role, unit_keys, 
     # [b, dk], the penalty gains [b] (None without accurate_dot) and A after the block
     # (packed: restarted where a document starts in it).
     same = fresh = last = None
+    A_base = A
     if d is not None:
       same = d[:, None] == d[None, :]
       fresh = (d != d_prev)[None, :]                                           # [1, b]
-      last = (d == jnp.max(d))[None, :]
+      A_base, last = document_restart(A, d, d_prev, reset)
+      last = last[None, :]
 
     def docs(Xt, EAt):
       # Columns of documents that start in this block: reset * U^T, reset * E^T.
@@ -185,8 +196,6 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, stride, role, unit_keys, 
     G = gram(mm, Xt)
     Yt = mm(finite(Xt), block_inverse(one + G), tb=True)                      # X^T L^-T
     Wt = EAt - mm(finite(Yt), jnp.where(lower, mm(E, Yt), 0.0), tb=True)
-    A_base = A if d is None else jnp.where(jnp.max(d) != d_prev,
-                                           reset * eye(A.shape[0], acc), A)
     if accurate_dot is None:
       return Wt.T, Yt.T, None, downdate(mm, A_base, Yt)
     # As in the rows' form: from the first column k past GAIN_LIMIT on, the block again at
@@ -253,8 +262,8 @@ def _scan_kernel(a0_ref, e_ref, u_ref, *outs, L, C, b, stride, role, unit_keys, 
     # starts in the block, over its last document's rows).
     A_base, last = A, None
     if d_ref is not None:
-      A_base = jnp.where(jnp.max(d) != d_prev, reset * eye(A.shape[0], acc), A)
-      last = d[:, None] == jnp.max(d)
+      A_base, last = document_restart(A, d, d_prev, reset)
+      last = last[:, None]
     downdate = lambda mm, Y: block_downdate(A_base, Y, mm, last=last)
 
     # X = U A and E A with A as a split operand (in bfloat16 mode two bfloat16 parts: one
