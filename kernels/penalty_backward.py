@@ -48,10 +48,11 @@ Packed documents (A restarts at reset * I; `docs`: chunk-relative document indic
 `common.doc_masks`): the sums over t >= s keep the same document. Z takes reset * dW in place
 of dW A_c for tokens of documents that start inside the chunk and masks tril(dW Y^T) to one
 document; the rebuild of A_c restarts at reset * I as the scan does (a block with a document
-start downdates reset * I by its last document's rows); the du kernel masks UW and UZ to one
-document, adds U E + U E^T only to the chunk's last document and carries E <- (E if no document starts in the chunk, else 0) + Z_f^T W over
-the rows of its first document (F likewise, adding W^T Z_f too); the segments' E and dA0
-(the row's first document only) follow the same rule in XLA (`_packed_suffix_starts`).
+start downdates reset * I by its last document's rows, `penalty_scan.document_restart`); the
+du kernel masks UW and UZ to one document, adds U E + U E^T only to the chunk's last document
+and carries E <- (E if no document starts in the chunk, else 0) + Z_f^T W over the rows of
+its first document (F likewise, adding W^T Z_f too); the segments' E and dA0 (the row's first
+document only) follow the same rule in XLA (`_packed_suffix_starts`).
 """
 
 import functools
