@@ -279,12 +279,11 @@ def test_all_finite_answers_once_for_every_mapped_call():
   assert "cond" in str(jaxpr) and "select_n" not in str(jaxpr)
 
 
-@pytest.mark.parametrize("op", ["vla", "gated_deltanet"])   # the baselines share the guard
+@pytest.mark.parametrize("op", ["vla", "deltanet", "gated_deltanet", "linear"])
 def test_a_mapped_call_with_a_non_finite_input_leaves_the_others_alone(op):
   """vmap of a kernel op over a clean and a corrupted input set (a NaN in a state input at
-  T0; Gated DeltaNet's: the log decay, the guard's `state_bad`): each mapped call's outputs,
-  final state and gradients are those of its call alone (the clean call's: finite; the
-  guards run for both, as some input is not finite)."""
+  T0): each mapped call's outputs, final state and gradients are those of its call alone
+  (the clean call's: finite; the guards run for both, as some input is not finite)."""
   fn, names, state_inputs = OPS[op]
   weights = jnp.asarray(np.random.default_rng(3).standard_normal((B, T, H, D)), jnp.float32)
 

@@ -177,9 +177,8 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
   if impl in KERNEL_IMPLS:
     # The kernels keep a non-finite input from earlier tokens (kernels/DESIGN.md, "Non-finite
     # inputs") but not from the later documents of a packed row, so they run on k, u, v with
-    # their non-finite entries zeroed (a select each, run only when some input is not finite;
-    # a value at a zero-key token then writes nothing, as padding must); q they keep to its
-    # own output, which is marked NaN.
+    # their non-finite entries zeroed (a select each; a value at a zero-key token then writes
+    # nothing, as padding must); q they keep to its own output, which is marked NaN.
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         pad_value_width)
