@@ -15,7 +15,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vla_jax.ops import nonfinite
 from vla_jax.ops.baselines import deltanet, gated_deltanet, linear_attention
 from vla_jax.ops.vla.recurrence import vla_recurrence
 
@@ -263,45 +262,3 @@ def test_non_finite_token_stays_in_its_document(op, impl):
         assert np.all(np.isnan(s)), case
       else:
         np.testing.assert_allclose(s, np.asarray(s_ref), rtol=tol, atol=tol, err_msg=str(case))
-
-
-def test_all_finite_answers_once_for_every_mapped_call():
-  """`nonfinite.all_finite` under vmap: one unbatched answer for all mapped calls (so the
-  guards' `lax.cond` stays a branch), False when any call has a non-finite entry."""
-  x = jnp.ones((3, 4, 5))
-  check = jax.vmap(lambda a, b: nonfinite.all_finite(a, None, b))
-  assert bool(nonfinite.all_finite(x[0], None)) and not bool(
-      nonfinite.all_finite(x[0].at[1, 2].set(jnp.inf)))
-  np.testing.assert_array_equal(check(x, x), [True] * 3)
-  np.testing.assert_array_equal(check(x, x.at[2, 0, 0].set(jnp.nan)), [False] * 3)
-  jaxpr = jax.make_jaxpr(jax.vmap(lambda a: jax.lax.cond(
-      nonfinite.all_finite(a), lambda a: a, lambda a: 2 * a, a)))(x)
-  assert "cond" in str(jaxpr) and "select_n" not in str(jaxpr)
-
-
-@pytest.mark.parametrize("op", ["vla", "deltanet", "gated_deltanet", "linear"])
-def test_a_mapped_call_with_a_non_finite_input_leaves_the_others_alone(op):
-  """vmap of a kernel op over a clean and a corrupted input set (a NaN in a state input at
-  T0): each mapped call's outputs, final state and gradients are those of its call alone
-  (the clean call's: finite; the guards run for both, as some input is not finite)."""
-  fn, names, state_inputs = OPS[op]
-  weights = jnp.asarray(np.random.default_rng(3).standard_normal((B, T, H, D)), jnp.float32)
-
-  def run(x):
-    o, state = fn("pallas", x)
-    grads = jax.grad(lambda y: jnp.sum(fn("pallas", {**x, **y})[0] * weights))(
-        {n: x[n] for n in names})
-    return o, state, grads
-
-  clean = _inputs(5)
-  name = state_inputs[-1]
-  bad = {**clean, name: clean[name].at[:, T0].set(jnp.nan)}
-  mapped = jax.jit(jax.vmap(run))(jax.tree.map(lambda a, b: jnp.stack([a, b]), clean, bad))
-  for i, x in enumerate((clean, bad)):
-    alone = jax.jit(run)(x)
-    for got, want in zip(jax.tree.leaves(jax.tree.map(lambda a: a[i], mapped)),
-                         jax.tree.leaves(alone)):
-      np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6,
-                                 err_msg=f"{op}, call {i}")
-  o_bad = np.asarray(mapped[0][1])
-  assert np.all(np.isnan(o_bad[:, T0:])) and np.all(np.isfinite(o_bad[:, :T0]))

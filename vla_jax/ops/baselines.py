@@ -155,7 +155,7 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
     # normaliser z is a prefix sum in XLA.
     from vla_jax.kernels.delta_rule import (  # pylint: disable=import-outside-toplevel
         linear_attention_pallas)
-    guard, k, _, (v,) = nonfinite.contain_entries(q, k, writes=(v,), starts=starts)
+    guard, k, _, (v,) = nonfinite.contain_entries(k, writes=(v,), starts=starts)
     num, S = linear_attention_pallas(
         q.astype(in_dtypes[0]), k.astype(in_dtypes[1]), v.astype(in_dtypes[2]),
         initial_state.S.astype(dtype), segment_ids=segment_ids,
@@ -281,7 +281,7 @@ def _deltanet_kernel(q, k, v, beta, log_decay, S0, segment_ids, impl, chunk_size
     raise ValueError(f"impl={impl.value!r}: the Gated DeltaNet kernel does not take "
                      "segment_ids (packed documents); use impl='chunked'")
   gate_bad, log_decay = nonfinite.gate_breaks(log_decay)
-  guard, k, _, (v, beta) = nonfinite.contain_entries(q, k, writes=(v, beta), state_bad=gate_bad,
+  guard, k, _, (v, beta) = nonfinite.contain_entries(k, writes=(v, beta), state_bad=gate_bad,
                                                      starts=_starts(segment_ids))
   if log_decay is None:
     o, S = deltanet_pallas(q, k, v, beta, S0, segment_ids=segment_ids, **options)

@@ -26,27 +26,7 @@ of it) and leaves q to the op, whose non-finite outputs `Guard.outputs` then mar
 from typing import NamedTuple
 
 import jax
-from jax import custom_batching
 import jax.numpy as jnp
-
-
-@custom_batching.custom_vmap
-def _all_finite(xs):
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in xs]))
-
-
-@_all_finite.def_vmap
-def _all_finite_batched(axis_size, in_batched, xs):
-  del axis_size, in_batched
-  return _all_finite(xs), False   # one answer for every mapped call
-
-
-def all_finite(*xs):
-  """bool []: every entry of the arrays xs (None: skipped) is finite. Under `vmap`, of every
-  mapped call together (unbatched), so that a `lax.cond` on it stays a branch: a guard's
-  branches agree wherever the inputs are finite, so the answer only picks the cheaper one."""
-  xs = tuple(jax.lax.stop_gradient(x) for x in xs if x is not None)
-  return _all_finite(xs) if xs else jnp.asarray(True)
 
 
 def token_finite(x):
@@ -70,30 +50,21 @@ class Guard(NamedTuple):
 
   broken: jax.Array
   query_bad: jax.Array | None
-  finite: jax.Array | None = None   # bool []: every input was finite (marks nothing; skipped)
-
-  def _unless_finite(self, mark, x):
-    if self.finite is None:
-      return mark(x, self.broken)
-    return jax.lax.cond(self.finite, lambda x, broken: x, mark, x, self.broken)
 
   def outputs(self, o):
     """o [B, T, H, dv] with NaN at tokens whose state is broken or whose query is bad (with
     `query_bad` None: at o's non-finite entries)."""
-    def mark(o, broken):
-      bad = broken[..., None]
-      bad = bad | (~jnp.isfinite(o) if self.query_bad is None else self.query_bad[..., None])
-      return jnp.where(bad, jnp.asarray(jnp.nan, o.dtype), o)
-    return self._unless_finite(mark, o)
+    bad = self.broken[..., None]
+    bad = bad | (~jnp.isfinite(o) if self.query_bad is None else self.query_bad[..., None])
+    return jnp.where(bad, jnp.asarray(jnp.nan, o.dtype), o)
 
   def state(self, x):
     """A final state array [B, H, ...], NaN for sequences whose state broke."""
     if self.broken.shape[1] == 0:
       return x
-    def mark(x, broken):
-      last = broken[:, -1].reshape(broken.shape[:1] + broken.shape[2:3] + (1,) * (x.ndim - 2))
-      return jnp.where(last, jnp.asarray(jnp.nan, x.dtype), x)
-    return self._unless_finite(mark, x)
+    last = self.broken[:, -1].reshape(self.broken.shape[:1] + self.broken.shape[2:3]
+                                      + (1,) * (x.ndim - 2))
+    return jnp.where(last, jnp.asarray(jnp.nan, x.dtype), x)
 
 
 def gate_breaks(log_decay):
@@ -154,7 +125,7 @@ def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
           clean(state_inputs, ok_state), clean(writes, ok_writes))
 
 
-def contain_entries(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
+def contain_entries(keys, state_inputs=(), writes=(), state_bad=None, starts=None):
   """`contain` for an op that reads its queries as they are and keeps a non-finite query's
   effect to that query's own output (the Pallas kernels do): the other inputs' non-finite
   entries (not whole tokens) are replaced by zeros, one select each with no reduction in front
@@ -162,28 +133,15 @@ def contain_entries(q, keys, state_inputs=(), writes=(), state_bad=None, starts=
   compute is marked NaN (`Guard.outputs`, `Guard.state`), and in reverse mode meets zero
   cotangents only.
 
-  Args: as `contain` (q only for `all_finite`: the op reads it as it is; an input with its own
-    rule, a gate, goes in as state_bad, already made finite by the caller).
+  Args: as `contain`, without q (an input with its own rule, a gate, goes in as state_bad,
+    already made finite by the caller).
 
   Returns:
     (`Guard` with query_bad None, keys, state_inputs, writes), each array with its non-finite
-    entries zeroed; all of them as they came, and the guard's marks skipped, when every
-    input is finite and state_bad marks nothing (`all_finite`, one `lax.cond`).
+    entries zeroed.
   """
-  finite = all_finite(q, keys, *state_inputs, *writes)
-  if state_bad is not None:
-    finite = finite & ~jnp.any(state_bad)
-
-  def dirty(keys, state_inputs, writes):
-    broken = breakage(_breaking(keys, token_finite(keys), [token_finite(x) for x in state_inputs],
-                                [token_finite(x) for x in writes], state_bad), starts)
-    clean = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
-    return (broken, clean(keys), tuple(clean(x) for x in state_inputs),
-            tuple(clean(x) for x in writes))
-
-  def finite_branch(keys, state_inputs, writes):
-    return jnp.zeros(keys.shape[:3], bool), keys, tuple(state_inputs), tuple(writes)
-
-  broken, keys, state_inputs, writes = jax.lax.cond(finite, finite_branch, dirty, keys,
-                                                    tuple(state_inputs), tuple(writes))
-  return Guard(broken, None, finite), keys, state_inputs, writes
+  broken = breakage(_breaking(keys, token_finite(keys), [token_finite(x) for x in state_inputs],
+                              [token_finite(x) for x in writes], state_bad), starts)
+  clean = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+  return (Guard(broken, None), clean(keys), tuple(clean(x) for x in state_inputs),
+          tuple(clean(x) for x in writes))

@@ -182,7 +182,7 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         pad_value_width)
-    guard, k, (u,), (v,) = nonfinite.contain_entries(q, k, (u,), (v,), starts=starts)
+    guard, k, (u,), (v,) = nonfinite.contain_entries(k, (u,), (v,), starts=starts)
     S0, A0 = initial_state
     # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
     # zero value columns; its outputs are dropped.
