@@ -257,6 +257,9 @@ class KernelConfig:
     # o 1.34e-2 against float64 with direct XLA starts (4.3e-3 -> 1.9e-2 by quarter), 2.5e-3
     # exact (isotropic u 7.7e-4; results/bench/decisions/drift_stages_h100.jsonl). (Direct
     # starts on the tiles gave NaN there from token 42,782: start_tiles_nan_h200.jsonl.)
+    # Cost, d = 64, T = 4096, B = 8, one H100: float32 DEFAULT forward 3.28 against 2.81 ms
+    # direct (+17%), fwd + bwd 7.30 against 6.57 (+11%); bfloat16 1.95 against 1.65 (+18%),
+    # 5.29 against 4.83 (+9%) (results/bench/decisions/guard_and_starts_h100.jsonl).
     exact = jnp.dtype(acc) == jnp.float32
     # The penalty path's forms where the config leaves them None, by key head dim (timed
     # against each other on one H100, in both orders: kernels/DESIGN.md, "The plan";
