@@ -82,13 +82,13 @@ def summary(rows):
 def curves(runs_dir):
   """{label: (steps, bits per byte of the training loss, tokens/s per run)} from each job's
   metrics (a rate job's runs train together: its first run's curve, its tokens/s divided by
-  its runs); rate jobs before seed jobs."""
+  its runs); a mixer's seed job before its rate job; the runs past an edge of the rates
+  (`text-<label>-rates-lr<rate>`) not at all."""
   out = {}
   for path in sorted(glob.glob(os.path.join(runs_dir, "text-*.jsonl")), reverse=True):
-    job = os.path.basename(path)[len("text-"):-len(".jsonl")]
-    label = job.rsplit("-", 1)[0]
+    label, *phase = os.path.basename(path)[len("text-"):-len(".jsonl")].split("-")
     rows = [r for r in jsonl.read_rows(path) if "loss" in r and "step" in r]
-    if not rows or label in out:
+    if not rows or label in out or phase not in (["seeds"], ["rates"]):
       continue
     loss = [r["loss"][0] if isinstance(r["loss"], list) else r["loss"] for r in rows]
     n = len(rows[-1]["loss"]) if isinstance(rows[-1]["loss"], list) else 1

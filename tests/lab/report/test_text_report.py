@@ -31,7 +31,10 @@ def test_summary_block_and_plot(tmp_path):
   (runs / "text-vla-rates.jsonl").write_text("".join(
       json.dumps({"step": s, "loss": [0.7 * 2, 1.0], "tokens_per_s": 2000.0}) + "\n"
       for s in (50, 100)))
+  (runs / "text-vla-rates-lr1e-2.jsonl").write_text(   # a run past the rates' edge: not read
+      json.dumps({"step": 50, "loss": 9.0, "tokens_per_s": 9.0}) + "\n")
   curve_data = text.curves(str(runs))
+  assert set(curve_data) == {"vla"}
   assert curve_data["vla"][0] == [50, 100] and curve_data["vla"][2] == 1000.0
   assert abs(curve_data["vla"][1][0] - 1.4 / 0.6931471805599453) < 1e-9
 
