@@ -28,12 +28,10 @@ length over the three seeds (mean, std) with the position buckets' means, and to
 fifth of the cost).
 
 Budget: 30 runs of 600 steps x 32 x 1024 bytes = 19.7M bytes each (about one pass over the
-train split), 590M bytes in all. The cheapest version's runs (results/training/
-text_study_h100.jsonl, one H100) trained at 0.49-0.97M bytes/s and took 72-106 s each with
-compilation and scoring (linear attention's did not finish in its call); with three vmapped
-rates and then two seeds a job, the full study is about 30 GPU-minutes, more with rates past
-an edge (one H200: a rate job 2-3 minutes, results/training/text_rate_jobs_h200.jsonl; one
-H100: 2.2-2.5 minutes, a run past an edge 2, text_rate_jobs_h100.jsonl). A
+train split), 590M bytes in all. With three vmapped rates and then two seeds a job, the full
+study is about 30 GPU-minutes, more with rates past an edge (a rate job took 2-3 minutes on
+one H200, 2.2-2.5 on one H100, a run past an edge 2 on the H100 with compilation and scoring;
+results/training/text_study_h200.jsonl, text_study_h100.jsonl). A
 call resumed after --budget_s compiles its job again (~1 minute). Memory: softmax attention
 scored at 16K holds float32 scores and probabilities of 6 x 16K x 16K per run (~13 GB; ~39 GB
 for a rate job's three vmapped runs), hence the memory fraction above JAX's default 0.75 on an

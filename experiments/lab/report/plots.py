@@ -129,16 +129,16 @@ def plot_text(entries, curve_data, path):
   panels: test bits per byte against evaluation length, by position at T, training curves."""
   plt = _pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-  for e in entries:
+  for i, e in enumerate(entries):
+    style = {"label": e["name"], "color": f"C{i}"}   # one colour a mixer in every panel
     if e["test"]:
       Ls = sorted(e["test"])
-      axes[0].plot(Ls, [e["test"][L][0] for L in Ls], "o-", label=e["name"])
+      axes[0].plot(Ls, [e["test"][L][0] for L in Ls], "o-", **style)
     if e["by_position"]:
-      axes[1].plot(range(1, len(e["by_position"]) + 1), e["by_position"], "o-",
-                   label=e["name"])
+      axes[1].plot(range(1, len(e["by_position"]) + 1), e["by_position"], "o-", **style)
     if e["label"] in curve_data:
-      steps, bpb, _ = curve_data[e["label"]]
-      axes[2].plot(steps, bpb, label=e["name"])
+      steps, bpb = curve_data[e["label"]][:2]
+      axes[2].plot(steps, bpb, **style)
   axes[0].set(xscale="log", xlabel="evaluation length (bytes)", ylabel="test bits per byte",
               title="length extrapolation")
   axes[1].set(xlabel="position bucket (of T, in order)", ylabel="test bits per byte",
@@ -147,6 +147,7 @@ def plot_text(entries, curve_data, path):
   for ax in axes:
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
+  axes[2].legend(fontsize=8)
   _save(fig, path)
 
 

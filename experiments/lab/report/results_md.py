@@ -76,6 +76,8 @@ def load(rows_dir):
   """The Results of the rows in `rows_dir` (results/training)."""
   rows = {key: read(os.path.join(rows_dir, f)) for key, f in FILES.items()}
   short, long, pending, _ = zoology.sweep_summaries(rows["zoology"], rows["zoology_tuned"])
+  text_rows = text.rows(rows_dir)
+  text_entries = text.summary(text_rows)
   return Results(
       rows_dir=rows_dir, rows=rows,
       kinds=memory.split_norm_rows(rows["state_norms"], rows["trained_diagnostics"]),
@@ -84,8 +86,8 @@ def load(rows_dir):
       pending=pending, copy=copy_task.copy_summary(rows["copy"]) if rows["copy"] else {},
       remedies=seeds.remedy_tables(os.path.join(rows_dir, seeds.REMEDY_FOLDER))[0],
       lr=seeds.lr_tables(os.path.join(rows_dir, seeds.FOLDER)),
-      text=text.summary(read(text.rows_file(rows_dir) or "")),
-      text_curves=text.curves(os.path.join(rows_dir, text.RUNS_FOLDER)),
+      text=text_entries, text_curves=text.curves(os.path.join(rows_dir, text.RUNS_FOLDER),
+                                                 text_rows, text_entries),
       studies=study_report.load_all(rows_dir))
 
 

@@ -1,9 +1,11 @@
 """RESULTS.md's language-modelling section: the rows of `experiments/text_study.py` (one sweep
 row a run, its test and validation sets scored in bits per byte at the training length T and
-at 4T and 16T) and each job's logged training curve, as a table per mixer (its figure: `lab.report.plots.plot_text`).
+at 4T and 16T) and each job's logged training curve, as a table per mixer (its figure:
+`lab.report.plots.plot_text`).
 
-Files, under results/training/: `text_study_<card>.jsonl` (the study's rows) and
-`text_runs/<job>.jsonl` (the job's metrics.jsonl, the curve and tokens/s).
+Files, under results/training/: `text_study_<card>.jsonl` (the study's rows from one kind of
+GPU; a study whose calls ran on several kinds has a file each) and `text_runs/<job>.jsonl`
+(the job's metrics.jsonl: the curves of its runs and its tokens/s).
 """
 
 import glob
@@ -24,10 +26,14 @@ LABELS = (("softmax_rope", "softmax + RoPE"), ("linear", "linear"), ("deltanet",
 VALIDATION_LENGTH = 1024
 
 
-def rows_file(rows_dir):
-  """The study's rows file under rows_dir (the newest by name), or None."""
-  paths = sorted(glob.glob(os.path.join(rows_dir, ROWS_GLOB)))
-  return paths[-1] if paths else None
+def rows(rows_dir):
+  """The study's rows from every `text_study_<card>.jsonl` under rows_dir, each with its
+  "card" (the file name's)."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(rows_dir, ROWS_GLOB))):
+    card = os.path.basename(path)[len("text_study_"):-len(".jsonl")]
+    out += [{**r, "card": card} for r in jsonl.read_rows(path)]
+  return out
 
 
 def _bpb(scores, length):
@@ -79,22 +85,31 @@ def summary(rows):
   return out
 
 
-def curves(runs_dir):
-  """{label: (steps, bits per byte of the training loss, tokens/s per run)} from each job's
-  metrics (a rate job's runs train together: its first run's curve, its tokens/s divided by
-  its runs); a mixer's seed job before its rate job; the runs past an edge of the rates
-  (`text-<label>-rates-lr<rate>`) not at all."""
+def curves(runs_dir, rows, entries):
+  """{label: (steps, training loss in bits per byte, tokens/s a run, card)} for each mixer of
+  `summary`'s entries that has a chosen rate: the curve of the run at that rate with the
+  lowest seed, read from its job's metrics (`text_runs/<job>.jsonl`: a job's runs train
+  together, their losses listed in the order of the job's rows); tokens/s is the job's divided
+  by its runs. Mixers whose job has no metrics file are left out."""
   out = {}
-  for path in sorted(glob.glob(os.path.join(runs_dir, "text-*.jsonl")), reverse=True):
-    label, *phase = os.path.basename(path)[len("text-"):-len(".jsonl")].split("-")
-    rows = [r for r in jsonl.read_rows(path) if "loss" in r and "step" in r]
-    if not rows or label in out or phase not in (["seeds"], ["rates"]):
+  for e in entries:
+    if e["rate"] is None:
       continue
-    loss = [r["loss"][0] if isinstance(r["loss"], list) else r["loss"] for r in rows]
-    n = len(rows[-1]["loss"]) if isinstance(rows[-1]["loss"], list) else 1
-    tps = [r["tokens_per_s"] / n for r in rows if r.get("tokens_per_s")]
-    out[label] = ([r["step"] for r in rows], [l / math.log(2) for l in loss],
-                  float(np.median(tps)) if tps else None)
+    mine = [r for r in rows if r.get("label") == e["label"]
+            and float(r["learning_rate"]) == e["rate"]]
+    first = min(mine, key=lambda r: r["seed"])
+    job = [r for r in rows if r.get("job") == first.get("job")]
+    path = os.path.join(runs_dir, f"{first.get('job')}.jsonl")
+    if not os.path.exists(path):
+      continue
+    metrics = [r for r in jsonl.read_rows(path) if "loss" in r and "step" in r]
+    if not metrics:
+      continue
+    i = job.index(first)
+    loss = [r["loss"][i] if isinstance(r["loss"], list) else r["loss"] for r in metrics]
+    tps = [r["tokens_per_s"] / len(job) for r in metrics if r.get("tokens_per_s")]
+    out[e["label"]] = ([r["step"] for r in metrics], [l / math.log(2) for l in loss],
+                       float(np.median(tps)) if tps else None, first.get("card"))
   return out
 
 
@@ -112,12 +127,14 @@ def block(entries, curve_data, plot_link):
       got = e["test"].get(L)
       cells.append("-" if got is None else
                    f"{got[0]:.3f}" + (f" ± {got[1]:.3f}" if got[1] is not None else ""))
-    tps = (curve_data.get(e["label"]) or (None, None, None))[2]
+    _, _, tps, card = curve_data.get(e["label"]) or (None, None, None, None)
     body.append([e["name"], ", ".join(f"{r:g}" for r in e["rates"]),
                  "-" if e["rate"] is None else f"{e['rate']:g}", len(e["seeds"]), *cells,
-                 "-" if tps is None else f"{tps:,.0f}"])
+                 "-" if tps is None else f"{tps:,.0f} ({card.upper()})"])
   head = ["mixer", "rates tried", "rate", "seeds"] + [
-      f"{L // T}T = {L:,}" if L != T else f"T = {L:,}" for L in Ls] + ["tokens/s a run"]
+      f"{L // T}T = {L:,}" if L != T else f"T = {L:,}" for L in Ls] + ["tokens/s a run (GPU)"]
   return ("Test bits per byte (lower is better) at the training length T and beyond it, the "
           "rate chosen by validation bits per byte at T; mean ± std over seeds where there "
-          "are several:\n\n" + markdown.table(head, body) + "\n\n" + plot_link)
+          "are several; tokens/s of a run at the chosen rate, on the GPU its job ran on "
+          "(compare within one GPU; - where its job's metrics were not kept):\n\n"
+          + markdown.table(head, body) + "\n\n" + plot_link)
