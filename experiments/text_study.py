@@ -10,7 +10,8 @@ and by position bucket, and its training throughput in tokens/s.
     python experiments/fetch_text.py --out=runs/text_cache        # once, with the network
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python experiments/text_study.py \
         --workdir=runs/text_study --data_dir=runs/text_cache --budget_s=500
-    ... the same command again (runs/text_study kept between calls) until `--list` shows
+    ... the same command again (runs/text_study kept between calls; on a fresh machine add
+    --rows_from=results/training to start from the committed rows) until `--list` shows
     every job done, then
     python experiments/text_study.py --workdir=runs/text_study --data_dir=runs/text_cache \
         --summary
@@ -81,6 +82,10 @@ _RATES = flags.DEFINE_list("rates", list(RATES), "The rate jobs' learning rates 
                            "and no seed jobs: the study's cheapest version, one run a mixer).")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "FIELD=VALUE, a --config.FIELD=VALUE "
                                       "for every job (recorded in the rows).")
+_ROWS_FROM = flags.DEFINE_string(
+    "rows_from", "", "A folder of the study's rows made elsewhere (every text_study_*.jsonl in "
+    "it, e.g. results/training): those the workdir's text.jsonl lacks (by job, rate and seed) "
+    "are added to it first, so a fresh machine goes on where the committed rows end.")
 _LIST = flags.DEFINE_bool("list", False, "Print the jobs (done or to do) and run none.")
 _SUMMARY = flags.DEFINE_bool("summary", False, "Print the study's results and run nothing.")
 flags.mark_flags_as_required(["workdir"])
@@ -213,6 +218,26 @@ def _tokens_per_run(run_dir):
   return round(float(np.median(values))) if values else None
 
 
+def add_rows_from(folder, rows_path):
+  """Appends to rows_path the rows of folder's `text_study_*.jsonl` files that it lacks (the
+  same job, learning rate and seed); returns how many."""
+  import glob  # pylint: disable=g-import-not-at-top
+  from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
+  paths = sorted(glob.glob(os.path.join(folder, "text_study_*.jsonl")))
+  if not paths:
+    raise ValueError(f"--rows_from={folder}: no text_study_*.jsonl there")
+  key = lambda r: (r.get("job"), float(r.get("learning_rate")), r.get("seed"))
+  have = {key(r) for r in jsonl.read_rows(rows_path)}
+  new = []
+  for path in paths:
+    for r in jsonl.read_rows(path):
+      if key(r) not in have:
+        have.add(key(r))
+        new.append(r)
+  jsonl.append_rows(rows_path, new)
+  return len(new)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -230,6 +255,10 @@ def main(argv):
   rows_path = os.path.join(workdir, GRID + ".jsonl")
   data_dir = _DATA_DIR.value
   with cli.user_errors("text_study.py"):
+    if _ROWS_FROM.value:
+      os.makedirs(workdir, exist_ok=True)
+      print(f"{add_rows_from(_ROWS_FROM.value, rows_path)} rows added from {_ROWS_FROM.value}",
+            flush=True)
     rows = jsonl.read_rows(rows_path)
     if _SUMMARY.value:
       for entry in summary(rows, workdir):

@@ -1,7 +1,8 @@
 """experiments/text_study.py plans its jobs without running them (--list): a rate job per
 mixer, then, from the rows of a finished rate job, a run at the next rate where the best is at
 an edge of the rates tried, else that mixer's seed job at the rate with the lowest validation
-bits per byte; --summary reads the rows. (The sweeps themselves and their
+bits per byte; --summary reads the rows; --rows_from adds committed rows that a fresh
+workdir lacks. (The sweeps themselves and their
 bits per byte: tests/training/test_sweep.py.)"""
 
 import json
@@ -33,9 +34,24 @@ def test_the_study_plans_rate_jobs_then_past_an_edge_then_the_best_rates_seed_jo
     folders[name] = tmp_path / name
     folders[name].mkdir()
     (folders[name] / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  before, edge, done, summary = run_scripts(
+  # A fresh machine: its workdir holds one of linear's rows, the committed folder the same
+  # three in two files (one of them twice).
+  committed, fresh = tmp_path / "committed", tmp_path / "fresh"
+  committed.mkdir()
+  fresh.mkdir()
+  (fresh / "text.jsonl").write_text(json.dumps(first[0]) + "\n")
+  (committed / "text_study_h100.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                           for r in first[:2]))
+  (committed / "text_study_h200.jsonl").write_text(json.dumps(first[2]) + "\n"
+                                                   + json.dumps(first[0]) + "\n")
+  before, edge, done, summary, resumed = run_scripts(
       *[[STUDY, f"--workdir={folders[name]}", "--list"] for name in ("empty", "edge", "done")],
-      [STUDY, f"--workdir={folders['done']}", "--summary"])
+      [STUDY, f"--workdir={folders['done']}", "--summary"],
+      [STUDY, f"--workdir={fresh}", f"--rows_from={committed}", "--list"])
+  assert resumed.stdout.splitlines()[0] == f"2 rows added from {committed}"
+  assert resumed.stdout.splitlines()[1:] == edge.stdout.splitlines()
+  assert sorted(json.loads(l)["learning_rate"] for l in
+                (fresh / "text.jsonl").read_text().splitlines()) == [3e-4, 1e-3, 3e-3]
   lines = before.stdout.strip().splitlines()
   assert [l.split()[:2] for l in lines[:-1]] == [
       ["todo", f"text-{m}-rates"] for m in ("softmax_rope", "linear", "deltanet",
