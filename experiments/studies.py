@@ -51,7 +51,8 @@ time is left). Several jobs share a GPU (--per_gpu, default per study): each pro
 allocates GPU memory on demand (XLA_PYTHON_CLIENT_PREALLOCATE=false unless set). --summary
 prints the study's tables (markdown, every run) from --workdir; --export copies its rows and
 run files (metrics slimmed) to the folder RESULTS.md's blocks read
-(results/training/studies/<study>/, `lab.report.studies`).
+(results/training/studies/<study>/, `lab.report.studies`), keeping the rows of jobs there that
+this workdir does not hold (a study run over several fresh machines exports into one folder).
 """
 
 import os

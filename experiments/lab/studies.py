@@ -326,10 +326,15 @@ def slim(value):
 
 def export(workdir, study, dest):
   """Copies `study`'s rows and its finished jobs' files from `workdir` to `dest` (`load`'s
-  layout; metrics slimmed by `slim`). Returns the stems copied."""
+  layout; metrics slimmed by `slim`). The rows of jobs that `dest` holds and the workdir does
+  not stay (a study run over several machines, a workdir each, exports into one folder); a
+  job's rows in the workdir replace its rows there. Returns the stems copied."""
   data = collect(workdir, study)
   os.makedirs(dest, exist_ok=True)
-  jsonl.write_rows(os.path.join(dest, "rows.jsonl"), data.rows, sort_keys=True)
+  path = os.path.join(dest, "rows.jsonl")
+  here = {r.get("job") for r in data.rows}
+  kept = [r for r in jsonl.read_rows(path) if r.get("job") not in here]
+  jsonl.write_rows(path, kept + data.rows, sort_keys=True)
   for s, (metrics, runs) in data.files.items():
     jsonl.write_rows(os.path.join(dest, f"{s}_metrics.jsonl"), [slim(r) for r in metrics])
     jsonl.write_rows(os.path.join(dest, f"{s}_runs.jsonl"), runs)

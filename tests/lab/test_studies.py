@@ -165,6 +165,11 @@ def test_a_study_goes_to_its_results_folder_and_back(tmp_path):
   slim_metrics, slim_runs = back.files["T64-d64-data2"]
   assert slim_runs == runs
   assert slim_metrics[-1] == {"step": 100, "diagnostics": {"layer0.key_cos_mean": [0.1235] * 5}}
+  # Another machine's job already in the folder stays; this workdir's job is replaced.
+  other = {**rows[0], "job": "weights_or_data-T64-d64-data4"}
+  jsonl.write_rows(str(tmp_path / "out" / "rows.jsonl"), [other, {**rows[1], "seed": 99}])
+  studies.export(str(tmp_path / "work"), "weights_or_data", str(tmp_path / "out"))
+  assert studies.load(str(tmp_path / "out"), "weights_or_data").rows == [other] + rows
   assert studies.load(str(tmp_path / "nowhere"), "fix") == studies.StudyData("fix", [], {})
   with pytest.raises(ValueError, match="study must be one of"):
     studies.jobs("bogus")
