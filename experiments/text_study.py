@@ -135,7 +135,10 @@ def rate_choice(grid, rows, label, rates=RATES):
   """(best, past): `label`'s best rate (a float, `best_rate`) once `rates` and every rate
   tried have run, and the next rate past the edge of the rates tried where the best is the
   highest or lowest of two or more (a `grid.RATE_GRID` string, `grid.rate_past_edge`; None
-  inside them or past the grid); (None, None) before."""
+  inside them or past the grid); (None, None) before, and with one rate (the cheapest
+  version: no runs past an edge, no seed jobs)."""
+  if len(rates) < 2:
+    return None, None
   tried = sorted(float(r) for r in rates_run(rows, label))
   best = best_rate(rows, label, tuple(set(tried) | {float(r) for r in rates}))
   if best is None:
@@ -151,7 +154,7 @@ def edge_jobs(grid, rows, labels, data_dir="", rates=RATES):
   (the cheapest version)."""
   jobs = []
   for label in labels:
-    rate = rate_choice(grid, rows, label, rates)[1] if len(rates) > 1 else None
+    rate = rate_choice(grid, rows, label, rates)[1]
     if rate is not None:
       jobs.append(_job(grid, label, "rates", (rate,), (RATE_SEED,), data_dir,
                        name=f"text-{label}-rates-lr{rate}"))
@@ -163,7 +166,7 @@ def seed_jobs(grid, rows, labels, data_dir="", rates=RATES):
   whose best rate is inside them, at that rate, seeds MORE_SEEDS."""
   jobs = []
   for label in labels:
-    best, past = rate_choice(grid, rows, label, rates) if len(rates) > 1 else (None, None)
+    best, past = rate_choice(grid, rows, label, rates)
     if best is not None and past is None:
       jobs.append(_job(grid, label, "seeds", (grid.rate_name(best),), MORE_SEEDS, data_dir))
   return jobs
@@ -219,21 +222,21 @@ def _tokens_per_run(run_dir):
 
 
 def add_rows_from(folder, rows_path):
-  """Appends to rows_path the rows of folder's `text_study_*.jsonl` files that it lacks (the
-  same job, learning rate and seed); returns how many."""
-  import glob  # pylint: disable=g-import-not-at-top
+  """Appends to rows_path the rows of folder's `text_study_<card>.jsonl` files
+  (`lab.report.text.rows`, each with its "card") that it lacks (the same job, learning rate
+  and seed); returns how many."""
+  from lab.report import text  # pylint: disable=g-import-not-at-top
   from vla_jax.training import jsonl  # pylint: disable=g-import-not-at-top
-  paths = sorted(glob.glob(os.path.join(folder, "text_study_*.jsonl")))
-  if not paths:
-    raise ValueError(f"--rows_from={folder}: no text_study_*.jsonl there")
+  committed = text.rows(folder)
+  if not committed:
+    raise ValueError(f"--rows_from={folder}: no {text.ROWS_GLOB} there")
   key = lambda r: (r.get("job"), float(r.get("learning_rate")), r.get("seed"))
   have = {key(r) for r in jsonl.read_rows(rows_path)}
   new = []
-  for path in paths:
-    for r in jsonl.read_rows(path):
-      if key(r) not in have:
-        have.add(key(r))
-        new.append(r)
+  for r in committed:
+    if key(r) not in have:
+      have.add(key(r))
+      new.append(r)
   jsonl.append_rows(rows_path, new)
   return len(new)
 

@@ -99,10 +99,8 @@ def curves(runs_dir, rows, entries):
             and float(r["learning_rate"]) == e["rate"]]
     first = min(mine, key=lambda r: r["seed"])
     job = [r for r in rows if r.get("job") == first.get("job")]
-    path = os.path.join(runs_dir, f"{first.get('job')}.jsonl")
-    if not os.path.exists(path):
-      continue
-    metrics = [r for r in jsonl.read_rows(path) if "loss" in r and "step" in r]
+    metrics = [r for r in jsonl.read_rows(os.path.join(runs_dir, f"{first.get('job')}.jsonl"))
+               if "loss" in r and "step" in r]      # [] where the job's file is absent
     if not metrics:
       continue
     i = job.index(first)
