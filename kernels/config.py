@@ -152,7 +152,7 @@ class KernelConfig:
     block_factor, start_inverse, penalty_layout: None (default) for the plan's choice, or a
       string that forces one form (tests, benchmarks, the GPU check). Each form computes the
       same function to float32 rounding; None picks the forms that were faster on a GPU, by
-      key head dim dk (kernels/DESIGN.md, "The plan" and "Open questions" 6):
+      key head dim dk (kernels/DESIGN.md, "The plan"):
     block_factor: how the penalty scan gets L^-1 of each 16-token block's I + X U^T = L L^T:
       "newton" (None's choice; two Newton steps of 16 x 16 products where ||X U^T||_F <= 0.25,
       the elimination elsewhere; `common.guarded_chol_inv`) or "elimination" (16 dependent
