@@ -5,7 +5,8 @@ at 4T and 16T) and each job's logged training curve, as a table per mixer (its f
 
 Files, under results/training/: `text_study_<card>.jsonl` (the study's rows from one kind of
 GPU; a study whose calls ran on several kinds has a file each) and `text_runs/<job>.jsonl`
-(the job's metrics.jsonl: the curves of its runs and its tokens/s).
+(the job's metrics.jsonl: the curves of its runs and its tokens/s); only the jobs the
+section reads are kept.
 """
 
 import glob
@@ -86,28 +87,41 @@ def summary(rows):
 
 
 def curves(runs_dir, rows, entries):
-  """{label: (steps, training loss in bits per byte, tokens/s a run, card)} for each mixer of
-  `summary`'s entries that has a chosen rate: the curve of the run at that rate with the
-  lowest seed, read from its job's metrics (`text_runs/<job>.jsonl`: a job's runs train
-  together, their losses listed in the order of the job's rows); tokens/s is the job's divided
-  by its runs. Mixers whose job has no metrics file are left out."""
+  """{label: (steps, training loss in bits per byte, tokens/s, card)} for each mixer of
+  `summary`'s entries that has a chosen rate. The curve is the run at that rate with the
+  lowest seed among those whose job's metrics were kept (`text_runs/<job>.jsonl`: a job's runs
+  train together, their losses listed in the order of the job's rows). Tokens/s and its card
+  come from a job of the mixer that trained one run alone (the runs past a rate's edge; the
+  rate does not change the speed, and a job's vmapped runs share the GPU unevenly), the chosen
+  rate's first; None where no such job's metrics were kept. Mixers with no curve are left
+  out."""
+
+  def metrics(job):
+    return [r for r in jsonl.read_rows(os.path.join(runs_dir, f"{job}.jsonl"))
+            if "loss" in r and "step" in r]         # [] where the job's file is absent
+
   out = {}
   for e in entries:
     if e["rate"] is None:
       continue
-    mine = [r for r in rows if r.get("label") == e["label"]
-            and float(r["learning_rate"]) == e["rate"]]
-    first = min(mine, key=lambda r: r["seed"])
-    job = [r for r in rows if r.get("job") == first.get("job")]
-    metrics = [r for r in jsonl.read_rows(os.path.join(runs_dir, f"{first.get('job')}.jsonl"))
-               if "loss" in r and "step" in r]      # [] where the job's file is absent
-    if not metrics:
+    mine = [r for r in rows if r.get("label") == e["label"]]
+    at_rate = sorted((r for r in mine if float(r["learning_rate"]) == e["rate"]),
+                     key=lambda r: r["seed"])
+    first = next((r for r in at_rate if metrics(r.get("job"))), None)
+    if first is None:
       continue
+    job = [r for r in rows if r.get("job") == first.get("job")]
     i = job.index(first)
-    loss = [r["loss"][i] if isinstance(r["loss"], list) else r["loss"] for r in metrics]
-    tps = [r["tokens_per_s"] / len(job) for r in metrics if r.get("tokens_per_s")]
-    out[e["label"]] = ([r["step"] for r in metrics], [l / math.log(2) for l in loss],
-                       float(np.median(tps)) if tps else None, first.get("card"))
+    logged = metrics(first.get("job"))
+    loss = [r["loss"][i] if isinstance(r["loss"], list) else r["loss"] for r in logged]
+    alone = sorted((r for r in mine if sum(q.get("job") == r.get("job") for q in rows) == 1),
+                   key=lambda r: (float(r["learning_rate"]) != e["rate"], r.get("job")))
+    timed = next((r for r in alone if metrics(r.get("job"))), None)
+    tps = ([m["tokens_per_s"] for m in metrics(timed.get("job")) if m.get("tokens_per_s")]
+           if timed else [])
+    out[e["label"]] = ([r["step"] for r in logged], [l / math.log(2) for l in loss],
+                       float(np.median(tps)) if tps else None,
+                       timed.get("card") if tps else None)
   return out
 
 
@@ -130,9 +144,9 @@ def block(entries, curve_data, plot_link):
                  "-" if e["rate"] is None else f"{e['rate']:g}", len(e["seeds"]), *cells,
                  "-" if tps is None else f"{tps:,.0f} ({card.upper()})"])
   head = ["mixer", "rates tried", "rate", "seeds"] + [
-      f"{L // T}T = {L:,}" if L != T else f"T = {L:,}" for L in Ls] + ["tokens/s a run (GPU)"]
+      f"{L // T}T = {L:,}" if L != T else f"T = {L:,}" for L in Ls] + ["tokens/s (GPU)"]
   return ("Test bits per byte (lower is better) at the training length T and beyond it, the "
           "rate chosen by validation bits per byte at T; mean ± std over seeds where there "
-          "are several; tokens/s of a run at the chosen rate, on the GPU its job ran on "
-          "(compare within one GPU; - where its job's metrics were not kept):\n\n"
+          "are several; tokens/s of one run training alone, on the GPU it ran on (compare "
+          "within one GPU; - where no such run's metrics were kept):\n\n"
           + markdown.table(head, body) + "\n\n" + plot_link)

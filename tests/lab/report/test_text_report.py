@@ -1,7 +1,7 @@
 """lab.report.text: the language-modelling section from study rows and job curves: the rate
 chosen by validation bits per byte, test bits per byte per length over seeds, the chosen
-rate's curve and tokens/s with the GPU it ran on, from rows split by card; the figure is
-drawn."""
+rate's curve and tokens/s with the GPU it ran on (the lowest seed whose job's metrics were
+kept), from rows split by card; the figure is drawn."""
 
 import json
 
@@ -37,21 +37,31 @@ def test_summary_block_curves_and_plot(tmp_path):
   assert abs(vla["test"][4096][0] - 3.1) < 1e-12
   assert entries[1]["rate"] is None and entries[1]["diverged"] == 1
 
-  # The chosen rate's run with the lowest seed: the rate job's second run (its rows' order);
-  # tokens/s the job's over its two runs; the seed job and the softmax job are not read.
+  # The curve: the chosen rate's run with the lowest seed, the rate job's second run (its
+  # rows' order); tokens/s: the job that trained one run alone (the seed job here), not the
+  # rate job's two runs sharing the GPU; the softmax job is not read.
   runs = tmp_path / "text_runs"
   runs.mkdir()
   _write(runs / "text-vla-rates.jsonl", [{"step": s, "loss": [1.0, 0.7 * 2], "tokens_per_s":
                                           2000.0} for s in (50, 100)])
-  _write(runs / "text-vla-seeds.jsonl", [{"step": 50, "loss": [9.0], "tokens_per_s": 9.0}])
+  _write(runs / "text-vla-seeds.jsonl", [{"step": 50, "loss": [9.0], "tokens_per_s": 900.0}])
   curve_data = text.curves(str(runs), rows, entries)
   assert set(curve_data) == {"vla"}
   steps, bpb, tps, card = curve_data["vla"]
-  assert steps == [50, 100] and tps == 1000.0 and card == "h200"
+  assert steps == [50, 100] and tps == 900.0 and card == "h100"
   assert abs(bpb[0] - 1.4 / 0.6931471805599453) < 1e-9
 
+  # Without the rate job's metrics the seed job's run (the next seed) gives the curve; without
+  # a run alone, no tokens/s.
+  (runs / "text-vla-rates.jsonl").rename(runs / "kept")
+  steps, bpb, tps, card = text.curves(str(runs), rows, entries)["vla"]
+  assert steps == [50] and abs(bpb[0] - 9.0 / 0.6931471805599453) < 1e-9
+  (runs / "kept").rename(runs / "text-vla-rates.jsonl")
+  (runs / "text-vla-seeds.jsonl").unlink()
+  assert text.curves(str(runs), rows, entries)["vla"][2:] == (None, None)
+
   md = text.block(entries, curve_data, "PLOT")
-  assert "| VLA | 0.001, 0.003 | 0.003 | 2 | 2.100 ± 0.100 | 3.100 ± 0.100 | 1,000 (H200) |" in md
+  assert "| VLA | 0.001, 0.003 | 0.003 | 2 | 2.100 ± 0.100 | 3.100 ± 0.100 | 900 (H100) |" in md
   assert "| DeltaNet | 0.001 | - | 0 | - | - | - |" in md and md.endswith("PLOT")
   assert text.block([], {}, "PLOT") == "No rows yet."
   plots.plot_text(entries, curve_data, str(tmp_path / "t.png"))
