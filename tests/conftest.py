@@ -1,6 +1,6 @@
 """Shared fixtures: float64 mode, seeded random inputs and modules, scripts run in one process;
 one XLA compilation cache per run; cheap XLA:CPU compilation for this process and the scripts
-the tests start (and the compile options of the few programs that need LLVM's level 1)."""
+the tests start."""
 
 import json
 import os
@@ -14,9 +14,9 @@ import tempfile
 # time, tests/layers/test_masks.py: 72 s at level 1, 51 s at level 0; the default level is
 # slower still). XLA's own passes and emitters are the same and LLVM does not reassociate
 # float arithmetic (no fast-math), but level 0 rounds some float32 results differently (a
-# last bit of the Gated DeltaNet initialiser's exp and log; gradients of two programs 2e-4
-# apart, relative, on small entries): the few checks that compare float32 results with
-# recorded bits or with another program at that level compile at level 1 (`LLVM_LEVEL_1`).
+# last bit of the Gated DeltaNet initialiser's exp and log): the check against recorded bits
+# draws them at level 1 (tests/layers/test_layers.py); checks that compare two programs allow
+# float32 rounding.
 # XLA:CPU also verifies the IR its fusion emitters produce (a check of XLA's own code
 # generation, not of any result); level 0 skips it: the suite's CPU time fell from 1,311 s to
 # 1,129 s, the interpret-mode kernel tests most (tests/kernels/test_penalty_backward.py's
@@ -44,11 +44,6 @@ _CACHE_ENV = "VLA_JAX_TEST_COMPILATION_CACHE"
 _CACHE_DIR = "JAX_COMPILATION_CACHE_DIR"
 _CACHE_MIN_TIME = "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"
 _cache_key = pytest.StashKey[str]()
-
-# `compiler_options` (jax.jit, `Lowered.compile`) for programs that a check compares with
-# another program or with recorded bits at float32 rounding: LLVM's level 1, as these
-# comparisons were made (see _FAST_COMPILE).
-LLVM_LEVEL_1 = {"xla_backend_optimization_level": 1}
 
 
 def random_module(make, seed=0, scale=0.5):

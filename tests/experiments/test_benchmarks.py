@@ -10,6 +10,8 @@ import pytest
 
 from conftest import run_scripts
 
+pytestmark = pytest.mark.slow   # the slow tier (setup.cfg)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXPERIMENTS = os.path.join(ROOT, "experiments")
 

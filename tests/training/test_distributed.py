@@ -123,6 +123,7 @@ def runs(tmp_path_factory):
   return out, {"one": folder / "one", "two": folder / "two"}
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): two processes training
 def test_a_sigterm_to_one_process_stops_both_after_the_same_step(runs):
   (summaries, workdirs) = runs
   stopped, resumed = summaries["stopped"], summaries["resumed"]
@@ -138,6 +139,7 @@ def test_a_sigterm_to_one_process_stops_both_after_the_same_step(runs):
   assert not (workdirs["two"] / "lock.owner").exists()   # released by process 0
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): two processes training
 def test_two_processes_train_as_one_process_of_as_many_devices(runs):
   """The stopped and resumed run of two processes against one process: losses (one row per
   step, written once) and final parameters equal to float32 rounding (the gradients of the
