@@ -107,6 +107,7 @@ def ok(proc):
   return proc.stdout
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help(runs, script):
   usage = runs[0][f"help/{script}"].stdout + runs[0][f"help/{script}"].stderr
@@ -114,6 +115,7 @@ def test_help(runs, script):
   assert first_line.strip() in usage and f"experiments/{script}.py:" in usage, usage[-2000:]
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_a_mistake_is_one_line(runs):
   out = runs[0]["mistake"]
   assert out.returncode == 1 and out.stdout == ""
@@ -122,6 +124,7 @@ def test_a_mistake_is_one_line(runs):
       "'ablation_demo', 'zoology_tuned', 'seed_remedies'); got 'capcity'"]
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_sweep_checks_its_flags(runs):
   done, folders = runs
   for i, (_, message) in enumerate(SWEEP_MISTAKES):
@@ -132,6 +135,7 @@ def test_sweep_checks_its_flags(runs):
   assert not (folders["mixer_sweep"] / "bad").exists()
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_grid_lists_runs_then_skips_a_zoology_tuned_job(runs):
   """--list prints the zoology_tuned jobs from the committed zoology rows and runs none; grid.py
   runs sweep.py for one tiny gated_deltanet_slow job (its rows land in <workdir>/<grid>.jsonl
@@ -158,6 +162,7 @@ def test_grid_lists_runs_then_skips_a_zoology_tuned_job(runs):
   assert ok(done["grid/zoology_list_done"]).splitlines()[0].startswith(f"done {ZOOLOGY_JOB} ")
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_mixer_sweep_writes_a_row_per_run(runs):
   done, folders = runs
   ok(done["mixer_sweep"])
@@ -166,6 +171,7 @@ def test_mixer_sweep_writes_a_row_per_run(runs):
   assert all(0 <= r["accuracy"] <= 1 for r in rows) and rows[0]["task_fields"]["n_pairs"] == 8
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_diagnostics_then_report(runs):
   """trained_diagnostics.py trains a tiny VLA model and measures it at a longer T;
   state_norms.py measures random inputs and that run; report_results.py writes sections 1
@@ -194,6 +200,7 @@ def test_diagnostics_then_report(runs):
   assert (results / "plots" / "trained_state_norms.png").exists()
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_bench_decode_writes_a_row_per_mixer_and_context(runs):
   """VLA's cache has one size at every context; softmax's KV cache grows with it."""
   done, folders = runs
@@ -208,6 +215,7 @@ def test_bench_decode_writes_a_row_per_mixer_and_context(runs):
   assert mib("softmax", 48) - mib("softmax", 16) == 2 * 32 * 8 * 2 + 32
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): the scripts' runs
 def test_bench_impls_cpu_times_each_impl(runs):
   line = ok(runs[0]["bench_impls_cpu"]).strip().splitlines()[-1].split("|")
   assert line[0].strip() == "32" and all(float(x) > 0 for x in line[1:])

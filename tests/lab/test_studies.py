@@ -211,6 +211,7 @@ TINY = ["train.num_steps=2", "train.batch_size=2", "train.eval_examples=2",
         "model.num_heads=2", "model.head_dim=8", "model.mlp_ratio=1"]
 
 
+@pytest.mark.slow   # the slow tier (setup.cfg): a study's job trained by its script
 def test_a_mixed_precision_parity_job_trains_then_reads_in_its_table(tmp_path):
   """The bfloat16 Gated DeltaNet job (configs/mqar_zoology_bf16.py) trains its three seeds two
   steps; its rows say bfloat16 activations and float32 parameters, --summary puts them in the
