@@ -9,6 +9,8 @@ GPU; a study whose calls ran on several kinds has a file each) and `text_runs/<j
 section reads are kept.
 """
 
+import collections
+import functools
 import glob
 import math
 import os
@@ -96,10 +98,12 @@ def curves(runs_dir, rows, entries):
   rate's first; None where no such job's metrics were kept. Mixers with no curve are left
   out."""
 
+  @functools.cache
   def metrics(job):
     return [r for r in jsonl.read_rows(os.path.join(runs_dir, f"{job}.jsonl"))
             if "loss" in r and "step" in r]         # [] where the job's file is absent
 
+  runs_of_job = collections.Counter(r.get("job") for r in rows)
   out = {}
   for e in entries:
     if e["rate"] is None:
@@ -114,7 +118,7 @@ def curves(runs_dir, rows, entries):
     i = job.index(first)
     logged = metrics(first.get("job"))
     loss = [r["loss"][i] if isinstance(r["loss"], list) else r["loss"] for r in logged]
-    alone = sorted((r for r in mine if sum(q.get("job") == r.get("job") for q in rows) == 1),
+    alone = sorted((r for r in mine if runs_of_job[r.get("job")] == 1),
                    key=lambda r: (float(r["learning_rate"]) != e["rate"], r.get("job")))
     timed = next((r for r in alone if metrics(r.get("job"))), None)
     tps = ([m["tokens_per_s"] for m in metrics(timed.get("job")) if m.get("tokens_per_s")]
