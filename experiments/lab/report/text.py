@@ -34,7 +34,8 @@ def rows(rows_dir):
   "card" (the file name's)."""
   out = []
   for path in sorted(glob.glob(os.path.join(rows_dir, ROWS_GLOB))):
-    card = os.path.basename(path)[len("text_study_"):-len(".jsonl")]
+    prefix, suffix = ROWS_GLOB.split("*")
+    card = os.path.basename(path)[len(prefix):-len(suffix)]
     out += [{**r, "card": card} for r in jsonl.read_rows(path)]
   return out
 
