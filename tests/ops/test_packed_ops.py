@@ -227,3 +227,28 @@ def test_bad_segment_ids_raise():
   with pytest.raises(ValueError, match="context parallelism.*impl='chunked'"):
     parallel.shard_sequence(vla_recurrence, mesh=mesh)(
         q, q, q, q, segment_ids=jnp.zeros((2, 8), jnp.int32))
+
+
+@pytest.mark.parametrize("kind,x64_on", [("numpy", False), ("numpy", True), ("jax", True)])
+def test_wide_segment_ids_that_a_cast_would_wrap_stay_apart(kind, x64_on):
+  """int64 / uint64 ids 2**32 apart are two documents (an int32 cast makes them one): the op
+  packs them as it packs the same documents with small ids (a jax array of int64 ids exists
+  only with float64 on)."""
+  rng = np.random.default_rng(21)
+  B, T, H, d = 2, 12, 1, 4
+  q, k, v, u = (jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.float32) for _ in range(4))
+  small = np.array([[3] * 5 + [4] * 7, [0] * 2 + [1] * 4 + [2] * 6])
+  wide = {"row0": np.array([7] * 5 + [7 + 2**32] * 7, np.int64),
+          "row1": np.array([2**63 - 1] * 2 + [2**31 - 1 + 2**32] * 4 + [2**31 - 1] * 6,
+                           np.uint64)}
+  with jax.enable_x64(x64_on):
+    for row, dtype in ((0, np.int64), (1, np.uint64)):
+      ids = np.repeat(wide[f"row{row}"][None].astype(dtype), B, axis=0)
+      ids = jnp.asarray(ids) if kind == "jax" else ids
+      ref = np.repeat(small[row][None], B, axis=0).astype(np.int32)
+      for op, args in ((vla_recurrence, (q, k, v, u)), (deltanet, (q, k, v, u[..., 0]))):
+        got, _ = op(*args, impl="chunked", segment_ids=ids)
+        want, _ = op(*args, impl="chunked", segment_ids=ref)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        one, _ = op(*args, impl="chunked")
+        assert not np.allclose(np.asarray(got), np.asarray(one))
