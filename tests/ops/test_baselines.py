@@ -122,6 +122,27 @@ def test_split_sequence_equals_one_call(x64):
   chex.assert_trees_all_close(st2, LinearAttentionState(S, z), rtol=1e-10)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_float64_state_computes_in_float64_with_float32_inputs(x64, impl):
+  """As `vla_recurrence`: float32 tokens from a float64 initial state give a float64 final
+  state, the float64 oracle's (the state was cast down to float32 before)."""
+  q, k, v, _ = random_inputs(8, 1, 20, 2, 4, 3)
+  beta, log_decay = gates(9, 1, 20, 2)
+  f32 = lambda *xs: tuple(np.asarray(x, np.float32) for x in xs)
+  q, k, v, beta, log_decay = f32(q, k, v, beta, log_decay)
+  S0 = np.random.default_rng(10).standard_normal((1, 2, 3, 4))
+  z0 = np.abs(np.random.default_rng(11).standard_normal((1, 2, 4)))
+  for fn, args, state in (
+      (gated_deltanet, (q, k, v, beta, log_decay), S0),
+      (deltanet, (q, k, v, beta), S0),
+      (linear_attention, (q, k, v), LinearAttentionState(S0, z0))):
+    _, got = fn(*args, impl=impl, chunk_size=16, initial_state=state)
+    _, want = fn(*(x.astype(np.float64) for x in args), impl=impl, chunk_size=16,
+                 initial_state=state)
+    chex.assert_trees_all_equal_dtypes(got, want)
+    chex.assert_trees_all_close(got, want, rtol=1e-12)
+
+
 def test_gradients_agree_across_impls(x64):
   q, k, v, _ = random_inputs(8, 1, 21, 2, 6, 5)
   beta, log_decay = gates(9, 1, 21, 2)

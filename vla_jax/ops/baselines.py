@@ -132,10 +132,10 @@ def linear_attention(q: jax.Array, k: jax.Array, v: jax.Array, *,
   normalize = checks.check_bool("normalize", normalize)
   checks.check_positive("eps", eps)
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
-  dtype = checks.compute_dtype(q, k, v)
   if initial_state is not None and not isinstance(initial_state, LinearAttentionState):
     raise TypeError("initial_state must be a LinearAttentionState(S, z) or None; got "
                     f"{type(initial_state).__name__}")
+  dtype = checks.compute_dtype(q, k, v, *(initial_state or ()))
   out_dtype = checks.output_dtype(v)
   in_dtypes = q.dtype, k.dtype, v.dtype
   q, k, v = (x.astype(dtype) for x in (q, k, v))
@@ -246,7 +246,7 @@ def gated_deltanet(q: jax.Array, k: jax.Array, v: jax.Array, beta: jax.Array,
   if log_decay is not None:
     checks.check_tokens("log_decay", log_decay, rank=3, batch=B, time=T, heads=H)
     checks.check_log_decay(log_decay)
-  dtype = checks.compute_dtype(q, k, v, beta, log_decay)
+  dtype = checks.compute_dtype(q, k, v, beta, log_decay, initial_state)
   S0 = _initial_S(initial_state, (B, H, dv, dk), dtype)
   out_dtype = checks.output_dtype(v)
   if impl in KERNEL_IMPLS:

@@ -148,9 +148,10 @@ def check_lam0(lam0, impl, dtype):
 
 
 def compute_dtype(*arrays):
-  """float64 if any input is float64 and x64 mode is on, else float32: the state's dtype
-  (NumPy float64 inputs without x64 compute in float32, as JAX would store them)."""
-  if any(a is not None and a.dtype == jnp.float64 for a in arrays):
+  """float64 if any input (an initial state's arrays among them) is float64 and x64 mode is
+  on, else float32: the state's dtype (NumPy float64 inputs without x64 compute in float32, as
+  JAX would store them). None and non-arrays count for nothing (their checks name them)."""
+  if any(getattr(a, "dtype", None) == jnp.float64 for a in arrays):
     return jax.dtypes.canonicalize_dtype(jnp.float64)
   return jnp.float32
 
