@@ -129,6 +129,9 @@ def test_softmax_implementation_choice_is_explicit():
      "lam0 must be a real number .* got str '1'"),
     (lambda: VLAAttention(16, 2, lam0=1e-4, rngs=nnx.Rngs(0)),
      r"lam0=0.0001 is below 0.001, the smallest impl='auto' takes in float32"),
+    # float64 activations without x64 compute in float32: float32's smallest lam0 applies
+    (lambda: VLAAttention(16, 2, lam0=1e-4, dtype=jnp.float64, rngs=nnx.Rngs(0)),
+     r"lam0=0.0001 is below 0.001, the smallest impl='auto' takes in float32"),
     (lambda: VLAAttention(16, 2, u_init="zeros", rngs=nnx.Rngs(0)), "u_init must be one of"),
     (lambda: VLAAttention(16, 2, qk_map="relu", rngs=nnx.Rngs(0)),
      "qk_map must be one of 'elu1', 'silu_l2'; got 'relu'"),
@@ -137,7 +140,7 @@ def test_softmax_implementation_choice_is_explicit():
      "qk_map='silu_l2' .* readout='additive'"),
 ], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width",
         "softmax-indivisible", "readout", "lam0",
-        "lam0-str", "lam0-small", "u_init", "qk_map", "beta", "silu_l2-additive"])
+        "lam0-str", "lam0-small", "lam0-small-float64-without-x64", "u_init", "qk_map", "beta", "silu_l2-additive"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
     call()

@@ -51,8 +51,9 @@ class RecurrentCache(NamedTuple):
 
 
 def state_dtype(dtype):
-  """Recurrent states (and gates) are float32, or float64 when the activations are float64."""
-  return jnp.promote_types(dtype, jnp.float32)
+  """Recurrent states (and gates) are float32, or float64 when the activations are float64
+  and x64 mode is on (as JAX stores them: without it a float64 layer computes in float32)."""
+  return jax.dtypes.canonicalize_dtype(jnp.promote_types(dtype, jnp.float32))
 
 
 def check_recurrence_options(name, impl, chunk_size, *, op, dtype, head_dims, options=None):
