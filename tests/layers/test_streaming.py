@@ -91,6 +91,20 @@ def test_mixer_stream_equals_forward_float64(x64, mixer_streams, case):
   np.testing.assert_allclose(streamed[case], full, rtol=tol, atol=tol)
 
 
+def test_no_tokens_give_no_outputs_and_leave_the_cache(x64, mixer_streams):
+  """A forward pass of zero tokens gives [B, 0, d_model] and a prefill of zero tokens leaves
+  the cache it is given, for every mixer (VLA's additive readout took its last sum from an
+  empty axis)."""
+  mixers, x, _ = mixer_streams
+  empty = x[:, :0]
+  for y in forward(mixers, empty):
+    chex.assert_shape(y, (B, 0, D_MODEL))
+  caches = [m.init_cache(B, T) for m in mixers]
+  for (y, cache), before in zip(prefill(mixers, empty, caches), caches):
+    chex.assert_shape(y, (B, 0, D_MODEL))
+    chex.assert_trees_all_equal(cache, before)
+
+
 def test_model_mixers_are_every_mixer():
   assert sorted(name for name, _ in MODEL_MIXERS) == sorted(ALL_MIXERS)
 

@@ -198,5 +198,5 @@ class VLAAttention(RecurrentMixer):
               + jnp.where(first, norm[:, None].astype(f), jnp.zeros((), f)))
       den = jnp.sum(zs * q.astype(f), axis=-1, keepdims=True)
       o = o.astype(f) / jnp.maximum(den, self.readout_eps)
-      z = zs[:, -1]
+      z = zs[:, -1] if zs.shape[1] else norm.astype(f)   # no tokens: the sum passes through
     return self.out(o.astype(self.dtype)), z
