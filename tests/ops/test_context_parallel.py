@@ -12,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +51,9 @@ LONG_T = 16384
 # output NaN); "padding": the last PAD tokens with zero keys (zero u, zero log decay) and NaN
 # and Inf q and v leave the outputs before them, their gradients and the final state as the
 # op on one device leaves them (which equal the unpadded sequence's: test_properties.py).
+# The sharded ops of these cases take these token arrays by keyword (the others by position;
+# the one-device references always by position).
+BY_KEYWORD = {"vla_beta": ("beta",), "gated_deltanet": ("log_decay",)}
 PROPERTY_OPS = [(name, max(devices)) for name, impl, _, devices in CASES if impl == "chunked"]
 PROPERTIES = ("later_token", "padding")
 PAD = 12
@@ -83,6 +87,15 @@ def _inputs(name, impl, dtype, seed, T=None):
     return (q, k, v, beta, cast(-rng.uniform(0.0, 0.3, (B, T, H)))), S0, kw
   z0 = cast(rng.uniform(0.0, 1.0, (B, H, dk)))
   return (q, k, v), LinearAttentionState(S0, z0), dict(kw, normalize=True)
+
+
+def _by_keyword(fn, names):
+  """`fn` given its last positional arguments by keyword, as `names` (the sharded op splits
+  token arrays however they are passed: BY_KEYWORD)."""
+  def run(*args, **kw):
+    head = len(args) - len(names)
+    return fn(*args[:head], **dict(zip(names, args[head:])), **kw)
+  return run
 
 
 def _anisotropic_u(rng, B, T, H, d):
@@ -222,7 +235,8 @@ def main():
     op = getattr(vla_jax, "vla_recurrence" if name == "vla_beta" else name)
     args, state, kw = _inputs(name, impl, dtype, seed)
     fns = {1: functools.partial(op, **kw)}
-    fns.update({n: functools.partial(shard_sequence(op, mesh=meshes[n]), **kw) for n in devices})
+    fns.update({n: _by_keyword(functools.partial(shard_sequence(op, mesh=meshes[n]), **kw),
+                               BY_KEYWORD.get(name, ())) for n in devices})
     cts = _cotangents(fns[1], args, state, seed)
     programs = {n: _program(fn) for n, fn in fns.items()}
     ref = _named(programs[1](args, state, cts))
@@ -343,6 +357,33 @@ class TestErrors:
       shard_sequence(deltanet, mesh=jax.sharding.AbstractMesh((3,), ("seq",)))(
           x, x, x, x[..., 0])
 
+
+  def test_values_shapes_and_arguments_are_checked_before_the_split(self):
+    """As the op called eagerly: a concrete positive log decay or too small a lam0 array raise
+    (inside shard_map they are traced, and the op skips a traced value's checks), a token
+    array whose B, T differ from q's, and an argument the op does not take."""
+    from vla_jax import gated_deltanet   # pylint: disable=import-outside-toplevel
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("seq",))
+    x = jnp.ones((1, 4, 1, 4))
+    g = jnp.full((1, 4, 1), 0.5)
+    with pytest.raises(ValueError, match="log_decay must be <= 0"):
+      shard_sequence(gated_deltanet, mesh=mesh)(x, x, x, g, log_decay=g)
+    for lam0, match in ((-1.0, "lam0 must be a finite number > 0"),
+                        (1e-6, "lam0=1e-06 is below 0.001")):
+      with pytest.raises(ValueError, match=match):
+        shard_sequence(vla_recurrence, mesh=mesh)(x, x, x, x, lam0=jnp.float32(lam0))
+    with pytest.raises(ValueError, match=r"k must have B, T = \(1, 4\) like q"):
+      shard_sequence(vla_recurrence, mesh=mesh)(x, x[:, :2], x, x)
+    with pytest.raises(TypeError, match="vla_recurrence: .*'gamma'"):
+      shard_sequence(vla_recurrence, mesh=mesh)(x, x, x, x, gamma=1.0)
+
+  def test_no_tokens_run_the_op(self):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("seq",))
+    x = jnp.ones((1, 0, 1, 4))
+    o, state = shard_sequence(vla_recurrence, mesh=mesh)(q=x, k=x, v=x, u=x, lam0=2.0)
+    o_ref, state_ref = vla_recurrence(x, x, x, x, lam0=2.0)
+    chex.assert_shape(o, (1, 0, 1, 4))
+    chex.assert_trees_all_equal(state, state_ref)
 
   def test_segment_ops_check_their_options(self):
     """The per-device ops check the options as the ops do: lam0 a number > 0 also when an
