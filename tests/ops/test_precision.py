@@ -9,6 +9,7 @@ import pytest
 
 from vla_jax.kernels.lowering import equations
 from vla_jax.ops.baselines import gated_deltanet, linear_attention
+from vla_jax.ops.step import deltanet_step, gated_deltanet_step, linear_attention_step, vla_step
 from vla_jax.ops.utils import resolve_precision
 from vla_jax.ops.vla.recurrence import vla_recurrence
 
@@ -107,3 +108,38 @@ def test_default_matmul_precision_reaches_the_pallas_kernels():
   assert DEFAULT in default, default
   assert _precisions(lambda *a: vla_recurrence(*a, impl="pallas", chunk_size=16,
                                                precision="highest")[0], *args) == {HIGHEST}
+
+
+def test_dot_algorithm_presets_are_refused_by_name():
+  """JAX's default set to a dot algorithm preset (which jnp.matmul takes) is refused naming
+  the setting, not as if the caller had passed a bad precision; passed, likewise."""
+  args = _args()
+  for preset in ("BF16_BF16_F32", "F32_F32_F32"):
+    with jax.default_matmul_precision(preset):
+      with pytest.raises(ValueError, match=f"jax.default_matmul_precision is '{preset}', which "
+                                           "these ops do not take"):
+        vla_recurrence(*args)
+      explicit = lambda *a: vla_recurrence(*a, precision="highest")[0]
+      assert _precisions(explicit, *args) == {HIGHEST}   # an explicit one still runs
+  with pytest.raises(ValueError, match="precision must be None, a jax.lax.Precision"):
+    gated_deltanet(*args[:3], args[3][..., 0], None, precision="bfloat16_3x")
+
+
+def test_steps_follow_precision_as_the_sequence_ops():
+  """The one-token steps take `precision` as the ops do: None follows JAX's default (their
+  products were always HIGHEST, so a decode after a prefill at the default differed from
+  the full pass by the default's rounding), an explicit value overrides it."""
+  x = _args()[0][:, 0]
+  b = jnp.full(x.shape[:2], 0.5)
+  steps = {"vla": lambda p: lambda *a: vla_step(None, *a, precision=p),
+           "gated_deltanet": lambda p: lambda q, k, v, u: gated_deltanet_step(
+               None, q, k, v, b, -jnp.abs(u[..., 0]), precision=p),
+           "deltanet": lambda p: lambda q, k, v, u: deltanet_step(None, q, k, v, b, precision=p),
+           "linear": lambda p: lambda q, k, v, u: linear_attention_step(None, q, k, v,
+                                                                        precision=p)}
+  for name, step in steps.items():
+    assert _precisions(step(None), x, x, x, x) == {DEFAULT}, name
+    with jax.default_matmul_precision("highest"):
+      assert _precisions(step(None), x, x, x, x) == {HIGHEST}, name
+    with jax.default_matmul_precision("bfloat16"):
+      assert _precisions(step("highest"), x, x, x, x) == {HIGHEST}, name

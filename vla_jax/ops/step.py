@@ -3,7 +3,8 @@
 Each step takes one token per head ([B, H, D] arrays, no time axis) and the state a sequence op
 returned (or None for the initial state), and returns (o_t [B, H, dv] in v_t's dtype, state).
 Prefill a prompt with the sequence op (any impl), then decode with steps: the outputs equal one
-full forward pass. Work per token is O(dk (dk + dv)) per head; memory does not grow with the
+full forward pass. A step's products take `precision` as the sequence ops do (None: JAX's
+default matmul precision, `jax.default_matmul_precision`; `vla_jax.ops.utils.resolve_precision`). Work per token is O(dk (dk + dv)) per head; memory does not grow with the
 context.
 """
 
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 from vla_jax.ops import checks
 from vla_jax.ops.baselines import LinearAttentionState, check_feature_map, elu_plus_one
 from vla_jax.ops.delta_rule.naive import delta_rule_step
-from vla_jax.ops.utils import KEY_EPS, WRITE_EPS, unit
+from vla_jax.ops.utils import KEY_EPS, WRITE_EPS, resolve_precision, unit
 from vla_jax.ops.vla.penalty import penalty_step
 from vla_jax.ops.vla.recurrence import VLAState, initial_vla_state
 
@@ -33,7 +34,8 @@ def _check_state_arrays(prefix, arrays, shapes):
 
 
 def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
-             u_t: jax.Array, beta_t: jax.Array | None = None, *, lam0: float = 1.0
+             u_t: jax.Array, beta_t: jax.Array | None = None, *, lam0: float = 1.0,
+             precision: str | jax.lax.Precision | None = None
              ) -> tuple[jax.Array, VLAState]:
   """One VLA token (see `vla_recurrence` for the recurrence).
 
@@ -46,11 +48,13 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
       used only when `state` is None; then, computing in float32, it must be at least
       `checks.MIN_LAM0_FLOAT32["scan"]` (the step is the scan's arithmetic), as for
       `vla_recurrence(..., impl="scan")` (a concrete lam0 below is a ValueError).
+    precision: of the products, as `vla_recurrence`'s.
 
   Returns:
     (o_t [B, H, dv] in v_t's dtype, the new `VLAState`).
   """
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  precision = resolve_precision(precision)
   checks.check_step_tokens("u_t", u_t, batch=B, heads=H, dim=dk)
   if beta_t is not None:
     checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
@@ -66,22 +70,24 @@ def vla_step(state: VLAState | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Ar
   dtype, out_dtype = state.S.dtype, checks.output_dtype(v_t)
   q_t, k_t, v_t, u_t = (x.astype(dtype) for x in (q_t, k_t, v_t, u_t))
   khat = unit(k_t, KEY_EPS)
-  w_t, A = penalty_step(state.A, khat, u_t)
+  w_t, A = penalty_step(state.A, khat, u_t, precision)
   a_t = unit(w_t, WRITE_EPS)
   if beta_t is not None:
     a_t = beta_t.astype(dtype)[..., None] * a_t
-  o_t, S = delta_rule_step(state.S, q_t, khat, a_t, v_t, None)
+  o_t, S = delta_rule_step(state.S, q_t, khat, a_t, v_t, None, precision)
   return o_t.astype(out_dtype), VLAState(S=S, A=A)
 
 
 def linear_attention_step(state: LinearAttentionState | None, q_t: jax.Array, k_t: jax.Array,
                           v_t: jax.Array, *,
                           feature_map: Callable[[jax.Array], jax.Array] | None = elu_plus_one,
-                          normalize: bool = False, eps: float = 1e-6
+                          normalize: bool = False, eps: float = 1e-6,
+                          precision: str | jax.lax.Precision | None = None
                           ) -> tuple[jax.Array, LinearAttentionState]:
-  """One token of `linear_attention` (normalize, eps: as there). state:
+  """One token of `linear_attention` (normalize, eps, precision: as there). state:
   `LinearAttentionState` or None (zeros)."""
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  precision = resolve_precision(precision)
   normalize = checks.check_bool("normalize", normalize)
   checks.check_positive("eps", eps)
   out_dtype = checks.output_dtype(v_t)
@@ -98,7 +104,7 @@ def linear_attention_step(state: LinearAttentionState | None, q_t: jax.Array, k_
   _check_state_arrays("state", (("S", state.S), ("z", state.z)), ((B, H, dv, dk), (B, H, dk)))
   v1 = jnp.concatenate([v_t, jnp.ones(v_t.shape[:-1] + (1,), dtype)], axis=-1)
   S1 = jnp.concatenate([state.S, state.z[:, :, None].astype(dtype)], axis=2)
-  o_t, S1 = delta_rule_step(S1, q_t, None, k_t, v1, None)
+  o_t, S1 = delta_rule_step(S1, q_t, None, k_t, v1, None, precision)
   num = o_t[..., :dv]
   if normalize:
     num = num / jnp.maximum(o_t[..., dv], eps)[..., None]
@@ -106,13 +112,15 @@ def linear_attention_step(state: LinearAttentionState | None, q_t: jax.Array, k_
 
 
 def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
-                        beta_t: jax.Array, log_decay_t: jax.Array | None
+                        beta_t: jax.Array, log_decay_t: jax.Array | None, *,
+                        precision: str | jax.lax.Precision | None = None
                         ) -> tuple[jax.Array, jax.Array]:
   """One token of `gated_deltanet` (log_decay_t None: `deltanet`).
 
   Args:
     S: [B, H, dv, dk] float32/float64 or None (zeros); q_t, k_t: [B, H, dk]; v_t: [B, H, dv];
     beta_t, log_decay_t: [B, H] (log_decay_t <= 0, as for `gated_deltanet`).
+    precision: of the products, as `gated_deltanet`'s.
 
   Returns:
     (o_t [B, H, dv] in v_t's dtype, the new S).
@@ -122,6 +130,7 @@ def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t
     the caller's to keep), as `gated_deltanet` does.
   """
   B, H, dk, dv = _check_tokens(q_t, k_t, v_t)
+  precision = resolve_precision(precision)
   checks.check_step_tokens("beta_t", beta_t, batch=B, heads=H, rank=2)
   if log_decay_t is not None:
     checks.check_step_tokens("log_decay_t", log_decay_t, batch=B, heads=H, rank=2)
@@ -134,11 +143,13 @@ def gated_deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t
   if log_decay_t is not None:
     log_decay_t = log_decay_t.astype(S.dtype)
   khat = unit(k_t, KEY_EPS)
-  o_t, S = delta_rule_step(S, q_t, khat, beta_t[..., None] * khat, v_t, log_decay_t)
+  o_t, S = delta_rule_step(S, q_t, khat, beta_t[..., None] * khat, v_t, log_decay_t,
+                           precision)
   return o_t.astype(out_dtype), S
 
 
 def deltanet_step(S: jax.Array | None, q_t: jax.Array, k_t: jax.Array, v_t: jax.Array,
-                  beta_t: jax.Array) -> tuple[jax.Array, jax.Array]:
+                  beta_t: jax.Array, *, precision: str | jax.lax.Precision | None = None
+                  ) -> tuple[jax.Array, jax.Array]:
   """One token of `deltanet`; see `gated_deltanet_step`."""
-  return gated_deltanet_step(S, q_t, k_t, v_t, beta_t, None)
+  return gated_deltanet_step(S, q_t, k_t, v_t, beta_t, None, precision=precision)

@@ -28,7 +28,9 @@ def resolve_precision(precision) -> jax.lax.Precision:
   `jax.lax.Precision`, or one of the names JAX takes for it: 'default' / 'bfloat16' /
   'fastest', 'high' / 'tensorfloat32', 'highest' / 'float32'; or, as `jnp.matmul` takes, a
   pair (tuple or list) of two of these, one per operand, which must be equal: the ops' products
-  take one precision for both operands.
+  take one precision for both operands. Dot algorithm presets ('BF16_BF16_F32',
+  'bfloat16_3x', a `jax.lax.DotAlgorithmPreset`), which `jnp.matmul` also takes, are refused,
+  passed or set as the default, with an error naming them.
   """
   names = ", ".join(repr(n) for n in PRECISION_NAMES)
   if isinstance(precision, (tuple, list)) and len(precision) == 2:
@@ -48,6 +50,10 @@ def resolve_precision(precision) -> jax.lax.Precision:
     precision = jax.config.jax_default_matmul_precision
     if precision is None:
       return jax.lax.Precision.DEFAULT
+    if not (isinstance(precision, str) and precision.lower() in PRECISION_NAMES):
+      raise ValueError(f"jax.default_matmul_precision is {precision!r}, which these ops do not "
+                       f"take (their products, the Pallas kernels' too, take a "
+                       f"jax.lax.Precision): pass precision= to the op, or set one of {names}")
   if isinstance(precision, jax.lax.Precision):
     return precision
   if isinstance(precision, str) and precision.lower() in PRECISION_NAMES:
