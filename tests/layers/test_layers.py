@@ -140,7 +140,8 @@ def test_softmax_implementation_choice_is_explicit():
      "qk_map='silu_l2' .* readout='additive'"),
 ], ids=["unknown-mixer", "unknown-option", "indivisible", "softmax-width",
         "softmax-indivisible", "readout", "lam0",
-        "lam0-str", "lam0-small", "lam0-small-float64-without-x64", "u_init", "qk_map", "beta", "silu_l2-additive"])
+        "lam0-str", "lam0-small", "lam0-small-float64-without-x64", "u_init", "qk_map", "beta",
+        "silu_l2-additive"])
 def test_bad_arguments(call, match):
   with pytest.raises(ValueError, match=match):
     call()

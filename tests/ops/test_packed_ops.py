@@ -238,12 +238,11 @@ def test_wide_segment_ids_that_a_cast_would_wrap_stay_apart(kind, x64_on):
   B, T, H, d = 2, 12, 1, 4
   q, k, v, u = (jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.float32) for _ in range(4))
   small = np.array([[3] * 5 + [4] * 7, [0] * 2 + [1] * 4 + [2] * 6])
-  wide = {"row0": np.array([7] * 5 + [7 + 2**32] * 7, np.int64),
-          "row1": np.array([2**63 - 1] * 2 + [2**31 - 1 + 2**32] * 4 + [2**31 - 1] * 6,
-                           np.uint64)}
+  wide = (np.array([7] * 5 + [7 + 2**32] * 7, np.int64),
+          np.array([2**63 - 1] * 2 + [2**31 - 1 + 2**32] * 4 + [2**31 - 1] * 6, np.uint64))
   with jax.enable_x64(x64_on):
-    for row, dtype in ((0, np.int64), (1, np.uint64)):
-      ids = np.repeat(wide[f"row{row}"][None].astype(dtype), B, axis=0)
+    for row, wide_row in enumerate(wide):
+      ids = np.repeat(wide_row[None], B, axis=0)
       ids = jnp.asarray(ids) if kind == "jax" else ids
       ref = np.repeat(small[row][None], B, axis=0).astype(np.int32)
       for op, args in ((vla_recurrence, (q, k, v, u)), (deltanet, (q, k, v, u[..., 0]))):

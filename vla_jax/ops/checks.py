@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vla_jax.ops.utils import document_starts
+
 MIN_CHUNK, MAX_CHUNK = 16, 256
 
 
@@ -193,9 +195,9 @@ def check_segment_ids(segment_ids, batch, time):
   """None, or `segment_ids` as an int32 [B, T] array: tokens with equal ids belong to one
   document, documents are contiguous and a document starts where the id changes. Ids wider
   than int32 (int64, uint32, uint64), whose values a cast could wrap onto a neighbour's, are
-  renumbered instead (a row's documents counted from 0, compared in their own dtype; a NumPy
-  array's with NumPy, so that float64-off JAX does not wrap them first). Raises naming the
-  argument for a wrong shape or a non-integer dtype."""
+  renumbered instead (a row's documents counted from 0, `document_starts` compared in their
+  own dtype: a NumPy array's by NumPy, before float64-off JAX could wrap them). Raises naming
+  the argument for a wrong shape or a non-integer dtype."""
   if segment_ids is None:
     return None
   shape = getattr(segment_ids, "shape", None)
@@ -210,7 +212,4 @@ def check_segment_ids(segment_ids, batch, time):
     raise TypeError(f"segment_ids must have an integer dtype (document ids); got {dtype}")
   if jnp.iinfo(dtype).bits < 32 or dtype == jnp.int32:
     return jnp.asarray(segment_ids).astype(jnp.int32)
-  xp = np if isinstance(segment_ids, np.ndarray) else jnp
-  change = xp.asarray(segment_ids[:, 1:] != segment_ids[:, :-1])
-  return jnp.pad(jnp.cumsum(jnp.asarray(change), axis=1, dtype=jnp.int32),
-                 ((0, 0), (min(time, 1), 0)))
+  return jnp.cumsum(document_starts(segment_ids), axis=1, dtype=jnp.int32)

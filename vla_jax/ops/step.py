@@ -4,8 +4,8 @@ Each step takes one token per head ([B, H, D] arrays, no time axis) and the stat
 returned (or None for the initial state), and returns (o_t [B, H, dv] in v_t's dtype, state).
 Prefill a prompt with the sequence op (any impl), then decode with steps: the outputs equal one
 full forward pass. A step's products take `precision` as the sequence ops do (None: JAX's
-default matmul precision, `jax.default_matmul_precision`; `vla_jax.ops.utils.resolve_precision`). Work per token is O(dk (dk + dv)) per head; memory does not grow with the
-context.
+default, `jax.default_matmul_precision`). Work per token is O(dk (dk + dv)) per head; memory
+does not grow with the context.
 """
 
 from collections.abc import Callable
