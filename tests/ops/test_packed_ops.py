@@ -14,6 +14,7 @@ import pytest
 
 import oracles
 from vla_jax import parallel
+from vla_jax.ops import checks
 from vla_jax.ops.baselines import (LinearAttentionState, deltanet, gated_deltanet,
                                    linear_attention)
 from vla_jax.ops.vla import VLAState, vla_recurrence
@@ -231,23 +232,27 @@ def test_bad_segment_ids_raise():
 
 @pytest.mark.parametrize("kind,x64_on", [("numpy", False), ("numpy", True), ("jax", True)])
 def test_wide_segment_ids_that_a_cast_would_wrap_stay_apart(kind, x64_on):
-  """int64 / uint64 ids 2**32 apart are two documents (an int32 cast makes them one): the op
-  packs them as it packs the same documents with small ids (a jax array of int64 ids exists
-  only with float64 on)."""
-  rng = np.random.default_rng(21)
-  B, T, H, d = 2, 12, 1, 4
-  q, k, v, u = (jnp.asarray(rng.standard_normal((B, T, H, d)), jnp.float32) for _ in range(4))
-  small = np.array([[3] * 5 + [4] * 7, [0] * 2 + [1] * 4 + [2] * 6])
+  """int64 / uint64 ids 2**32 apart are two documents (an int32 cast makes them one):
+  `check_segment_ids`, which every op and layer takes its ids from, counts each row's
+  documents (a jax array of int64 ids exists only with float64 on); and the op packs them as
+  it packs the same documents with small ids (eagerly, NumPy ids without float64: the
+  default, where JAX itself would wrap them)."""
+  T = 12
   wide = (np.array([7] * 5 + [7 + 2**32] * 7, np.int64),
           np.array([2**63 - 1] * 2 + [2**31 - 1 + 2**32] * 4 + [2**31 - 1] * 6, np.uint64))
+  documents = (np.array([0] * 5 + [1] * 7), np.array([0] * 2 + [1] * 4 + [2] * 6))
   with jax.enable_x64(x64_on):
-    for row, wide_row in enumerate(wide):
-      ids = np.repeat(wide_row[None], B, axis=0)
-      ids = jnp.asarray(ids) if kind == "jax" else ids
-      ref = np.repeat(small[row][None], B, axis=0).astype(np.int32)
-      for op, args in ((vla_recurrence, (q, k, v, u)), (deltanet, (q, k, v, u[..., 0]))):
-        got, _ = op(*args, impl="chunked", segment_ids=ids)
-        want, _ = op(*args, impl="chunked", segment_ids=ref)
-        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-        one, _ = op(*args, impl="chunked")
-        assert not np.allclose(np.asarray(got), np.asarray(one))
+    for wide_row, want in zip(wide, documents):
+      ids = wide_row[None] if kind == "numpy" else jnp.asarray(wide_row[None])
+      got = checks.check_segment_ids(ids, 1, T)
+      assert got.dtype == jnp.int32
+      np.testing.assert_array_equal(got, want[None])
+    if kind == "numpy" and not x64_on:
+      rng = np.random.default_rng(21)
+      q, k, v, u = (jnp.asarray(rng.standard_normal((1, T, 1, 4)), jnp.float32)
+                    for _ in range(4))
+      got, _ = vla_recurrence(q, k, v, u, segment_ids=wide[0][None])
+      want, _ = vla_recurrence(q, k, v, u, segment_ids=documents[0][None])
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+      one, _ = vla_recurrence(q, k, v, u)
+      assert not np.allclose(np.asarray(got), np.asarray(one))
