@@ -30,7 +30,7 @@ def _config(job):
 
 
 @pytest.mark.parametrize("study,n_jobs,runs", [("weights_or_data", 5, 25), ("fix", 16, 160),
-                                                ("authors", 6, 54), ("baselines", 10, 78),
+                                                ("authors", 6, 54), ("baselines", 10, 76),
                                                 ("parity", 12, 36)])
 def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
   jobs = studies.jobs(study)
@@ -60,6 +60,7 @@ def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
       assert (options["output_gate"], options["expand_v"], options["gate_init"]) == (
           False, 1, "fla")
       assert job.overrides["train.diagnostics_every"] == 100 and job.rates == ("1e-3",)
+    assert [j.seeds for j in collapse] == [(0, 1, 2), (2,)]   # one run at the highest
     fla = from_config_dict(_config(jobs[2])).model
     assert (fla.head_dim, fla.num_heads, fla.options["expand_v"]) == (32, 2, 2)
     matched = [from_config_dict(_config(j)).model for j in jobs if "_h64" in j.name]
@@ -86,6 +87,9 @@ def test_every_job_builds_and_pins_its_layer(study, n_jobs, runs):
     big = from_config_dict(_config(jobs[-1]))
     assert (big.model.d_model, big.model.num_heads, dict(big.task_fields)["n_pairs"]) == (
         128, 4, 64)
+    # beta runs the chunked form: its d_model 128 jobs recompute blocks in the backward.
+    remat = {j.name for j in jobs if from_config_dict(_config(j)).model.remat}
+    assert remat == {f"fix-T{T}-d128-{v}" for T in (256, 512) for v in ("beta", "silu_l2_beta")}
 
 
 def _baseline_rows(label, d_model, accuracies, seeds=(0, 1, 2)):
