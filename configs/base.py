@@ -13,14 +13,15 @@ def mixer_options():
       # penalty_scale: a number (1, the layer's default: vla_jax/layers/README.md) or
       # "inv_sqrt_dh", the authors' 1 / sqrt(head_dim), as the grids' "vla" rows use
       # (--config.model.options.vla.penalty_scale=inv_sqrt_dh).
-      # qk_map "elu1" (the authors' ELU + 1) or "silu_l2" (DeltaNet's); beta: a learned write
+      # qk_map "silu_l2" (DeltaNet's, the layer's default) or "elu1" (the authors' ELU + 1,
+      # every VLA row made before "silu_l2" became the default); beta: a learned write
       # strength (vla_jax.layers.vla.VLAAttention).
       "vla": {"readout": "none", "lam0": 1.0,
               "penalty_scale": ml_collections.FieldReference(1.0, field_type=object),
               "conv_size": 4,
               "out_norm": True,
               "u_init": "random",
-              "qk_map": "elu1",
+              "qk_map": "silu_l2",
               "beta": False},
       # conv_size 0: standard attention; 4 gives it the recurrent mixers' short convolution.
       "softmax": {"implementation": "auto", "conv_size": 0},

@@ -39,6 +39,9 @@ VLA's penalty scale: the layer's default is 1 (vla_jax.layers.vla.DEFAULT_PENALT
 rows labelled "vla", and every ablation and seed_remedies variant but the penalty ones, were
 made with the authors' 1 / sqrt(d_h) and keep it: their jobs pin AUTHORS_PENALTY_SCALE.
 
+VLA's query/key map: the layer's default is DeltaNet's SiLU + L2 ("silu_l2"); every grid's VLA
+rows were made with the authors' ELU + 1 and keep it: their jobs pin EARLIER_VLA.
+
 Gated DeltaNet: the layer's defaults are fla's output gate with gated RMSNorm and values twice
 the key width; the rows labelled "gated_deltanet" and "gated_deltanet_slow" were made without
 either and keep that: their jobs pin EARLIER_GDN.
@@ -67,6 +70,9 @@ HEAD_DIM = 32
 PENALTY = "model.options.vla.penalty_scale"
 # The authors' penalty scale 1 / sqrt(d_h), by name.
 AUTHORS_PENALTY_SCALE = INV_SQRT_DH
+# VLA's query/key map as the grids' rows were made: the authors' ELU + 1 (the layer's default
+# is "silu_l2" since).
+EARLIER_VLA = {"model.options.vla.qk_map": "elu1"}
 # Gated DeltaNet as the grids' rows were made: no output gate (the LayerNorm over the merged
 # heads), values of the key width (the layer's defaults are fla's since).
 EARLIER_GDN = {"model.options.gated_deltanet.output_gate": False,
@@ -74,13 +80,13 @@ EARLIER_GDN = {"model.options.gated_deltanet.output_gate": False,
 # (label, mixer, config overrides): softmax_conv is softmax attention with the recurrent
 # mixers' short convolution, the like-for-like backbone; vla is VLA with the authors' penalty
 # scale (pinned: the layer's default is now 1), vla_p1 with penalty scale 1 (the default; named
-# so that the label says what it is).
+# so that the label says what it is); both with the authors' ELU + 1 (EARLIER_VLA).
 MIXERS = (("softmax", "softmax", {}),
           ("softmax_conv", "softmax", {"model.options.softmax.conv_size": 4}),
           ("linear", "linear", {}), ("deltanet", "deltanet", {}),
           ("gated_deltanet", "gated_deltanet", EARLIER_GDN),
-          ("vla", "vla", {PENALTY: AUTHORS_PENALTY_SCALE}),
-          ("vla_p1", "vla", {PENALTY: 1.0}))
+          ("vla", "vla", {PENALTY: AUTHORS_PENALTY_SCALE, **EARLIER_VLA}),
+          ("vla_p1", "vla", {PENALTY: 1.0, **EARLIER_VLA}))
 # The zoology_tuned grid's labels: Gated DeltaNet's gate initialisation named in the overrides
 # (the fla baseline stays fla if the layer's default changes), and one row with the slow one.
 TUNED_MIXERS = tuple(
@@ -102,7 +108,7 @@ ZOOLOGY_WIDTHS = ((64, 2), (128, 4), (256, 8))              # (d_model, heads of
 # The ablation grids' variants, (label, overrides): each changes one setting from the defaults
 # of their runs (lam0 1, the authors' penalty scale 1 / sqrt(d_h), readout none, conv_size 4);
 # "defaults" changes none. Every job also gets AUTHORS_BASE, below its variant's own overrides.
-AUTHORS_BASE = {PENALTY: AUTHORS_PENALTY_SCALE}
+AUTHORS_BASE = {PENALTY: AUTHORS_PENALTY_SCALE, **EARLIER_VLA}
 ABLATION_VARIANTS = (("defaults", {}), ("lam0-0.1", {"model.options.vla.lam0": 0.1}),
                      ("lam0-10", {"model.options.vla.lam0": 10.0}),
                      ("penalty-0", {"model.options.vla.penalty_scale": 0.0}),

@@ -99,7 +99,8 @@ FIX_DIAGNOSTICS_EVERY = 100
 FIX_REMAT_D_MODEL = 128
 
 # The authors' layer (VLA.md section 2, [authors' code]): everything else as the layer's
-# defaults, which are theirs (q/k bias, ELU + 1, LayerNorm before W_o, writes of strength 1).
+# defaults, which are theirs (q/k bias, LayerNorm before W_o), ELU + 1 and writes of strength 1
+# pinned.
 AUTHORS_LAYER = {VLA + "penalty_scale": "inv_sqrt_dh", VLA + "lam0": 0.1,
                  VLA + "readout": "additive", VLA + "conv_size": 0, VLA + "qk_map": "elu1",
                  VLA + "beta": False}

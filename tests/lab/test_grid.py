@@ -301,7 +301,8 @@ def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
     assert job.overrides == {"model.mixer": "vla", "task.n_pairs": n, "model.d_model": 64,
                              "model.num_heads": 2, "train.num_steps": 4000,
                              "train.diagnostics_every": 50,   # the authors' penalty scale
-                             "model.options.vla.penalty_scale": "inv_sqrt_dh", **extra[variant]}
+                             "model.options.vla.penalty_scale": "inv_sqrt_dh",
+                             "model.options.vla.qk_map": "elu1", **extra[variant]}
     assert job.tag == {"grid": "seed_remedies", "seq_len": T, "n_pairs": n, "d_model": 64,
                        "label": variant, "steps": 4000}
   base_options = base.mixer_options()["vla"]
@@ -333,12 +334,15 @@ def test_seed_remedies_jobs_carry_their_seeds_and_diagnostics():
 def test_vla_rows_keep_the_authors_penalty_scale_and_vla_p1_the_default():
   """The layer's default penalty scale is 1; the rows labelled vla, and the ablation and
   seed_remedies variants but the penalty ones, were made with 1 / sqrt(d_h) and keep it by name
-  ("inv_sqrt_dh"); every job's config has the d_h the report assumes (HEAD_DIM)."""
+  ("inv_sqrt_dh"); every VLA job keeps the authors' ELU + 1 it was made with (the default is
+  "silu_l2" since); every job's config has the d_h the report assumes (HEAD_DIM)."""
   import importlib  # pylint: disable=import-outside-toplevel
-  from vla_jax.layers.vla import DEFAULT_PENALTY_SCALE  # pylint: disable=import-outside-toplevel
+  from vla_jax.layers.vla import (  # pylint: disable=import-outside-toplevel
+      DEFAULT_PENALTY_SCALE, DEFAULT_QK_MAP)
   assert DEFAULT_PENALTY_SCALE == 1.0 == base.mixer_options()["vla"]["penalty_scale"]
+  assert DEFAULT_QK_MAP == "silu_l2" == base.mixer_options()["vla"]["qk_map"]
   assert grid.AUTHORS_PENALTY_SCALE == "inv_sqrt_dh"
-  scales = {}
+  scales, qk_maps = {}, set()
   for g in grid.GRIDS:
     for job in grid.grid_jobs(g, zoology_rows=ROWS):
       if job.overrides["model.mixer"] != "vla":
@@ -350,6 +354,8 @@ def test_vla_rows_keep_the_authors_penalty_scale_and_vla_p1_the_default():
       assert config.model.head_dim == grid.HEAD_DIM, job.name
       label = job.tag.get("label") if "variant" not in job.tag else job.tag["variant"]
       scales.setdefault(label, set()).add(config.model.options.vla.penalty_scale)
+      qk_maps.add(config.model.options.vla.qk_map)
+  assert qk_maps == {"elu1"}
   authors = "inv_sqrt_dh"
   assert scales.pop("vla_p1") == scales.pop("penalty-1") == {1.0}
   assert scales.pop("penalty-0") == {0.0}

@@ -20,14 +20,14 @@ from vla_jax.layers.softmax import resolve_implementation
 
 B, T, D, H = 2, 37, 24, 2  # awkward T (not a multiple of the chunk), d_h = 12
 # Recurrent mixers default to conv_size=4; {"conv_size": 0} is the layer without convolution.
-CASES = [("vla", {"conv_size": 0}), ("vla", {"readout": "additive"}),
+CASES = [("vla", {"conv_size": 0}), ("vla", {"readout": "additive", "qk_map": "elu1"}),
          ("vla", {"readout": "delta", "conv_size": 0}), ("vla", {}), ("softmax", {}),
          ("softmax", {"conv_size": 4}), ("linear", {"conv_size": 0}),
          ("linear", {"normalize": False, "conv_size": 3}), ("deltanet", {"conv_size": 0}),
          ("deltanet", {}), ("gated_deltanet", {"conv_size": 0}), ("gated_deltanet", {}),
          ("gated_deltanet", {"output_gate": False, "expand_v": 1}),
          ("deltanet", {"output_gate": True, "expand_v": 2, "out_norm": False}),
-         ("vla", {"qk_map": "silu_l2"}),
+         ("vla", {"qk_map": "elu1"}),
          ("vla", {"qk_map": "silu_l2", "beta": True, "readout": "delta", "conv_size": 0})]
 IDS = [n + "".join(f"-{k}={v}" for k, v in o.items()) for n, o in CASES]
 

@@ -19,7 +19,7 @@ from vla_jax.models.lm import LanguageModel, ModelConfig
 from vla_jax.tasks import copy as copy_task
 
 B, T, PROMPT, D_MODEL, HEADS = 2, 21, 13, 16, 2
-MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4}),
+MIXERS = [("vla", {}), ("vla", {"readout": "additive", "conv_size": 4, "qk_map": "elu1"}),
           ("vla", {"readout": "delta"}), ("softmax", {}), ("softmax", {"conv_size": 4}),
           ("softmax", {"positions": "rope"}), ("linear", {"conv_size": 4}),
           ("deltanet", {}), ("gated_deltanet", {"conv_size": 3}),

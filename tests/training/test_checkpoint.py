@@ -343,3 +343,33 @@ def test_a_background_save_is_whole_when_waited_for_and_a_full_disk_names_it(tmp
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "3"]
   chex.assert_trees_all_equal(ckpt.Checkpointer(tmp_path).restore(_state(0)),
                               _state(3, scale=3))
+
+
+def test_a_config_json_keeps_its_meaning_when_a_default_changes(tmp_path):
+  """A config.json records every option of its mixer (`ExperimentConfig.to_json`), so a run
+  keeps its meaning when a default changes; one from before lacks some, which read back at the
+  value that made the run: qk_map "elu1" (the default is "silu_l2" since), the rest at the
+  layer's defaults. Such a run resumes with "elu1" given, not with the new default, and loads
+  as the layer it was."""
+  from vla_jax.layers.registry import mixer_options  # pylint: disable=import-outside-toplevel
+  from vla_jax.training import config_from_workdir, from_config_dict  # pylint: disable=import-outside-toplevel
+  from test_train import tiny_config  # pylint: disable=import-outside-toplevel
+  assert mixer_options("vla")["qk_map"] == "silu_l2"
+  now = json.loads(from_config_dict(tiny_config()).to_json())
+  assert dict(now["model"]["mixer_options"]) == {**mixer_options("vla"),
+                                                  **dict(now["model"]["mixer_options"])}
+  assert sorted(dict(now["model"]["mixer_options"])) == sorted(mixer_options("vla"))
+  assert ckpt.complete_options(now) == now
+  before = json.loads(json.dumps(now))
+  before["model"]["mixer_options"] = [["conv_size", 4], ["penalty_scale", 1.0]]
+  (tmp_path / ckpt.CONFIG_FILE).write_text(json.dumps(before))
+  read = dict(ckpt.read_config(str(tmp_path))["model"]["mixer_options"])
+  assert read == {**mixer_options("vla"), "qk_map": "elu1"}
+  assert config_from_workdir(str(tmp_path)).model.options["qk_map"] == "elu1"
+  with pytest.raises(ValueError, match="different model configuration"):
+    ckpt.write_config(str(tmp_path), json.dumps(now))          # silu_l2, the default now
+  elu1 = tiny_config()
+  elu1.model.options.vla.qk_map = "elu1"
+  ckpt.write_config(str(tmp_path), from_config_dict(elu1).to_json())
+  unknown = {"model": {"mixer": "nope", "mixer_options": [["a", 1]]}}
+  assert ckpt.complete_options(unknown) == unknown

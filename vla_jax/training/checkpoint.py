@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vla_jax.layers.registry import mixer_options
 from vla_jax.training import distributed
 from vla_jax.training import jsonl
 from vla_jax.training.config import RESULT_FREE, ROUNDING_ONLY
@@ -63,8 +64,10 @@ REREADS = 5                 # reads of the newest checkpoint while a training re
 _FREE_BY_SECTION = {section: tuple(name.split(".", 1)[1] for name in RESULT_FREE + ROUNDING_ONLY
                                    if name.startswith(section + "."))
                     for section in ("task", "model", "train")}
-# Mixer options added after runs were made, at the value that reproduces those runs: a
-# config.json written before the option existed lacks it, which is the same run.
+# Mixer options a config.json may lack, at the value that reproduces its run: one written before
+# the option existed (or, for qk_map, before config.json recorded every option and the default
+# became "silu_l2") lacks it, which is the same run. Any other option it lacks is at the layer's
+# default (`complete_options`).
 _ADDED_OPTIONS = {"u_init": "random", "gate_init": "fla", "qk_map": "elu1", "beta": False,
                   "output_gate": False, "expand_v": 1}
 # Training settings added since the first runs, at the default that changes nothing: a run
@@ -459,7 +462,7 @@ def write_config(workdir, config_json):
         f"other ones would mix two runs; put its {CONFIG_FILE} back, or use a new workdir")
   if os.path.exists(path):
     old = _load_config(path, steps)
-    new = json.loads(config_json)
+    new = complete_options(json.loads(config_json))
     if old.get("sweep") != new.get("sweep"):   # a sweep's stacked state is not a run's
       kind = lambda c: f"a sweep over {c['sweep']}" if c.get("sweep") else "a single run"
       raise ValueError(f"{workdir} holds {kind(old)}, not {kind(new)}; use a new workdir")
@@ -488,12 +491,28 @@ def write_config(workdir, config_json):
 def _without(section, keys):
   if not isinstance(section, dict):
     return section
-  out = {k: v for k, v in section.items() if k not in keys}
-  if isinstance(out.get("mixer_options"), list):     # [[name, value], ...]
-    out["mixer_options"] = [o for o in out["mixer_options"]
-                            if not (len(o) == 2 and o[0] in _ADDED_OPTIONS
-                                    and _ADDED_OPTIONS[o[0]] == o[1])]
-  return out
+  return {k: v for k, v in section.items() if k not in keys}
+
+
+def complete_options(config):
+  """`config` (a config.json's object) with its model's mixer_options ([[name, value], ...])
+  holding every option of its mixer: those it lacks at the value that reproduces its run
+  (`_ADDED_OPTIONS`), else at the layer's default. A config.json written now holds them all
+  (`ExperimentConfig.to_json`); one from before lacks some, and a default that changed since
+  (VLA's qk_map) must not change what it means. Returned unchanged where there is no such list
+  or the mixer is unknown (the model's own check names it)."""
+  model = config.get("model") if isinstance(config, dict) else None
+  options = model.get("mixer_options") if isinstance(model, dict) else None
+  if not isinstance(options, list) or not all(
+      isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) for o in options):
+    return config
+  try:
+    defaults = mixer_options(model.get("mixer", "vla"))
+  except ValueError:
+    return config
+  full = {**defaults, **{k: v for k, v in _ADDED_OPTIONS.items() if k in defaults},
+          **dict(options)}
+  return {**config, "model": {**model, "mixer_options": [[k, full[k]] for k in sorted(full)]}}
 
 
 def read_config(workdir):
@@ -530,7 +549,7 @@ def _load_config(path, steps):
     raise ValueError(f"{path} has mixer option penalty_scale None, which the layer no longer "
                      "takes; the authors' 1 / sqrt(head_dim) it meant is \"inv_sqrt_dh\": "
                      "write that in its place")
-  return config
+  return complete_options(config)
 
 
 def logged_row(metrics_path, step, key="loss"):

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 
+from vla_jax.layers.registry import mixer_options
 from vla_jax.models import ModelConfig
 from vla_jax.tasks import make_task
 
@@ -140,9 +141,15 @@ class ExperimentConfig:
     return make_task(self.task_name, dict(self.task_fields))
 
   def to_json(self):
+    """The config as JSON (a run's config.json): the model's mixer_options hold every option
+    of its mixer, its defaults included, so that a run keeps its meaning when a default
+    changes."""
+    model = dataclasses.asdict(self.model)
+    model["mixer_options"] = sorted({**mixer_options(self.model.mixer),
+                                     **self.model.options}.items())
     return json.dumps({"task": {"name": self.task_name, **dict(self.task_fields)},
-                       "model": dataclasses.asdict(self.model),
-                       "train": dataclasses.asdict(self.train)}, sort_keys=True, default=list)
+                       "model": model, "train": dataclasses.asdict(self.train)},
+                      sort_keys=True, default=list)
 
 
 def _plain(value):

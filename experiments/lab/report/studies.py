@@ -343,27 +343,32 @@ def baselines_tables(data, full=False):
                             f"{long:,} steps"], body)]
   if collapse:
     c = studies.COLLAPSE
-    marks = [0, c["steps"] // 8, c["steps"] // 2, c["steps"]]
+    marks = [0, c["steps"] // 4, c["steps"]]
+    probes = (("layer1.key_cos_mean", "key cos"), ("layer1.beta_mean", "beta"),
+              ("layer1.decay_mean", "decay"))
     rows = []
     for precision, runs in collapse.items():
       for r in sorted(runs, key=lambda r: r["seed"]):
-        decay = [_at(r["probes"].get("layer0.decay_mean", []), m) for m in marks]
+        series = lambda key: " / ".join(markdown.fmt(_at(r["probes"].get(key, []), m))
+                                        for m in marks)
         rows.append([precision, r["seed"], "n/a" if r["train_loss"] is None
                      else f"{r['train_loss']:.3f}", f"{r['accuracy']:.3f}"]
-                    + [markdown.fmt(v) for v in decay])
+                    + [series(key) for key, _ in probes])
+    steps = " / ".join(f"{m:,}" for m in marks)
     blocks += [f"The collapsed Gated DeltaNet job of the zoology grid again (T = "
                f"{studies.BASELINE_T}, d_model {c['d_model']}, rate {float(c['rate']):g}, "
                f"{c['steps']:,} steps; training loss at the end, ln {4096} = "
                f"{np.log(4096):.3f} is uniform over the values), JAX's default matmul "
-               "precision and \"highest\"; layer 0's mean decay exp(g_t) at steps "
-               + ", ".join(f"{m:,}" for m in marks) + ":",
+               "precision and \"highest\"; layer 1's mean |cos| between key directions, mean "
+               f"write strength beta and mean decay exp(g_t) at steps {steps}:",
                markdown.table(["precision", "seed", "train loss", "test accuracy"]
-                              + [f"decay, step {m:,}" for m in marks], rows)]
+                              + [f"{label}, layer 1" for _, label in probes], rows)]
     if full:
       for precision, runs in collapse.items():
         for r in sorted(runs, key=lambda r: r["seed"]):
-          keys = [k for k in ("layer0.decay_mean", "layer0.decay_p10", "layer1.decay_mean",
-                              "layer0.beta_mean", "layer1.beta_mean") if k in r["probes"]]
+          keys = [k for k in ("layer0.key_cos_mean", "layer1.key_cos_mean", "layer0.beta_mean",
+                              "layer1.beta_mean", "layer0.decay_mean", "layer0.decay_p10",
+                              "layer1.decay_mean") if k in r["probes"]]
           steps = [s for s, _ in r["probes"].get(keys[0], [])] if keys else []
           if steps:
             blocks += [f"**{precision}, seed {r['seed']}**: probe values through training:",

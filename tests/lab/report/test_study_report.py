@@ -122,15 +122,19 @@ def test_baselines_tables_choose_on_validation_and_count_seeds():
   assert cells[("gdn_fla", 64, 4000)]["state"] == 2 * 32 * 64        # heads x d_k x d_v
   files = {f"T512-d128-gdn_collapse-{p}": (
       [{"step": t, "loss": [8.3] * 3, "accuracy": [0.0] * 3} for t in (50, 100)]
-      + [{"step": t, "diagnostics": {"layer0.decay_mean": [v] * 3}}
-         for t, v in ((0, 0.9), (500, 0.5), (4000, 0.1))],
+      + [{"step": t, "diagnostics": {"layer1.key_cos_mean": [v] * 3,
+                                      "layer1.beta_mean": [v / 2] * 3,
+                                      "layer1.decay_mean": [1 - v] * 3}}
+         for t, v in ((0, 0.2), (500, 0.6), (4000, 0.8))],
       _runs([0.0] * 3, rate=1e-3)) for p in ("default", "highest")}
   text = "\n\n".join(report.tables("baselines", studies.StudyData("baselines", rows, files),
                                    full=True))
   assert "| GDN-fla (d_h 32, values 64) | 64 | 4,096 | 0.850 (1 of 3), rate 0.001 | " \
          "1.000 (3 of 3), rate 0.001 |" in text
   assert "| linear (d_h 64) | 128 | - | pending | pending |" in text
-  assert "| highest | 2 | 0.500 | 0.000 | 0.9 | 0.5 | 0.5 | 0.1 |" in text
+  # layer 1's probes at steps 0, 1,000 (the last probe before: 500) and 4,000
+  assert ("| highest | 2 | 0.500 | 0.000 | 0.2 / 0.6 / 0.8 | 0.1 / 0.3 / 0.4 | "
+          "0.8 / 0.4 / 0.2 |") in text
 
 
 def test_authors_table_reads_the_published_rate_and_the_chosen_one():
