@@ -77,15 +77,15 @@ class KernelSupport:
 # The recurrences with a Pallas kernel, by op name ("vla", "deltanet", "gated_deltanet",
 # "linear_attention"); an op without an entry has none. VLA's kernels take packed documents,
 # and its readout "delta" (one more value channel of constant 1, value width d_h + 1) runs on
-# zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`); they write with
-# strength 1, so a layer with a learned write strength (`beta`) runs "chunked". DeltaNet and
+# zero value columns up to the next head dim (`vla_jax.ops.vla_recurrence`), and a learned
+# write strength (`beta`) scales the write directions between their kernels. DeltaNet and
 # linear attention run on the same state path (`kernels/delta_rule.py`), packed documents
 # included; linear attention's normaliser (`normalize`) is an XLA prefix sum beside it. Gated
 # DeltaNet's decays run in the same kernels, without packed documents. DeltaNet's and Gated
 # DeltaNet's and linear attention's kernels have passed the GPU check (BENCHMARKS.md,
 # "Correctness against float64"; their times beside fla's: "Baseline kernels against fla").
 KERNEL_SUPPORT = {
-    "vla": KernelSupport(segment_ids=True, unsupported=(("beta", (True,)),)),
+    "vla": KernelSupport(segment_ids=True),
     "deltanet": KernelSupport(segment_ids=True),
     "gated_deltanet": KernelSupport(segment_ids=False),
     "linear_attention": KernelSupport(segment_ids=True),

@@ -6,7 +6,8 @@ Forward (inference), per call:
                            the unit write directions a_t and A_T;
   3. `state_prep.py`       per chunk U' = T V, W' = T khat, P = tril(Q a^T);
   4. `state_path.py`       the pass over chunk states: o and S_T.
-Steps 1-4 are Triton kernels. For bfloat16 inputs at precision DEFAULT the kernels read the
+Steps 1-4 are Triton kernels; a learned write strength (`beta`) scales the a_t between steps 2
+and 3 (an XLA product, differentiated by autodiff). For bfloat16 inputs at precision DEFAULT the kernels read the
 caller's [B, T, H, d] arrays in place and pass factors in bfloat16 (`Plan.low`); otherwise XLA
 first makes head-major copies (unit keys and u in the accumulation dtype). Under
 differentiation the same kernels run on head-major unit keys (the penalty scan also keeping the
@@ -44,17 +45,21 @@ def default_interpret():
   return jax.default_backend() != "gpu"
 
 
-def vla_pallas(q, k, v, u, S0, A0, *, segment_ids=None, lam0=1.0, config=KernelConfig(),
-               interpret=None):
+def vla_pallas(q, k, v, u, S0, A0, *, beta=None, segment_ids=None, lam0=1.0,
+               config=KernelConfig(), interpret=None):
   """VLA (Pandey & Singh, 2026) per head:
   A_t = (A_0^-1 + sum_{s<=t} u_s u_s^T)^-1, a_t = unit(A_t khat_t),
-  S_t = S_{t-1} + (v_t - S_{t-1} khat_t) a_t^T, o_t = S_t q_t.
+  S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T, o_t = S_t q_t (beta_t = 1 without
+  `beta`).
 
   Args:
     q, k: [B, T, H, dk] queries and keys (feature-mapped), float32, bfloat16 or float64.
     v: [B, T, H, dv] values.
     u: [B, T, H, dk] penalty directions.
     S0: [B, H, dv, dk] initial memory; A0: [B, H, dk, dk] initial penalty inverse (SPD).
+    beta: None, or [B, T, H] write strengths: the write directions a_t are scaled by beta_t
+      between the penalty scan and the state path (an XLA product; the kernels take any
+      write direction).
     segment_ids: None, or [B, T] int document ids of packed rows, as in
       `vla_recurrence`: a document starts where the id changes; S restarts at 0 and A at
       I / lam0 there (anywhere in a chunk); the row's first document continues from (S0, A0)
@@ -87,16 +92,18 @@ def vla_pallas(q, k, v, u, S0, A0, *, segment_ids=None, lam0=1.0, config=KernelC
   interpret = default_interpret() if interpret is None else bool(interpret)
   N = -(-T // C)
   plan = config.plan(low=all(x.dtype == jnp.bfloat16 for x in (q, k, v, u)),
-                     acc=compute_dtype(q, k, v, u, S0, A0), dk=dk, dv=dv, BH=B * H,
+                     acc=compute_dtype(q, k, v, u, beta, S0, A0), dk=dk, dv=dv, BH=B * H,
                      N=N, interpret=interpret, target=compile_target(interpret))
   segment_ids = check_segment_ids(segment_ids, B, T)
+  if beta is not None and beta.shape != (B, T, H):
+    raise ValueError(f"beta must be [B, T, H] = {(B, T, H)}; got {beta.shape}")
   if segment_ids is None:
-    return _vla(plan, None, q, k, v, u, S0, A0, None)
+    return _vla(plan, None, q, k, v, u, S0, A0, beta, None)
   if isinstance(lam0, jax.core.Tracer) or not np.isscalar(lam0) or not lam0 > 0:
     raise ValueError("lam0 must be a Python number > 0 with segment_ids (the kernels restart "
                      f"A at I / lam0); got {lam0!r}")
   plan = dataclasses.replace(plan, segments=1, segment_chunks=N)
-  return _vla(plan, 1.0 / float(lam0), q, k, v, u, S0, A0,
+  return _vla(plan, 1.0 / float(lam0), q, k, v, u, S0, A0, beta,
               document_indices(segment_ids, N * C, C, H))
 
 
@@ -115,18 +122,18 @@ def document_indices(segment_ids, T_pad, C, heads):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _vla(plan, reset, q, k, v, u, S0, A0, docs):
+def _vla(plan, reset, q, k, v, u, S0, A0, beta, docs):
   if docs is not None:
-    return _differentiable_forward(plan, q, k, v, u, S0, A0, docs=docs, reset=reset)
-  return _inference_forward(plan, q, k, v, u, S0, A0)
+    return _differentiable_forward(plan, q, k, v, u, S0, A0, beta, docs=docs, reset=reset)
+  return _inference_forward(plan, q, k, v, u, S0, A0, beta)
 
 
-def _vla_fwd(plan, reset, q, k, v, u, S0, A0, docs):
+def _vla_fwd(plan, reset, q, k, v, u, S0, A0, beta, docs):
   # Under differentiation the differentiable pipeline runs and keeps its residuals; the
   # backward is its pullback (the kernels' own VJPs), with no recomputation.
   out, pullback = jax.vjp(
       functools.partial(_differentiable_forward, plan, docs=docs, reset=reset),
-      q, k, v, u, S0, A0)
+      q, k, v, u, S0, A0, beta)
   return out, (pullback, docs)
 
 
@@ -152,6 +159,15 @@ def _head_major(x, T_pad):
   return jnp.swapaxes(_pad_time(x, T_pad), 1, 2)
 
 
+def _write_strengths(a, beta, T_pad):
+  """The write directions a [B * H, T_pad, dk] scaled by beta [B, T, H] (a itself without
+  beta); padded tokens write nothing whatever their scale (their keys are zero)."""
+  if beta is None:
+    return a
+  b = jnp.swapaxes(jnp.pad(beta, [(0, 0), (0, T_pad - beta.shape[1]), (0, 0)]), 1, 2)
+  return b.reshape(a.shape[:2])[..., None].astype(a.dtype) * a
+
+
 def _unit_rows(x, eps):
   """`unit` along the last axis, on x viewed as 2-D rows [-1, d]. The same numbers; on a 3-D
   or 4-D view XLA may give the per-row norms (and their VJP's per-row sums) a transposed
@@ -160,7 +176,7 @@ def _unit_rows(x, eps):
   return unit(x.reshape(-1, x.shape[-1]), eps).reshape(x.shape)
 
 
-def _inference_forward(plan, q, k, v, u, S0, A0):
+def _inference_forward(plan, q, k, v, u, S0, A0, beta=None):
   """The forward alone: kernels 1-4 of the module docstring."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
@@ -181,6 +197,7 @@ def _inference_forward(plan, q, k, v, u, S0, A0):
   # sequence (kernels/DESIGN.md, "Precision").
   a, A_T = penalty_forward(plan, e, u_r, A0.astype(acc), token_major=plan.low,
                            rows_dtype=acc)
+  a = _write_strengths(a, beta, T_pad)
   Up, Wp, P = state_prep(keys, a, q_r, v_r, plan=plan, out_dtype=plan.store, heads=heads)
   o, S_T, _ = state_forward(plan, q_r, a, Up, Wp, P, S0.astype(acc).reshape(B * H, dv, dk),
                             v.dtype, heads=heads)
@@ -188,9 +205,10 @@ def _inference_forward(plan, q, k, v, u, S0, A0):
   return o, S_T.reshape(B, H, dv, dk), A_T.reshape(B, H, dk, dk)
 
 
-def _differentiable_forward(plan, q, k, v, u, S0, A0, docs=None, reset=None):
+def _differentiable_forward(plan, q, k, v, u, S0, A0, beta=None, docs=None, reset=None):
   """The forward that `_vla_fwd` differentiates: the penalty scan with its adjoint VJP on
-  head-major unit keys and u, then the state path with its VJP reading q and v in place.
+  head-major unit keys and u, then the state path with its VJP reading q and v in place;
+  beta scales the write directions between them (its gradient is autodiff's).
   docs, reset: packed documents (`document_indices`; A restarts at reset * I)."""
   B, T, H, dk = q.shape
   dv = v.shape[-1]
@@ -204,7 +222,8 @@ def _differentiable_forward(plan, q, k, v, u, S0, A0, docs=None, reset=None):
                         A0.astype(acc), plan, docs, reset)
   flat = lambda x: x.reshape(B * H, T_pad, x.shape[-1])
   o, S_T = planned_state_path(plan, _pad_time(q, T_pad), flat(khat),
-                              flat(a.reshape(B, H, T_pad, dk)), _pad_time(v, T_pad),
+                              _write_strengths(flat(a.reshape(B, H, T_pad, dk)), beta, T_pad),
+                              _pad_time(v, T_pad),
                               S0.astype(acc).reshape(B * H, dv, dk), H,
                               None if docs is None else docs[2])
   return o[:, :T], S_T.reshape(B, H, dv, dk), A_T

@@ -93,10 +93,6 @@ FIX_SEEDS = tuple(range(10))
 FIX_STEPS = 4000
 FIX_RATE = "3e-3"                    # at lab.grid.REMEDY_CELLS, where VLA's seeds split at it
 FIX_DIAGNOSTICS_EVERY = 100
-# beta runs the chunked form (the kernel writes with strength 1), whose activations at d_model
-# 128, T = 512, ten seeds of batch 128 did not fit an 80 GB GPU: those jobs recompute each
-# block in the backward (model.remat: the same function, rounding aside).
-FIX_REMAT_D_MODEL = 128
 
 # The authors' layer (VLA.md section 2, [authors' code]): everything else as the layer's
 # defaults, which are theirs (q/k bias, LayerNorm before W_o), ELU + 1 and writes of strength 1
@@ -191,9 +187,7 @@ def fix_jobs():
       out.append(_job("fix", f"T{T}-d{d_model}-{label}", f"configs/mqar_zoology.py:{T}",
                       {"model.mixer": "vla", **cell,
                        "train.diagnostics_every": FIX_DIAGNOSTICS_EVERY, **VLA_DEFAULTS,
-                       **extra, **({"model.remat": True} if extra.get(VLA + "beta")
-                                   and d_model >= FIX_REMAT_D_MODEL else {})},
-                      (rate,), {**tag, "label": label}, FIX_SEEDS))
+                       **extra}, (rate,), {**tag, "label": label}, FIX_SEEDS))
   return out
 
 

@@ -1,5 +1,6 @@
 """`vla_pallas` end to end in interpret mode: against the float64 oracle (forward), against
-`jax.grad` of impl="scan" in float64 (gradients), precision semantics, non-finite inputs."""
+`jax.grad` of impl="scan" in float64 (gradients), a learned write strength (beta), precision
+semantics, non-finite inputs."""
 
 import functools
 
@@ -23,8 +24,14 @@ SHAPES = [(2, 37, 2, 16, 32, 16), (1, 70, 1, 32, 16, 32)]
 # Each program is jitted once per configuration and takes the loss weights as arguments, so
 # that the tests that run one (the reference gradient at a shape, the non-finite checks'
 # forward and gradient) share its compilation.
+def _with_beta(config, **kw):
+  """vla_pallas on (q, k, v, u, S0, A0[, beta]): a seventh argument is beta."""
+  return lambda *a: vla_pallas(*a[:6], beta=a[6] if len(a) > 6 else None, config=config,
+                               interpret=INTERPRET, **kw)
+
+
 def _jit_call(config):
-  return jax.jit(lambda *a: vla_pallas(*a, config=config, interpret=INTERPRET))
+  return jax.jit(_with_beta(config))
 
 
 _call = functools.cache(_jit_call)
@@ -45,13 +52,20 @@ def _loss(fn):
   return loss
 
 
-def _scan(q, k, v, u, S0, A0):
-  o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="scan")
+def _scan(q, k, v, u, S0, A0, beta=None):
+  o, st = vla_recurrence(q, k, v, u, beta, initial_state=VLAState(S0, A0), impl="scan")
   return o, st.S, st.A
 
 
-# The reference: the gradients of `_loss(w, *args)` in the six inputs, impl="scan".
-_scan_grads = jax.jit(jax.grad(_loss(_scan), argnums=range(1, 7)))
+def _inputs_grad(fn, args):
+  """jax.grad of `_loss(fn)` in every input of `args` (six, or seven with beta)."""
+  return jax.grad(_loss(fn), argnums=tuple(range(1, len(args) + 1)))
+
+
+# The reference: the gradients of `_loss(w, *args)` in the inputs, impl="scan".
+@jax.jit
+def _scan_grads(w, *args):
+  return _inputs_grad(_scan, args)(w, *args)
 
 
 def _with_grads(fn):
@@ -86,18 +100,24 @@ def _together(calls):
       with pytest.MonkeyPatch.context() as patch:
         for key, value in settings.items():
           patch.setattr(kernel_config, key, value)
-        out.append((fn(*args), jax.grad(_loss(fn), argnums=range(1, 7))(w, *args)))
+        out.append((fn(*args), _inputs_grad(fn, args)(w, *args)))
     return out
   return dict(zip(names, jax.jit(run)([calls[n][2:4] for n in names])))
 
 
-def _call_case(seed, shape, settings=None):
-  """(fn, settings, w, args): vla_pallas with the shape's chunk size on `vla_inputs(seed)`,
-  loss weights `_weights(seed + 1)`."""
+def _betas(seed, B, T, H, dtype):
+  """Write strengths [B, T, H] in (0.05, 1), as a sigmoid gives them."""
+  return jnp.asarray(np.random.default_rng(seed).uniform(0.05, 1.0, (B, T, H)), dtype)
+
+
+def _call_case(seed, shape, settings=None, beta=False):
+  """(fn, settings, w, args): vla_pallas with the shape's chunk size on `vla_inputs(seed)`
+  (and with beta, write strengths `_betas(seed)`), loss weights `_weights(seed + 1)`."""
   B, T, H, dk, dv, C = shape
-  cfg = KernelConfig(chunk_size=C)
-  return ((lambda *a: vla_pallas(*a, config=cfg, interpret=INTERPRET)), settings or {},
-          _weights(seed + 1, B, T, H, dk, dv), vla_inputs(seed, B, T, H, dk, dv))
+  args = vla_inputs(seed, B, T, H, dk, dv)
+  return (_with_beta(KernelConfig(chunk_size=C)), settings or {},
+          _weights(seed + 1, B, T, H, dk, dv),
+          args + ([_betas(seed, B, T, H, np.float64)] if beta else []))
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +127,8 @@ def float64_runs():
   documents' two forms at SHAPES[0]."""
   packed_fused = dict(FUSED_FORMS, FUSED_VJP_F32_UP_TO=0)   # and the XLA chunk-local VJP
   with jax.enable_x64(True):
-    calls = {"default": _call_case(0, SHAPES[0]), "fused": _call_case(3, SHAPES[1], FUSED_FORMS)}
+    calls = {"default": _call_case(0, SHAPES[0]),
+             "fused": _call_case(3, SHAPES[1], FUSED_FORMS, beta=True)}
     calls.update({f"packed_{forms}": _packed_case(
         10, SHAPES[0], np.float64, settings=packed_fused if forms == "fused" else None)
                   for forms in ("split", "fused")})
@@ -115,17 +136,18 @@ def float64_runs():
 
 
 def _float64_check(call, result, shape):
-  """o, S_T, A_T against the token-by-token oracle; the gradients for all six inputs against
-  `jax.grad` of impl="scan" (A0's over symmetric perturbations)."""
+  """o, S_T, A_T against the token-by-token oracle; the gradients for all six inputs (seven
+  with beta) against `jax.grad` of impl="scan" (A0's over symmetric perturbations)."""
   _, _, w, args = call
   (o, S, A), got = result
-  want = oracles.vla(*args[:4], S0=args[4], A0=args[5])
+  want = oracles.vla(*args[:4], S0=args[4], A0=args[5], beta=args[6] if len(args) > 6 else None)
   B, T, H, dk, dv, _ = shape
   chex.assert_shape([o, S, A], [(B, T, H, dv), (B, H, dv, dk), (B, H, dk, dk)])
   for name, g, ref in zip("oSA", (o, S, A), want):
     assert_close(g, ref, jnp.float64, name)
   ref = _scan_grads(w, *args)
-  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0"), got, ref):
+  assert len(got) == len(ref) == len(args)
+  for name, g, r in zip(("q", "k", "v", "u", "S0", "A0", "beta"), got, ref):
     if name == "A0":
       g, r = _sym(g), _sym(r)
     assert_close(g, r, jnp.float64, "d" + name)
@@ -141,23 +163,26 @@ def test_forward_and_gradients_float64(x64, float64_runs):
 
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
 def test_forward_float32_and_bfloat16(dtype):
-  """Float32 and bfloat16 inputs (float32 states) against the oracle on the same values."""
+  """Float32 and bfloat16 inputs (float32 states) against the oracle on the same values;
+  bfloat16 (the token-major path that reads the caller's arrays) with a write strength beta."""
   B, T, H, dk, dv, C = SHAPES[1]
   args = vla_inputs(2, B, T, H, dk, dv, dtype)
-  o, S, A = _call(KernelConfig(chunk_size=C))(*args)
+  beta = _betas(2, B, T, H, dtype) if dtype == jnp.bfloat16 else None
+  o, S, A = _call(KernelConfig(chunk_size=C))(*args, *([] if beta is None else [beta]))
   chex.assert_type(o, dtype)
   chex.assert_type([S, A], jnp.float32)
   want = oracles.vla(*(np.asarray(x, np.float64) for x in args[:4]),
-                     S0=np.asarray(args[4], np.float64), A0=np.asarray(args[5], np.float64))
+                     S0=np.asarray(args[4], np.float64), A0=np.asarray(args[5], np.float64),
+                     beta=None if beta is None else np.asarray(beta, np.float64))
   for name, got, ref in zip("oSA", (o, S, A), want):
     assert_close(got, ref, dtype, name)
 
 
 def test_fused_state_loops_float64(x64, monkeypatch, float64_runs):
   """The state forward and reverse pass as single loops (what the defaults select at GPU
-  program counts: > 132 and > 512 programs), SHAPES[1], forward and gradients
-  (`float64_runs` traces the call with FUSED_FORMS; with packed documents:
-  test_packed_documents_float64[fused])."""
+  program counts: > 132 and > 512 programs), SHAPES[1], with a write strength beta: forward
+  and the seven gradients (`float64_runs` traces the call with FUSED_FORMS; with packed
+  documents: test_packed_documents_float64[fused])."""
   for key, value in FUSED_FORMS.items():
     monkeypatch.setattr(kernel_config, key, value)
   B, T, H, dk, dv, C = SHAPES[1]

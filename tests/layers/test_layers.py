@@ -158,18 +158,13 @@ def test_u_init_identity_sets_w_u_only():
 
 
 
-def test_beta_projection_is_drawn_last_and_the_kernels_refuse_beta():
-  """With `beta` every other parameter is the layer's without it (W_beta is drawn last); an
-  explicit kernel impl refuses the layer at construction naming the option ("auto" then runs
-  "chunked": tests/ops/test_impl.py)."""
+def test_beta_projection_is_drawn_last():
+  """With `beta` every other parameter is the layer's without it (W_beta is drawn last; the
+  layer on the kernels: test_the_kernel_takes_packing_beta_and_the_delta_readout)."""
   default = nnx.state(VLAAttention(D, H, rngs=nnx.Rngs(0)), nnx.Param)
   with_beta = nnx.state(VLAAttention(D, H, beta=True, rngs=nnx.Rngs(0)), nnx.Param)
   assert set(with_beta) == set(default) | {"beta_proj"}
   chex.assert_trees_all_equal({k: with_beta[k] for k in default}, dict(default))
-  with pytest.raises(ValueError, match=r"^VLAAttention: impl='pallas_interpret' cannot run "
-                                       r"here: the kernel does not take beta=True"):
-    make_mixer("vla", 32, 2, head_dim=16, impl="pallas_interpret", chunk_size=16,
-               options={"beta": True}, rngs=nnx.Rngs(0))
 
 
 def test_penalty_scale_defaults_to_1_and_inv_sqrt_dh_is_the_authors():
@@ -237,12 +232,13 @@ def test_a_kernel_impl_the_kernel_cannot_run_fails_at_construction(kw, match):
     make_mixer("vla", 32, 2, rngs=nnx.Rngs(0), **kw)
 
 
-def test_the_kernel_takes_packing_and_the_delta_readout():
-  """VLA on the kernels (interpret mode) with packed rows and the delta readout (value width
-  d_h + 1) equals the chunked form (the additive readout packed: tests/ops/test_packed_ops.py;
-  the layer on the kernels without segment_ids: tests/lab/test_grid.py; the op with the value
-  width d_h + 1, forward and gradients: tests/kernels/test_vla_pallas.py)."""
-  kw = dict(chunk_size=16, options={"readout": "delta"})
+def test_the_kernel_takes_packing_beta_and_the_delta_readout():
+  """VLA on the kernels (interpret mode) with packed rows, a learned write strength and the
+  delta readout (value width d_h + 1) equals the chunked form (the additive readout packed:
+  tests/ops/test_packed_ops.py; the layer on the kernels without segment_ids:
+  tests/lab/test_grid.py; the op with the value width d_h + 1 or beta, forward and gradients:
+  tests/kernels/test_vla_pallas.py)."""
+  kw = dict(chunk_size=16, options={"readout": "delta", "beta": True})
   kernel = make_mixer("vla", 32, 2, impl="pallas_interpret", rngs=nnx.Rngs(0), **kw)
   chunked = make_mixer("vla", 32, 2, impl="chunked", rngs=nnx.Rngs(0), **kw)
   x = jax.random.normal(jax.random.key(3), (1, 24, 32))

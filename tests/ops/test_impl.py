@@ -24,7 +24,7 @@ def _auto(**kw):
                                 dict(chunk_size=16), dict(chunk_size=128),
                                 dict(options={"readout": "additive"}),
                                 dict(options={"readout": "delta"}), dict(segment_ids=True),
-                                dict(options={"beta": False}),
+                                dict(options={"beta": True}),
                                 dict(platform="cuda")])
 def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
   impl, reason = _auto(**kw)
@@ -42,7 +42,6 @@ def test_auto_runs_the_kernel_where_it_takes_the_call(kw):
     (dict(dtype=jnp.float16), "dtype=float16"),
     (dict(op="no_such_op"), "no Pallas kernel for 'no_such_op'"),
     (dict(op="gated_deltanet", segment_ids=True), "does not take segment_ids"),
-    (dict(options={"beta": True}), "does not take beta=True"),
 ])
 def test_auto_falls_back_to_chunked_and_says_why(kw, why):
   impl, reason = _auto(**kw)

@@ -99,15 +99,14 @@ class VLAAttention(RecurrentMixer):
       qk_map "elu1" with readout "additive".
     beta: a learned write strength (default False: every write of strength 1, the authors'
       recurrence). Its projection `beta_proj` (d_model -> num_heads, with bias) is drawn
-      after every other parameter, so that the others are the layer's draws without it. The
-      Pallas kernels do not take it: "auto" runs "chunked", "pallas" raises ValueError.
+      after every other parameter, so that the others are the layer's draws without it.
   """
 
   OP = "vla"
   RECURRENCE = staticmethod(vla_recurrence)
   STEP = staticmethod(vla_step)
   QK_BIAS = True
-  KERNEL_OPTIONS = {"readout": DEFAULT_READOUT, "beta": False}
+  KERNEL_OPTIONS = {"readout": DEFAULT_READOUT}
   INPUT_NAMES = ("q", "k", "v", "u", "beta")
 
   def __init__(self, d_model: int, num_heads: int, head_dim: int | None = None, *,

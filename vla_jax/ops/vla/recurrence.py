@@ -84,8 +84,9 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     u: [B, T, H, dk] penalty directions.
     beta: None (default: every write of strength 1) or [B, T, H] write strengths (usually in
       (0, 1), the layer's sigmoid(W_beta x)): the write key is beta_t a_t. A value at a token
-      whose key is zero is still dropped, whatever beta is. Not taken by the Pallas kernels
-      (impl "pallas" and "pallas_interpret" raise ValueError naming it).
+      whose key is zero is still dropped, whatever beta is. Every impl takes it (the Pallas
+      kernels scale their write directions by it between the penalty scan and the state
+      path).
     lam0: ridge strength (> 0, a real number) of the initial penalty; used when
       `initial_state` is None and at every document start of `segment_ids`, and checked to be
       a finite real number > 0 always (when concrete). When it is used and the compute dtype
@@ -144,10 +145,6 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
   checks.check_tokens("u", u, batch=B, time=T, heads=H, dim=dk)
   if beta is not None:
     checks.check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
-    if impl in KERNEL_IMPLS:
-      raise ValueError(f"impl={impl.value!r} does not take beta (a write strength): the "
-                       "kernels write with strength 1; use impl='chunked' (or 'scan', "
-                       "'associative_scan')")
   segment_ids = checks.check_segment_ids(segment_ids, B, T)
   checks.check_positive("lam0", lam0)   # used or not (README: ignored with initial_state)
   if segment_ids is not None and impl in KERNEL_IMPLS and (
@@ -182,12 +179,14 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         pad_value_width)
-    guard, k, (u,), (v,) = nonfinite.contain_entries(k, (u,), (v,), starts=starts)
+    guard, k, (u,), writes = nonfinite.contain_entries(
+        k, (u,), (v,) if beta is None else (v, beta), starts=starts)
+    v, beta = writes if len(writes) == 2 else (writes[0], None)
     S0, A0 = initial_state
     # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
     # zero value columns; its outputs are dropped.
     v, S0, _ = pad_value_width(v, S0)
-    o, S, A = vla_pallas(q, k, v, u, S0, A0, segment_ids=segment_ids, lam0=lam0,
+    o, S, A = vla_pallas(q, k, v, u, S0, A0, beta=beta, segment_ids=segment_ids, lam0=lam0,
                          config=KernelConfig(chunk_size=chunk_size, precision=precision),
                          interpret=True if impl is Impl.PALLAS_INTERPRET else None)
     return (guard.outputs(o[..., :dv]),
