@@ -1,7 +1,8 @@
 r"""GPU check of the Pallas VLA kernels against float64: forward (o, S_T, A_T) and gradients of
 `vla_pallas` against impl="chunked" in float64 on the same device, each error reported
 (`lab.benchmarks.check.default_cases`, B = 1, H = 4): at T = 4096 float32 at HIGHEST (u
-isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT; at --max_T anisotropic u in
+isotropic and anisotropic), HIGH and DEFAULT, bfloat16 at DEFAULT, and a learned write strength
+(beta, anisotropic u) in float32 at HIGHEST and bfloat16; at --max_T anisotropic u in
 float32 at HIGHEST (o, S_T, A_T within 2e-6 at any T: exact segment starts) and in bfloat16;
 packed documents (`segment_ids`, about 300 tokens a document, anisotropic u) in float32 at
 HIGHEST and bfloat16 against impl="chunked" in float64 on the same documents; the drift cases

@@ -85,6 +85,7 @@ def test_bench_and_check_smoke_then_report(runs):
   assert [r["status"] for r in checks] == ["ok", "ok"], checks
   assert [(r["op"], r["packed"]) for r in checks] == [("vla", True), ("linear_attention", False)], \
       checks
+  assert checks[0]["beta"] and "dbeta" in checks[0]["errors"]   # a learned write strength
   assert [(r["u"], r["status"]) for r in drift] == [("isotropic", "ok"), ("anisotropic", "ok")]
   assert all(0 < r["errors"]["o"] < 3e-2 and len(r["o_quarters"]) == 4 for r in drift), drift
   assert "| anisotropic |" in checked.stdout

@@ -47,6 +47,7 @@ ANISOTROPIC_DU_FACTOR = 10
 # d = 64, CPU).
 FORWARD_BOUNDS = {("float32", "HIGHEST"): 2e-6}
 NAMES = ("o", "S", "A", "dq", "dk", "dv", "du", "dS0")
+BETA_NAMES = NAMES + ("dbeta",)     # a case with a learned write strength
 FORWARD = ("o", "S", "A")
 
 
@@ -61,6 +62,7 @@ class Case:
   H: int = 4
   chunk: int = 64
   packed: bool = False    # segment_ids: documents of PACKED_MEAN tokens on average
+  beta: bool = False      # a write strength beta_t = sigmoid(normal) per token and head
 
 
 # Packed cases: document starts at random tokens, about this many tokens a document.
@@ -74,7 +76,9 @@ def default_cases(dims=(64,), max_T=16384, which="all"):
   the "long" cases; "long": only those, at max_T (when longer than 4096): anisotropic u in
   float32 at HIGHEST and in bfloat16 at DEFAULT (errors that must not grow with T); "packed"
   (also part of "all"): packed documents (`segment_ids`) at T = min(4096, max_T),
-  anisotropic u in float32 at HIGHEST and bfloat16 at DEFAULT."""
+  anisotropic u in float32 at HIGHEST and bfloat16 at DEFAULT. "all" also checks a learned
+  write strength (`Case.beta`) at T = min(4096, max_T), anisotropic u, in float32 at HIGHEST
+  and bfloat16 at DEFAULT."""
   if which not in ("all", "long", "packed"):
     raise ValueError(f"which must be 'all', 'long' or 'packed'; got {which!r}")
   mid = min(4096, max_T)
@@ -86,6 +90,8 @@ def default_cases(dims=(64,), max_T=16384, which="all"):
       cases += [case("float32", "HIGH", "isotropic", mid),
                 case("float32", "DEFAULT", "isotropic", mid),
                 case("bfloat16", "DEFAULT", "isotropic", mid)]
+      cases += [Case(dtype, precision, "anisotropic", mid, d, beta=True)
+                for dtype, precision in (("float32", "HIGHEST"), ("bfloat16", "DEFAULT"))]
     if which in ("all", "packed"):
       cases += [Case(dtype, precision, "anisotropic", mid, d, packed=True)
                 for dtype, precision in (("float32", "HIGHEST"), ("bfloat16", "DEFAULT"))]
@@ -121,9 +127,10 @@ def drift_cases(dims=(64,), Ts=DRIFT_TS):
 
 
 def smoke_cases():
-  """A tiny CPU case (interpret mode): packed documents, so the script's one check runs the
-  packed path too (the unpacked forward runs in the smoke drift pair and long run)."""
-  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16, packed=True)]
+  """A tiny CPU case (interpret mode): packed documents with a write strength, so the
+  script's one check runs the packed path and beta too (the unpacked forward runs in the
+  smoke drift pair and long run)."""
+  return [Case("float32", "HIGHEST", "anisotropic", 64, 16, 1, 2, 16, packed=True, beta=True)]
 
 
 def smoke_drift_cases():
@@ -181,6 +188,16 @@ def inputs(case, seed=0):
   return [x.astype(dtype) for x in (q, k, v, u)], S0, wo
 
 
+def write_strengths(case, seed=0):
+  """[B, T, H] write strengths sigmoid(normal) in the case's dtype (as the layer's
+  sigmoid(W_beta x)), or None for a case without beta."""
+  if not case.beta:
+    return None
+  import jax  # pylint: disable=import-outside-toplevel
+  key = jax.random.fold_in(jax.random.PRNGKey(seed), 7)
+  return jax.nn.sigmoid(jax.random.normal(key, (case.B, case.T, case.H))).astype(case.dtype)
+
+
 def segment_ids(case, seed=0):
   """[B, T] int32 document ids of a packed case (starts at random tokens, one in
   PACKED_MEAN on average, and at token 1 and a chunk boundary), or None."""
@@ -208,21 +225,27 @@ def rel(a, b):
   return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
 
 
+def _diff_args(with_beta):
+  """The differentiated arguments of run(q, k, v, u, S0, ids, beta): q, k, v, u, S0 (and
+  beta)."""
+  return tuple(range(5)) + ((6,) if with_beta else ())
+
+
 @functools.cache
-def _reference_fns(chunk):
-  """Jitted float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked"
-  (compiled once per shape)."""
+def _reference_fns(chunk, with_beta=False):
+  """Jitted float64 forward (o, S, A) and gradients (q, k, v, u, S0, and with_beta beta) of
+  impl="chunked" (compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.ops.vla import VLAState, vla_recurrence  # pylint: disable=import-outside-toplevel
 
-  def run(q, k, v, u, S0, ids):
+  def run(q, k, v, u, S0, ids, beta=None):
     d = q.shape[-1]
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=S0.dtype), S0.shape[:2] + (d, d))
-    o, st = vla_recurrence(q, k, v, u, initial_state=VLAState(S0, A0), impl="chunked",
+    o, st = vla_recurrence(q, k, v, u, beta, initial_state=VLAState(S0, A0), impl="chunked",
                            chunk_size=chunk, segment_ids=ids)
     return o, st.S, st.A
-  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
+  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=_diff_args(with_beta)))
 
 
 # The `KernelConfig` options a check runs with (check_kernels.py's flags of the same names)
@@ -242,33 +265,34 @@ def kernel_options(options):
 
 
 @functools.cache
-def _pallas_fns(precision, chunk, interpret, options):
-  """Jitted forward and gradients of `vla_pallas` at A0 = I with `KernelConfig` options
-  (a tuple of (name, value) pairs; compiled once per shape)."""
+def _pallas_fns(precision, chunk, interpret, options, with_beta=False):
+  """Jitted forward and gradients (`_reference_fns`' arguments) of `vla_pallas` at A0 = I
+  with `KernelConfig` options (a tuple of (name, value) pairs; compiled once per shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
   cfg = KernelConfig(chunk_size=chunk, precision=getattr(jax.lax.Precision, precision),
                      **dict(options))
 
-  def run(q, k, v, u, S0, ids):
+  def run(q, k, v, u, S0, ids, beta=None):
     d = q.shape[-1]
     A0 = jnp.broadcast_to(jnp.eye(d, dtype=jnp.float32), S0.shape[:2] + (d, d))
-    return vla_pallas(q, k, v, u, S0, A0, segment_ids=ids, config=cfg, interpret=interpret)
-  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=range(5)))
+    return vla_pallas(q, k, v, u, S0, A0, beta=beta, segment_ids=ids, config=cfg,
+                      interpret=interpret)
+  return jax.jit(run), jax.jit(jax.grad(_loss(run), argnums=_diff_args(with_beta)))
 
 
-def reference(qkvu, S0, wo, chunk, ids=None):
-  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0) of impl="chunked" (packed
-  documents with ids)."""
+def reference(qkvu, S0, wo, chunk, ids=None, beta=None):
+  """Float64 forward (o, S, A) and gradients (q, k, v, u, S0, and beta where given) of
+  impl="chunked" (packed documents with ids)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   with jax.enable_x64(True):
-    args = [jnp.asarray(np.asarray(x, np.float64)) for x in (*qkvu, S0)]
-    wo = jnp.asarray(np.asarray(wo, np.float64))
-    fwd, grad = _reference_fns(chunk)
-    return ([np.asarray(x) for x in fwd(*args, ids)],
-            [np.asarray(g) for g in grad(*args, ids, wo)])
+    f64 = lambda x: None if x is None else jnp.asarray(np.asarray(x, np.float64))
+    args = [f64(x) for x in (*qkvu, S0)]
+    fwd, grad = _reference_fns(chunk, beta is not None)
+    return ([np.asarray(x) for x in fwd(*args, ids, f64(beta))],
+            [np.asarray(g) for g in grad(*args, ids, f64(beta), f64(wo))])
 
 
 def check(case, interpret=None, fallback=False, **options):
@@ -280,17 +304,21 @@ def check(case, interpret=None, fallback=False, **options):
   options = kernel_options(options)
   t0 = time.perf_counter()
   qkvu, S0, wo = inputs(case)
-  ids = segment_ids(case)
-  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, tuple(options.items()))
+  ids, beta = segment_ids(case), write_strengths(case)
+  fwd, grad = _pallas_fns(case.precision, case.chunk, interpret, tuple(options.items()),
+                          case.beta)
   stage = "forward"
   try:
-    out = fwd(*qkvu, S0, ids)
+    out = fwd(*qkvu, S0, ids, beta)
     stage = "gradient"
-    grads = grad(*qkvu, S0, ids, wo)
+    grads = grad(*qkvu, S0, ids, beta, wo)
   except Exception as err:  # pylint: disable=broad-except
     return error_row(case, "check", stage, err, t0, **options)
-  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids)
-  errors = dict(zip(NAMES, [rel(x, r) for x, r in zip((*out, *grads), (*ref_out, *ref_grads))]))
+  ref_out, ref_grads = reference(qkvu, S0, wo, case.chunk, ids, beta)
+  names = BETA_NAMES if case.beta else NAMES
+  got, want = (*out, *grads), (*ref_out, *ref_grads)
+  assert len(got) == len(want) == len(names), (len(got), len(want), names)
+  errors = dict(zip(names, [rel(x, r) for x, r in zip(got, want)]))
   finite = all(bool(jnp.all(jnp.isfinite(x.astype(jnp.float32)))) for x in (*out, *grads))
   b, fb, db = bound(case), forward_bound(case), du_bound(case)
   ok = (finite and max(e for n, e in errors.items() if n != "du") <= b and errors["du"] <= db

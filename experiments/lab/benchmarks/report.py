@@ -36,8 +36,10 @@ def label(row):
   return f"{OP_NAMES.get(row['op'], row['op'])} {row['impl']}"
 
 
-KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u", "packed", "lam0",
-       "block_factor", "start_inverse", "penalty_layout")
+KEY = ("op", "impl", "pass", "T", "B", "H", "d", "dtype", "precision", "u", "packed", "beta",
+       "lam0", "block_factor", "start_inverse", "penalty_layout")
+# Flags of KEY that a row made before them lacks: absent and False are the same row.
+KEY_FLAGS = ("packed", "beta")
 
 
 def header_time(path):
@@ -70,7 +72,7 @@ def load(paths):
         if obj.get("kind") == "header":
           headers.append((path, obj))
           continue
-        key = tuple(obj.get(k) for k in KEY)
+        key = tuple(bool(obj.get(k)) if k in KEY_FLAGS else obj.get(k) for k in KEY)
         if obj.get("status") == "skipped" and rows.get(key, {}).get("status") not in (
             None, "skipped"):
           continue   # a later run that skipped a row does not erase an earlier measurement
@@ -749,7 +751,8 @@ def correctness_block(rows):
     return "No check rows."
   checks.sort(key=lambda r: (r.get("op") != "vla", str(r.get("op")), r.get("d") or 0,
                              str(r.get("dtype")), str(r.get("precision")),
-                             str(r.get("u")), bool(r.get("packed")), r.get("T") or 0))
+                             str(r.get("u")), bool(r.get("packed")), bool(r.get("beta")),
+                             r.get("T") or 0))
   notes = any(r.get("note") for r in checks)
   body = []
   for r in checks:
@@ -767,7 +770,7 @@ def correctness_block(rows):
     impl = f"{r.get('impl')} ({', '.join(options)})" if options else r.get("impl")
     body.append([r.get("op") or "vla", r.get("d"), impl, r.get("dtype"), r.get("precision") or "-",
                  r.get("u") or "-", "yes" if r.get("packed") else "-",
-                 f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
+                 "yes" if r.get("beta") else "-", f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
                  worst(fwd), worst(grad) if grad else "-", bounds,
                  f"{fmt(ratio, 2)} ({name})" if ratio is not None else "-", r.get("status")]
                 + ([(r.get("note") or "").replace("|", "/")[:120]] if notes else []))
@@ -776,11 +779,13 @@ def correctness_block(rows):
           "precision; `u` isotropic or anisotropic (a few dominant directions plus noise, "
           "rows normalised, the scale a trained layer gives); impl names the `KernelConfig` "
           "options a row ran where they are not the defaults; packed rows hold documents of about "
-          "300 tokens (`segment_ids`), checked against impl=\"chunked\" on the same documents. "
+          "300 tokens (`segment_ids`), checked against impl=\"chunked\" on the same documents; "
+          "beta rows have a learned write strength sigmoid(normal) per token and head. "
           "Bounds: `bound` on every error, "
           "du's own with anisotropic u, the forward's own at float32 HIGHEST "
           "(`experiments/lab/benchmarks/check.py`, the baselines' in `check_baselines.py`).\n\n"
-          + table(["op", "d", "impl", "dtype", "precision", "u", "packed", "T", "B", "worst forward",
+          + table(["op", "d", "impl", "dtype", "precision", "u", "packed", "beta", "T", "B",
+                   "worst forward",
                    "worst gradient", "bounds", "worst / its bound", "status"]
                   + (["note"] if notes else []), body))
 
