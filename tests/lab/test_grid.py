@@ -86,6 +86,7 @@ def test_vla_trains_the_same_with_pallas():
   np.testing.assert_allclose(losses("pallas_interpret"), losses("scan"), rtol=2e-5)
 
 
+@pytest.mark.slow   # the lab's harness (README: the slow tier)
 def test_stop_sends_sigterm_then_kills_what_is_left(tmp_path):
   """grid.stop: a job that handles SIGTERM exits by itself (with its own exit code); one that
   ignores it is killed once wait_s has passed."""
@@ -415,6 +416,7 @@ with open(events, "a") as f:
 """
 
 
+@pytest.mark.slow   # the lab's harness (README: the slow tier)
 def test_a_job_that_runs_out_of_memory_runs_again_alone(tmp_path):
   """The scheduler requeues a job that ran out of device memory, once, and starts it when no
   other job runs on its GPU (and nothing beside it: two such jobs run one after the other);

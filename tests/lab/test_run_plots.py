@@ -8,12 +8,16 @@ import struct
 import subprocess
 import sys
 
+import pytest
+
 from conftest import run_scripts
 from lab import run_plots
 from vla_jax.training import curves, jsonl
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
+# The lab's plots and plot_run.py: the slow tier (README), with the experiment scripts.
+pytestmark = pytest.mark.slow
 
 
 def _png_size(path):

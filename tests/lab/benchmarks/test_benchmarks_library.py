@@ -23,6 +23,7 @@ def test_time_jax_and_median_seconds():
   assert measure.classify(RuntimeError("RESOURCE_EXHAUSTED: out of memory"))[0] == "OOM"
 
 
+@pytest.mark.slow   # the lab's harness (README: the slow tier)
 def test_backward_rows_return_the_output_and_its_pullback():
   fn = rows.jax_function("softmax_attention", "xla", "fwd+bwd")
   *xs, cot = rows.jax_inputs("softmax_attention", 1, 32, 2, 16, jnp.float32, 1, True)
@@ -43,6 +44,7 @@ def test_vla_inputs_take_the_layers_path():
     assert not bool(penalty_scan.large_gains(u, jnp.eye(64)))
 
 
+@pytest.mark.slow   # the lab's harness (README: the slow tier)
 def test_state_path_family():
   """The state path alone: outside the default suite; traces forward and forward + backward
   (o, and a cotangent per input) and matches the float64 oracle on the family's inputs
@@ -81,6 +83,7 @@ def test_start_inverse_families():
       assert "vla_penalty_scan" in kernels and kernels & starts == want, (key, pass_, kernels)
 
 
+@pytest.mark.slow   # the lab's harness (README: the slow tier)
 def test_penalty_layout_families():
   """vla_kernel_penalty_rows and vla_kernel_penalty_transposed: outside the default suite;
   each traces forward and forward + backward with its `KernelConfig.penalty_layout` (in
@@ -201,6 +204,7 @@ def test_drift_verdicts():
   assert "| anisotropic |" in check.drift_table(got)
 
 
+@pytest.mark.slow   # the lab's harness (README: the slow tier)
 def test_newton_fallback_rate():
   """The fraction of penalty-scan blocks with ||U A U^T||_F > NEWTON_RADIUS, against NumPy
   (A0 = 10 I, unit-norm anisotropic u: the early blocks exceed it, the later ones do not)."""
