@@ -125,9 +125,9 @@ def run_scripts(*argvs, env=None, cwd=None, timeout=600):
 # leaves the other worker idle at the end of the run.
 LONGEST_FILES = ("kernels/test_vla_pallas.py", "ops/test_properties.py",
                  "kernels/test_penalty_backward.py", "training/test_train.py",
-                 "ops/test_baselines.py", "ops/test_context_parallel.py",
-                 "layers/test_layers.py", "ops/test_vla_recurrence.py", "models/test_model.py",
-                 "layers/test_streaming.py")
+                 "ops/test_baselines.py", "layers/test_layers.py",
+                 "ops/test_vla_recurrence.py", "models/test_model.py", "layers/test_streaming.py",
+                 "training/test_sequence_parallel.py")
 
 
 def pytest_collection_modifyitems(config, items):

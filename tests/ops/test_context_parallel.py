@@ -4,7 +4,9 @@ the sharded ops (tests/ops/test_properties.py's properties).
 
 The multi-device checks run in one subprocess (`XLA_FLAGS=--xla_force_host_platform_device_
 count=8`; this process has one CPU device) that prints a JSON table of relative errors and
-property failures; the tests read their rows from it."""
+property failures; the tests read their rows from it. They are in the slow tier (`-m slow`,
+about a minute); the CI tier trains sequence-sharded on a 2 x 2 mesh
+(tests/training/test_sequence_parallel.py)."""
 
 import functools
 import json
@@ -293,6 +295,7 @@ def _row(table, **key):
   return rows[0]
 
 
+@pytest.mark.slow   # the 8-device table (about a minute): README's slow tier
 @pytest.mark.parametrize("name,impl,dtype,devices",
                          [(n, i, d, p) for n, i, d, ps in CASES for p in ps],
                          ids=lambda x: str(x))
@@ -302,6 +305,7 @@ def test_sharded_equals_one_device(table, name, impl, dtype, devices):
   assert not bad, bad
 
 
+@pytest.mark.slow   # the 8-device table (about a minute): README's slow tier
 @pytest.mark.parametrize("prop,name,devices", [(p, n, d) for n, d in PROPERTY_OPS
                                                for p in PROPERTIES])
 def test_sharded_properties(table, prop, name, devices):
@@ -313,6 +317,7 @@ def test_sharded_properties(table, prop, name, devices):
   assert failure is None, failure
 
 
+@pytest.mark.slow   # the 8-device table (about a minute): README's slow tier
 @pytest.mark.parametrize("devices", LONG_DEVICES)
 def test_float32_long_anisotropic(table, devices):
   """T = 16,384, rank-4 u, float32: the sharded op equals the float32 op to 1e-5, except
