@@ -29,7 +29,8 @@ DEVICES = (2, 4, 8)
 # Every device count takes the same path (each device's segment, then a gather and a scan over
 # the P segments): VLA's XLA op runs on the most devices (T = 160: 20 tokens a device, ending
 # inside a chunk) and, with a write strength beta, on the fewest (80 tokens a device), each
-# other XLA op on one of them, the Pallas op on 4 (T = 64: one chunk a device); the long
+# other XLA op on one of them, the Pallas op on 4 (T = 64: one chunk a device) and with beta
+# on 2; the long
 # float32 case on the most (the most segment states folded).
 LONG_DEVICES = (8,)
 TOL = {"float64": 1e-10, "float32": 1e-5}
@@ -40,6 +41,7 @@ TOL = {"float64": 1e-10, "float32": 1e-5}
 CASES = [("vla_recurrence", "chunked", "float64", (8,)),
          ("vla_recurrence", "pallas", "float32", (4,)),
          ("vla_beta", "chunked", "float64", (2,)),
+         ("vla_beta", "pallas", "float32", (2,)),
          ("deltanet", "chunked", "float64", (8,)),
          ("gated_deltanet", "chunked", "float64", (2,)),
          ("linear_attention", "chunked", "float64", (8,))]
