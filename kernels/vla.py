@@ -7,8 +7,8 @@ Forward (inference), per call:
   3. `state_prep.py`       per chunk U' = T V, W' = T khat, P = tril(Q a^T);
   4. `state_path.py`       the pass over chunk states: o and S_T.
 Steps 1-4 are Triton kernels; a learned write strength (`beta`) scales the a_t between steps 2
-and 3 (an XLA product, differentiated by autodiff). For bfloat16 inputs at precision DEFAULT the kernels read the
-caller's [B, T, H, d] arrays in place and pass factors in bfloat16 (`Plan.low`); otherwise XLA
+and 3 (an XLA product, differentiated by autodiff). For bfloat16 inputs at precision DEFAULT
+the kernels read the caller's [B, T, H, d] arrays in place and pass factors in bfloat16 (`Plan.low`); otherwise XLA
 first makes head-major copies (unit keys and u in the accumulation dtype). Under
 differentiation the same kernels run on head-major unit keys (the penalty scan also keeping the
 rows A_t khat_t, its Woodbury rows and A at every `Plan.chunk_start_stride`-th chunk start;
@@ -36,7 +36,7 @@ from vla_jax.kernels.penalty_backward import penalty_path
 from vla_jax.kernels.penalty_scan import penalty_forward
 from vla_jax.kernels.state_path import planned_state_path, state_forward
 from vla_jax.kernels.state_prep import state_prep
-from vla_jax.ops.checks import check_segment_ids, compute_dtype
+from vla_jax.ops.checks import check_segment_ids, check_tokens, compute_dtype
 from vla_jax.ops.utils import KEY_EPS, document_starts, unit
 
 
@@ -95,8 +95,8 @@ def vla_pallas(q, k, v, u, S0, A0, *, beta=None, segment_ids=None, lam0=1.0,
                      acc=compute_dtype(q, k, v, u, beta, S0, A0), dk=dk, dv=dv, BH=B * H,
                      N=N, interpret=interpret, target=compile_target(interpret))
   segment_ids = check_segment_ids(segment_ids, B, T)
-  if beta is not None and beta.shape != (B, T, H):
-    raise ValueError(f"beta must be [B, T, H] = {(B, T, H)}; got {beta.shape}")
+  if beta is not None:
+    check_tokens("beta", beta, rank=3, batch=B, time=T, heads=H)
   if segment_ids is None:
     return _vla(plan, None, q, k, v, u, S0, A0, beta, None)
   if isinstance(lam0, jax.core.Tracer) or not np.isscalar(lam0) or not lam0 > 0:

@@ -14,8 +14,8 @@ from vla_jax.layers import common, make_mixer
 
 B, D, H = 3, 32, 2          # head_dim 16: the smallest the Pallas kernels take
 N1, N2, PAD = 11, 7, 5      # real tokens in a first and a second call; pads per row
-MIXERS = [("vla", {"readout": "additive", "qk_map": "elu1"}), ("vla", {"readout": "delta"}), ("linear", {}),
-          ("deltanet", {}), ("gated_deltanet", {}), ("softmax", {"conv_size": 4}),
+MIXERS = [("vla", {"readout": "additive", "qk_map": "elu1"}), ("vla", {"readout": "delta"}),
+          ("linear", {}), ("deltanet", {}), ("gated_deltanet", {}), ("softmax", {"conv_size": 4}),
           ("softmax", {"positions": "rope"})]
 IDS = [name + "".join(f"-{k}={v}" for k, v in o.items()) for name, o in MIXERS]
 # The layers zero k (VLA's u, DeltaNet's beta and log decay) and v at the pads whatever the

@@ -27,8 +27,8 @@ SEGMENT_IDS = np.array([[0] * 5 + [1] + [2] * 10 + [3] + [4] * 7, [9] * 16 + [2]
 MASK = np.ones((2, T), bool)
 MASK[0, [0, 6, 7, 20]] = False        # pads: leading, inside documents
 MASK[1, [15, 23]] = False             # the last token of a document; the row's last
-MIXERS = [("vla", {"readout": "additive", "qk_map": "elu1"}), ("linear", {}), ("gated_deltanet", {}),
-          ("softmax", {"conv_size": 4}), ("softmax", {"positions": "rope"})]
+MIXERS = [("vla", {"readout": "additive", "qk_map": "elu1"}), ("linear", {}),
+          ("gated_deltanet", {}), ("softmax", {"conv_size": 4}), ("softmax", {"positions": "rope"})]
 IDS = [name + "".join(f"-{k}={v}" for k, v in o.items()) for name, o in MIXERS]
 
 

@@ -60,9 +60,9 @@ class VLAAttention(RecurrentMixer):
   with DeltaNet's query/key path (qk_map "silu_l2", the default: q = unit(silu(.)),
   k = silu(.), which the op makes unit: keys of either sign, far less alike at
   initialisation than ELU + 1's positive ones), or phi = ELU + 1 (qk_map "elu1", the
-  authors'). With `beta`, each write
-  has a learned strength beta_t = sigmoid(W_beta x_t + b_beta) per token and head, as in
-  DeltaNet (`vla_recurrence`'s beta: S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T).
+  authors'). With `beta`, each write has a learned strength beta_t = sigmoid(W_beta x_t +
+  b_beta) per token and head, as in DeltaNet (`vla_recurrence`'s beta:
+  S_t = S_{t-1} + beta_t (v_t - S_{t-1} khat_t) a_t^T).
   Readouts:
     "none":     y_t = S_t q_t.
     "additive": y_t = S_t q_t / max(z_t . q_t, eps), z_t = sum_{s<=t} phi(k_s): the linear-
@@ -126,8 +126,8 @@ class VLAAttention(RecurrentMixer):
     if self.qk_map == "silu_l2" and self.readout == "additive":
       raise ValueError(f"{name}: qk_map='silu_l2' gives queries and keys of either sign, and "
                        "readout='additive' divides by z_t . q_t, a sum of positive features "
-                       "(ELU + 1's): use readout 'none' or 'delta', or qk_map 'elu1' (the authors' layer "
-                       "has both)")
+                       "(ELU + 1's): use readout 'none' or 'delta', or qk_map 'elu1' (the "
+                       "authors' layer has both)")
     try:
       checks.check_lam0(lam0, impl, common.state_dtype(dtype))
       checks.check_positive("readout_eps", readout_eps)

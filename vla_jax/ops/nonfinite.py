@@ -94,11 +94,17 @@ def _breaking(keys, key_ok, state_oks, write_oks, state_bad):
   bad = ~key_ok if state_bad is None else state_bad | ~key_ok
   for ok in state_oks:
     bad = bad | ~ok
+  write_oks = [ok for ok in write_oks if ok is not None]
   if write_oks:
     writes_something = jnp.any(keys != 0, axis=-1)    # a NaN key counts as non-zero
     for ok in write_oks:
       bad = bad | (writes_something & ~ok)
   return bad
+
+
+def _write_finite(x):
+  """`token_finite` of a write, None for an absent one (None)."""
+  return None if x is None else token_finite(x)
 
 
 def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
@@ -108,7 +114,8 @@ def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
     q: [B, T, H, dk] queries; keys: [B, T, H, dk] the write keys (a token with an all-zero
       key writes nothing); state_inputs: other arrays ([B, T, H, D] or [B, T, H]) whose
       non-finite tokens always break the state (u, ...); writes: arrays whose non-finite
-      tokens break it only where the key is non-zero (values, write strengths);
+      tokens break it only where the key is non-zero (values, write strengths), or None for
+      an absent one (returned as None);
       state_bad: an optional [B, T, H] mask of further breaking tokens (a gate's own rule).
     starts: None, or [B, T] bool document starts of packed sequences (`segment_ids`): the
       state restarts there, and so does the breakage.
@@ -118,9 +125,10 @@ def contain(q, keys, state_inputs=(), writes=(), state_bad=None, starts=None):
   """
   q_ok, k_ok = token_finite(q), token_finite(keys)
   ok_state = [token_finite(x) for x in state_inputs]
-  ok_writes = [token_finite(x) for x in writes]
+  ok_writes = [_write_finite(x) for x in writes]
   broken = breakage(_breaking(keys, k_ok, ok_state, ok_writes, state_bad), starts)
-  clean = lambda xs, oks: tuple(zero_where(~ok, x) for x, ok in zip(xs, oks))
+  clean = lambda xs, oks: tuple(None if x is None else zero_where(~ok, x)
+                                for x, ok in zip(xs, oks))
   return (Guard(broken, ~q_ok), zero_where(~q_ok, q), zero_where(~k_ok, keys),
           clean(state_inputs, ok_state), clean(writes, ok_writes))
 
@@ -141,7 +149,7 @@ def contain_entries(keys, state_inputs=(), writes=(), state_bad=None, starts=Non
     entries zeroed.
   """
   broken = breakage(_breaking(keys, token_finite(keys), [token_finite(x) for x in state_inputs],
-                              [token_finite(x) for x in writes], state_bad), starts)
-  clean = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+                              [_write_finite(x) for x in writes], state_bad), starts)
+  clean = lambda x: None if x is None else jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
   return (Guard(broken, None), clean(keys), tuple(clean(x) for x in state_inputs),
           tuple(clean(x) for x in writes))

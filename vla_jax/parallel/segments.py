@@ -251,9 +251,8 @@ def vla_segments(q, k, v, u, beta=None, *, axis_name, lam0=1.0, initial_state=No
   if pallas:   # a [v, 0] wider than the kernels' head dims runs as two calls
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         SUPPORTED_HEAD_DIMS)
-  out_guard, end_guard, q, k, (u,), writes = contain_segment(
-      axis_name, q, k, (u,), (v,) if beta is None else (v, beta))
-  v, beta = writes if len(writes) == 2 else (writes[0], None)
+  out_guard, end_guard, q, k, (u,), (v, beta) = contain_segment(axis_name, q, k, (u,),
+                                                                (v, beta))
   op = functools.partial(vla_recurrence, **op_kwargs)
   stop = jax.lax.stop_gradient
 

@@ -770,7 +770,8 @@ def correctness_block(rows):
     impl = f"{r.get('impl')} ({', '.join(options)})" if options else r.get("impl")
     body.append([r.get("op") or "vla", r.get("d"), impl, r.get("dtype"), r.get("precision") or "-",
                  r.get("u") or "-", "yes" if r.get("packed") else "-",
-                 "yes" if r.get("beta") else "-", f"{r['T']:,}" if r.get("T") else "-", r.get("B") or "-",
+                 "yes" if r.get("beta") else "-", f"{r['T']:,}" if r.get("T") else "-",
+                 r.get("B") or "-",
                  worst(fwd), worst(grad) if grad else "-", bounds,
                  f"{fmt(ratio, 2)} ({name})" if ratio is not None else "-", r.get("status")]
                 + ([(r.get("note") or "").replace("|", "/")[:120]] if notes else []))

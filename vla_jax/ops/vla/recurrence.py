@@ -179,9 +179,7 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     from vla_jax.kernels import KernelConfig, vla_pallas  # pylint: disable=import-outside-toplevel
     from vla_jax.kernels.config import (  # pylint: disable=import-outside-toplevel
         pad_value_width)
-    guard, k, (u,), writes = nonfinite.contain_entries(
-        k, (u,), (v,) if beta is None else (v, beta), starts=starts)
-    v, beta = writes if len(writes) == 2 else (writes[0], None)
+    guard, k, (u,), (v, beta) = nonfinite.contain_entries(k, (u,), (v, beta), starts=starts)
     S0, A0 = initial_state
     # A value width the kernels do not take (the layers' "delta" readout: d_h + 1) runs on
     # zero value columns; its outputs are dropped.
@@ -192,9 +190,7 @@ the full write; as DeltaNet's beta, whose rule this is when a_t = khat_t).
     return (guard.outputs(o[..., :dv]),
             VLAState(S=guard.state(S[:, :, :dv]), A=guard.state(A)))
   # beta is a write, as v: non-finite where the key is zero, it writes nothing.
-  guard, q, k, (u,), writes = nonfinite.contain(q, k, (u,), (v,) if beta is None else (v, beta),
-                                                starts=starts)
-  v, beta = writes if len(writes) == 2 else (writes[0], None)
+  guard, q, k, (u,), (v, beta) = nonfinite.contain(q, k, (u,), (v, beta), starts=starts)
   q, k, v, u = (x.astype(dtype) for x in (q, k, v, u))
   S0, A0 = (x.astype(dtype) for x in initial_state)
   khat = unit(k, KEY_EPS)
